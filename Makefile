@@ -1,0 +1,36 @@
+# caddy-fair-queue — the two commands a newcomer needs:
+#   make run    build Caddy with this plugin (xcaddy) and serve examples/Caddyfile
+#               in front of two bundled fake LLM upstreams
+#   make test   everything CI runs: vet, gofmt, unit + race tests, simulator
+#               scenarios, and end-to-end tests of the xcaddy-built binary
+
+CADDY_VERSION  ?= v2.11.9
+XCADDY_VERSION ?= v0.4.5
+MODULE         := github.com/caddy-fair-queue/caddy-fair-queue
+GOBIN          := $(shell go env GOPATH)/bin
+XCADDY         := $(GOBIN)/xcaddy
+
+.PHONY: run test xcaddy build fake bench sim
+
+xcaddy:
+	@test -x $(XCADDY) || go install github.com/caddyserver/xcaddy/cmd/xcaddy@$(XCADDY_VERSION)
+
+# The @v0.0.0 pin lets xcaddy replace the module with this checkout even
+# where the module proxy refuses unpublished modules.
+build: xcaddy
+	$(XCADDY) build $(CADDY_VERSION) --with $(MODULE)@v0.0.0=. --output bin/caddy
+
+fake:
+	go build -o bin/fakellm ./xcaddy-test/fakellm
+
+run: build fake
+	./scripts/run-example.sh
+
+test: xcaddy
+	./scripts/test.sh
+
+bench:
+	go test -run '^$$' -bench . -benchmem ./fairqueue/ ./budget/ ./degrade/ ./llmapi/ .
+
+sim:
+	go run ./fairqueue/sim -scenario seed000

@@ -1,0 +1,674 @@
+package caddyfairqueue
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"github.com/dustin/go-humanize"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
+	"github.com/caddy-fair-queue/caddy-fair-queue/llmapi"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("fair_queue", parseCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("fair_queue", httpcaddyfile.Before, "reverse_proxy")
+}
+
+// parseCaddyfile sets up a fair_queue handler from Caddyfile tokens; see
+// UnmarshalCaddyfile for the syntax. Unlike UnmarshalCaddyfile alone, it
+// also finalizes the inner reverse_proxy with the Caddyfile helper, which
+// its handle_response blocks need.
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	fq := new(Handler)
+	rp, _, err := fq.unmarshalCaddyfile(h.Dispenser)
+	if err != nil {
+		return nil, err
+	}
+	if err := rp.FinalizeUnmarshalCaddyfile(h); err != nil {
+		return nil, fmt.Errorf("reverse_proxy: %w", err)
+	}
+	fq.ProxyRaw = caddyconfig.JSONModuleObject(rp, "handler", "reverse_proxy", nil)
+	return fq, nil
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
+//
+//	fair_queue [<matcher>] {
+//	    name                <name>
+//	    tenant_key          <placeholder>
+//	    cost_unit           estimated_tokens|requests
+//	    tokenizer           cl100k_base|o200k_base|approx
+//	    default_max_tokens  <n>
+//	    max_body            <size>
+//	    max_inflight        <n>
+//	    max_inflight_tokens <n>
+//	    max_queue           <n>
+//	    max_queue_tokens    <n>
+//
+//	    # classes of service (realtime 5s, interactive 15s and batch 300s
+//	    # always exist; a class line changes a budget or adds a class)
+//	    class <name> wait_budget <duration>
+//
+//	    # tenants
+//	    tenant <name> [weight <n>] [class <class>] [wait_budget <duration>] [max_queue <n>]
+//	    default_tenant [weight <n>] [class <class>] [wait_budget <duration>] [max_queue <n>]
+//	    default_tenant reject
+//
+//	    # bounded boost for requests about to miss their budget
+//	    anti_starvation off
+//	    anti_starvation {
+//	        boost_share_max         <fraction>
+//	        per_tenant_boost_hourly <n>
+//	        fast_fail               on|off
+//	    }
+//
+//	    # degrade ladder, steps in order of rising trigger
+//	    degrade {
+//	        hold <duration>
+//	        <step> trigger <level> recover <level> pause <class>
+//	        <step> trigger <level> recover <level> light_mode <class> [max_input_tokens <n>] [max_tokens <n>]
+//	        <step> trigger <level> recover <level> throttle <class> <rate>
+//	    }
+//
+//	    # the proxy that serves dispatched requests (required)
+//	    reverse_proxy [<upstreams...>] {
+//	        <reverse_proxy subdirectives...>
+//	    }
+//	}
+//
+// Sizes take units (8MB, 8MiB); durations are Caddy durations (5s, 1m,
+// 1d); levels are fractions of the queue, 0 < recover < trigger <= 1;
+// rates are <n>/s, <n>/m, <n>tok/s or <n>tok/m. Each subdirective other
+// than class and tenant may be given once, and each class and tenant name
+// once. `anti_starvation off` means boost_share_max 0 and fast_fail off.
+//
+// A handle_response block in the inner reverse_proxy needs the Caddyfile
+// helper that only the fair_queue directive has: UnmarshalCaddyfile on its
+// own rejects it.
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	rp, handleResponse, err := h.unmarshalCaddyfile(d)
+	if err != nil {
+		return err
+	}
+	if handleResponse != nil {
+		return handleResponse.Err("reverse_proxy: handle_response inside fair_queue is only supported when parsed as the fair_queue directive of a Caddyfile")
+	}
+	if err := rp.FinalizeUnmarshalCaddyfile(httpcaddyfile.Helper{}); err != nil {
+		return fmt.Errorf("reverse_proxy: %w", err)
+	}
+	h.ProxyRaw = caddyconfig.JSONModuleObject(rp, "handler", "reverse_proxy", nil)
+	return nil
+}
+
+// cfParser holds the state of one fair_queue block being parsed.
+type cfParser struct {
+	d *caddyfile.Dispenser
+	h *Handler
+
+	// once records where each once-only subdirective was first given.
+	once map[string]caddyfile.Token
+	// classes and tenants record where each class and tenant was declared.
+	classes map[string]caddyfile.Token
+	tenants map[string]caddyfile.Token
+	// refs are the class names used by tenants and degrade steps, checked
+	// once the whole block is read (a class may be declared after its use).
+	refs []classRef
+
+	rp *reverseproxy.Handler
+	// handleResponse points at the inner proxy's first handle_response.
+	handleResponse *caddyfile.Dispenser
+}
+
+type classRef struct {
+	tok   caddyfile.Token
+	who   string // e.g. `tenant "marketing"`, "degrade step L1"
+	class string
+}
+
+// unmarshalCaddyfile parses a fair_queue block into h and returns the inner
+// reverse_proxy, not yet finalized, and, if that proxy has handle_response
+// blocks, a dispenser at the first of them.
+func (h *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser) (*reverseproxy.Handler, *caddyfile.Dispenser, error) {
+	d.Next() // consume the directive name
+	start := d.Token()
+	if d.NextArg() {
+		return nil, nil, d.Errf("fair_queue takes no arguments, got %q: settings go in its block", d.Val())
+	}
+	p := &cfParser{
+		d:       d,
+		h:       h,
+		once:    make(map[string]caddyfile.Token),
+		classes: make(map[string]caddyfile.Token),
+		tenants: make(map[string]caddyfile.Token),
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if err := p.subdirective(); err != nil {
+			return nil, nil, err
+		}
+	}
+	if p.rp == nil {
+		return nil, nil, errAt(start, "fair_queue: missing reverse_proxy: add a 'reverse_proxy <upstreams...>' line to the fair_queue block")
+	}
+	if err := p.checkClassRefs(); err != nil {
+		return nil, nil, err
+	}
+	return p.rp, p.handleResponse, nil
+}
+
+// subdirective parses the subdirective at the cursor, the first token of a
+// line in the fair_queue block.
+func (p *cfParser) subdirective() error {
+	d, h := p.d, p.h
+	sub := d.Val()
+	switch sub {
+	case "class", "tenant":
+	default:
+		if err := p.onlyOnce(sub); err != nil {
+			return err
+		}
+	}
+	switch sub {
+	case "name":
+		v, err := p.oneArg(sub)
+		if err != nil {
+			return err
+		}
+		h.Name = v
+
+	case "tenant_key":
+		v, err := p.oneArg(sub)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(v, "{") {
+			return d.Errf("tenant_key: %q has no placeholder, so every request would be one tenant; "+
+				"use a placeholder such as {http.request.header.%s} or {http.auth.user.id}", v, v)
+		}
+		h.TenantKey = v
+
+	case "cost_unit":
+		v, err := p.oneArg(sub)
+		if err != nil {
+			return err
+		}
+		if v != "estimated_tokens" && v != "requests" {
+			return d.Errf("cost_unit: unknown unit %q (want estimated_tokens or requests)", v)
+		}
+		h.CostUnit = v
+
+	case "tokenizer":
+		v, err := p.oneArg(sub)
+		if err != nil {
+			return err
+		}
+		switch v {
+		case llmapi.CL100kBase, llmapi.O200kBase, llmapi.Approx:
+		default:
+			return d.Errf("tokenizer: unknown tokenizer %q (want %s, %s or %s)",
+				v, llmapi.CL100kBase, llmapi.O200kBase, llmapi.Approx)
+		}
+		h.Tokenizer = v
+
+	case "default_max_tokens":
+		return p.posIntArg(sub, &h.DefaultMaxTokens)
+
+	case "max_body":
+		v, err := p.oneArg(sub)
+		if err != nil {
+			return err
+		}
+		n, err := humanize.ParseBytes(v)
+		if err != nil {
+			return d.Errf("max_body: %q is not a size (e.g. 8MB, 512KiB)", v)
+		}
+		if n == 0 || n > math.MaxInt64 {
+			return d.Errf("max_body: %q must be above 0 and below 8EiB", v)
+		}
+		h.MaxBody = int64(n)
+
+	case "max_inflight":
+		return p.posIntArg(sub, &h.MaxInflight)
+
+	case "max_inflight_tokens":
+		return p.posInt64Arg(sub, &h.MaxInflightTokens)
+
+	case "max_queue":
+		return p.posIntArg(sub, &h.MaxQueue)
+
+	case "max_queue_tokens":
+		return p.posInt64Arg(sub, &h.MaxQueueTokens)
+
+	case "class":
+		return p.class()
+
+	case "tenant":
+		return p.tenant()
+
+	case "default_tenant":
+		return p.defaultTenant()
+
+	case "anti_starvation":
+		return p.antiStarvation()
+
+	case "degrade":
+		return p.degrade()
+
+	case "reverse_proxy":
+		return p.reverseProxy()
+
+	default:
+		return d.Errf("unknown subdirective %q in fair_queue (want name, tenant_key, cost_unit, tokenizer, "+
+			"default_max_tokens, max_body, max_inflight, max_inflight_tokens, max_queue, max_queue_tokens, "+
+			"class, tenant, default_tenant, anti_starvation, degrade or reverse_proxy)", sub)
+	}
+	return nil
+}
+
+// class parses `class <name> wait_budget <duration>`.
+func (p *cfParser) class() error {
+	d := p.d
+	tok := d.Token()
+	args := d.RemainingArgs()
+	if len(args) != 3 || args[1] != "wait_budget" {
+		return d.Errf("class: want 'class <name> wait_budget <duration>', got %q", strings.Join(append([]string{"class"}, args...), " "))
+	}
+	if err := p.noBlock("class"); err != nil {
+		return err
+	}
+	name := args[0]
+	if prev, ok := p.classes[name]; ok {
+		return d.Errf("class %q declared twice (first at %s:%d)", name, prev.File, prev.Line)
+	}
+	p.classes[name] = tok
+	budget, err := p.duration("class "+strconv.Quote(name)+": wait_budget", args[2])
+	if err != nil {
+		return err
+	}
+	p.h.Classes = append(p.h.Classes, &ClassConfig{Name: name, WaitBudget: budget})
+	return nil
+}
+
+// tenant parses `tenant <name> [options...]`.
+func (p *cfParser) tenant() error {
+	d := p.d
+	tok := d.Token()
+	if !d.NextArg() {
+		return d.Errf("tenant: missing tenant name: want 'tenant <name> [weight <n>] [class <class>] [wait_budget <duration>] [max_queue <n>]'")
+	}
+	name := d.Val()
+	who := "tenant " + strconv.Quote(name)
+	if prev, dup := p.tenants[name]; dup {
+		return d.Errf("%s declared twice (first at %s:%d)", who, prev.File, prev.Line)
+	}
+	p.tenants[name] = tok
+	tc, err := p.tenantOptions(who, tok, d.RemainingArgs())
+	if err != nil {
+		return err
+	}
+	if err := p.noBlock(who); err != nil {
+		return err
+	}
+	if p.h.Tenants == nil {
+		p.h.Tenants = make(map[string]*TenantConfig)
+	}
+	p.h.Tenants[name] = tc
+	return nil
+}
+
+// defaultTenant parses `default_tenant [options...]` and
+// `default_tenant reject`.
+func (p *cfParser) defaultTenant() error {
+	d := p.d
+	tok := d.Token()
+	args := d.RemainingArgs()
+	if err := p.noBlock("default_tenant"); err != nil {
+		return err
+	}
+	switch {
+	case len(args) == 0:
+		return d.Errf("default_tenant: want 'default_tenant reject' or options: [weight <n>] [class <class>] [wait_budget <duration>] [max_queue <n>]")
+	case args[0] == "reject":
+		if len(args) > 1 {
+			return d.Errf("default_tenant: 'reject' takes no options, got %q", strings.Join(args[1:], " "))
+		}
+		p.h.RejectUnknownTenants = true
+		return nil
+	}
+	tc, err := p.tenantOptions("default_tenant", tok, args)
+	if err != nil {
+		return err
+	}
+	p.h.DefaultTenant = tc
+	return nil
+}
+
+// tenantOptions parses [weight <n>] [class <class>] [wait_budget <duration>]
+// [max_queue <n>], in any order, each at most once.
+func (p *cfParser) tenantOptions(who string, tok caddyfile.Token, args []string) (*TenantConfig, error) {
+	d := p.d
+	tc := new(TenantConfig)
+	seen := make(map[string]bool)
+	for i := 0; i < len(args); i += 2 {
+		opt := args[i]
+		switch opt {
+		case "weight", "class", "wait_budget", "max_queue":
+		default:
+			return nil, d.Errf("%s: unknown option %q (want weight, class, wait_budget or max_queue)", who, opt)
+		}
+		if seen[opt] {
+			return nil, d.Errf("%s: %s given twice", who, opt)
+		}
+		seen[opt] = true
+		if i+1 >= len(args) {
+			return nil, d.Errf("%s: missing value after %s", who, opt)
+		}
+		v := args[i+1]
+		switch opt {
+		case "weight":
+			w, err := strconv.ParseFloat(v, 64)
+			if err != nil || !(w > 0) || math.IsInf(w, 0) {
+				return nil, d.Errf("%s: weight %q must be a positive number", who, v)
+			}
+			tc.Weight = w
+		case "class":
+			tc.Class = v
+			p.refs = append(p.refs, classRef{tok: tok, who: who, class: v})
+		case "wait_budget":
+			dur, err := p.duration(who+": wait_budget", v)
+			if err != nil {
+				return nil, err
+			}
+			tc.WaitBudget = dur
+		case "max_queue":
+			n, err := strconv.ParseInt(v, 10, strconv.IntSize)
+			if err != nil || n <= 0 {
+				return nil, d.Errf("%s: max_queue %q must be a positive integer", who, v)
+			}
+			tc.MaxQueue = int(n)
+		}
+	}
+	return tc, nil
+}
+
+// antiStarvation parses `anti_starvation off` and the anti_starvation block.
+func (p *cfParser) antiStarvation() error {
+	d := p.d
+	as := new(AntiStarvation)
+	p.h.AntiStarvation = as
+	args := d.RemainingArgs()
+	switch {
+	case len(args) == 1 && args[0] == "off":
+		if err := p.noBlock("anti_starvation off"); err != nil {
+			return err
+		}
+		zero, off := 0.0, false
+		as.BoostShareMax, as.FastFail = &zero, &off
+		return nil
+	case len(args) > 0:
+		return d.Errf("anti_starvation: unexpected argument %q (want 'anti_starvation off' or a block)", args[0])
+	}
+	opened := false
+	seen := make(map[string]bool)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opened = true
+		opt := d.Val()
+		switch opt {
+		case "boost_share_max", "per_tenant_boost_hourly", "fast_fail":
+		default:
+			return d.Errf("anti_starvation: unknown option %q (want boost_share_max, per_tenant_boost_hourly or fast_fail)", opt)
+		}
+		if seen[opt] {
+			return d.Errf("anti_starvation: %s given twice", opt)
+		}
+		seen[opt] = true
+		what := "anti_starvation: " + opt
+		v, err := p.oneArg(what)
+		if err != nil {
+			return err
+		}
+		switch opt {
+		case "boost_share_max":
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || !(f >= 0 && f <= 1) {
+				return d.Errf("%s: %q must be a fraction of capacity from 0 (no boosting) to 1", what, v)
+			}
+			as.BoostShareMax = &f
+		case "per_tenant_boost_hourly":
+			n, err := strconv.ParseInt(v, 10, strconv.IntSize)
+			if err != nil || n < 0 {
+				return d.Errf("%s: %q must be a whole number >= 0 (0: no per-tenant cap)", what, v)
+			}
+			ni := int(n)
+			as.PerTenantBoostHourly = &ni
+		case "fast_fail":
+			var b bool
+			switch v {
+			case "on":
+				b = true
+			case "off":
+			default:
+				return d.Errf("%s: want on or off, got %q", what, v)
+			}
+			as.FastFail = &b
+		}
+	}
+	// NextBlock stops on the "}" of an empty block: anti_starvation {}
+	// means all defaults. Without a block the cursor is still on the
+	// subdirective.
+	if !opened && !isCloseBrace(d.Token()) {
+		return d.Errf("anti_starvation: want 'anti_starvation off' or a block with boost_share_max, per_tenant_boost_hourly or fast_fail")
+	}
+	return nil
+}
+
+// degrade parses the degrade block.
+func (p *cfParser) degrade() error {
+	d := p.d
+	if args := d.RemainingArgs(); len(args) > 0 {
+		return d.Errf("degrade: unexpected argument %q (the ladder goes in a block)", args[0])
+	}
+	start := d.Token()
+	dc := new(DegradeConfig)
+	var steps []degrade.Step
+	var stepClasses []string
+	var holdTok *caddyfile.Token
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		tok := d.Token()
+		name := d.Val()
+		if name == "hold" {
+			if holdTok != nil {
+				return d.Errf("degrade: hold given twice (first at %s:%d)", holdTok.File, holdTok.Line)
+			}
+			holdTok = &tok
+			v, err := p.oneArg("degrade: hold")
+			if err != nil {
+				return err
+			}
+			if dc.Hold, err = p.duration("degrade: hold", v); err != nil {
+				return err
+			}
+			continue
+		}
+		args := append([]string{name}, d.RemainingArgs()...)
+		if err := p.noBlock("degrade step " + name); err != nil {
+			return err
+		}
+		// ParseStep checks the step on its own; errors read
+		// "degrade step <name>: ...".
+		step, err := degrade.ParseStep(args)
+		if err != nil {
+			return d.WrapErr(err)
+		}
+		if step.Trigger > 1 {
+			return d.Errf("degrade step %s: trigger %s is above 1, a full queue, so the step would never engage (levels are fractions of the queue: 0.70 is 70%%)",
+				step.Name, args[2])
+		}
+		// NewLadder checks the step against the ones before it (duplicate
+		// name, rising triggers, recovery lines); classes are checked when
+		// the whole fair_queue block is read.
+		steps = append(steps, step)
+		stepClasses = append(stepClasses, step.Action.Class)
+		if _, err := degrade.NewLadder(steps, 0, stepClasses); err != nil {
+			return d.WrapErr(err)
+		}
+		ds := &DegradeStep{
+			Name:           step.Name,
+			Trigger:        step.Trigger,
+			Recover:        step.Recover,
+			Action:         step.Action.Kind.String(),
+			Class:          step.Action.Class,
+			MaxInputTokens: step.Action.MaxInputTokens,
+			MaxTokens:      step.Action.MaxTokens,
+		}
+		if step.Action.Kind == degrade.ActionThrottle {
+			ds.Rate = args[len(args)-1] // as written; ParseStep validated it
+		}
+		dc.Steps = append(dc.Steps, ds)
+		p.refs = append(p.refs, classRef{tok: tok, who: "degrade step " + step.Name, class: step.Action.Class})
+	}
+	if len(dc.Steps) == 0 {
+		return errAt(start, "degrade: no steps: want lines like 'L1 trigger 0.70 recover 0.60 pause batch' in a block")
+	}
+	p.h.Degrade = dc
+	return nil
+}
+
+// reverseProxy parses the inner reverse_proxy with Caddy's own parser.
+func (p *cfParser) reverseProxy() error {
+	d := p.d
+	tok := d.Token()
+	seg := d.NextSegment()
+	rp := new(reverseproxy.Handler)
+	if err := rp.UnmarshalCaddyfile(caddyfile.NewDispenser(seg)); err != nil {
+		return fmt.Errorf("reverse_proxy: %w", err)
+	}
+	if len(rp.Upstreams) == 0 && rp.DynamicUpstreamsRaw == nil {
+		return errAt(tok, "reverse_proxy: no upstreams: list them after reverse_proxy, or use 'to' or 'dynamic' in its block")
+	}
+	p.rp = rp
+	// Find a handle_response subdirective, which only the Caddyfile helper
+	// can finalize.
+	sd := caddyfile.NewDispenser(seg)
+	sd.Next()
+	sd.RemainingArgs()
+	for sd.NextBlock(0) {
+		if sd.Nesting() == 1 && sd.Val() == "handle_response" {
+			p.handleResponse = caddyfile.NewDispenser([]caddyfile.Token{sd.Token()})
+			p.handleResponse.Next()
+			break
+		}
+	}
+	return nil
+}
+
+// checkClassRefs checks that every class named by a tenant or a degrade
+// step is a built-in class or declared by a class line.
+func (p *cfParser) checkClassRefs() error {
+	known := make([]string, 0, len(builtinClasses)+len(p.classes))
+	for _, c := range builtinClasses {
+		known = append(known, c.Name)
+	}
+	for name := range p.classes {
+		if !slices.Contains(known, name) {
+			known = append(known, name)
+		}
+	}
+	slices.Sort(known)
+	for _, r := range p.refs {
+		if !slices.Contains(known, r.class) {
+			return errAt(r.tok, "%s: unknown class %q (known classes: %s; declare others with 'class <name> wait_budget <duration>')",
+				r.who, r.class, strings.Join(known, ", "))
+		}
+	}
+	return nil
+}
+
+// onlyOnce fails if sub was already given in this block.
+func (p *cfParser) onlyOnce(sub string) error {
+	if prev, ok := p.once[sub]; ok {
+		return p.d.Errf("%s given twice (first at %s:%d)", sub, prev.File, prev.Line)
+	}
+	p.once[sub] = p.d.Token()
+	return nil
+}
+
+// oneArg returns the single argument of the subdirective at the cursor.
+func (p *cfParser) oneArg(what string) (string, error) {
+	args := p.d.RemainingArgs()
+	if len(args) != 1 {
+		return "", p.d.Errf("%s: want exactly one argument, got %d", what, len(args))
+	}
+	return args[0], p.noBlock(what)
+}
+
+// noBlock fails if a block opens after the current line.
+func (p *cfParser) noBlock(what string) error {
+	tok := p.d.Token()
+	// NextBlock enters a block, or consumes an empty one ("{}") and
+	// stops on its "}".
+	if p.d.NextBlock(p.d.Nesting()) || (isCloseBrace(p.d.Token()) && !isCloseBrace(tok)) {
+		return errAt(tok, "%s: unexpected block", what)
+	}
+	return nil
+}
+
+func (p *cfParser) posIntArg(sub string, dst *int) error {
+	v, err := p.oneArg(sub)
+	if err != nil {
+		return err
+	}
+	n, err := strconv.ParseInt(v, 10, strconv.IntSize)
+	if err != nil || n <= 0 {
+		return p.d.Errf("%s: %q must be a positive integer", sub, v)
+	}
+	*dst = int(n)
+	return nil
+}
+
+func (p *cfParser) posInt64Arg(sub string, dst *int64) error {
+	v, err := p.oneArg(sub)
+	if err != nil {
+		return err
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n <= 0 {
+		return p.d.Errf("%s: %q must be a positive integer", sub, v)
+	}
+	*dst = n
+	return nil
+}
+
+// duration parses a positive Caddy duration.
+func (p *cfParser) duration(what, v string) (caddy.Duration, error) {
+	dur, err := caddy.ParseDuration(v)
+	if err != nil {
+		return 0, p.d.Errf("%s: %q is not a duration (e.g. 500ms, 15s, 5m): %v", what, v, err)
+	}
+	if dur <= 0 {
+		return 0, p.d.Errf("%s: %q must be positive", what, v)
+	}
+	return caddy.Duration(dur), nil
+}
+
+func isCloseBrace(t caddyfile.Token) bool { return t.Text == "}" }
+
+// errAt is Dispenser.Errf for a token the cursor has left: the error names
+// the token's file and line.
+func errAt(tok caddyfile.Token, format string, args ...any) error {
+	d := caddyfile.NewDispenser([]caddyfile.Token{tok})
+	d.Next()
+	return d.Errf(format, args...)
+}
+
+// Interface guards
+var _ caddyfile.Unmarshaler = (*Handler)(nil)

@@ -1,0 +1,114 @@
+package caddyfairqueue
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
+	"github.com/caddy-fair-queue/caddy-fair-queue/llmapi"
+)
+
+// degradeEvent is the Caddy event emitted on every ladder transition, so
+// operators can hook alerts to it (events { on fair_queue_degrade ... }).
+const degradeEvent = "fair_queue_degrade"
+
+// provisionDegrade turns the JSON ladder into the scheduler's steps; the
+// scheduler validates them (lines, order, classes) when the config is
+// applied, with the step named in the error.
+func (h *Handler) provisionDegrade() error {
+	if h.Degrade == nil || len(h.Degrade.Steps) == 0 {
+		return nil
+	}
+	steps := make([]degrade.Step, 0, len(h.Degrade.Steps))
+	for i, s := range h.Degrade.Steps {
+		if s == nil {
+			return fmt.Errorf("degrade: step %d is empty", i+1)
+		}
+		var kind degrade.ActionKind
+		if err := kind.UnmarshalText([]byte(s.Action)); err != nil {
+			return fmt.Errorf("degrade step %s: %v", s.Name, err)
+		}
+		a := degrade.Action{Kind: kind, Class: s.Class, MaxInputTokens: s.MaxInputTokens, MaxTokens: s.MaxTokens}
+		if kind == degrade.ActionThrottle {
+			r, err := degrade.ParseRate(s.Rate)
+			if err != nil {
+				return fmt.Errorf("degrade step %s: %v", s.Name, err)
+			}
+			a.Rate = r
+		}
+		steps = append(steps, degrade.Step{Name: s.Name, Trigger: s.Trigger, Recover: s.Recover, Action: a})
+	}
+	h.qcfg.Degrade = steps
+	h.qcfg.DegradeHold = time.Duration(h.Degrade.Hold)
+	if h.qcfg.DegradeHold == 0 {
+		h.qcfg.DegradeHold = degrade.DefaultHold
+	}
+	// Validate now, so a bad ladder fails the config load with its step
+	// named, before any shared state is touched.
+	_, err := fairqueue.New(h.qcfg, fairqueue.RealClock{})
+	return err
+}
+
+// applyDegrade trims the body of a request whose class is in light mode
+// and re-estimates its cost. Throttling is the scheduler's (it answers
+// class_throttled at Enqueue).
+func (h *Handler) applyDegrade(a *admission) *apiError {
+	act, ok := h.shared.q.LightMode(a.class)
+	if !ok {
+		return nil
+	}
+	out, changed, err := llmapi.LightMode(a.req.Kind, a.body, act.MaxInputTokens, act.MaxTokens, h.counter)
+	if err != nil || !changed {
+		return nil // a body light mode cannot trim is served as it is
+	}
+	req, err := llmapi.Parse(a.path, out)
+	if err != nil {
+		return nil
+	}
+	a.body, a.req, a.light = out, req, true
+	a.cost = llmapi.Estimate(req, h.counter, h.DefaultMaxTokens)
+	return nil
+}
+
+// onTransition logs, counts and emits one ladder transition.
+func (h *Handler) onTransition(tr degrade.Transition) {
+	dir := "down"
+	if tr.Up {
+		dir = "up"
+	}
+	degradeTransitions.WithLabelValues(h.Name, tr.Step, dir).Inc()
+	h.logger.Info("degrade ladder transition",
+		zap.String("queue", h.Name), zap.String("step", tr.Step), zap.String("direction", dir),
+		zap.Int("from_level", tr.From), zap.Int("level", tr.To), zap.Float64("water", tr.Water))
+	if h.events != nil {
+		h.events.Emit(h.ctx, degradeEvent, map[string]any{
+			"queue": h.Name, "step": tr.Step, "direction": dir,
+			"from_level": tr.From, "level": tr.To, "water": tr.Water,
+		})
+	}
+}
+
+// loadEvents gets the events app, so transitions can be emitted.
+func (h *Handler) loadEvents() error {
+	app, err := h.ctx.App("events")
+	if err != nil {
+		return fmt.Errorf("loading events app: %v", err)
+	}
+	h.events, _ = app.(*caddyevents.App)
+	return nil
+}
+
+var (
+	degradeTransitions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+		Name: "degrade_transitions_total",
+		Help: "Degrade ladder transitions, by step and direction.",
+	}, []string{"queue", "step", "direction"})
+	descDegradeLevel = prometheus.NewDesc("caddy_fair_queue_degrade_level",
+		"Engaged degrade steps (0 = normal).", []string{"queue"}, nil)
+)

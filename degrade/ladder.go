@@ -1,0 +1,202 @@
+package degrade
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// DefaultHold is a suggested minimum hold time for callers whose
+// configuration does not set one.
+const DefaultHold = 5 * time.Second
+
+// Ladder is the degrade state machine: an ordered list of steps, the current
+// level, and each step's last transition time. Build it with NewLadder and
+// feed it water levels with Observe. See the package documentation for the
+// model, the exact hold rule and the guarantees.
+//
+// A Ladder is not safe for concurrent use; the caller serialises all calls.
+type Ladder struct {
+	steps   []Step
+	actions []Action // actions[i] == steps[i].Action
+	hold    time.Duration
+	level   int
+
+	moved  []bool      // moved[i]: step i has made at least one transition
+	lastAt []time.Time // lastAt[i]: time of step i's last transition, if moved[i]
+}
+
+// Transition is one step engaging (Up, From+1 == To) or releasing (!Up,
+// From-1 == To), as reported by Observe.
+type Transition struct {
+	Step     string    // name of the step that moved
+	From, To int       // level before and after
+	Up       bool      // engaged (true) or released (false)
+	Water    float64   // the water level that caused it
+	At       time.Time // the now passed to Observe
+}
+
+// String renders t for logs, e.g. "degrade L2 engaged (level 1 -> 2, water 0.86)".
+func (t Transition) String() string {
+	verb := "released"
+	if t.Up {
+		verb = "engaged"
+	}
+	return fmt.Sprintf("degrade %s %s (level %d -> %d, water %.3f)", t.Step, verb, t.From, t.To, t.Water)
+}
+
+// NewLadder validates steps and returns a ladder at level 0 with no step
+// held. hold is the minimum time between two transitions of the same step (0
+// disables holding; negative is an error). knownClasses lists every class
+// an action may name; an action naming any other class is an error. An empty
+// steps list is valid and yields a ladder that always stays at level 0.
+//
+// Every error names the offending step, e.g.
+// "degrade step L2: recover 0.90 must be below trigger 0.85". Checks, in step
+// order: the step on its own (non-empty name, 0 < recover < trigger, both
+// finite, a valid action: see Action), its class is known, its name is not a
+// duplicate, its trigger is above the previous step's trigger, and its
+// recovery line is not below the previous step's recovery line.
+//
+// NewLadder copies steps and knownClasses; the caller may reuse them.
+func NewLadder(steps []Step, hold time.Duration, knownClasses []string) (*Ladder, error) {
+	if hold < 0 {
+		return nil, fmt.Errorf("degrade: hold %s must not be negative", hold)
+	}
+	for i, s := range steps {
+		if err := s.validate(); err != nil {
+			if s.Name == "" {
+				return nil, fmt.Errorf("degrade step #%d: missing name", i+1)
+			}
+			return nil, err
+		}
+		if !slices.Contains(knownClasses, s.Action.Class) {
+			known := slices.Clone(knownClasses)
+			slices.Sort(known)
+			list := strings.Join(known, ", ")
+			if list == "" {
+				list = "none declared"
+			}
+			return nil, s.errorf("%s: unknown class %q (known classes: %s)", s.Action.Kind, s.Action.Class, list)
+		}
+		if j := slices.IndexFunc(steps[:i], func(p Step) bool { return p.Name == s.Name }); j >= 0 {
+			return nil, s.errorf("duplicate step name (steps #%d and #%d)", j+1, i+1)
+		}
+		if i == 0 {
+			continue
+		}
+		prev := steps[i-1]
+		if s.Trigger <= prev.Trigger {
+			return nil, s.errorf("trigger %s must be above trigger %s of the step before it, %s (triggers must strictly increase)",
+				fmtLine(s.Trigger), fmtLine(prev.Trigger), prev.Name)
+		}
+		if s.Recover < prev.Recover {
+			return nil, s.errorf("recover %s must not be below recover %s of the step before it, %s (recovery lines must not decrease)",
+				fmtLine(s.Recover), fmtLine(prev.Recover), prev.Name)
+		}
+	}
+	l := &Ladder{
+		steps:   slices.Clone(steps),
+		actions: make([]Action, len(steps)),
+		hold:    hold,
+		moved:   make([]bool, len(steps)),
+		lastAt:  make([]time.Time, len(steps)),
+	}
+	for i, s := range steps {
+		l.actions[i] = s.Action
+	}
+	return l, nil
+}
+
+// Observe records the water level seen at now, applies the lines and the
+// hold rule, and returns the transitions made by this observation in the
+// order made: several when the water jumps past several lines, nil (with no
+// allocation) when nothing changes. The exact rule is in the package
+// documentation ("Hold rule").
+func (l *Ladder) Observe(now time.Time, water float64) []Transition {
+	var out []Transition
+	for l.level < len(l.steps) {
+		i := l.level
+		if !(water > l.steps[i].Trigger) || !l.mayMove(i, now) {
+			break
+		}
+		l.moved[i], l.lastAt[i] = true, now
+		l.level++
+		if out == nil {
+			out = make([]Transition, 0, len(l.steps)-i) // one allocation per moving call
+		}
+		out = append(out, Transition{Step: l.steps[i].Name, From: i, To: i + 1, Up: true, Water: water, At: now})
+	}
+	if out != nil {
+		return out
+	}
+	for l.level > 0 {
+		i := l.level - 1
+		if !(water < l.steps[i].Recover) || !l.mayMove(i, now) {
+			break
+		}
+		l.moved[i], l.lastAt[i] = true, now
+		l.level--
+		if out == nil {
+			out = make([]Transition, 0, i+1)
+		}
+		out = append(out, Transition{Step: l.steps[i].Name, From: i + 1, To: i, Up: false, Water: water, At: now})
+	}
+	return out
+}
+
+// mayMove is the hold rule: step i has never moved, or its last transition
+// is at least hold before now.
+func (l *Ladder) mayMove(i int, now time.Time) bool {
+	return !l.moved[i] || now.Sub(l.lastAt[i]) >= l.hold
+}
+
+// Level returns the current level: steps 1..Level() are engaged.
+func (l *Ladder) Level() int { return l.level }
+
+// Hold returns the minimum time between two transitions of one step.
+func (l *Ladder) Hold() time.Duration { return l.hold }
+
+// Active returns the actions of the engaged steps, in step order (step 1
+// first). It returns nil at level 0 and a fresh slice otherwise.
+func (l *Ladder) Active() []Action {
+	if l.level == 0 {
+		return nil
+	}
+	return slices.Clone(l.actions[:l.level])
+}
+
+// Steps returns a copy of the ladder's steps, in order.
+func (l *Ladder) Steps() []Step { return slices.Clone(l.steps) }
+
+// Carry makes l, a ladder just built from a reloaded configuration, adopt the
+// live state of old, the ladder it replaces, and returns l's resulting level.
+//
+// The rule: let p be the length of the longest common prefix of step names
+// (l's step i and old's step i have the same Name for every i < p). For each
+// of those p steps, l takes over old's engaged/released state and its last
+// transition time (so hold timers run on across the reload); l's level
+// becomes min(old.Level(), p). Steps from p on start fresh: released and not
+// held. Only names are compared: a step whose lines or action changed keeps
+// its state, and the new lines and action apply from the next Observe (which
+// may then move it, subject to the carried hold). Engaged old steps beyond
+// the prefix simply end; Carry reports no Transition for them.
+//
+// Carry overwrites whatever state l had; call it before l's first Observe.
+// A nil old leaves l unchanged. old is only read.
+func (l *Ladder) Carry(old *Ladder) int {
+	if old == nil {
+		return l.level
+	}
+	p := 0
+	for p < len(l.steps) && p < len(old.steps) && l.steps[p].Name == old.steps[p].Name {
+		p++
+	}
+	clear(l.moved)
+	clear(l.lastAt)
+	copy(l.moved, old.moved[:p])
+	copy(l.lastAt, old.lastAt[:p])
+	l.level = min(old.level, p)
+	return l.level
+}

@@ -1,0 +1,144 @@
+package fairqueue
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
+)
+
+// CostUnit is what fairness is measured in.
+type CostUnit int
+
+const (
+	// CostTokens measures service in estimated (then actual) tokens.
+	CostTokens CostUnit = iota
+	// CostRequests counts every request as 1, the classic fair queue.
+	CostRequests
+)
+
+// String returns the Caddyfile spelling of the unit.
+func (u CostUnit) String() string {
+	if u == CostRequests {
+		return "requests"
+	}
+	return "estimated_tokens"
+}
+
+// ClassConfig declares a class of service.
+type ClassConfig struct {
+	// Name is how tenants, requests and degrade steps refer to the class.
+	Name string
+	// WaitBudget is the default longest time a request of this class may
+	// wait in the queue; 0 means no budget.
+	WaitBudget time.Duration
+}
+
+// TenantConfig is the scheduling identity of one tenant.
+type TenantConfig struct {
+	// Weight is the tenant's share relative to other backlogged tenants.
+	Weight float64
+	// Class is the tenant's default class; it must name a ClassConfig.
+	Class string
+	// WaitBudget overrides the class budget when non-zero.
+	WaitBudget time.Duration
+	// MaxQueue caps this tenant's queued requests; 0 means only the global
+	// cap applies.
+	MaxQueue int
+}
+
+// Config is the whole scheduler configuration. It can be replaced while
+// requests are queued and in flight (Queue.Reconfigure).
+type Config struct {
+	CostUnit CostUnit
+	// MaxInflight is the number of concurrent requests per healthy upstream.
+	MaxInflight int
+	// MaxInflightTokens, when positive, caps the estimated cost in flight
+	// per healthy upstream.
+	MaxInflightTokens int64
+	// MaxQueue caps queued requests over all tenants; 0 means unlimited.
+	MaxQueue int
+	// MaxQueueTokens, when positive, caps the queued estimated cost.
+	MaxQueueTokens int64
+	// Classes lists the classes of service; order does not imply priority.
+	Classes []ClassConfig
+	// Tenants maps known tenant names to their settings.
+	Tenants map[string]TenantConfig
+	// Default applies to tenants not in Tenants.
+	Default TenantConfig
+	// ExpiryMargin is how long before its deadline a still-queued request is
+	// expired, so the caller's answer reaches the client before the budget
+	// runs out rather than after; it should exceed the Tick period.
+	ExpiryMargin time.Duration
+	// Degrade is the ladder walked on the water level (see Queue.Water); its
+	// steps are validated against Classes.
+	Degrade []degrade.Step
+	// DegradeHold is the ladder's minimum time between two transitions of a
+	// step; 0 means degrade.DefaultHold.
+	DegradeHold time.Duration
+}
+
+// Validate reports the first problem in c.
+func (c *Config) Validate() error {
+	if c.MaxInflight <= 0 {
+		return fmt.Errorf("max_inflight must be positive, got %d", c.MaxInflight)
+	}
+	if c.MaxInflightTokens < 0 || c.MaxQueueTokens < 0 || c.MaxQueue < 0 {
+		return fmt.Errorf("queue and in-flight limits must not be negative")
+	}
+	seen := map[string]bool{}
+	for _, cl := range c.Classes {
+		if cl.Name == "" {
+			return fmt.Errorf("class with empty name")
+		}
+		if seen[cl.Name] {
+			return fmt.Errorf("class %q declared twice", cl.Name)
+		}
+		if cl.WaitBudget < 0 {
+			return fmt.Errorf("class %q: negative wait budget", cl.Name)
+		}
+		seen[cl.Name] = true
+	}
+	check := func(who string, t TenantConfig) error {
+		if !(t.Weight > 0) || math.IsInf(t.Weight, 0) {
+			return fmt.Errorf("%s: weight must be a positive number, got %v", who, t.Weight)
+		}
+		if !seen[t.Class] {
+			return fmt.Errorf("%s: unknown class %q", who, t.Class)
+		}
+		if t.MaxQueue < 0 || t.WaitBudget < 0 {
+			return fmt.Errorf("%s: negative max_queue or wait_budget", who)
+		}
+		return nil
+	}
+	for name, t := range c.Tenants {
+		if err := check(fmt.Sprintf("tenant %q", name), t); err != nil {
+			return err
+		}
+	}
+	return check("default_tenant", c.Default)
+}
+
+// Budget returns the wait budget of a request of class cls from tenant t:
+// the tenant override when set, else the class default.
+func (c *Config) Budget(t TenantConfig, cls string) time.Duration {
+	if t.WaitBudget > 0 {
+		return t.WaitBudget
+	}
+	for _, cl := range c.Classes {
+		if cl.Name == cls {
+			return cl.WaitBudget
+		}
+	}
+	return 0
+}
+
+// Tenant returns the settings of a tenant and whether it is declared.
+func (c *Config) Tenant(name string) (TenantConfig, bool) {
+	t, ok := c.Tenants[name]
+	if !ok {
+		return c.Default, false
+	}
+	return t, true
+}

@@ -1,0 +1,258 @@
+package fairqueue
+
+// heapItem is what minHeap orders: an element that knows its own position so
+// it can be removed or re-keyed in O(log n) without a search.
+type heapItem[T any] interface {
+	before(other T) bool
+	setIndex(i int)
+	index() int
+}
+
+// minHeap is a binary min-heap of items that track their index. It is typed
+// rather than built on container/heap to keep boxing off the dispatch path.
+// It orders queued tickets by deadline.
+type minHeap[T heapItem[T]] []T
+
+func (h minHeap[T]) swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].setIndex(i)
+	h[j].setIndex(j)
+}
+
+func (h *minHeap[T]) push(x T) {
+	x.setIndex(len(*h))
+	*h = append(*h, x)
+	h.up(len(*h) - 1)
+}
+
+// remove takes x out of the heap; x must be in it.
+func (h *minHeap[T]) remove(x T) {
+	i := x.index()
+	n := len(*h) - 1
+	if i != n {
+		h.swap(i, n)
+	}
+	var zero T
+	(*h)[n] = zero
+	*h = (*h)[:n]
+	x.setIndex(-1)
+	if i != n {
+		h.fix(i)
+	}
+}
+
+// fix restores the order after the key of the item at i changed.
+func (h minHeap[T]) fix(i int) {
+	if !h.down(i) {
+		h.up(i)
+	}
+}
+
+func (h minHeap[T]) up(j int) {
+	for j > 0 {
+		i := (j - 1) / 2
+		if !h[j].before(h[i]) {
+			break
+		}
+		h.swap(i, j)
+		j = i
+	}
+}
+
+func (h minHeap[T]) down(i0 int) bool {
+	i, n := i0, len(h)
+	for {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		j := l
+		if r := l + 1; r < n && h[r].before(h[l]) {
+			j = r
+		}
+		if !h[j].before(h[i]) {
+			break
+		}
+		h.swap(i, j)
+		i = j
+	}
+	return i > i0
+}
+
+// flowEntry is one backlogged flow in a class's heap. The tags are copied
+// into the entry so that ordering the heap reads only the heap's own array:
+// with 100k backlogged tenants, chasing flow, tenant and ticket pointers on
+// every comparison costs a cache miss each. The entry holds no pointer (the
+// flow is found by id), so moving entries needs no GC write barrier.
+type flowEntry struct {
+	start  float64 // the tenant's virtual time: the head request's start tag
+	finish float64 // start + head cost / weight
+	seq    uint64  // creation order of the flow, the last tie-breaker
+	id     int32   // the flow's slot in flowHeap.pos and flowHeap.flows
+}
+
+func (a *flowEntry) before(b *flowEntry) bool {
+	if a.start != b.start {
+		return a.start < b.start
+	}
+	if a.finish != b.finish {
+		return a.finish < b.finish
+	}
+	return a.seq < b.seq
+}
+
+// flowArity is the flow heap's branching factor: a 4-ary heap is half as
+// deep as a binary one, and the children compared at each level sit in
+// adjacent memory.
+const flowArity = 4
+
+// flowHeap is a 4-ary min-heap of the backlogged flows of one class,
+// ordered by (start, finish, seq). Each flow of the class has an id: flows[id]
+// is the flow, pos[id] its index in e or -1 when it is not in the heap.
+// Keeping the positions in one dense array rather than in the flows means a
+// move down the heap writes to memory that stays in cache, not to a flow
+// that, with many tenants, would be a cache miss each.
+type flowHeap struct {
+	e     []flowEntry
+	pos   []int32
+	flows []*flow
+	free  []int32
+}
+
+func (h *flowHeap) len() int { return len(h.e) }
+
+// top returns the smallest entry; the heap must not be empty.
+func (h *flowHeap) top() *flowEntry { return &h.e[0] }
+
+// flow returns the flow an entry stands for.
+func (h *flowHeap) flow(e *flowEntry) *flow { return h.flows[e.id] }
+
+// newID gives f, a new flow of the class, its slot.
+func (h *flowHeap) newID(f *flow) int32 {
+	if n := len(h.free); n > 0 {
+		id := h.free[n-1]
+		h.free = h.free[:n-1]
+		h.pos[id], h.flows[id] = -1, f
+		return id
+	}
+	h.pos = append(h.pos, -1)
+	h.flows = append(h.flows, f)
+	return int32(len(h.pos) - 1)
+}
+
+// freeID releases the slot of a forgotten flow, which is not in the heap.
+func (h *flowHeap) freeID(id int32) {
+	h.flows[id] = nil
+	h.free = append(h.free, id)
+}
+
+// contains reports whether the flow with id is in the heap.
+func (h *flowHeap) contains(id int32) bool { return h.pos[id] >= 0 }
+
+func (h *flowHeap) swap(i, j int) {
+	e := h.e
+	e[i], e[j] = e[j], e[i]
+	h.pos[e[i].id] = int32(i)
+	h.pos[e[j].id] = int32(j)
+}
+
+// push adds f, which must not be in the heap and must have a head ticket.
+func (h *flowHeap) push(f *flow) {
+	h.pos[f.id] = int32(len(h.e))
+	h.e = append(h.e, f.entry())
+	h.up(len(h.e) - 1)
+}
+
+// remove takes f out of the heap; f must be in it.
+func (h *flowHeap) remove(f *flow) {
+	i := int(h.pos[f.id])
+	n := len(h.e) - 1
+	if i != n {
+		h.swap(i, n)
+	}
+	h.e[n] = flowEntry{}
+	h.e = h.e[:n]
+	h.pos[f.id] = -1
+	if i != n {
+		h.fix(i)
+	}
+}
+
+// rekey recomputes the tags of f, which is in the heap, and restores order.
+func (h *flowHeap) rekey(f *flow) {
+	i := int(h.pos[f.id])
+	h.e[i] = f.entry()
+	h.fix(i)
+}
+
+// rebuild recomputes every key (weights changed) and re-heapifies.
+func (h *flowHeap) rebuild() {
+	for i := range h.e {
+		h.e[i] = h.flows[h.e[i].id].entry()
+	}
+	if len(h.e) < 2 {
+		return
+	}
+	for i := (len(h.e) - 2) / flowArity; i >= 0; i-- {
+		h.down(i)
+	}
+}
+
+func (h *flowHeap) fix(i int) {
+	if !h.down(i) {
+		h.up(i)
+	}
+}
+
+// up and down move a hole rather than swapping at every level: each level
+// writes one entry and one position.
+func (h *flowHeap) up(j0 int) {
+	e := h.e
+	x := e[j0]
+	j := j0
+	for j > 0 {
+		i := (j - 1) / flowArity
+		if !x.before(&e[i]) {
+			break
+		}
+		e[j] = e[i]
+		h.pos[e[j].id] = int32(j)
+		j = i
+	}
+	if j != j0 {
+		e[j] = x
+		h.pos[x.id] = int32(j)
+	}
+}
+
+func (h *flowHeap) down(i0 int) bool {
+	e := h.e
+	n := len(e)
+	x := e[i0]
+	i := i0
+	for {
+		first := flowArity*i + 1
+		if first >= n {
+			break
+		}
+		j := first
+		last := min(first+flowArity, n)
+		for c := first + 1; c < last; c++ {
+			if e[c].before(&e[j]) {
+				j = c
+			}
+		}
+		if !e[j].before(&x) {
+			break
+		}
+		e[i] = e[j]
+		h.pos[e[i].id] = int32(i)
+		i = j
+	}
+	if i == i0 {
+		return false
+	}
+	e[i] = x
+	h.pos[x.id] = int32(i)
+	return true
+}

@@ -1,0 +1,161 @@
+package fairqueue
+
+import (
+	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
+)
+
+// overload is the degrade ladder as the queue applies it: the ladder's
+// state plus what its engaged steps mean for each class right now.
+type overload struct {
+	ladder *degrade.Ladder
+	steps  []degrade.Step
+	// bucket holds one token bucket per throttle step, kept across reloads
+	// while the step's name and rate stay the same, so a reload neither
+	// refills nor drains a live throttle.
+	bucket []*degrade.Throttle
+
+	// Derived from the engaged steps; a higher step overrides a lower one
+	// acting on the same class.
+	paused   map[string]bool
+	light    map[string]degrade.Action
+	throttle map[string]*degrade.Throttle
+}
+
+// newOverload validates cfg's ladder and carries the state of old over.
+func newOverload(cfg *Config, old *overload) (*overload, error) {
+	o := &overload{}
+	if len(cfg.Degrade) == 0 {
+		return o, nil
+	}
+	names := make([]string, len(cfg.Classes))
+	for i, c := range cfg.Classes {
+		names[i] = c.Name
+	}
+	l, err := degrade.NewLadder(cfg.Degrade, cfg.DegradeHold, names)
+	if err != nil {
+		return nil, err
+	}
+	o.ladder, o.steps = l, l.Steps()
+	o.bucket = make([]*degrade.Throttle, len(o.steps))
+	for i, s := range o.steps {
+		if s.Action.Kind != degrade.ActionThrottle {
+			continue
+		}
+		if old != nil {
+			for j, os := range old.steps {
+				if os.Name == s.Name && os.Action.Kind == degrade.ActionThrottle && os.Action.Rate == s.Action.Rate {
+					o.bucket[i] = old.bucket[j]
+				}
+			}
+		}
+		if o.bucket[i] == nil {
+			o.bucket[i] = degrade.NewThrottle(s.Action.Rate)
+		}
+	}
+	if old != nil && old.ladder != nil {
+		l.Carry(old.ladder)
+	}
+	o.derive()
+	return o, nil
+}
+
+// derive recomputes the per-class actions from the engaged steps.
+func (o *overload) derive() {
+	o.paused, o.light, o.throttle = nil, nil, nil
+	if o.ladder == nil {
+		return
+	}
+	for i, s := range o.steps[:o.ladder.Level()] {
+		a := s.Action
+		switch a.Kind {
+		case degrade.ActionPause:
+			if o.paused == nil {
+				o.paused = map[string]bool{}
+			}
+			o.paused[a.Class] = true
+		case degrade.ActionLightMode:
+			if o.light == nil {
+				o.light = map[string]degrade.Action{}
+			}
+			o.light[a.Class] = a
+		case degrade.ActionThrottle:
+			if o.throttle == nil {
+				o.throttle = map[string]*degrade.Throttle{}
+			}
+			o.throttle[a.Class] = o.bucket[i]
+		}
+	}
+}
+
+func (o *overload) level() int {
+	if o.ladder == nil {
+		return 0
+	}
+	return o.ladder.Level()
+}
+
+// observeLocked feeds the water level to the ladder and applies any change.
+func (q *Queue) observeWaterLocked(now time.Time) {
+	o := q.ov
+	if o.ladder == nil {
+		return
+	}
+	water := q.waterLocked()
+	trs := o.ladder.Observe(now, water)
+	if len(trs) == 0 {
+		return
+	}
+	o.derive()
+	q.applyPausesLocked()
+	if q.degradeObserver != nil {
+		q.transitions = append(q.transitions, trs...)
+	}
+}
+
+// applyPausesLocked makes exactly the classes the ladder pauses yield.
+func (q *Queue) applyPausesLocked() {
+	for _, cq := range q.classes {
+		cq.paused = q.ov.paused[cq.name]
+	}
+	q.dispatchLocked(q.clock.Now())
+}
+
+// throttleLocked admits a request of class cls against its class's throttle.
+func (q *Queue) throttleLocked(now time.Time, cls string, cost int64) *Rejection {
+	thr := q.ov.throttle[cls]
+	if thr == nil {
+		return nil
+	}
+	ok, wait := thr.Admit(now, int(cost))
+	if ok {
+		return nil
+	}
+	return &Rejection{Reason: ReasonClassThrottled, RetryAfter: wait,
+		Detail: "class " + cls + " is throttled to " + thr.Rate().String() + " while the gateway is overloaded"}
+}
+
+// LightMode reports whether requests of class cls are to be trimmed now, and
+// to which limits (degrade action light_mode).
+func (q *Queue) LightMode(cls string) (degrade.Action, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	a, ok := q.ov.light[cls]
+	return a, ok
+}
+
+// DegradeLevel returns how many steps of the ladder are engaged.
+func (q *Queue) DegradeLevel() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.ov.level()
+}
+
+// SetDegradeObserver installs fn to be told of every ladder transition,
+// outside the queue's lock, in order.
+func (q *Queue) SetDegradeObserver(fn func(degrade.Transition)) {
+	q.mu.Lock()
+	q.degradeObserver = fn
+	q.mu.Unlock()
+}

@@ -1,0 +1,393 @@
+package simulator
+
+import (
+	"math"
+	"slices"
+	"sort"
+	"time"
+)
+
+// Result is one policy's run of one workload.
+type Result struct {
+	Scenario *Scenario
+	Policy   string
+	Seed     uint64
+	// Requests and Records are parallel: every request of the run (the
+	// open-loop ones and those closed-loop tenants drew) and its outcome.
+	Requests []Request
+	Records  []Record
+	// Rows has one entry per tenant, or per group with GroupRows, in
+	// scenario order.
+	Rows    []Row
+	Overall Overall
+	// Violations lists the first scheduler invariant violations seen;
+	// ViolationCount counts all of them. Both are empty for a correct
+	// scheduler.
+	Violations     []string
+	ViolationCount int
+
+	contended []interval
+}
+
+// Row is the measurements of one tenant (or group of tenants).
+type Row struct {
+	Name   string
+	Weight float64 // NaN for a group of mixed weights
+	Class  string  // "mixed" for a group of mixed classes
+	// N counts the requests; Dispatched, Expired and Rejected split them.
+	N, Dispatched, Expired, Rejected int
+	// Waits of dispatched requests (nearest-rank percentiles).
+	WaitP50, WaitP95, WaitP99 time.Duration
+	// LimitP95 is the P95 of the slot-free limit of dispatched requests.
+	LimitP95 time.Duration
+	// AtLimit is the fraction of dispatched requests whose wait was at
+	// most their slot-free limit + 1 ms: they started as soon as any
+	// non-preemptive scheduler could have started them.
+	AtLimit float64
+	// AtOrderLimit is the same against Record.OrderLimit, the bound for
+	// schedulers that keep each tenant's requests in order.
+	AtOrderLimit float64
+	// MetBudget is the fraction of all requests dispatched within their
+	// class wait budget; NaN when the class has none.
+	MetBudget float64
+	// Tokens is the actual cost of completed requests; TokPerSec divides
+	// it by the active span (first arrival to last completion), Makespan.
+	Tokens    int64
+	TokPerSec float64
+	Makespan  time.Duration
+}
+
+// Overall is the run as a whole.
+type Overall struct {
+	Requests int
+	Tokens   int64
+	// TokPerSec is Tokens over Makespan, first arrival to last completion.
+	TokPerSec float64
+	Makespan  time.Duration
+	// Contended is the total time some request was queued.
+	Contended time.Duration
+	// Jain is the mean of Jain's index of weighted shares over the
+	// JainWindows windows that lie wholly in contended time; JainMin is the
+	// smallest. NaN when there is no such window. See the package doc.
+	Jain, JainMin float64
+	JainWindows   int
+	// MaxDiff is the largest service difference in tokens between two
+	// backlogged tenants of equal weight (see the package doc); NaN when no
+	// two tenants share a weight or every such group is too large to track. MaxCost is the largest actual request
+	// cost, the unit the VTC bound is stated in.
+	MaxDiff float64
+	MaxCost int64
+	// Expired and Rejected count requests that were never dispatched.
+	Expired, Rejected int
+}
+
+// Row returns the row called name, or nil.
+func (res *Result) Row(name string) *Row {
+	for i := range res.Rows {
+		if res.Rows[i].Name == name {
+			return &res.Rows[i]
+		}
+	}
+	return nil
+}
+
+func (s *sim) result(policy string) *Result {
+	res := &Result{Scenario: s.sc, Policy: policy, Seed: s.w.Seed, Requests: s.reqs, Records: s.recs,
+		Violations: s.violations, ViolationCount: s.nViolation, contended: s.contended}
+	sc := s.sc
+	// Rows: tenants, or groups of tenants.
+	rowOf := make([]int, len(sc.Tenants))
+	var names []string
+	if sc.GroupRows {
+		idx := map[string]int{}
+		for i, t := range sc.Tenants {
+			g, ok := idx[t.Group]
+			if !ok {
+				g = len(names)
+				idx[t.Group] = g
+				names = append(names, t.Group)
+			}
+			rowOf[i] = g
+		}
+	} else {
+		for i, t := range sc.Tenants {
+			rowOf[i] = i
+			names = append(names, t.Name)
+		}
+	}
+	members := make([][]int, len(names))
+	for i := range sc.Tenants {
+		members[rowOf[i]] = append(members[rowOf[i]], i)
+	}
+	byRow := make([][]int, len(names))
+	for id := range s.reqs {
+		r := rowOf[s.reqs[id].Tenant]
+		byRow[r] = append(byRow[r], id)
+	}
+	for r, name := range names {
+		res.Rows = append(res.Rows, s.row(name, members[r], byRow[r]))
+	}
+	// Overall.
+	o := &res.Overall
+	o.Requests = len(s.reqs)
+	first, last := time.Duration(-1), time.Duration(0)
+	for id := range s.reqs {
+		r, rec := &s.reqs[id], &s.recs[id]
+		if first < 0 || r.Arrival < first {
+			first = r.Arrival
+		}
+		switch rec.State {
+		case StateCompleted:
+			o.Tokens += r.Actual()
+			last = max(last, rec.Complete)
+			o.MaxCost = max(o.MaxCost, r.Actual())
+		case StateExpired:
+			o.Expired++
+		case StateRejected:
+			o.Rejected++
+		}
+	}
+	if first >= 0 && last > first {
+		o.Makespan = last - first
+		o.TokPerSec = float64(o.Tokens) / o.Makespan.Seconds()
+	}
+	for _, iv := range s.contended {
+		o.Contended += iv.to - iv.from
+	}
+	o.Jain, o.JainMin, o.JainWindows = res.windowedJain()
+	o.MaxDiff = math.NaN()
+	if s.diff.tracked {
+		o.MaxDiff = s.diff.max
+	}
+	return res
+}
+
+func (s *sim) row(name string, tenants, ids []int) Row {
+	sc := s.sc
+	row := Row{Name: name, Weight: sc.Tenants[tenants[0]].Weight, Class: sc.Tenants[tenants[0]].Class,
+		N: len(ids), MetBudget: math.NaN()}
+	for _, t := range tenants[1:] {
+		if sc.Tenants[t].Weight != row.Weight {
+			row.Weight = math.NaN()
+		}
+		if sc.Tenants[t].Class != row.Class {
+			row.Class = "mixed"
+		}
+	}
+	var waits, limits []time.Duration
+	met, budgeted, atLimit, atOrder := 0, 0, 0, 0
+	first, last := time.Duration(-1), time.Duration(0)
+	for _, id := range ids {
+		r, rec := &s.reqs[id], &s.recs[id]
+		if first < 0 || r.Arrival < first {
+			first = r.Arrival
+		}
+		b := sc.Budget(r.Tenant)
+		if b > 0 {
+			budgeted++
+		}
+		switch rec.State {
+		case StateInflight, StateCompleted:
+			row.Dispatched++
+			w := rec.Wait(r)
+			waits = append(waits, w)
+			limits = append(limits, rec.Limit)
+			if w <= rec.Limit+time.Millisecond {
+				atLimit++
+			}
+			if w <= rec.OrderLimit+time.Millisecond {
+				atOrder++
+			}
+			if b > 0 && w <= b {
+				met++
+			}
+			if rec.State == StateCompleted {
+				row.Tokens += r.Actual()
+				last = max(last, rec.Complete)
+			}
+		case StateExpired:
+			row.Expired++
+		case StateRejected:
+			row.Rejected++
+		}
+	}
+	if budgeted > 0 {
+		row.MetBudget = float64(met) / float64(budgeted)
+	}
+	if row.Dispatched > 0 {
+		slices.Sort(waits)
+		slices.Sort(limits)
+		row.WaitP50 = percentile(waits, 0.50)
+		row.WaitP95 = percentile(waits, 0.95)
+		row.WaitP99 = percentile(waits, 0.99)
+		row.LimitP95 = percentile(limits, 0.95)
+		row.AtLimit = float64(atLimit) / float64(row.Dispatched)
+		row.AtOrderLimit = float64(atOrder) / float64(row.Dispatched)
+	}
+	if first >= 0 && last > first {
+		row.Makespan = last - first
+		row.TokPerSec = float64(row.Tokens) / row.Makespan.Seconds()
+	}
+	return row
+}
+
+// percentile is the nearest-rank percentile of sorted values.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p*float64(len(sorted)))) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+// ServedBetween returns, per tenant, the actual tokens served in [from, to):
+// each request's actual cost is spread evenly over its service time, so a
+// request cut by the window counts in proportion.
+func (res *Result) ServedBetween(from, to time.Duration) []float64 {
+	out := make([]float64, len(res.Scenario.Tenants))
+	for id := range res.Requests {
+		rec := &res.Records[id]
+		if rec.State != StateCompleted {
+			continue
+		}
+		lo, hi := max(rec.Dispatch, from), min(rec.Complete, to)
+		if hi <= lo {
+			continue
+		}
+		r := &res.Requests[id]
+		out[r.Tenant] += float64(r.Actual()) * float64(hi-lo) / float64(rec.Complete-rec.Dispatch)
+	}
+	return out
+}
+
+// windowedJain computes Jain's index of weighted shares in every window
+// of Scenario.Window that lies wholly in contended time (see the package
+// doc for the definition) and returns the mean, the minimum and the number
+// of windows.
+func (res *Result) windowedJain() (mean, lowest float64, n int) {
+	sc := res.Scenario
+	W := sc.window()
+	var end time.Duration
+	for _, iv := range res.contended {
+		end = max(end, iv.to)
+	}
+	nw := int(end / W)
+	if nw == 0 {
+		return math.NaN(), math.NaN(), 0
+	}
+	// Which windows are wholly contended.
+	ok := make([]bool, nw)
+	for _, iv := range res.contended {
+		for k := int((iv.from + W - 1) / W); k < nw && time.Duration(k+1)*W <= iv.to; k++ {
+			ok[k] = true
+		}
+	}
+	nt := len(sc.Tenants)
+	recv := make([]float64, nw*nt)
+	backlog := make([]float64, nw*nt)
+	for id := range res.Requests {
+		r, rec := &res.Requests[id], &res.Records[id]
+		if rec.State == StateRejected || rec.State == StateNone {
+			continue
+		}
+		// Backlog at each window end b with arrival < b < left.
+		left := rec.Left
+		if rec.State == StateQueued {
+			left = end + W
+		}
+		for k := int(r.Arrival / W); k < nw; k++ {
+			b := time.Duration(k+1) * W
+			if b <= r.Arrival {
+				continue
+			}
+			if b >= left {
+				break
+			}
+			backlog[k*nt+r.Tenant] += float64(r.Actual())
+		}
+		if rec.State != StateCompleted || rec.Complete <= rec.Dispatch {
+			continue
+		}
+		rate := float64(r.Actual()) / float64(rec.Complete-rec.Dispatch)
+		for k := int(rec.Dispatch / W); k < nw; k++ {
+			lo, hi := max(rec.Dispatch, time.Duration(k)*W), min(rec.Complete, time.Duration(k+1)*W)
+			if hi <= lo {
+				break
+			}
+			recv[k*nt+r.Tenant] += rate * float64(hi-lo)
+		}
+	}
+	weights := make([]float64, nt)
+	for i, t := range sc.Tenants {
+		weights[i] = t.Weight
+	}
+	demand := make([]float64, nt)
+	fair := make([]float64, nt)
+	order := make([]int, nt)
+	sum, lowest := 0.0, math.Inf(1)
+	for k := 0; k < nw; k++ {
+		if !ok[k] {
+			continue
+		}
+		got := recv[k*nt : (k+1)*nt]
+		capacity := 0.0
+		for i := range demand {
+			demand[i] = got[i] + backlog[k*nt+i]
+			capacity += got[i]
+		}
+		waterfill(demand, weights, capacity, fair, order)
+		var sx, sxx float64
+		m := 0
+		for i := range fair {
+			if fair[i] > 1e-9 {
+				x := got[i] / fair[i]
+				sx += x
+				sxx += x * x
+				m++
+			}
+		}
+		if m == 0 || sxx == 0 {
+			continue
+		}
+		j := sx * sx / (float64(m) * sxx)
+		sum += j
+		lowest = min(lowest, j)
+		n++
+	}
+	if n == 0 {
+		return math.NaN(), math.NaN(), 0
+	}
+	return sum / float64(n), lowest, n
+}
+
+// waterfill writes into fair the weighted max-min fair allocation of
+// capacity to demands: raise a level L until capacity is used, giving each
+// tenant min(demand_i, L * w_i). order is scratch space.
+func waterfill(demand, weight []float64, capacity float64, fair []float64, order []int) {
+	var wsum float64
+	order = order[:0]
+	for i := range demand {
+		fair[i] = 0
+		if demand[i] > 0 {
+			order = append(order, i)
+			wsum += weight[i]
+		}
+	}
+	sort.Slice(order, func(a, b int) bool {
+		return demand[order[a]]/weight[order[a]] < demand[order[b]]/weight[order[b]]
+	})
+	left := capacity
+	for k, i := range order {
+		if demand[i]/weight[i]*wsum <= left {
+			fair[i] = demand[i]
+			left -= demand[i]
+			wsum -= weight[i]
+			continue
+		}
+		level := left / wsum
+		for _, j := range order[k:] {
+			fair[j] = level * weight[j]
+		}
+		return
+	}
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package simulator
+
+const raceEnabled = false

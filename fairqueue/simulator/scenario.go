@@ -1,0 +1,438 @@
+package simulator
+
+import (
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"time"
+)
+
+// Scenario is a workload and an upstream pool, described as data so that
+// every policy replays exactly the same requests.
+type Scenario struct {
+	Name        string
+	Description string
+	// Upstreams x Slots is the capacity: the engine runs with MaxInflight =
+	// Slots and SetHealthy(healthy upstreams).
+	Upstreams int
+	Slots     int
+	// Health changes the number of healthy upstreams at the given times
+	// (e.g. one upstream down for 60 s). Before the first entry all
+	// Upstreams are healthy.
+	Health []HealthChange
+	// Classes in priority order, highest first: the "priority" baseline
+	// serves them strictly in this order. Budgets are reported as the
+	// met-budget rate and enforced as deadlines only with EnforceBudgets.
+	Classes []Class
+	Tenants []TenantSpec
+	// Duration ends closed-loop (ArrivalBacklogged) arrivals and bounds the
+	// window in which their shares are measured (Result.ServedBetween).
+	Duration time.Duration
+	// EnforceBudgets gives every request a deadline of arrival + budget,
+	// so the scheduler expires requests that cannot start in time. Off by
+	// default: the seeds compare schedulers on waits, not on rejections.
+	EnforceBudgets bool
+	// GroupRows reports one row per TenantSpec.Group instead of one per
+	// tenant, for scenarios with too many tenants to print.
+	GroupRows bool
+	// Window is the length of the windows Jain's index is computed over;
+	// 0 means 10 s.
+	Window time.Duration
+	// TickPeriod is how often Queue.Tick runs while there is work; 0 means
+	// 50 ms.
+	TickPeriod time.Duration
+}
+
+// HealthChange sets the number of healthy upstreams from At on.
+type HealthChange struct {
+	At      time.Duration
+	Healthy int
+}
+
+// Class is a class of service.
+type Class struct {
+	Name   string
+	Budget time.Duration
+}
+
+// TenantSpec describes one tenant and the requests it sends.
+type TenantSpec struct {
+	Name   string
+	Weight float64
+	Class  string
+	// Group labels the tenant's row when Scenario.GroupRows is set.
+	Group     string
+	Arrivals  Arrivals
+	Prompt    Dist
+	MaxTokens Dist
+}
+
+// ArrivalKind selects how a tenant's requests arrive.
+type ArrivalKind int
+
+// The arrival processes.
+const (
+	// ArrivalBurst: N requests at independent uniform times in
+	// [Start, End] (all at Start when End <= Start).
+	ArrivalBurst ArrivalKind = iota + 1
+	// ArrivalPoisson: a Poisson process of Rate requests/s from Start
+	// until End (or Alongside).
+	ArrivalPoisson
+	// ArrivalPeriodic: one request every Interval from Start until End
+	// (or Alongside).
+	ArrivalPeriodic
+	// ArrivalBacklogged: a closed loop that keeps Queue requests waiting.
+	// Queue requests arrive at Start; each time one leaves the queue
+	// (dispatched or expired) the next arrives at that instant, until
+	// Scenario.Duration. Arrival times therefore depend on the policy, but
+	// the k-th request of the tenant is the same in every run: its sizes
+	// come from the tenant's own random stream.
+	ArrivalBacklogged
+)
+
+// Arrivals parameterises an ArrivalKind.
+type Arrivals struct {
+	Kind       ArrivalKind
+	N          int
+	Rate       float64
+	Interval   time.Duration
+	Start, End time.Duration
+	Queue      int
+	// Alongside names another (open-loop) tenant: this tenant keeps
+	// arriving while t < first arrival of that tenant + (service time of
+	// all its requests + service time of this tenant's requests so far) /
+	// capacity. That is when the named tenant's work would be done by any
+	// work-conserving scheduler at full capacity, so this tenant keeps
+	// arriving for as long as the other is backlogged, whatever the
+	// policy, and the rule does not depend on any run.
+	Alongside string
+}
+
+// DistKind selects a token-count distribution.
+type DistKind int
+
+// The distributions.
+const (
+	// DistConst is always A.
+	DistConst DistKind = iota + 1
+	// DistUniform is uniform over the integers [A, B].
+	DistUniform
+	// DistChoice picks one of Values uniformly.
+	DistChoice
+	// DistPareto is Pareto with scale A and shape Alpha, capped at B.
+	DistPareto
+)
+
+// Dist is a distribution of token counts.
+type Dist struct {
+	Kind   DistKind
+	A, B   int64
+	Alpha  float64
+	Values []int64
+}
+
+func (d Dist) sample(r *rand.Rand) int64 {
+	switch d.Kind {
+	case DistConst:
+		return d.A
+	case DistUniform:
+		return d.A + r.Int64N(d.B-d.A+1)
+	case DistChoice:
+		return d.Values[r.IntN(len(d.Values))]
+	case DistPareto:
+		u := 1 - r.Float64() // (0, 1]
+		x := int64(math.Round(float64(d.A) / math.Pow(u, 1/d.Alpha)))
+		if d.B > 0 && x > d.B {
+			x = d.B
+		}
+		return x
+	}
+	panic("simulator: unknown distribution")
+}
+
+func (d Dist) validate() error {
+	switch d.Kind {
+	case DistConst:
+		if d.A < 0 {
+			return fmt.Errorf("negative constant %d", d.A)
+		}
+	case DistUniform:
+		if d.A < 0 || d.B < d.A {
+			return fmt.Errorf("bad uniform range [%d, %d]", d.A, d.B)
+		}
+	case DistChoice:
+		if len(d.Values) == 0 {
+			return fmt.Errorf("empty choice")
+		}
+	case DistPareto:
+		if d.A <= 0 || !(d.Alpha > 0) {
+			return fmt.Errorf("bad pareto scale %d shape %v", d.A, d.Alpha)
+		}
+	default:
+		return fmt.Errorf("unknown distribution kind %d", d.Kind)
+	}
+	return nil
+}
+
+// Request is one generated request. Its sizes, including the output the
+// upstream will produce, are fixed when the workload is generated, so every
+// policy sees the same request.
+type Request struct {
+	ID        int
+	Tenant    int // index into Scenario.Tenants
+	Arrival   time.Duration
+	Prompt    int64
+	MaxTokens int64
+	Output    int64
+}
+
+// Estimate is the cost the gateway knows at admission: prompt + max_tokens.
+func (r *Request) Estimate() int64 { return r.Prompt + r.MaxTokens }
+
+// Actual is the cost known at completion: prompt + output tokens.
+func (r *Request) Actual() int64 { return r.Prompt + r.Output }
+
+// Service is how long the request holds an upstream slot:
+// 30 ms + 0.05 ms per prompt token + 15 ms per output token.
+func (r *Request) Service() time.Duration { return serviceTime(r.Prompt, r.Output) }
+
+func serviceTime(prompt, output int64) time.Duration {
+	return 30*time.Millisecond + time.Duration(prompt)*50*time.Microsecond +
+		time.Duration(output)*15*time.Millisecond
+}
+
+// Workload is a scenario's requests for one seed.
+type Workload struct {
+	Scenario *Scenario
+	Seed     uint64
+	// Requests are the open-loop requests ordered by (Arrival, tenant
+	// index, the tenant's own order); a request's ID is its index.
+	Requests []Request
+}
+
+// Capacity is the number of slots with every upstream healthy.
+func (sc *Scenario) Capacity() int { return sc.Upstreams * sc.Slots }
+
+// ClassRank returns the position of class name in sc.Classes (0 = highest
+// priority), or len(sc.Classes) for an unknown class.
+func (sc *Scenario) ClassRank(name string) int {
+	for i, c := range sc.Classes {
+		if c.Name == name {
+			return i
+		}
+	}
+	return len(sc.Classes)
+}
+
+// Budget returns the wait budget of tenant i's class (0 = none).
+func (sc *Scenario) Budget(i int) time.Duration {
+	if r := sc.ClassRank(sc.Tenants[i].Class); r < len(sc.Classes) {
+		return sc.Classes[r].Budget
+	}
+	return 0
+}
+
+func (sc *Scenario) window() time.Duration {
+	if sc.Window > 0 {
+		return sc.Window
+	}
+	return 10 * time.Second
+}
+
+func (sc *Scenario) tickPeriod() time.Duration {
+	if sc.TickPeriod > 0 {
+		return sc.TickPeriod
+	}
+	return 50 * time.Millisecond
+}
+
+// Validate reports the first problem in sc.
+func (sc *Scenario) Validate() error {
+	if sc.Upstreams <= 0 || sc.Slots <= 0 {
+		return fmt.Errorf("scenario %s: upstreams and slots must be positive", sc.Name)
+	}
+	if len(sc.Tenants) == 0 {
+		return fmt.Errorf("scenario %s: no tenants", sc.Name)
+	}
+	names := map[string]int{}
+	for i, t := range sc.Tenants {
+		if _, dup := names[t.Name]; dup || t.Name == "" {
+			return fmt.Errorf("scenario %s: tenant %d: empty or duplicate name %q", sc.Name, i, t.Name)
+		}
+		names[t.Name] = i
+		if !(t.Weight > 0) {
+			return fmt.Errorf("scenario %s: tenant %s: weight must be positive", sc.Name, t.Name)
+		}
+		if sc.ClassRank(t.Class) == len(sc.Classes) {
+			return fmt.Errorf("scenario %s: tenant %s: unknown class %q", sc.Name, t.Name, t.Class)
+		}
+		if err := t.Prompt.validate(); err != nil {
+			return fmt.Errorf("scenario %s: tenant %s: prompt: %w", sc.Name, t.Name, err)
+		}
+		if err := t.MaxTokens.validate(); err != nil {
+			return fmt.Errorf("scenario %s: tenant %s: max_tokens: %w", sc.Name, t.Name, err)
+		}
+		a := t.Arrivals
+		switch a.Kind {
+		case ArrivalBurst:
+			if a.N <= 0 {
+				return fmt.Errorf("scenario %s: tenant %s: burst needs N > 0", sc.Name, t.Name)
+			}
+		case ArrivalPoisson, ArrivalPeriodic:
+			if a.Kind == ArrivalPoisson && !(a.Rate > 0) || a.Kind == ArrivalPeriodic && a.Interval <= 0 {
+				return fmt.Errorf("scenario %s: tenant %s: rate or interval must be positive", sc.Name, t.Name)
+			}
+			if a.End <= a.Start && a.Alongside == "" {
+				return fmt.Errorf("scenario %s: tenant %s: needs End > Start or Alongside", sc.Name, t.Name)
+			}
+		case ArrivalBacklogged:
+			if a.Queue <= 0 || sc.Duration <= 0 {
+				return fmt.Errorf("scenario %s: tenant %s: backlogged needs Queue > 0 and a scenario Duration", sc.Name, t.Name)
+			}
+		default:
+			return fmt.Errorf("scenario %s: tenant %s: unknown arrival kind", sc.Name, t.Name)
+		}
+	}
+	for _, t := range sc.Tenants {
+		if o := t.Arrivals.Alongside; o != "" {
+			j, ok := names[o]
+			if !ok || o == t.Name {
+				return fmt.Errorf("scenario %s: tenant %s: alongside unknown tenant %q", sc.Name, t.Name, o)
+			}
+			if k := sc.Tenants[j].Arrivals; k.Kind == ArrivalBacklogged || k.Alongside != "" {
+				return fmt.Errorf("scenario %s: tenant %s: alongside %q needs a plain open-loop tenant", sc.Name, t.Name, o)
+			}
+		}
+	}
+	for i, h := range sc.Health {
+		if h.Healthy < 0 || h.Healthy > sc.Upstreams || i > 0 && h.At < sc.Health[i-1].At {
+			return fmt.Errorf("scenario %s: health timeline entry %d out of order or range", sc.Name, i)
+		}
+	}
+	return nil
+}
+
+// stream returns tenant i's random stream. Keying it by the tenant's name
+// (not its position) keeps a tenant's requests unchanged when other tenants
+// are added to a scenario.
+func stream(seed uint64, name string) *rand.Rand {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return rand.New(rand.NewPCG(seed, h.Sum64()))
+}
+
+// sizes draws prompt, max_tokens and the output the upstream will produce:
+// max_tokens x uniform(0.5, 1.0), rounded, at least 1.
+func (t *TenantSpec) sizes(r *rand.Rand) (prompt, maxTokens, output int64) {
+	prompt = t.Prompt.sample(r)
+	maxTokens = t.MaxTokens.sample(r)
+	output = int64(math.Round(float64(maxTokens) * (0.5 + 0.5*r.Float64())))
+	if output < 1 {
+		output = 1
+	}
+	return
+}
+
+// Generate draws the open-loop requests of sc for seed. Closed-loop tenants
+// draw theirs during each run from the same per-tenant stream.
+func Generate(sc *Scenario, seed uint64) (*Workload, error) {
+	if err := sc.Validate(); err != nil {
+		return nil, err
+	}
+	per := make([][]Request, len(sc.Tenants))
+	gen := func(i int) {
+		t := &sc.Tenants[i]
+		r := stream(seed, t.Name)
+		a := t.Arrivals
+		var reqs []Request
+		add := func(at time.Duration) {
+			p, m, o := t.sizes(r)
+			reqs = append(reqs, Request{Tenant: i, Arrival: at, Prompt: p, MaxTokens: m, Output: o})
+		}
+		// until reports whether arrivals continue at t; own is the service
+		// time of this tenant's requests so far (for Alongside).
+		var limit func(t, own time.Duration) bool
+		if a.Alongside != "" {
+			var work, first time.Duration = 0, -1
+			for _, q := range per[indexOf(sc, a.Alongside)] {
+				work += q.Service()
+				if first < 0 || q.Arrival < first {
+					first = q.Arrival
+				}
+			}
+			capacity := time.Duration(sc.Capacity())
+			limit = func(t, own time.Duration) bool {
+				return t < first+(work+own)/capacity && (a.End <= a.Start || t < a.End)
+			}
+		} else {
+			limit = func(t, _ time.Duration) bool { return t < a.End }
+		}
+		switch a.Kind {
+		case ArrivalBurst:
+			times := make([]time.Duration, a.N)
+			for k := range times {
+				times[k] = a.Start
+				if a.End > a.Start {
+					times[k] += time.Duration(r.Int64N(int64(a.End-a.Start) + 1))
+				}
+			}
+			sort.Slice(times, func(x, y int) bool { return times[x] < times[y] })
+			for _, at := range times {
+				add(at)
+			}
+		case ArrivalPoisson:
+			var own time.Duration
+			for at := a.Start + expGap(r, a.Rate); limit(at, own); at += expGap(r, a.Rate) {
+				add(at)
+				own += reqs[len(reqs)-1].Service()
+			}
+		case ArrivalPeriodic:
+			var own time.Duration
+			for at := a.Start; limit(at, own); at += a.Interval {
+				add(at)
+				own += reqs[len(reqs)-1].Service()
+			}
+		}
+		per[i] = reqs
+	}
+	// Tenants others arrive alongside are drawn first.
+	for i, t := range sc.Tenants {
+		if t.Arrivals.Alongside == "" && t.Arrivals.Kind != ArrivalBacklogged {
+			gen(i)
+		}
+	}
+	for i, t := range sc.Tenants {
+		if t.Arrivals.Alongside != "" {
+			gen(i)
+		}
+	}
+	n := 0
+	for _, p := range per {
+		n += len(p)
+	}
+	all := make([]Request, 0, n)
+	for _, p := range per {
+		all = append(all, p...)
+	}
+	// Stable: equal arrival times keep tenant order, then the tenant's own.
+	sort.SliceStable(all, func(x, y int) bool { return all[x].Arrival < all[y].Arrival })
+	for k := range all {
+		all[k].ID = k
+	}
+	return &Workload{Scenario: sc, Seed: seed, Requests: all}, nil
+}
+
+func expGap(r *rand.Rand, rate float64) time.Duration {
+	return time.Duration(r.ExpFloat64() / rate * float64(time.Second))
+}
+
+func indexOf(sc *Scenario, name string) int {
+	for i, t := range sc.Tenants {
+		if t.Name == name {
+			return i
+		}
+	}
+	return -1
+}

@@ -1,0 +1,498 @@
+package simulator
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
+)
+
+// epoch is the virtual start of every run. Its value is irrelevant; a fixed
+// one keeps runs reproducible.
+var epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// State is where a request ended up.
+type State uint8
+
+// Request states.
+const (
+	StateNone State = iota
+	StateQueued
+	StateInflight
+	StateCompleted
+	StateExpired
+	StateRejected
+)
+
+// Record is what one run did with one request. Times are virtual, since
+// the start of the run.
+type Record struct {
+	State    State
+	Dispatch time.Duration
+	Complete time.Duration
+	// Left is when the request left the queue: dispatched or expired.
+	Left time.Duration
+	// Limit is the slot-free limit: from arrival until the next slot freed
+	// in this run (0 if a slot was free on arrival). No non-preemptive
+	// scheduler could have started the request sooner.
+	Limit time.Duration
+	// OrderLimit is the in-order slot-free limit: from arrival until the
+	// (q+1)-th slot freed after it, where q is the number of the tenant's
+	// own requests queued at its arrival (0 if a slot was free). Every
+	// policy here serves a tenant's requests in arrival order, so each of
+	// those q needs a slot of its own first: no such scheduler could have
+	// started the request sooner. It differs from Limit when a tenant's
+	// requests pile up behind a gap in completions.
+	OrderLimit time.Duration
+}
+
+// Wait is the time from arrival until dispatch (or expiry).
+func (rec *Record) Wait(r *Request) time.Duration { return rec.Left - r.Arrival }
+
+// event kinds, in the order they are processed when their times are equal:
+// a completion frees its slot before anything else happens at that
+// instant, a capacity change applies before arrivals see it, and ticks
+// come last so they observe the instant's final state.
+const (
+	evComplete = iota
+	evHealth
+	evArrival
+	evTick
+)
+
+type event struct {
+	at   time.Duration
+	kind int
+	// seq breaks remaining ties in creation order. Open-loop arrivals use
+	// their request ID; every other event gets len(open-loop) + a counter.
+	seq uint64
+	arg int
+}
+
+func (a event) less(b event) bool {
+	if a.at != b.at {
+		return a.at < b.at
+	}
+	if a.kind != b.kind {
+		return a.kind < b.kind
+	}
+	return a.seq < b.seq
+}
+
+// limitEntry waits for the target-th freed slot to set a request's Limit
+// (or, with order, its OrderLimit).
+type limitEntry struct {
+	target uint64
+	id     int
+	order  bool
+}
+
+func (e limitEntry) less(o limitEntry) bool {
+	if e.target != o.target {
+		return e.target < o.target
+	}
+	return e.id < o.id
+}
+
+// interval is a half-open span of virtual time.
+type interval struct{ from, to time.Duration }
+
+type sim struct {
+	sc    *Scenario
+	w     *Workload
+	clock *fairqueue.ManualClock
+	sched Scheduler
+
+	now    time.Duration
+	events minHeap[event]
+	seq    uint64
+	open   int // next open-loop request to arrive
+
+	reqs []Request
+	recs []Record
+
+	capacity     int
+	inflight     int
+	queued       int
+	tenantQueued []int
+	// served is each tenant's service in actual-cost-corrected tokens:
+	// the estimate at dispatch, corrected to the actual cost at completion
+	// (what the engine's Stats().Tenants[i].Served reports for CostTokens),
+	// kept here so every policy is measured in the same unit.
+	served []float64
+
+	// freed counts the slots freed so far (completions that leave fewer
+	// requests in flight than capacity, and capacity added). A request that finds no free slot on
+	// arrival waits in limits until freed reaches its target.
+	freed  uint64
+	limits minHeap[limitEntry]
+
+	tickPending  bool
+	inContention bool
+	contendFrom  time.Duration
+	contended    []interval
+
+	// closed holds each closed-loop tenant's random stream (nil for
+	// open-loop tenants); it draws the tenant's requests as they arrive.
+	closed []*rand.Rand
+	diff   *diffTracker
+
+	violations []string
+	nViolation int
+	mayIdle    bool
+}
+
+// Run replays w under p and measures it. An error means the run could not
+// be carried out; scheduler misbehaviour (capacity exceeded, a request
+// dispatched twice, a slot left idle with work queued) is reported in
+// Result.Violations instead, so it shows up next to the numbers.
+func Run(w *Workload, p Policy) (*Result, error) {
+	sc := w.Scenario
+	s := &sim{
+		sc:           sc,
+		w:            w,
+		clock:        fairqueue.NewManualClock(epoch),
+		reqs:         append([]Request(nil), w.Requests...),
+		recs:         make([]Record, len(w.Requests)),
+		tenantQueued: make([]int, len(sc.Tenants)),
+		served:       make([]float64, len(sc.Tenants)),
+		closed:       make([]*rand.Rand, len(sc.Tenants)),
+		diff:         newDiffTracker(sc),
+	}
+	sched, err := p.New(sc, s.clock, s)
+	if err != nil {
+		return nil, fmt.Errorf("policy %s: %w", p.Name(), err)
+	}
+	s.sched = sched
+	if i, ok := sched.(idler); ok {
+		s.mayIdle = i.MayIdle()
+	}
+	s.setHealthy(sc.Upstreams)
+	for _, h := range sc.Health {
+		s.push(event{at: h.At, kind: evHealth, arg: h.Healthy})
+	}
+	for i, t := range sc.Tenants {
+		if t.Arrivals.Kind == ArrivalBacklogged {
+			s.closed[i] = stream(w.Seed, t.Name)
+			for k := 0; k < t.Arrivals.Queue; k++ {
+				s.arriveClosed(i, t.Arrivals.Start)
+			}
+		}
+	}
+	s.loop()
+	if e, ok := sched.(interface{ Err() error }); ok && e.Err() != nil {
+		s.violate("%v", e.Err())
+	}
+	return s.result(p.Name()), nil
+}
+
+func (s *sim) push(e event) {
+	s.seq++
+	e.seq = uint64(len(s.w.Requests)) + s.seq
+	s.events.push(e)
+}
+
+// next pops the earliest event: the top of the heap or the next open-loop
+// arrival, which is not pushed on the heap so 100k arrivals cost nothing
+// until they happen.
+func (s *sim) next() (event, bool) {
+	var arr event
+	haveArr := s.open < len(s.w.Requests)
+	if haveArr {
+		r := &s.w.Requests[s.open]
+		arr = event{at: r.Arrival, kind: evArrival, seq: uint64(r.ID), arg: r.ID}
+	}
+	switch {
+	case len(s.events) > 0 && (!haveArr || s.events[0].less(arr)):
+		return s.events.pop(), true
+	case haveArr:
+		s.open++
+		return arr, true
+	}
+	return event{}, false
+}
+
+func (s *sim) loop() {
+	for {
+		ev, ok := s.next()
+		if !ok {
+			break
+		}
+		s.now = ev.at
+		s.clock.Set(epoch.Add(ev.at))
+		switch ev.kind {
+		case evComplete:
+			s.complete(ev.arg)
+		case evHealth:
+			s.setHealthy(ev.arg)
+		case evArrival:
+			s.arrive(ev.arg)
+		case evTick:
+			s.tickPending = false
+			s.sched.Tick()
+		}
+		s.afterEvent()
+	}
+	if s.inContention {
+		s.contended = append(s.contended, interval{s.contendFrom, s.now})
+	}
+	if s.queued > 0 || s.inflight > 0 {
+		s.violate("run ended with %d queued and %d in flight", s.queued, s.inflight)
+	}
+}
+
+// afterEvent checks work conservation, tracks contention and keeps the
+// tick going while there is work (and only then, so idle gaps cost
+// nothing).
+func (s *sim) afterEvent() {
+	if s.queued > 0 && s.inflight < s.capacity && !s.mayIdle {
+		s.violate("t=%v: %d queued but only %d of %d slots busy", s.now, s.queued, s.inflight, s.capacity)
+	}
+	switch {
+	case s.queued > 0 && !s.inContention:
+		s.inContention, s.contendFrom = true, s.now
+	case s.queued == 0 && s.inContention:
+		s.inContention = false
+		s.contended = append(s.contended, interval{s.contendFrom, s.now})
+	}
+	if !s.tickPending && (s.queued > 0 || s.inflight > 0) {
+		p := s.sc.tickPeriod()
+		s.tickPending = true
+		s.push(event{at: (s.now/p + 1) * p, kind: evTick})
+	}
+}
+
+func (s *sim) violate(format string, args ...any) {
+	s.nViolation++
+	if len(s.violations) < 20 {
+		s.violations = append(s.violations, fmt.Sprintf(format, args...))
+	}
+}
+
+// Now implements Env.
+func (s *sim) Now() time.Duration { return s.now }
+
+func (s *sim) setHealthy(n int) {
+	old := s.capacity
+	s.capacity = n * s.sc.Slots
+	if free := s.capacity - max(old, s.inflight); free > 0 {
+		s.slotsFreed(free)
+	}
+	s.sched.SetHealthy(n)
+}
+
+// slotsFreed records n freed slots and resolves the limits they complete.
+func (s *sim) slotsFreed(n int) {
+	s.freed += uint64(n)
+	for len(s.limits) > 0 && s.limits[0].target <= s.freed {
+		e := s.limits.pop()
+		rec := &s.recs[e.id]
+		if e.order {
+			rec.OrderLimit = s.now - s.reqs[e.id].Arrival
+		} else {
+			rec.Limit = s.now - s.reqs[e.id].Arrival
+		}
+	}
+}
+
+func (s *sim) arriveClosed(tenant int, at time.Duration) {
+	t := &s.sc.Tenants[tenant]
+	p, m, o := t.sizes(s.closed[tenant])
+	id := len(s.reqs)
+	s.reqs = append(s.reqs, Request{ID: id, Tenant: tenant, Arrival: at, Prompt: p, MaxTokens: m, Output: o})
+	s.recs = append(s.recs, Record{})
+	s.push(event{at: at, kind: evArrival, arg: id})
+}
+
+func (s *sim) arrive(id int) {
+	r := s.reqs[id]
+	rec := &s.recs[id]
+	rec.State = StateQueued
+	if s.inflight >= s.capacity {
+		q := uint64(s.tenantQueued[r.Tenant])
+		s.limits.push(limitEntry{target: s.freed + 1, id: id})
+		s.limits.push(limitEntry{target: s.freed + q + 1, id: id, order: true})
+	}
+	s.addQueued(r.Tenant, 1)
+	j := Job{ID: id, Tenant: r.Tenant, Estimate: r.Estimate()}
+	if s.sc.EnforceBudgets {
+		if b := s.sc.Budget(r.Tenant); b > 0 {
+			j.Deadline = r.Arrival + b
+		}
+	}
+	if err := s.sched.Submit(j); err != nil {
+		rec = &s.recs[id]
+		rec.State = StateRejected
+		rec.Left = s.now
+		s.addQueued(r.Tenant, -1)
+	}
+}
+
+// Dispatched implements Env: schedule the completion.
+func (s *sim) Dispatched(id int) {
+	rec := &s.recs[id]
+	if rec.State != StateQueued {
+		s.violate("t=%v: request %d dispatched in state %d", s.now, id, rec.State)
+		return
+	}
+	r := &s.reqs[id]
+	rec.State, rec.Dispatch, rec.Left = StateInflight, s.now, s.now
+	s.inflight++
+	if s.inflight > s.capacity {
+		s.violate("t=%v: %d in flight exceeds capacity %d", s.now, s.inflight, s.capacity)
+	}
+	s.served[r.Tenant] += float64(r.Estimate())
+	// Sample while the tenant still counts as backlogged: the request
+	// being dispatched was queued until this instant.
+	s.diff.sample(r.Tenant, s.served)
+	s.addQueued(r.Tenant, -1)
+	s.push(event{at: s.now + r.Service(), kind: evComplete, arg: id})
+	s.refill(r.Tenant)
+}
+
+// Expired implements Env.
+func (s *sim) Expired(id int) {
+	rec := &s.recs[id]
+	if rec.State != StateQueued {
+		s.violate("t=%v: request %d expired in state %d", s.now, id, rec.State)
+		return
+	}
+	rec.State, rec.Left = StateExpired, s.now
+	s.addQueued(s.reqs[id].Tenant, -1)
+	s.refill(s.reqs[id].Tenant)
+}
+
+// refill keeps a closed-loop tenant's queue full: the next request arrives
+// the instant one leaves the queue.
+func (s *sim) refill(tenant int) {
+	if s.closed[tenant] != nil && s.now < s.sc.Duration {
+		s.arriveClosed(tenant, s.now)
+	}
+}
+
+func (s *sim) complete(id int) {
+	rec := &s.recs[id]
+	r := &s.reqs[id]
+	rec.State, rec.Complete = StateCompleted, s.now
+	s.inflight--
+	s.served[r.Tenant] += float64(r.Actual() - r.Estimate())
+	if s.inflight < s.capacity {
+		s.slotsFreed(1)
+	}
+	s.sched.Complete(id, r.Actual())
+}
+
+func (s *sim) addQueued(tenant, d int) {
+	before := s.tenantQueued[tenant]
+	s.tenantQueued[tenant] += d
+	s.queued += d
+	switch {
+	case before == 0 && d > 0:
+		s.diff.join(tenant)
+	case before > 0 && s.tenantQueued[tenant] == 0:
+		s.diff.leave(tenant)
+	}
+}
+
+// diffTracker measures the largest service difference between two tenants
+// of equal weight over any interval in which both stay backlogged (have a
+// request queued): for each such pair and each joint-backlog period it
+// tracks D = served_i - served_j at every dispatch of either tenant, and
+// the result is the largest max(D) - min(D) over all periods. This is the
+// quantity the VTC paper bounds by about twice the largest request cost.
+// It costs O(backlogged tenants of the group) per dispatch, so groups of
+// more than maxDiffGroup tenants are left out (Overall.MaxDiff is NaN when
+// no group qualifies).
+type diffTracker struct {
+	group []int   // tenant -> index of its weight group
+	back  [][]int // group -> backlogged tenants
+	pos   []int   // tenant -> position in back[group], -1 if not backlogged
+	epoch []uint32
+	pairs map[[2]int]*pairState
+	max   float64
+	// tracked is whether any group qualifies.
+	tracked bool
+}
+
+type pairState struct {
+	ei, ej   uint32
+	min, max float64
+}
+
+func newDiffTracker(sc *Scenario) *diffTracker {
+	d := &diffTracker{group: make([]int, len(sc.Tenants)), pos: make([]int, len(sc.Tenants)),
+		epoch: make([]uint32, len(sc.Tenants)), pairs: map[[2]int]*pairState{}}
+	size := map[float64]int{}
+	for _, t := range sc.Tenants {
+		size[t.Weight]++
+	}
+	byWeight := map[float64]int{}
+	for i, t := range sc.Tenants {
+		d.pos[i] = -1
+		if n := size[t.Weight]; n < 2 || n > maxDiffGroup {
+			d.group[i] = -1
+			continue
+		}
+		d.tracked = true
+		g, ok := byWeight[t.Weight]
+		if !ok {
+			g = len(d.back)
+			byWeight[t.Weight] = g
+			d.back = append(d.back, nil)
+		}
+		d.group[i] = g
+	}
+	return d
+}
+
+// maxDiffGroup is the largest weight group whose pairs are tracked.
+const maxDiffGroup = 64
+
+func (d *diffTracker) join(t int) {
+	d.epoch[t]++
+	g := d.group[t]
+	if g < 0 {
+		return
+	}
+	d.pos[t] = len(d.back[g])
+	d.back[g] = append(d.back[g], t)
+}
+
+func (d *diffTracker) leave(t int) {
+	g := d.group[t]
+	if g < 0 {
+		return
+	}
+	b := d.back[g]
+	i, last := d.pos[t], len(b)-1
+	b[i] = b[last]
+	d.pos[b[i]] = i
+	d.back[g] = b[:last]
+	d.pos[t] = -1
+}
+
+func (d *diffTracker) sample(t int, served []float64) {
+	if d.group[t] < 0 {
+		return
+	}
+	for _, o := range d.back[d.group[t]] {
+		if o == t {
+			continue
+		}
+		i, j := min(t, o), max(t, o)
+		D := served[i] - served[j]
+		ps := d.pairs[[2]int{i, j}]
+		switch {
+		case ps == nil:
+			ps = &pairState{ei: d.epoch[i], ej: d.epoch[j], min: D, max: D}
+			d.pairs[[2]int{i, j}] = ps
+		case ps.ei != d.epoch[i] || ps.ej != d.epoch[j]:
+			// A new joint-backlog period: earlier service does not count.
+			*ps = pairState{ei: d.epoch[i], ej: d.epoch[j], min: D, max: D}
+		default:
+			ps.min, ps.max = min(ps.min, D), max(ps.max, D)
+		}
+		d.max = max(d.max, ps.max-ps.min)
+	}
+}

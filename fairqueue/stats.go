@@ -1,0 +1,75 @@
+package fairqueue
+
+import "sort"
+
+// TenantStats is one tenant's view for metrics and reports.
+type TenantStats struct {
+	Name       string
+	Known      bool
+	Weight     float64
+	Queued     int
+	QueuedCost int64
+	Inflight   int
+	// Served is the cost charged so far: estimates at dispatch, corrected
+	// to actual cost by back-fill on completion.
+	Served float64
+	// VirtualTime is the tenant's virtual time (served / weight, lifted).
+	VirtualTime float64
+}
+
+// Stats is a consistent snapshot of the queue.
+type Stats struct {
+	Healthy         int
+	Capacity        int
+	TokenCapacity   int64
+	Queued          int
+	QueuedCost      int64
+	Inflight        int
+	InflightCost    int64
+	BoostedInflight int
+	// Water is the queue's fill level (see Queue.Water).
+	Water   float64
+	Tenants []TenantStats
+}
+
+// Stats returns a snapshot; with tenants, one entry per tenant the queue
+// currently remembers, sorted by name.
+func (q *Queue) Stats(tenants bool) Stats {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	s := Stats{Healthy: q.healthy, Capacity: q.capacity, TokenCapacity: q.tokenCap,
+		Queued: q.queued, QueuedCost: q.queuedCost, Inflight: q.inflight,
+		InflightCost: q.inflightCost, BoostedInflight: q.boostedInflight,
+		Water: q.waterLocked()}
+	if tenants {
+		s.Tenants = make([]TenantStats, 0, len(q.tenants))
+		for _, t := range q.tenants {
+			s.Tenants = append(s.Tenants, TenantStats{Name: t.name, Known: t.known,
+				Weight: t.weight, Queued: t.queued, QueuedCost: t.queuedCost,
+				Inflight: t.inflight, Served: t.served, VirtualTime: t.vt})
+		}
+		sort.Slice(s.Tenants, func(i, j int) bool { return s.Tenants[i].Name < s.Tenants[j].Name })
+	}
+	return s
+}
+
+// Water is the queue's fill level: the larger of queued requests over
+// MaxQueue and queued cost over MaxQueueTokens (0 when neither is set).
+func (q *Queue) Water() float64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.waterLocked()
+}
+
+func (q *Queue) waterLocked() float64 {
+	w := 0.0
+	if q.cfg.MaxQueue > 0 {
+		w = float64(q.queued) / float64(q.cfg.MaxQueue)
+	}
+	if q.cfg.MaxQueueTokens > 0 {
+		if x := float64(q.queuedCost) / float64(q.cfg.MaxQueueTokens); x > w {
+			w = x
+		}
+	}
+	return w
+}

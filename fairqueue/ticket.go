@@ -1,0 +1,182 @@
+package fairqueue
+
+import (
+	"context"
+	"time"
+)
+
+type ticketState uint8
+
+const (
+	stateQueued ticketState = iota + 1
+	stateBoosted
+	stateInflight
+	stateReleased
+	stateCancelled
+	stateExpired
+)
+
+// UnknownCost passed to Release keeps the estimate: no back-fill.
+const UnknownCost int64 = -1
+
+// Ticket is one admitted request. Its life ends exactly once:
+//
+//   - Wait returns nil: the request is in flight; the owner proxies it and
+//     then calls Release with the actual cost.
+//   - Wait returns an error: the ticket has already ended (expired,
+//     cancelled, or the context ended) and holds no capacity.
+//
+// Release may always be called, any number of times, from a defer: only the
+// first call on a live ticket has an effect, so a panic between Enqueue and
+// the end of the response cannot leak a slot.
+type Ticket struct {
+	// The fields are laid out by use: the first 64 bytes hold what
+	// queueing and dispatch read and write, the next 64 what dispatch
+	// sets, so that with many tenants dispatching a ticket costs two cache
+	// misses rather than three.
+	q          *Queue
+	t          *tenant
+	f          *flow
+	prev, next *Ticket // in a flow or the boost lane
+	cost       int64   // charged to the tenant: tokens, or 1 with CostRequests
+	tokens     int64   // estimated tokens, counted against the token caps
+	dlIdx      int32   // position in the deadline heap, -1 when not in it
+	state      ticketState
+	boosted    bool
+
+	deadline   time.Time
+	dispatched time.Time
+	// ready is closed when the ticket leaves the queue; it is made only by
+	// a Wait that has to block, so the simulator and the fast path never
+	// allocate it.
+	ready  chan struct{}
+	actual int64
+
+	class    string
+	enqueued time.Time
+	err      error
+}
+
+// wake signals a blocked Wait; the queue's lock is held.
+func (tk *Ticket) wake() {
+	if tk.ready != nil {
+		close(tk.ready)
+	}
+}
+
+// Wait blocks until the ticket is dispatched (nil), ends without dispatch
+// (a *Rejection), or ctx ends (ctx's error; the ticket is cancelled at once
+// and is never dispatched). A ticket dispatched in the same instant ctx ended
+// is released with cost 0, since the upstream never saw it.
+func (tk *Ticket) Wait(ctx context.Context) error {
+	q := tk.q
+	q.mu.Lock()
+	switch tk.state {
+	case stateInflight, stateReleased:
+		q.mu.Unlock()
+		return nil
+	case stateCancelled, stateExpired:
+		err := tk.err
+		q.mu.Unlock()
+		return err
+	}
+	if tk.ready == nil {
+		tk.ready = make(chan struct{})
+	}
+	ready := tk.ready
+	q.mu.Unlock()
+
+	select {
+	case <-ready:
+		q.mu.Lock()
+		err := tk.err
+		q.mu.Unlock()
+		return err
+	case <-ctx.Done():
+		q.release(tk, 0)
+		return ctx.Err()
+	}
+}
+
+// Release ends the ticket: a queued ticket is cancelled without charge; a
+// dispatched one frees its slot and back-fills actual (UnknownCost keeps the
+// estimate). Later calls do nothing.
+func (tk *Ticket) Release(actual int64) { tk.q.release(tk, actual) }
+
+// Tenant returns the tenant name.
+func (tk *Ticket) Tenant() string { return tk.t.name }
+
+// Class returns the class the request is scheduled in.
+func (tk *Ticket) Class() string { return tk.class }
+
+// Cost returns the estimated cost charged at dispatch (1 with CostRequests).
+func (tk *Ticket) Cost() int64 { return tk.cost }
+
+// Tokens returns the estimated tokens the request counts against the token
+// caps; it equals Cost unless the unit is CostRequests.
+func (tk *Ticket) Tokens() int64 { return tk.tokens }
+
+// Deadline returns the dispatch deadline (zero if none).
+func (tk *Ticket) Deadline() time.Time { return tk.deadline }
+
+// Enqueued returns the admission time.
+func (tk *Ticket) Enqueued() time.Time { return tk.enqueued }
+
+// Dispatched returns the dispatch time, zero if never dispatched.
+func (tk *Ticket) Dispatched() time.Time {
+	tk.q.mu.Lock()
+	defer tk.q.mu.Unlock()
+	return tk.dispatched
+}
+
+// Boosted reports whether the ticket was dispatched from the boost lane.
+func (tk *Ticket) Boosted() bool {
+	tk.q.mu.Lock()
+	defer tk.q.mu.Unlock()
+	return tk.boosted
+}
+
+// Err returns why the ticket ended without dispatch, or nil.
+func (tk *Ticket) Err() error {
+	tk.q.mu.Lock()
+	defer tk.q.mu.Unlock()
+	return tk.err
+}
+
+// ticketList is an intrusive doubly linked FIFO: removal from the middle
+// (a cancelled waiter) is O(1) and costs no allocation.
+type ticketList struct {
+	head, tail *Ticket
+	n          int
+}
+
+func (l *ticketList) pushBack(tk *Ticket) {
+	tk.prev, tk.next = l.tail, nil
+	if l.tail != nil {
+		l.tail.next = tk
+	} else {
+		l.head = tk
+	}
+	l.tail = tk
+	l.n++
+}
+
+func (l *ticketList) remove(tk *Ticket) {
+	if tk.prev != nil {
+		tk.prev.next = tk.next
+	} else {
+		l.head = tk.next
+	}
+	if tk.next != nil {
+		tk.next.prev = tk.prev
+	} else {
+		l.tail = tk.prev
+	}
+	tk.prev, tk.next = nil, nil
+	l.n--
+}
+
+// deadline-heap membership: a ticket is in at most the deadline heap.
+func (tk *Ticket) before(o *Ticket) bool { return tk.deadline.Before(o.deadline) }
+func (tk *Ticket) setIndex(i int)        { tk.dlIdx = int32(i) }
+func (tk *Ticket) index() int            { return int(tk.dlIdx) }

@@ -1,0 +1,13 @@
+// Package llmapi parses OpenAI- and Anthropic-style request bodies,
+// estimates their token cost, extracts usage from responses (JSON and SSE),
+// and rewrites bodies for light mode.
+//
+// The package is pure: it knows nothing about Caddy or HTTP, so the
+// scheduler's cost model can be tested and benchmarked on plain byte slices.
+// Everything here is an estimate that only drives scheduling; the usage an
+// upstream reports afterwards is what gets charged, so the code favours
+// bounded, predictable work over exactness.
+//
+// Parse never modifies the body it is given: the gateway forwards the bytes
+// it received, not a re-encoding of what this package understood.
+package llmapi

@@ -1,0 +1,104 @@
+package llmapi
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// The example of OpenAI's cookbook "How to count tokens with tiktoken",
+// whose prompt the API reports as 129 tokens for gpt-4 and
+// gpt-3.5-turbo-0613.
+const cookbookBody = `{"model":"gpt-4","messages":[
+{"role":"system","content":"You are a helpful, pattern-following assistant that translates corporate jargon into plain English."},
+{"role":"system","name":"example_user","content":"New synergies will help drive top-line growth."},
+{"role":"system","name":"example_assistant","content":"Things working well together will increase revenue."},
+{"role":"system","name":"example_user","content":"Let's circle back when we have more bandwidth to touch base on opportunities for increased leverage."},
+{"role":"system","name":"example_assistant","content":"Let's talk later when we're less busy about how to do better."},
+{"role":"user","content":"This late pivot means we don't have time to boil the ocean for the client deliverable."}]}`
+
+func TestEstimate(t *testing.T) {
+	cl := mustCounter(t, CL100kBase)
+	tests := []struct {
+		name, path, body string
+		counter          Counter
+		def              int
+		want             Cost
+	}{
+		{"cookbook", "/v1/chat/completions", cookbookBody, cl, 256, Cost{129, 256}},
+		// 4 per message + "hello world" (2) + 3 priming.
+		{"one message", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hello world"}],"max_tokens":10}`, cl, 256, Cost{9, 10}},
+		{"name", "/v1/chat/completions", `{"messages":[{"role":"user","name":"bob","content":"hello world"}]}`, cl, 100, Cost{11, 100}},
+		{"image", "/v1/chat/completions", chatPartsBody, cl, 0, Cost{2*MessageOverhead + ReplyPriming + ImageTokens + 7 + 6 + 3, 120}},
+		{"completions", "/v1/completions", `{"prompt":"hello world","max_tokens":5}`, cl, 256, Cost{2, 5}},
+		{"completions token ids", "/v1/completions", completionsIDsBody, cl, 256, Cost{4, 5}},
+		{"embeddings", "/v1/embeddings", embeddingsListBody, cl, 256, Cost{5, 0}},
+		{"embeddings ids", "/v1/embeddings", embeddingsIDsBody, cl, 256, Cost{5, 0}},
+		{"responses string", "/v1/responses", `{"input":"hello world","max_output_tokens":50}`, cl, 256, Cost{9, 50}},
+		{"no body", "/v1/models", "", cl, 256, Cost{}},
+		{"unknown JSON", "/v1/rerank", `{"q":"x"}`, cl, 256, Cost{0, 256}},
+		{"nil counter", "/v1/completions", `{"prompt":"hello world"}`, nil, 1, Cost{2, 1}},
+		{"negative default", "/v1/completions", `{"prompt":"hello world"}`, cl, -5, Cost{2, 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req, err := Parse(tt.path, []byte(tt.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := Estimate(req, tt.counter, tt.def)
+			if got != tt.want {
+				t.Errorf("Estimate = %+v, want %+v", got, tt.want)
+			}
+			if got.Total() != tt.want.Prompt+tt.want.Output {
+				t.Errorf("Total = %d", got.Total())
+			}
+		})
+	}
+}
+
+// approx estimates every realistic body within 20% of cl100k_base, and
+// a long body's bounded estimate stays close to its exact count.
+func TestEstimateCountersAgree(t *testing.T) {
+	cl, o2, ap := mustCounter(t, CL100kBase), mustCounter(t, O200kBase), mustCounter(t, Approx)
+	for _, body := range []struct{ path, body string }{
+		{"/v1/chat/completions", chatToolsBody},
+		{"/v1/messages", anthropicBody},
+		{"/v1/responses", responsesBody},
+		{"/v1/chat/completions", bigChatBody(8000)},
+	} {
+		req, err := Parse(body.path, []byte(body.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, b, c := Estimate(req, cl, 0).Prompt, Estimate(req, o2, 0).Prompt, Estimate(req, ap, 0).Prompt
+		t.Logf("%s %d bytes: cl100k=%d o200k=%d approx=%d", body.path, len(body.body), a, b, c)
+		if relErr(c, a) > 0.2 || relErr(c, a) < -0.2 {
+			t.Errorf("approx=%d is not within 20%% of cl100k=%d", c, a)
+		}
+	}
+	req, _ := Parse("/v1/chat/completions", []byte(bigChatBody(100_000)))
+	bounded, exact := Estimate(req, cl, 0).Prompt, Estimate(req, WithExactBudget(cl, 0), 0).Prompt
+	t.Logf("100k-token chat: bounded=%d exact=%d error=%+.2f%%", bounded, exact, 100*relErr(bounded, exact))
+	if relErr(bounded, exact) > 0.03 || relErr(bounded, exact) < -0.03 {
+		t.Errorf("bounded estimate %d vs exact %d", bounded, exact)
+	}
+}
+
+// bigChatBody builds a multi-turn chat body of about tokens cl100k tokens,
+// mixing English and Chinese turns.
+func bigChatBody(tokens int) string {
+	en, zh := testdataText()
+	var msgs []string
+	msgs = append(msgs, fmt.Sprintf(`{"role":"system","content":%s}`, encodeString(en[:2000])))
+	src := longText(en+"\n\n"+zh, tokens*3)
+	paras := strings.Split(src, "\n\n")
+	for i := 0; i+2 < len(paras); i += 3 {
+		role := "user"
+		if i/3%2 == 1 {
+			role = "assistant"
+		}
+		msgs = append(msgs, fmt.Sprintf(`{"role":%q,"content":%s}`, role, encodeString(strings.Join(paras[i:i+3], "\n\n"))))
+	}
+	return `{"model":"gpt-4o","stream":true,"max_tokens":1024,"messages":[` + strings.Join(msgs, ",") + `]}`
+}

@@ -1,0 +1,505 @@
+package llmapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"sort"
+	"strconv"
+	"unicode/utf8"
+)
+
+// MinKeepTokens is the least LightMode leaves of the newest message when the
+// system prompts and tools alone use up the input limit: a request cut to
+// nothing would waste the slot it waited for.
+const MinKeepTokens = 64
+
+// truncationMarker replaces the text LightMode cuts from an oversized
+// message, so that the model knows something is missing rather than
+// answering a question whose middle has silently vanished.
+const truncationMarker = "\n[...]\n"
+
+// LightMode rewrites a chat or Anthropic messages body so that its prompt
+// fits maxInputTokens and its output cap is at most maxTokens (a limit <= 0
+// is no limit). Other kinds are returned unchanged.
+//
+// System prompts (OpenAI system and developer messages, Anthropic's
+// top-level system) are always kept, then as many of the newest other
+// messages as fit, in their original order, counted as Estimate counts them.
+// An assistant message that calls tools stays together with the tool results
+// answering it, so no result is left without its call. Anthropic
+// conversations must open with a user message, so a leading assistant turn
+// is dropped after trimming.
+//
+// When not even the newest message fits, it is truncated rather than
+// dropped: its start and its end are kept and the middle is replaced with a
+// short marker. Instructions sit at the edges of a long message ("Summarize
+// the following: ..." or "... Answer the question above"), and the middle
+// of a pasted document is what a model attends to least anyway.
+//
+// The output cap is lowered in whichever of max_completion_tokens and
+// max_tokens the body sets, or added as max_tokens. Everything else is kept
+// byte for byte, including unknown fields and the formatting of the
+// messages that survive. When nothing needs to change, out is body itself
+// and changed is false. Malformed bodies yield a *BodyError.
+func LightMode(kind Kind, body []byte, maxInputTokens, maxTokens int, c Counter) (out []byte, changed bool, err error) {
+	if kind != KindChat && kind != KindAnthropicMessages || maxInputTokens <= 0 && maxTokens <= 0 {
+		return body, false, nil
+	}
+	if c == nil {
+		c = approxCounter{}
+	}
+	var top topLevel
+	if err := decodeTop(body, &top); err != nil {
+		return nil, false, err
+	}
+	anthropic := kind == KindAnthropicMessages
+	set := map[string][]byte{}
+
+	if maxInputTokens > 0 {
+		msgs, err := trimMessages(&top, anthropic, maxInputTokens, c)
+		if err != nil {
+			return nil, false, err
+		}
+		if msgs != nil {
+			set["messages"] = msgs
+		}
+	}
+
+	if maxTokens > 0 {
+		capped := false
+		for _, f := range []struct {
+			name string
+			raw  json.RawMessage
+		}{{"max_tokens", top.MaxTokens}, {"max_completion_tokens", top.MaxCompletionTokens}} {
+			if anthropic && f.name != "max_tokens" || !present(f.raw) {
+				continue
+			}
+			n, err := getInt(f.raw, f.name)
+			if err != nil {
+				return nil, false, err
+			}
+			capped = true
+			if n > maxTokens {
+				set[f.name] = strconv.AppendInt(nil, int64(maxTokens), 10)
+			}
+		}
+		if !capped {
+			set["max_tokens"] = strconv.AppendInt(nil, int64(maxTokens), 10)
+		}
+	}
+
+	if len(set) == 0 {
+		return body, false, nil
+	}
+	return rewriteTop(body, set), true, nil
+}
+
+// rewriteTop re-emits the object in body with the members in set replaced
+// (the last of duplicate keys, earlier ones dropped) or appended, and every
+// other member copied verbatim in its original order.
+func rewriteTop(body []byte, set map[string][]byte) []byte {
+	type member struct{ key, val []byte }
+	var ms []member
+	eachMember(body, func(k, v []byte) bool {
+		ms = append(ms, member{k, v})
+		return true
+	})
+	last := map[string]int{}
+	for i, m := range ms {
+		if _, ok := set[string(m.key)]; ok {
+			last[string(m.key)] = i
+		}
+	}
+	out := make([]byte, 0, len(body)+64)
+	out = append(out, '{')
+	first := true
+	emit := func(k, v []byte) {
+		if !first {
+			out = append(out, ',')
+		}
+		first = false
+		out = append(out, '"')
+		out = append(out, k...)
+		out = append(out, '"', ':')
+		out = append(out, v...)
+	}
+	for i, m := range ms {
+		v, ok := set[string(m.key)]
+		switch {
+		case !ok:
+			emit(m.key, m.val)
+		case last[string(m.key)] == i:
+			emit(m.key, v)
+		}
+	}
+	// Missing members are appended in sorted order, so that equal inputs
+	// give equal bodies.
+	var missing []string
+	for k := range set {
+		if _, seen := last[k]; !seen {
+			missing = append(missing, k)
+		}
+	}
+	sort.Strings(missing)
+	for _, k := range missing {
+		emit([]byte(k), set[k])
+	}
+	return append(out, '}')
+}
+
+type lmMessage struct {
+	raw      []byte
+	role     string
+	parsed   Request
+	cost     int // -1 until counted
+	system   bool
+	calls    bool // calls tools: the results that follow belong to it
+	results  bool // carries tool results
+	modified bool
+}
+
+// trimMessages returns the new messages array, or nil when all messages fit.
+func trimMessages(top *topLevel, anthropic bool, limit int, c Counter) ([]byte, error) {
+	raws, err := getArray(top.Messages, "messages")
+	if err != nil || len(raws) == 0 {
+		return nil, err
+	}
+
+	// What is kept whatever happens: tools, the Anthropic system prompt,
+	// the reply priming; system messages are added below.
+	var fixed Request
+	if anthropic {
+		if err := fixed.addSystem(top.System); err != nil {
+			return nil, err
+		}
+	} else {
+		fixed.addTools(top.Functions)
+	}
+	fixed.addTools(top.Tools)
+
+	msgs := make([]lmMessage, len(raws))
+	upper := len(top.System) + MessageOverhead + len(top.Tools) + len(top.Functions) + ReplyPriming
+	for i, raw := range raws {
+		m := &msgs[i]
+		r := &m.parsed
+		role, err := r.addMessage(raw, "messages["+strconv.Itoa(i)+"]", anthropic)
+		if err != nil {
+			return nil, err
+		}
+		m.raw, m.role, m.cost = raw, role, -1
+		m.system = !anthropic && (role == "system" || role == "developer")
+		m.calls, m.results = toolLinks(raw, role, anthropic)
+		// A token covers at least one byte of JSON text, so this bounds
+		// the cost without tokenizing.
+		upper += len(raw) + r.Messages*MessageOverhead + r.Names + r.Images*ImageTokens + r.TokenIDs
+	}
+	if upper <= limit {
+		return nil, nil
+	}
+
+	budget := limit - Estimate(&fixed, c, 0).Prompt
+	if fixed.Messages == 0 {
+		budget -= ReplyPriming // Estimate adds it only when there are messages
+	}
+	for i := range msgs {
+		if msgs[i].system {
+			budget -= msgs[i].tokens(c)
+		}
+	}
+
+	// Newest first, counting only what is considered: the work is bounded
+	// by the limit, not by the length of the conversation.
+	units := groupUnits(msgs)
+	keep := len(units) // units[keep:] are kept
+	for keep > 0 {
+		cost := unitCost(msgs, units[keep-1], c)
+		if cost > budget {
+			break
+		}
+		budget -= cost
+		keep--
+	}
+	if keep == len(units) {
+		if len(units) == 0 {
+			return nil, nil // only system messages: nothing to trim
+		}
+		// Not even the newest fits: truncate it.
+		keep--
+		truncateUnit(msgs, units[keep], max(budget, MinKeepTokens), anthropic, c)
+		budget = 0
+	}
+	// A tool result is never kept without its call; an orphan (already so
+	// in the original) at the start of what is kept goes.
+	for keep < len(units)-1 && msgs[units[keep][0]].results && !msgs[units[keep][0]].calls {
+		keep++
+	}
+	if anthropic {
+		for keep < len(units)-1 && msgs[units[keep][0]].role == "assistant" {
+			keep++
+		}
+		if msgs[units[keep][0]].role == "assistant" && keep > 0 {
+			// Only an assistant turn is left (a prefill): bring back
+			// the turn before it, truncated if need be.
+			keep--
+			truncateUnit(msgs, units[keep], max(budget, MinKeepTokens), anthropic, c)
+		}
+	}
+
+	drop := make([]bool, len(msgs))
+	for _, u := range units[:keep] {
+		for _, i := range u {
+			drop[i] = true
+		}
+	}
+	changed := false
+	var b bytes.Buffer
+	b.WriteByte('[')
+	n := 0
+	for i, m := range msgs {
+		if drop[i] {
+			changed = true
+			continue
+		}
+		changed = changed || m.modified
+		if n > 0 {
+			b.WriteByte(',')
+		}
+		b.Write(m.raw)
+		n++
+	}
+	b.WriteByte(']')
+	if !changed {
+		return nil, nil
+	}
+	return b.Bytes(), nil
+}
+
+// tokens is the message's cost as Estimate counts it.
+func (m *lmMessage) tokens(c Counter) int {
+	if m.cost < 0 {
+		r := &m.parsed
+		m.cost = r.Messages*MessageOverhead + r.Names + r.Images*ImageTokens + r.TokenIDs + countTexts(c, r.Texts)
+	}
+	return m.cost
+}
+
+// toolLinks reports whether a message calls tools and whether it carries
+// tool results.
+func toolLinks(raw []byte, role string, anthropic bool) (calls, results bool) {
+	if !anthropic {
+		switch role {
+		case "assistant":
+			tc := member(raw, "tool_calls")
+			calls = len(tc) > 0 && tc[0] == '[' && len(bytes.TrimSpace(tc[1:])) > 1 || present(member(raw, "function_call"))
+		case "tool", "function":
+			results = true
+		}
+		return calls, results
+	}
+	eachElement(member(raw, "content"), func(block []byte) {
+		switch string(member(block, "type")) {
+		case `"tool_use"`, `"server_tool_use"`:
+			calls = true
+		case `"tool_result"`:
+			results = true
+		}
+	})
+	return calls, results
+}
+
+// groupUnits splits the non-system messages into the units trimming keeps
+// or drops whole: a tool call with the results that follow it, or a single
+// message.
+func groupUnits(msgs []lmMessage) [][]int {
+	var units [][]int
+	for i := 0; i < len(msgs); i++ {
+		if msgs[i].system {
+			continue
+		}
+		u := []int{i}
+		if msgs[i].calls {
+			for i+1 < len(msgs) && msgs[i+1].results && !msgs[i+1].system {
+				i++
+				u = append(u, i)
+				if msgs[i].role == "user" {
+					break // Anthropic: one user turn holds all results
+				}
+			}
+		}
+		units = append(units, u)
+	}
+	return units
+}
+
+func unitCost(msgs []lmMessage, u []int, c Counter) int {
+	n := 0
+	for _, i := range u {
+		n += msgs[i].tokens(c)
+	}
+	return n
+}
+
+// truncateUnit shrinks a unit to about budget tokens. The tool calls of a
+// unit are kept whole (cut JSON arguments would be worse than none); its
+// results, or its only message, share what is left.
+func truncateUnit(msgs []lmMessage, u []int, budget int, anthropic bool, c Counter) {
+	cut := u
+	if len(u) > 1 {
+		budget -= msgs[u[0]].tokens(c)
+		cut = u[1:]
+	}
+	total := unitCost(msgs, cut, c)
+	for _, i := range cut {
+		share := budget
+		if total > 0 {
+			share = int(int64(budget) * int64(msgs[i].cost) / int64(total))
+		}
+		share = max(share, MinKeepTokens/len(cut))
+		if msgs[i].cost <= share {
+			continue
+		}
+		m := &msgs[i]
+		content := member(m.raw, "content")
+		// Tokens of the message that are not its content stay.
+		var r Request
+		_ = r.addContent(content, "", anthropic)
+		contentCost := r.Images*ImageTokens + countTexts(c, r.Texts)
+		newContent := shrinkContent(content, share-(m.cost-contentCost), anthropic, c)
+		if newContent != nil {
+			m.raw = rewriteTop(m.raw, map[string][]byte{"content": newContent})
+			m.modified = true
+		}
+	}
+}
+
+// shrinkContent returns content cut to about budget tokens, or nil when it
+// cannot be or need not be cut.
+func shrinkContent(content []byte, budget int, anthropic bool, c Counter) []byte {
+	budget = max(budget, 1)
+	switch rawType(content) {
+	case '"':
+		t, ok := truncateText(decodeString(content), budget, c)
+		if !ok {
+			return nil
+		}
+		return encodeString(t)
+	case '[':
+	default:
+		return nil
+	}
+	// Parts: images and other non-text parts stay; text parts share the
+	// budget in proportion to their size.
+	parts, _ := getArray(content, "")
+	costs := make([]int, len(parts))
+	textTotal, fixedCost := 0, 0
+	for i, p := range parts {
+		var r Request
+		_ = r.addPart(p, "", anthropic)
+		costs[i] = countTexts(c, r.Texts)
+		textTotal += costs[i]
+		fixedCost += r.Images * ImageTokens
+	}
+	avail := max(budget-fixedCost, 1)
+	if textTotal <= avail {
+		return nil
+	}
+	changed := false
+	for i, p := range parts {
+		if costs[i] == 0 {
+			continue
+		}
+		share := max(int(int64(avail)*int64(costs[i])/int64(textTotal)), 1)
+		key := "text"
+		if string(member(p, "type")) == `"tool_result"` {
+			key = "content"
+		}
+		nv := shrinkContent(member(p, key), share, anthropic, c)
+		if nv != nil {
+			parts[i] = rewriteTop(p, map[string][]byte{key: nv})
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	var b bytes.Buffer
+	b.WriteByte('[')
+	for i, p := range parts {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.Write(p)
+	}
+	b.WriteByte(']')
+	return b.Bytes()
+}
+
+// truncateText keeps the start and the end of s, about budget tokens in
+// all, with truncationMarker between them.
+func truncateText(s string, budget int, c Counter) (string, bool) {
+	n := c.Count(s)
+	if n <= budget {
+		return s, false
+	}
+	target := max(budget-c.Count(truncationMarker), 2)
+	bytesPerToken := float64(len(s)) / float64(n)
+	var t string
+	for range 8 {
+		keep := int(float64(target) * bytesPerToken)
+		head := cutBack(s, keep/2)
+		tail := max(cutForward(s, len(s)-(keep-keep/2)), head)
+		t = s[:head] + truncationMarker + s[tail:]
+		got := c.Count(t)
+		if got <= budget || keep <= 2 {
+			break
+		}
+		// Shrink by what this attempt overshot, and a little more, so
+		// that the loop ends quickly.
+		bytesPerToken *= float64(budget) / float64(got) * 0.97
+	}
+	return t, true
+}
+
+// cutBack returns an index <= i at a rune boundary, preferring the end of a
+// word within a short distance.
+func cutBack(s string, i int) int {
+	if i >= len(s) {
+		return len(s)
+	}
+	i = max(i, 0)
+	for j := i; j > 0 && j > i-32; j-- {
+		if s[j] == ' ' || s[j] == '\n' {
+			return j
+		}
+	}
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return i
+}
+
+// cutForward returns an index >= i at a rune boundary, preferring the start
+// of a word within a short distance.
+func cutForward(s string, i int) int {
+	if i <= 0 {
+		return 0
+	}
+	for j := i; j < len(s) && j < i+32; j++ {
+		if s[j] == ' ' || s[j] == '\n' {
+			return j + 1
+		}
+	}
+	for i < len(s) && !utf8.RuneStart(s[i]) {
+		i++
+	}
+	return i
+}
+
+func encodeString(s string) []byte {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	// Keep <, > and & readable: the body goes to a model, not a browser.
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(s)
+	return bytes.TrimSuffix(b.Bytes(), []byte{'\n'})
+}

@@ -1,0 +1,220 @@
+package llmapi
+
+import (
+	"bytes"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestKindFromPath(t *testing.T) {
+	for path, want := range map[string]Kind{
+		"/v1/chat/completions":                      KindChat,
+		"/openai/deployments/x/chat/completions/":   KindChat,
+		"/v1/chat/completions?api-version=2024-1-1": KindChat,
+		"/v1/completions":                           KindCompletions,
+		"/v1/responses":                             KindResponses,
+		"/v1/embeddings":                            KindEmbeddings,
+		"/v1/messages":                              KindAnthropicMessages,
+		"/anthropic/v1/messages":                    KindAnthropicMessages,
+		"/v1/models":                                KindUnknown,
+		"/":                                         KindUnknown,
+		"":                                          KindUnknown,
+	} {
+		if got := KindFromPath(path); got != want {
+			t.Errorf("KindFromPath(%q) = %v, want %v", path, got, want)
+		}
+	}
+	if KindAnthropicMessages.String() != "anthropic_messages" || Kind(99).String() != "unknown" {
+		t.Error("Kind.String")
+	}
+}
+
+func TestParse(t *testing.T) {
+	toolsJSON := `[{"type":"function","function":{"name":"lookup_order","description":"Look up an order by its ID.","parameters":{"type":"object","properties":{"order_id":{"type":"string"}},"required":["order_id"]}}}]`
+	tests := []struct {
+		name, path, body string
+		want             Request
+	}{
+		{"chat with tools", "/v1/chat/completions", chatToolsBody, Request{
+			Kind: KindChat, Model: "gpt-4o-mini", Stream: true, IncludeUsage: true, MaxOutput: 300,
+			Texts: []string{
+				"You are a support assistant for an online bookshop. Answer briefly.",
+				"Where is my order #4411?",
+				"lookup_order", `{"order_id":"4411"}`,
+				`{"status":"shipped","carrier":"DHL","eta":"2024-06-03"}`,
+				"Your order shipped with DHL and should arrive on 3 June.",
+				"Great, and can I still add a book to it?", "dana",
+				toolsJSON,
+			},
+			Messages: 6, Names: 1,
+		}},
+		{"chat content parts", "/v1/chat/completions", chatPartsBody, Request{
+			Kind: KindChat, Model: "gpt-4o", MaxOutput: 120,
+			Texts:    []string{"Describe images for a blind reader.", "What is in this picture?", "Be concise."},
+			Messages: 2, Images: 1,
+		}},
+		{"chat max_completion_tokens wins", "/v1/chat/completions",
+			`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":50,"max_completion_tokens":20}`, Request{
+				Kind: KindChat, Model: "m", MaxOutput: 20, Texts: []string{"hi"}, Messages: 1,
+			}},
+		{"chat legacy functions", "/v1/chat/completions",
+			`{"messages":[{"role":"assistant","content":null,"function_call":{"name":"f","arguments":"{}"}},{"role":"function","name":"f","content":"42"}],"functions":[{"name":"f"}]}`, Request{
+				Kind: KindChat, Texts: []string{"f", "{}", "42", "f", `[{"name":"f"}]`}, Messages: 2, Names: 1,
+			}},
+		{"anthropic", "/v1/messages", anthropicBody, Request{
+			Kind: KindAnthropicMessages, Model: "claude-sonnet-4-5", Stream: true, MaxOutput: 1024,
+			Texts: []string{
+				"You are a careful code reviewer.", "Only comment on correctness.",
+				"Review: func add(a, b int) int { return a - b }",
+				"Let me run the tests.", "run_tests", `{"package":"./math"}`,
+				"--- FAIL: TestAdd: add(1, 2) = -1, want 3", "What do you conclude?",
+				`[{"name":"run_tests","description":"Run go test","input_schema":{"type":"object","properties":{"package":{"type":"string"}}}}]`,
+			},
+			Messages: 4,
+		}},
+		{"anthropic string system", "/v1/messages",
+			`{"model":"c","max_tokens":10,"system":"Be terse.","messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AAA"}},{"type":"text","text":"What?"}]}]}`, Request{
+				Kind: KindAnthropicMessages, Model: "c", MaxOutput: 10, Texts: []string{"Be terse.", "What?"}, Messages: 2, Images: 1,
+			}},
+		{"completions string", "/v1/completions", completionsBody, Request{
+			Kind: KindCompletions, Model: "gpt-3.5-turbo-instruct", MaxOutput: 7, Texts: []string{"Say this is a test"},
+		}},
+		{"completions strings", "/v1/completions", completionsListBody, Request{
+			Kind: KindCompletions, Model: "m", MaxOutput: 16, Texts: []string{"hello world", "second prompt"},
+		}},
+		{"completions token ids", "/v1/completions", completionsIDsBody, Request{
+			Kind: KindCompletions, Model: "m", MaxOutput: 5, TokenIDs: 4,
+		}},
+		{"completions nested token ids", "/v1/completions", completionsIDsNestedBody, Request{
+			Kind: KindCompletions, Model: "m", TokenIDs: 5,
+		}},
+		{"embeddings string", "/v1/embeddings", embeddingsBody, Request{
+			Kind: KindEmbeddings, Model: "text-embedding-3-small", Texts: []string{"The food was delicious and the waiter was friendly."},
+		}},
+		{"embeddings strings", "/v1/embeddings", embeddingsListBody, Request{
+			Kind: KindEmbeddings, Model: "text-embedding-3-small", Texts: []string{"hello world", "goodbye world"},
+		}},
+		{"embeddings token ids", "/v1/embeddings", embeddingsIDsBody, Request{
+			Kind: KindEmbeddings, Model: "text-embedding-3-small", TokenIDs: 5,
+		}},
+		{"responses items", "/v1/responses", responsesBody, Request{
+			Kind: KindResponses, Model: "gpt-4.1", Stream: true, MaxOutput: 500,
+			Texts: []string{
+				"Talk like a pirate.", "Are semicolons optional in JavaScript?",
+				"search", `{"q":"asi"}`, "Automatic semicolon insertion exists.",
+				`[{"type":"function","name":"search","parameters":{"type":"object","properties":{"q":{"type":"string"}}}}]`,
+			},
+			Messages: 2, Images: 1,
+		}},
+		{"responses string", "/v1/responses", responsesStringBody, Request{
+			Kind: KindResponses, Model: "gpt-4.1", Texts: []string{"Tell me a three sentence bedtime story about a unicorn."}, Messages: 1,
+		}},
+		{"escapes and unicode", "/v1/chat/completions",
+			`{"messages":[{"role":"user","content":"line\nnext \"quoted\" \u00e9\ud83d\ude00 中文"}]}`, Request{
+				Kind: KindChat, Texts: []string{"line\nnext \"quoted\" é😀 中文"}, Messages: 1,
+			}},
+		{"nulls are absent", "/v1/chat/completions",
+			`{"model":null,"stream":null,"max_tokens":null,"stream_options":null,"messages":[{"role":"user","content":null}]}`, Request{
+				Kind: KindChat, Messages: 1,
+			}},
+		{"integral float cap", "/v1/chat/completions", `{"messages":[],"max_tokens":64.0}`, Request{Kind: KindChat, MaxOutput: 64}},
+		{"huge cap clamped", "/v1/chat/completions", `{"messages":[],"max_tokens":1e300}`, Request{Kind: KindChat, MaxOutput: 1<<31 - 1}},
+		{"unknown path, empty body", "/v1/models", "", Request{}},
+		{"unknown path, other JSON", "/v1/rerank", `{"query":"q","documents":["a"]}`, Request{}},
+		{"inferred chat", "/generate", `{"messages":[{"role":"user","content":"hi"}]}`, Request{
+			Kind: KindChat, Inferred: true, Texts: []string{"hi"}, Messages: 1,
+		}},
+		{"inferred anthropic", "/proxy", `{"system":"s","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`, Request{
+			Kind: KindAnthropicMessages, Inferred: true, MaxOutput: 5, Texts: []string{"s", "hi"}, Messages: 2,
+		}},
+		{"inferred completions", "/x", `{"prompt":"abc"}`, Request{Kind: KindCompletions, Inferred: true, Texts: []string{"abc"}}},
+		{"inferred embeddings", "/x", `{"input":["a","b"]}`, Request{Kind: KindEmbeddings, Inferred: true, Texts: []string{"a", "b"}}},
+		{"inferred responses", "/x", `{"input":"a","instructions":"b"}`, Request{Kind: KindResponses, Inferred: true, Texts: []string{"b", "a"}, Messages: 2}},
+		{"ambiguous input", "/x", `{"model":"m","input":"a"}`, Request{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			body := []byte(tt.body)
+			orig := bytes.Clone(body)
+			got, err := Parse(tt.path, body)
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if !bytes.Equal(body, orig) {
+				t.Fatal("Parse modified the body")
+			}
+			got.noBody = false
+			if !reflect.DeepEqual(*got, tt.want) {
+				t.Errorf("Parse =\n %#v\nwant\n %#v", *got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name, path, body, want string
+		field                  string
+	}{
+		{"empty", "/v1/chat/completions", "", "request body is empty; expected a JSON object", ""},
+		{"whitespace", "/v1/messages", " \n\t", "request body is empty; expected a JSON object", ""},
+		{"truncated", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hel`,
+			"request body is not valid JSON: it ends in the middle of a value (truncated?)", ""},
+		{"syntax", "/v1/chat/completions", "{\n  \"model\": \"m\",\n}",
+			`request body is not valid JSON: invalid character '}' looking for beginning of object key string at offset 18 (line 3, column 1)`, ""},
+		{"syntax unknown path", "/v1/other", `{"a":}`,
+			`request body is not valid JSON: invalid character '}' looking for beginning of value at offset 5 (line 1, column 6)`, ""},
+		{"trailing garbage", "/v1/embeddings", `{"input":"a"} x`,
+			`request body is not valid JSON: invalid character 'x' after top-level value at offset 14 (line 1, column 15)`, ""},
+		{"array body", "/v1/chat/completions", `[{"role":"user"}]`, "request body must be a JSON object, got array", ""},
+		{"string body", "/v1/chat/completions", `"hi"`, "request body must be a JSON object, got string", ""},
+		{"messages object", "/v1/chat/completions", `{"messages":{"role":"user"}}`, `"messages" must be an array, got object`, "messages"},
+		{"message string", "/v1/chat/completions", `{"messages":["hi"]}`, `"messages[0]" must be an object, got string`, "messages[0]"},
+		{"role number", "/v1/chat/completions", `{"messages":[{"role":1,"content":"x"}]}`, `"messages[0].role" must be a string, got number`, "messages[0].role"},
+		{"content number", "/v1/chat/completions", `{"messages":[{"role":"user","content":"a"},{"role":"user","content":5}]}`,
+			`"messages[1].content" must be a string, an array of content parts, or null, got number`, "messages[1].content"},
+		{"part text number", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"text","text":3}]}]}`,
+			`"messages[0].content[0].text" must be a string, got number`, "messages[0].content[0].text"},
+		{"part type missing is fine, wrong type not", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":true}]}]}`,
+			`"messages[0].content[0].type" must be a string, got boolean`, "messages[0].content[0].type"},
+		{"anthropic content", "/v1/messages", `{"messages":[{"role":"user","content":{}}]}`,
+			`"messages[0].content" must be a string or an array of content blocks, got object`, "messages[0].content"},
+		{"anthropic system", "/v1/messages", `{"system":7,"messages":[]}`, `"system" must be a string or an array of text blocks, got number`, "system"},
+		{"model", "/v1/chat/completions", `{"model":["a"],"messages":[]}`, `"model" must be a string, got array`, "model"},
+		{"stream", "/v1/chat/completions", `{"stream":"yes","messages":[]}`, `"stream" must be a boolean, got string`, "stream"},
+		{"include_usage", "/v1/chat/completions", `{"stream_options":{"include_usage":1},"messages":[]}`,
+			`"stream_options.include_usage" must be a boolean, got number`, "stream_options.include_usage"},
+		{"max_tokens string", "/v1/chat/completions", `{"max_tokens":"100","messages":[]}`, `"max_tokens" must be a non-negative integer, got string`, "max_tokens"},
+		{"max_tokens negative", "/v1/messages", `{"max_tokens":-1,"messages":[]}`, `"max_tokens" must be a non-negative integer, got -1`, "max_tokens"},
+		{"max_output_tokens fraction", "/v1/responses", `{"max_output_tokens":1.5,"input":"x"}`, `"max_output_tokens" must be a non-negative integer, got 1.5`, "max_output_tokens"},
+		{"prompt object", "/v1/completions", `{"prompt":{}}`, `"prompt" must be a string or an array, got object`, "prompt"},
+		{"prompt mixed", "/v1/completions", `{"prompt":["a",1]}`,
+			`"prompt" must be a string, an array of strings, an array of token IDs or an array of token-ID arrays, with elements of one type`, "prompt"},
+		{"prompt float ids", "/v1/completions", `{"prompt":[1.5]}`,
+			`"prompt" must be a string, an array of strings, an array of token IDs or an array of token-ID arrays, with elements of one type`, "prompt"},
+		{"input bool", "/v1/embeddings", `{"input":true}`, `"input" must be a string or an array, got boolean`, "input"},
+		{"responses input number", "/v1/responses", `{"input":3}`, `"input" must be a string or an array of input items, got number`, "input"},
+		{"responses item", "/v1/responses", `{"input":["x"]}`, `"input[0]" must be an object, got string`, "input[0]"},
+		{"instructions", "/v1/responses", `{"instructions":{},"input":"x"}`, `"instructions" must be a string, got object`, "instructions"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse(tt.path, []byte(tt.body))
+			var be *BodyError
+			if !errors.As(err, &be) {
+				t.Fatalf("Parse error = %v (%T), want *BodyError", err, err)
+			}
+			if err.Error() != tt.want {
+				t.Errorf("error =\n %s\nwant\n %s", err, tt.want)
+			}
+			if be.Field != tt.field {
+				t.Errorf("Field = %q, want %q", be.Field, tt.field)
+			}
+			if strings.Contains(tt.name, "syntax") && be.Offset < 0 {
+				t.Errorf("Offset = %d for a syntax error", be.Offset)
+			}
+		})
+	}
+}

@@ -1,0 +1,150 @@
+package caddyfairqueue
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// unknownTenantLabel is the one metrics label all undeclared tenants
+// share, so a client inventing tenant names cannot explode cardinality.
+const unknownTenantLabel = "_unknown"
+
+const (
+	metricsNamespace = "caddy"
+	metricsSubsystem = "fair_queue"
+)
+
+// Collectors are package-level: Caddy makes a new registry per config load,
+// and each Provision registers the same collectors into it.
+var (
+	requestsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+		Name: "requests_total",
+		Help: "Requests handled, by tenant and outcome (served, or the error code answered).",
+	}, []string{"queue", "tenant", "outcome"})
+	waitSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+		Name:    "wait_seconds",
+		Help:    "Time served requests waited in the queue before dispatch.",
+		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 15, 30, 60, 120, 300},
+	}, []string{"queue", "tenant"})
+	estimatedTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+		Name: "estimated_tokens_total",
+		Help: "Estimated cost (prompt tokens + output cap) of dispatched requests.",
+	}, []string{"queue", "tenant"})
+	actualTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+		Name: "actual_tokens_total",
+		Help: "Actual tokens (prompt + completion) reported or counted for completed requests.",
+	}, []string{"queue", "tenant"})
+	queueCollector = &stateCollector{}
+)
+
+var collectors = []prometheus.Collector{requestsTotal, waitSeconds, estimatedTokens, actualTokens, degradeTransitions, queueCollector}
+
+// registerMetrics adds the collectors to a config's registry; registering
+// into a registry that already has them (two handlers, one config) is fine.
+func registerMetrics(reg *prometheus.Registry) error {
+	if reg == nil {
+		return nil
+	}
+	for _, c := range collectors {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func observeOutcome(queue, tenant, outcome string, wait time.Duration, est float64) {
+	requestsTotal.WithLabelValues(queue, tenant, outcome).Inc()
+	if outcome == outcomeServed || outcome == outcomeProxyError {
+		waitSeconds.WithLabelValues(queue, tenant).Observe(wait.Seconds())
+		estimatedTokens.WithLabelValues(queue, tenant).Add(est)
+	}
+}
+
+func observeActual(queue, tenant string, v float64) {
+	actualTokens.WithLabelValues(queue, tenant).Add(v)
+}
+
+// stateCollector reads queue state at scrape time, so the hot path updates
+// no gauges.
+type stateCollector struct{}
+
+var (
+	descDepth = prometheus.NewDesc("caddy_fair_queue_queue_depth",
+		"Requests waiting, per tenant.", []string{"queue", "tenant"}, nil)
+	descQueuedTokens = prometheus.NewDesc("caddy_fair_queue_queued_tokens",
+		"Estimated tokens waiting, per tenant.", []string{"queue", "tenant"}, nil)
+	descInflight = prometheus.NewDesc("caddy_fair_queue_inflight",
+		"Requests dispatched and not yet complete, per tenant.", []string{"queue", "tenant"}, nil)
+	descHealthy = prometheus.NewDesc("caddy_fair_queue_healthy_upstreams",
+		"Upstreams Caddy's health checks consider healthy.", []string{"queue"}, nil)
+	descCapacity = prometheus.NewDesc("caddy_fair_queue_capacity",
+		"Dispatch slots: max_inflight x healthy upstreams.", []string{"queue"}, nil)
+	descTokenCapacity = prometheus.NewDesc("caddy_fair_queue_token_capacity",
+		"In-flight token capacity (0 when unset).", []string{"queue"}, nil)
+	descWater = prometheus.NewDesc("caddy_fair_queue_water_level",
+		"Queue fill level watched by the degrade ladder.", []string{"queue"}, nil)
+	descBoosted = prometheus.NewDesc("caddy_fair_queue_boosted_inflight",
+		"Boosted requests in flight.", []string{"queue"}, nil)
+)
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descDepth, descQueuedTokens, descInflight,
+		descHealthy, descCapacity, descTokenCapacity, descWater, descBoosted, descDegradeLevel} {
+		ch <- d
+	}
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	queues.Range(func(key, value any) bool {
+		s, ok := value.(*sharedQueue)
+		if !ok {
+			return true
+		}
+		st := s.q.Stats(true)
+		name := s.name
+		gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+		}
+		gauge(descHealthy, float64(st.Healthy), name)
+		gauge(descCapacity, float64(st.Capacity), name)
+		gauge(descTokenCapacity, float64(st.TokenCapacity), name)
+		gauge(descWater, st.Water, name)
+		gauge(descBoosted, float64(st.BoostedInflight), name)
+		gauge(descDegradeLevel, float64(s.q.DegradeLevel()), name)
+		type agg struct {
+			depth, inflight int
+			queued          int64
+		}
+		per := make(map[string]*agg, len(st.Tenants))
+		for _, t := range st.Tenants {
+			label := t.Name
+			if !t.Known {
+				label = unknownTenantLabel
+			}
+			a := per[label]
+			if a == nil {
+				a = &agg{}
+				per[label] = a
+			}
+			a.depth += t.Queued
+			a.inflight += t.Inflight
+			a.queued += t.QueuedCost
+		}
+		for label, a := range per {
+			gauge(descDepth, float64(a.depth), name, label)
+			gauge(descQueuedTokens, float64(a.queued), name, label)
+			gauge(descInflight, float64(a.inflight), name, label)
+		}
+		return true
+	})
+}

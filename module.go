@@ -1,0 +1,372 @@
+package caddyfairqueue
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
+	"github.com/caddy-fair-queue/caddy-fair-queue/llmapi"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Handler is a fair queue in front of a reverse proxy to OpenAI-compatible
+// model servers. It identifies the tenant of each request, estimates its
+// token cost, and holds it in the tenant's sub-queue until weighted fair
+// queuing grants it a slot on a healthy upstream; requests that cannot start
+// within their wait budget are told so at once.
+type Handler struct {
+	// Name of the queue. Handlers with the same name share one queue, which
+	// survives config reloads with everything queued and in flight; use one
+	// handler per name. Default: "default".
+	Name string `json:"name,omitempty"`
+
+	// TenantKey is a placeholder that evaluates to the tenant of a request.
+	// Default: {http.request.header.X-Tenant-ID}. After an authentication
+	// handler, {http.auth.user.id} is the secure choice: a header can be
+	// set by anyone.
+	TenantKey string `json:"tenant_key,omitempty"`
+
+	// CostUnit is what fairness is measured in: "estimated_tokens" (default:
+	// prompt tokens plus output cap, corrected by actual usage) or
+	// "requests" (every request costs 1).
+	CostUnit string `json:"cost_unit,omitempty"`
+
+	// Tokenizer counts prompt tokens: "cl100k_base" (default), "o200k_base",
+	// or "approx" (a fast byte heuristic).
+	Tokenizer string `json:"tokenizer,omitempty"`
+
+	// DefaultMaxTokens is the output cap assumed when a request names none.
+	// Default: 512.
+	DefaultMaxTokens int `json:"default_max_tokens,omitempty"`
+
+	// MaxBody is the largest request body accepted, in bytes; larger bodies
+	// get 413. Default: 8 MiB.
+	MaxBody int64 `json:"max_body,omitempty"`
+
+	// MaxInflight is the number of concurrent requests per healthy upstream.
+	// Default: 16.
+	MaxInflight int `json:"max_inflight,omitempty"`
+
+	// MaxInflightTokens, when set, also caps the estimated tokens in flight
+	// per healthy upstream (a model server's KV-cache budget).
+	MaxInflightTokens int64 `json:"max_inflight_tokens,omitempty"`
+
+	// MaxQueue caps the queued requests of all tenants; beyond it requests
+	// get 503 server_busy. It is also the denominator of the water level the
+	// degrade ladder watches. Default: 10000.
+	MaxQueue int `json:"max_queue,omitempty"`
+
+	// MaxQueueTokens, when set, caps the queued estimated tokens as well.
+	MaxQueueTokens int64 `json:"max_queue_tokens,omitempty"`
+
+	// Classes of service and their default wait budgets. realtime (5s),
+	// interactive (15s) and batch (300s) always exist; entries here change
+	// their budgets or add classes. A request may move itself to a class
+	// with a longer budget (header X-Fair-Queue-Class), never a shorter one.
+	Classes []*ClassConfig `json:"classes,omitempty"`
+
+	// Tenants maps tenant names to their settings.
+	Tenants map[string]*TenantConfig `json:"tenants,omitempty"`
+
+	// DefaultTenant applies to tenants not listed in Tenants. Default:
+	// weight 1, class batch. Each unknown tenant still gets its own
+	// sub-queue; their metrics share one label.
+	DefaultTenant *TenantConfig `json:"default_tenant,omitempty"`
+
+	// RejectUnknownTenants answers requests of unlisted tenants (and
+	// requests with no tenant) with 403 unknown_tenant.
+	RejectUnknownTenants bool `json:"reject_unknown_tenants,omitempty"`
+
+	// AntiStarvation bounds the boost given to requests that would miss
+	// their wait budget.
+	AntiStarvation *AntiStarvation `json:"anti_starvation,omitempty"`
+
+	// Degrade declares the ladder walked on queue water level.
+	Degrade *DegradeConfig `json:"degrade,omitempty"`
+
+	// ProxyRaw is the reverse_proxy handler that serves dispatched requests.
+	// Its upstreams' health (active and passive checks) sets the queue's
+	// capacity. Dynamic upstreams have no health state: they count as one
+	// healthy upstream.
+	ProxyRaw json.RawMessage `json:"proxy,omitempty" caddy:"namespace=http.handlers inline_key=handler"`
+
+	proxy    *reverseproxy.Handler
+	shared   *sharedQueue
+	counter  llmapi.Counter
+	qcfg     fairqueue.Config
+	logger   *zap.Logger
+	ctx      caddy.Context
+	events   *caddyevents.App
+	classIdx map[string]time.Duration
+}
+
+// ClassConfig declares a class of service.
+type ClassConfig struct {
+	// Name of the class.
+	Name string `json:"name"`
+	// WaitBudget is the longest a request of this class waits in the queue
+	// before it is dispatched or told to retry.
+	WaitBudget caddy.Duration `json:"wait_budget,omitempty"`
+}
+
+// TenantConfig is one tenant's settings.
+type TenantConfig struct {
+	// Weight is the tenant's share of capacity relative to the other
+	// backlogged tenants. Default: 1.
+	Weight float64 `json:"weight,omitempty"`
+	// Class is the tenant's class of service. Default: batch.
+	Class string `json:"class,omitempty"`
+	// WaitBudget overrides the class's wait budget.
+	WaitBudget caddy.Duration `json:"wait_budget,omitempty"`
+	// MaxQueue caps this tenant's queued requests; beyond it, 429
+	// tenant_queue_full.
+	MaxQueue int `json:"max_queue,omitempty"`
+}
+
+// AntiStarvation configures the bounded boost.
+type AntiStarvation struct {
+	// BoostShareMax is the largest fraction of dispatch capacity that
+	// boosted requests may hold at once. Default 0.10; 0 disables boosting.
+	BoostShareMax *float64 `json:"boost_share_max,omitempty"`
+	// PerTenantBoostHourly caps the boosts of one tenant in any rolling
+	// hour. Default 200; 0 means no per-tenant cap.
+	PerTenantBoostHourly *int `json:"per_tenant_boost_hourly,omitempty"`
+	// FastFail refuses, at admission, requests whose estimated dispatch time
+	// is beyond their budget (503 wait_budget_exceeded). Default true.
+	FastFail *bool `json:"fast_fail,omitempty"`
+}
+
+// DegradeConfig is the declared degrade ladder.
+type DegradeConfig struct {
+	// Hold is the minimum time a step stays engaged or released before it
+	// may change again, against flapping. Default: 5s.
+	Hold caddy.Duration `json:"hold,omitempty"`
+	// Steps, in order of rising trigger.
+	Steps []*DegradeStep `json:"steps,omitempty"`
+}
+
+// DegradeStep is one rung of the ladder.
+type DegradeStep struct {
+	// Name of the step, e.g. L1.
+	Name string `json:"name"`
+	// Trigger: the step engages when water rises above this line.
+	Trigger float64 `json:"trigger"`
+	// Recover: the step releases when water falls below this line.
+	Recover float64 `json:"recover"`
+	// Action is pause, light_mode or throttle.
+	Action string `json:"action"`
+	// Class the action applies to.
+	Class string `json:"class"`
+	// MaxInputTokens (light_mode): prompt budget after trimming.
+	MaxInputTokens int `json:"max_input_tokens,omitempty"`
+	// MaxTokens (light_mode): output cap.
+	MaxTokens int `json:"max_tokens,omitempty"`
+	// Rate (throttle): "20/s" requests or "5000tok/s" tokens.
+	Rate string `json:"rate,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.fair_queue",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Defaults of the three built-in classes.
+var builtinClasses = []fairqueue.ClassConfig{
+	{Name: "realtime", WaitBudget: 5 * time.Second},
+	{Name: "interactive", WaitBudget: 15 * time.Second},
+	{Name: "batch", WaitBudget: 300 * time.Second},
+}
+
+func (h *Handler) setDefaults() {
+	if h.Name == "" {
+		h.Name = "default"
+	}
+	if h.TenantKey == "" {
+		h.TenantKey = "{http.request.header.X-Tenant-ID}"
+	}
+	if h.CostUnit == "" {
+		h.CostUnit = "estimated_tokens"
+	}
+	if h.Tokenizer == "" {
+		h.Tokenizer = "cl100k_base"
+	}
+	if h.DefaultMaxTokens == 0 {
+		h.DefaultMaxTokens = 512
+	}
+	if h.MaxBody == 0 {
+		h.MaxBody = 8 << 20
+	}
+	if h.MaxInflight == 0 {
+		h.MaxInflight = 16
+	}
+	if h.MaxQueue == 0 {
+		h.MaxQueue = 10000
+	}
+}
+
+// queueConfig turns the handler's JSON into the scheduler's config.
+func (h *Handler) queueConfig() (fairqueue.Config, error) {
+	cfg := fairqueue.Config{
+		MaxInflight:       h.MaxInflight,
+		MaxInflightTokens: h.MaxInflightTokens,
+		MaxQueue:          h.MaxQueue,
+		MaxQueueTokens:    h.MaxQueueTokens,
+		Tenants:           make(map[string]fairqueue.TenantConfig, len(h.Tenants)),
+		ExpiryMargin:      2 * tickPeriod,
+	}
+	switch h.CostUnit {
+	case "estimated_tokens":
+		cfg.CostUnit = fairqueue.CostTokens
+	case "requests":
+		cfg.CostUnit = fairqueue.CostRequests
+	default:
+		return cfg, fmt.Errorf("cost_unit: want estimated_tokens or requests, got %q", h.CostUnit)
+	}
+	cfg.Classes = append(cfg.Classes, builtinClasses...)
+	for _, c := range h.Classes {
+		if c == nil || c.Name == "" {
+			return cfg, fmt.Errorf("class: a class needs a name")
+		}
+		cc := fairqueue.ClassConfig{Name: c.Name, WaitBudget: time.Duration(c.WaitBudget)}
+		replaced := false
+		for i := range cfg.Classes {
+			if cfg.Classes[i].Name == c.Name {
+				cfg.Classes[i], replaced = cc, true
+			}
+		}
+		if !replaced {
+			cfg.Classes = append(cfg.Classes, cc)
+		}
+	}
+	tenant := func(t *TenantConfig) fairqueue.TenantConfig {
+		tc := fairqueue.TenantConfig{Weight: 1, Class: "batch"}
+		if t != nil {
+			if t.Weight != 0 {
+				tc.Weight = t.Weight
+			}
+			if t.Class != "" {
+				tc.Class = t.Class
+			}
+			tc.WaitBudget = time.Duration(t.WaitBudget)
+			tc.MaxQueue = t.MaxQueue
+		}
+		return tc
+	}
+	for name, t := range h.Tenants {
+		cfg.Tenants[name] = tenant(t)
+	}
+	cfg.Default = tenant(h.DefaultTenant)
+	return cfg, cfg.Validate()
+}
+
+// Provision sets defaults, loads the inner proxy and joins the named queue,
+// applying this config to it.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.ctx = ctx
+	h.logger = ctx.Logger()
+	h.setDefaults()
+	var err error
+	if h.counter, err = llmapi.NewCounter(h.Tokenizer); err != nil {
+		return fmt.Errorf("tokenizer: %v", err)
+	}
+	if h.qcfg, err = h.queueConfig(); err != nil {
+		return err
+	}
+	h.classIdx = make(map[string]time.Duration, len(h.qcfg.Classes))
+	for _, c := range h.qcfg.Classes {
+		h.classIdx[c.Name] = c.WaitBudget
+	}
+	if err := h.provisionDegrade(); err != nil {
+		return err
+	}
+	if h.ProxyRaw == nil {
+		return fmt.Errorf("fair_queue needs a reverse_proxy to dispatch to")
+	}
+	mod, err := ctx.LoadModule(h, "ProxyRaw")
+	if err != nil {
+		return fmt.Errorf("loading proxy: %v", err)
+	}
+	proxy, ok := mod.(*reverseproxy.Handler)
+	if !ok {
+		return fmt.Errorf("proxy must be a reverse_proxy handler, got %T", mod)
+	}
+	h.proxy = proxy
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return err
+	}
+	if err := h.loadEvents(); err != nil {
+		return err
+	}
+
+	val, _, err := queues.LoadOrNew(h.Name, func() (caddy.Destructor, error) {
+		return newSharedQueue(h.Name, h.qcfg)
+	})
+	if err != nil {
+		return err
+	}
+	h.shared = val.(*sharedQueue)
+	if err := h.shared.adopt(h); err != nil {
+		_, _ = queues.Delete(h.Name)
+		h.shared = nil
+		return err
+	}
+	return nil
+}
+
+// Validate checks what Provision could not.
+func (h *Handler) Validate() error {
+	if h.proxy == nil {
+		return fmt.Errorf("no reverse_proxy")
+	}
+	return nil
+}
+
+// Cleanup leaves the queue. Requests still waiting or streaming keep
+// working: nothing they wait on hangs off this config's context.
+func (h *Handler) Cleanup() error {
+	if h.shared == nil {
+		return nil
+	}
+	h.shared.abandon(h)
+	_, err := queues.Delete(h.Name)
+	return err
+}
+
+// healthyUpstreams counts the proxy's upstreams that Caddy's active and
+// passive health checks consider healthy.
+func (h *Handler) healthyUpstreams() int {
+	if h.proxy == nil {
+		return 0
+	}
+	if len(h.proxy.Upstreams) == 0 {
+		return 1 // dynamic upstreams carry no health state
+	}
+	n := 0
+	for _, u := range h.proxy.Upstreams {
+		if u.Healthy() {
+			n++
+		}
+	}
+	return n
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)

@@ -1,0 +1,117 @@
+package caddyfairqueue
+
+import (
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
+)
+
+// tickPeriod is how often a queue expires deadlines, re-reads upstream
+// health and feeds the degrade ladder. Health changes therefore reach
+// capacity within one tick, well inside any health_interval.
+const tickPeriod = 50 * time.Millisecond
+
+// queues holds one scheduler per queue name. A config reload provisions new
+// handlers before cleaning up the old ones, so the usage count never drops
+// to zero across a reload and the queue — with everything waiting and in
+// flight — carries over to the new config.
+var queues = caddy.NewUsagePool()
+
+// sharedQueue is the state that outlives a config: the scheduler and the
+// goroutine that ticks it. Handlers come and go as owners; the newest live
+// one supplies the config, the proxy and the health view.
+type sharedQueue struct {
+	name string
+	q    *fairqueue.Queue
+
+	mu     sync.Mutex
+	owners []*Handler
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+func newSharedQueue(name string, cfg fairqueue.Config) (*sharedQueue, error) {
+	q, err := fairqueue.New(cfg, fairqueue.RealClock{})
+	if err != nil {
+		return nil, err
+	}
+	s := &sharedQueue{name: name, q: q, stop: make(chan struct{}), done: make(chan struct{})}
+	q.SetDegradeObserver(func(tr degrade.Transition) {
+		if h := s.owner(); h != nil {
+			h.onTransition(tr)
+		}
+	})
+	go s.loop()
+	return s, nil
+}
+
+// Destruct stops the ticker once no config uses the queue any more.
+func (s *sharedQueue) Destruct() error {
+	close(s.stop)
+	<-s.done
+	return nil
+}
+
+// owner returns the handler whose config is in force.
+func (s *sharedQueue) owner() *Handler {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.owners) == 0 {
+		return nil
+	}
+	return s.owners[len(s.owners)-1]
+}
+
+// adopt makes h the owner and applies its config.
+func (s *sharedQueue) adopt(h *Handler) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.q.Reconfigure(h.qcfg); err != nil {
+		return err
+	}
+	s.owners = append(s.owners, h)
+	s.q.SetHealthy(h.healthyUpstreams())
+	return nil
+}
+
+// abandon removes h; if it was the owner (a config that failed to load
+// after provisioning, or the old config after a reload), the previous live
+// handler's config is put back in force.
+func (s *sharedQueue) abandon(h *Handler) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, o := range s.owners {
+		if o == h {
+			wasOwner := i == len(s.owners)-1
+			s.owners = append(s.owners[:i], s.owners[i+1:]...)
+			if wasOwner && len(s.owners) > 0 {
+				prev := s.owners[len(s.owners)-1]
+				_ = s.q.Reconfigure(prev.qcfg)
+				s.q.SetHealthy(prev.healthyUpstreams())
+			}
+			return
+		}
+	}
+}
+
+func (s *sharedQueue) loop() {
+	defer close(s.done)
+	t := time.NewTicker(tickPeriod)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			if h := s.owner(); h != nil {
+				s.q.SetHealthy(h.healthyUpstreams())
+			}
+			s.q.Tick()
+		}
+	}
+}

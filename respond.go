@@ -1,0 +1,88 @@
+package caddyfairqueue
+
+import (
+	"encoding/json"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
+)
+
+// apiError is an answer the gateway gives itself, in the OpenAI error shape
+// so official clients surface the message.
+type apiError struct {
+	status     int
+	code       string
+	message    string
+	retryAfter time.Duration
+}
+
+// errorType maps a status to the OpenAI error type clients switch on.
+func errorType(status int) string {
+	switch status {
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case http.StatusServiceUnavailable:
+		return "overloaded_error"
+	case http.StatusForbidden:
+		return "permission_error"
+	default:
+		return "invalid_request_error"
+	}
+}
+
+func (e *apiError) write(w http.ResponseWriter) {
+	hdr := w.Header()
+	hdr.Set("Content-Type", "application/json")
+	hdr.Set("Cache-Control", "no-store")
+	if e.retryAfter > 0 {
+		hdr.Set("Retry-After", strconv.Itoa(retryAfterSeconds(e.retryAfter)))
+	}
+	w.WriteHeader(e.status)
+	var body struct {
+		Error struct {
+			Message string `json:"message"`
+			Type    string `json:"type"`
+			Code    string `json:"code"`
+		} `json:"error"`
+	}
+	body.Error.Message = e.message
+	body.Error.Type = errorType(e.status)
+	body.Error.Code = e.code
+	_ = json.NewEncoder(w).Encode(&body)
+}
+
+// retryAfterSeconds rounds up to whole seconds (the header's unit), at
+// least 1 so clients never retry in a hot loop.
+func retryAfterSeconds(d time.Duration) int {
+	s := int(math.Ceil(d.Seconds()))
+	if s < 1 {
+		s = 1
+	}
+	return s
+}
+
+// rejectionError maps a scheduler rejection to the HTTP contract.
+func rejectionError(rej *fairqueue.Rejection) *apiError {
+	e := &apiError{retryAfter: rej.RetryAfter}
+	switch rej.Reason {
+	case fairqueue.ReasonTenantQueueFull:
+		e.status, e.code = http.StatusTooManyRequests, "tenant_queue_full"
+		e.message = "Your queue at this gateway is full (" + rej.Detail + "). Retry after the time in Retry-After, or send fewer requests at once."
+	case fairqueue.ReasonBudgetExceeded:
+		e.status, e.code = http.StatusServiceUnavailable, "wait_budget_exceeded"
+		e.message = "The gateway is busy and this request cannot start within its wait budget (" + rej.Detail + "). It was not queued; retry after the time in Retry-After."
+	case fairqueue.ReasonQueueTimeout:
+		e.status, e.code = http.StatusServiceUnavailable, "queue_timeout"
+		e.message = "The request waited its whole wait budget in the queue without reaching a model server. It was not sent upstream; retry after the time in Retry-After."
+	case fairqueue.ReasonNoCapacity:
+		e.status, e.code = http.StatusServiceUnavailable, "server_busy"
+		e.message = "No model server is healthy right now. The request was not queued; retry after the time in Retry-After."
+	default:
+		e.status, e.code = http.StatusServiceUnavailable, "server_busy"
+		e.message = "The gateway's queue is full (" + rej.Detail + "). The request was not queued; retry after the time in Retry-After."
+	}
+	return e
+}

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Every check CI runs. Needs only Go and the module proxy: xcaddy is
+# installed by `make test` before this script runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$(go env GOPATH)/bin:$PATH"
+
+echo "== gofmt"
+bad=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$bad" ]; then echo "gofmt would change: $bad"; exit 1; fi
+
+echo "== go vet"
+go vet ./...
+
+echo "== unit, engine and simulator tests (race)"
+go test -race -count=1 ./fairqueue/... ./budget/ ./degrade/ ./llmapi/
+
+echo "== handler tests"
+go test -count=1 .
+
+echo "== end-to-end tests against the xcaddy-built binary"
+go test -count=1 -timeout 25m ./xcaddy-test/...

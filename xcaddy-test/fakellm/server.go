@@ -1,0 +1,816 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Config describes one fake model server. The zero value is not useful; start
+// from DefaultConfig.
+type Config struct {
+	// Name is echoed in the X-Fake-Upstream response header so a test can tell
+	// which upstream served a request behind a load-balancing gateway.
+	Name string
+	// Slots is the number of requests generated at once; the rest wait in a
+	// FIFO queue, like a vLLM server at its max_num_seqs.
+	Slots int
+	// TTFT is the time to the first output token, PerToken the time for each
+	// output token. Both are spent after the request got a slot.
+	TTFT     time.Duration
+	PerToken time.Duration
+	// DefaultOutput is the number of output tokens a request generates when it
+	// does not set ignore_eos: min(max_tokens, DefaultOutput).
+	DefaultOutput int
+	// Down starts the server with /health answering 503.
+	Down bool
+	// Logger receives the few lines the server logs; nil discards them.
+	Logger *log.Logger
+}
+
+// DefaultConfig matches the command-line defaults.
+func DefaultConfig() Config {
+	return Config{
+		Name:          "fakellm",
+		Slots:         4,
+		TTFT:          20 * time.Millisecond,
+		PerToken:      2 * time.Millisecond,
+		DefaultOutput: 16,
+	}
+}
+
+const (
+	// maxRecords bounds /debug/requests so a long load test cannot grow the
+	// fake without limit.
+	maxRecords = 10000
+	// maxRecordedBody is how much of each body /debug/requests keeps.
+	maxRecordedBody = 64 << 10
+	// maxBody protects the fake from a runaway client; far above any test.
+	maxBody = 64 << 20
+
+	// outputToken is the text of every generated token, so that a test (or the
+	// gateway's fallback that counts streamed text) can count tokens exactly.
+	outputToken = "tok "
+)
+
+// Outcomes recorded in /debug/requests.
+const (
+	OutcomeInFlight   = "in_flight"
+	OutcomeOK         = "ok"
+	OutcomeClientGone = "client_gone" // client disconnected while waiting or generating
+	OutcomeBadRequest = "bad_request" // body was not a valid request (400)
+	OutcomeAborted    = "aborted"     // the server shut down mid-request
+)
+
+// Record is one request as seen by the fake, served by /debug/requests.
+type Record struct {
+	Seq  uint64 `json:"seq"`
+	Path string `json:"path"`
+	// Tenant and TestID are the X-Tenant-ID and X-Test-Id request headers.
+	Tenant string `json:"tenant"`
+	TestID string `json:"test_id"`
+	// Headers holds the first value of every request header, so a test can
+	// prove what the gateway added or stripped.
+	Headers map[string]string `json:"headers"`
+	// Body is the first 64 KiB of the body; BodyBytes its full length.
+	Body      string `json:"body"`
+	BodyBytes int    `json:"body_bytes"`
+	Stream    bool   `json:"stream"`
+	// PromptTokens and OutputTokens are the fake's own counts (see countPrompt).
+	PromptTokens     int   `json:"prompt_tokens"`
+	OutputTokens     int   `json:"output_tokens"`
+	ReceivedUnixNano int64 `json:"received_unix_nano"`
+	// StartedUnixNano is when the request got a slot (0: never). StartSeq
+	// numbers slot grants 1, 2, 3... so start order is exact even when two
+	// clocks readings tie.
+	StartedUnixNano  int64  `json:"started_unix_nano"`
+	StartSeq         uint64 `json:"start_seq"`
+	FinishedUnixNano int64  `json:"finished_unix_nano"`
+	Status           int    `json:"status"`
+	Outcome          string `json:"outcome"`
+
+	// epoch ties the record to the counters it may update: requests in
+	// flight across a /debug/reset must not count in the new epoch.
+	epoch uint64
+}
+
+// Stats is the body of /debug/stats.
+type Stats struct {
+	Received   uint64 `json:"received"`
+	Completed  uint64 `json:"completed"`
+	ClientGone uint64 `json:"client_gone"`
+	BadRequest uint64 `json:"bad_request"`
+	Running    int    `json:"running"`
+	Waiting    int    `json:"waiting"`
+	Paused     bool   `json:"paused"`
+	Healthy    bool   `json:"healthy"`
+}
+
+type waiter struct {
+	ready chan struct{} // closed when the slot is handed over
+	rec   *Record
+}
+
+// Server is the fake model server. It is an http.Handler.
+type Server struct {
+	cfg Config
+	log *log.Logger
+	mux *http.ServeMux
+
+	healthy atomic.Bool
+
+	// base is cancelled by Close; every request watches it so that shutdown
+	// never waits on a paused or long generation.
+	base      context.Context
+	closeBase context.CancelFunc
+
+	mu      sync.Mutex
+	running int
+	queue   []*waiter // FIFO of requests waiting for a slot
+	// resumed is non-nil while paused; it is closed by resume.
+	resumed  chan struct{}
+	seq      uint64
+	startSeq uint64
+	epoch    uint64
+	records  []*Record
+	stats    Stats // only the counters are used; Running/Waiting are live
+
+	reg       *prometheus.Registry
+	requests  *prometheus.CounterVec
+	completed prometheus.Counter
+}
+
+// New returns a server for cfg. Slots below 1 are raised to 1.
+func New(cfg Config) *Server {
+	if cfg.Slots < 1 {
+		cfg.Slots = 1
+	}
+	if cfg.DefaultOutput < 0 {
+		cfg.DefaultOutput = 0
+	}
+	if cfg.Name == "" {
+		cfg.Name = "fakellm"
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger}
+	s.base, s.closeBase = context.WithCancel(context.Background())
+	if s.log == nil {
+		s.log = log.New(io.Discard, "", 0)
+	}
+	s.healthy.Store(!cfg.Down)
+
+	// A registry per server keeps several fakes in one test process apart.
+	s.reg = prometheus.NewRegistry()
+	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fake_llm_requests_total",
+		Help: "Requests received, by path.",
+	}, []string{"path"})
+	s.completed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "fake_llm_completed_total",
+		Help: "Requests whose response was fully written.",
+	})
+	s.reg.MustRegister(s.requests, s.completed,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "fake_llm_running",
+			Help: "Requests holding a generation slot.",
+		}, func() float64 { s.mu.Lock(); defer s.mu.Unlock(); return float64(s.running) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "fake_llm_waiting",
+			Help: "Requests waiting for a generation slot.",
+		}, func() float64 { s.mu.Lock(); defer s.mu.Unlock(); return float64(len(s.queue)) }),
+	)
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", s.handleCompletion)
+	mux.HandleFunc("POST /v1/completions", s.handleCompletion)
+	mux.HandleFunc("GET /health", s.handleHealth)
+	mux.HandleFunc("POST /admin/health", s.handleSetHealth)
+	mux.HandleFunc("POST /admin/pause", s.handlePause)
+	mux.HandleFunc("POST /admin/resume", s.handleResume)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /debug/requests", s.handleRequests)
+	mux.HandleFunc("GET /debug/stats", s.handleStats)
+	mux.HandleFunc("POST /debug/reset", s.handleReset)
+	s.mux = mux
+	return s
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Close aborts every request in flight or waiting, and completions that
+// arrive later are refused with 503. It is safe to call more than once.
+func (s *Server) Close() { s.closeBase() }
+
+// SetHealthy switches what /health answers.
+func (s *Server) SetHealthy(up bool) { s.healthy.Store(up) }
+
+// Pause makes requests that get a slot hold it, before their first token,
+// until Resume. Tests use it to fill the slots and build a queue behind them
+// without depending on timing.
+func (s *Server) Pause() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.resumed == nil {
+		s.resumed = make(chan struct{})
+	}
+}
+
+// Resume lets paused requests generate.
+func (s *Server) Resume() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.resumed != nil {
+		close(s.resumed)
+		s.resumed = nil
+	}
+}
+
+// Stats returns the counters since the last reset and the live gauges.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.stats
+	st.Running = s.running
+	st.Waiting = len(s.queue)
+	st.Paused = s.resumed != nil
+	st.Healthy = s.healthy.Load()
+	return st
+}
+
+// Records returns copies of the recorded requests, oldest first.
+func (s *Server) Records() []Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Record, len(s.records))
+	for i, r := range s.records {
+		out[i] = *r
+	}
+	return out
+}
+
+// Reset forgets the recorded requests and zeroes the counters. Requests in
+// flight keep their slots but no longer count. Sequence numbers keep growing
+// so that X-Fake-Seq stays unique over the life of the process.
+func (s *Server) Reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.epoch++
+	s.records = nil
+	s.stats = Stats{}
+}
+
+// --- slots ---
+
+// acquire waits, in FIFO order, for a generation slot.
+func (s *Server) acquire(ctx context.Context, rec *Record) error {
+	s.mu.Lock()
+	if s.running < s.cfg.Slots && len(s.queue) == 0 {
+		s.running++
+		s.markStartedLocked(rec)
+		s.mu.Unlock()
+		return nil
+	}
+	w := &waiter{ready: make(chan struct{}), rec: rec}
+	s.queue = append(s.queue, w)
+	s.mu.Unlock()
+
+	select {
+	case <-w.ready:
+		return nil
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, q := range s.queue {
+		if q == w {
+			s.queue = append(s.queue[:i], s.queue[i+1:]...)
+			return ctx.Err()
+		}
+	}
+	// The slot was handed over just as the client left: pass it on at once.
+	s.releaseLocked()
+	return ctx.Err()
+}
+
+func (s *Server) release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.releaseLocked()
+}
+
+// releaseLocked hands the slot straight to the first waiter, so a newcomer
+// can never overtake the queue between a release and a wake-up.
+func (s *Server) releaseLocked() {
+	if len(s.queue) > 0 {
+		w := s.queue[0]
+		s.queue[0] = nil
+		s.queue = s.queue[1:]
+		s.markStartedLocked(w.rec)
+		close(w.ready)
+		return
+	}
+	s.running--
+}
+
+func (s *Server) markStartedLocked(rec *Record) {
+	s.startSeq++
+	rec.StartSeq = s.startSeq
+	rec.StartedUnixNano = time.Now().UnixNano()
+}
+
+// waitResumed blocks while the server is paused.
+func (s *Server) waitResumed(ctx context.Context) error {
+	s.mu.Lock()
+	ch := s.resumed
+	s.mu.Unlock()
+	if ch == nil {
+		return nil
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// --- completions ---
+
+type completionRequest struct {
+	Model               string            `json:"model"`
+	Messages            []json.RawMessage `json:"messages"`
+	Prompt              json.RawMessage   `json:"prompt"`
+	MaxTokens           *int              `json:"max_tokens"`
+	MaxCompletionTokens *int              `json:"max_completion_tokens"`
+	Stream              bool              `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	IgnoreEOS bool `json:"ignore_eos"`
+}
+
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+func (s *Server) newRecord(r *http.Request, body []byte) *Record {
+	h := make(map[string]string, len(r.Header))
+	for k, v := range r.Header {
+		if len(v) > 0 {
+			h[k] = v[0]
+		}
+	}
+	rb := body
+	if len(rb) > maxRecordedBody {
+		rb = rb[:maxRecordedBody]
+	}
+	rec := &Record{
+		Path:             r.URL.Path,
+		Tenant:           r.Header.Get("X-Tenant-ID"),
+		TestID:           r.Header.Get("X-Test-Id"),
+		Headers:          h,
+		Body:             string(rb),
+		BodyBytes:        len(body),
+		ReceivedUnixNano: time.Now().UnixNano(),
+		Outcome:          OutcomeInFlight,
+	}
+	s.mu.Lock()
+	s.seq++
+	rec.Seq = s.seq
+	rec.epoch = s.epoch
+	s.records = append(s.records, rec)
+	if len(s.records) > maxRecords {
+		n := copy(s.records, s.records[len(s.records)-maxRecords:])
+		clear(s.records[n:])
+		s.records = s.records[:n]
+	}
+	s.stats.Received++
+	s.mu.Unlock()
+	s.requests.WithLabelValues(r.URL.Path).Inc()
+	return rec
+}
+
+func (s *Server) finish(rec *Record, status int, outcome string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec.Status = status
+	rec.Outcome = outcome
+	rec.FinishedUnixNano = time.Now().UnixNano()
+	if outcome == OutcomeOK {
+		s.completed.Inc()
+	}
+	if rec.epoch != s.epoch {
+		return
+	}
+	switch outcome {
+	case OutcomeOK:
+		s.stats.Completed++
+	case OutcomeClientGone:
+		s.stats.ClientGone++
+	case OutcomeBadRequest:
+		s.stats.BadRequest++
+	}
+}
+
+func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
+	// The request ends when the client leaves or the server shuts down.
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	stop := context.AfterFunc(s.base, cancel)
+	defer stop()
+
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	rec := s.newRecord(r, body)
+	w.Header().Set("X-Fake-Upstream", s.cfg.Name)
+	w.Header().Set("X-Fake-Seq", strconv.FormatUint(rec.Seq, 10))
+	if s.base.Err() != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": map[string]any{
+			"message": "fakellm is shutting down", "type": "server_error", "code": nil}})
+		s.finish(rec, http.StatusServiceUnavailable, OutcomeAborted)
+		return
+	}
+	if err != nil {
+		s.fail(w, rec, http.StatusBadRequest, "reading body: "+err.Error())
+		return
+	}
+	var req completionRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		s.fail(w, rec, http.StatusBadRequest, "invalid JSON body: "+err.Error())
+		return
+	}
+	chat := r.URL.Path == "/v1/chat/completions"
+	prompt, err := countPrompt(chat, &req)
+	if err != nil {
+		s.fail(w, rec, http.StatusBadRequest, err.Error())
+		return
+	}
+	limit := req.MaxTokens
+	if req.MaxCompletionTokens != nil {
+		limit = req.MaxCompletionTokens
+	}
+	if limit != nil && *limit < 0 {
+		s.fail(w, rec, http.StatusBadRequest, "max_tokens must not be negative")
+		return
+	}
+	out, finishReason := outputTokens(limit, req.IgnoreEOS, s.cfg.DefaultOutput)
+	includeUsage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+	s.mu.Lock()
+	rec.Stream = req.Stream
+	rec.PromptTokens = prompt
+	rec.OutputTokens = out
+	s.mu.Unlock()
+
+	if err := s.acquire(ctx, rec); err != nil {
+		s.finish(rec, 0, s.gone())
+		return
+	}
+	defer s.release()
+	if err := s.waitResumed(ctx); err != nil {
+		s.finish(rec, 0, s.gone())
+		return
+	}
+	if err := sleep(ctx, s.cfg.TTFT); err != nil {
+		s.finish(rec, 0, s.gone())
+		return
+	}
+
+	g := generation{
+		id:           fmt.Sprintf("fake-%d", rec.Seq),
+		created:      time.Now().Unix(),
+		model:        req.Model,
+		chat:         chat,
+		usage:        usage{PromptTokens: prompt, CompletionTokens: out, TotalTokens: prompt + out},
+		finishReason: finishReason,
+	}
+	if g.model == "" {
+		g.model = s.cfg.Name
+	}
+	if req.Stream {
+		err = s.stream(ctx, w, g, includeUsage)
+	} else {
+		err = s.respond(ctx, w, g)
+	}
+	if err != nil {
+		s.finish(rec, http.StatusOK, s.gone())
+		return
+	}
+	s.finish(rec, http.StatusOK, OutcomeOK)
+}
+
+// gone names why a request ended early: the server closing or the client.
+func (s *Server) gone() string {
+	if s.base.Err() != nil {
+		return OutcomeAborted
+	}
+	return OutcomeClientGone
+}
+
+func (s *Server) fail(w http.ResponseWriter, rec *Record, status int, msg string) {
+	writeJSON(w, status, map[string]any{"error": map[string]any{
+		"message": msg, "type": "invalid_request_error", "code": nil,
+	}})
+	s.finish(rec, status, OutcomeBadRequest)
+}
+
+// outputTokens: with ignore_eos the model generates exactly the limit (or the
+// default when there is none); otherwise it "stops" after DefaultOutput tokens
+// unless the limit cuts it shorter.
+func outputTokens(limit *int, ignoreEOS bool, def int) (int, string) {
+	switch {
+	case limit == nil:
+		return def, "stop"
+	case ignoreEOS || *limit <= def:
+		return *limit, "length"
+	default:
+		return def, "stop"
+	}
+}
+
+// countPrompt counts prompt tokens as whitespace-separated words: of every
+// message's content for chat (a string, or the "text" of each content part),
+// of the prompt for completions (a string or a list of strings; a list of
+// token ids counts one per id, a list of such lists sums them). It is exact
+// and predictable, not a real tokenizer.
+func countPrompt(chat bool, req *completionRequest) (int, error) {
+	if chat {
+		n := 0
+		for i, raw := range req.Messages {
+			var m struct {
+				Content json.RawMessage `json:"content"`
+			}
+			if err := json.Unmarshal(raw, &m); err != nil {
+				return 0, fmt.Errorf("messages[%d]: %v", i, err)
+			}
+			c, err := countContent(m.Content)
+			if err != nil {
+				return 0, fmt.Errorf("messages[%d].content: %v", i, err)
+			}
+			n += c
+		}
+		return n, nil
+	}
+	if len(req.Prompt) == 0 || string(req.Prompt) == "null" {
+		return 0, nil
+	}
+	var str string
+	if json.Unmarshal(req.Prompt, &str) == nil {
+		return len(strings.Fields(str)), nil
+	}
+	var strs []string
+	if json.Unmarshal(req.Prompt, &strs) == nil {
+		n := 0
+		for _, s := range strs {
+			n += len(strings.Fields(s))
+		}
+		return n, nil
+	}
+	var ids []int
+	if json.Unmarshal(req.Prompt, &ids) == nil {
+		return len(ids), nil
+	}
+	var idLists [][]int
+	if json.Unmarshal(req.Prompt, &idLists) == nil {
+		n := 0
+		for _, l := range idLists {
+			n += len(l)
+		}
+		return n, nil
+	}
+	return 0, errors.New("prompt: want a string, a list of strings or token ids")
+}
+
+func countContent(raw json.RawMessage) (int, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return 0, nil
+	}
+	var str string
+	if json.Unmarshal(raw, &str) == nil {
+		return len(strings.Fields(str)), nil
+	}
+	var parts []struct {
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return 0, errors.New("want a string or a list of content parts")
+	}
+	n := 0
+	for _, p := range parts {
+		n += len(strings.Fields(p.Text))
+	}
+	return n, nil
+}
+
+type generation struct {
+	id           string
+	created      int64
+	model        string
+	chat         bool
+	usage        usage
+	finishReason string
+}
+
+func (g generation) object(chunk bool) string {
+	switch {
+	case g.chat && chunk:
+		return "chat.completion.chunk"
+	case g.chat:
+		return "chat.completion"
+	default:
+		return "text_completion"
+	}
+}
+
+func (g generation) prefixedID() string {
+	if g.chat {
+		return "chatcmpl-" + g.id
+	}
+	return "cmpl-" + g.id
+}
+
+// respond spends the whole generation time, then writes one JSON body.
+func (s *Server) respond(ctx context.Context, w http.ResponseWriter, g generation) error {
+	if err := sleep(ctx, time.Duration(g.usage.CompletionTokens)*s.cfg.PerToken); err != nil {
+		return err
+	}
+	text := strings.Repeat(outputToken, g.usage.CompletionTokens)
+	var choice map[string]any
+	if g.chat {
+		choice = map[string]any{"index": 0, "finish_reason": g.finishReason,
+			"message": map[string]any{"role": "assistant", "content": text}}
+	} else {
+		choice = map[string]any{"index": 0, "finish_reason": g.finishReason,
+			"text": text, "logprobs": nil}
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{
+		"id": g.prefixedID(), "object": g.object(false), "created": g.created,
+		"model": g.model, "choices": []any{choice}, "usage": g.usage,
+	})
+}
+
+// stream writes one SSE event per token, flushing each, then a finish event,
+// the usage event when asked for (OpenAI's stream_options.include_usage, in
+// which case every other event carries "usage": null), and [DONE].
+func (s *Server) stream(ctx context.Context, w http.ResponseWriter, g generation, includeUsage bool) error {
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+
+	send := func(choices []any, u any) error {
+		ev := map[string]any{"id": g.prefixedID(), "object": g.object(true),
+			"created": g.created, "model": g.model, "choices": choices}
+		if includeUsage {
+			ev["usage"] = u
+		}
+		b, err := json.Marshal(ev)
+		if err != nil {
+			return err
+		}
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
+			return err
+		}
+		if err := rc.Flush(); err != nil {
+			return err
+		}
+		return ctx.Err()
+	}
+	choice := func(i int, finish any) map[string]any {
+		c := map[string]any{"index": 0, "finish_reason": finish}
+		switch {
+		case g.chat && i < 0:
+			c["delta"] = map[string]any{}
+		case g.chat && i == 0:
+			c["delta"] = map[string]any{"role": "assistant", "content": outputToken}
+		case g.chat:
+			c["delta"] = map[string]any{"content": outputToken}
+		case i < 0:
+			c["text"], c["logprobs"] = "", nil
+		default:
+			c["text"], c["logprobs"] = outputToken, nil
+		}
+		return c
+	}
+
+	for i := range g.usage.CompletionTokens {
+		if err := send([]any{choice(i, nil)}, nil); err != nil {
+			return err
+		}
+		if err := sleep(ctx, s.cfg.PerToken); err != nil {
+			return err
+		}
+	}
+	if err := send([]any{choice(-1, g.finishReason)}, nil); err != nil {
+		return err
+	}
+	if includeUsage {
+		if err := send([]any{}, g.usage); err != nil {
+			return err
+		}
+	}
+	if _, err := io.WriteString(w, "data: [DONE]\n\n"); err != nil {
+		return err
+	}
+	if err := rc.Flush(); err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// --- health, admin, debug ---
+
+func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("X-Fake-Upstream", s.cfg.Name)
+	if s.healthy.Load() {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "up"})
+		return
+	}
+	writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "down"})
+}
+
+func (s *Server) handleSetHealth(w http.ResponseWriter, r *http.Request) {
+	switch st := r.URL.Query().Get("state"); st {
+	case "up", "down":
+		s.SetHealthy(st == "up")
+		s.log.Printf("health set %s", st)
+		writeJSON(w, http.StatusOK, map[string]string{"status": st})
+	default:
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "state must be up or down"})
+	}
+}
+
+func (s *Server) handlePause(w http.ResponseWriter, r *http.Request) {
+	s.Pause()
+	writeJSON(w, http.StatusOK, map[string]bool{"paused": true})
+}
+
+func (s *Server) handleResume(w http.ResponseWriter, r *http.Request) {
+	s.Resume()
+	writeJSON(w, http.StatusOK, map[string]bool{"paused": false})
+}
+
+// handleRequests serves the recorded requests, oldest first, optionally only
+// those with a given test_id or tenant.
+func (s *Server) handleRequests(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	recs := s.Records()
+	out := recs[:0]
+	for _, rec := range recs {
+		if q.Has("test_id") && rec.TestID != q.Get("test_id") {
+			continue
+		}
+		if q.Has("tenant") && rec.Tenant != q.Get("tenant") {
+			continue
+		}
+		out = append(out, rec)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleStats(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, s.Stats())
+}
+
+func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
+	s.Reset()
+	writeJSON(w, http.StatusOK, map[string]bool{"reset": true})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(status)
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// sleep waits d or until ctx ends, whichever is first.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,265 @@
+package harness
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// FakeOptions configure a fakellm process. Zero values keep fakellm's own
+// defaults (4 slots, 20ms to first token, 2ms per token, 16 output tokens);
+// Args can pass anything else, e.g. "-ttft=0".
+type FakeOptions struct {
+	Name          string // X-Fake-Upstream; default "fake1", "fake2"... in start order
+	Slots         int
+	TTFT          time.Duration
+	PerToken      time.Duration
+	DefaultOutput int
+	Down          bool     // start with /health answering 503
+	Port          int      // 0: a free port chosen by the fake itself
+	Args          []string // extra command-line flags
+	Bin           string   // fakellm binary; default BuildFake(t)
+}
+
+// FakeStats is fakellm's /debug/stats.
+type FakeStats struct {
+	Received   uint64 `json:"received"`
+	Completed  uint64 `json:"completed"`
+	ClientGone uint64 `json:"client_gone"`
+	BadRequest uint64 `json:"bad_request"`
+	Running    int    `json:"running"`
+	Waiting    int    `json:"waiting"`
+	Paused     bool   `json:"paused"`
+	Healthy    bool   `json:"healthy"`
+}
+
+// FakeRequest is one entry of fakellm's /debug/requests.
+type FakeRequest struct {
+	Seq              uint64            `json:"seq"`
+	Path             string            `json:"path"`
+	Tenant           string            `json:"tenant"`  // X-Tenant-ID
+	TestID           string            `json:"test_id"` // X-Test-Id
+	Headers          map[string]string `json:"headers"` // first value of each
+	Body             string            `json:"body"`    // first 64 KiB
+	BodyBytes        int               `json:"body_bytes"`
+	Stream           bool              `json:"stream"`
+	PromptTokens     int               `json:"prompt_tokens"`
+	OutputTokens     int               `json:"output_tokens"`
+	ReceivedUnixNano int64             `json:"received_unix_nano"`
+	StartedUnixNano  int64             `json:"started_unix_nano"` // slot acquired; 0: never
+	StartSeq         uint64            `json:"start_seq"`         // 1, 2, 3... in slot order; 0: never
+	FinishedUnixNano int64             `json:"finished_unix_nano"`
+	Status           int               `json:"status"`
+	Outcome          string            `json:"outcome"` // in_flight, ok, client_gone, bad_request, aborted
+}
+
+// fakeCount numbers unnamed fakes so that two of them never share a name.
+var fakeCount atomic.Int64
+
+// Fake is a running fakellm process.
+type Fake struct {
+	t    testing.TB
+	opts FakeOptions
+	bin  string
+	out  *logSink
+	port int
+	proc *process
+}
+
+// StartFake runs fakellm on a loopback port, waits until /health answers (200
+// or 503), and stops it when the test ends.
+func StartFake(t testing.TB, opts FakeOptions) *Fake {
+	t.Helper()
+	bin := opts.Bin
+	if bin == "" {
+		bin = BuildFake(t)
+	}
+	if opts.Name == "" {
+		opts.Name = fmt.Sprint("fake", fakeCount.Add(1))
+	}
+	file, err := os.Create(filepath.Join(t.TempDir(), opts.Name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &Fake{t: t, opts: opts, bin: bin, out: &logSink{file: file}, port: opts.Port}
+	dumpOnFailure(t, "fakellm "+opts.Name, f.out)
+	t.Cleanup(func() {
+		if f.proc != nil && !f.proc.exited() {
+			if err := f.proc.stop(); err != nil {
+				t.Errorf("harness: fakellm %s did not stop cleanly: %v", f.Name(), err)
+			}
+		}
+		file.Close()
+	})
+	f.start()
+	return f
+}
+
+func (f *Fake) start() {
+	f.t.Helper()
+	args := []string{"-listen", net.JoinHostPort("127.0.0.1", strconv.Itoa(f.port)), "-name", f.opts.Name}
+	if f.opts.Slots != 0 {
+		args = append(args, "-slots", strconv.Itoa(f.opts.Slots))
+	}
+	if f.opts.TTFT != 0 {
+		args = append(args, "-ttft", f.opts.TTFT.String())
+	}
+	if f.opts.PerToken != 0 {
+		args = append(args, "-per-token", f.opts.PerToken.String())
+	}
+	if f.opts.DefaultOutput != 0 {
+		args = append(args, "-default-output", strconv.Itoa(f.opts.DefaultOutput))
+	}
+	if f.opts.Down {
+		args = append(args, "-down")
+	}
+	args = append(args, f.opts.Args...)
+
+	mark := len(f.out.String())
+	p, err := startProcess(f.bin, args, os.Environ(), f.out)
+	if err != nil {
+		f.t.Fatalf("harness: starting fakellm: %v", err)
+	}
+	f.proc = p
+	// fakellm prints its address first thing, so port 0 works without the
+	// race of picking a free port for another process.
+	err = p.waitReady(func() (bool, error) {
+		if f.port == 0 {
+			port, ok := listeningPort(f.out.String()[mark:])
+			if !ok {
+				return false, nil
+			}
+			f.port = port
+		}
+		code, _, err := httpStatus("GET", f.URL()+"/health", "", nil)
+		return code == 200 || code == 503, err
+	})
+	if err != nil {
+		f.t.Fatalf("harness: fakellm %v", err)
+	}
+}
+
+func listeningPort(out string) (int, bool) {
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		if addr, ok := strings.CutPrefix(sc.Text(), "FAKELLM_LISTENING "); ok {
+			_, port, err := net.SplitHostPort(strings.TrimSpace(addr))
+			if err != nil {
+				return 0, false
+			}
+			n, err := strconv.Atoi(port)
+			return n, err == nil
+		}
+	}
+	return 0, false
+}
+
+// Name is the fake's name, sent in its X-Fake-Upstream response header.
+func (f *Fake) Name() string { return f.opts.Name }
+
+// Addr is the fake's host:port, e.g. for a Caddyfile's reverse_proxy.
+func (f *Fake) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(f.port)) }
+
+// URL is the fake's base URL.
+func (f *Fake) URL() string { return "http://" + f.Addr() }
+
+// Port is the fake's port; it stays the same across Restart.
+func (f *Fake) Port() int { return f.port }
+
+// Logs returns everything the fake printed, across restarts.
+func (f *Fake) Logs() string { return f.out.String() }
+
+func (f *Fake) post(path string) {
+	f.t.Helper()
+	code, body, err := httpStatus("POST", f.URL()+path, "", nil)
+	if err != nil || code != 200 {
+		f.t.Fatalf("harness: fakellm POST %s: %d %s %v", path, code, body, err)
+	}
+}
+
+func (f *Fake) get(path string, v any) {
+	f.t.Helper()
+	code, body, err := httpStatus("GET", f.URL()+path, "", nil)
+	if err != nil || code != 200 {
+		f.t.Fatalf("harness: fakellm GET %s: %d %s %v", path, code, body, err)
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		f.t.Fatalf("harness: fakellm GET %s: %v", path, err)
+	}
+}
+
+// SetHealth switches what the fake's /health answers (200 or 503).
+func (f *Fake) SetHealth(up bool) {
+	f.t.Helper()
+	state := "down"
+	if up {
+		state = "up"
+	}
+	f.post("/admin/health?state=" + state)
+}
+
+// Pause makes requests that get a generation slot hold it, before their
+// first token, until Resume: a deterministic way to fill the upstream and
+// build a queue in the gateway.
+func (f *Fake) Pause() { f.t.Helper(); f.post("/admin/pause") }
+
+// Resume lets paused requests generate.
+func (f *Fake) Resume() { f.t.Helper(); f.post("/admin/resume") }
+
+// Stats returns the fake's counters since its last Reset and its live gauges.
+func (f *Fake) Stats() FakeStats {
+	f.t.Helper()
+	var st FakeStats
+	f.get("/debug/stats", &st)
+	return st
+}
+
+// Requests returns the last 10000 requests the fake received, oldest first.
+func (f *Fake) Requests() []FakeRequest {
+	f.t.Helper()
+	var rs []FakeRequest
+	f.get("/debug/requests", &rs)
+	return rs
+}
+
+// Reset clears the fake's request record and counters.
+func (f *Fake) Reset() { f.t.Helper(); f.post("/debug/reset") }
+
+// Kill ends the fake with SIGKILL, as an upstream that crashes: its
+// connections break and its port stops answering.
+func (f *Fake) Kill() {
+	f.t.Helper()
+	if f.proc != nil {
+		f.proc.kill()
+	}
+}
+
+// Stop ends the fake gracefully (SIGTERM): it aborts its requests in flight
+// and exits.
+func (f *Fake) Stop() {
+	f.t.Helper()
+	if f.proc != nil {
+		if err := f.proc.stop(); err != nil {
+			f.t.Errorf("harness: fakellm %s did not stop cleanly: %v", f.Name(), err)
+		}
+	}
+}
+
+// Restart stops the fake if it is running and starts a new process on the
+// same port with the same options: a fresh health state, slots and record.
+func (f *Fake) Restart() {
+	f.t.Helper()
+	if f.proc != nil && !f.proc.exited() {
+		f.Stop()
+	}
+	f.out.Write([]byte("--- harness: restart ---\n"))
+	f.start()
+}

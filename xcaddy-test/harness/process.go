@@ -1,0 +1,178 @@
+package harness
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const (
+	// startTimeout bounds how long a process may take to become ready. It is
+	// not an assertion: it only turns a hang into a failure with logs.
+	startTimeout = 60 * time.Second
+	// stopTimeout is how long a process gets to exit after SIGTERM before it
+	// is killed (Caddy waits for streaming responses on a graceful stop).
+	stopTimeout = 10 * time.Second
+	// tailBytes is how much of a process's output is dumped on failure.
+	tailBytes = 16 << 10
+)
+
+// client talks to the admin and debug endpoints. Without keep-alives no
+// connection goroutine outlives a call, which keeps goleak quiet in tests
+// that use the harness.
+var client = &http.Client{
+	Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil},
+	Timeout:   60 * time.Second,
+}
+
+// logSink keeps a process's output in memory (for Logs and failure dumps)
+// and in a file (to read after the test).
+type logSink struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	file *os.File
+}
+
+func (l *logSink) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf.Write(p)
+	if l.file != nil {
+		l.file.Write(p)
+	}
+	return len(p), nil
+}
+
+func (l *logSink) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func (l *logSink) tail(n int) string {
+	s := l.String()
+	if len(s) > n {
+		return "...\n" + s[len(s)-n:]
+	}
+	return s
+}
+
+// process is one run of a child process.
+type process struct {
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process has exited
+	err  error         // cmd.Wait's result, set before done is closed
+}
+
+func startProcess(bin string, args, env []string, out *logSink) (*process, error) {
+	cmd := exec.Command(bin, args...)
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = sysProcAttr()
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &process{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+func (p *process) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop sends SIGTERM, then SIGKILL if the process has not exited after
+// stopTimeout. It returns the exit error of a process that exited on its own
+// terms, and an error saying so if it had to be killed.
+func (p *process) stop() error {
+	if p.exited() {
+		return p.err
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return p.err
+	case <-time.After(stopTimeout):
+	}
+	p.kill()
+	return fmt.Errorf("did not exit within %s of SIGTERM; killed", stopTimeout)
+}
+
+// kill sends SIGKILL and waits for the exit.
+func (p *process) kill() {
+	if !p.exited() {
+		p.cmd.Process.Kill()
+	}
+	<-p.done
+}
+
+// waitReady polls ready until it reports true, the process exits, or
+// startTimeout passes.
+func (p *process) waitReady(ready func() (bool, error)) error {
+	deadline := time.Now().Add(startTimeout)
+	var last error
+	for {
+		ok, err := ready()
+		if ok {
+			return nil
+		}
+		if err != nil {
+			last = err
+		}
+		if p.exited() {
+			return fmt.Errorf("exited before it was ready: %v", p.err)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not ready after %s (last error: %v)", startTimeout, last)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// dumpOnFailure logs the tail of a process's output when the test failed.
+func dumpOnFailure(t testing.TB, what string, out *logSink) {
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("--- %s output (tail) ---\n%s\n--- end of %s output ---", what, out.tail(tailBytes), what)
+		}
+	})
+}
+
+// httpStatus GETs or POSTs a URL and returns the status and body.
+func httpStatus(method, url, contentType string, body []byte) (int, []byte, error) {
+	req, err := http.NewRequest(method, url, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	if _, err := b.ReadFrom(resp.Body); err != nil {
+		return resp.StatusCode, b.Bytes(), err
+	}
+	return resp.StatusCode, b.Bytes(), nil
+}
+
+var errNotTCP = errors.New("not a TCP address")
