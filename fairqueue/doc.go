@@ -11,11 +11,13 @@
 // cost of the request at its head: the start and finish tags of that request.
 //
 //   - Arrival at an idle tenant (nothing queued) lifts vt_i to max(vt_i, V),
-//     where V is the smallest vt among backlogged tenants, or, when nobody is
-//     backlogged, the start tag of the last dispatch. A tenant that was idle
-//     therefore neither banks credit for the time it was away nor pays for
-//     service it received before everybody else caught up (the "counter lift"
-//     of VTC, Sheng et al., OSDI'24).
+//     where V is the smallest vt among backlogged tenants (those of unpaused
+//     classes when any is backlogged: a paused class's stalled tenants must
+//     not hold V back), or, when nobody is backlogged, the start tag of the
+//     last dispatch. A tenant that was idle therefore neither banks credit
+//     for the time it was away nor pays for service it received before
+//     everybody else caught up (the "counter lift" of VTC, Sheng et al.,
+//     OSDI'24).
 //   - Dispatch takes the flow with the smallest key from a heap per class, so
 //     enqueue and dispatch cost O(log active flows) and never scan tenants.
 //     Ties on the start tag go to the smaller finish tag: between tenants that
@@ -23,10 +25,17 @@
 //     chat tenant start at the next free slot during a flood of long prompts.
 //     Remaining ties go to the flow created first, so runs are deterministic.
 //   - Dispatch charges vt_i += c/w_i with the estimate c. On completion the
-//     actual cost a back-fills vt_i += (a-c)/w_i, so long-run shares converge
-//     to the weights measured in actual tokens even when estimates are biased.
+//     actual cost a back-fills (a-c)/w_i, so long-run shares converge to the
+//     weights measured in actual tokens even when estimates are biased. An
+//     under-estimate is charged at once; an over-estimate is refunded as a
+//     credit taken off the tenant's next charges (and settled when it next
+//     arrives idle), so vt never moves backwards: moving it back would let a
+//     flooding tenant undercut the start tag a newcomer was just lifted to,
+//     and the newcomer's small request would lose its turn at the next slot.
 //
-// With cost_unit "requests" every request costs 1 and back-fill is a no-op.
+// With cost_unit "requests" every request costs 1 and back-fill is a no-op;
+// the token caps (MaxInflightTokens, MaxQueueTokens) still count the
+// request's estimated tokens.
 //
 // # Capacity
 //

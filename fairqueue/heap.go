@@ -1,57 +1,49 @@
 package fairqueue
 
-// heapItem is what minHeap orders: an element that knows its own position so
-// it can be removed or re-keyed in O(log n) without a search.
-type heapItem[T any] interface {
-	before(other T) bool
-	setIndex(i int)
-	index() int
+// deadlineEntry is one queued ticket with a deadline. The deadline is copied
+// into the entry (as Unix nanoseconds) so that ordering the heap reads only
+// the heap's own array, not the tickets.
+type deadlineEntry struct {
+	at int64
+	tk *Ticket
 }
 
-// minHeap is a binary min-heap of items that track their index. It is typed
-// rather than built on container/heap to keep boxing off the dispatch path.
-// It orders queued tickets by deadline.
-type minHeap[T heapItem[T]] []T
+// deadlineHeap is a binary min-heap of the queued tickets that have a
+// deadline, earliest first; each ticket records its index (dlIdx) so that it
+// can be removed in O(log n) when it is dispatched or cancelled.
+type deadlineHeap []deadlineEntry
 
-func (h minHeap[T]) swap(i, j int) {
+func (h deadlineHeap) swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].setIndex(i)
-	h[j].setIndex(j)
+	h[i].tk.dlIdx = int32(i)
+	h[j].tk.dlIdx = int32(j)
 }
 
-func (h *minHeap[T]) push(x T) {
-	x.setIndex(len(*h))
-	*h = append(*h, x)
+func (h *deadlineHeap) push(tk *Ticket) {
+	tk.dlIdx = int32(len(*h))
+	*h = append(*h, deadlineEntry{at: tk.deadline.UnixNano(), tk: tk})
 	h.up(len(*h) - 1)
 }
 
-// remove takes x out of the heap; x must be in it.
-func (h *minHeap[T]) remove(x T) {
-	i := x.index()
+// remove takes tk out of the heap; tk must be in it.
+func (h *deadlineHeap) remove(tk *Ticket) {
+	i := int(tk.dlIdx)
 	n := len(*h) - 1
 	if i != n {
 		h.swap(i, n)
 	}
-	var zero T
-	(*h)[n] = zero
+	(*h)[n] = deadlineEntry{}
 	*h = (*h)[:n]
-	x.setIndex(-1)
-	if i != n {
-		h.fix(i)
-	}
-}
-
-// fix restores the order after the key of the item at i changed.
-func (h minHeap[T]) fix(i int) {
-	if !h.down(i) {
+	tk.dlIdx = -1
+	if i != n && !h.down(i) {
 		h.up(i)
 	}
 }
 
-func (h minHeap[T]) up(j int) {
+func (h deadlineHeap) up(j int) {
 	for j > 0 {
 		i := (j - 1) / 2
-		if !h[j].before(h[i]) {
+		if h[j].at >= h[i].at {
 			break
 		}
 		h.swap(i, j)
@@ -59,7 +51,7 @@ func (h minHeap[T]) up(j int) {
 	}
 }
 
-func (h minHeap[T]) down(i0 int) bool {
+func (h deadlineHeap) down(i0 int) bool {
 	i, n := i0, len(h)
 	for {
 		l := 2*i + 1
@@ -67,10 +59,10 @@ func (h minHeap[T]) down(i0 int) bool {
 			break
 		}
 		j := l
-		if r := l + 1; r < n && h[r].before(h[l]) {
+		if r := l + 1; r < n && h[r].at < h[l].at {
 			j = r
 		}
-		if !h[j].before(h[i]) {
+		if h[j].at >= h[i].at {
 			break
 		}
 		h.swap(i, j)

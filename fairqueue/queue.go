@@ -59,7 +59,7 @@ type Queue struct {
 	classes   []*classQ
 	tenants   map[string]*tenant
 	boost     ticketList
-	deadlines minHeap[*Ticket]
+	deadlines deadlineHeap
 
 	// vfloor is the start tag of the latest dispatch: the virtual time an
 	// arriving tenant is lifted to when nobody is backlogged.
@@ -102,9 +102,12 @@ type tenant struct {
 	name   string
 	weight float64
 	known  bool
-	// vt is the tenant's virtual time: service received / weight.
-	vt    float64
-	flows []*flow
+	// vt is the tenant's virtual time: service received / weight. It never
+	// goes backwards while the tenant is backlogged: a refund for an
+	// over-estimate is kept in credit and taken off the tenant's next charges.
+	vt     float64
+	credit float64
+	flows  []*flow
 	// flowBuf backs flows for the usual one or two classes, so that
 	// finding a tenant's flows reads the tenant's own memory.
 	flowBuf [2]*flow
@@ -268,9 +271,10 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		q.tenants[r.Tenant] = t
 	}
 	if t.queued == 0 {
-		// Counter lift: an idle tenant rejoins at the current virtual time.
-		if v := q.virtualTimeLocked(); t.vt < v {
-			t.vt = v
+		// Counter lift: an idle tenant rejoins at the current virtual time,
+		// or where the service it really received puts it if that is later.
+		if v := max(t.vt-t.credit, q.virtualTimeLocked()); v != t.vt || t.credit != 0 {
+			t.vt, t.credit = v, 0
 			q.fixFlows(t)
 		}
 	}
@@ -469,7 +473,15 @@ func (q *Queue) startLocked(tk *Ticket, now time.Time) {
 	if t.vt > q.vfloor {
 		q.vfloor = t.vt
 	}
-	t.vt += float64(tk.cost) / t.weight
+	charge := float64(tk.cost) / t.weight
+	if t.credit > 0 {
+		// Refunds owed for earlier over-estimates are paid here, so the
+		// start tag a newcomer was lifted to is never undercut.
+		use := min(t.credit, charge)
+		t.credit -= use
+		charge -= use
+	}
+	t.vt += charge
 	t.served += float64(tk.cost)
 	q.fixFlows(t)
 	tk.wake()
@@ -568,8 +580,8 @@ func (q *Queue) Tick() {
 	now := q.clock.Now()
 	q.mu.Lock()
 	limit := now.Add(q.cfg.ExpiryMargin)
-	for len(q.deadlines) > 0 && !q.deadlines[0].deadline.After(limit) {
-		tk := q.deadlines[0]
+	for len(q.deadlines) > 0 && !q.deadlines[0].tk.deadline.After(limit) {
+		tk := q.deadlines[0].tk
 		q.unqueue(tk)
 		q.finishLocked(tk, stateExpired, &Rejection{Reason: ReasonQueueTimeout,
 			RetryAfter: time.Second, Detail: "wait budget ran out while queued"})
@@ -595,7 +607,7 @@ func (q *Queue) Tick() {
 func (q *Queue) pruneLocked() {
 	v := q.virtualTimeLocked()
 	for name, t := range q.tenants {
-		if t.queued == 0 && t.inflight == 0 && t.vt <= v {
+		if t.queued == 0 && t.inflight == 0 && t.vt-t.credit <= v {
 			for _, f := range t.flows {
 				f.cq.flows.freeID(f.id)
 			}
@@ -633,10 +645,22 @@ func (q *Queue) completeLocked(tk *Ticket, actual int64) {
 		q.boostedInflight--
 	}
 	if actual >= 0 && q.cfg.CostUnit == CostTokens && actual != tk.cost {
+		// Back-fill. Over-estimates are refunded through credit rather than
+		// by moving vt back: lowering vt now would let this tenant undercut
+		// the start tag a newcomer was lifted to while vt still held the
+		// estimate, and the small newcomer would lose its next-slot turn.
 		d := float64(actual - tk.cost)
-		t.vt += d / t.weight
 		t.served += d
-		q.fixFlows(t)
+		if dv := d / t.weight; dv < 0 {
+			t.credit -= dv
+		} else {
+			use := min(t.credit, dv)
+			t.credit -= use
+			if dv > use {
+				t.vt += dv - use
+				q.fixFlows(t)
+			}
+		}
 	}
 	q.emit(EventReleased, tk)
 	q.dispatchLocked(q.clock.Now())

@@ -236,6 +236,7 @@ func TestCancellation(t *testing.T) {
 		tk := h.enqueue(Request{Tenant: "b", Cost: 100})
 		boosted := h.enqueue(Request{Tenant: "c", Cost: 100})
 		h.q.Promote(boosted)
+		vtB := tenantStats(h.q, "b").VirtualTime
 		tk.Release(500)
 		boosted.Release(500)
 		if h.ended[tk] != EventCancelled || h.ended[boosted] != EventCancelled {
@@ -246,8 +247,8 @@ func TestCancellation(t *testing.T) {
 		if len(h.inflight) != 0 {
 			t.Fatalf("cancelled ticket dispatched")
 		}
-		if b := tenantStats(h.q, "b"); b.Served != 0 || b.VirtualTime != tenantStats(h.q, "a").VirtualTime-100 && b.VirtualTime != 0 {
-			t.Fatalf("cancelled tenant charged: %+v", b)
+		if b := tenantStats(h.q, "b"); b.Served != 0 || b.VirtualTime != vtB {
+			t.Fatalf("cancelled tenant charged: %+v (virtual time was %v)", b, vtB)
 		}
 		h.drain(1)
 	})

@@ -8,12 +8,13 @@ type TenantStats struct {
 	Known      bool
 	Weight     float64
 	Queued     int
-	QueuedCost int64
+	QueuedCost int64 // estimated tokens queued (also with CostRequests)
 	Inflight   int
 	// Served is the cost charged so far: estimates at dispatch, corrected
 	// to actual cost by back-fill on completion.
 	Served float64
-	// VirtualTime is the tenant's virtual time (served / weight, lifted).
+	// VirtualTime is the tenant's virtual time (served / weight, lifted),
+	// net of refunds not yet applied to its ordering.
 	VirtualTime float64
 }
 
@@ -23,9 +24,9 @@ type Stats struct {
 	Capacity        int
 	TokenCapacity   int64
 	Queued          int
-	QueuedCost      int64
+	QueuedCost      int64 // estimated tokens queued (also with CostRequests)
 	Inflight        int
-	InflightCost    int64
+	InflightCost    int64 // estimated tokens in flight, what the token cap gates
 	BoostedInflight int
 	// Water is the queue's fill level (see Queue.Water).
 	Water   float64
@@ -46,7 +47,7 @@ func (q *Queue) Stats(tenants bool) Stats {
 		for _, t := range q.tenants {
 			s.Tenants = append(s.Tenants, TenantStats{Name: t.name, Known: t.known,
 				Weight: t.weight, Queued: t.queued, QueuedCost: t.queuedCost,
-				Inflight: t.inflight, Served: t.served, VirtualTime: t.vt})
+				Inflight: t.inflight, Served: t.served, VirtualTime: t.vt - t.credit})
 		}
 		sort.Slice(s.Tenants, func(i, j int) bool { return s.Tenants[i].Name < s.Tenants[j].Name })
 	}

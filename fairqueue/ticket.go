@@ -175,8 +175,3 @@ func (l *ticketList) remove(tk *Ticket) {
 	tk.prev, tk.next = nil, nil
 	l.n--
 }
-
-// deadline-heap membership: a ticket is in at most the deadline heap.
-func (tk *Ticket) before(o *Ticket) bool { return tk.deadline.Before(o.deadline) }
-func (tk *Ticket) setIndex(i int)        { tk.dlIdx = int32(i) }
-func (tk *Ticket) index() int            { return int(tk.dlIdx) }

@@ -37,9 +37,11 @@ func CounterNames() []string { return []string{CL100kBase, O200kBase, Approx} }
 const DefaultExactBytes = 64 << 10
 
 // NewCounter returns the named counter: "cl100k_base" and "o200k_base" are
-// exact BPE tokenizers bounded by DefaultExactBytes, "approx" is a heuristic
-// that needs no vocabulary (see the approx section below). The BPE ranks are
-// loaded once per process, from data compiled into the binary, on first use.
+// exact BPE tokenizers bounded by DefaultExactBytes, "approx" a heuristic
+// that needs no vocabulary and runs at memory speed. The BPE ranks are
+// loaded once per process, from data compiled into the binary, on first
+// use; calling NewCounter at provisioning time moves that cost (about 0.1 s
+// and 0.2 s) out of the first request.
 func NewCounter(name string) (Counter, error) {
 	switch name {
 	case Approx:

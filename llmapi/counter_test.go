@@ -79,7 +79,7 @@ func TestApproxAccuracy(t *testing.T) {
 // windows and extrapolating, against exact counts of long texts. Asserted
 // tolerance: 3% (the largest error measured was about 2%).
 func TestBoundedAccuracy(t *testing.T) {
-	if testing.Short() {
+	if testing.Short() || raceEnabled {
 		t.Skip("counts megabytes exactly")
 	}
 	en, zh := testdataText()

@@ -87,17 +87,22 @@ func FuzzLightMode(f *testing.F) {
 	})
 }
 
-// FuzzStreamScanner: any input, split anywhere, gives the same result.
+// FuzzStreamScanner: any input, split anywhere, gives the same result,
+// whatever the line limit.
 func FuzzStreamScanner(f *testing.F) {
 	for _, s := range []string{openAIStream(true, "a", "b"), openAIStream(false, "x\ny"), anthropicStream + anthropicStreamEnd,
 		responsesStream, completionsStream, vllmReasoningStream, "data: {\"usage\":\r\n\r\n"} {
-		f.Add([]byte(s), uint16(len(s)/2))
+		f.Add([]byte(s), uint16(len(s)/2), uint8(255))
+		f.Add([]byte(s), uint16(len(s)/3), uint8(20))
 	}
 	c := mustCounter(f, Approx)
-	f.Fuzz(func(t *testing.T, stream []byte, split uint16) {
+	f.Fuzz(func(t *testing.T, stream []byte, split uint16, maxLine uint8) {
 		i := int(split) % (len(stream) + 1)
 		ParseUsage(stream)
 		a, b := NewStreamScanner(c), NewStreamScanner(c)
+		if maxLine < 255 {
+			a.MaxLine, b.MaxLine = 8+4*int(maxLine), 8+4*int(maxLine)
+		}
 		a.Write(stream)
 		b.Write(stream[:i])
 		b.Write(stream[i:])

@@ -73,6 +73,7 @@ type BodyError struct {
 	Err error
 }
 
+// Error returns the message for the client, naming the field first.
 func (e *BodyError) Error() string {
 	if e.Field != "" {
 		return strconv.Quote(e.Field) + " " + e.Msg
@@ -80,6 +81,7 @@ func (e *BodyError) Error() string {
 	return e.Msg
 }
 
+// Unwrap returns the underlying decoding error, for errors.As.
 func (e *BodyError) Unwrap() error { return e.Err }
 
 func fieldError(field, format string, args ...any) *BodyError {
@@ -116,8 +118,11 @@ type topLevel struct {
 // Parse reads a request body sent to path. The kind comes from the path's
 // suffix; for other paths it is inferred from the body's shape, and a body
 // of no known shape yields KindUnknown with an empty prompt. An empty body is
-// an error for the known APIs and fine otherwise (GET /v1/models). Errors
-// are *BodyError. body is only read.
+// an error for the known APIs and fine otherwise (GET /v1/models).
+//
+// Errors are *BodyError: invalid JSON, and values of the wrong type, which
+// make the cost unknowable. Missing fields are not errors; the upstream
+// reports those in its own words. Parse neither modifies nor retains body.
 func Parse(path string, body []byte) (*Request, error) {
 	kind := KindFromPath(path)
 	if len(bytes.TrimSpace(body)) == 0 {

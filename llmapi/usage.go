@@ -121,7 +121,10 @@ func (s *StreamScanner) Write(p []byte) (int, error) {
 			return n, nil
 		}
 		if len(s.line) == 0 && !s.skipLine {
-			s.handleLine(p[:i])
+			// The whole line is in p: no copy.
+			if i <= s.MaxLine {
+				s.handleLine(p[:i])
+			}
 		} else {
 			s.appendLine(p[:i])
 			if !s.skipLine {

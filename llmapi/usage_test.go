@@ -249,3 +249,38 @@ func TestAppendString(t *testing.T) {
 		}
 	}
 }
+
+// A line is skipped by its length, however the writes split it.
+func TestStreamScannerMaxLineSplitInvariant(t *testing.T) {
+	stream := openAIStream(true, strings.Repeat("x", 100))
+	for maxLine := 150; maxLine < 400; maxLine++ {
+		whole := NewStreamScanner(nil)
+		whole.MaxLine = maxLine
+		whole.Write([]byte(stream))
+		want, _ := whole.Result()
+		for i := 0; i <= len(stream); i += 7 {
+			s := NewStreamScanner(nil)
+			s.MaxLine = maxLine
+			s.Write([]byte(stream[:i]))
+			s.Write([]byte(stream[i:]))
+			if got, _ := s.Result(); got != want {
+				t.Fatalf("MaxLine %d, split at %d: %+v, want %+v", maxLine, i, got, want)
+			}
+		}
+	}
+}
+
+// Malformed JSON in a stream must not stall the scanner (found by fuzzing:
+// a value the scanner could not step over looped forever).
+func TestScannerMalformedTerminates(t *testing.T) {
+	for _, s := range []string{
+		`{"choices":[{"":,"delta":{}}]}`, `{"choices":[}]}`, `{"choices":[1 2]}`, `{"choices":[,]}`,
+		`{"a":}`, `{"a" 1}`, `{"a":1,}`, `{`, `[`, `{"choices":[{"delta":{"tool_calls":[}}]}`,
+	} {
+		sc := NewStreamScanner(nil)
+		sc.Write([]byte("data: " + s + "\n\n"))
+		sc.Result()
+		ParseUsage([]byte(s))
+		eachElement([]byte(member([]byte(s), "choices")), func([]byte) {})
+	}
+}

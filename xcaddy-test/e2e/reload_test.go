@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -19,9 +20,11 @@ import (
 const reloadTmpl = `{
 	admin 127.0.0.1:{{.Admin}}
 	default_bind 127.0.0.1
+	debug
 }
 http://127.0.0.1:{{.Site}} {
 	bind 127.0.0.1 unix/{{.Sock}}
+	log
 	fair_queue {
 		max_inflight {{.MaxInflight}}
 		tenant alpha weight {{.WAlpha}} class batch
@@ -48,6 +51,11 @@ func TestReloadUnderLoad(t *testing.T) {
 	data := map[string]any{"Admin": p["Admin"], "Site": p["Site"], "Sock": sock, "Upstreams": addrs(fakes...),
 		"MaxInflight": slots, "WAlpha": 1, "WBeta": 1, "WGamma": 1}
 	c := startCaddy(t, reloadTmpl, data)
+	t.Cleanup(func() { // TEMPORARY DEBUG
+		if t.Failed() {
+			os.WriteFile(fmt.Sprintf("/tmp/reload_caddy_full_%d.log", time.Now().UnixNano()), []byte(c.Logs()), 0o644)
+		}
+	})
 	base := fmt.Sprintf("http://127.0.0.1:%d", p["Site"])
 	waitMetricEq(t, c, 2*slots, "caddy_fair_queue_capacity")
 

@@ -1,0 +1,5 @@
+//go:build !race
+
+package llmapi
+
+const raceEnabled = false
