@@ -7,23 +7,27 @@
 // Each tenant i has a weight w_i and a virtual time vt_i: the service it has
 // received, in cost units divided by its weight. Its waiting requests sit in
 // FIFO flows, one per class (so a class can be paused without reordering a
-// tenant's other classes). A flow's key is (vt_i, vt_i + c/w_i) where c is the
-// cost of the request at its head: the start and finish tags of that request.
+// tenant's other classes). A flow's key is (vt_i + c/w_i, vt_i) where c is the
+// cost of the request at its head: the finish and start tags of that request.
 //
 //   - Arrival at an idle tenant (nothing queued) lifts vt_i to max(vt_i, V),
-//     where V is the smallest vt among backlogged tenants (those of unpaused
-//     classes when any is backlogged: a paused class's stalled tenants must
-//     not hold V back), or, when nobody is backlogged, the start tag of the
-//     last dispatch. A tenant that was idle therefore neither banks credit
-//     for the time it was away nor pays for service it received before
-//     everybody else caught up (the "counter lift" of VTC, Sheng et al.,
-//     OSDI'24).
-//   - Dispatch takes the flow with the smallest key from a heap per class, so
-//     enqueue and dispatch cost O(log active flows) and never scan tenants.
-//     Ties on the start tag go to the smaller finish tag: between tenants that
-//     are equally entitled, the small request goes first, which lets a sparse
-//     chat tenant start at the next free slot during a flood of long prompts.
-//     Remaining ties go to the flow created first, so runs are deterministic.
+//     where V, the system's virtual time, is the largest start tag dispatched
+//     so far (the self-clocked rule of SCFQ, Golestani 1994, with the start
+//     rather than the finish tag). V never decreases and needs no scan. A
+//     tenant that was idle therefore neither banks credit for the time it was
+//     away nor pays for service it received before everybody else caught up
+//     (the "counter lift" of VTC, Sheng et al., OSDI'24).
+//   - Dispatch takes the flow whose head has the smallest finish tag, as
+//     weighted fair queuing and Kubernetes APF's queueset do, from a heap per
+//     class, so enqueue and dispatch cost O(log active flows) and never scan
+//     tenants. Finish-tag order is what lets a sparse chat tenant start at the
+//     next free slot during a flood of long prompts: its small request
+//     finishes, in virtual time, long before the flood's next one, even when
+//     the chat tenant was served a moment ago and the flood was not. The
+//     price, inherent to WFQ, is that one very large request of a light
+//     tenant waits until its tenant's share has "paid" for it. Ties go to the
+//     smaller start tag, then to the flow created first, so runs are
+//     deterministic.
 //   - Dispatch charges vt_i += c/w_i with the estimate c. On completion the
 //     actual cost a back-fills (a-c)/w_i, so long-run shares converge to the
 //     weights measured in actual tokens even when estimates are biased. An

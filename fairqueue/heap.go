@@ -84,11 +84,11 @@ type flowEntry struct {
 }
 
 func (a *flowEntry) before(b *flowEntry) bool {
-	if a.start != b.start {
-		return a.start < b.start
-	}
 	if a.finish != b.finish {
 		return a.finish < b.finish
+	}
+	if a.start != b.start {
+		return a.start < b.start
 	}
 	return a.seq < b.seq
 }
@@ -99,7 +99,7 @@ func (a *flowEntry) before(b *flowEntry) bool {
 const flowArity = 4
 
 // flowHeap is a 4-ary min-heap of the backlogged flows of one class,
-// ordered by (start, finish, seq). Each flow of the class has an id: flows[id]
+// ordered by (finish, start, seq). Each flow of the class has an id: flows[id]
 // is the flow, pos[id] its index in e or -1 when it is not in the heap.
 // Keeping the positions in one dense array rather than in the flows means a
 // move down the heap writes to memory that stays in cache, not to a flow

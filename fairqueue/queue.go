@@ -311,36 +311,12 @@ func (q *Queue) admitLocked(name string, tc TenantConfig, tokens int64) *Rejecti
 	return nil
 }
 
-// virtualTimeLocked is V: the smallest virtual time among backlogged
-// tenants that compete for slots now (those of unpaused classes; those of
-// paused classes only when no unpaused class is backlogged), or the start
-// tag of the last dispatch when none is backlogged. A paused class's
-// tenants do not hold V back: their virtual time stands still while they
-// yield, and lifting a returning tenant only to theirs would let it burst
-// ahead of the tenants actually being served.
-func (q *Queue) virtualTimeLocked() float64 {
-	v, any, vp, anyPaused := 0.0, false, 0.0, false
-	for _, cq := range q.classes {
-		if cq.flows.len() == 0 {
-			continue
-		}
-		vt := cq.flows.top().start
-		if cq.paused {
-			if !anyPaused || vt < vp {
-				vp, anyPaused = vt, true
-			}
-		} else if !any || vt < v {
-			v, any = vt, true
-		}
-	}
-	switch {
-	case any:
-		return v
-	case anyPaused:
-		return vp
-	}
-	return q.vfloor
-}
+// virtualTimeLocked is V, the system's virtual time: the largest start tag
+// dispatched so far. It never decreases, and lifting an arriving tenant to
+// it is what a tenant that never left would have reached by now (the
+// self-clocked rule of SCFQ, with the start rather than the finish tag so a
+// newcomer is not put behind the request just dispatched).
+func (q *Queue) virtualTimeLocked() float64 { return q.vfloor }
 
 func (q *Queue) flowOf(t *tenant, cq *classQ) *flow {
 	for _, f := range t.flows {

@@ -2,6 +2,7 @@ package simulator
 
 import (
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -74,18 +75,23 @@ func TestSeed000(t *testing.T) {
 
 	// The sparse realtime and interactive tenants wait about as little as
 	// under strict priority, which starves the batch tenant to get there.
+	// One run holds only ~160 cs_bot requests, so its P95 is the 8th worst
+	// wait and swings by ±15% from seed to seed under either policy; the
+	// comparison pools five independent replications (seeds 1-5), both
+	// policies replaying exactly the same requests in each.
+	wfqP95, priP95 := pooledP95(t, "seed000", "wfq-tokens"), pooledP95(t, "seed000", "priority")
 	for _, name := range []string{"marketing", "cs_bot"} {
-		got, base := wfq.Row(name), pri.Row(name)
-		if float64(got.WaitP95) > 1.1*float64(base.WaitP95) {
-			t.Errorf("engine policy: %s P95 wait %v under wfq-tokens > 1.1 x %v under priority (%.2fx); "+
-				"at slot-free limit %.1f%% vs %.1f%%, at in-order limit %.1f%% vs %.1f%%",
-				name, got.WaitP95, base.WaitP95, float64(got.WaitP95)/float64(base.WaitP95),
-				100*got.AtLimit, 100*base.AtLimit, 100*got.AtOrderLimit, 100*base.AtOrderLimit)
+		got, base := wfqP95[name], priP95[name]
+		t.Logf("%s P95 wait over seeds 1-5: wfq-tokens %v, priority %v (%.2fx)", name, got, base,
+			float64(got)/float64(base))
+		if float64(got) > 1.1*float64(base) {
+			t.Errorf("%s P95 wait %v under wfq-tokens > 1.1 x %v under priority", name, got, base)
 		}
 		if f := fifo.Row(name).WaitP95; f < 100*time.Second {
 			t.Errorf("%s P95 wait under fifo is %v, want hundreds of seconds", name, f)
 		}
 	}
+	_ = pri
 
 	// Fairness costs the flood nothing but the others' own work. Under FIFO
 	// the flood (all in by 5 s) runs before everything the other tenants
@@ -245,4 +251,43 @@ func TestOutage(t *testing.T) {
 			t.Errorf("%s: %d in flight at 130 s, want 32", name, n)
 		}
 	}
+}
+
+// pooledP95 runs scenario under one policy for seeds 1-5 and returns each
+// tenant's P95 wait over all dispatched requests of the five runs.
+func pooledP95(t *testing.T, scenario, policy string) map[string]time.Duration {
+	t.Helper()
+	sc, ok := Lookup(scenario)
+	if !ok {
+		t.Fatalf("no scenario %q", scenario)
+	}
+	p, ok := PolicyByName(policy)
+	if !ok {
+		t.Fatalf("no policy %q", policy)
+	}
+	waits := map[string][]time.Duration{}
+	for seed := uint64(1); seed <= 5; seed++ {
+		w, err := Generate(sc, seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := Run(w, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range res.Requests {
+			r, rec := &res.Requests[i], &res.Records[i]
+			if rec.State != StateCompleted {
+				continue
+			}
+			name := sc.Tenants[r.Tenant].Name
+			waits[name] = append(waits[name], rec.Wait(r))
+		}
+	}
+	out := map[string]time.Duration{}
+	for name, ws := range waits {
+		slices.Sort(ws)
+		out[name] = percentile(ws, 0.95)
+	}
+	return out
 }
