@@ -40,10 +40,22 @@ var (
 		Name: "actual_tokens_total",
 		Help: "Actual tokens (prompt + completion) reported or counted for completed requests.",
 	}, []string{"queue", "tenant"})
+	boostsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+		Name: "boosts_total",
+		Help: "Requests dispatched ahead of tag order to meet their wait budget.",
+	}, []string{"queue", "tenant"})
+	etaRatio = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+		Name:    "eta_ratio",
+		Help:    "Predicted wait / actual wait of queued requests that were dispatched (1 = exact).",
+		Buckets: []float64{0.25, 0.5, 0.67, 0.8, 0.9, 1, 1.1, 1.25, 1.5, 2, 4},
+	}, []string{"queue", "tenant"})
 	queueCollector = &stateCollector{}
 )
 
-var collectors = []prometheus.Collector{requestsTotal, waitSeconds, estimatedTokens, actualTokens, degradeTransitions, queueCollector}
+var collectors = []prometheus.Collector{requestsTotal, waitSeconds, estimatedTokens, actualTokens,
+	boostsTotal, etaRatio, degradeTransitions, queueCollector}
 
 // registerMetrics adds the collectors to a config's registry; registering
 // into a registry that already has them (two handlers, one config) is fine.
@@ -67,6 +79,16 @@ func observeOutcome(queue, tenant, outcome string, wait time.Duration, est float
 	if outcome == outcomeServed || outcome == outcomeProxyError {
 		waitSeconds.WithLabelValues(queue, tenant).Observe(wait.Seconds())
 		estimatedTokens.WithLabelValues(queue, tenant).Add(est)
+	}
+}
+
+// observeDispatch records what the wait-budget logic did for a request.
+func observeDispatch(queue, tenant string, boosted bool, eta, wait time.Duration) {
+	if boosted {
+		boostsTotal.WithLabelValues(queue, tenant).Inc()
+	}
+	if eta > 0 && wait > 0 {
+		etaRatio.WithLabelValues(queue, tenant).Observe(eta.Seconds() / wait.Seconds())
 	}
 }
 
@@ -94,12 +116,14 @@ var (
 	descWater = prometheus.NewDesc("caddy_fair_queue_water_level",
 		"Queue fill level watched by the degrade ladder.", []string{"queue"}, nil)
 	descBoosted = prometheus.NewDesc("caddy_fair_queue_boosted_inflight",
-		"Boosted requests in flight.", []string{"queue"}, nil)
+		"Boosted requests in flight (bounded by boost_share_max of capacity).", []string{"queue"}, nil)
+	descWeight = prometheus.NewDesc("caddy_fair_queue_tenant_weight",
+		"Configured weight of each declared tenant currently known to the queue.", []string{"queue", "tenant"}, nil)
 )
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDepth, descQueuedTokens, descInflight,
-		descHealthy, descCapacity, descTokenCapacity, descWater, descBoosted, descDegradeLevel} {
+		descHealthy, descCapacity, descTokenCapacity, descWater, descBoosted, descDegradeLevel, descWeight} {
 		ch <- d
 	}
 }
@@ -130,6 +154,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			label := t.Name
 			if !t.Known {
 				label = unknownTenantLabel
+			} else {
+				gauge(descWeight, t.Weight, name, label)
 			}
 			a := per[label]
 			if a == nil {

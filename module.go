@@ -269,7 +269,27 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 		cfg.Tenants[name] = tenant(t)
 	}
 	cfg.Default = tenant(h.DefaultTenant)
+	cfg.Admission = h.admissionConfig()
 	return cfg, cfg.Validate()
+}
+
+// admissionConfig applies anti_starvation's defaults: boost up to 10% of
+// capacity, 200 boosts per tenant per hour, fast-fail on.
+func (h *Handler) admissionConfig() fairqueue.BudgetConfig {
+	a := fairqueue.BudgetConfig{FastFail: true, BoostShareMax: 0.10, PerTenantBoostHourly: 200,
+		Margin: 3 * tickPeriod}
+	if as := h.AntiStarvation; as != nil {
+		if as.BoostShareMax != nil {
+			a.BoostShareMax = *as.BoostShareMax
+		}
+		if as.PerTenantBoostHourly != nil {
+			a.PerTenantBoostHourly = *as.PerTenantBoostHourly
+		}
+		if as.FastFail != nil {
+			a.FastFail = *as.FastFail
+		}
+	}
+	return a
 }
 
 // Provision sets defaults, loads the inner proxy and joins the named queue,

@@ -94,6 +94,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	}
 	wait := tk.Dispatched().Sub(tk.Enqueued())
+	observeDispatch(h.Name, a.label, tk.Boosted(), tk.ETA(), wait)
 	hdr := w.Header()
 	hdr.Set(headerWaitMs, strconv.FormatInt(wait.Milliseconds(), 10))
 	hdr.Set(headerCost, strconv.Itoa(a.cost.Total()))

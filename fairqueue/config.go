@@ -77,12 +77,17 @@ type Config struct {
 	// DegradeHold is the ladder's minimum time between two transitions of a
 	// step; 0 means degrade.DefaultHold.
 	DegradeHold time.Duration
+	// Admission makes wait budgets promises: ETAs, boosts and fast-fail.
+	Admission BudgetConfig
 }
 
 // Validate reports the first problem in c.
 func (c *Config) Validate() error {
 	if c.MaxInflight <= 0 {
 		return fmt.Errorf("max_inflight must be positive, got %d", c.MaxInflight)
+	}
+	if a := c.Admission; a.BoostShareMax < 0 || a.BoostShareMax > 1 || a.PerTenantBoostHourly < 0 || a.Margin < 0 {
+		return fmt.Errorf("anti_starvation: boost_share_max must be in [0, 1] and the other limits not negative")
 	}
 	if c.MaxInflightTokens < 0 || c.MaxQueueTokens < 0 || c.MaxQueue < 0 {
 		return fmt.Errorf("queue and in-flight limits must not be negative")

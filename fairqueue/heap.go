@@ -25,6 +25,23 @@ func (h *deadlineHeap) push(tk *Ticket) {
 	h.up(len(*h) - 1)
 }
 
+// visitBefore calls fn for up to max tickets whose deadline is at or before
+// limit, pruning subtrees whose root is later, so it costs O(visited).
+func (h deadlineHeap) visitBefore(limit int64, max int, fn func(*Ticket)) {
+	var walk func(i int)
+	n := 0
+	walk = func(i int) {
+		if i >= len(h) || n >= max || h[i].at > limit {
+			return
+		}
+		n++
+		fn(h[i].tk)
+		walk(2*i + 1)
+		walk(2*i + 2)
+	}
+	walk(0)
+}
+
 // remove takes tk out of the heap; tk must be in it.
 func (h *deadlineHeap) remove(tk *Ticket) {
 	i := int(tk.dlIdx)

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
 	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
 )
 
@@ -76,6 +77,7 @@ type Queue struct {
 	observer Observer
 
 	ov              *overload
+	adm             *admission
 	degradeObserver func(degrade.Transition)
 	transitions     []degrade.Transition
 	// events are produced under mu and not yet delivered; delivering is set
@@ -115,15 +117,21 @@ type tenant struct {
 	queued     int
 	queuedCost int64
 	inflight   int
+	// stamp marks the tenant as counted in the current ETA pass.
+	stamp uint64
 	// served is the cost charged so far (estimates, corrected by back-fill).
 	served float64
 }
 
 // flow is one tenant's FIFO of one class.
 type flow struct {
-	t   *tenant
-	cq  *classQ
-	q   ticketList
+	t  *tenant
+	cq *classQ
+	q  ticketList
+	// in and out count the cost that ever entered and left the flow, and
+	// queuedCost what is in it; a ticket's mark is in when it entered, so
+	// mark-out is the cost still ahead of it.
+	in, out, queuedCost int64
 	id  int32 // position slot in cq.flows
 	seq uint64
 }
@@ -179,6 +187,7 @@ func (q *Queue) Reconfigure(cfg Config) error {
 		return err
 	}
 	q.cfg, q.ov = cfg, ov
+	q.adm = newAdmission(&cfg.Admission, q.adm)
 	for _, cl := range cfg.Classes {
 		if q.class(cl.Name) == nil {
 			q.classes = append(q.classes, &classQ{name: cl.Name})
@@ -278,11 +287,20 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 			q.fixFlows(t)
 		}
 	}
+	cq := q.class(cls)
+	decision, est := q.decideLocked(now, t, cq, cost, r.Deadline)
+	if decision == budget.Reject {
+		q.mu.Unlock()
+		return nil, budgetRejection(est, r.Deadline.Sub(now))
+	}
 	tk := &Ticket{q: q, t: t, cost: cost, tokens: tokens, class: cls, deadline: r.Deadline,
-		enqueued: now, dlIdx: -1}
-	q.pushFlow(tk, q.flowOf(t, q.class(cls)))
+		enqueued: now, dlIdx: -1, eta: est.ETA}
+	q.pushFlow(tk, q.flowOf(t, cq))
 	if !r.Deadline.IsZero() {
 		q.deadlines.push(tk)
+	}
+	if decision == budget.Boost {
+		q.promoteLocked(now, tk)
 	}
 	q.dispatchLocked(now)
 	q.unlock()
@@ -334,6 +352,9 @@ func (q *Queue) flowOf(t *tenant, cq *classQ) *flow {
 func (q *Queue) pushFlow(tk *Ticket, f *flow) {
 	tk.f = f
 	tk.state = stateQueued
+	tk.mark = f.in
+	f.in += tk.cost
+	f.queuedCost += tk.tokens
 	f.q.pushBack(tk)
 	if !f.cq.flows.contains(f.id) {
 		f.cq.flows.push(f)
@@ -353,10 +374,13 @@ func (q *Queue) unqueue(tk *Ticket) { q.take(tk, true) }
 func (q *Queue) take(tk *Ticket, rekey bool) {
 	if tk.state == stateBoosted {
 		q.boost.remove(tk)
+		q.adm.boostCost -= tk.cost
 	} else {
 		f := tk.f
 		wasHead := f.q.head == tk
 		f.q.remove(tk)
+		f.out += tk.cost
+		f.queuedCost -= tk.tokens
 		switch {
 		case f.q.head == nil:
 			f.cq.flows.remove(f)
@@ -382,11 +406,12 @@ func (q *Queue) fixFlows(t *tenant) {
 	}
 }
 
-// next returns the ticket dispatch would start now, or nil.
-func (q *Queue) next() *Ticket {
-	if q.boost.head != nil {
-		return q.boost.head
-	}
+// next returns the ticket dispatch would start now, or nil, and whether it
+// overtakes tag order from the boost lane. The lane goes first while
+// boosted requests in flight are under the boost budget; past it, the lane
+// waits for tag order to run dry rather than idle a slot, and such a
+// dispatch overtakes nobody.
+func (q *Queue) next() (*Ticket, bool) {
 	var best, bestPaused *classQ
 	for _, cq := range q.classes {
 		if cq.flows.len() == 0 {
@@ -404,17 +429,32 @@ func (q *Queue) next() *Ticket {
 	if best == nil {
 		best = bestPaused
 	}
-	if best == nil {
-		return nil
+	if lane := q.boost.head; lane != nil {
+		if best == nil {
+			return lane, false
+		}
+		if q.boostRoomLocked() {
+			return lane, true
+		}
 	}
-	return best.flows.flow(best.flows.top()).q.head
+	if best == nil {
+		return nil, false
+	}
+	return best.flows.flow(best.flows.top()).q.head, false
 }
 
 // dispatchLocked starts requests while capacity allows: the work-conserving
 // loop every state change ends with.
 func (q *Queue) dispatchLocked(now time.Time) {
+	q.dispatchLoop(now)
+	// The throughput estimator counts completions only while a free slot
+	// would be filled at once: the system's capacity, not its demand.
+	q.adm.rate.SetBusy(now, q.queued > 0 || q.inflight >= q.capacity)
+}
+
+func (q *Queue) dispatchLoop(now time.Time) {
 	for q.inflight < q.capacity {
-		tk := q.next()
+		tk, overtakes := q.next()
 		if tk == nil {
 			return
 		}
@@ -431,13 +471,13 @@ func (q *Queue) dispatchLocked(now time.Time) {
 				RetryAfter: time.Second, Detail: "wait budget ran out while queued"})
 			continue
 		}
-		q.startLocked(tk, now)
+		q.startLocked(tk, now, overtakes)
 	}
 }
 
-func (q *Queue) startLocked(tk *Ticket, now time.Time) {
+func (q *Queue) startLocked(tk *Ticket, now time.Time, overtakes bool) {
 	t := tk.t
-	if tk.state == stateBoosted {
+	if overtakes {
 		tk.boosted = true
 		q.boostedInflight++
 	}
@@ -533,18 +573,9 @@ func (q *Queue) Promote(tk *Ticket) bool {
 		q.mu.Unlock()
 		return false
 	}
-	f := tk.f
-	wasHead := f.q.head == tk
-	f.q.remove(tk)
-	switch {
-	case f.q.head == nil:
-		f.cq.flows.remove(f)
-	case wasHead:
-		f.cq.flows.rekey(f)
-	}
-	tk.state = stateBoosted
-	q.boost.pushBack(tk)
-	q.dispatchLocked(q.clock.Now())
+	now := q.clock.Now()
+	q.promoteLocked(now, tk)
+	q.dispatchLocked(now)
 	q.unlock()
 	return true
 }
@@ -562,6 +593,7 @@ func (q *Queue) Tick() {
 		q.finishLocked(tk, stateExpired, &Rejection{Reason: ReasonQueueTimeout,
 			RetryAfter: time.Second, Detail: "wait budget ran out while queued"})
 	}
+	q.recheckLocked(now)
 	q.observeWaterLocked(now)
 	if now.Sub(q.lastPrune) >= 10*time.Second {
 		q.lastPrune = now
@@ -612,6 +644,8 @@ func (q *Queue) release(tk *Ticket, actual int64) {
 
 func (q *Queue) completeLocked(tk *Ticket, actual int64) {
 	t := tk.t
+	now := q.clock.Now()
+	q.adm.rate.Observe(now, float64(tk.cost), q.healthy)
 	tk.state = stateReleased
 	tk.actual = actual
 	q.inflight--

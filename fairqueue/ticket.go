@@ -55,6 +55,10 @@ type Ticket struct {
 	class    string
 	enqueued time.Time
 	err      error
+	// mark is the flow's intake when the ticket entered it (aheadInFlow).
+	mark int64
+	// eta is the latest predicted wait (admission, or a re-check).
+	eta time.Duration
 }
 
 // wake signals a blocked Wait; the queue's lock is held.
@@ -134,6 +138,14 @@ func (tk *Ticket) Boosted() bool {
 	tk.q.mu.Lock()
 	defer tk.q.mu.Unlock()
 	return tk.boosted
+}
+
+// ETA returns the wait predicted for the ticket at admission or at its
+// latest re-check; 0 when the queue could not predict it.
+func (tk *Ticket) ETA() time.Duration {
+	tk.q.mu.Lock()
+	defer tk.q.mu.Unlock()
+	return tk.eta
 }
 
 // Err returns why the ticket ended without dispatch, or nil.

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -46,10 +45,6 @@ func bins(t *testing.T) (caddy, fake string) {
 	// is enough. A failure inside Once fails this test; later tests see the
 	// empty path and fail too.
 	binOnce.Do(func() {
-		if b := os.Getenv("TMP_E2E_CADDY"); b != "" { // TEMPORARY DEBUG
-			caddyBin, fakeBin = b, harness.BuildFake(t)
-			return
-		}
 		caddyBin = harness.BuildCaddy(t)
 		fakeBin = harness.BuildFake(t)
 	})

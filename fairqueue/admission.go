@@ -1,0 +1,237 @@
+package fairqueue
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
+)
+
+// BudgetConfig turns wait budgets from deadlines the queue merely enforces
+// into promises it keeps: an ETA for every request with a deadline, a bounded
+// boost for those that would miss it, and an immediate refusal for those
+// that cannot make it even boosted.
+type BudgetConfig struct {
+	// FastFail refuses at admission (ReasonBudgetExceeded) a request that
+	// cannot start before its deadline even if boosted. Off, such requests
+	// are queued and expire at their deadline.
+	FastFail bool
+	// BoostShareMax is the largest share of dispatch capacity boosted
+	// requests may hold (budget.Boosts.Limit); 0 disables boosting.
+	BoostShareMax float64
+	// PerTenantBoostHourly caps one tenant's boosts in any rolling hour;
+	// 0 means no per-tenant cap.
+	PerTenantBoostHourly int
+	// Margin is how long before its deadline a request must be dispatched
+	// to count as on time: the tick period plus the proxy's own latency.
+	Margin time.Duration
+	// Throughput configures the rate estimator; zero fields take the
+	// budget package's defaults.
+	Throughput budget.ThroughputConfig
+}
+
+// admission is the queue's wait-budget state.
+type admission struct {
+	rate   *budget.Throughput
+	boosts *budget.Boosts
+	// boostCost is the estimated cost waiting in the boost lane.
+	boostCost int64
+	// stamp deduplicates tenants with several flows in one ETA pass.
+	stamp uint64
+}
+
+func newAdmission(cfg *BudgetConfig, old *admission) *admission {
+	if old != nil {
+		// Measurements and boost history outlive a reload.
+		old.boosts.Update(cfg.BoostShareMax, cfg.PerTenantBoostHourly)
+		return old
+	}
+	return &admission{
+		rate:   budget.NewThroughput(cfg.Throughput),
+		boosts: budget.NewBoosts(cfg.BoostShareMax, cfg.PerTenantBoostHourly),
+	}
+}
+
+// Estimate is the queue's prediction for one request.
+type Estimate struct {
+	// ETA is the predicted time until dispatch in tag order.
+	ETA time.Duration
+	// Known is false while the queue has no throughput measurement yet; the
+	// queue then never refuses on a guess.
+	Known bool
+	// WorkAhead is the estimated cost dispatched before the request.
+	WorkAhead float64
+}
+
+// etaLocked predicts when a request of tenant t, class cq and cost cost,
+// with ownAhead of its tenant's cost queued before it, will be dispatched:
+// the work that tag order puts ahead of it (its tenant's own queue ahead of
+// it, each other backlogged tenant's queued cost up to the same virtual
+// finish by weight, and the boost lane) over the measured rate, plus the
+// time until a slot frees when none is free. It costs O(backlogged flows).
+func (q *Queue) etaLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost int64) Estimate {
+	a := q.adm
+	st := a.rate.Stats(now, q.healthy)
+	if st.Samples == 0 || st.Rate <= 0 {
+		return Estimate{}
+	}
+	w := t.weight
+	start := t.vt
+	if t.queued == 0 {
+		if v := q.virtualTimeLocked(); start < v {
+			start = v
+		}
+	}
+	start += float64(ownAhead) / w
+	finish := start + float64(cost)/w
+
+	ahead := float64(ownAhead + a.boostCost)
+	a.stamp++
+	for _, c := range q.classes {
+		if c.paused && !cq.paused {
+			continue // a paused class yields to this request
+		}
+		for i := range c.flows.e {
+			f := c.flows.flows[c.flows.e[i].id]
+			u := f.t
+			if u == t || u.stamp == a.stamp {
+				continue
+			}
+			u.stamp = a.stamp
+			if cq.paused && !c.paused {
+				ahead += float64(u.queuedCost) // yields to all of it
+				continue
+			}
+			if room := (finish - u.vt) * u.weight; room > 0 {
+				ahead += min(room, float64(u.queuedCost))
+			}
+		}
+	}
+	if q.inflight >= q.capacity || q.queued > 0 {
+		// Even first in line, a request waits for a slot to free.
+		ahead += a.slotWork(now, cost)
+	}
+	return Estimate{ETA: budget.ETA(ahead, st.Rate), Known: true, WorkAhead: ahead}
+}
+
+// slotWork is the work whose completion frees the next slot, on average.
+func (a *admission) slotWork(now time.Time, cost int64) float64 {
+	if m := a.rate.MeanCost(now); m > 0 {
+		return m / 2
+	}
+	return float64(cost) / 2
+}
+
+// boostETALocked predicts the dispatch time of a request promoted now.
+func (q *Queue) boostETALocked(now time.Time, cost int64) time.Duration {
+	a := q.adm
+	r := a.rate.Rate(now, q.healthy)
+	return budget.BoostETA(float64(a.boostCost), a.slotWork(now, cost), r)
+}
+
+// boostAllowedLocked checks the boost budget for one more boost of tenant.
+func (q *Queue) boostAllowedLocked(now time.Time, tenant string) bool {
+	a := q.adm
+	waiting := q.boost.n
+	ok, _ := a.boosts.Allow(now, tenant, q.boostedInflight+waiting, q.capacity)
+	return ok
+}
+
+// boostRoomLocked reports whether one more boosted request may start. With
+// boosting by budget disabled, only explicit Promote calls fill the lane,
+// and the caller bounds them.
+func (q *Queue) boostRoomLocked() bool {
+	if q.cfg.Admission.BoostShareMax <= 0 {
+		return true
+	}
+	return q.boostedInflight < q.adm.boosts.Limit(q.capacity)
+}
+
+// decideLocked is the admission decision for a new request with a deadline.
+func (q *Queue) decideLocked(now time.Time, t *tenant, cq *classQ, cost int64, deadline time.Time) (budget.Decision, Estimate) {
+	if deadline.IsZero() || (q.inflight < q.capacity && q.queued == 0) {
+		return budget.Wait, Estimate{Known: true}
+	}
+	est := q.etaLocked(now, t, cq, t.queuedCost, cost)
+	if !est.Known {
+		return budget.Wait, est
+	}
+	in := budget.Input{Now: now, Deadline: deadline, ETA: est.ETA, Margin: q.cfg.Admission.Margin}
+	if q.cfg.Admission.BoostShareMax > 0 && q.boostAllowedLocked(now, t.name) {
+		in.BoostAllowed = true
+		in.BoostETA = q.boostETALocked(now, cost)
+	}
+	d := budget.Decide(in)
+	if d == budget.Reject && !q.cfg.Admission.FastFail {
+		d = budget.Wait
+	}
+	return d, est
+}
+
+// budgetRejection is the fast-fail answer, with Retry-After from the ETA.
+func budgetRejection(est Estimate, budgetLeft time.Duration) *Rejection {
+	return &Rejection{Reason: ReasonBudgetExceeded, RetryAfter: budget.RetryAfter(est.ETA),
+		Detail: fmt.Sprintf("estimated wait %s, budget %s", est.ETA.Round(100*time.Millisecond),
+			budgetLeft.Round(100*time.Millisecond))}
+}
+
+// promoteLocked moves a queued ticket into the boost lane and counts the
+// boost against its tenant's hourly allowance.
+func (q *Queue) promoteLocked(now time.Time, tk *Ticket) {
+	q.take(tk, true)
+	// take removed it from the queue's counts; the boost lane still counts
+	// as queued.
+	tk.t.queued++
+	tk.t.queuedCost += tk.tokens
+	q.queued++
+	q.queuedCost += tk.tokens
+	tk.state = stateBoosted
+	q.boost.pushBack(tk)
+	q.adm.boostCost += tk.cost
+	q.adm.boosts.Record(now, tk.t.name)
+}
+
+// recheckLocked re-decides queued requests whose deadline is near: one that
+// would now miss its deadline in tag order is boosted when the boost budget
+// allows and a boost would make it. Requests are visited in deadline order
+// up to a horizon, at most maxRecheck per tick, so a tick stays cheap however
+// long the queue.
+func (q *Queue) recheckLocked(now time.Time) {
+	if q.cfg.Admission.BoostShareMax <= 0 || len(q.deadlines) == 0 {
+		return
+	}
+	horizon := now.Add(q.boostETALocked(now, 0)*4 + q.cfg.Admission.Margin + time.Second)
+	var near []*Ticket
+	q.deadlines.visitBefore(horizon.UnixNano(), maxRecheck, func(tk *Ticket) { near = append(near, tk) })
+	for _, tk := range near {
+		if tk.state != stateQueued {
+			continue
+		}
+		est := q.etaLocked(now, tk.t, tk.f.cq, q.aheadInFlow(tk), tk.cost)
+		tk.eta = est.ETA
+		if !est.Known || !now.Add(est.ETA).After(tk.deadline.Add(-q.cfg.Admission.Margin)) {
+			continue
+		}
+		if !q.boostAllowedLocked(now, tk.t.name) {
+			continue
+		}
+		if now.Add(q.boostETALocked(now, tk.cost)).After(tk.deadline.Add(-q.cfg.Admission.Margin)) {
+			continue // too late even boosted: it will expire with queue_timeout
+		}
+		q.promoteLocked(now, tk)
+	}
+}
+
+// maxRecheck bounds the requests re-decided per tick.
+const maxRecheck = 64
+
+// aheadInFlow is the cost queued ahead of tk in its own tenant: what its
+// flow took in before it and has not yet let out, plus its tenant's other
+// flows as a whole (they share its virtual time, so they interleave with it).
+// Counting by marks keeps this O(1); a request cancelled behind tk is counted
+// as if it had left ahead of it, which only makes the ETA a little short.
+func (q *Queue) aheadInFlow(tk *Ticket) int64 {
+	f := tk.f
+	ahead := max(0, tk.mark-f.out)
+	return ahead + tk.t.queuedCost - f.queuedCost
+}
