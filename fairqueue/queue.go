@@ -132,8 +132,8 @@ type flow struct {
 	// queuedCost what is in it; a ticket's mark is in when it entered, so
 	// mark-out is the cost still ahead of it.
 	in, out, queuedCost int64
-	id  int32 // position slot in cq.flows
-	seq uint64
+	id                  int32 // position slot in cq.flows
+	seq                 uint64
 }
 
 // entry returns the flow's heap key: the start and finish tags of its head
