@@ -123,8 +123,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// estimate back rather than charge the tenant for a failure.
 		actual = 0
 	}
-	if r.Context().Err() != nil && perr != nil {
+	switch {
+	case perr == nil:
+	case r.Context().Err() != nil:
 		outcome = outcomeClientGone
+		perr = nil // nobody is left to answer
+	case rec.status == 0:
+		// The upstream failed before a byte reached the client: answer in
+		// the API's error shape rather than Caddy's plain error page.
+		(&apiError{status: http.StatusBadGateway, code: outcomeProxyError,
+			message: "The model server failed to answer; the request may be retried.",
+			retryAfter: time.Second}).write(w)
+		h.logger.Warn("upstream failed", zap.String("tenant", a.tenant), zap.Error(perr))
+		perr = nil
 	}
 	h.record(repl, a, outcome, wait)
 	return perr
