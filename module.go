@@ -97,7 +97,8 @@ type Handler struct {
 	// ProxyRaw is the reverse_proxy handler that serves dispatched requests.
 	// Its upstreams' health (active and passive checks) sets the queue's
 	// capacity. Dynamic upstreams have no health state: they count as one
-	// healthy upstream.
+	// healthy upstream. Unless it names a selection policy, the proxy uses
+	// least_conn, so dispatched requests spread over the free slots.
 	ProxyRaw json.RawMessage `json:"proxy,omitempty" caddy:"namespace=http.handlers inline_key=handler"`
 
 	proxy    *reverseproxy.Handler
@@ -315,6 +316,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.ProxyRaw == nil {
 		return fmt.Errorf("fair_queue needs a reverse_proxy to dispatch to")
 	}
+	if h.ProxyRaw, err = defaultLeastConn(h.ProxyRaw); err != nil {
+		return fmt.Errorf("proxy: %v", err)
+	}
 	mod, err := ctx.LoadModule(h, "ProxyRaw")
 	if err != nil {
 		return fmt.Errorf("loading proxy: %v", err)
@@ -344,6 +348,36 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	return nil
+}
+
+// defaultLeastConn gives the inner proxy the least_conn selection policy
+// unless it names one. Capacity is max_inflight summed over the healthy
+// upstreams, so dispatched requests must spread by load: with Caddy's
+// default (random), two requests can land on one full upstream while
+// another has a free slot, and wait in the model server's own queue.
+func defaultLeastConn(raw json.RawMessage) (json.RawMessage, error) {
+	var proxy map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &proxy); err != nil {
+		return nil, err
+	}
+	var lb map[string]json.RawMessage
+	if v, ok := proxy["load_balancing"]; ok {
+		if err := json.Unmarshal(v, &lb); err != nil {
+			return nil, err
+		}
+	}
+	if _, ok := lb["selection_policy"]; ok {
+		return raw, nil
+	}
+	if lb == nil {
+		lb = map[string]json.RawMessage{}
+	}
+	lb["selection_policy"] = json.RawMessage(`{"policy":"least_conn"}`)
+	var err error
+	if proxy["load_balancing"], err = json.Marshal(lb); err != nil {
+		return nil, err
+	}
+	return json.Marshal(proxy)
 }
 
 // Validate checks what Provision could not.

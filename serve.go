@@ -104,25 +104,31 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	r.Body = io.NopCloser(bytes.NewReader(a.body))
 	r.ContentLength = int64(len(a.body))
 	r.Header.Set("Content-Length", strconv.Itoa(len(a.body)))
+	// The body is now of known length: a chunked client request would
+	// otherwise still go upstream chunked, without its Content-Length.
+	r.TransferEncoding = nil
 
 	rec := newUsageRecorder(w, h.counter)
+	defer func() {
+		// reverse_proxy aborts a response that breaks mid-body (client gone
+		// mid-stream, upstream dying) with panic(http.ErrAbortHandler):
+		// account for what was streamed, then let the abort go on.
+		if v := recover(); v != nil {
+			outcome := outcomeProxyError
+			if r.Context().Err() != nil {
+				outcome = outcomeClientGone
+			}
+			actual = h.actualCost(rec, a, true)
+			h.record(repl, a, outcome, wait)
+			panic(v)
+		}
+	}()
 	perr := h.proxy.ServeHTTP(rec, r, next)
 	outcome := outcomeServed
 	if perr != nil {
 		outcome = outcomeProxyError
 	}
-	if u, ok := rec.usage(); ok {
-		prompt := u.Prompt
-		if !u.Reported || prompt == 0 {
-			prompt = a.cost.Prompt
-		}
-		actual = int64(prompt + u.Completion)
-		observeActual(h.Name, a.label, float64(actual))
-	} else if perr != nil || rec.status >= 400 {
-		// The upstream did no (billable) work we can see: credit the
-		// estimate back rather than charge the tenant for a failure.
-		actual = 0
-	}
+	actual = h.actualCost(rec, a, perr != nil)
 	switch {
 	case perr == nil:
 	case r.Context().Err() != nil:
@@ -139,6 +145,26 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	h.record(repl, a, outcome, wait)
 	return perr
+}
+
+// actualCost is what the request really cost: the usage the upstream
+// reported or the streamed text counted; failing that, nothing when the
+// upstream failed (the tenant is not charged for an error), else the
+// estimate (UnknownCost).
+func (h *Handler) actualCost(rec *usageRecorder, a *admission, failed bool) int64 {
+	if u, ok := rec.usage(); ok {
+		prompt := u.Prompt
+		if !u.Reported || prompt == 0 {
+			prompt = a.cost.Prompt
+		}
+		actual := int64(prompt + u.Completion)
+		observeActual(h.Name, a.label, float64(actual))
+		return actual
+	}
+	if failed || rec.status >= 400 {
+		return 0
+	}
+	return fairqueue.UnknownCost
 }
 
 // admit resolves tenant, class, budget and body, and estimates cost.
@@ -163,7 +189,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 		if !ok {
 			return a, badRequest(fmt.Sprintf("%s: unknown class %q.", headerClass, c))
 		}
-		if cb < h.classIdx[tc.Class] {
+		if shorterBudget(cb, h.classIdx[tc.Class]) {
 			return a, badRequest(fmt.Sprintf("%s: class %q has a shorter wait budget than the tenant's class %q; a request may only lower its class.", headerClass, c, tc.Class))
 		}
 		a.class = c
@@ -202,6 +228,12 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 		return a, aerr
 	}
 	return a, nil
+}
+
+// shorterBudget reports whether wait budget a is shorter than b, where 0
+// (a class without a budget) is the longest of all.
+func shorterBudget(a, b time.Duration) bool {
+	return a > 0 && (b == 0 || a < b)
 }
 
 func badRequest(msg string) *apiError {
