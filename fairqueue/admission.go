@@ -56,8 +56,9 @@ func newAdmission(cfg *BudgetConfig, old *admission) *admission {
 type Estimate struct {
 	// ETA is the predicted time until dispatch in tag order.
 	ETA time.Duration
-	// Known is false while the queue has no throughput measurement yet; the
-	// queue then never refuses on a guess.
+	// Known is false while the queue has no throughput estimate: no
+	// measurement yet, no configured Throughput.Prior, nothing learned
+	// before an idle spell. The queue then never refuses on a guess.
 	Known bool
 	// WorkAhead is the estimated cost dispatched before the request.
 	WorkAhead float64
@@ -71,8 +72,12 @@ type Estimate struct {
 // time until a slot frees when none is free. It costs O(backlogged flows).
 func (q *Queue) etaLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost int64) Estimate {
 	a := q.adm
+	// Without samples the rate is the configured prior or the rate learned
+	// before an idle spell: both are estimates the operator or the queue
+	// stands by, so a flood on a cold queue is refused at admission rather
+	// than left to expire. With neither the rate is 0: unknown.
 	st := a.rate.Stats(now, q.healthy)
-	if st.Samples == 0 || st.Rate <= 0 {
+	if st.Rate <= 0 {
 		return Estimate{}
 	}
 	w := t.weight
@@ -99,11 +104,11 @@ func (q *Queue) etaLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost i
 			}
 			u.stamp = a.stamp
 			if cq.paused && !c.paused {
-				ahead += float64(u.queuedCost) // yields to all of it
+				ahead += float64(q.work(u.queuedCost, u.queued)) // yields to all of it
 				continue
 			}
 			if room := (finish - u.vt) * u.weight; room > 0 {
-				ahead += min(room, float64(u.queuedCost))
+				ahead += min(room, float64(q.work(u.queuedCost, u.queued)))
 			}
 		}
 	}
@@ -112,6 +117,16 @@ func (q *Queue) etaLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost i
 		ahead += a.slotWork(now, cost)
 	}
 	return Estimate{ETA: budget.ETA(ahead, st.Rate), Known: true, WorkAhead: ahead}
+}
+
+// work is a queued amount in cost units, the unit of virtual time and of
+// the measured rate: its estimated tokens with CostTokens, its number of
+// requests n with CostRequests (every request costs 1).
+func (q *Queue) work(tokens int64, n int) int64 {
+	if q.cfg.CostUnit == CostRequests {
+		return int64(n)
+	}
+	return tokens
 }
 
 // slotWork is the work whose completion frees the next slot, on average.
@@ -152,20 +167,64 @@ func (q *Queue) decideLocked(now time.Time, t *tenant, cq *classQ, cost int64, d
 	if deadline.IsZero() || (q.inflight < q.capacity && q.queued == 0) {
 		return budget.Wait, Estimate{Known: true}
 	}
-	est := q.etaLocked(now, t, cq, t.queuedCost, cost)
+	est := q.etaLocked(now, t, cq, q.work(t.queuedCost, t.queued), cost)
 	if !est.Known {
 		return budget.Wait, est
 	}
 	in := budget.Input{Now: now, Deadline: deadline, ETA: est.ETA, Margin: q.cfg.Admission.Margin}
-	if q.cfg.Admission.BoostShareMax > 0 && q.boostAllowedLocked(now, t.name) {
-		in.BoostAllowed = true
-		in.BoostETA = q.boostETALocked(now, cost)
+	later := false
+	if q.cfg.Admission.BoostShareMax > 0 {
+		in.BoostETA, in.BoostAllowed, later = q.boostPlanLocked(now, t, cq, cost, deadline)
 	}
 	d := budget.Decide(in)
-	if d == budget.Reject && !q.cfg.Admission.FastFail {
+	switch {
+	case d == budget.Boost && later:
+		// The boost it needs comes later: the re-check gives it.
+		d = budget.Wait
+	case d == budget.Reject && !q.cfg.Admission.FastFail:
 		d = budget.Wait
 	}
 	return d, est
+}
+
+// boostPlanLocked predicts the dispatch time of a new request if boosted,
+// and whether a boost is possible at all (ok) and only later (later): not
+// now, but by the re-check once what stands in its way has gone, so
+// admission waits for it rather than refusing a request a boost will save.
+//
+//   - Its own flow holds a request due no sooner (ownDueFirst): boosting
+//     past it would only reorder the tenant's requests. That work is
+//     dispatched first (boosted itself if need be), so it is added to the
+//     boosted ETA; for a tenant whose own backlog is what makes it late,
+//     that ETA misses too and the request is refused.
+//   - The boost share is used up: the lane opens when one of the k boosted
+//     requests in flight or waiting completes. With C slots completing one
+//     request every MeanCost/rate on average, one of k given slots frees
+//     in about C/k times that.
+//   - The tenant's hourly allowance is used up: no boost.
+func (q *Queue) boostPlanLocked(now time.Time, t *tenant, cq *classQ, cost int64, deadline time.Time) (eta time.Duration, ok, later bool) {
+	a := q.adm
+	k := q.boostedInflight + q.boost.n
+	allowed, reason := a.boosts.Allow(now, t.name, k, q.capacity)
+	if !allowed && reason != budget.ReasonShare {
+		return 0, false, false
+	}
+	r := a.rate.Rate(now, q.healthy)
+	work := float64(a.boostCost) + a.slotWork(now, cost)
+	for _, f := range t.flows {
+		if f.cq == cq && ownDueFirst(f, nil, deadline) {
+			work += float64(q.work(f.queuedCost, f.q.n))
+			later = true
+		}
+	}
+	eta = budget.ETA(work, r)
+	if !allowed {
+		later = true
+		if m := a.rate.MeanCost(now); m > 0 && eta < budget.Never {
+			eta += budget.ETA(float64(q.capacity)/float64(max(k, 1))*m, r)
+		}
+	}
+	return eta, true, later
 }
 
 // budgetRejection is the fast-fail answer, with Retry-After from the ETA.
@@ -187,6 +246,12 @@ func (q *Queue) promoteLocked(now time.Time, tk *Ticket) {
 	q.queuedCost += tk.tokens
 	tk.state = stateBoosted
 	q.boost.pushBack(tk)
+	if !tk.deadline.IsZero() {
+		// take dropped it from the deadline heap too: put it back, so that
+		// Tick still answers it (queue_timeout) before its deadline when no
+		// slot frees in time, rather than when one finally does.
+		q.deadlines.push(tk)
+	}
 	q.adm.boostCost += tk.cost
 	q.adm.boosts.Record(now, tk.t.name)
 }
@@ -212,7 +277,7 @@ func (q *Queue) recheckLocked(now time.Time) {
 		if !est.Known || !now.Add(est.ETA).After(tk.deadline.Add(-q.cfg.Admission.Margin)) {
 			continue
 		}
-		if !q.boostAllowedLocked(now, tk.t.name) {
+		if ownDueFirst(tk.f, tk, tk.deadline) || !q.boostAllowedLocked(now, tk.t.name) {
 			continue
 		}
 		if now.Add(q.boostETALocked(now, tk.cost)).After(tk.deadline.Add(-q.cfg.Admission.Margin)) {
@@ -220,6 +285,22 @@ func (q *Queue) recheckLocked(now time.Time) {
 		}
 		q.promoteLocked(now, tk)
 	}
+}
+
+// ownDueFirst reports whether flow f (nil: none) holds, ahead of tk (nil: a
+// request about to join its tail), a request due no later than deadline:
+// its head. Boosting past it would only reorder the tenant's own requests
+// at the expense of one due first, which then misses its own deadline in
+// turn, and spend the boost budget doing so; the boost is for a request
+// that tag order puts behind other tenants' work. Requests of one tenant
+// and class share a budget, so in a flow deadlines mostly follow arrival
+// order and the head is the one due first.
+func ownDueFirst(f *flow, tk *Ticket, deadline time.Time) bool {
+	if f == nil {
+		return false
+	}
+	h := f.q.head
+	return h != nil && h != tk && !h.deadline.IsZero() && !h.deadline.After(deadline)
 }
 
 // maxRecheck bounds the requests re-decided per tick.
@@ -233,5 +314,5 @@ const maxRecheck = 64
 func (q *Queue) aheadInFlow(tk *Ticket) int64 {
 	f := tk.f
 	ahead := max(0, tk.mark-f.out)
-	return ahead + tk.t.queuedCost - f.queuedCost
+	return ahead + q.work(tk.t.queuedCost-f.queuedCost, tk.t.queued-f.q.n)
 }

@@ -1,9 +1,13 @@
 // Command sim replays a scenario under several scheduling policies on a
-// virtual clock and prints one table block per policy.
+// virtual clock and prints one table block per policy, then, for the
+// wait-budget policies, their comparison, and for a scenario with a degrade
+// ladder, its timeline.
 //
-//	go run ./fairqueue/sim -scenario seed000 [-policy all|fifo,wfq-tokens] [-seed N]
+//	go run ./fairqueue/sim -scenario seed000 [-policy all|budgets|fifo,wfq-tokens] [-seed N]
 //	go run ./fairqueue/sim -scenario list
 //
+// Without -policy a scenario runs its own default policies (the wait-budget
+// ones for seed000-stress, wfq-budgets for peak) or else the standard ones.
 // The model and every metric are documented in package
 // fairqueue/simulator.
 package main
@@ -20,7 +24,7 @@ import (
 
 func main() {
 	name := flag.String("scenario", "list", "scenario to run, or \"list\"")
-	policy := flag.String("policy", "all", "\"all\" or a comma-separated list of policies")
+	policy := flag.String("policy", "", "\"all\" (the standard policies), \"budgets\" (the wait-budget policies), or a comma-separated list; default: the scenario's own")
 	seed := flag.Uint64("seed", 1, "random seed of the workload")
 	flag.Parse()
 	if err := run(*name, *policy, *seed); err != nil {
@@ -33,10 +37,14 @@ func run(name, policy string, seed uint64) error {
 	if name == "list" {
 		for _, n := range simulator.Names() {
 			sc, _ := simulator.Lookup(n)
-			fmt.Printf("%-8s  %s\n", n, sc.Description)
+			fmt.Printf("%-14s  %s\n", n, sc.Description)
 		}
 		fmt.Printf("\npolicies: all")
 		for _, p := range simulator.Policies() {
+			fmt.Printf(", %s", p.Name())
+		}
+		fmt.Printf("\nbudget policies: budgets")
+		for _, p := range simulator.BudgetPolicies() {
 			fmt.Printf(", %s", p.Name())
 		}
 		fmt.Println()
@@ -47,10 +55,17 @@ func run(name, policy string, seed uint64) error {
 		return fmt.Errorf("unknown scenario %q (try -scenario list)", name)
 	}
 	var policies []simulator.Policy
-	if policy == "all" {
+	switch {
+	case policy == "all" || policy == "" && len(sc.Policies) == 0:
 		policies = simulator.Policies()
-	} else {
-		for _, n := range strings.Split(policy, ",") {
+	case policy == "budgets":
+		policies = simulator.BudgetPolicies()
+	default:
+		names := sc.Policies
+		if policy != "" {
+			names = strings.Split(policy, ",")
+		}
+		for _, n := range names {
 			p, ok := simulator.PolicyByName(strings.TrimSpace(n))
 			if !ok {
 				return fmt.Errorf("unknown policy %q", n)
@@ -66,6 +81,7 @@ func run(name, policy string, seed uint64) error {
 	fmt.Println(w.Summary())
 	fmt.Println()
 	violations := 0
+	var budgets []*simulator.Result
 	for _, p := range policies {
 		res, err := simulator.Run(w, p)
 		if err != nil {
@@ -73,7 +89,22 @@ func run(name, policy string, seed uint64) error {
 		}
 		res.Format(os.Stdout)
 		fmt.Println()
+		if len(res.Transitions) > 0 || len(res.Timeline) > 0 {
+			simulator.FormatTimeline(os.Stdout, res, 5*time.Second)
+			fmt.Println()
+		}
+		if res.Budgets {
+			budgets = append(budgets, res)
+			if len(sc.Health) > 0 && res.Policy == simulator.WFQBudgets {
+				simulator.FormatHealth(os.Stdout, res, 5*time.Second, 20*time.Second)
+				fmt.Println()
+			}
+		}
 		violations += res.ViolationCount
+	}
+	if len(budgets) > 0 {
+		simulator.FormatBudgets(os.Stdout, budgets)
+		fmt.Println()
 	}
 	fmt.Printf("wall time %v\n", time.Since(start).Round(time.Millisecond))
 	if violations > 0 {

@@ -5,7 +5,9 @@
 // Command fairqueue/sim prints the measurements as text tables:
 //
 //	go run ./fairqueue/sim -scenario list
-//	go run ./fairqueue/sim -scenario seed000 [-policy all|fifo,wfq-tokens] [-seed N]
+//	go run ./fairqueue/sim -scenario seed000 [-policy all|budgets|fifo,wfq-tokens] [-seed N]
+//	go run ./fairqueue/sim -scenario seed000-stress   # the wait-budget policies
+//	go run ./fairqueue/sim -scenario peak             # the degrade ladder's timeline
 //
 // # Model
 //
@@ -74,6 +76,74 @@
 //
 // Wait budgets are reported (met budget) but not enforced unless
 // Scenario.EnforceBudgets gives requests deadlines.
+//
+// # Wait budgets
+//
+// The budget policies (BudgetPolicies, -policy budgets) give every request
+// a deadline of arrival + its class budget (realtime 5 s, interactive 15 s,
+// batch 300 s), whatever EnforceBudgets says:
+//
+//   - fifo-budgets: fifo with deadlines, neither boost nor fast-fail:
+//     requests that cannot start in time wait and expire.
+//   - wfq-budgets: wfq-tokens with the engine's Admission config from
+//     Scenario.Admission (default: fast-fail, boost share 0.10, 200 boosts
+//     per tenant per hour, margin 150 ms), plus a throughput prior where
+//     the scenario sets one.
+//   - wfq-budgets-noboost: the same with BoostShareMax 0.
+//   - wfq-budgets-nofastfail: the same with FastFail off.
+//
+// Per request the simulator records the engine's admission prediction
+// (Ticket.ETA read right after Enqueue, before any re-check replaces it;
+// for a fast-failed request, the ETA its refusal states), the outcome
+// (dispatched; refused at admission, with the Rejection's reason:
+// wait_budget_exceeded for fast-fail; expired with queue_timeout) and
+// whether it was dispatched from the boost lane. At every dispatch it
+// checks the boost budget: boosted requests in flight never exceed
+// budget.NewBoosts(share, hourly).Limit(capacity), except for those
+// already in flight when capacity shrank (they are never preempted).
+//
+// The budget metrics, per tenant (FormatBudgets):
+//
+//   - starved: admitted requests that did not start within their budget
+//     (expired while queued, or dispatched late, which the engine never
+//     does). A refused request is not starved: it was told at once.
+//   - fast-failed, expired, boosts.
+//   - ETA error: |predicted - actual| / actual over the dispatched
+//     requests with a prediction. Requests dispatched at once (a slot was
+//     free on arrival) have none and are left out: their wait is 0 as
+//     predicted and a relative error is undefined. Boosted requests are
+//     left out too: the tag-order ETA is what made them boosted, and the
+//     boost set their wait. The median is shown, with the median and P90
+//     of the absolute error.
+//   - fast-fail precision (FastFailPrecision): the requests refused by
+//     wfq-budgets, looked up by ID in the wfq-budgets-nofastfail run of
+//     the same workload: the share that missed their budget there
+//     (expired, dispatched late or refused otherwise).
+//   - throughput with boost on and off: overall tok/s of wfq-budgets and
+//     wfq-budgets-noboost.
+//
+// Scenarios with a health timeline also print, for wfq-budgets, the median
+// predicted wait of the admissions in the 5 s and the 20 s before and
+// after each health change and the share fast-failed
+// (Result.HealthEffects).
+//
+// # Degrade ladder
+//
+// With Scenario.Degrade the engine policies (except fifo, whose single
+// class would turn a class action into one on all traffic) run the ladder
+// on the water level queued/Scenario.MaxQueue. Queue.Tick, every tick
+// period, observes the water; ticks go on while the ladder is engaged even
+// with no work, since it only releases on an observation. Before each
+// submission the simulator asks Queue.LightMode for the request's class
+// and, in light mode, trims the request: prompt to max_input_tokens,
+// max_tokens and the output it will produce to max_tokens, so both its
+// estimate and its service time drop (Record.Light). Throttle refusals
+// are counted by their reason, class_throttled. Every second of virtual
+// time with work the water level and level are sampled (Result.Timeline),
+// and every transition is recorded (Result.Transitions); FormatTimeline
+// prints them every 5 s and at every transition, then the waves (stretches
+// with water >= 0.05) with their peak and transitions, and per class the
+// met-budget rate by level at arrival.
 //
 // # Metrics
 //

@@ -5,6 +5,9 @@ import (
 	"slices"
 	"sort"
 	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
 // Result is one policy's run of one workload.
@@ -25,6 +28,22 @@ type Result struct {
 	// scheduler.
 	Violations     []string
 	ViolationCount int
+
+	// Budgets reports that requests had deadlines (Scenario.EnforceBudgets
+	// or a budget policy).
+	Budgets bool
+	// MaxBoostedInflight is the most boosted requests in flight seen at a
+	// dispatch; BoostViolations counts dispatches at which boosted requests
+	// in flight exceeded the boost budget (also listed in Violations).
+	MaxBoostedInflight int
+	BoostViolations    int
+	// BoostLimit is the boost budget's bound at full capacity.
+	BoostLimit int
+	// Timeline samples the water level and ladder level every second of
+	// virtual time while the run has work, and Transitions lists every
+	// ladder transition; both are empty without a ladder.
+	Timeline    []Sample
+	Transitions []degrade.Transition
 
 	contended []interval
 }
@@ -55,6 +74,21 @@ type Row struct {
 	Tokens    int64
 	TokPerSec float64
 	Makespan  time.Duration
+
+	// Wait-budget outcomes. Starved counts requests admitted (not refused)
+	// that did not start within their budget: expired while queued, or
+	// dispatched late (the engine never does the latter). FastFailed,
+	// Throttled and QueueFull split Rejected by reason; Boosted counts
+	// boosted dispatches; Light counts requests trimmed by light mode.
+	Starved, FastFailed, Throttled, QueueFull, Boosted, Light int
+	// ETA accuracy over the dispatched requests with a prediction
+	// (Record.HasPrediction): ETAN of them; ETAErrP50 is the median of
+	// |predicted - actual| / actual (actual > 0 for every such request,
+	// since a queued request waits), ETAAbsP50 and ETAAbsP90 the median and
+	// P90 of |predicted - actual|. NaN or 0 when ETAN is 0.
+	ETAN                 int
+	ETAErrP50            float64
+	ETAAbsP50, ETAAbsP90 time.Duration
 }
 
 // Overall is the run as a whole.
@@ -79,6 +113,11 @@ type Overall struct {
 	MaxCost int64
 	// Expired and Rejected count requests that were never dispatched.
 	Expired, Rejected int
+	// Totals of the Row fields of the same names, and the ETA accuracy
+	// over all tenants' requests pooled.
+	Starved, FastFailed, Throttled, Boosted, Light int
+	ETAN                                           int
+	ETAErrP50                                      float64
 }
 
 // Row returns the row called name, or nil.
@@ -92,9 +131,17 @@ func (res *Result) Row(name string) *Row {
 }
 
 func (s *sim) result(policy string) *Result {
-	res := &Result{Scenario: s.sc, Policy: policy, Seed: s.w.Seed, Requests: s.reqs, Records: s.recs,
-		Violations: s.violations, ViolationCount: s.nViolation, contended: s.contended}
 	sc := s.sc
+	res := &Result{Scenario: s.sc, Policy: policy, Seed: s.w.Seed, Requests: s.reqs, Records: s.recs,
+		Violations: s.violations, ViolationCount: s.nViolation, contended: s.contended,
+		Budgets: s.budgets, MaxBoostedInflight: s.maxBoosted, BoostViolations: s.boostViol,
+		Timeline: s.timeline}
+	if s.ladder != nil {
+		res.Transitions = s.ladder.Transitions()
+	}
+	if s.admit != nil {
+		res.BoostLimit = s.admit.BoostLimit(sc.Capacity())
+	}
 	// Rows: tenants, or groups of tenants.
 	rowOf := make([]int, len(sc.Tenants))
 	var names []string
@@ -154,6 +201,20 @@ func (s *sim) result(policy string) *Result {
 	for _, iv := range s.contended {
 		o.Contended += iv.to - iv.from
 	}
+	var errs []float64
+	for _, row := range res.Rows {
+		o.Starved += row.Starved
+		o.FastFailed += row.FastFailed
+		o.Throttled += row.Throttled
+		o.Boosted += row.Boosted
+		o.Light += row.Light
+	}
+	for id := range s.reqs {
+		if e, ok := etaError(&s.reqs[id], &s.recs[id]); ok {
+			errs = append(errs, e)
+		}
+	}
+	o.ETAN, o.ETAErrP50 = len(errs), median(errs)
 	o.Jain, o.JainMin, o.JainWindows = res.windowedJain()
 	o.MaxDiff = math.NaN()
 	if s.diff.tracked {
@@ -174,7 +235,8 @@ func (s *sim) row(name string, tenants, ids []int) Row {
 			row.Class = "mixed"
 		}
 	}
-	var waits, limits []time.Duration
+	var waits, limits, absErr []time.Duration
+	var relErr []float64
 	met, budgeted, atLimit, atOrder := 0, 0, 0, 0
 	first, last := time.Duration(-1), time.Duration(0)
 	for _, id := range ids {
@@ -186,10 +248,23 @@ func (s *sim) row(name string, tenants, ids []int) Row {
 		if b > 0 {
 			budgeted++
 		}
+		if rec.Light {
+			row.Light++
+		}
+		if e, ok := etaError(r, rec); ok {
+			relErr = append(relErr, e)
+			absErr = append(absErr, (rec.Predicted - rec.Wait(r)).Abs())
+		}
 		switch rec.State {
 		case StateInflight, StateCompleted:
 			row.Dispatched++
+			if rec.Boosted {
+				row.Boosted++
+			}
 			w := rec.Wait(r)
+			if b > 0 && w > b {
+				row.Starved++
+			}
 			waits = append(waits, w)
 			limits = append(limits, rec.Limit)
 			if w <= rec.Limit+time.Millisecond {
@@ -207,9 +282,23 @@ func (s *sim) row(name string, tenants, ids []int) Row {
 			}
 		case StateExpired:
 			row.Expired++
+			row.Starved++
 		case StateRejected:
 			row.Rejected++
+			switch rec.Reason {
+			case fairqueue.ReasonBudgetExceeded:
+				row.FastFailed++
+			case fairqueue.ReasonClassThrottled:
+				row.Throttled++
+			case fairqueue.ReasonQueueFull, fairqueue.ReasonTenantQueueFull:
+				row.QueueFull++
+			}
 		}
+	}
+	row.ETAN, row.ETAErrP50 = len(relErr), median(relErr)
+	if len(absErr) > 0 {
+		slices.Sort(absErr)
+		row.ETAAbsP50, row.ETAAbsP90 = percentile(absErr, 0.5), percentile(absErr, 0.9)
 	}
 	if budgeted > 0 {
 		row.MetBudget = float64(met) / float64(budgeted)
@@ -229,6 +318,40 @@ func (s *sim) row(name string, tenants, ids []int) Row {
 		row.TokPerSec = float64(row.Tokens) / row.Makespan.Seconds()
 	}
 	return row
+}
+
+// etaError is the relative error |predicted - actual| / actual of a
+// dispatched request with a prediction. Requests dispatched at once (a
+// slot was free at admission) have no prediction and are left out: their
+// wait is 0, exactly as predicted, and a relative error is undefined.
+//
+// Boosted requests are left out too: a boost is decided exactly because
+// the tag-order ETA misses the deadline, and the boost, not the ETA,
+// then sets the wait.
+func etaError(r *Request, rec *Record) (float64, bool) {
+	if !rec.HasPrediction || rec.Boosted || (rec.State != StateInflight && rec.State != StateCompleted) {
+		return 0, false
+	}
+	actual := rec.Wait(r)
+	if actual <= 0 {
+		// Queued at admission yet dispatched in the same instant: the
+		// prediction is off by all of itself.
+		return 1, true
+	}
+	return math.Abs(float64(rec.Predicted-actual)) / float64(actual), true
+}
+
+// median returns the median of xs (sorting them), NaN for none.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	slices.Sort(xs)
+	n := len(xs)
+	if n%2 == 1 {
+		return xs[n/2]
+	}
+	return (xs[n/2-1] + xs[n/2]) / 2
 }
 
 // percentile is the nearest-rank percentile of sorted values.

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
+	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
@@ -25,7 +27,8 @@ type Env interface {
 	// Now is the virtual time since the start of the run.
 	Now() time.Duration
 	Dispatched(id int)
-	Expired(id int)
+	// Expired reports a queued job that ended without dispatch, and why.
+	Expired(id int, reason fairqueue.Reason)
 }
 
 // Scheduler is one policy's instance for one run. All calls come from the
@@ -47,6 +50,36 @@ type Scheduler interface {
 // moment as a work-conservation violation.
 type idler interface{ MayIdle() bool }
 
+// admitInfo is implemented by schedulers that predict waits and boost
+// (the engine); the simulator records predictions and checks the boost
+// budget through it.
+type admitInfo interface {
+	// Prediction is the wait predicted at admission for a job just
+	// submitted.
+	Prediction(id int) (time.Duration, bool)
+	// Boosted reports whether a dispatched job left from the boost lane.
+	Boosted(id int) bool
+	// BoostedInflight is the number of boosted jobs in flight.
+	BoostedInflight() int
+	// BoostLimit is the boost budget's bound at capacity slots.
+	BoostLimit(capacity int) int
+}
+
+// ladderInfo is implemented by schedulers with a degrade ladder.
+type ladderInfo interface {
+	HasLadder() bool
+	Level() int
+	Water() float64
+	// LightMode reports whether the tenant's class is in light mode now.
+	LightMode(tenant int) (degrade.Action, bool)
+	// Transitions lists the ladder's transitions so far, in order.
+	Transitions() []degrade.Transition
+}
+
+// budgetPolicy is implemented by policies that enforce wait budgets as
+// deadlines whatever Scenario.EnforceBudgets says.
+type budgetPolicy interface{ EnforcesBudgets() bool }
+
 // Policy builds a Scheduler for a run. New policies (wait budgets, boost)
 // plug in by implementing it.
 type Policy interface {
@@ -64,9 +97,60 @@ func Policies() []Policy {
 	}
 }
 
-// PolicyByName returns the standard policy called name.
+// Names of the budget policies.
+const (
+	FIFOBudgets       = "fifo-budgets"
+	WFQBudgets        = "wfq-budgets"
+	WFQNoBoost        = "wfq-budgets-noboost"
+	WFQNoFastFail     = "wfq-budgets-nofastfail"
+	defaultMarginMsec = 150
+)
+
+// BudgetPolicies returns the wait-budget policies in report order. All
+// enforce each request's class budget as a deadline (arrival + budget).
+//
+//   - fifo-budgets: fifo with deadlines and neither boost nor fast-fail:
+//     requests that cannot start in time wait and expire (what callers saw
+//     before wait budgets). It keeps the scenario's throughput settings, so
+//     its ETAs (recorded, not acted on) are comparable.
+//   - wfq-budgets: wfq-tokens with the scenario's Admission config
+//     (DefaultAdmission: fast-fail on, boost share 0.10, 200 boosts per
+//     tenant per hour, margin 150 ms).
+//   - wfq-budgets-noboost: the same with BoostShareMax 0.
+//   - wfq-budgets-nofastfail: the same with FastFail off: requests that
+//     cannot make their budget are queued and expire, which is the
+//     counterfactual that measures fast-fail precision.
+func BudgetPolicies() []Policy {
+	return []Policy{
+		EnginePolicy{PolicyName: FIFOBudgets, CostUnit: fairqueue.CostTokens, SingleTenant: true, Budgets: true,
+			Configure: func(c *fairqueue.Config) { c.Admission = fairqueue.BudgetConfig{Throughput: c.Admission.Throughput} }},
+		EnginePolicy{PolicyName: WFQBudgets, CostUnit: fairqueue.CostTokens, Budgets: true},
+		EnginePolicy{PolicyName: WFQNoBoost, CostUnit: fairqueue.CostTokens, Budgets: true,
+			Configure: func(c *fairqueue.Config) { c.Admission.BoostShareMax = 0 }},
+		EnginePolicy{PolicyName: WFQNoFastFail, CostUnit: fairqueue.CostTokens, Budgets: true,
+			Configure: func(c *fairqueue.Config) { c.Admission.FastFail = false }},
+	}
+}
+
+// DefaultAdmission is the seed's anti_starvation configuration: fast-fail
+// on, boosted requests at most 10% of the slots, at most 200 boosts per
+// tenant per rolling hour, and a request counts as on time when
+// dispatched 150 ms (three ticks) before its deadline.
+func DefaultAdmission() fairqueue.BudgetConfig {
+	return fairqueue.BudgetConfig{FastFail: true, BoostShareMax: 0.10, PerTenantBoostHourly: 200,
+		Margin: defaultMarginMsec * time.Millisecond}
+}
+
+func (sc *Scenario) admission() fairqueue.BudgetConfig {
+	if sc.Admission != nil {
+		return *sc.Admission
+	}
+	return DefaultAdmission()
+}
+
+// PolicyByName returns the standard or budget policy called name.
 func PolicyByName(name string) (Policy, bool) {
-	for _, p := range Policies() {
+	for _, p := range append(Policies(), BudgetPolicies()...) {
 		if p.Name() == name {
 			return p, true
 		}
@@ -81,6 +165,9 @@ type EnginePolicy struct {
 	// SingleTenant maps every request to one tenant and one class, which
 	// makes the engine a plain FIFO: one flow, served in arrival order.
 	SingleTenant bool
+	// Budgets enforces wait budgets as deadlines and applies the
+	// scenario's Admission config.
+	Budgets bool
 	// Configure, when set, adjusts the engine configuration before the
 	// queue is built (a hook for variants).
 	Configure func(*fairqueue.Config)
@@ -88,6 +175,9 @@ type EnginePolicy struct {
 
 // Name returns the policy's name.
 func (p EnginePolicy) Name() string { return p.PolicyName }
+
+// EnforcesBudgets reports whether the policy gives requests deadlines.
+func (p EnginePolicy) EnforcesBudgets() bool { return p.Budgets }
 
 // singleTenant is the one tenant of the FIFO mapping.
 const singleTenant = "all"
@@ -118,6 +208,13 @@ func (p EnginePolicy) New(sc *Scenario, clock *fairqueue.ManualClock, env Env) (
 		}
 	}
 	cfg.Default = fairqueue.TenantConfig{Weight: 1, Class: sc.Classes[0].Name}
+	cfg.MaxQueue = sc.MaxQueue
+	if !p.SingleTenant {
+		cfg.Degrade, cfg.DegradeHold = sc.Degrade, sc.DegradeHold
+	}
+	if p.Budgets {
+		cfg.Admission = sc.admission()
+	}
 	if p.Configure != nil {
 		p.Configure(&cfg)
 	}
@@ -127,8 +224,19 @@ func (p EnginePolicy) New(sc *Scenario, clock *fairqueue.ManualClock, env Env) (
 	}
 	e := &EngineScheduler{q: q, env: env, names: names, start: clock.Now(),
 		ids: map[*fairqueue.Ticket]int{}, tickets: map[int]*fairqueue.Ticket{}, pending: -1,
-		mayIdle: cfg.MaxInflightTokens > 0}
+		mayIdle: cfg.MaxInflightTokens > 0, ladder: len(cfg.Degrade) > 0,
+		boosts: budget.NewBoosts(cfg.Admission.BoostShareMax, cfg.Admission.PerTenantBoostHourly)}
+	for _, t := range sc.Tenants {
+		cls := t.Class
+		if p.SingleTenant {
+			cls = sc.Classes[0].Name
+		}
+		e.classes = append(e.classes, cls)
+	}
 	q.SetObserver(e.observe)
+	if e.ladder {
+		q.SetDegradeObserver(func(tr degrade.Transition) { e.transitions = append(e.transitions, tr) })
+	}
 	return e, nil
 }
 
@@ -147,7 +255,52 @@ type EngineScheduler struct {
 	pending int
 	err     error
 	mayIdle bool
+
+	classes     []string // tenant index -> engine class
+	ladder      bool
+	transitions []degrade.Transition
+	boosts      *budget.Boosts // the configured budget, for BoostLimit
 }
+
+// Prediction returns the ETA the engine gave the job at admission.
+func (e *EngineScheduler) Prediction(id int) (time.Duration, bool) {
+	tk := e.tickets[id]
+	if tk == nil {
+		return 0, false
+	}
+	return tk.ETA(), true
+}
+
+// Boosted reports whether the job's ticket was dispatched from the boost
+// lane.
+func (e *EngineScheduler) Boosted(id int) bool {
+	tk := e.tickets[id]
+	return tk != nil && tk.Boosted()
+}
+
+// BoostedInflight returns the engine's count of boosted requests in flight.
+func (e *EngineScheduler) BoostedInflight() int { return e.q.Stats(false).BoostedInflight }
+
+// BoostLimit returns budget.NewBoosts(share, hourly).Limit(capacity) for
+// the configured boost budget.
+func (e *EngineScheduler) BoostLimit(capacity int) int { return e.boosts.Limit(capacity) }
+
+// HasLadder reports whether a degrade ladder is configured.
+func (e *EngineScheduler) HasLadder() bool { return e.ladder }
+
+// Level returns the ladder's level.
+func (e *EngineScheduler) Level() int { return e.q.DegradeLevel() }
+
+// Water returns the queue's water level.
+func (e *EngineScheduler) Water() float64 { return e.q.Water() }
+
+// LightMode asks the engine whether the tenant's class is in light mode.
+func (e *EngineScheduler) LightMode(tenant int) (degrade.Action, bool) {
+	return e.q.LightMode(e.classes[tenant])
+}
+
+// Transitions returns the ladder transitions seen so far.
+func (e *EngineScheduler) Transitions() []degrade.Transition { return e.transitions }
 
 // MayIdle reports whether the queue may legitimately leave a slot idle with
 // work queued: with a token cap, the next request may not fit.
@@ -170,13 +323,20 @@ func (e *EngineScheduler) observe(ev fairqueue.Event, tk *fairqueue.Ticket) {
 		}
 		id = e.pending
 		e.ids[tk] = id
+		e.tickets[id] = tk
 	}
 	switch ev {
 	case fairqueue.EventDispatched:
 		e.env.Dispatched(id)
 	case fairqueue.EventExpired, fairqueue.EventCancelled:
 		delete(e.ids, tk)
-		e.env.Expired(id)
+		delete(e.tickets, id)
+		reason := fairqueue.ReasonCancelled
+		var rej *fairqueue.Rejection
+		if errors.As(tk.Err(), &rej) {
+			reason = rej.Reason
+		}
+		e.env.Expired(id, reason)
 	}
 }
 
@@ -290,7 +450,7 @@ func (p *priorityScheduler) Tick() {
 		if p.withDeadline[j.ID] {
 			delete(p.withDeadline, j.ID)
 			p.expired[j.ID] = true
-			p.env.Expired(j.ID)
+			p.env.Expired(j.ID, fairqueue.ReasonQueueTimeout)
 		}
 	}
 }
@@ -304,7 +464,7 @@ func (p *priorityScheduler) dispatch() {
 		delete(p.withDeadline, j.ID)
 		if j.Deadline > 0 && p.env.Now() >= j.Deadline {
 			// Like the engine: never dispatched after its deadline.
-			p.env.Expired(j.ID)
+			p.env.Expired(j.ID, fairqueue.ReasonQueueTimeout)
 			continue
 		}
 		p.inflight++

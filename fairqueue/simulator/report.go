@@ -4,9 +4,12 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
 // Format writes res as an aligned text block: a header line, one row per
@@ -67,7 +70,10 @@ func (res *Result) String() string {
 
 // table writes rows with columns padded to their widest cell; the first
 // `left` columns are left-aligned (names), the rest right-aligned (numbers).
-func table(w io.Writer, rows [][]string, left int) {
+func table(w io.Writer, rows [][]string, left int) { tableLast(w, rows, left, false) }
+
+// tableLast is table with, if lastLeft, the last column left-aligned too.
+func tableLast(w io.Writer, rows [][]string, left int, lastLeft bool) {
 	width := make([]int, len(rows[0]))
 	for _, r := range rows {
 		for i, c := range r {
@@ -81,7 +87,7 @@ func table(w io.Writer, rows [][]string, left int) {
 				b.WriteString("  ")
 			}
 			pad := strings.Repeat(" ", width[i]-len(c))
-			if i < left {
+			if i < left || lastLeft && i == len(r)-1 {
 				b.WriteString(c + pad)
 			} else {
 				b.WriteString(pad + c)
@@ -141,4 +147,250 @@ func (w *Workload) Summary() string {
 	sc := w.Scenario
 	return fmt.Sprintf("%s: %s\n%d upstreams x %d slots, %d tenants, %d open-loop requests, seed %d",
 		sc.Name, sc.Description, sc.Upstreams, sc.Slots, len(sc.Tenants), len(w.Requests), w.Seed)
+}
+
+// FormatBudgets writes the wait-budget comparison of several policies'
+// runs of one workload: one row per policy and tenant, then a line per
+// policy with its totals, then the comparisons the wait-budget policies
+// support (throughput with boost on and off, fast-fail precision).
+func FormatBudgets(w io.Writer, results []*Result) {
+	if len(results) == 0 {
+		return
+	}
+	sc := results[0].Scenario
+	fmt.Fprintf(w, "== %s: wait budgets (seed %d) ==\n", sc.Name, results[0].Seed)
+	rows := [][]string{{"policy", "tenant", "class", "reqs", "met budget", "starved", "fast-failed",
+		"expired", "boosts", "eta n", "eta err p50", "|err| p50", "|err| p90", "tok/s"}}
+	for _, res := range results {
+		for _, r := range res.Rows {
+			met := "-"
+			if !math.IsNaN(r.MetBudget) {
+				met = pct2(r.MetBudget)
+			}
+			rows = append(rows, []string{res.Policy, r.Name, r.Class, strconv.Itoa(r.N), met,
+				strconv.Itoa(r.Starved), strconv.Itoa(r.FastFailed), strconv.Itoa(r.Expired),
+				strconv.Itoa(r.Boosted), strconv.Itoa(r.ETAN), pctOrNA(r.ETAErrP50), durOrNA(r.ETAAbsP50, r.ETAN),
+				durOrNA(r.ETAAbsP90, r.ETAN), thousands(r.TokPerSec)})
+		}
+		o := res.Overall
+		rows = append(rows, []string{res.Policy, "(all)", "", strconv.Itoa(o.Requests), "",
+			strconv.Itoa(o.Starved), strconv.Itoa(o.FastFailed), strconv.Itoa(o.Expired),
+			strconv.Itoa(o.Boosted), strconv.Itoa(o.ETAN), pctOrNA(o.ETAErrP50), "", "", thousands(o.TokPerSec)})
+	}
+	table(w, rows, 3)
+	byName := map[string]*Result{}
+	for _, res := range results {
+		byName[res.Policy] = res
+		fmt.Fprintf(w, "%-24s boosted in flight: max %d (limit %d at full capacity), boost budget violations %d",
+			res.Policy, res.MaxBoostedInflight, res.BoostLimit, res.BoostViolations)
+		if res.ViolationCount > 0 {
+			fmt.Fprintf(w, "; VIOLATIONS %d: %s", res.ViolationCount, strings.Join(res.Violations, "; "))
+		}
+		fmt.Fprintln(w)
+	}
+	if on, off := byName[WFQBudgets], byName[WFQNoBoost]; on != nil && off != nil {
+		fmt.Fprintf(w, "throughput, boost on vs off: %s vs %s tok/s (%+.2f%%)\n", thousands(on.Overall.TokPerSec),
+			thousands(off.Overall.TokPerSec), 100*(on.Overall.TokPerSec/off.Overall.TokPerSec-1))
+	}
+	if on, off := byName[WFQBudgets], byName[WFQNoFastFail]; on != nil && off != nil {
+		p := FastFailPrecision(on, off)
+		fmt.Fprintf(w, "fast-fail precision: %s of %d refused missed their budget with fast-fail off "+
+			"(%d expired, %d dispatched late, %d refused otherwise; %d made it)\n",
+			pctOrNA(p.Precision()), p.Refused, p.Expired, p.Late, p.Other, p.Made)
+	}
+}
+
+// Precision is the fast-fail precision of one run against the same
+// workload run with fast-fail off.
+type Precision struct {
+	// Refused counts the open-loop requests the fast-fail run refused with
+	// ReasonBudgetExceeded. In the run without fast-fail each of them
+	// Expired, was dispatched Late (after its budget), was refused for
+	// another reason (Other), or Made its budget.
+	Refused, Expired, Late, Other, Made int
+}
+
+// Missed counts the refused requests that missed their budget without
+// fast-fail.
+func (p Precision) Missed() int { return p.Expired + p.Late + p.Other }
+
+// Precision is Missed / Refused (NaN when nothing was refused).
+func (p Precision) Precision() float64 {
+	if p.Refused == 0 {
+		return math.NaN()
+	}
+	return float64(p.Missed()) / float64(p.Refused)
+}
+
+// FastFailPrecision compares, request by request, the requests ff refused
+// at admission with what became of them in off, a run of the same workload
+// with fast-fail off. Only open-loop requests are compared: they are the
+// same requests, with the same IDs, in both runs.
+func FastFailPrecision(ff, off *Result) Precision {
+	var p Precision
+	n := min(len(ff.Records), len(off.Records))
+	for id := 0; id < n; id++ {
+		rec := &ff.Records[id]
+		if rec.State != StateRejected || rec.Reason != fairqueue.ReasonBudgetExceeded {
+			continue
+		}
+		r := &off.Requests[id]
+		if r.Arrival != ff.Requests[id].Arrival || r.Tenant != ff.Requests[id].Tenant {
+			continue // a closed-loop request: not the same request
+		}
+		p.Refused++
+		o := &off.Records[id]
+		switch o.State {
+		case StateExpired:
+			p.Expired++
+		case StateRejected:
+			p.Other++
+		default:
+			if b := off.Scenario.Budget(r.Tenant); b > 0 && o.Wait(r) > b {
+				p.Late++
+			} else {
+				p.Made++
+			}
+		}
+	}
+	return p
+}
+
+func stepIndex(sc *Scenario, name string) int {
+	for i, s := range sc.Degrade {
+		if s.Name == name {
+			return i
+		}
+	}
+	return 0
+}
+
+func finalLevel(res *Result) int {
+	if n := len(res.Transitions); n > 0 {
+		return res.Transitions[n-1].To
+	}
+	return 0
+}
+
+func pct2(f float64) string { return fmt.Sprintf("%.2f%%", 100*f) }
+
+func pctOrNA(f float64) string {
+	if math.IsNaN(f) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.1f%%", 100*f)
+}
+
+func durOrNA(d time.Duration, n int) string {
+	if n == 0 {
+		return "n/a"
+	}
+	return dur(d)
+}
+
+// HealthEffect is what one health change did to the admissions of one
+// tenant: the median predicted wait (Record.Predicted, admitted or
+// fast-failed) of its requests, and the share refused by fast-fail, in the
+// window before the change and in the window after it.
+type HealthEffect struct {
+	At                        time.Duration
+	Healthy                   int
+	Tenant                    string
+	ETABefore, ETAAfter       time.Duration
+	NBefore, NAfter           int
+	RefusedBefore, RefusedAft float64
+}
+
+// Ratio is ETAAfter / ETABefore (NaN without predictions on either side).
+func (h HealthEffect) Ratio() float64 {
+	if h.NBefore == 0 || h.NAfter == 0 || h.ETABefore == 0 {
+		return math.NaN()
+	}
+	return float64(h.ETAAfter) / float64(h.ETABefore)
+}
+
+// HealthEffects measures, for every health change of the scenario, for all
+// tenants pooled (Tenant "(all)") and then for each tenant, the admissions
+// in the window before and after it.
+func (res *Result) HealthEffects(window time.Duration) []HealthEffect {
+	sc := res.Scenario
+	var out []HealthEffect
+	for _, h := range sc.Health {
+		for i := -1; i < len(sc.Tenants); i++ {
+			name := "(all)"
+			if i >= 0 {
+				name = sc.Tenants[i].Name
+			}
+			e := HealthEffect{At: h.At, Healthy: h.Healthy, Tenant: name}
+			var before, after []time.Duration
+			var nb, na, rb, ra int
+			for id := range res.Requests {
+				r, rec := &res.Requests[id], &res.Records[id]
+				if i >= 0 && r.Tenant != i {
+					continue
+				}
+				side := 0
+				switch {
+				case r.Arrival >= h.At-window && r.Arrival < h.At:
+					side, nb = -1, nb+1
+				case r.Arrival >= h.At && r.Arrival < h.At+window:
+					side, na = 1, na+1
+				default:
+					continue
+				}
+				if rec.State == StateRejected && rec.Reason == fairqueue.ReasonBudgetExceeded {
+					if side < 0 {
+						rb++
+					} else {
+						ra++
+					}
+				}
+				switch {
+				case side < 0 && rec.HasPrediction:
+					before = append(before, rec.Predicted)
+				case side > 0 && rec.HasPrediction:
+					after = append(after, rec.Predicted)
+				}
+			}
+			slices.Sort(before)
+			slices.Sort(after)
+			e.NBefore, e.NAfter = len(before), len(after)
+			e.ETABefore, e.ETAAfter = percentile(before, 0.5), percentile(after, 0.5)
+			e.RefusedBefore, e.RefusedAft = frac(rb, nb), frac(ra, na)
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func frac(a, b int) float64 {
+	if b == 0 {
+		return math.NaN()
+	}
+	return float64(a) / float64(b)
+}
+
+// FormatHealth writes HealthEffects for each window as one table.
+func FormatHealth(w io.Writer, res *Result, windows ...time.Duration) {
+	fmt.Fprintf(w, "== %s / %s: admissions before and after each health change ==\n",
+		res.Scenario.Name, res.Policy)
+	rows := [][]string{{"t", "healthy", "tenant", "window", "eta p50 before", "after", "ratio", "fast-failed before", "after"}}
+	var effects [][]HealthEffect
+	for _, win := range windows {
+		effects = append(effects, res.HealthEffects(win))
+	}
+	for i := range effects[0] {
+		for k, win := range windows {
+			e := effects[k][i]
+			ratio := "n/a"
+			if r := e.Ratio(); !math.IsNaN(r) {
+				ratio = fmt.Sprintf("%.2fx", r)
+			}
+			rows = append(rows, []string{dur(e.At), strconv.Itoa(e.Healthy), e.Tenant, dur(win),
+				fmt.Sprintf("%s (n=%d)", durOrNA(e.ETABefore, e.NBefore), e.NBefore),
+				fmt.Sprintf("%s (n=%d)", durOrNA(e.ETAAfter, e.NAfter), e.NAfter), ratio,
+				pctOrNA(e.RefusedBefore), pctOrNA(e.RefusedAft)})
+		}
+	}
+	table(w, rows, 3)
 }

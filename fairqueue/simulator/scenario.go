@@ -7,6 +7,9 @@ import (
 	"math/rand/v2"
 	"sort"
 	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
 // Scenario is a workload and an upstream pool, described as data so that
@@ -43,6 +46,26 @@ type Scenario struct {
 	// TickPeriod is how often Queue.Tick runs while there is work; 0 means
 	// 50 ms.
 	TickPeriod time.Duration
+
+	// Admission is the engine's wait-budget configuration (ETA, boost,
+	// fast-fail) used by the budget policies (BudgetPolicies), which also
+	// enforce every request's class budget as a deadline whatever
+	// EnforceBudgets says. nil means DefaultAdmission().
+	Admission *fairqueue.BudgetConfig
+	// MaxQueue caps queued requests in the engine (0: no cap); with it the
+	// water level queued/MaxQueue drives Degrade.
+	MaxQueue int
+	// Degrade is the engine's degrade ladder (Config.Degrade) and
+	// DegradeHold its hold time (0: degrade.DefaultHold). The engine
+	// policies apply it, except fifo, whose single class would turn every
+	// class action into one on all traffic. With a ladder the simulator
+	// asks Queue.LightMode before each submission and trims the request,
+	// and records the water level and level over time (Result.Timeline).
+	Degrade     []degrade.Step
+	DegradeHold time.Duration
+	// Policies names the policies command sim runs by default; nil means
+	// the standard ones (Policies()).
+	Policies []string
 }
 
 // HealthChange sets the number of healthy upstreams from At on.
@@ -83,6 +106,9 @@ const (
 	// ArrivalPeriodic: one request every Interval from Start until End
 	// (or Alongside).
 	ArrivalPeriodic
+	// ArrivalPhases: a Poisson process whose rate is Phases[k].Rate during
+	// [Phases[k].Start, Phases[k].End); phases must not overlap.
+	ArrivalPhases
 	// ArrivalBacklogged: a closed loop that keeps Queue requests waiting.
 	// Queue requests arrive at Start; each time one leaves the queue
 	// (dispatched or expired) the next arrives at that instant, until
@@ -108,6 +134,17 @@ type Arrivals struct {
 	// arriving for as long as the other is backlogged, whatever the
 	// policy, and the rule does not depend on any run.
 	Alongside string
+	// Phases are the rate phases of ArrivalPhases.
+	Phases []Phase
+}
+
+// Phase is one constant-rate stretch of an ArrivalPhases tenant: Poisson
+// arrivals at Rate per second, or, with Even, one every 1/Rate seconds
+// from Start.
+type Phase struct {
+	Start, End time.Duration
+	Rate       float64
+	Even       bool
 }
 
 // DistKind selects a token-count distribution.
@@ -287,6 +324,15 @@ func (sc *Scenario) Validate() error {
 			if a.End <= a.Start && a.Alongside == "" {
 				return fmt.Errorf("scenario %s: tenant %s: needs End > Start or Alongside", sc.Name, t.Name)
 			}
+		case ArrivalPhases:
+			if len(a.Phases) == 0 || a.Alongside != "" {
+				return fmt.Errorf("scenario %s: tenant %s: phases needs phases and no alongside", sc.Name, t.Name)
+			}
+			for k, ph := range a.Phases {
+				if !(ph.Rate > 0) || ph.End <= ph.Start || k > 0 && ph.Start < a.Phases[k-1].End {
+					return fmt.Errorf("scenario %s: tenant %s: phase %d: bad rate or span, or overlaps", sc.Name, t.Name, k)
+				}
+			}
 		case ArrivalBacklogged:
 			if a.Queue <= 0 || sc.Duration <= 0 {
 				return fmt.Errorf("scenario %s: tenant %s: backlogged needs Queue > 0 and a scenario Duration", sc.Name, t.Name)
@@ -393,6 +439,19 @@ func Generate(sc *Scenario, seed uint64) (*Workload, error) {
 			for at := a.Start; limit(at, own); at += a.Interval {
 				add(at)
 				own += reqs[len(reqs)-1].Service()
+			}
+		case ArrivalPhases:
+			for _, ph := range a.Phases {
+				if ph.Even {
+					gap := time.Duration(float64(time.Second) / ph.Rate)
+					for at := ph.Start; at < ph.End; at += gap {
+						add(at)
+					}
+					continue
+				}
+				for at := ph.Start + expGap(r, ph.Rate); at < ph.End; at += expGap(r, ph.Rate) {
+					add(at)
+				}
 			}
 		}
 		per[i] = reqs

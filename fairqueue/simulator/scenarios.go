@@ -5,6 +5,9 @@ import (
 	"math"
 	"sort"
 	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
 // defaultClasses are the seed's classes with their default wait budgets
@@ -22,15 +25,52 @@ func pareto(scale, limit int64, alpha float64) Dist {
 	return Dist{Kind: DistPareto, A: scale, B: limit, Alpha: alpha}
 }
 
+// budgetPolicyNames are the policies command sim runs by default on the
+// wait-budget scenarios.
+var budgetPolicyNames = []string{FIFOBudgets, WFQBudgets, WFQNoBoost, WFQNoFastFail}
+
+// withPrior is DefaultAdmission with a throughput prior: the rate, in
+// estimated tokens per second per upstream, the estimator assumes until it
+// has measured enough (budget.ThroughputConfig.Prior). An operator takes it
+// from a benchmark of the upstream; the scenarios take it from their own
+// request mix (NominalRate) times a factor below 1, since the estimator's
+// own measurement is a low quantile too.
+func withPrior(prior float64) *fairqueue.BudgetConfig {
+	a := DefaultAdmission()
+	a.Throughput.Prior = prior
+	return &a
+}
+
+// NominalRate is the throughput of one upstream of sc, in estimated tokens
+// per second, when its slots serve tenant's requests only: slots x mean
+// estimate / mean service time of the tenant's open-loop requests.
+func NominalRate(w *Workload, tenant string) float64 {
+	i := indexOf(w.Scenario, tenant)
+	var est, svc float64
+	for k := range w.Requests {
+		if r := &w.Requests[k]; r.Tenant == i {
+			est += float64(r.Estimate())
+			svc += r.Service().Seconds()
+		}
+	}
+	if svc == 0 {
+		return 0
+	}
+	return float64(w.Scenario.Slots) * est / svc
+}
+
 // Seed000 is seed document 000: a department floods the gateway with 5000
 // batch requests while marketing (realtime) and the support bot
-// (interactive) keep sending sparse requests.
+// (interactive) keep sending sparse requests. Its throughput prior for the
+// budget policies is 10,200 estimated tokens/s per upstream, 0.85 of the
+// flood's nominal rate (12,023).
 func Seed000() *Scenario {
 	return &Scenario{
 		Name:        "seed000",
 		Description: "5000-request batch flood in 5 s vs a realtime and an interactive tenant; 2x16 slots",
 		Upstreams:   2, Slots: 16,
-		Classes: defaultClasses,
+		Admission: withPrior(10200),
+		Classes:   defaultClasses,
 		Tenants: []TenantSpec{
 			{Name: "data_batch", Weight: 15, Class: "batch",
 				Arrivals: Arrivals{Kind: ArrivalBurst, N: 5000, End: 5 * time.Second},
@@ -152,12 +192,104 @@ func Outage() *Scenario {
 	return sc
 }
 
+// Seed000Stress is the seed's stress test: one big tenant floods long
+// requests continuously for 30 minutes at about 1.3x capacity, so it is
+// saturated throughout and, once its queue holds 300 s of work, requests
+// that cannot make their batch budget must be refused; three small
+// realtime tenants (weight 1 each against the flood's 15) send sparse
+// requests, mostly short but with heavy-tailed prompts (Pareto, shape 1.3,
+// 200 to 12k tokens): tag order puts the few long ones behind more than
+// their 5 s budget of the flood's work, which only a boost can save. Its throughput prior is 8,500 estimated tokens/s per
+// upstream, about 0.9 of the flood's nominal rate (9,500).
+func Seed000Stress() *Scenario {
+	small := func(name string) TenantSpec {
+		return TenantSpec{Name: name, Weight: 1, Class: "realtime",
+			Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 0.2, End: 30 * time.Minute},
+			Prompt:   pareto(200, 12000, 1.3), MaxTokens: constant(128)}
+	}
+	return &Scenario{
+		Name:        "seed000-stress",
+		Description: "30 min flood of long batch requests at ~1.3x capacity vs 3 sparse small (weight 1/15) realtime tenants; 2x16 slots",
+		Upstreams:   2, Slots: 16,
+		Classes:   defaultClasses,
+		Admission: withPrior(8100),
+		Policies:  budgetPolicyNames,
+		Tenants: []TenantSpec{
+			{Name: "data_batch", Weight: 15, Class: "batch",
+				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 3.5, End: 30 * time.Minute},
+				Prompt:   uniform(4000, 8000), MaxTokens: constant(1024)},
+			small("rt_a"), small("rt_b"), small("rt_c"),
+		},
+	}
+}
+
+// StressOutage is seed000-stress with one of the two upstreams down from
+// 900 s to 960 s, while the flood's queue holds a full batch budget of
+// work: new admissions' ETAs double at once, so the flood's new requests
+// are refused until the upstream returns.
+func StressOutage() *Scenario {
+	sc := Seed000Stress()
+	sc.Name = "stress-outage"
+	sc.Description = "seed000-stress with one upstream down from 900 s to 960 s"
+	sc.Health = []HealthChange{{At: 900 * time.Second, Healthy: 1}, {At: 960 * time.Second, Healthy: 2}}
+	return sc
+}
+
+// PeakLadder is the degrade ladder of the seed: pause batch above 0.70
+// (until below 0.60), light mode for interactive requests above 0.85
+// (until below 0.75), throttle realtime to 20/s above 0.95 (until below
+// 0.90).
+func PeakLadder() []degrade.Step {
+	return []degrade.Step{
+		{Name: "L1", Trigger: 0.70, Recover: 0.60, Action: degrade.Action{Kind: degrade.ActionPause, Class: "batch"}},
+		{Name: "L2", Trigger: 0.85, Recover: 0.75, Action: degrade.Action{Kind: degrade.ActionLightMode, Class: "interactive", MaxInputTokens: 2048}},
+		{Name: "L3", Trigger: 0.95, Recover: 0.90, Action: degrade.Action{Kind: degrade.ActionThrottle, Class: "realtime", Rate: degrade.Rate{PerSecond: 20}}},
+	}
+}
+
+// Peak drives the degrade ladder through three waves of batch load over a
+// steady realtime and interactive background. Each wave sends batch
+// requests evenly, faster than the slots drain them, for 60 s, so the
+// queue (max_queue 1000) rises to about 750, 900 and 970 requests and then
+// drains: water about 0.75, 0.90 and 0.97.
+func Peak() *Scenario {
+	wave := func(start time.Duration, rate float64) Phase {
+		return Phase{Start: start, End: start + 60*time.Second, Rate: rate, Even: true}
+	}
+	return &Scenario{
+		Name:        "peak",
+		Description: "three 60 s waves of batch load to water ~0.75, 0.90, 0.97 (max_queue 1000) over a realtime/interactive background; L1-L3 ladder; 2x16 slots",
+		Upstreams:   2, Slots: 16,
+		Classes:     defaultClasses,
+		Admission:   withPrior(11000),
+		MaxQueue:    1000,
+		Degrade:     PeakLadder(),
+		DegradeHold: 5 * time.Second,
+		Policies:    []string{WFQBudgets},
+		Tenants: []TenantSpec{
+			{Name: "data_batch", Weight: 15, Class: "batch",
+				Arrivals: Arrivals{Kind: ArrivalPhases, Phases: []Phase{
+					wave(20*time.Second, 16.8), wave(280*time.Second, 19.3), wave(560*time.Second, 20.7)}},
+				Prompt: uniform(2000, 6000), MaxTokens: constant(512)},
+			{Name: "marketing", Weight: 30, Class: "realtime",
+				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 2, End: 900 * time.Second},
+				Prompt:   uniform(100, 400), MaxTokens: constant(128)},
+			{Name: "cs_bot", Weight: 30, Class: "interactive",
+				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 1, End: 900 * time.Second},
+				Prompt:   uniform(1000, 6000), MaxTokens: constant(256)},
+		},
+	}
+}
+
 var registry = map[string]func() *Scenario{
-	"seed000": Seed000,
-	"seed002": Seed002,
-	"weights": Weights,
-	"many":    Many,
-	"outage":  Outage,
+	"seed000":        Seed000,
+	"seed002":        Seed002,
+	"weights":        Weights,
+	"many":           Many,
+	"outage":         Outage,
+	"seed000-stress": Seed000Stress,
+	"stress-outage":  StressOutage,
+	"peak":           Peak,
 }
 
 // Names lists the scenario names, sorted.

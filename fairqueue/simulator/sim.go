@@ -1,10 +1,13 @@
 package simulator
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
+	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
@@ -45,6 +48,26 @@ type Record struct {
 	// started the request sooner. It differs from Limit when a tenant's
 	// requests pile up behind a gap in completions.
 	OrderLimit time.Duration
+
+	// Reason says why a rejected or expired request was not dispatched
+	// (fast-fail is fairqueue.ReasonBudgetExceeded, expiry
+	// ReasonQueueTimeout, a throttle ReasonClassThrottled).
+	Reason fairqueue.Reason
+	// Queued reports that the request was queued at admission rather than
+	// dispatched inside Submit.
+	Queued bool
+	// Predicted is the wait the scheduler predicted at admission
+	// (Ticket.ETA); HasPrediction is set when the request was queued and
+	// the prediction is positive (the engine gives 0 when it cannot
+	// predict, and a request dispatched at once needs no prediction), and
+	// for a fast-failed request, whose refusal states the prediction.
+	Predicted     time.Duration
+	HasPrediction bool
+	// Boosted reports a dispatch from the boost lane, ahead of tag order.
+	Boosted bool
+	// Light reports that the degrade ladder's light mode trimmed the
+	// request before submission (Request holds the trimmed sizes).
+	Light bool
 }
 
 // Wait is the time from arrival until dispatch (or expiry).
@@ -60,6 +83,14 @@ const (
 	evArrival
 	evTick
 )
+
+// Sample is the degrade state at one instant of a run.
+type Sample struct {
+	At     time.Duration
+	Water  float64
+	Level  int
+	Queued int
+}
 
 type event struct {
 	at   time.Duration
@@ -141,6 +172,21 @@ type sim struct {
 	violations []string
 	nViolation int
 	mayIdle    bool
+
+	// Budgets: deadlines are enforced (by the scenario or the policy).
+	budgets bool
+	// The optional scheduler interfaces, nil when not implemented.
+	admit  admitInfo
+	ladder ladderInfo
+	// boostLimit is the boost budget's limit at the current capacity;
+	// boostedAtDrop the boosted requests in flight when capacity last
+	// shrank (in-flight work is not preempted, so they may exceed the new
+	// limit until they complete).
+	boostLimit    int
+	boostedAtDrop int
+	maxBoosted    int
+	boostViol     int
+	timeline      []Sample
 }
 
 // Run replays w under p and measures it. An error means the run could not
@@ -167,6 +213,14 @@ func Run(w *Workload, p Policy) (*Result, error) {
 	s.sched = sched
 	if i, ok := sched.(idler); ok {
 		s.mayIdle = i.MayIdle()
+	}
+	s.admit, _ = sched.(admitInfo)
+	if l, ok := sched.(ladderInfo); ok && l.HasLadder() {
+		s.ladder = l
+	}
+	s.budgets = sc.EnforceBudgets
+	if b, ok := p.(budgetPolicy); ok && b.EnforcesBudgets() {
+		s.budgets = true
 	}
 	s.setHealthy(sc.Upstreams)
 	for _, h := range sc.Health {
@@ -231,6 +285,9 @@ func (s *sim) loop() {
 		case evTick:
 			s.tickPending = false
 			s.sched.Tick()
+			if s.ladder != nil && s.now%time.Second == 0 {
+				s.sample()
+			}
 		}
 		s.afterEvent()
 	}
@@ -256,7 +313,9 @@ func (s *sim) afterEvent() {
 		s.inContention = false
 		s.contended = append(s.contended, interval{s.contendFrom, s.now})
 	}
-	if !s.tickPending && (s.queued > 0 || s.inflight > 0) {
+	// With a ladder, ticks go on while it is engaged: the ladder releases
+	// only on an observation.
+	if !s.tickPending && (s.queued > 0 || s.inflight > 0 || s.ladder != nil && s.ladder.Level() > 0) {
 		p := s.sc.tickPeriod()
 		s.tickPending = true
 		s.push(event{at: (s.now/p + 1) * p, kind: evTick})
@@ -273,11 +332,22 @@ func (s *sim) violate(format string, args ...any) {
 // Now implements Env.
 func (s *sim) Now() time.Duration { return s.now }
 
+// sample records the degrade state for the timeline.
+func (s *sim) sample() {
+	s.timeline = append(s.timeline, Sample{At: s.now, Water: s.ladder.Water(), Level: s.ladder.Level(), Queued: s.queued})
+}
+
 func (s *sim) setHealthy(n int) {
 	old := s.capacity
 	s.capacity = n * s.sc.Slots
 	if free := s.capacity - max(old, s.inflight); free > 0 {
 		s.slotsFreed(free)
+	}
+	if s.admit != nil {
+		if s.capacity < old {
+			s.boostedAtDrop = s.admit.BoostedInflight()
+		}
+		s.boostLimit = s.admit.BoostLimit(s.capacity)
 	}
 	s.sched.SetHealthy(n)
 }
@@ -306,6 +376,12 @@ func (s *sim) arriveClosed(tenant int, at time.Duration) {
 }
 
 func (s *sim) arrive(id int) {
+	if s.ladder != nil {
+		if a, ok := s.ladder.LightMode(s.reqs[id].Tenant); ok {
+			trim(&s.reqs[id], a)
+			s.recs[id].Light = true
+		}
+	}
 	r := s.reqs[id]
 	rec := &s.recs[id]
 	rec.State = StateQueued
@@ -316,7 +392,7 @@ func (s *sim) arrive(id int) {
 	}
 	s.addQueued(r.Tenant, 1)
 	j := Job{ID: id, Tenant: r.Tenant, Estimate: r.Estimate()}
-	if s.sc.EnforceBudgets {
+	if s.budgets {
 		if b := s.sc.Budget(r.Tenant); b > 0 {
 			j.Deadline = r.Arrival + b
 		}
@@ -325,7 +401,58 @@ func (s *sim) arrive(id int) {
 		rec = &s.recs[id]
 		rec.State = StateRejected
 		rec.Left = s.now
+		rec.Reason = fairqueue.ReasonNoCapacity
+		var rej *fairqueue.Rejection
+		if errors.As(err, &rej) {
+			rec.Reason = rej.Reason
+			if eta, ok := refusalETA(rej); ok {
+				rec.Predicted, rec.HasPrediction = eta, true
+			}
+		}
 		s.addQueued(r.Tenant, -1)
+		return
+	}
+	// Submit may have grown s.recs (a closed-loop refill on dispatch).
+	rec = &s.recs[id]
+	rec.Queued = rec.State == StateQueued // not dispatched inside Submit
+	if s.admit != nil && rec.Queued {
+		// Read at once: a later re-check replaces the ticket's ETA.
+		if eta, ok := s.admit.Prediction(id); ok && eta > 0 {
+			rec.Predicted, rec.HasPrediction = eta, true
+		}
+	}
+}
+
+// refusalETA reads the predicted wait out of a fast-fail's detail
+// ("estimated wait 5m31.2s, budget 5m0s"), which carries it rounded to
+// 100 ms; the Rejection has no field for it.
+func refusalETA(rej *fairqueue.Rejection) (time.Duration, bool) {
+	const key = "estimated wait "
+	if rej.Reason != fairqueue.ReasonBudgetExceeded {
+		return 0, false
+	}
+	i := strings.Index(rej.Detail, key)
+	if i < 0 {
+		return 0, false
+	}
+	v := rej.Detail[i+len(key):]
+	if j := strings.IndexByte(v, ','); j >= 0 {
+		v = v[:j]
+	}
+	d, err := time.ParseDuration(v)
+	return d, err == nil
+}
+
+// trim applies a light-mode action to a request: the prompt is cut to
+// MaxInputTokens and max_tokens to MaxTokens, and the output the upstream
+// produces is cut with it, so both the estimate and the service time drop.
+func trim(r *Request, a degrade.Action) {
+	if n := int64(a.MaxInputTokens); n > 0 && r.Prompt > n {
+		r.Prompt = n
+	}
+	if n := int64(a.MaxTokens); n > 0 && r.MaxTokens > n {
+		r.MaxTokens = n
+		r.Output = min(r.Output, n)
 	}
 }
 
@@ -342,6 +469,9 @@ func (s *sim) Dispatched(id int) {
 	if s.inflight > s.capacity {
 		s.violate("t=%v: %d in flight exceeds capacity %d", s.now, s.inflight, s.capacity)
 	}
+	if s.admit != nil {
+		s.checkBoost(id)
+	}
 	s.served[r.Tenant] += float64(r.Estimate())
 	// Sample while the tenant still counts as backlogged: the request
 	// being dispatched was queued until this instant.
@@ -351,14 +481,32 @@ func (s *sim) Dispatched(id int) {
 	s.refill(r.Tenant)
 }
 
+// checkBoost records whether the dispatch of id was boosted and checks the
+// boost budget: boosted requests in flight never exceed
+// budget.Boosts.Limit(capacity), except by those already in flight when
+// capacity shrank.
+func (s *sim) checkBoost(id int) {
+	rec := &s.recs[id]
+	rec.Boosted = s.admit.Boosted(id)
+	b := s.admit.BoostedInflight()
+	s.maxBoosted = max(s.maxBoosted, b)
+	if b > s.boostLimit && (rec.Boosted || b > s.boostedAtDrop) {
+		s.boostViol++
+		s.violate("t=%v: %d boosted in flight exceeds the boost budget %d at capacity %d", s.now, b, s.boostLimit, s.capacity)
+	}
+	if b <= s.boostLimit {
+		s.boostedAtDrop = 0
+	}
+}
+
 // Expired implements Env.
-func (s *sim) Expired(id int) {
+func (s *sim) Expired(id int, reason fairqueue.Reason) {
 	rec := &s.recs[id]
 	if rec.State != StateQueued {
 		s.violate("t=%v: request %d expired in state %d", s.now, id, rec.State)
 		return
 	}
-	rec.State, rec.Left = StateExpired, s.now
+	rec.State, rec.Left, rec.Reason = StateExpired, s.now, reason
 	s.addQueued(s.reqs[id].Tenant, -1)
 	s.refill(s.reqs[id].Tenant)
 }
