@@ -70,6 +70,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        boost_share_max         <fraction>
 //	        per_tenant_boost_hourly <n>
 //	        fast_fail               on|off
+//	        throughput_prior        <cost units/s per upstream>
 //	    }
 //
 //	    # degrade ladder, steps in order of rising trigger
@@ -423,9 +424,9 @@ func (p *cfParser) antiStarvation() error {
 		opened = true
 		opt := d.Val()
 		switch opt {
-		case "boost_share_max", "per_tenant_boost_hourly", "fast_fail":
+		case "boost_share_max", "per_tenant_boost_hourly", "fast_fail", "throughput_prior":
 		default:
-			return d.Errf("anti_starvation: unknown option %q (want boost_share_max, per_tenant_boost_hourly or fast_fail)", opt)
+			return d.Errf("anti_starvation: unknown option %q (want boost_share_max, per_tenant_boost_hourly, fast_fail or throughput_prior)", opt)
 		}
 		if seen[opt] {
 			return d.Errf("anti_starvation: %s given twice", opt)
@@ -460,6 +461,12 @@ func (p *cfParser) antiStarvation() error {
 				return d.Errf("%s: want on or off, got %q", what, v)
 			}
 			as.FastFail = &b
+		case "throughput_prior":
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || !(f >= 0) || math.IsInf(f, 0) {
+				return d.Errf("%s: %q must be a rate in cost units per second per upstream, >= 0", what, v)
+			}
+			as.ThroughputPrior = f
 		}
 	}
 	// NextBlock stops on the "}" of an empty block: anti_starvation {}

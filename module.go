@@ -145,6 +145,11 @@ type AntiStarvation struct {
 	// FastFail refuses, at admission, requests whose estimated dispatch time
 	// is beyond their budget (503 wait_budget_exceeded). Default true.
 	FastFail *bool `json:"fast_fail,omitempty"`
+	// ThroughputPrior is the rate, in cost units per second per healthy
+	// upstream, assumed before the queue has measured its own. Without it
+	// a freshly started gateway never refuses on an estimate until it has
+	// seen requests complete under load (typically within a minute).
+	ThroughputPrior float64 `json:"throughput_prior,omitempty"`
 }
 
 // DegradeConfig is the declared degrade ladder.
@@ -289,6 +294,7 @@ func (h *Handler) admissionConfig() fairqueue.BudgetConfig {
 		if as.FastFail != nil {
 			a.FastFail = *as.FastFail
 		}
+		a.Throughput.Prior = as.ThroughputPrior
 	}
 	return a
 }
