@@ -104,6 +104,7 @@ type Handler struct {
 	proxy    *reverseproxy.Handler
 	shared   *sharedQueue
 	counter  llmapi.Counter
+	approx   llmapi.Counter // used while the queue is idle (see estimator)
 	qcfg     fairqueue.Config
 	logger   *zap.Logger
 	ctx      caddy.Context
@@ -308,6 +309,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	var err error
 	if h.counter, err = llmapi.NewCounter(h.Tokenizer); err != nil {
 		return fmt.Errorf("tokenizer: %v", err)
+	}
+	if h.Tokenizer != llmapi.Approx {
+		h.approx, _ = llmapi.NewCounter(llmapi.Approx)
 	}
 	if h.qcfg, err = h.queueConfig(); err != nil {
 		return err

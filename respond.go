@@ -28,6 +28,8 @@ func errorType(status int) string {
 		return "overloaded_error"
 	case http.StatusForbidden:
 		return "permission_error"
+	case http.StatusBadGateway:
+		return "api_error"
 	default:
 		return "invalid_request_error"
 	}

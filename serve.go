@@ -23,6 +23,9 @@ const (
 	headerClass      = "X-Fair-Queue-Class"
 )
 
+// statusClientClosed is nginx's and Caddy's status for a client that left.
+const statusClientClosed = 499
+
 // Response headers on served requests.
 const (
 	headerWaitMs = "X-Fair-Queue-Wait-Ms"
@@ -89,7 +92,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return nil
 		}
 		// The client went away while queued: nobody is left to answer, and
-		// the upstream never saw the request.
+		// the upstream never saw the request. 499 (as reverse_proxy uses)
+		// is for the access log.
+		w.WriteHeader(statusClientClosed)
 		h.record(repl, a, outcomeClientGone, time.Since(a.arrived))
 		return nil
 	}
@@ -145,6 +150,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	h.record(repl, a, outcome, wait)
 	return perr
+}
+
+// estimator picks the token counter for a new request. The estimate only
+// orders the queue; the usage the upstream reports replaces it when the
+// response ends. So while nothing waits and a slot is free — the request
+// will be dispatched at once and its estimate orders nothing — the cheap
+// approx counter keeps tiktoken (about 5 MB/s) off the request path; under
+// load, when order matters, prompts are counted exactly.
+func (h *Handler) estimator() llmapi.Counter {
+	if h.approx != nil && h.shared.q.Idle() {
+		return h.approx
+	}
+	return h.counter
 }
 
 // actualCost is what the request really cost: the usage the upstream
@@ -223,7 +241,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 		return a, badRequest(err.Error())
 	}
 	a.req = req
-	a.cost = llmapi.Estimate(req, h.counter, h.DefaultMaxTokens)
+	a.cost = llmapi.Estimate(req, h.estimator(), h.DefaultMaxTokens)
 	if aerr := h.applyDegrade(a); aerr != nil {
 		return a, aerr
 	}

@@ -74,3 +74,11 @@ func (q *Queue) waterLocked() float64 {
 	}
 	return w
 }
+
+// Idle reports whether a request enqueued now would be dispatched at once:
+// nothing waits and a slot is free.
+func (q *Queue) Idle() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.queued == 0 && q.inflight < q.capacity
+}
