@@ -141,3 +141,31 @@ func TestAdmissionBoostLater(t *testing.T) {
 		t.Errorf("10 s budget: %v, want reject", d)
 	}
 }
+
+// A boosted request keeps its deadline: when no slot frees in time, Tick
+// answers it with queue_timeout before the deadline, rather than the boost
+// lane holding it until a slot finally frees.
+func TestBoostedRequestStillExpires(t *testing.T) {
+	cfg := testConfig(1, nil)
+	cfg.ExpiryMargin = 100 * time.Millisecond
+	h := newHarness(t, cfg, 1, 1)
+	h.enqueue(Request{Tenant: "a", Cost: 100}) // holds the only slot
+	tk := h.enqueue(Request{Tenant: "b", Cost: 10, Deadline: t0.Add(time.Second)})
+	if !h.q.Promote(tk) {
+		t.Fatal("Promote refused a queued ticket")
+	}
+	h.clk.Advance(800 * time.Millisecond)
+	h.q.Tick()
+	if err := tk.Err(); err != nil {
+		t.Fatalf("expired %v early: %v", time.Second-800*time.Millisecond, err)
+	}
+	h.clk.Advance(150 * time.Millisecond) // within ExpiryMargin of the deadline
+	h.q.Tick()
+	var rej *Rejection
+	if !errors.As(tk.Err(), &rej) || rej.Reason != ReasonQueueTimeout {
+		t.Fatalf("boosted ticket near its deadline: err %v, want queue_timeout", tk.Err())
+	}
+	if h.ended[tk] != EventExpired {
+		t.Fatalf("boosted ticket ended with event %v, want EventExpired", h.ended[tk])
+	}
+}
