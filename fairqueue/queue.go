@@ -104,6 +104,7 @@ type tenant struct {
 	name   string
 	weight float64
 	known  bool
+	cfg    TenantConfig // the settings in force, refreshed by Reconfigure
 	// vt is the tenant's virtual time: service received / weight. It never
 	// goes backwards while the tenant is backlogged: a refund for an
 	// over-estimate is kept in credit and taken off the tenant's next charges.
@@ -195,7 +196,7 @@ func (q *Queue) Reconfigure(cfg Config) error {
 	}
 	for name, t := range q.tenants {
 		tc, known := cfg.Tenant(name)
-		t.weight, t.known = tc.Weight, known
+		t.weight, t.known, t.cfg = tc.Weight, known, tc
 	}
 	// Finish tags depend on weights, so every heap is re-keyed.
 	for _, cq := range q.classes {
@@ -252,7 +253,15 @@ func (q *Queue) class(name string) *classQ {
 func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	now := q.clock.Now()
 	q.mu.Lock()
-	tc, known := q.cfg.Tenant(r.Tenant)
+	// A known tenant carries its settings, so the hot path does one map
+	// lookup, not one in the config and one in the state.
+	t := q.tenants[r.Tenant]
+	tc, known := q.cfg.Default, false
+	if t != nil {
+		tc, known = t.cfg, t.known
+	} else {
+		tc, known = q.cfg.Tenant(r.Tenant)
+	}
 	cls := r.Class
 	if cls == "" || q.class(cls) == nil {
 		cls = tc.Class
@@ -265,7 +274,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	if q.cfg.CostUnit == CostRequests {
 		cost = 1
 	}
-	rej := q.admitLocked(r.Tenant, tc, tokens)
+	rej := q.admitLocked(t, tc, tokens)
 	if rej == nil {
 		rej = q.throttleLocked(now, cls, tokens)
 	}
@@ -273,9 +282,8 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		q.mu.Unlock()
 		return nil, rej
 	}
-	t := q.tenants[r.Tenant]
 	if t == nil {
-		t = &tenant{name: r.Tenant, weight: tc.Weight, known: known}
+		t = &tenant{name: r.Tenant, weight: tc.Weight, known: known, cfg: tc}
 		t.flows = t.flowBuf[:0]
 		q.tenants[r.Tenant] = t
 	}
@@ -307,13 +315,13 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	return tk, nil
 }
 
-func (q *Queue) admitLocked(name string, tc TenantConfig, tokens int64) *Rejection {
+func (q *Queue) admitLocked(t *tenant, tc TenantConfig, tokens int64) *Rejection {
 	if q.capacity == 0 {
 		return &Rejection{Reason: ReasonNoCapacity, RetryAfter: time.Second,
 			Detail: "no healthy upstream"}
 	}
 	if tc.MaxQueue > 0 {
-		if t := q.tenants[name]; t != nil && t.queued >= tc.MaxQueue {
+		if t != nil && t.queued >= tc.MaxQueue {
 			return &Rejection{Reason: ReasonTenantQueueFull, RetryAfter: time.Second,
 				Detail: fmt.Sprintf("tenant has %d requests queued (limit %d)", t.queued, tc.MaxQueue)}
 		}
