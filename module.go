@@ -42,7 +42,11 @@ type Handler struct {
 	CostUnit string `json:"cost_unit,omitempty"`
 
 	// Tokenizer counts prompt tokens: "cl100k_base" (default), "o200k_base",
-	// or "approx" (a fast byte heuristic).
+	// or "approx" (a fast byte heuristic). The exact tokenizers run when the
+	// request has to queue, where the estimate decides the order; a request
+	// that will be dispatched at once is estimated with approx, and every
+	// estimate is replaced by the reported usage when the response ends.
+	// Prompts over 64 KiB are counted exactly on a sample and extrapolated.
 	Tokenizer string `json:"tokenizer,omitempty"`
 
 	// DefaultMaxTokens is the output cap assumed when a request names none.
