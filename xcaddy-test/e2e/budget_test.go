@@ -218,8 +218,8 @@ func TestFastFailUnderFlood(t *testing.T) {
 	qtHeader := asyncTimed(ctx, cl, base, chatReq{Tenant: "rt", TestID: "qt-header", MaxTokens: 5, IgnoreEOS: true,
 		Header: map[string]string{"X-Wait-Budget": "1s"}})
 	waitMetricEq(t, c, 2, "caddy_fair_queue_queue_depth", "tenant", "rt")
-	rClass := awaitTimed(t, qtClass, "qt-class")
-	rHeader := awaitTimed(t, qtHeader, "qt-header")
+	rClass := await(t, qtClass, "qt-class")
+	rHeader := await(t, qtHeader, "qt-header")
 	expectRefusedWithinBudget(t, rClass, "queue_timeout", 2*time.Second)
 	expectRefusedWithinBudget(t, rHeader, "queue_timeout", time.Second)
 	refusedIDs = append(refusedIDs, "qt-class", "qt-header")
@@ -231,18 +231,6 @@ func TestFastFailUnderFlood(t *testing.T) {
 	}
 	waitMetricEq(t, c, 2, "caddy_fair_queue_requests_total", "tenant", "rt", "outcome", "queue_timeout")
 	expectNotUpstream(t, fakes, refusedIDs...)
-}
-
-// awaitTimed receives an answer sent by asyncTimed.
-func awaitTimed(t *testing.T, ch <-chan timedResult, what string) timedResult {
-	t.Helper()
-	select {
-	case r := <-ch:
-		return r
-	case <-time.After(requestTimeout + 10*time.Second):
-		t.Fatalf("%s: no answer", what)
-		return timedResult{}
-	}
 }
 
 // TestBudgetBoostUnderFlood: with the default boost budget, a realtime
@@ -313,7 +301,7 @@ func TestBudgetBoostUnderFlood(t *testing.T) {
 		for _, f := range fakes {
 			f.Resume()
 		}
-		stall = awaitTimed(t, stallCh, "rt-stall")
+		stall = await(t, stallCh, "rt-stall")
 		t.Errorf("rt-stall (X-Wait-Budget %s, every slot held) had no answer %s after it was sent; once the upstreams resumed it got, %s after sending: %v",
 			probeBudget, probeBudget+5*time.Second, stall.Latency().Round(time.Millisecond), stall.result)
 	}

@@ -199,15 +199,17 @@ func async(ctx context.Context, cl *http.Client, base string, c chatReq) <-chan 
 	return ch
 }
 
-// await receives an answer sent by async, failing if none comes in time.
-func await(t *testing.T, ch <-chan result, what string) result {
+// await receives an answer sent by async (or any other sender), failing if
+// none comes in time.
+func await[T any](t *testing.T, ch <-chan T, what string) T {
 	t.Helper()
 	select {
 	case r := <-ch:
 		return r
 	case <-time.After(requestTimeout + 10*time.Second):
 		t.Fatalf("%s: no answer", what)
-		return result{}
+		var zero T
+		return zero
 	}
 }
 
