@@ -135,6 +135,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	actual = h.actualCost(rec, a, perr != nil)
 	switch {
+	case perr == nil && rec.status == statusClientClosed:
+		// reverse_proxy answers a client that left mid-request with a
+		// nil error and a 499 for the access log.
+		outcome = outcomeClientGone
 	case perr == nil:
 	case r.Context().Err() != nil:
 		outcome = outcomeClientGone
@@ -213,6 +217,11 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 		a.class = c
 	}
 	a.budget = h.qcfg.Budget(tc, a.class)
+	if cb := h.classIdx[a.class]; a.class != tc.Class && shorterBudget(a.budget, cb) {
+		// A request that lowered its class takes the lower class's
+		// patience even when its tenant overrides its own class's budget.
+		a.budget = cb
+	}
 	if v := r.Header.Get(headerWaitBudget); v != "" {
 		d, err := caddy.ParseDuration(v)
 		if err != nil || d <= 0 {
