@@ -15,8 +15,11 @@ go vet ./...
 echo "== unit, engine and simulator tests (race)"
 go test -race -count=1 ./fairqueue/... ./budget/ ./degrade/ ./llmapi/
 
-echo "== handler tests"
-go test -count=1 .
+echo "== without the race detector: the accuracy tests and full-size runs it makes too slow"
+go test -count=1 ./llmapi/ ./fairqueue/simulator/
+
+echo "== handler tests (race)"
+go test -race -count=1 .
 
 echo "== end-to-end tests against the xcaddy-built binary"
 go test -count=1 -timeout 25m ./xcaddy-test/...
