@@ -23,11 +23,10 @@ type usageRecorder struct {
 	caddyhttp.ResponseWriterWrapper
 	counter llmapi.Counter
 
-	status  int
-	stream  *llmapi.StreamScanner
-	body    bytes.Buffer
-	tooBig  bool
-	written int64
+	status int
+	stream *llmapi.StreamScanner
+	body   bytes.Buffer
+	tooBig bool
 }
 
 func newUsageRecorder(w http.ResponseWriter, c llmapi.Counter) *usageRecorder {
@@ -59,7 +58,6 @@ func (u *usageRecorder) Write(p []byte) (int, error) {
 		u.WriteHeader(http.StatusOK)
 	}
 	n, err := u.ResponseWriterWrapper.Write(p)
-	u.written += int64(n)
 	switch {
 	case u.stream != nil:
 		_, _ = u.stream.Write(p[:n])
