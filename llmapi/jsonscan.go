@@ -1,7 +1,8 @@
 package llmapi
 
 import (
-	"encoding/json"
+	"bytes"
+	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -238,47 +239,87 @@ func hex4(b []byte) (rune, int) {
 	return r, 4
 }
 
-// rawUsage covers the usage objects of all three APIs. Floats, because
-// some servers emit counts as 12.0.
-type rawUsage struct {
-	PromptTokens             *float64 `json:"prompt_tokens"`
-	CompletionTokens         *float64 `json:"completion_tokens"`
-	InputTokens              *float64 `json:"input_tokens"`
-	OutputTokens             *float64 `json:"output_tokens"`
-	CacheCreationInputTokens *float64 `json:"cache_creation_input_tokens"`
-	CacheReadInputTokens     *float64 `json:"cache_read_input_tokens"`
-}
-
-// decodeUsage reads a usage object. prompt and completion are -1 when the
-// object does not report them.
+// decodeUsage reads a usage object: OpenAI's prompt_tokens and
+// completion_tokens, or input_tokens and output_tokens of the responses API
+// and Anthropic, plus Anthropic's cache reads and writes. prompt and
+// completion are -1 when the object does not report them. It walks the
+// object's members without decoding them (this runs once per response);
+// members that are not numbers (nested details, null) are ignored.
 func decodeUsage(raw []byte) (prompt, completion int, ok bool) {
 	if len(raw) == 0 || raw[0] != '{' {
 		return -1, -1, false
 	}
-	var u rawUsage
-	if json.Unmarshal(raw, &u) != nil {
+	pt, ct, it, ot, cache := -1, -1, -1, -1, -1
+	walked := eachMember(raw, func(key, value []byte) bool {
+		n, isNum := tokenCount(value)
+		if !isNum {
+			return true
+		}
+		switch string(key) {
+		case "prompt_tokens":
+			pt = n
+		case "completion_tokens":
+			ct = n
+		case "input_tokens":
+			it = n
+		case "output_tokens":
+			ot = n
+		case "cache_creation_input_tokens", "cache_read_input_tokens":
+			cache = max(cache, 0) + n
+		}
+		return true
+	})
+	if !walked {
 		return -1, -1, false
 	}
-	prompt, completion = -1, -1
-	num := func(f *float64) int { return int(max(min(*f, 1<<31-1), 0)) }
-	switch {
-	case u.PromptTokens != nil:
-		prompt = num(u.PromptTokens)
-	case u.InputTokens != nil:
-		prompt = num(u.InputTokens)
+	prompt, completion = pt, ct
+	if prompt < 0 {
+		prompt = it
+	}
+	if completion < 0 {
+		completion = ot
 	}
 	// Anthropic's input_tokens leaves out cached tokens; the prompt the
 	// estimate counted includes them.
-	for _, c := range []*float64{u.CacheCreationInputTokens, u.CacheReadInputTokens} {
-		if c != nil {
-			prompt = max(prompt, 0) + num(c)
-		}
-	}
-	switch {
-	case u.CompletionTokens != nil:
-		completion = num(u.CompletionTokens)
-	case u.OutputTokens != nil:
-		completion = num(u.OutputTokens)
+	if cache >= 0 {
+		prompt = max(prompt, 0) + cache
 	}
 	return prompt, completion, prompt >= 0 || completion >= 0
+}
+
+// tokenCount reads a JSON number as a token count, clamped to [0, 2^31-1];
+// some servers write counts as 12.0, so a fraction is truncated.
+func tokenCount(v []byte) (int, bool) {
+	if len(v) == 0 || (v[0] != '-' && (v[0] < '0' || v[0] > '9')) {
+		return 0, false
+	}
+	if bytes.ContainsAny(v, "eE") {
+		f, err := strconv.ParseFloat(string(v), 64)
+		if err != nil {
+			return 0, false
+		}
+		return int(max(min(f, 1<<31-1), 0)), true
+	}
+	neg, n := false, 0
+	for i, c := range v {
+		switch {
+		case c == '-' && i == 0:
+			neg = true
+		case c >= '0' && c <= '9':
+			if n < 1<<31-1 {
+				n = min(n*10+int(c-'0'), 1<<31-1)
+			}
+		case c == '.':
+			if neg {
+				return 0, true
+			}
+			return n, true
+		default:
+			return 0, false
+		}
+	}
+	if neg {
+		return 0, true
+	}
+	return n, true
 }
