@@ -26,24 +26,7 @@ func budgetRuns(t *testing.T, name string) map[string]*Result {
 	if r, ok := budgetCache[name]; ok {
 		return r
 	}
-	sc, ok := Lookup(name)
-	if !ok {
-		t.Fatalf("no scenario %q", name)
-	}
-	w, err := Generate(sc, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]*Result{}
-	var list []*Result
-	for _, p := range BudgetPolicies() {
-		res, err := Run(w, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out[p.Name()] = res
-		list = append(list, res)
-	}
+	out, list := runSeed(t, name, 1, BudgetPolicies())
 	var b strings.Builder
 	FormatBudgets(&b, list)
 	t.Logf("\n%s", b.String())

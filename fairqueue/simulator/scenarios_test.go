@@ -26,22 +26,7 @@ func runScenario(t testing.TB, name string, policies ...Policy) map[string]*Resu
 		}
 		policies = Policies()
 	}
-	sc, ok := Lookup(name)
-	if !ok {
-		t.Fatalf("no scenario %q", name)
-	}
-	w, err := Generate(sc, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]*Result{}
-	for _, p := range policies {
-		res, err := Run(w, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out[p.Name()] = res
-	}
+	out, _ := runSeed(t, name, 1, policies)
 	if len(policies) == len(Policies()) {
 		cache[name] = out
 	}
@@ -257,24 +242,14 @@ func TestOutage(t *testing.T) {
 // tenant's P95 wait over all dispatched requests of the five runs.
 func pooledP95(t *testing.T, scenario, policy string) map[string]time.Duration {
 	t.Helper()
-	sc, ok := Lookup(scenario)
-	if !ok {
-		t.Fatalf("no scenario %q", scenario)
-	}
 	p, ok := PolicyByName(policy)
 	if !ok {
 		t.Fatalf("no policy %q", policy)
 	}
 	waits := map[string][]time.Duration{}
 	for seed := uint64(1); seed <= 5; seed++ {
-		w, err := Generate(sc, seed)
-		if err != nil {
-			t.Fatal(err)
-		}
-		res, err := Run(w, p)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, list := runSeed(t, scenario, seed, []Policy{p})
+		res, sc := list[0], list[0].Scenario
 		for i := range res.Requests {
 			r, rec := &res.Requests[i], &res.Records[i]
 			if rec.State != StateCompleted {
@@ -290,4 +265,29 @@ func pooledP95(t *testing.T, scenario, policy string) map[string]time.Duration {
 		out[name] = percentile(ws, 0.95)
 	}
 	return out
+}
+
+// runSeed generates scenario name's requests for one seed and runs them
+// under each policy: the results by policy name, and in policy order.
+func runSeed(t testing.TB, name string, seed uint64, policies []Policy) (map[string]*Result, []*Result) {
+	t.Helper()
+	sc, ok := Lookup(name)
+	if !ok {
+		t.Fatalf("no scenario %q", name)
+	}
+	w, err := Generate(sc, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*Result{}
+	var list []*Result
+	for _, p := range policies {
+		res, err := Run(w, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[p.Name()] = res
+		list = append(list, res)
+	}
+	return out, list
 }
