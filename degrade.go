@@ -9,7 +9,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
-	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 	"github.com/caddy-fair-queue/caddy-fair-queue/llmapi"
 )
 
@@ -17,9 +16,9 @@ import (
 // operators can hook alerts to it (events { on fair_queue_degrade ... }).
 const degradeEvent = "fair_queue_degrade"
 
-// provisionDegrade turns the JSON ladder into the scheduler's steps; the
-// scheduler validates them (lines, order, classes) when the config is
-// applied, with the step named in the error.
+// provisionDegrade turns the JSON ladder into the scheduler's steps;
+// fairqueue.Config.Validate checks them (lines, order, classes) with the
+// step named in the error.
 func (h *Handler) provisionDegrade() error {
 	if h.Degrade == nil || len(h.Degrade.Steps) == 0 {
 		return nil
@@ -48,10 +47,7 @@ func (h *Handler) provisionDegrade() error {
 	if h.qcfg.DegradeHold == 0 {
 		h.qcfg.DegradeHold = degrade.DefaultHold
 	}
-	// Validate now, so a bad ladder fails the config load with its step
-	// named, before any shared state is touched.
-	_, err := fairqueue.New(h.qcfg, fairqueue.RealClock{})
-	return err
+	return nil
 }
 
 // applyDegrade trims the body of a request whose class is in light mode

@@ -281,7 +281,7 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 	}
 	cfg.Default = tenant(h.DefaultTenant)
 	cfg.Admission = h.admissionConfig()
-	return cfg, cfg.Validate()
+	return cfg, nil
 }
 
 // admissionConfig applies anti_starvation's defaults: boost up to 10% of
@@ -325,6 +325,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.classIdx[c.Name] = c.WaitBudget
 	}
 	if err := h.provisionDegrade(); err != nil {
+		return err
+	}
+	// Validate before any shared state is touched, so a bad config fails
+	// the load with its cause named and the running queue untouched.
+	if err := h.qcfg.Validate(); err != nil {
 		return err
 	}
 	if h.ProxyRaw == nil {

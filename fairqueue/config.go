@@ -122,7 +122,19 @@ func (c *Config) Validate() error {
 			return err
 		}
 	}
-	return check("default_tenant", c.Default)
+	if err := check("default_tenant", c.Default); err != nil {
+		return err
+	}
+	if len(c.Degrade) > 0 {
+		names := make([]string, len(c.Classes))
+		for i, cl := range c.Classes {
+			names[i] = cl.Name
+		}
+		if _, err := degrade.NewLadder(c.Degrade, c.DegradeHold, names); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Budget returns the wait budget of a request of class cls from tenant t:
