@@ -370,7 +370,7 @@ func TestDegradeLadder(t *testing.T) {
 	for i := bulkC; i < bulkC+6; i++ { // 52 queued: water 0.87
 		bulkCCh = append(bulkCCh, async(ctx, defaultClient, base, bulk(fmt.Sprint("bulk-c-", i))))
 	}
-	s = waitMetric(t, c, "50 batch queued and L3 engaged", func(s harness.Series) bool {
+	waitMetric(t, c, "50 batch queued and L3 engaged", func(s harness.Series) bool {
 		return depth(s, "bulk") == 50 && level(s) >= 3
 	})
 	liveC0 := async(ctx, defaultClient, base, chatReq{Tenant: "live", TestID: "live-c-0", MaxTokens: degradeTokens, IgnoreEOS: true})
