@@ -50,10 +50,13 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    tokenizer           cl100k_base|o200k_base|approx
 //	    default_max_tokens  <n>
 //	    max_body            <size>
+//	    body_timeout        <duration>
+//	    max_request_tokens  <n>
 //	    max_inflight        <n>
 //	    max_inflight_tokens <n>
 //	    max_queue           <n>
 //	    max_queue_tokens    <n>
+//	    max_queue_bytes     <size>
 //
 //	    # classes of service (realtime 5s, interactive 15s and batch 300s
 //	    # always exist; a class line changes a budget or adds a class)
@@ -61,7 +64,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //
 //	    # tenants
 //	    tenant <name> [weight <n>] [class <class>] [wait_budget <duration>] [max_queue <n>]
-//	    default_tenant [weight <n>] [class <class>] [wait_budget <duration>] [max_queue <n>]
+//	                  [max_inflight <n>] [max_request_tokens <n>]
+//	    default_tenant [<same options>]   # all unknown tenants, as one group
 //	    default_tenant reject
 //
 //	    # bounded boost for requests about to miss their budget
@@ -224,18 +228,21 @@ func (p *cfParser) subdirective() error {
 		return p.posIntArg(sub, &h.DefaultMaxTokens)
 
 	case "max_body":
+		return p.sizeArg(sub, &h.MaxBody)
+
+	case "max_queue_bytes":
+		return p.sizeArg(sub, &h.MaxQueueBytes)
+
+	case "body_timeout":
 		v, err := p.oneArg(sub)
 		if err != nil {
 			return err
 		}
-		n, err := humanize.ParseBytes(v)
-		if err != nil {
-			return d.Errf("max_body: %q is not a size (e.g. 8MB, 512KiB)", v)
-		}
-		if n == 0 || n > math.MaxInt64 {
-			return d.Errf("max_body: %q must be above 0 and below 8EiB", v)
-		}
-		h.MaxBody = int64(n)
+		h.BodyTimeout, err = p.duration(sub, v)
+		return err
+
+	case "max_request_tokens":
+		return p.posInt64Arg(sub, &h.MaxRequestTokens)
 
 	case "max_inflight":
 		return p.posIntArg(sub, &h.MaxInflight)
@@ -269,8 +276,9 @@ func (p *cfParser) subdirective() error {
 
 	default:
 		return d.Errf("unknown subdirective %q in fair_queue (want name, tenant_key, cost_unit, tokenizer, "+
-			"default_max_tokens, max_body, max_inflight, max_inflight_tokens, max_queue, max_queue_tokens, "+
-			"class, tenant, default_tenant, anti_starvation, degrade or reverse_proxy)", sub)
+			"default_max_tokens, max_body, body_timeout, max_request_tokens, max_inflight, max_inflight_tokens, "+
+			"max_queue, max_queue_tokens, max_queue_bytes, class, tenant, default_tenant, anti_starvation, "+
+			"degrade or reverse_proxy)", sub)
 	}
 	return nil
 }
@@ -362,9 +370,9 @@ func (p *cfParser) tenantOptions(who string, tok caddyfile.Token, args []string)
 	for i := 0; i < len(args); i += 2 {
 		opt := args[i]
 		switch opt {
-		case "weight", "class", "wait_budget", "max_queue":
+		case "weight", "class", "wait_budget", "max_queue", "max_inflight", "max_request_tokens":
 		default:
-			return nil, d.Errf("%s: unknown option %q (want weight, class, wait_budget or max_queue)", who, opt)
+			return nil, d.Errf("%s: unknown option %q (want weight, class, wait_budget, max_queue, max_inflight or max_request_tokens)", who, opt)
 		}
 		if seen[opt] {
 			return nil, d.Errf("%s: %s given twice", who, opt)
@@ -390,12 +398,19 @@ func (p *cfParser) tenantOptions(who string, tok caddyfile.Token, args []string)
 				return nil, err
 			}
 			tc.WaitBudget = dur
-		case "max_queue":
+		case "max_queue", "max_inflight", "max_request_tokens":
 			n, err := strconv.ParseInt(v, 10, strconv.IntSize)
 			if err != nil || n <= 0 {
-				return nil, d.Errf("%s: max_queue %q must be a positive integer", who, v)
+				return nil, d.Errf("%s: %s %q must be a positive integer", who, opt, v)
 			}
-			tc.MaxQueue = int(n)
+			switch opt {
+			case "max_queue":
+				tc.MaxQueue = int(n)
+			case "max_inflight":
+				tc.MaxInflight = int(n)
+			default:
+				tc.MaxRequestTokens = n
+			}
 		}
 	}
 	return tc, nil
@@ -652,6 +667,23 @@ func (p *cfParser) posInt64Arg(sub string, dst *int64) error {
 		return p.d.Errf("%s: %q must be a positive integer", sub, v)
 	}
 	*dst = n
+	return nil
+}
+
+// sizeArg parses a positive size with units (8MB, 512KiB).
+func (p *cfParser) sizeArg(sub string, dst *int64) error {
+	v, err := p.oneArg(sub)
+	if err != nil {
+		return err
+	}
+	n, err := humanize.ParseBytes(v)
+	if err != nil {
+		return p.d.Errf("%s: %q is not a size (e.g. 8MB, 512KiB)", sub, v)
+	}
+	if n == 0 || n > math.MaxInt64 {
+		return p.d.Errf("%s: %q must be above 0 and below 8EiB", sub, v)
+	}
+	*dst = int64(n)
 	return nil
 }
 

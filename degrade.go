@@ -52,23 +52,23 @@ func (h *Handler) provisionDegrade() error {
 
 // applyDegrade trims the body of a request whose class is in light mode
 // and re-estimates its cost. Throttling is the scheduler's (it answers
-// class_throttled at Enqueue).
-func (h *Handler) applyDegrade(a *admission) *apiError {
+// class_throttled at Enqueue). A body light mode cannot trim is served as
+// it is: the mode lowers cost where it can, it never refuses.
+func (h *Handler) applyDegrade(a *admission) {
 	act, ok := h.shared.q.LightMode(a.class)
 	if !ok {
-		return nil
+		return
 	}
 	out, changed, err := llmapi.LightMode(a.req.Kind, a.body, act.MaxInputTokens, act.MaxTokens, h.counter)
 	if err != nil || !changed {
-		return nil // a body light mode cannot trim is served as it is
+		return
 	}
 	req, err := llmapi.Parse(a.path, out)
 	if err != nil {
-		return nil
+		return
 	}
 	a.body, a.req, a.light = out, req, true
 	a.cost = llmapi.Estimate(req, h.counter, h.DefaultMaxTokens)
-	return nil
 }
 
 // onTransition logs, counts and emits one ladder transition.

@@ -2,6 +2,7 @@ package caddyfairqueue
 
 import (
 	"errors"
+	"regexp"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -174,3 +175,28 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		return true
 	})
 }
+
+// MetricNames lists the fully qualified names of every metric the plugin
+// exports, from the collectors themselves: documentation and tests use it
+// to refer to metrics that exist (a series that was never observed is
+// absent from a scrape, and must not be mistaken for a renamed one).
+func MetricNames() []string {
+	ch := make(chan *prometheus.Desc, 64)
+	go func() {
+		for _, c := range collectors {
+			c.Describe(ch)
+		}
+		close(ch)
+	}()
+	var names []string
+	for d := range ch {
+		if m := descName.FindStringSubmatch(d.String()); m != nil {
+			names = append(names, m[1])
+		}
+	}
+	return names
+}
+
+// descName reads the name out of prometheus.Desc's String, its only
+// exported view.
+var descName = regexp.MustCompile(`fqName: "([^"]+)"`)

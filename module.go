@@ -3,6 +3,7 @@ package caddyfairqueue
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -57,6 +58,18 @@ type Handler struct {
 	// get 413. Default: 8 MiB.
 	MaxBody int64 `json:"max_body,omitempty"`
 
+	// BodyTimeout bounds the time to receive a whole request body; a body
+	// still incomplete then gets 408 request_timeout. The wait budget
+	// counts from when the body is complete. Default: 30s.
+	BodyTimeout caddy.Duration `json:"body_timeout,omitempty"`
+
+	// MaxRequestTokens caps one request's estimated cost (prompt tokens
+	// plus output cap, times n); above it, 400 context_length_exceeded.
+	// A tenant may override it. max_inflight_tokens and max_queue_tokens,
+	// when set and lower, cap it too: a request above them could never be
+	// dispatched or queued. Default: 131072.
+	MaxRequestTokens int64 `json:"max_request_tokens,omitempty"`
+
 	// MaxInflight is the number of concurrent requests per healthy upstream.
 	// Default: 16.
 	MaxInflight int `json:"max_inflight,omitempty"`
@@ -73,6 +86,11 @@ type Handler struct {
 	// MaxQueueTokens, when set, caps the queued estimated tokens as well.
 	MaxQueueTokens int64 `json:"max_queue_tokens,omitempty"`
 
+	// MaxQueueBytes caps the request bodies held by queued requests, so
+	// memory is bounded by configuration, not by traffic; beyond it, 503
+	// server_busy. Default: 256 MiB.
+	MaxQueueBytes int64 `json:"max_queue_bytes,omitempty"`
+
 	// Classes of service and their default wait budgets. realtime (5s),
 	// interactive (15s) and batch (300s) always exist; entries here change
 	// their budgets or add classes. A request may move itself to a class
@@ -82,9 +100,12 @@ type Handler struct {
 	// Tenants maps tenant names to their settings.
 	Tenants map[string]*TenantConfig `json:"tenants,omitempty"`
 
-	// DefaultTenant applies to tenants not listed in Tenants. Default:
-	// weight 1, class batch. Each unknown tenant still gets its own
-	// sub-queue; their metrics share one label.
+	// DefaultTenant applies to tenants not listed in Tenants, as one group:
+	// its weight is the share of all unknown tenants together (fair among
+	// themselves inside it) and its max_queue caps their queued requests
+	// together, so rotating tenant IDs cannot outweigh or crowd out the
+	// declared tenants. Default: weight 1, class batch, max_queue half of
+	// the queue's. Their metrics share one label.
 	DefaultTenant *TenantConfig `json:"default_tenant,omitempty"`
 
 	// RejectUnknownTenants answers requests of unlisted tenants (and
@@ -135,8 +156,14 @@ type TenantConfig struct {
 	// WaitBudget overrides the class's wait budget.
 	WaitBudget caddy.Duration `json:"wait_budget,omitempty"`
 	// MaxQueue caps this tenant's queued requests; beyond it, 429
-	// tenant_queue_full.
+	// tenant_queue_full. For default_tenant it caps all unknown tenants
+	// together.
 	MaxQueue int `json:"max_queue,omitempty"`
+	// MaxInflight caps this tenant's requests in flight: at the cap its
+	// queued requests wait and others take the free slots. 0: no cap.
+	MaxInflight int `json:"max_inflight,omitempty"`
+	// MaxRequestTokens overrides the queue's max_request_tokens.
+	MaxRequestTokens int64 `json:"max_request_tokens,omitempty"`
 }
 
 // AntiStarvation configures the bounded boost.
@@ -225,6 +252,15 @@ func (h *Handler) setDefaults() {
 	}
 	if h.MaxQueue == 0 {
 		h.MaxQueue = 10000
+	}
+	if h.BodyTimeout == 0 {
+		h.BodyTimeout = caddy.Duration(30 * time.Second)
+	}
+	if h.MaxRequestTokens == 0 {
+		h.MaxRequestTokens = 131072
+	}
+	if h.MaxQueueBytes == 0 {
+		h.MaxQueueBytes = 256 << 20
 	}
 }
 
@@ -335,7 +371,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.ProxyRaw == nil {
 		return fmt.Errorf("fair_queue needs a reverse_proxy to dispatch to")
 	}
-	if h.ProxyRaw, err = defaultLeastConn(h.ProxyRaw); err != nil {
+	if h.ProxyRaw, err = proxyDefaults(h.ProxyRaw); err != nil {
 		return fmt.Errorf("proxy: %v", err)
 	}
 	mod, err := ctx.LoadModule(h, "ProxyRaw")
@@ -369,42 +405,68 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// defaultLeastConn gives the inner proxy the least_conn selection policy
-// unless it names one. Capacity is max_inflight summed over the healthy
-// upstreams, so dispatched requests must spread by load: with Caddy's
-// default (random), two requests can land on one full upstream while
-// another has a free slot, and wait in the model server's own queue.
-func defaultLeastConn(raw json.RawMessage) (json.RawMessage, error) {
+// proxyDefaults gives the inner proxy what a queue in front of it needs,
+// unless the config says otherwise:
+//
+//   - the least_conn selection policy. Capacity is max_inflight summed over
+//     the healthy upstreams, so dispatched requests must spread by load:
+//     with Caddy's default (random), two requests can land on one full
+//     upstream while another has a free slot, and wait in the model
+//     server's own queue.
+//   - an HTTP transport read_timeout of defaultReadTimeout: the longest an
+//     upstream may stay silent, before its response headers or between two
+//     reads of a stream. Without it a model server that hangs holds a
+//     dispatch slot, and the queue's capacity, forever.
+func proxyDefaults(raw json.RawMessage) (json.RawMessage, error) {
 	var proxy map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &proxy); err != nil {
 		return nil, err
 	}
-	var lb map[string]json.RawMessage
-	if v, ok := proxy["load_balancing"]; ok {
-		if err := json.Unmarshal(v, &lb); err != nil {
+	lb, err := subObject(proxy, "load_balancing")
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := lb["selection_policy"]; !ok {
+		lb["selection_policy"] = json.RawMessage(`{"policy":"least_conn"}`)
+		if proxy["load_balancing"], err = json.Marshal(lb); err != nil {
 			return nil, err
 		}
 	}
-	if _, ok := lb["selection_policy"]; ok {
-		return raw, nil
-	}
-	if lb == nil {
-		lb = map[string]json.RawMessage{}
-	}
-	lb["selection_policy"] = json.RawMessage(`{"policy":"least_conn"}`)
-	var err error
-	if proxy["load_balancing"], err = json.Marshal(lb); err != nil {
+	tr, err := subObject(proxy, "transport")
+	if err != nil {
 		return nil, err
+	}
+	var protocol string
+	if p, ok := tr["protocol"]; ok {
+		if err := json.Unmarshal(p, &protocol); err != nil {
+			return nil, err
+		}
+	}
+	if _, ok := tr["read_timeout"]; !ok && (protocol == "" || protocol == "http") {
+		tr["protocol"] = json.RawMessage(`"http"`)
+		tr["read_timeout"] = json.RawMessage(strconv.Quote(defaultReadTimeout.String()))
+		if proxy["transport"], err = json.Marshal(tr); err != nil {
+			return nil, err
+		}
 	}
 	return json.Marshal(proxy)
 }
 
-// Validate checks what Provision could not.
-func (h *Handler) Validate() error {
-	if h.proxy == nil {
-		return fmt.Errorf("no reverse_proxy")
+// defaultReadTimeout is the inner proxy's read_timeout unless configured.
+// Non-streamed completions send nothing until the whole answer is ready, so
+// it must exceed the longest generation; five minutes of silence is a dead
+// or hung model server.
+const defaultReadTimeout = 5 * time.Minute
+
+// subObject returns the JSON object m[key] decoded, or an empty one.
+func subObject(m map[string]json.RawMessage, key string) (map[string]json.RawMessage, error) {
+	out := map[string]json.RawMessage{}
+	if v, ok := m[key]; ok {
+		if err := json.Unmarshal(v, &out); err != nil {
+			return nil, fmt.Errorf("%s: %v", key, err)
+		}
 	}
-	return nil
+	return out, nil
 }
 
 // Cleanup leaves the queue. Requests still waiting or streaming keep
@@ -439,7 +501,6 @@ func (h *Handler) healthyUpstreams() int {
 // Interface guards
 var (
 	_ caddy.Provisioner           = (*Handler)(nil)
-	_ caddy.Validator             = (*Handler)(nil)
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )

@@ -1,10 +1,13 @@
 package caddyfairqueue
 
 import (
+	"fmt"
+	"runtime/debug"
 	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
@@ -50,8 +53,12 @@ func newSharedQueue(name string, cfg fairqueue.Config) (*sharedQueue, error) {
 	return s, nil
 }
 
-// Destruct stops the ticker once no config uses the queue any more.
+// Destruct runs once no config uses the queue any more (a reload removed
+// or renamed it): requests still queued are answered at once (503, retry)
+// rather than left waiting on a queue nobody ticks or dispatches, and the
+// ticker stops. Requests in flight finish on their own.
 func (s *sharedQueue) Destruct() error {
+	s.q.Close("the queue was removed by a configuration reload")
 	close(s.stop)
 	<-s.done
 	return nil
@@ -67,10 +74,19 @@ func (s *sharedQueue) owner() *Handler {
 	return s.owners[len(s.owners)-1]
 }
 
-// adopt makes h the owner and applies its config.
+// adopt makes h the owner and applies its config. Two handlers of one
+// config load that name the same queue are refused: the queue has one
+// proxy and one health view, so one of them would silently lose its
+// upstreams. (A reload's old and new handlers share it by design.)
 func (s *sharedQueue) adopt(h *Handler) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	for _, o := range s.owners {
+		if o.ctx.Context == h.ctx.Context {
+			return fmt.Errorf("two fair_queue handlers are named %q in one config; "+
+				"give each its own name (the name identifies the queue they share)", s.name)
+		}
+	}
 	if err := s.q.Reconfigure(h.qcfg); err != nil {
 		return err
 	}
@@ -99,6 +115,9 @@ func (s *sharedQueue) abandon(h *Handler) {
 	}
 }
 
+// loop ticks the queue: health into capacity, deadlines, re-checks, the
+// degrade ladder. A panic in one tick is logged and the loop goes on: a
+// queue nobody ticks would let its waiters miss every deadline.
 func (s *sharedQueue) loop() {
 	defer close(s.done)
 	t := time.NewTicker(tickPeriod)
@@ -108,10 +127,27 @@ func (s *sharedQueue) loop() {
 		case <-s.stop:
 			return
 		case <-t.C:
-			if h := s.owner(); h != nil {
-				s.q.SetHealthy(h.healthyUpstreams())
-			}
-			s.q.Tick()
+			s.tick()
 		}
 	}
 }
+
+func (s *sharedQueue) tick() {
+	defer func() {
+		if err := recover(); err != nil {
+			logger := caddy.Log()
+			if h := s.owner(); h != nil {
+				logger = h.logger
+			}
+			logger.Named("ticker").Error("panic in the queue's tick",
+				zap.String("queue", s.name), zap.Any("error", err), zap.ByteString("stack", debug.Stack()))
+		}
+	}()
+	if h := s.owner(); h != nil {
+		s.q.SetHealthy(h.healthyUpstreams())
+	}
+	s.q.Tick()
+}
+
+// Interface guards
+var _ caddy.Destructor = (*sharedQueue)(nil)

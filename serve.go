@@ -42,7 +42,16 @@ const (
 	outcomeTooLarge   = "request_too_large"
 	outcomeUnknown    = "unknown_tenant"
 	outcomeProxyError = "proxy_error"
+	// outcomeBodyTimeout: the body did not arrive within body_timeout.
+	outcomeBodyTimeout = "request_timeout"
+	// codeContextLength is OpenAI's code for a request over the context
+	// window; here, over the tokens one request may have.
+	codeContextLength = "context_length_exceeded"
 )
+
+// placeholderTenant is set as soon as the tenant is known, so the inner
+// proxy can pass it on (header_up X-Tenant {http.fair_queue.tenant}).
+const placeholderTenant = "http.fair_queue.tenant"
 
 // admission is everything known about a request before it is queued.
 type admission struct {
@@ -67,7 +76,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	a, aerr := h.admit(w, r, repl)
 	if aerr != nil {
+		if a.body == nil {
+			// Refused before the body was read whole. The connection
+			// cannot carry another request, and closing it is what stops
+			// net/http from reading up to 256 KiB of an unwanted body
+			// before it sends the answer (it does for bodies Caddy wraps).
+			w.Header().Set("Connection", "close")
+		}
 		h.answer(w, repl, a, aerr)
+		if a.body == nil && aerr.code != outcomeBodyTimeout {
+			// Let the client finish sending, so it reads this answer
+			// rather than a connection reset.
+			linger(w, r)
+		}
 		return nil
 	}
 	q := h.shared.q
@@ -189,10 +210,15 @@ func (h *Handler) actualCost(rec *usageRecorder, a *admission, failed bool) int6
 	return fairqueue.UnknownCost
 }
 
-// admit resolves tenant, class, budget and body, and estimates cost.
+// admit resolves tenant, class and budget, reads and parses the body, and
+// estimates its cost. The checks that need no body come first, so a request
+// that will be refused anyway costs no read, no parse and no tokenizing, and
+// a client that sent "Expect: 100-continue" is refused before it uploads.
 func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer) (*admission, *apiError) {
 	a := &admission{arrived: time.Now(), path: r.URL.Path}
 	a.tenant = repl.ReplaceAll(h.TenantKey, "")
+	// Known from here on, so the inner proxy can use it (header_up).
+	repl.Set(placeholderTenant, a.tenant)
 	tc, known := h.qcfg.Tenant(a.tenant)
 	a.tc, a.label = tc, a.tenant
 	if !known {
@@ -205,14 +231,62 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 			return a, &apiError{status: http.StatusForbidden, code: outcomeUnknown, message: msg}
 		}
 	}
+	if aerr := h.classAndBudget(r, a); aerr != nil {
+		return a, aerr
+	}
+	if r.ContentLength > h.MaxBody {
+		return a, h.tooLarge()
+	}
+	if rej := h.shared.q.Precheck(a.tenant, a.class); rej != nil {
+		return a, rejectionError(rej)
+	}
+
+	body, err := readBody(w, r, h.MaxBody, time.Duration(h.BodyTimeout))
+	if err != nil {
+		return a, h.bodyError(err)
+	}
+	// The wait budget counts from a complete request: a slow upload is the
+	// client's time, not the queue's.
+	a.arrived = time.Now()
+	if a.budget > 0 {
+		a.deadline = a.arrived.Add(a.budget)
+	}
+	a.body = body
+	req, err := llmapi.Parse(r.URL.Path, body)
+	if err != nil {
+		return a, badRequest(err.Error())
+	}
+	a.req = req
+	est := h.estimator()
+	a.cost = llmapi.Estimate(req, est, h.DefaultMaxTokens)
+	h.applyDegrade(a)
+	if limit, what := h.requestTokenLimit(a.tenant, known); int64(a.cost.Total()) > limit {
+		if est != h.counter && !a.light {
+			// The cheap estimate may overshoot: refuse on the exact count only.
+			a.cost = llmapi.Estimate(req, h.counter, h.DefaultMaxTokens)
+		}
+		if int64(a.cost.Total()) > limit {
+			return a, &apiError{status: http.StatusBadRequest, code: codeContextLength,
+				message: fmt.Sprintf("This request needs up to %d tokens (about %d of prompt and an output cap of %d), "+
+					"more than the %d tokens per request this gateway allows (%s). Lower max_tokens or shorten the prompt.",
+					a.cost.Total(), a.cost.Prompt, a.cost.Total()-a.cost.Prompt, limit, what)}
+		}
+	}
+	return a, nil
+}
+
+// classAndBudget applies the request's class and wait-budget headers, which
+// may only lower what its tenant gets.
+func (h *Handler) classAndBudget(r *http.Request, a *admission) *apiError {
+	tc := a.tc
 	a.class = tc.Class
 	if c := r.Header.Get(headerClass); c != "" {
 		cb, ok := h.classIdx[c]
 		if !ok {
-			return a, badRequest(fmt.Sprintf("%s: unknown class %q.", headerClass, c))
+			return badRequest(fmt.Sprintf("%s: unknown class %q.", headerClass, c))
 		}
 		if shorterBudget(cb, h.classIdx[tc.Class]) {
-			return a, badRequest(fmt.Sprintf("%s: class %q has a shorter wait budget than the tenant's class %q; a request may only lower its class.", headerClass, c, tc.Class))
+			return badRequest(fmt.Sprintf("%s: class %q has a shorter wait budget than the tenant's class %q; a request may only lower its class.", headerClass, c, tc.Class))
 		}
 		a.class = c
 	}
@@ -225,60 +299,35 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 	if v := r.Header.Get(headerWaitBudget); v != "" {
 		d, err := caddy.ParseDuration(v)
 		if err != nil || d <= 0 {
-			return a, badRequest(fmt.Sprintf("%s: %q is not a positive duration such as 2s or 500ms.", headerWaitBudget, v))
+			return badRequest(fmt.Sprintf("%s: %q is not a positive duration such as 2s or 500ms.", headerWaitBudget, v))
 		}
 		if a.budget == 0 || d < a.budget {
 			a.budget = d
 		}
 	}
-	if a.budget > 0 {
-		a.deadline = a.arrived.Add(a.budget)
-	}
-
-	body, err := readBody(http.MaxBytesReader(w, r.Body, h.MaxBody), r.ContentLength, h.MaxBody)
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return a, &apiError{status: http.StatusRequestEntityTooLarge, code: outcomeTooLarge,
-				message: fmt.Sprintf("The request body is larger than this gateway accepts (%d bytes).", h.MaxBody)}
-		}
-		return a, badRequest("The request body could not be read: " + err.Error())
-	}
-	a.body = body
-	req, err := llmapi.Parse(r.URL.Path, body)
-	if err != nil {
-		return a, badRequest(err.Error())
-	}
-	a.req = req
-	a.cost = llmapi.Estimate(req, h.estimator(), h.DefaultMaxTokens)
-	if aerr := h.applyDegrade(a); aerr != nil {
-		return a, aerr
-	}
-	return a, nil
+	return nil
 }
 
-// readBody reads the whole body, into a buffer sized from Content-Length
-// when the client sent one: io.ReadAll grows from 512 bytes, which for a
-// long prompt copies the body many times over.
-func readBody(rd io.Reader, contentLength, maxBody int64) ([]byte, error) {
-	if contentLength <= 0 || contentLength > maxBody {
-		return io.ReadAll(rd)
+// requestTokenLimit is the largest cost one request of a tenant may have,
+// and the setting that sets it. A request above max_inflight_tokens or
+// max_queue_tokens could never be dispatched or queued, so it is refused
+// like one above max_request_tokens rather than parked.
+func (h *Handler) requestTokenLimit(tenant string, known bool) (int64, string) {
+	limit, what := h.MaxRequestTokens, "max_request_tokens"
+	t := h.DefaultTenant
+	if known {
+		t = h.Tenants[tenant]
 	}
-	b := make([]byte, 0, contentLength+1) // +1: room to see EOF
-	for {
-		n, err := rd.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if err == io.EOF {
-			return b, nil
-		}
-		if err != nil {
-			return b, err
-		}
-		if len(b) == cap(b) {
-			rest, err := io.ReadAll(rd)
-			return append(b, rest...), err
-		}
+	if t != nil && t.MaxRequestTokens > 0 {
+		limit, what = t.MaxRequestTokens, "the tenant's max_request_tokens"
 	}
+	if h.MaxInflightTokens > 0 && h.MaxInflightTokens < limit {
+		limit, what = h.MaxInflightTokens, "max_inflight_tokens of one model server"
+	}
+	if h.MaxQueueTokens > 0 && h.MaxQueueTokens < limit {
+		limit, what = h.MaxQueueTokens, "max_queue_tokens"
+	}
+	return limit, what
 }
 
 // shorterBudget reports whether wait budget a is shorter than b, where 0
@@ -299,7 +348,7 @@ func (h *Handler) answer(w http.ResponseWriter, repl *caddy.Replacer, a *admissi
 
 // record sets the access-log placeholders, logs and counts the outcome.
 func (h *Handler) record(repl *caddy.Replacer, a *admission, outcome string, wait time.Duration) {
-	repl.Set("http.fair_queue.tenant", a.tenant)
+	repl.Set(placeholderTenant, a.tenant)
 	repl.Set("http.fair_queue.wait_ms", wait.Milliseconds())
 	repl.Set("http.fair_queue.cost", a.cost.Total())
 	repl.Set("http.fair_queue.outcome", outcome)

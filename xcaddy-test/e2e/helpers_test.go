@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	caddyfairqueue "github.com/caddy-fair-queue/caddy-fair-queue"
 	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/harness"
 )
 
@@ -297,9 +298,30 @@ func scrape(t *testing.T, c *harness.Caddy) harness.Series {
 	return harness.Metrics(t, c.AdminURL()+"/metrics")
 }
 
-// metric is one gauge or counter of the default queue.
+// metric is one gauge or counter of the default queue. An absent series
+// reads 0 (a counter never incremented), so the name is checked against the
+// metrics the plugin really exports: a renamed metric fails the test
+// instead of passing every "== 0" check.
 func metric(s harness.Series, name string, labelPairs ...string) float64 {
+	if !knownMetric(name) {
+		panic(fmt.Sprintf("metric %q is not one the plugin exports (%v)", name, caddyfairqueue.MetricNames()))
+	}
 	return s.Sum(name, append([]string{"queue", "default"}, labelPairs...)...)
+}
+
+var (
+	knownOnce    sync.Once
+	knownMetrics map[string]bool
+)
+
+func knownMetric(name string) bool {
+	knownOnce.Do(func() {
+		knownMetrics = map[string]bool{}
+		for _, n := range caddyfairqueue.MetricNames() {
+			knownMetrics[n] = true
+		}
+	})
+	return knownMetrics[name]
 }
 
 // waitMetric polls the gateway's metrics until cond holds.

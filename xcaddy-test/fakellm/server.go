@@ -498,6 +498,16 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	if g.model == "" {
 		g.model = s.cfg.Name
 	}
+	// Faults a test can ask for, per request: a usage object no parser
+	// should trust, and a stream that stops sending after N tokens
+	// without ending (a hung model server).
+	g.garbageUsage = r.Header.Get("X-Fake-Usage") == "garbage"
+	g.stallAfter = -1
+	if v := r.Header.Get("X-Fake-Stall-After"); v != "" {
+		if n, err := strconv.Atoi(v); err == nil && n >= 0 {
+			g.stallAfter = n
+		}
+	}
 	if req.Stream {
 		err = s.stream(ctx, w, g, includeUsage)
 	} else {
@@ -620,6 +630,17 @@ type generation struct {
 	chat         bool
 	usage        usage
 	finishReason string
+	garbageUsage bool // report a usage object of the wrong types
+	stallAfter   int  // >= 0: stop sending after this many tokens until the client leaves
+}
+
+// usageJSON is the usage object the fake reports.
+func (g generation) usageJSON() any {
+	if g.garbageUsage {
+		return map[string]any{"prompt_tokens": "many", "completion_tokens": -7,
+			"total_tokens": 1e300, "prompt_tokens_details": []int{1, 2}}
+	}
+	return g.usage
 }
 
 func (g generation) object(chunk bool) string {
@@ -656,7 +677,7 @@ func (s *Server) respond(ctx context.Context, w http.ResponseWriter, g generatio
 	}
 	return writeJSON(w, http.StatusOK, map[string]any{
 		"id": g.prefixedID(), "object": g.object(false), "created": g.created,
-		"model": g.model, "choices": []any{choice}, "usage": g.usage,
+		"model": g.model, "choices": []any{choice}, "usage": g.usageJSON(),
 	})
 }
 
@@ -705,6 +726,10 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, g generation
 	}
 
 	for i := range g.usage.CompletionTokens {
+		if i == g.stallAfter {
+			<-ctx.Done()
+			return ctx.Err()
+		}
 		if err := send([]any{choice(i, nil)}, nil); err != nil {
 			return err
 		}
@@ -716,7 +741,7 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, g generation
 		return err
 	}
 	if includeUsage {
-		if err := send([]any{}, g.usage); err != nil {
+		if err := send([]any{}, g.usageJSON()); err != nil {
 			return err
 		}
 	}

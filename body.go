@@ -1,0 +1,141 @@
+package caddyfairqueue
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"time"
+)
+
+// Bounds on reading a request body. A gateway in front of a shared cluster
+// reads bodies from every caller, so what one slow or lying client can pin
+// must be bounded by configuration, not by what the client announces.
+const (
+	// bodyPrealloc is the most allocated for a body before its bytes
+	// arrive: a client announcing Content-Length: 8MB and trickling one
+	// byte at a time then pins 64 KiB, not 8 MB.
+	bodyPrealloc = 64 << 10
+
+	// lingerBytes and lingerTime bound the read-and-discard after a refusal
+	// of a body that is still arriving (413, or a refusal before the body
+	// was read). Closing a connection with unread bytes makes the kernel
+	// send a reset, which many clients (Python's urllib among them) report
+	// instead of the 413 already sent; draining lets them read it. The
+	// bound keeps a hostile client from holding the handler longer.
+	lingerBytes = 128 << 20
+	lingerTime  = 10 * time.Second
+)
+
+// errBodyTimeout is the read error when a body is not complete within
+// body_timeout.
+var errBodyTimeout = errors.New("request body not complete within body_timeout")
+
+// readBody reads the whole body within timeout, growing its buffer as bytes
+// arrive: it never preallocates more than bodyPrealloc however large the
+// announced Content-Length, and it stops at maxBody (a *http.MaxBytesError).
+func readBody(w http.ResponseWriter, r *http.Request, maxBody int64, timeout time.Duration) ([]byte, error) {
+	rd := http.MaxBytesReader(w, r.Body, maxBody)
+	if timeout > 0 {
+		stop := bodyDeadline(w, r, timeout)
+		defer stop()
+	}
+	b, err := readGrowing(rd, r.ContentLength, maxBody)
+	if err != nil && isTimeout(err) {
+		err = errBodyTimeout
+	}
+	return b, err
+}
+
+// readGrowing reads rd to EOF. The buffer starts at the announced length
+// (at most bodyPrealloc) and doubles as bytes arrive, up to the announced
+// length or maxBody, so a long prompt is copied O(1) times on average and a
+// lying Content-Length costs nothing until it is backed by bytes.
+func readGrowing(rd io.Reader, contentLength, maxBody int64) ([]byte, error) {
+	limit := maxBody + 1 // room to see EOF, or the byte past the limit
+	if contentLength >= 0 && contentLength < maxBody {
+		limit = contentLength + 1
+	}
+	b := make([]byte, 0, min(limit, bodyPrealloc))
+	for {
+		if len(b) == cap(b) {
+			want := min(2*int64(cap(b)), limit)
+			if want <= int64(cap(b)) {
+				want = 2*int64(cap(b)) + 1 // more than announced: the reader decides
+			}
+			nb := make([]byte, len(b), want)
+			copy(nb, b)
+			b = nb
+		}
+		n, err := rd.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+}
+
+// bodyDeadline bounds the time to read the body. On HTTP/1 it is a read
+// deadline on the connection, lifted again by the returned func (the
+// server's own deadlines are reset per request only when configured, and
+// its background read, which notices a client leaving, must not fail on
+// ours). Where the connection takes no deadline (HTTP/2), the body is
+// closed when the time is up, which fails the read just the same.
+func bodyDeadline(w http.ResponseWriter, r *http.Request, timeout time.Duration) (stop func()) {
+	rc := http.NewResponseController(w)
+	if err := rc.SetReadDeadline(time.Now().Add(timeout)); err == nil {
+		return func() { _ = rc.SetReadDeadline(time.Time{}) }
+	}
+	body := r.Body
+	t := time.AfterFunc(timeout, func() { _ = body.Close() })
+	return func() { t.Stop() }
+}
+
+func isTimeout(err error) bool {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return true
+	}
+	var ne interface{ Timeout() bool }
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// bodyError maps a failed body read to the HTTP contract.
+func (h *Handler) bodyError(err error) *apiError {
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return h.tooLarge()
+	case errors.Is(err, errBodyTimeout):
+		return &apiError{status: http.StatusRequestTimeout, code: outcomeBodyTimeout,
+			message: fmt.Sprintf("The request body did not arrive within %s; send it faster or in one piece.", time.Duration(h.BodyTimeout))}
+	}
+	return badRequest("The request body could not be read: " + err.Error())
+}
+
+func (h *Handler) tooLarge() *apiError {
+	return &apiError{status: http.StatusRequestEntityTooLarge, code: outcomeTooLarge,
+		message: fmt.Sprintf("The request body is larger than this gateway accepts (%d bytes); send a shorter prompt.", h.MaxBody)}
+}
+
+// linger reads and discards what the client is still sending of a refused
+// request, bounded in bytes and time, after the answer was flushed, so the
+// client reads the answer rather than a connection reset. A client that
+// asked "Expect: 100-continue" was refused before it sent anything: reading
+// would invite it to upload, so nothing is read and the server closes the
+// connection.
+func linger(w http.ResponseWriter, r *http.Request) {
+	if r.Body == nil || r.Body == http.NoBody || r.Header.Get("Expect") != "" {
+		return
+	}
+	rc := http.NewResponseController(w)
+	if rc.Flush() != nil {
+		return
+	}
+	stop := bodyDeadline(w, r, lingerTime)
+	defer stop()
+	_, _ = io.CopyN(io.Discard, r.Body, lingerBytes)
+}

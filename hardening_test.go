@@ -1,0 +1,106 @@
+package caddyfairqueue
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// Two handlers of one config load that name the same queue would share one
+// proxy and one health view: the second is refused with the cause named.
+func TestProvisionRefusesDuplicateName(t *testing.T) {
+	u := newFakeUpstream(t)
+	name := queueName(t)
+	ctx, cancel := configContext(t)
+	defer cancel()
+	if _, err := loadHandler(ctx, fqConfig(name, u, "")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := loadHandler(ctx, fqConfig(name, u, ""))
+	if err == nil || !strings.Contains(err.Error(), "two fair_queue handlers are named") {
+		t.Fatalf("second handler named %q in one config: %v, want a refusal", name, err)
+	}
+	// A reload (a new config context) shares the queue by design.
+	h2, stop := mustLoad(t, fqConfig(name, u, ""))
+	defer stop()
+	if h2.shared == nil {
+		t.Fatal("a reload's handler did not join the queue")
+	}
+}
+
+func TestProxyDefaults(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{`{"handler":"reverse_proxy"}`,
+			`{"handler":"reverse_proxy","load_balancing":{"selection_policy":{"policy":"least_conn"}},"transport":{"protocol":"http","read_timeout":"5m0s"}}`},
+		// What the operator set stays.
+		{`{"load_balancing":{"selection_policy":{"policy":"first"}},"transport":{"protocol":"http","read_timeout":"1m","dial_timeout":"1s"}}`,
+			`{"load_balancing":{"selection_policy":{"policy":"first"}},"transport":{"protocol":"http","read_timeout":"1m","dial_timeout":"1s"}}`},
+		{`{"transport":{"protocol":"http","tls":{}}}`,
+			`{"load_balancing":{"selection_policy":{"policy":"least_conn"}},"transport":{"protocol":"http","read_timeout":"5m0s","tls":{}}}`},
+		// Another transport has no read_timeout to set.
+		{`{"transport":{"protocol":"fastcgi"}}`,
+			`{"load_balancing":{"selection_policy":{"policy":"least_conn"}},"transport":{"protocol":"fastcgi"}}`},
+	} {
+		got, err := proxyDefaults(json.RawMessage(tc.in))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.in, err)
+		}
+		if string(got) != tc.want {
+			t.Errorf("proxyDefaults(%s)\n got %s\nwant %s", tc.in, got, tc.want)
+		}
+	}
+}
+
+// A request over max_request_tokens (the queue's, a tenant's, or the
+// in-flight token capacity of one model server) is refused at once with
+// OpenAI's code and the limit named; it never reaches the queue.
+func TestServeRequestTokenLimit(t *testing.T) {
+	u := newFakeUpstream(t)
+	h, _ := mustLoad(t, fqConfig(queueName(t), u,
+		`"max_request_tokens":5000,"tenants":{"small":{"max_request_tokens":1000}}`))
+	g := newGateway(t, h)
+	wantOK(t, g.post("a", chatBody(`"max_tokens":4000`)))
+	over := g.post("a", chatBody(`"max_tokens":1000000000000000`))
+	e := wantError(t, over, http.StatusBadRequest, codeContextLength)
+	if !strings.Contains(e.Error.Message, "5000 tokens per request") {
+		t.Errorf("message %q does not name the limit", e.Error.Message)
+	}
+	e = wantError(t, g.post("small", chatBody(`"max_tokens":2000`)), http.StatusBadRequest, codeContextLength)
+	if !strings.Contains(e.Error.Message, "1000 tokens per request") || !strings.Contains(e.Error.Message, "tenant's") {
+		t.Errorf("message %q does not name the tenant's limit", e.Error.Message)
+	}
+	if n := u.hits.Load(); n != 1 {
+		t.Errorf("upstream saw %d requests, want 1", n)
+	}
+	if q, _ := queueStats(h); q != 0 {
+		t.Errorf("%d queued after refusals", q)
+	}
+
+	h2, _ := mustLoad(t, fqConfig(queueName(t)+"_tok", u, `"max_inflight_tokens":3000`))
+	g2 := newGateway(t, h2)
+	e = wantError(t, g2.post("a", chatBody(`"max_tokens":3500`)), http.StatusBadRequest, codeContextLength)
+	if !strings.Contains(e.Error.Message, fmt.Sprint(3000)) || !strings.Contains(e.Error.Message, "max_inflight_tokens") {
+		t.Errorf("message %q does not name max_inflight_tokens", e.Error.Message)
+	}
+}
+
+func TestMetricNames(t *testing.T) {
+	names := MetricNames()
+	want := map[string]bool{"caddy_fair_queue_requests_total": false, "caddy_fair_queue_queue_depth": false,
+		"caddy_fair_queue_degrade_transitions_total": false, "caddy_fair_queue_water_level": false}
+	for _, n := range names {
+		if _, ok := want[n]; ok {
+			want[n] = true
+		}
+		if !strings.HasPrefix(n, "caddy_fair_queue_") {
+			t.Errorf("metric %q outside the caddy_fair_queue_ namespace", n)
+		}
+	}
+	for n, seen := range want {
+		if !seen {
+			t.Errorf("MetricNames lacks %s: %v", n, names)
+		}
+	}
+}

@@ -1,0 +1,322 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/harness"
+)
+
+// hostileCaddyfile is the gateway the hostile-input suite attacks: small
+// limits, so each attack reaches them with few bytes, and a declared
+// tenant, "good", whose requests must be served normally throughout.
+const hostileCaddyfile = `{
+	admin 127.0.0.1:{{.Admin}}
+	default_bind 127.0.0.1
+}
+http://127.0.0.1:{{.Site}} {
+	fair_queue {
+		max_body 64KB
+		body_timeout 1s
+		max_request_tokens 8192
+		max_inflight {{.Slots}}
+		max_queue 500
+		max_queue_bytes 220KB
+		tenant good   weight 1 class interactive
+		tenant bulky  weight 1 class batch
+		tenant capped weight 1 class batch max_inflight 1
+		default_tenant weight 1 class batch max_queue 20
+		reverse_proxy {{.Upstreams}} {
+			health_uri /health
+			health_interval 200ms
+		}
+	}
+}
+`
+
+// TestHostileInput: each attack of issue 8 through the binary, with the
+// exact answer of the HTTP contract, the gateway alive, and a well-behaved
+// tenant served during it.
+func TestHostileInput(t *testing.T) {
+	const slots = 2
+	fakes := startFakes(t, 2, "hi", harness.FakeOptions{Slots: slots, TTFT: 5 * time.Millisecond, PerToken: time.Millisecond})
+	p := harness.Ports(t, "Admin", "Site")
+	c := startCaddy(t, hostileCaddyfile, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
+		"Slots": slots, "Upstreams": addrs(fakes...)})
+	base := fmt.Sprintf("http://127.0.0.1:%d", p["Site"])
+	addr := fmt.Sprintf("127.0.0.1:%d", p["Site"])
+	good := func(id string) {
+		t.Helper()
+		expectServed(t, send(context.Background(), defaultClient, base, chatReq{Tenant: "good", TestID: id, MaxTokens: 4}))
+	}
+
+	t.Run("huge max_tokens", func(t *testing.T) {
+		for i, mt := range []string{"1000000000000000", "2147483647", "8190"} {
+			body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":` + mt + `}`)
+			r := send(context.Background(), defaultClient, base, chatReq{Tenant: "bulky", TestID: fmt.Sprintf("huge-%d", i), Body: body})
+			e := expectError(t, r, 400, "context_length_exceeded", "invalid_request_error", false)
+			if !strings.Contains(e.Message, "8192 tokens per request") {
+				t.Errorf("max_tokens %s: message %q does not name the limit", mt, e.Message)
+			}
+		}
+		good("huge-good")
+		// Refused at once: nothing queued, the ladder's water untouched.
+		s := scrape(t, c)
+		if w := metric(s, "caddy_fair_queue_water_level"); w != 0 {
+			t.Errorf("water level %v after refused oversized requests, want 0", w)
+		}
+		expectNotUpstream(t, fakes, "huge-0", "huge-1", "huge-2")
+	})
+
+	t.Run("Content-Length over max_body", func(t *testing.T) {
+		// Headers only: the 413 must come before any body byte is sent.
+		resp := rawRequest(t, addr, "bulky", 10<<20, "", nil)
+		if resp.status != 413 || !strings.Contains(resp.body, `"request_too_large"`) {
+			t.Errorf("announced 10 MB: %d %s, want 413 request_too_large", resp.status, resp.body)
+		}
+		// With Expect: 100-continue the client is refused before uploading.
+		resp = rawRequest(t, addr, "bulky", 10<<20, "100-continue", nil)
+		if resp.status != 413 || resp.continued {
+			t.Errorf("Expect: 100-continue, 10 MB: status %d, got 100 Continue %v; want 413 without it", resp.status, resp.continued)
+		}
+		good("cl-good")
+	})
+
+	t.Run("too large body sent whole gets 413, not a reset", func(t *testing.T) {
+		// Like Python's urllib: the whole body is written before the
+		// answer is read. Without lingering, the server's close with
+		// unread bytes resets the connection and the client sees no 413.
+		body := bytes.Repeat([]byte("x"), 4<<20)
+		resp := rawRequest(t, addr, "bulky", int64(len(body)), "", body)
+		if resp.err != nil || resp.status != 413 {
+			t.Errorf("4 MB body: status %d, err %v; want 413", resp.status, resp.err)
+		}
+		// Chunked, no Content-Length: the limit holds all the same.
+		r := send(context.Background(), defaultClient, base, chatReq{Tenant: "bulky", TestID: "chunked-big",
+			Body: bytes.Repeat([]byte("y"), 1<<20)})
+		expectError(t, r, 413, "request_too_large", "", false)
+		good("big-good")
+	})
+
+	t.Run("slow bodies get 408 and hold nothing", func(t *testing.T) {
+		// 30 clients announce 60 KB each and trickle one byte every 200ms.
+		const n = 30
+		var wg sync.WaitGroup
+		statuses := make([]int, n)
+		for i := range n {
+			wg.Go(func() {
+				resp := rawTrickle(addr, "bulky", 60_000, 200*time.Millisecond)
+				statuses[i] = resp.status
+				if resp.status != 408 || !strings.Contains(resp.body, `"request_timeout"`) {
+					t.Errorf("slow client %d: %d %s %v, want 408 request_timeout", i, resp.status, resp.body, resp.err)
+				}
+			})
+		}
+		// Meanwhile the well-behaved tenant is served.
+		for i := range 5 {
+			good(fmt.Sprintf("slow-good-%d", i))
+		}
+		wg.Wait()
+	})
+
+	t.Run("queued bodies bounded by max_queue_bytes", func(t *testing.T) {
+		for _, f := range fakes {
+			f.Pause()
+		}
+		holders := fillSlots(t, base, "bulky", "qb-hold", 2*slots, fakes...)
+		// 40 KB bodies: 220 KB hold five, not six.
+		big := strings.Repeat("word ", 8000)
+		var queued []<-chan result
+		for i := range 5 {
+			queued = append(queued, async(context.Background(), defaultClient, base,
+				chatReq{Tenant: "bulky", TestID: fmt.Sprintf("qb-%d", i), Prompt: big, MaxTokens: 4}))
+			waitMetricEq(t, c, float64(i+1), "caddy_fair_queue_queue_depth", "tenant", "bulky")
+		}
+		r := send(context.Background(), defaultClient, base, chatReq{Tenant: "bulky", TestID: "qb-over", Prompt: big, MaxTokens: 4})
+		e := expectError(t, r, 503, "server_busy", "overloaded_error", true)
+		if !strings.Contains(e.Message, "bytes") {
+			t.Errorf("message %q does not say the byte cap was reached", e.Message)
+		}
+		// A small request of another tenant still fits.
+		goodCh := async(context.Background(), defaultClient, base, chatReq{Tenant: "good", TestID: "qb-good", MaxTokens: 4})
+		waitMetricEq(t, c, 1, "caddy_fair_queue_queue_depth", "tenant", "good")
+		for _, f := range fakes {
+			f.Resume()
+		}
+		expectServed(t, await(t, goodCh, "qb-good"))
+		for _, ch := range append(holders, queued...) {
+			expectServed(t, await(t, ch, "queued bulky request"))
+		}
+	})
+
+	t.Run("unknown tenants share one group and its queue cap", func(t *testing.T) {
+		for _, f := range fakes {
+			f.Pause()
+		}
+		holders := fillSlots(t, base, "bulky", "sy-hold", 2*slots, fakes...)
+		// Rotating tenant IDs: 20 fill the group's queue (max_queue 20).
+		var queued []<-chan result
+		for i := range 20 {
+			queued = append(queued, async(context.Background(), defaultClient, base,
+				chatReq{Tenant: fmt.Sprintf("sybil-%d", i), TestID: fmt.Sprintf("sy-%d", i), MaxTokens: 4}))
+		}
+		waitMetricEq(t, c, 20, "caddy_fair_queue_queue_depth", "tenant", "_unknown")
+		r := send(context.Background(), defaultClient, base, chatReq{Tenant: "sybil-new", TestID: "sy-over", MaxTokens: 4})
+		expectError(t, r, 429, "tenant_queue_full", "rate_limit_error", true)
+		// Refused before the body is uploaded when the client asks first.
+		resp := rawRequest(t, addr, "sybil-expect", 1000, "100-continue", nil)
+		if resp.status != 429 || resp.continued {
+			t.Errorf("Expect: 100-continue into a full group: status %d, 100 Continue %v; want 429 without it", resp.status, resp.continued)
+		}
+		// Declared tenants keep their room.
+		goodCh := async(context.Background(), defaultClient, base, chatReq{Tenant: "good", TestID: "sy-good", MaxTokens: 4})
+		waitMetricEq(t, c, 1, "caddy_fair_queue_queue_depth", "tenant", "good")
+		for _, f := range fakes {
+			f.Resume()
+		}
+		expectServed(t, await(t, goodCh, "sy-good"))
+		for _, ch := range append(holders, queued...) {
+			expectServed(t, await(t, ch, "queued request"))
+		}
+	})
+
+	t.Run("per-tenant max_inflight", func(t *testing.T) {
+		for _, f := range fakes {
+			f.Reset()
+		}
+		var chs []<-chan result
+		for i := range 6 {
+			chs = append(chs, async(context.Background(), defaultClient, base,
+				chatReq{Tenant: "capped", TestID: fmt.Sprintf("cap-%d", i), MaxTokens: 20, IgnoreEOS: true}))
+		}
+		for i := range 4 {
+			chs = append(chs, async(context.Background(), defaultClient, base,
+				chatReq{Tenant: "good", TestID: fmt.Sprintf("cap-good-%d", i), MaxTokens: 20, IgnoreEOS: true}))
+		}
+		for _, ch := range chs {
+			expectServed(t, await(t, ch, "capped test request"))
+		}
+		// The capped tenant never had two requests running at once.
+		var spans [][2]int64
+		for _, rec := range records(t, fakes...) {
+			if rec.Tenant == "capped" {
+				spans = append(spans, [2]int64{rec.StartedUnixNano, rec.FinishedUnixNano})
+			}
+		}
+		if len(spans) != 6 {
+			t.Fatalf("fakes saw %d requests of tenant capped, want 6", len(spans))
+		}
+		for i := range spans {
+			for j := range i {
+				a, b := spans[i], spans[j]
+				if a[0] < b[1] && b[0] < a[1] {
+					t.Errorf("tenant capped ran two requests at once: %v and %v", a, b)
+				}
+			}
+		}
+	})
+
+	// The gateway is alive and holds nothing after every attack.
+	good("final-good")
+	waitMetricEq(t, c, 0, "caddy_fair_queue_inflight")
+	waitMetricEq(t, c, 0, "caddy_fair_queue_queue_depth")
+}
+
+// rawResponse is what a hand-written HTTP/1.1 exchange read back.
+type rawResponse struct {
+	status    int
+	continued bool // a "100 Continue" came before the final status
+	body      string
+	err       error
+}
+
+// rawRequest sends a chat request by hand: the headers announcing
+// contentLength (and Expect when given), then body (may be nil: headers
+// only), written concurrently with reading the answer, as a client that
+// sends its whole body before looking at the response would.
+func rawRequest(t *testing.T, addr, tenant string, contentLength int64, expect string, body []byte) rawResponse {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	hdr := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nX-Tenant-ID: %s\r\nContent-Length: %d\r\n", addr, tenant, contentLength)
+	if expect != "" {
+		hdr += "Expect: " + expect + "\r\n"
+	}
+	if _, err := io.WriteString(conn, hdr+"\r\n"); err != nil {
+		return rawResponse{err: err}
+	}
+	if body != nil {
+		go func() { _, _ = conn.Write(body) }()
+	}
+	return readRaw(conn)
+}
+
+// rawTrickle announces contentLength bytes and sends one byte per every,
+// until the gateway answers.
+func rawTrickle(addr, tenant string, contentLength int64, every time.Duration) rawResponse {
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return rawResponse{err: err}
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	hdr := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nX-Tenant-ID: %s\r\nContent-Length: %d\r\n\r\n", addr, tenant, contentLength)
+	if _, err := io.WriteString(conn, hdr); err != nil {
+		return rawResponse{err: err}
+	}
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(every):
+				if _, err := conn.Write([]byte("x")); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	return readRaw(conn)
+}
+
+// readRaw reads one final response (skipping 1xx) and its body.
+func readRaw(conn net.Conn) rawResponse {
+	var out rawResponse
+	br := bufio.NewReader(conn)
+	for {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			out.err = err
+			return out
+		}
+		if resp.StatusCode == 100 {
+			out.continued = true
+			continue
+		}
+		out.status = resp.StatusCode
+		b, err := io.ReadAll(resp.Body)
+		out.body, out.err = string(b), err
+		if ra := resp.Header.Get("Retry-After"); ra != "" {
+			if n, err := strconv.Atoi(ra); err != nil || n < 1 || n > 60 {
+				out.err = fmt.Errorf("Retry-After %q, want 1..60 seconds", ra)
+			}
+		}
+		return out
+	}
+}
