@@ -191,7 +191,7 @@ func (h *harness) checkConservation() {
 	if q.inflight == 0 {
 		h.tb.Fatalf("work conservation: %d queued, nothing in flight, capacity %d", q.queued, q.capacity)
 	}
-	next, _ := q.next()
+	next, _ := q.nextLocked()
 	if next == nil {
 		h.tb.Fatalf("work conservation: %d queued but no next request", q.queued)
 	}

@@ -53,6 +53,7 @@ type Ticket struct {
 	actual int64
 
 	class    string
+	bytes    int64 // Request.Bytes, counted against MaxQueueBytes while queued
 	enqueued time.Time
 	err      error
 	// mark is the flow's intake when the ticket entered it (aheadInFlow).
