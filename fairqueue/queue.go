@@ -70,6 +70,8 @@ type Queue struct {
 
 	classes []*classQ
 	tenants map[string]*tenant
+	// tenantPeak is the most tenants remembered since tenants was made.
+	tenantPeak int
 	// group is the one top-level flow owner of all undeclared tenants
 	// (Config.Default): they share its weight and compete inside it.
 	group     *tenant
@@ -407,6 +409,7 @@ func (q *Queue) newTenantLocked(name string, tc TenantConfig, known bool, now ti
 		t.vt = q.group.vfloor
 	}
 	q.tenants[name] = t
+	q.tenantPeak = max(q.tenantPeak, len(q.tenants))
 	q.idle.push(t, now)
 	return t
 }
@@ -943,6 +946,19 @@ func (q *Queue) forgetLocked(t *tenant) {
 		q.adm.boosts.Forget(t.name)
 	}
 	delete(q.tenants, t.name)
+	// A Go map keeps its buckets when entries are deleted: once most of the
+	// tenants seen at the peak are gone, move the rest to a fresh map, so
+	// memory follows the live tenants. The copy costs O(remaining), paid
+	// for by the three times as many deletions since the peak.
+	if n := len(q.tenants); n > q.tenantPeak {
+		q.tenantPeak = n
+	} else if q.tenantPeak >= 1024 && n < q.tenantPeak/4 {
+		m := make(map[string]*tenant, n)
+		for k, v := range q.tenants {
+			m[k] = v
+		}
+		q.tenants, q.tenantPeak = m, n
+	}
 }
 
 // release ends tk as its owner asked: a queued ticket is cancelled, a

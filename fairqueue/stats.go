@@ -28,6 +28,11 @@ type Stats struct {
 	Inflight        int
 	InflightCost    int64 // estimated tokens in flight, what the token cap gates
 	BoostedInflight int
+	// QueuedBytes is Request.Bytes summed over queued requests.
+	QueuedBytes int64
+	// Remembered is how many tenants the queue holds state for: those
+	// queued, in flight, or idle for less than IdleForget.
+	Remembered int
 	// Water is the queue's fill level (see Queue.Water).
 	Water   float64
 	Tenants []TenantStats
@@ -41,7 +46,7 @@ func (q *Queue) Stats(tenants bool) Stats {
 	s := Stats{Healthy: q.healthy, Capacity: q.capacity, TokenCapacity: q.tokenCap,
 		Queued: q.queued, QueuedCost: q.queuedCost, Inflight: q.inflight,
 		InflightCost: q.inflightCost, BoostedInflight: q.boostedInflight,
-		Water: q.waterLocked()}
+		QueuedBytes: q.queuedBytes, Remembered: len(q.tenants), Water: q.waterLocked()}
 	if tenants {
 		s.Tenants = make([]TenantStats, 0, len(q.tenants))
 		for _, t := range q.tenants {
