@@ -509,3 +509,28 @@ func TestRetryAfterFromDrainWithJitter(t *testing.T) {
 	}
 	h.drain(1)
 }
+
+// A boosted request of a tenant at its in-flight cap does not hold the
+// boost lane: the boosted request behind it takes the free slot.
+func TestInflightCapPassesOverBoostedHead(t *testing.T) {
+	cfg := testConfig(2, map[string]float64{"a": 1, "b": 1, "x": 1})
+	cfg.Tenants["a"] = TenantConfig{Weight: 1, Class: "batch", MaxInflight: 1}
+	h := newHarness(t, cfg, 1, 1)
+	h.enqueue(Request{Tenant: "x", Cost: 1})
+	h.enqueue(Request{Tenant: "a", Cost: 1})
+	a2 := h.enqueue(Request{Tenant: "a", Cost: 1})
+	b1 := h.enqueue(Request{Tenant: "b", Cost: 1})
+	if !h.q.Promote(a2) || !h.q.Promote(b1) {
+		t.Fatal("Promote refused")
+	}
+	h.completeOldest() // x: a slot frees
+	if h.dispatched[a2] || !h.dispatched[b1] {
+		t.Fatalf("dispatched a2 %v b1 %v; want b1 past the capped a2", h.dispatched[a2], h.dispatched[b1])
+	}
+	h.checkConservation()
+	h.completeOldest() // a's first: a2 may go
+	if !h.dispatched[a2] {
+		t.Fatal("a2 not dispatched once a was below its cap")
+	}
+	h.drain(1)
+}

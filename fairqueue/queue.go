@@ -681,8 +681,9 @@ func (q *Queue) capLocked(t *tenant) {
 // whether it overtakes tag order from the boost lane. The lane goes first
 // while boosted requests in flight are under the boost budget; past it, the
 // lane waits for tag order to run dry rather than idle a slot, and such a
-// dispatch overtakes nobody. A lane head whose tenant is at its in-flight
-// cap holds the lane until that tenant completes a request.
+// dispatch overtakes nobody. Boosted requests of tenants at their in-flight
+// cap are passed over where they stand; the lane is short (the boost budget
+// bounds what the queue promotes), so the walk past them is too.
 func (q *Queue) nextLocked() (*Ticket, bool) {
 	var best, bestPaused *classQ
 	for _, cq := range q.classes {
@@ -701,7 +702,11 @@ func (q *Queue) nextLocked() (*Ticket, bool) {
 	if best == nil {
 		best = bestPaused
 	}
-	if lane := q.boost.head; lane != nil && !lane.t.capped {
+	lane := q.boost.head
+	for lane != nil && lane.t.capped {
+		lane = lane.next
+	}
+	if lane != nil {
 		if best == nil {
 			return lane, false
 		}
@@ -778,7 +783,7 @@ func (q *Queue) startLocked(tk *Ticket, now time.Time, overtakes bool) {
 	t.served += float64(tk.cost)
 	q.capLocked(t)
 	q.fixFlowsLocked(t)
-	tk.wake()
+	tk.wakeLocked()
 	q.emitLocked(EventDispatched, tk)
 }
 
@@ -798,7 +803,7 @@ func (t *tenant) chargeLocked(dv float64) float64 {
 func (q *Queue) finishLocked(now time.Time, tk *Ticket, st ticketState, err error) {
 	tk.state = st
 	tk.err = err
-	tk.wake()
+	tk.wakeLocked()
 	q.idleCheckLocked(tk.t, now)
 	if st == stateExpired {
 		q.emitLocked(EventExpired, tk)

@@ -62,8 +62,8 @@ type Ticket struct {
 	eta time.Duration
 }
 
-// wake signals a blocked Wait; the queue's lock is held.
-func (tk *Ticket) wake() {
+// wakeLocked signals a blocked Wait.
+func (tk *Ticket) wakeLocked() {
 	if tk.ready != nil {
 		close(tk.ready)
 	}
