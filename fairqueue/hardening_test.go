@@ -434,6 +434,17 @@ func TestPrecheck(t *testing.T) {
 	if allocs := testing.AllocsPerRun(100, func() { h.q.Precheck("a", "batch", 500) }); allocs != 0 {
 		t.Fatalf("Precheck allocates %v times on success", allocs)
 	}
+	cfg.MaxQueueBytes = 100
+	if err := h.q.Reconfigure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if rej := h.q.PrecheckRequest(Request{Tenant: "a", Cost: 1, Bytes: 101}); rej == nil ||
+		rej.Reason != ReasonQueueFull || !strings.Contains(rej.Detail, "bytes") {
+		t.Fatalf("Content-Length beyond max_queue_bytes: %v", rej)
+	}
+	if rej := h.q.PrecheckRequest(Request{Tenant: "a", Cost: 1, Bytes: 100}); rej != nil {
+		t.Fatalf("Content-Length within max_queue_bytes: %v", rej)
+	}
 	h.enqueue(Request{Tenant: "y", Cost: 1})
 	h.enqueue(Request{Tenant: "z", Cost: 1})
 	if r := reason("a", "", 1); r != ReasonQueueFull {

@@ -12,6 +12,14 @@ package fairqueue
 // class "" means the tenant's class. Nothing is consumed (a throttle is
 // only peeked at) and nothing is allocated unless a request is refused.
 func (q *Queue) Precheck(tenant, class string, tokens int64) *Rejection {
+	return q.PrecheckRequest(Request{Tenant: tenant, Class: class, Cost: tokens})
+}
+
+// PrecheckRequest is Precheck with the request's other body-free facts: its
+// Bytes, taken from Content-Length before the body is read, count against
+// MaxQueueBytes as Enqueue will count them. Deadline is not looked at.
+func (q *Queue) PrecheckRequest(r Request) *Rejection {
+	tenant, class, tokens := r.Tenant, r.Class, r.Cost
 	now := q.clock.Now()
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -26,7 +34,7 @@ func (q *Queue) Precheck(tenant, class string, tokens int64) *Rejection {
 	if class == "" || q.classLocked(class) == nil {
 		class = tc.Class
 	}
-	if rej := q.admitLocked(now, t, tc, known, max(tokens, 1), 0); rej != nil {
+	if rej := q.admitLocked(now, t, tc, known, max(tokens, 1), max(r.Bytes, 0)); rej != nil {
 		return rej
 	}
 	if thr := q.ov.throttle[class]; thr != nil {
