@@ -162,6 +162,21 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// DefaultBudgetConfig is anti_starvation's defaults, the one source for
+// the handler and the simulator: fast-fail on, boosted requests at most 10%
+// of the slots, at most 200 boosts per tenant per rolling hour, and a
+// request counts as on time when dispatched DefaultMargin before its
+// deadline.
+func DefaultBudgetConfig() BudgetConfig {
+	return BudgetConfig{FastFail: true, BoostShareMax: 0.10, PerTenantBoostHourly: 200,
+		Margin: DefaultMargin}
+}
+
+// DefaultMargin is BudgetConfig.Margin by default: three ticks of the
+// handler's 50 ms Tick period, so a request is answered before its deadline
+// even when a tick comes late.
+const DefaultMargin = 150 * time.Millisecond
+
 // DefaultIdleForget is Config.IdleForget when unset: long enough that a
 // tenant pausing between requests keeps its place in virtual time, short
 // enough that with the forgetting bounded per Tick a burst of 100k one-shot
