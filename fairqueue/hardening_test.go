@@ -197,6 +197,21 @@ func TestIdleForgetKeepsRecentTenants(t *testing.T) {
 	if s := h.q.Stats(true); s.Remembered != 1 || s.Tenants[0].Name != "b" {
 		t.Fatalf("want only b remembered: %+v", s)
 	}
+	// b comes back just before its time and goes idle again: the clock
+	// restarts from its latest idle moment, not from when it was listed.
+	h.clk.Advance(8 * time.Second) // b idle for 8 s
+	h.enqueue(Request{Tenant: "b", Cost: 1})
+	h.completeOldest()
+	h.clk.Advance(5 * time.Second) // listed 13 s ago, idle for 5 s
+	h.q.Tick()
+	if s := h.q.Stats(false); s.Remembered != 1 {
+		t.Fatalf("b forgotten 5 s after it was last idle: %+v", s)
+	}
+	h.clk.Advance(5 * time.Second) // idle for 10 s
+	h.q.Tick()
+	if s := h.q.Stats(false); s.Remembered != 0 {
+		t.Fatalf("b remembered 10 s after it was last idle: %+v", s)
+	}
 }
 
 // Sybil flood: 1000 rotating undeclared tenant IDs against two declared

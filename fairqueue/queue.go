@@ -94,8 +94,9 @@ type Queue struct {
 	// counted up to waterCap (see waterLocked).
 	waterCost int64
 	waterCap  int64
-	// idle lists the tenants with nothing queued or in flight, the longest
-	// idle first, so that Tick forgets them in O(forgotten).
+	// idle lists the tenants that had nothing queued or in flight when
+	// listed, the longest idle first, so that Tick forgets them in
+	// O(forgotten) (see pruneLocked).
 	idle idleList
 	// rng draws the Retry-After jitter; seeded, so runs are reproducible.
 	rng *rand.Rand
@@ -127,10 +128,11 @@ type classQ struct {
 }
 
 type tenant struct {
-	name   string
+	// The fields are laid out by use: the first three cache lines hold what
+	// every enqueue, dispatch and completion reads or writes; the rest is
+	// touched when the tenant comes and goes.
+
 	weight float64
-	known  bool
-	cfg    TenantConfig // the settings in force, refreshed by Reconfigure
 	// vt is the tenant's virtual time: service received / weight. It never
 	// goes backwards while the tenant is backlogged: a refund for an
 	// over-estimate is kept in credit and taken off the tenant's next charges.
@@ -140,29 +142,35 @@ type tenant struct {
 	// flowBuf backs flows for the usual one or two classes, so that
 	// finding a tenant's flows reads the tenant's own memory.
 	flowBuf [2]*flow
-
-	queued     int
-	queuedCost int64
-	inflight   int
-	// stamp marks the tenant as counted in the current ETA pass.
-	stamp uint64
-	// served is the cost charged so far (estimates, corrected by back-fill).
-	served float64
-
 	// group is the group an undeclared tenant schedules inside; nil for a
 	// declared tenant and for the group itself. A tenant keeps the placement
 	// it was created with until it is idle (see Enqueue).
-	group *tenant
-	// vfloor is, for the group, its inner virtual time: the largest start
-	// tag dispatched among its members.
-	vfloor float64
+	group      *tenant
+	queued     int
+	queuedCost int64
+	inflight   int
+	// served is the cost charged so far (estimates, corrected by back-fill).
+	served float64
+	// stamp marks the tenant as counted in the current ETA pass.
+	stamp uint64
+	// idleSince is when the tenant last had nothing queued or in flight
+	// (Unix ns), kept up to date without touching the idle list.
+	idleSince int64
+	known     bool
 	// capped is set while the tenant is at its MaxInflight: its flows are
 	// out of the heaps, so dispatch never sees them.
 	capped bool
-	// idleSince and the links place the tenant on Queue.idle.
-	idleSince          time.Time
+	onIdle bool
+	cfg    TenantConfig // the settings in force, refreshed by Reconfigure
+
+	name string
+	// vfloor is, for the group, its inner virtual time: the largest start
+	// tag dispatched among its members.
+	vfloor float64
+	// idleAt orders the tenant on Queue.idle: its idleSince when it was put
+	// there.
+	idleAt             int64
 	idlePrev, idleNext *tenant
-	onIdle             bool
 }
 
 // flow is one tenant's FIFO of one class.
@@ -274,7 +282,7 @@ func (q *Queue) Reconfigure(cfg Config) error {
 	for _, t := range q.tenants {
 		tc, known := cfg.Tenant(t.name)
 		t.weight, t.known, t.cfg = tc.Weight, known, tc
-		if t.misplaced() && t.onIdle {
+		if t.misplaced() && t.queued == 0 && t.inflight == 0 {
 			q.forgetLocked(t)
 			continue
 		}
@@ -346,7 +354,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	// A known tenant carries its settings, so the hot path does one map
 	// lookup, not one in the config and one in the state.
 	t := q.tenants[r.Tenant]
-	if t != nil && t.onIdle && t.misplaced() {
+	if t != nil && t.queued == 0 && t.inflight == 0 && t.misplaced() {
 		q.forgetLocked(t)
 		t = nil
 	}
@@ -410,7 +418,8 @@ func (q *Queue) newTenantLocked(name string, tc TenantConfig, known bool, now ti
 	}
 	q.tenants[name] = t
 	q.tenantPeak = max(q.tenantPeak, len(q.tenants))
-	q.idle.push(t, now)
+	t.idleSince = now.UnixNano()
+	q.idle.push(t)
 	return t
 }
 
@@ -594,9 +603,6 @@ func (q *Queue) pushFlowLocked(tk *Ticket, f *flow) {
 // queued.
 func (q *Queue) countLocked(tk *Ticket, sign int) {
 	t := tk.t
-	if sign > 0 && t.onIdle {
-		q.idle.remove(t)
-	}
 	n, c := sign, int64(sign)
 	t.queued += n
 	t.queuedCost += c * tk.tokens
@@ -812,11 +818,14 @@ func (q *Queue) finishLocked(now time.Time, tk *Ticket, st ticketState, err erro
 	}
 }
 
-// idleCheckLocked puts t on the idle list when it has nothing queued or in
-// flight.
+// idleCheckLocked records that t is idle now if it has nothing queued or
+// in flight, and puts it on the idle list unless it is there already.
 func (q *Queue) idleCheckLocked(t *tenant, now time.Time) {
-	if t.queued == 0 && t.inflight == 0 && !t.onIdle {
-		q.idle.push(t, now)
+	if t.queued == 0 && t.inflight == 0 {
+		t.idleSince = now.UnixNano()
+		if !t.onIdle {
+			q.idle.push(t)
+		}
 	}
 }
 
@@ -925,14 +934,30 @@ func (q *Queue) Tick() {
 // against declared ones. Unspent refunds (credit) go too: the tenant is
 // charged its estimates for work it never got back, which only errs
 // against the forgotten tenant itself.
+//
+// The idle list is kept lazily, so that a tenant going busy and idle again
+// never touches it: a tenant stays listed while busy, and is put at the
+// tail once when it becomes idle while unlisted. When a listed tenant
+// reaches the head, one that is busy again leaves the list, one idle again
+// since it was listed moves to the tail with its new idleSince, and only
+// one idle for IdleForget is forgotten. Each step is O(1); a tenant that
+// was busy in between is forgotten within twice IdleForget.
 func (q *Queue) pruneLocked(now time.Time, max int) {
-	cut := now.Add(-q.cfg.idleForget())
+	cut := now.Add(-q.cfg.idleForget()).UnixNano()
 	for n := 0; n < max; n++ {
 		t := q.idle.head
-		if t == nil || t.idleSince.After(cut) {
+		if t == nil || t.idleAt > cut {
 			return
 		}
-		q.forgetLocked(t)
+		switch {
+		case t.queued > 0 || t.inflight > 0:
+			q.idle.remove(t)
+		case t.idleSince > cut:
+			q.idle.remove(t)
+			q.idle.push(t)
+		default:
+			q.forgetLocked(t)
+		}
 	}
 }
 
@@ -1037,16 +1062,15 @@ func (t *tenant) backfillLocked(d float64) bool {
 	return false
 }
 
-// idleList is an intrusive FIFO of idle tenants, ordered by when they
-// became idle (the clock never goes backwards under the lock's order of
-// events, so appending keeps it sorted).
+// idleList is an intrusive FIFO of tenants that were idle when listed,
+// in about the order they became idle (see pruneLocked).
 type idleList struct {
 	head, tail *tenant
 	n          int
 }
 
-func (l *idleList) push(t *tenant, now time.Time) {
-	t.idleSince, t.onIdle = now, true
+func (l *idleList) push(t *tenant) {
+	t.idleAt, t.onIdle = t.idleSince, true
 	t.idlePrev, t.idleNext = l.tail, nil
 	if l.tail != nil {
 		l.tail.idleNext = t
