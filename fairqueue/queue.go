@@ -175,21 +175,22 @@ type tenant struct {
 
 // flow is one tenant's FIFO of one class.
 type flow struct {
-	t  *tenant
-	cq *classQ
-	q  ticketList
+	// What the heap key (entry) reads comes first, in one cache line.
+	t *tenant
+	// sub is, for a group flow, the heap of its members' backlogged flows;
+	// the group flow's head is the head of the sub-heap's top flow.
+	sub *flowHeap
+	q   ticketList
+	seq uint64
+	id  int32 // slot in the heap it sits in: cq.flows, or parent.sub
+	cq  *classQ
+	// parent is, for an undeclared tenant's flow, the group's flow of the
+	// same class, whose sub-heap orders the members' flows.
+	parent *flow
 	// in and out count the cost that ever entered and left the flow, and
 	// queuedCost what is in it; a ticket's mark is in when it entered, so
 	// mark-out is the cost still ahead of it.
 	in, out, queuedCost int64
-	id                  int32 // slot in the heap it sits in: cq.flows, or parent.sub
-	seq                 uint64
-	// parent is, for an undeclared tenant's flow, the group's flow of the
-	// same class, whose sub-heap orders the members' flows.
-	parent *flow
-	// sub is, for a group flow, the heap of its members' backlogged flows;
-	// the group flow's head is the head of the sub-heap's top flow.
-	sub *flowHeap
 }
 
 // head returns the request the flow would dispatch next, nil when none.
@@ -428,6 +429,12 @@ func (q *Queue) newTenantLocked(name string, tc TenantConfig, known bool, now ti
 // level it competes at, or where the service it really received puts it
 // if that is later.
 func (q *Queue) liftLocked(t *tenant) {
+	if t.queued == 0 || (t.group != nil && t.group.queued == 0) {
+		q.liftIdleLocked(t)
+	}
+}
+
+func (q *Queue) liftIdleLocked(t *tenant) {
 	if g := t.group; g != nil && g.queued == 0 {
 		if v := max(g.vt-g.credit, q.vfloor); v != g.vt || g.credit != 0 {
 			g.vt, g.credit = v, 0
@@ -451,11 +458,15 @@ func (q *Queue) admitLocked(now time.Time, t *tenant, tc TenantConfig, known boo
 		return &Rejection{Reason: ReasonNoCapacity, RetryAfter: q.retryAfterLocked(0),
 			Detail: "no healthy upstream"}
 	}
-	if rej := q.tooLargeLocked(tokens); rej != nil {
-		return rej
+	if q.cfg.MaxInflightTokens > 0 || q.cfg.MaxQueueTokens > 0 {
+		if rej := q.tooLargeLocked(tokens); rej != nil {
+			return rej
+		}
 	}
-	if rej := q.tenantFullLocked(now, t, tc, known); rej != nil {
-		return rej
+	if tc.MaxQueue > 0 || (!known && q.cfg.DefaultPerTenantMaxQueue > 0) {
+		if rej := q.tenantFullLocked(now, t, tc, known); rej != nil {
+			return rej
+		}
 	}
 	if q.cfg.MaxQueue > 0 && q.queued >= q.cfg.MaxQueue {
 		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(now, q.queuedCost, q.queued),
@@ -655,20 +666,32 @@ func (q *Queue) unlinkTicketLocked(tk *Ticket, rekey bool) {
 // fixFlowsLocked re-orders t's flows after its virtual time changed, and a
 // member's group flows, whose keys read the members' heads.
 func (q *Queue) fixFlowsLocked(t *tenant) {
-	for _, f := range t.flows {
-		if h := f.heap(); h.contains(f.id) {
-			h.rekey(f)
+	// Nothing queued (the boost lane counts) means no flow in a heap.
+	if t.queued > 0 {
+		for _, f := range t.flows {
+			if h := f.heap(); h.contains(f.id) {
+				h.rekey(f)
+			}
 		}
 	}
-	if g := t.group; g != nil {
-		q.fixFlowsLocked(g)
+	if g := t.group; g != nil && g.queued > 0 {
+		for _, f := range g.flows {
+			if f.cq.flows.contains(f.id) {
+				f.cq.flows.rekey(f)
+			}
+		}
 	}
 }
 
 // capLocked makes t ineligible for dispatch while it is at its in-flight
 // cap (its flows leave the heaps) and eligible again below it.
 func (q *Queue) capLocked(t *tenant) {
-	at := t.cfg.MaxInflight > 0 && t.inflight >= t.cfg.MaxInflight
+	if m := t.cfg.MaxInflight; m > 0 || t.capped {
+		q.setCappedLocked(t, m > 0 && t.inflight >= m)
+	}
+}
+
+func (q *Queue) setCappedLocked(t *tenant, at bool) {
 	if at == t.capped {
 		return
 	}
@@ -822,10 +845,14 @@ func (q *Queue) finishLocked(now time.Time, tk *Ticket, st ticketState, err erro
 // in flight, and puts it on the idle list unless it is there already.
 func (q *Queue) idleCheckLocked(t *tenant, now time.Time) {
 	if t.queued == 0 && t.inflight == 0 {
-		t.idleSince = now.UnixNano()
-		if !t.onIdle {
-			q.idle.push(t)
-		}
+		q.setIdleLocked(t, now)
+	}
+}
+
+func (q *Queue) setIdleLocked(t *tenant, now time.Time) {
+	t.idleSince = now.UnixNano()
+	if !t.onIdle {
+		q.idle.push(t)
 	}
 }
 
