@@ -154,6 +154,15 @@ func (b *Boosts) Prune(now time.Time) int {
 	return dropped
 }
 
+// Forget drops tenant's boost history at once, as when the scheduler
+// forgets an idle tenant, so boost memory follows the live tenants. A
+// forgotten tenant's hourly count starts again from zero.
+func (b *Boosts) Forget(tenant string) {
+	if e := b.tenants[tenant]; e != nil {
+		b.remove(e)
+	}
+}
+
 // Update changes the configuration live, keeping the counts: each tenant's
 // ring is resized to the new limit, keeping its newest boosts. Changing to
 // unlimited (0) drops all counts; changing from unlimited starts from zero.

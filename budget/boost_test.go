@@ -286,3 +286,21 @@ func BenchmarkBoostsRecord(b *testing.B) {
 		i++
 	}
 }
+
+func TestBoostForget(t *testing.T) {
+	now := time.Unix(0, 0)
+	b := NewBoosts(1, 1)
+	b.Record(now, "a")
+	b.Record(now, "b")
+	if ok, _ := b.Allow(now, "a", 0, 10); ok {
+		t.Fatal("a allowed past its hourly limit")
+	}
+	b.Forget("a")
+	b.Forget("missing")
+	if b.Tenants() != 1 || b.Count(now, "a") != 0 || b.Count(now, "b") != 1 {
+		t.Fatalf("after Forget: %d tenants, a %d, b %d", b.Tenants(), b.Count(now, "a"), b.Count(now, "b"))
+	}
+	if ok, _ := b.Allow(now, "a", 0, 10); !ok {
+		t.Fatal("a forgotten but still refused")
+	}
+}

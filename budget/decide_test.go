@@ -135,3 +135,25 @@ func TestRetryAfter(t *testing.T) {
 		}
 	}
 }
+
+func TestRetryAfterJitter(t *testing.T) {
+	tests := []struct {
+		eta  time.Duration
+		u    float64
+		want time.Duration
+	}{
+		{0, 0, time.Second},        // floor
+		{0, 0.99, 2 * time.Second}, // spread over JitterMin
+		{10 * time.Second, 0, 10 * time.Second},
+		{10 * time.Second, 0.5, 13 * time.Second}, // + half of eta/2
+		{10 * time.Second, 0.999, 15 * time.Second},
+		{50 * time.Second, 0.9, MaxRetryAfter}, // capped
+		{Never, 0.3, MaxRetryAfter},
+		{-time.Second, -1, time.Second},
+	}
+	for _, tc := range tests {
+		if got := RetryAfterJitter(tc.eta, tc.u); got != tc.want {
+			t.Errorf("RetryAfterJitter(%v, %v) = %v, want %v", tc.eta, tc.u, got, tc.want)
+		}
+	}
+}

@@ -134,9 +134,6 @@ func (t *Throughput) SetBusy(now time.Time, busy bool) {
 	t.busy = busy
 }
 
-// Busy reports the state last set with SetBusy.
-func (t *Throughput) Busy() bool { return t.busy }
-
 // Observe records a completion of cost units at now, with healthy upstreams
 // (or slots: any capacity measure, the same as passed to Rate) at that
 // moment. healthy <= 0 counts as 1. Negative, NaN or infinite costs are

@@ -25,7 +25,10 @@ const maxBurst = 1 << 30
 // token request larger than the whole bucket would never fit; it is admitted
 // when the bucket is full and then charged in full, leaving the bucket in debt
 // (burst - cost, negative), so later admissions wait until the debt has been
-// refilled and the long-run rate still holds. Refusals never consume anything.
+// refilled and the long-run rate still holds; the debt is capped at MaxDebt
+// of refill, so one huge request holds the class for a minute at most, not
+// for days, and no retryAfter exceeds a minute (MaxDebt plus the at most one
+// second a full bucket takes to refill). Refusals never consume anything.
 //
 // Time that goes backwards (a now earlier than one already seen, as when
 // goroutines read a clock and then race for the lock) is treated as no time
@@ -70,19 +73,39 @@ func (t *Throttle) Burst() int { return t.burst }
 // nothing else were admitted in between: Admit(now+retryAfter, tokens)
 // succeeds.
 func (t *Throttle) Admit(now time.Time, tokens int) (ok bool, retryAfter time.Duration) {
+	return t.admit(now, tokens, true)
+}
+
+// Peek is Admit without consuming anything: whether Admit would admit the
+// request now, and if not, the same retryAfter. It lets a caller refuse
+// before doing work the admission would need (reading a body), and admit
+// for real later.
+func (t *Throttle) Peek(now time.Time, tokens int) (ok bool, retryAfter time.Duration) {
+	return t.admit(now, tokens, false)
+}
+
+// MaxDebt is how much refill time an oversized token request may leave the
+// bucket owing.
+const MaxDebt = 59 * time.Second
+
+func (t *Throttle) admit(now time.Time, tokens int, consume bool) (ok bool, retryAfter time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var behind time.Duration // how far the caller's now is behind the latest seen
 	if now.Before(t.last) {
 		behind, now = t.last.Sub(now), t.last
-	} else {
+	} else if consume {
 		t.last = now
 	}
-
-	cost := 1
-	if t.r.Tokens {
-		cost = max(tokens, 1)
+	if !consume {
+		ok, w := t.check(now, tokens)
+		if ok {
+			return true, 0
+		}
+		return false, addSat(behind, w)
 	}
+
+	cost := t.cost(tokens)
 	need := min(cost, t.burst)
 	have := t.lim.TokensAt(now)
 	if have >= float64(need) {
@@ -103,11 +126,40 @@ func (t *Throttle) Admit(now time.Time, tokens int) (ok bool, retryAfter time.Du
 			return true, 0
 		}
 	}
-	w := t.wait(now, have, need)
-	if w > math.MaxInt64-behind {
-		return false, time.Duration(math.MaxInt64)
+	return false, addSat(behind, t.wait(now, have, need))
+}
+
+// addSat adds two non-negative durations, saturating.
+func addSat(a, b time.Duration) time.Duration {
+	if b > math.MaxInt64-a {
+		return time.Duration(math.MaxInt64)
 	}
-	return false, behind + w
+	return a + b
+}
+
+// cost is what admitting a request of tokens charges the bucket: 1 for a
+// request rate; for a token rate its tokens, at least 1 and at most a full
+// bucket plus MaxDebt of refill.
+func (t *Throttle) cost(tokens int) int {
+	if !t.r.Tokens {
+		return 1
+	}
+	maxCost := float64(t.burst) + t.r.PerSecond*MaxDebt.Seconds()
+	if float64(tokens) > maxCost {
+		return int(min(maxCost, math.MaxInt32))
+	}
+	return max(tokens, 1)
+}
+
+// check is the admission test of Admit without the consumption, at a now
+// no earlier than the latest seen.
+func (t *Throttle) check(now time.Time, tokens int) (bool, time.Duration) {
+	need := min(t.cost(tokens), t.burst)
+	have := t.lim.TokensAt(now)
+	if have >= float64(need) {
+		return true, 0
+	}
+	return false, t.wait(now, have, need)
 }
 
 // wait returns the smallest d > 0 such that the bucket holds need at now+d,

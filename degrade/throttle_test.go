@@ -326,3 +326,49 @@ func BenchmarkThrottleAdmit(b *testing.B) {
 		th.Admit(now, 1)
 	}
 }
+
+// An oversized token request leaves at most MaxDebt of refill owing: the
+// next request waits a minute at most, not the days its full cost would
+// take to refill (10^9 tokens at 100 tokens/s is 115 days).
+func TestThrottleDebtCapped(t *testing.T) {
+	now := time.Unix(0, 0)
+	th := NewThrottle(mustRate(t, "100tok/s"))
+	if ok, _ := th.Admit(now, 1e9); !ok {
+		t.Fatal("oversized request refused on a full bucket")
+	}
+	ok, wait := th.Admit(now, 1)
+	if ok || wait <= 0 || wait > time.Minute {
+		t.Fatalf("after an oversized request: ok %v, retryAfter %v; want a refusal of at most 1m", ok, wait)
+	}
+	if ok, _ := th.Admit(now.Add(wait), 1); !ok {
+		t.Fatalf("refused again after the retryAfter %v", wait)
+	}
+	// A full bucket's worth after the debt: at most MaxDebt plus 1s.
+	th2 := NewThrottle(mustRate(t, "100tok/s"))
+	th2.Admit(now, 1e9)
+	if _, w := th2.Admit(now, 100); w != MaxDebt+time.Second {
+		t.Fatalf("a full bucket after the debt waits %v, want %v", w, MaxDebt+time.Second)
+	}
+}
+
+// Peek answers as Admit would and consumes nothing, also for a caller whose
+// now is behind the latest seen.
+func TestThrottlePeek(t *testing.T) {
+	now := time.Unix(0, 0)
+	th := NewThrottle(mustRate(t, "2/s"))
+	for range 5 {
+		if ok, _ := th.Peek(now, 1); !ok {
+			t.Fatal("Peek refused on a full bucket")
+		}
+	}
+	th.Admit(now, 1)
+	th.Admit(now, 1)
+	ok, wait := th.Peek(now, 1)
+	okA, waitA := th.Admit(now, 1)
+	if ok || okA || wait != waitA {
+		t.Fatalf("Peek (%v, %v) and Admit (%v, %v) disagree", ok, wait, okA, waitA)
+	}
+	if _, w := th.Peek(now.Add(-time.Second), 1); w != wait+time.Second {
+		t.Fatalf("Peek from 1s behind: %v, want %v", w, wait+time.Second)
+	}
+}

@@ -83,7 +83,7 @@ func (q *Queue) etaLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost i
 	w := t.weight
 	start := t.vt
 	if t.queued == 0 {
-		if v := q.virtualTimeLocked(); start < v {
+		if v := q.virtualTimeLocked(t); start < v {
 			start = v
 		}
 	}
@@ -92,6 +92,14 @@ func (q *Queue) etaLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost i
 
 	ahead := float64(ownAhead + a.boostCost)
 	a.stamp++
+	if t.group != nil {
+		// An undeclared tenant: its fellow members first, then the group
+		// as one tenant at the top level.
+		var inner float64
+		inner, finish = q.memberAheadLocked(t, cq, float64(ownAhead)+float64(cost), finish)
+		ahead += inner
+		t = t.group
+	}
 	for _, c := range q.classes {
 		if c.paused && !cq.paused {
 			continue // a paused class yields to this request
@@ -237,17 +245,12 @@ func budgetRejection(est Estimate, budgetLeft time.Duration) *Rejection {
 // promoteLocked moves a queued ticket into the boost lane and counts the
 // boost against its tenant's hourly allowance.
 func (q *Queue) promoteLocked(now time.Time, tk *Ticket) {
-	q.take(tk, true)
-	// take removed it from the queue's counts; the boost lane still counts
-	// as queued.
-	tk.t.queued++
-	tk.t.queuedCost += tk.tokens
-	q.queued++
-	q.queuedCost += tk.tokens
+	// The boost lane still counts as queued: only the links move.
+	q.unlinkTicketLocked(tk, true)
 	tk.state = stateBoosted
 	q.boost.pushBack(tk)
 	if !tk.deadline.IsZero() {
-		// take dropped it from the deadline heap too: put it back, so that
+		// Unlinking dropped it from the deadline heap too: put it back, so that
 		// Tick still answers it (queue_timeout) before its deadline when no
 		// slot frees in time, rather than when one finally does.
 		q.deadlines.push(tk)

@@ -113,7 +113,11 @@ func TestAdmissionBoostNotPastOwnQueue(t *testing.T) {
 // the lane to open (the re-check boosts it) instead of being refused, as
 // long as a boosted slot is predicted to free in time.
 func TestAdmissionBoostLater(t *testing.T) {
-	h := newHarness(t, budgetConfig(100), 1, 1)
+	cfg := budgetConfig(100)
+	for _, n := range []string{"x", "y"} {
+		cfg.Tenants[n] = TenantConfig{Weight: 1, Class: "batch"}
+	}
+	h := newHarness(t, cfg, 1, 1)
 	warm(h)
 	h.enqueue(Request{Tenant: "x", Cost: 100})  // takes the slot
 	h.enqueue(Request{Tenant: "x", Cost: 2000}) // x's backlog
@@ -125,7 +129,7 @@ func TestAdmissionBoostLater(t *testing.T) {
 		t.Fatal("y not boosted")
 	}
 	z := &tenant{name: "z", weight: 1}
-	cq := q.class("batch")
+	cq := q.classLocked("batch")
 	// Tag order puts z behind y's boost, all of x's backlog and the next
 	// slot: ETA 30.5 s. Boosted, it would wait for y and the slot (10.5 s)
 	// and for the lane to open: one of k=1 boosted of C=1 slots completes

@@ -29,6 +29,7 @@ func benchQueue(b *testing.B, capacity int) (*Queue, *ManualClock) {
 type cycleOpts struct {
 	deadlines bool // every request has a deadline (the deadline heap works)
 	backfill  bool // actual cost differs from the estimate (back-fill re-keys)
+	declared  bool // the tenants are declared (top-level flows), not the undeclared group
 }
 
 // BenchmarkCycle measures one steady-state scheduling cycle with n
@@ -53,12 +54,33 @@ func BenchmarkCycleFull(b *testing.B) {
 	}
 }
 
+// BenchmarkCycleDeclared is BenchmarkCycleFull with declared tenants: the
+// one-level path, where BenchmarkCycle and BenchmarkCycleFull schedule
+// their (undeclared) tenants inside the group.
+func BenchmarkCycleDeclared(b *testing.B) {
+	for _, n := range []int{10, 1000, 100000} {
+		b.Run(fmt.Sprintf("tenants=%d", n), func(b *testing.B) {
+			benchCycle(b, n, cycleOpts{deadlines: true, backfill: true, declared: true})
+		})
+	}
+}
+
 func benchCycle(b *testing.B, n int, o cycleOpts) {
 	const capacity = 64
 	q, clk := benchQueue(b, capacity)
 	names := make([]string, n)
 	for i := range names {
 		names[i] = "tenant-" + strconv.Itoa(i)
+	}
+	if o.declared {
+		cfg := q.Config()
+		cfg.Tenants = make(map[string]TenantConfig, n)
+		for _, name := range names {
+			cfg.Tenants[name] = cfg.Default
+		}
+		if err := q.Reconfigure(cfg); err != nil {
+			b.Fatal(err)
+		}
 	}
 	// ring holds the in-flight tickets, oldest first from head; the
 	// observer appends each dispatched ticket after the ring's end.
@@ -145,4 +167,53 @@ func BenchmarkEnqueueIdle(b *testing.B) {
 	}
 	b.StopTimer()
 	stop()
+}
+
+// BenchmarkMemory reports the heap bytes one queued request holds (its
+// ticket and its share of the queue's structures, the body excluded:
+// that is Request.Bytes) and one remembered idle tenant holds (undeclared,
+// the one-shot case; its name included), each averaged over 100k.
+func BenchmarkMemory(b *testing.B) {
+	const n = 100000
+	var perRequest, perTenant float64
+	for range b.N {
+		q, _ := benchQueue(b, 1)
+		if _, err := q.Enqueue(Request{Tenant: "holder", Cost: 1}); err != nil { // takes the slot
+			b.Fatal(err)
+		}
+		tks := make([]*Ticket, 0, n)
+		names := make([]string, n)
+		for i := range names {
+			names[i] = "tenant-" + strconv.Itoa(i)
+		}
+		m0 := heapInUse()
+		for range n {
+			tk, err := q.Enqueue(Request{Tenant: "one", Cost: 100, Deadline: time.Unix(3600, 0)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			tks = append(tks, tk)
+		}
+		m1 := heapInUse()
+		for _, tk := range tks {
+			tk.Release(0)
+		}
+		clear(tks)
+		m2 := heapInUse()
+		for _, name := range names {
+			tk, err := q.Enqueue(Request{Tenant: name, Cost: 100})
+			if err != nil {
+				b.Fatal(err)
+			}
+			tk.Release(0) // cancelled: the tenant stays remembered, idle
+		}
+		m3 := heapInUse()
+		if q.Stats(false).Remembered != n+2 {
+			b.Fatalf("%d tenants remembered", q.Stats(false).Remembered)
+		}
+		perRequest = float64(int64(m1)-int64(m0)) / n
+		perTenant = float64(int64(m3)-int64(m2)) / n
+	}
+	b.ReportMetric(perRequest, "B/queued-request")
+	b.ReportMetric(perTenant, "B/tenant")
 }

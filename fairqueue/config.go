@@ -44,8 +44,14 @@ type TenantConfig struct {
 	// WaitBudget overrides the class budget when non-zero.
 	WaitBudget time.Duration
 	// MaxQueue caps this tenant's queued requests; 0 means only the global
-	// cap applies.
+	// cap applies. In Config.Default it caps the undeclared tenants'
+	// queued requests together (the group's room), not each one's.
 	MaxQueue int
+	// MaxInflight caps this tenant's requests in flight; 0 means no cap. A
+	// tenant at its cap is not eligible for dispatch (its queued requests
+	// wait, and other tenants take the capacity) until one completes. In
+	// Config.Default it caps each undeclared tenant.
+	MaxInflight int
 }
 
 // Config is the whole scheduler configuration. It can be replaced while
@@ -63,10 +69,28 @@ type Config struct {
 	MaxQueueTokens int64
 	// Classes lists the classes of service; order does not imply priority.
 	Classes []ClassConfig
+	// MaxQueueBytes caps Request.Bytes summed over queued requests, so the
+	// memory queued bodies hold is bounded by configuration; 0 means
+	// unlimited. A single request larger than it is never admitted, so the
+	// caller's body limit should be below it.
+	MaxQueueBytes int64
 	// Tenants maps known tenant names to their settings.
 	Tenants map[string]TenantConfig
-	// Default applies to tenants not in Tenants.
+	// Default applies to tenants not in Tenants, the undeclared tenants,
+	// as one group: Default.Weight is the weight of all of them together
+	// against the declared tenants, shared equally among those backlogged
+	// (each is a weighted fair queue of its own inside the group), and
+	// Default.MaxQueue caps their queued requests together. So rotating
+	// tenant IDs gains neither share nor room against declared tenants.
 	Default TenantConfig
+	// DefaultPerTenantMaxQueue caps each undeclared tenant's queued
+	// requests, inside the group's cap; 0 means only the group's cap.
+	DefaultPerTenantMaxQueue int
+	// IdleForget is how long a tenant with nothing queued or in flight is
+	// remembered; after it the tenant's state is dropped (see Queue.Tick),
+	// so memory after a burst of one-shot tenant IDs returns to its
+	// baseline. 0 means DefaultIdleForget.
+	IdleForget time.Duration
 	// ExpiryMargin is how long before its deadline a still-queued request is
 	// expired, so the caller's answer reaches the client before the budget
 	// runs out rather than after; it should exceed the Tick period.
@@ -89,8 +113,9 @@ func (c *Config) Validate() error {
 	if a := c.Admission; a.BoostShareMax < 0 || a.BoostShareMax > 1 || a.PerTenantBoostHourly < 0 || a.Margin < 0 {
 		return fmt.Errorf("anti_starvation: boost_share_max must be in [0, 1] and the other limits not negative")
 	}
-	if c.MaxInflightTokens < 0 || c.MaxQueueTokens < 0 || c.MaxQueue < 0 {
-		return fmt.Errorf("queue and in-flight limits must not be negative")
+	if c.MaxInflightTokens < 0 || c.MaxQueueTokens < 0 || c.MaxQueue < 0 || c.MaxQueueBytes < 0 ||
+		c.DefaultPerTenantMaxQueue < 0 || c.IdleForget < 0 {
+		return fmt.Errorf("queue and in-flight limits and idle_forget must not be negative")
 	}
 	seen := map[string]bool{}
 	for _, cl := range c.Classes {
@@ -112,8 +137,8 @@ func (c *Config) Validate() error {
 		if !seen[t.Class] {
 			return fmt.Errorf("%s: unknown class %q", who, t.Class)
 		}
-		if t.MaxQueue < 0 || t.WaitBudget < 0 {
-			return fmt.Errorf("%s: negative max_queue or wait_budget", who)
+		if t.MaxQueue < 0 || t.WaitBudget < 0 || t.MaxInflight < 0 {
+			return fmt.Errorf("%s: negative max_queue, max_inflight or wait_budget", who)
 		}
 		return nil
 	}
@@ -135,6 +160,34 @@ func (c *Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// DefaultBudgetConfig is anti_starvation's defaults, the one source for
+// the handler and the simulator: fast-fail on, boosted requests at most 10%
+// of the slots, at most 200 boosts per tenant per rolling hour, and a
+// request counts as on time when dispatched DefaultMargin before its
+// deadline.
+func DefaultBudgetConfig() BudgetConfig {
+	return BudgetConfig{FastFail: true, BoostShareMax: 0.10, PerTenantBoostHourly: 200,
+		Margin: DefaultMargin}
+}
+
+// DefaultMargin is BudgetConfig.Margin by default: three ticks of the
+// handler's 50 ms Tick period, so a request is answered before its deadline
+// even when a tick comes late.
+const DefaultMargin = 150 * time.Millisecond
+
+// DefaultIdleForget is Config.IdleForget when unset: long enough that a
+// tenant pausing between requests keeps its place in virtual time, short
+// enough that with the forgetting bounded per Tick a burst of 100k one-shot
+// tenants is forgotten within a minute.
+const DefaultIdleForget = 30 * time.Second
+
+func (c *Config) idleForget() time.Duration {
+	if c.IdleForget > 0 {
+		return c.IdleForget
+	}
+	return DefaultIdleForget
 }
 
 // Budget returns the wait budget of a request of class cls from tenant t:

@@ -37,6 +37,18 @@
 //     flooding tenant undercut the start tag a newcomer was just lifted to,
 //     and the newcomer's small request would lose its turn at the next slot.
 //
+// # Undeclared tenants
+//
+// Tenants not in Config.Tenants are scheduled as one group at the top level
+// (hierarchical WFQ): the group has weight Config.Default.Weight and a
+// virtual time of its own, and inside it each undeclared tenant has its own
+// virtual time and flows, ordered the same way in a sub-heap. A dispatch
+// charges both levels, so enqueue and dispatch stay O(log n). Rotating
+// tenant IDs therefore buys neither share nor room: all undeclared tenants
+// together get Default.Weight's share, and Default.MaxQueue caps their
+// queue together (DefaultPerTenantMaxQueue caps each). A tenant that a
+// reload declares or undeclares moves once it is idle.
+//
 // With cost_unit "requests" every request costs 1 and back-fill is a no-op;
 // the token caps (MaxInflightTokens, MaxQueueTokens) still count the
 // request's estimated tokens.
@@ -45,11 +57,18 @@
 //
 // Dispatch is gated by in-flight requests <= MaxInflight x healthy upstreams
 // and, when MaxInflightTokens is set, in-flight estimated cost <=
-// MaxInflightTokens x healthy upstreams. A request larger than the whole
-// token capacity still dispatches when nothing else is in flight, so nothing
-// deadlocks. Capacity changes (an upstream going down or up, a reload) take
-// effect at once; in-flight work is never preempted, queued work is never
-// dropped by a capacity change.
+// MaxInflightTokens x healthy upstreams. A request that could never be
+// admitted is refused at once (ReasonTooLarge) rather than parked: one
+// estimated above MaxInflightTokens (it can never fit one upstream) or
+// above MaxQueueTokens. One that a reload made larger than the token
+// capacity while it was queued still dispatches when nothing else is in
+// flight, so nothing deadlocks. Capacity changes (an upstream going down or
+// up, a reload) take effect at once; in-flight work is never preempted,
+// queued work is never dropped by a capacity change.
+//
+// A tenant at its TenantConfig.MaxInflight is not eligible: its flows leave
+// the heaps (O(log n), never a scan) until one of its requests completes,
+// and the capacity goes to the others.
 //
 // Token gating is strict in tag order: when the next request does not fit the
 // free token capacity, dispatch waits for completions rather than letting
@@ -64,11 +83,38 @@
 // considered only when no flow of an unpaused class is waiting, so pausing
 // never leaves a slot idle, and a paused class resumes where it was.
 //
+// # Memory
+//
+// What the queue holds is bounded by configuration, not by traffic: queued
+// requests by MaxQueue, their bodies by MaxQueueBytes (Request.Bytes, counted
+// while queued, boost lane included), and tenants by time: a tenant with
+// nothing queued or in flight for IdleForget is forgotten (its boost
+// history with it, for undeclared tenants), at most maxForgetPerTick per
+// Tick, the longest idle first, so no tick scans all tenants. Forgetting a
+// tenant whose virtual time is ahead of V drops at most one request's
+// service debt; see pruneLocked.
+//
+// # Retry-After
+//
+// Every refusal's RetryAfter is at most budget.MaxRetryAfter. Full queues
+// and budgets run out while queued answer the time the measured rate needs
+// to serve the work queued, spread by a seeded jitter
+// (budget.RetryAfterJitter) so clients refused together do not return
+// together.
+//
 // # Guarantees
 //
 //   - Work conservation: after every state change, either capacity is full or
-//     no request is eligible (the boost lane and every flow are empty, or the
-//     next request in order does not fit the free token capacity).
+//     no request is eligible (the boost lane and every flow are empty, the
+//     tenants with queued requests are at their in-flight cap, or the next
+//     request in order does not fit the free token capacity).
+//   - Isolation: declared tenants keep their weighted shares and their queue
+//     room whatever undeclared traffic does, with any number of undeclared
+//     IDs; undeclared tenants share the group's service equally within the
+//     same bound as below.
+//   - No single request can lock others out: an oversized one is refused at
+//     once, and one request moves the water level by at most
+//     1/MaxWaterShareInverse through its tokens (see Queue.Water).
 //   - Fairness: for two continuously backlogged tenants of equal weight, the
 //     difference in (estimated) service between them is bounded by about twice
 //     the largest request cost plus the service in flight at one instant; the

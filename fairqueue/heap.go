@@ -150,9 +150,14 @@ func (h *flowHeap) newID(f *flow) int32 {
 }
 
 // freeID releases the slot of a forgotten flow, which is not in the heap.
+// When no slot is in use any more the arrays go too, so the slots a burst
+// of one-shot tenants needed do not outlive it.
 func (h *flowHeap) freeID(id int32) {
 	h.flows[id] = nil
 	h.free = append(h.free, id)
+	if len(h.free) == len(h.pos) {
+		*h = flowHeap{}
+	}
 }
 
 // contains reports whether the flow with id is in the heap.

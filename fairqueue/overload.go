@@ -3,6 +3,7 @@ package fairqueue
 import (
 	"time"
 
+	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
 	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
 )
 
@@ -132,7 +133,11 @@ func (q *Queue) throttleLocked(now time.Time, cls string, cost int64) *Rejection
 	if ok {
 		return nil
 	}
-	return &Rejection{Reason: ReasonClassThrottled, RetryAfter: wait,
+	return throttleRejection(cls, thr, wait)
+}
+
+func throttleRejection(cls string, thr *degrade.Throttle, wait time.Duration) *Rejection {
+	return &Rejection{Reason: ReasonClassThrottled, RetryAfter: min(wait, budget.MaxRetryAfter),
 		Detail: "class " + cls + " is throttled to " + thr.Rate().String() + " while the gateway is overloaded"}
 }
 

@@ -2,6 +2,7 @@ package fairqueue
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -22,6 +23,10 @@ type Request struct {
 	Cost int64
 	// Deadline is when the request must have been dispatched; zero = none.
 	Deadline time.Time
+	// Bytes is the memory the request holds while it waits (its body and
+	// anything derived from it); it counts against Config.MaxQueueBytes
+	// from admission until it leaves the queue (dispatch, cancel, expiry).
+	Bytes int64
 }
 
 // Event is what an Observer is told about a ticket.
@@ -48,6 +53,12 @@ type Observer func(ev Event, t *Ticket)
 
 // Queue is a weighted fair queue over a pool of upstream slots. All methods
 // are safe for concurrent use.
+//
+// Lock convention (as in Kubernetes' queueset): every field after mu is
+// guarded by mu, and so is every field of the tenants, flows, class queues
+// and tickets the queue holds. A method or function whose name ends in
+// Locked must be called with mu held and never releases it; every other
+// method takes mu itself (unlock releases it and delivers events).
 type Queue struct {
 	clock Clock
 
@@ -57,8 +68,13 @@ type Queue struct {
 	capacity int
 	tokenCap int64
 
-	classes   []*classQ
-	tenants   map[string]*tenant
+	classes []*classQ
+	tenants map[string]*tenant
+	// tenantPeak is the most tenants remembered since tenants was made.
+	tenantPeak int
+	// group is the one top-level flow owner of all undeclared tenants
+	// (Config.Default): they share its weight and compete inside it.
+	group     *tenant
 	boost     ticketList
 	deadlines deadlineHeap
 
@@ -72,7 +88,18 @@ type Queue struct {
 	inflight        int
 	inflightCost    int64
 	boostedInflight int
-	lastPrune       time.Time
+	// queuedBytes is Request.Bytes summed over queued requests.
+	queuedBytes int64
+	// waterCost is the token term of the water level: each queued request
+	// counted up to waterCap (see waterLocked).
+	waterCost int64
+	waterCap  int64
+	// idle lists the tenants that had nothing queued or in flight when
+	// listed, the longest idle first, so that Tick forgets them in
+	// O(forgotten) (see pruneLocked).
+	idle idleList
+	// rng draws the Retry-After jitter; seeded, so runs are reproducible.
+	rng *rand.Rand
 
 	observer Observer
 
@@ -101,10 +128,11 @@ type classQ struct {
 }
 
 type tenant struct {
-	name   string
+	// The fields are laid out by use: the first three cache lines hold what
+	// every enqueue, dispatch and completion reads or writes; the rest is
+	// touched when the tenant comes and goes.
+
 	weight float64
-	known  bool
-	cfg    TenantConfig // the settings in force, refreshed by Reconfigure
 	// vt is the tenant's virtual time: service received / weight. It never
 	// goes backwards while the tenant is backlogged: a refund for an
 	// over-estimate is kept in credit and taken off the tenant's next charges.
@@ -114,34 +142,81 @@ type tenant struct {
 	// flowBuf backs flows for the usual one or two classes, so that
 	// finding a tenant's flows reads the tenant's own memory.
 	flowBuf [2]*flow
-
+	// group is the group an undeclared tenant schedules inside; nil for a
+	// declared tenant and for the group itself. A tenant keeps the placement
+	// it was created with until it is idle (see Enqueue).
+	group      *tenant
 	queued     int
 	queuedCost int64
 	inflight   int
-	// stamp marks the tenant as counted in the current ETA pass.
-	stamp uint64
 	// served is the cost charged so far (estimates, corrected by back-fill).
 	served float64
+	// stamp marks the tenant as counted in the current ETA pass.
+	stamp uint64
+	// idleSince is when the tenant last had nothing queued or in flight
+	// (Unix ns), kept up to date without touching the idle list.
+	idleSince int64
+	known     bool
+	// capped is set while the tenant is at its MaxInflight: its flows are
+	// out of the heaps, so dispatch never sees them.
+	capped bool
+	onIdle bool
+	cfg    TenantConfig // the settings in force, refreshed by Reconfigure
+
+	name string
+	// vfloor is, for the group, its inner virtual time: the largest start
+	// tag dispatched among its members.
+	vfloor float64
+	// idleAt orders the tenant on Queue.idle: its idleSince when it was put
+	// there.
+	idleAt             int64
+	idlePrev, idleNext *tenant
 }
 
 // flow is one tenant's FIFO of one class.
 type flow struct {
-	t  *tenant
-	cq *classQ
-	q  ticketList
+	// What the heap key (entry) reads comes first, in one cache line.
+	t *tenant
+	// sub is, for a group flow, the heap of its members' backlogged flows;
+	// the group flow's head is the head of the sub-heap's top flow.
+	sub *flowHeap
+	q   ticketList
+	seq uint64
+	id  int32 // slot in the heap it sits in: cq.flows, or parent.sub
+	cq  *classQ
+	// parent is, for an undeclared tenant's flow, the group's flow of the
+	// same class, whose sub-heap orders the members' flows.
+	parent *flow
 	// in and out count the cost that ever entered and left the flow, and
 	// queuedCost what is in it; a ticket's mark is in when it entered, so
 	// mark-out is the cost still ahead of it.
 	in, out, queuedCost int64
-	id                  int32 // position slot in cq.flows
-	seq                 uint64
+}
+
+// head returns the request the flow would dispatch next, nil when none.
+func (f *flow) head() *Ticket {
+	if f.sub != nil {
+		if f.sub.len() == 0 {
+			return nil
+		}
+		return f.sub.flow(f.sub.top()).q.head
+	}
+	return f.q.head
 }
 
 // entry returns the flow's heap key: the start and finish tags of its head
-// request. The flow must have a head.
+// request in its owner's virtual time. The flow must have a head.
 func (f *flow) entry() flowEntry {
-	return flowEntry{start: f.t.vt, finish: f.t.vt + float64(f.q.head.cost)/f.t.weight,
+	return flowEntry{start: f.t.vt, finish: f.t.vt + float64(f.head().cost)/f.t.weight,
 		seq: f.seq, id: f.id}
+}
+
+// heap returns the heap f sits in when backlogged.
+func (f *flow) heap() *flowHeap {
+	if f.parent != nil {
+		return f.parent.sub
+	}
+	return &f.cq.flows
 }
 
 // New returns a queue with no healthy upstream; call SetHealthy before
@@ -150,7 +225,10 @@ func New(cfg Config, clock Clock) (*Queue, error) {
 	if clock == nil {
 		clock = RealClock{}
 	}
-	q := &Queue{clock: clock, tenants: make(map[string]*tenant)}
+	q := &Queue{clock: clock, tenants: make(map[string]*tenant),
+		group: &tenant{name: "(undeclared tenants)"},
+		rng:   rand.New(rand.NewPCG(0x6661697271756575, 0x7265747279))}
+	q.group.flows = q.group.flowBuf[:0]
 	if err := q.Reconfigure(cfg); err != nil {
 		return nil, err
 	}
@@ -176,7 +254,10 @@ func (q *Queue) Config() Config {
 
 // Reconfigure applies cfg while requests are queued and in flight: weights,
 // caps, classes and capacity change; nothing queued or in flight is lost,
-// dropped or dispatched twice. Queued requests above a lowered cap stay.
+// dropped or dispatched twice. Queued requests above a lowered cap stay. A
+// tenant that becomes declared or undeclared keeps its placement (its own
+// top-level flows, or a place inside the undeclared group) while it has
+// requests queued or in flight, and takes the new one when next idle.
 func (q *Queue) Reconfigure(cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -189,16 +270,30 @@ func (q *Queue) Reconfigure(cfg Config) error {
 	}
 	q.cfg, q.ov = cfg, ov
 	q.adm = newAdmission(&cfg.Admission, q.adm)
+	if c := waterCap(&cfg); c != q.waterCap {
+		q.waterCap = c
+		q.recountWaterLocked()
+	}
 	for _, cl := range cfg.Classes {
-		if q.class(cl.Name) == nil {
+		if q.classLocked(cl.Name) == nil {
 			q.classes = append(q.classes, &classQ{name: cl.Name})
 		}
 	}
-	for name, t := range q.tenants {
-		tc, known := cfg.Tenant(name)
+	q.group.weight, q.group.cfg = cfg.Default.Weight, cfg.Default
+	for _, t := range q.tenants {
+		tc, known := cfg.Tenant(t.name)
 		t.weight, t.known, t.cfg = tc.Weight, known, tc
+		if t.misplaced() && t.queued == 0 && t.inflight == 0 {
+			q.forgetLocked(t)
+			continue
+		}
+		q.capLocked(t)
 	}
-	// Finish tags depend on weights, so every heap is re-keyed.
+	// Finish tags depend on weights, so every heap is re-keyed: the
+	// members' heaps first, since a group flow's key reads its sub-heap.
+	for _, gf := range q.group.flows {
+		gf.sub.rebuild()
+	}
 	for _, cq := range q.classes {
 		cq.flows.rebuild()
 	}
@@ -231,14 +326,14 @@ func (q *Queue) setCapacityLocked(healthy int) {
 // class is dispatched only when no unpaused class has a request waiting.
 func (q *Queue) SetPaused(class string, paused bool) {
 	q.mu.Lock()
-	if cq := q.class(class); cq != nil && cq.paused != paused {
+	if cq := q.classLocked(class); cq != nil && cq.paused != paused {
 		cq.paused = paused
 		q.dispatchLocked(q.clock.Now())
 	}
 	q.unlock()
 }
 
-func (q *Queue) class(name string) *classQ {
+func (q *Queue) classLocked(name string) *classQ {
 	for _, cq := range q.classes {
 		if cq.name == name {
 			return cq
@@ -246,6 +341,10 @@ func (q *Queue) class(name string) *classQ {
 	}
 	return nil
 }
+
+// misplaced reports whether the tenant sits where its configuration no
+// longer puts it: declared but inside the undeclared group, or the reverse.
+func (t *tenant) misplaced() bool { return (t.group != nil) == t.known }
 
 // Enqueue admits r or refuses it with a *Rejection. An admitted request may
 // be dispatched before Enqueue returns. The caller must end the ticket with
@@ -256,6 +355,10 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	// A known tenant carries its settings, so the hot path does one map
 	// lookup, not one in the config and one in the state.
 	t := q.tenants[r.Tenant]
+	if t != nil && t.queued == 0 && t.inflight == 0 && t.misplaced() {
+		q.forgetLocked(t)
+		t = nil
+	}
 	tc, known := q.cfg.Default, false
 	if t != nil {
 		tc, known = t.cfg, t.known
@@ -263,18 +366,15 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		tc, known = q.cfg.Tenant(r.Tenant)
 	}
 	cls := r.Class
-	if cls == "" || q.class(cls) == nil {
+	if cls == "" || q.classLocked(cls) == nil {
 		cls = tc.Class
 	}
-	tokens := r.Cost
-	if tokens < 1 {
-		tokens = 1
-	}
+	tokens := max(r.Cost, 1)
 	cost := tokens
 	if q.cfg.CostUnit == CostRequests {
 		cost = 1
 	}
-	rej := q.admitLocked(t, tc, tokens)
+	rej := q.admitLocked(now, t, tc, known, tokens, max(r.Bytes, 0))
 	if rej == nil {
 		rej = q.throttleLocked(now, cls, tokens)
 	}
@@ -283,27 +383,18 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		return nil, rej
 	}
 	if t == nil {
-		t = &tenant{name: r.Tenant, weight: tc.Weight, known: known, cfg: tc}
-		t.flows = t.flowBuf[:0]
-		q.tenants[r.Tenant] = t
+		t = q.newTenantLocked(r.Tenant, tc, known, now)
 	}
-	if t.queued == 0 {
-		// Counter lift: an idle tenant rejoins at the current virtual time,
-		// or where the service it really received puts it if that is later.
-		if v := max(t.vt-t.credit, q.virtualTimeLocked()); v != t.vt || t.credit != 0 {
-			t.vt, t.credit = v, 0
-			q.fixFlows(t)
-		}
-	}
-	cq := q.class(cls)
+	q.liftLocked(t)
+	cq := q.classLocked(cls)
 	decision, est := q.decideLocked(now, t, cq, cost, r.Deadline)
 	if decision == budget.Reject {
 		q.mu.Unlock()
 		return nil, budgetRejection(est, r.Deadline.Sub(now))
 	}
-	tk := &Ticket{q: q, t: t, cost: cost, tokens: tokens, class: cls, deadline: r.Deadline,
-		enqueued: now, dlIdx: -1, eta: est.ETA}
-	q.pushFlow(tk, q.flowOf(t, cq))
+	tk := &Ticket{q: q, t: t, cost: cost, tokens: tokens, bytes: max(r.Bytes, 0), class: cls,
+		deadline: r.Deadline, enqueued: now, dlIdx: -1, eta: est.ETA}
+	q.pushFlowLocked(tk, q.flowOfLocked(t, cq))
 	if !r.Deadline.IsZero() {
 		q.deadlines.push(tk)
 	}
@@ -315,36 +406,134 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	return tk, nil
 }
 
-func (q *Queue) admitLocked(t *tenant, tc TenantConfig, tokens int64) *Rejection {
+// newTenantLocked creates the state of a tenant about to queue a request:
+// a declared tenant owns top-level flows, an undeclared one schedules
+// inside the group. It starts idle (on the idle list) until its request is
+// queued, so a tenant refused after this point is still forgotten.
+func (q *Queue) newTenantLocked(name string, tc TenantConfig, known bool, now time.Time) *tenant {
+	t := &tenant{name: name, weight: tc.Weight, known: known, cfg: tc}
+	t.flows = t.flowBuf[:0]
+	if !known {
+		t.group = q.group
+		t.vt = q.group.vfloor
+	}
+	q.tenants[name] = t
+	q.tenantPeak = max(q.tenantPeak, len(q.tenants))
+	t.idleSince = now.UnixNano()
+	q.idle.push(t)
+	return t
+}
+
+// liftLocked applies the counter lift to a tenant about to queue: an idle
+// tenant (and an idle group) rejoins at the current virtual time of the
+// level it competes at, or where the service it really received puts it
+// if that is later.
+func (q *Queue) liftLocked(t *tenant) {
+	if t.queued == 0 || (t.group != nil && t.group.queued == 0) {
+		q.liftIdleLocked(t)
+	}
+}
+
+func (q *Queue) liftIdleLocked(t *tenant) {
+	if g := t.group; g != nil && g.queued == 0 {
+		if v := max(g.vt-g.credit, q.vfloor); v != g.vt || g.credit != 0 {
+			g.vt, g.credit = v, 0
+			q.fixFlowsLocked(g)
+		}
+	}
+	if t.queued == 0 {
+		if v := max(t.vt-t.credit, q.virtualTimeLocked(t)); v != t.vt || t.credit != 0 {
+			t.vt, t.credit = v, 0
+			q.fixFlowsLocked(t)
+		}
+	}
+}
+
+// admitLocked applies the caps that do not depend on the request's class:
+// capacity, size, the tenant's and the group's queue, the global queue in
+// requests, tokens and bytes. t is nil for a tenant the queue does not
+// remember.
+func (q *Queue) admitLocked(now time.Time, t *tenant, tc TenantConfig, known bool, tokens, bytes int64) *Rejection {
 	if q.capacity == 0 {
-		return &Rejection{Reason: ReasonNoCapacity, RetryAfter: time.Second,
+		return &Rejection{Reason: ReasonNoCapacity, RetryAfter: q.retryAfterLocked(0),
 			Detail: "no healthy upstream"}
 	}
-	if tc.MaxQueue > 0 {
-		if t != nil && t.queued >= tc.MaxQueue {
-			return &Rejection{Reason: ReasonTenantQueueFull, RetryAfter: time.Second,
-				Detail: fmt.Sprintf("tenant has %d requests queued (limit %d)", t.queued, tc.MaxQueue)}
+	if q.cfg.MaxInflightTokens > 0 || q.cfg.MaxQueueTokens > 0 {
+		if rej := q.tooLargeLocked(tokens); rej != nil {
+			return rej
+		}
+	}
+	if tc.MaxQueue > 0 || (!known && q.cfg.DefaultPerTenantMaxQueue > 0) {
+		if rej := q.tenantFullLocked(now, t, tc, known); rej != nil {
+			return rej
 		}
 	}
 	if q.cfg.MaxQueue > 0 && q.queued >= q.cfg.MaxQueue {
-		return &Rejection{Reason: ReasonQueueFull, RetryAfter: time.Second,
+		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(now, q.queuedCost, q.queued),
 			Detail: fmt.Sprintf("%d requests queued (limit %d)", q.queued, q.cfg.MaxQueue)}
 	}
-	if q.cfg.MaxQueueTokens > 0 && q.queued > 0 && q.queuedCost+tokens > q.cfg.MaxQueueTokens {
-		return &Rejection{Reason: ReasonQueueFull, RetryAfter: time.Second,
+	if q.cfg.MaxQueueTokens > 0 && q.queuedCost+tokens > q.cfg.MaxQueueTokens {
+		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(now, q.queuedCost, q.queued),
 			Detail: fmt.Sprintf("%d tokens queued (limit %d)", q.queuedCost, q.cfg.MaxQueueTokens)}
+	}
+	if q.cfg.MaxQueueBytes > 0 && q.queuedBytes+bytes > q.cfg.MaxQueueBytes {
+		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(now, q.queuedCost, q.queued),
+			Detail: fmt.Sprintf("%d bytes queued (limit %d)", q.queuedBytes, q.cfg.MaxQueueBytes)}
 	}
 	return nil
 }
 
-// virtualTimeLocked is V, the system's virtual time: the largest start tag
-// dispatched so far. It never decreases, and lifting an arriving tenant to
-// it is what a tenant that never left would have reached by now (the
-// self-clocked rule of SCFQ, with the start rather than the finish tag so a
-// newcomer is not put behind the request just dispatched).
-func (q *Queue) virtualTimeLocked() float64 { return q.vfloor }
+// tooLargeLocked refuses a request that no amount of waiting could admit:
+// more estimated tokens than one upstream may hold in flight, or than the
+// whole queue may hold.
+func (q *Queue) tooLargeLocked(tokens int64) *Rejection {
+	if m := q.cfg.MaxInflightTokens; m > 0 && tokens > m {
+		return &Rejection{Reason: ReasonTooLarge,
+			Detail: fmt.Sprintf("request estimated at %d tokens, more than the %d one model server may hold in flight (max_inflight_tokens)", tokens, m)}
+	}
+	if m := q.cfg.MaxQueueTokens; m > 0 && tokens > m {
+		return &Rejection{Reason: ReasonTooLarge,
+			Detail: fmt.Sprintf("request estimated at %d tokens, more than the %d the whole queue may hold (max_queue_tokens)", tokens, m)}
+	}
+	return nil
+}
 
-func (q *Queue) flowOf(t *tenant, cq *classQ) *flow {
+// tenantFullLocked applies the tenant's own queue cap and, for an
+// undeclared tenant, the group's cap (Default.MaxQueue) and the
+// per-undeclared-tenant cap.
+func (q *Queue) tenantFullLocked(now time.Time, t *tenant, tc TenantConfig, known bool) *Rejection {
+	own := tc.MaxQueue
+	if !known {
+		own = q.cfg.DefaultPerTenantMaxQueue
+		if g := q.group; tc.MaxQueue > 0 && g.queued >= tc.MaxQueue {
+			return &Rejection{Reason: ReasonTenantQueueFull, RetryAfter: q.drainRetryLocked(now, g.queuedCost, g.queued),
+				Detail: fmt.Sprintf("undeclared tenants together have %d requests queued (limit %d)", g.queued, tc.MaxQueue)}
+		}
+	}
+	if own > 0 && t != nil && t.queued >= own {
+		return &Rejection{Reason: ReasonTenantQueueFull, RetryAfter: q.drainRetryLocked(now, t.queuedCost, t.queued),
+			Detail: fmt.Sprintf("tenant has %d requests queued (limit %d)", t.queued, own)}
+	}
+	return nil
+}
+
+// virtualTimeLocked is the virtual time an idle tenant rejoins at: V, the
+// largest start tag dispatched so far at the level where t competes (the
+// group's inner one for an undeclared tenant). It never decreases, and
+// lifting an arriving tenant to it is what a tenant that never left would
+// have reached by now (the self-clocked rule of SCFQ, with the start rather
+// than the finish tag so a newcomer is not put behind the request just
+// dispatched).
+func (q *Queue) virtualTimeLocked(t *tenant) float64 {
+	if t.group != nil {
+		return t.group.vfloor
+	}
+	return q.vfloor
+}
+
+// flowOfLocked returns t's flow of class cq, creating it (and, for an
+// undeclared tenant, the group's flow of that class).
+func (q *Queue) flowOfLocked(t *tenant, cq *classQ) *flow {
 	for _, f := range t.flows {
 		if f.cq == cq {
 			return f
@@ -352,34 +541,107 @@ func (q *Queue) flowOf(t *tenant, cq *classQ) *flow {
 	}
 	q.flowSeq++
 	f := &flow{t: t, cq: cq, seq: q.flowSeq}
-	f.id = cq.flows.newID(f)
+	if t.group != nil {
+		f.parent = q.flowOfLocked(t.group, cq)
+		f.id = f.parent.sub.newID(f)
+	} else {
+		if t == q.group {
+			f.sub = &flowHeap{}
+		}
+		f.id = cq.flows.newID(f)
+	}
 	t.flows = append(t.flows, f)
 	return f
 }
 
-func (q *Queue) pushFlow(tk *Ticket, f *flow) {
+// linkFlowLocked puts f, which has a head, into its heap, or re-keys it
+// there, and re-keys its group flow.
+func (q *Queue) linkFlowLocked(f *flow) {
+	if p := f.parent; p != nil {
+		if p.sub.contains(f.id) {
+			p.sub.rekey(f)
+		} else {
+			p.sub.push(f)
+		}
+		f = p
+	}
+	if h := &f.cq.flows; h.contains(f.id) {
+		h.rekey(f)
+	} else {
+		h.push(f)
+	}
+}
+
+// unlinkFlowLocked takes f out of its heap if it is there; a group flow
+// whose last member flow leaves goes too.
+func (q *Queue) unlinkFlowLocked(f *flow) {
+	p := f.parent
+	if p == nil {
+		if f.cq.flows.contains(f.id) {
+			f.cq.flows.remove(f)
+		}
+		return
+	}
+	if !p.sub.contains(f.id) {
+		return
+	}
+	p.sub.remove(f)
+	if !p.cq.flows.contains(p.id) {
+		return
+	}
+	if p.sub.len() == 0 {
+		p.cq.flows.remove(p)
+	} else {
+		p.cq.flows.rekey(p)
+	}
+}
+
+func (q *Queue) pushFlowLocked(tk *Ticket, f *flow) {
 	tk.f = f
 	tk.state = stateQueued
 	tk.mark = f.in
 	f.in += tk.cost
 	f.queuedCost += tk.tokens
 	f.q.pushBack(tk)
-	if !f.cq.flows.contains(f.id) {
-		f.cq.flows.push(f)
+	if f.q.n == 1 && !tk.t.capped {
+		q.linkFlowLocked(f)
 	}
-	tk.t.queued++
-	tk.t.queuedCost += tk.tokens
-	q.queued++
-	q.queuedCost += tk.tokens
+	q.countLocked(tk, 1)
 }
 
-// unqueue takes a queued or boosted ticket out of wherever it waits.
-func (q *Queue) unqueue(tk *Ticket) { q.take(tk, true) }
+// countLocked adds (sign 1) or removes (-1) a queued ticket from the
+// counts of its tenant, its group and the queue. The boost lane counts as
+// queued.
+func (q *Queue) countLocked(tk *Ticket, sign int) {
+	t := tk.t
+	n, c := sign, int64(sign)
+	t.queued += n
+	t.queuedCost += c * tk.tokens
+	if g := t.group; g != nil {
+		g.queued += n
+		g.queuedCost += c * tk.tokens
+	}
+	q.queued += n
+	q.queuedCost += c * tk.tokens
+	q.queuedBytes += c * tk.bytes
+	q.waterCost += c * min(tk.tokens, q.waterCap)
+}
 
-// take is unqueue; with rekey false, a flow whose head tk was and that stays
-// backlogged is left for the caller to re-key (dispatch does, once, after
-// charging the tenant).
-func (q *Queue) take(tk *Ticket, rekey bool) {
+// unqueueLocked takes a queued or boosted ticket out of wherever it waits.
+func (q *Queue) unqueueLocked(tk *Ticket) { q.takeLocked(tk, true) }
+
+// takeLocked is unqueueLocked; with rekey false, a flow whose head tk was
+// and that stays backlogged is left for the caller to re-key (dispatch
+// does, once, after charging the tenant).
+func (q *Queue) takeLocked(tk *Ticket, rekey bool) {
+	q.unlinkTicketLocked(tk, rekey)
+	q.countLocked(tk, -1)
+}
+
+// unlinkTicketLocked takes tk out of its flow or the boost lane and out of
+// the deadline heap, leaving the counts as they are (promotion keeps a
+// ticket queued).
+func (q *Queue) unlinkTicketLocked(tk *Ticket, rekey bool) {
 	if tk.state == stateBoosted {
 		q.boost.remove(tk)
 		q.adm.boostCost -= tk.cost
@@ -391,35 +653,67 @@ func (q *Queue) take(tk *Ticket, rekey bool) {
 		f.queuedCost -= tk.tokens
 		switch {
 		case f.q.head == nil:
-			f.cq.flows.remove(f)
-		case wasHead && rekey:
-			f.cq.flows.rekey(f)
+			q.unlinkFlowLocked(f)
+		case wasHead && rekey && f.heap().contains(f.id):
+			q.linkFlowLocked(f)
 		}
 	}
 	if tk.dlIdx >= 0 {
 		q.deadlines.remove(tk)
 	}
-	tk.t.queued--
-	tk.t.queuedCost -= tk.tokens
-	q.queued--
-	q.queuedCost -= tk.tokens
 }
 
-// fixFlows re-orders t's flows after its virtual time changed.
-func (q *Queue) fixFlows(t *tenant) {
-	for _, f := range t.flows {
-		if f.cq.flows.contains(f.id) {
-			f.cq.flows.rekey(f)
+// fixFlowsLocked re-orders t's flows after its virtual time changed, and a
+// member's group flows, whose keys read the members' heads.
+func (q *Queue) fixFlowsLocked(t *tenant) {
+	// Nothing queued (the boost lane counts) means no flow in a heap.
+	if t.queued > 0 {
+		for _, f := range t.flows {
+			if h := f.heap(); h.contains(f.id) {
+				h.rekey(f)
+			}
+		}
+	}
+	if g := t.group; g != nil && g.queued > 0 {
+		for _, f := range g.flows {
+			if f.cq.flows.contains(f.id) {
+				f.cq.flows.rekey(f)
+			}
 		}
 	}
 }
 
-// next returns the ticket dispatch would start now, or nil, and whether it
-// overtakes tag order from the boost lane. The lane goes first while
-// boosted requests in flight are under the boost budget; past it, the lane
-// waits for tag order to run dry rather than idle a slot, and such a
-// dispatch overtakes nobody.
-func (q *Queue) next() (*Ticket, bool) {
+// capLocked makes t ineligible for dispatch while it is at its in-flight
+// cap (its flows leave the heaps) and eligible again below it.
+func (q *Queue) capLocked(t *tenant) {
+	if m := t.cfg.MaxInflight; m > 0 || t.capped {
+		q.setCappedLocked(t, m > 0 && t.inflight >= m)
+	}
+}
+
+func (q *Queue) setCappedLocked(t *tenant, at bool) {
+	if at == t.capped {
+		return
+	}
+	t.capped = at
+	for _, f := range t.flows {
+		switch {
+		case at:
+			q.unlinkFlowLocked(f)
+		case f.q.head != nil:
+			q.linkFlowLocked(f)
+		}
+	}
+}
+
+// nextLocked returns the ticket dispatch would start now, or nil, and
+// whether it overtakes tag order from the boost lane. The lane goes first
+// while boosted requests in flight are under the boost budget; past it, the
+// lane waits for tag order to run dry rather than idle a slot, and such a
+// dispatch overtakes nobody. Boosted requests of tenants at their in-flight
+// cap are passed over where they stand; the lane is short (the boost budget
+// bounds what the queue promotes), so the walk past them is too.
+func (q *Queue) nextLocked() (*Ticket, bool) {
 	var best, bestPaused *classQ
 	for _, cq := range q.classes {
 		if cq.flows.len() == 0 {
@@ -437,7 +731,11 @@ func (q *Queue) next() (*Ticket, bool) {
 	if best == nil {
 		best = bestPaused
 	}
-	if lane := q.boost.head; lane != nil {
+	lane := q.boost.head
+	for lane != nil && lane.t.capped {
+		lane = lane.next
+	}
+	if lane != nil {
 		if best == nil {
 			return lane, false
 		}
@@ -448,39 +746,47 @@ func (q *Queue) next() (*Ticket, bool) {
 	if best == nil {
 		return nil, false
 	}
-	return best.flows.flow(best.flows.top()).q.head, false
+	return best.flows.flow(best.flows.top()).head(), false
 }
 
 // dispatchLocked starts requests while capacity allows: the work-conserving
 // loop every state change ends with.
 func (q *Queue) dispatchLocked(now time.Time) {
-	q.dispatchLoop(now)
+	q.dispatchLoopLocked(now)
 	// The throughput estimator counts completions only while a free slot
 	// would be filled at once: the system's capacity, not its demand.
 	q.adm.rate.SetBusy(now, q.queued > 0 || q.inflight >= q.capacity)
 }
 
-func (q *Queue) dispatchLoop(now time.Time) {
+func (q *Queue) dispatchLoopLocked(now time.Time) {
 	for q.inflight < q.capacity {
-		tk, overtakes := q.next()
+		tk, overtakes := q.nextLocked()
 		if tk == nil {
 			return
 		}
+		// Admission refuses a request larger than one upstream's token
+		// capacity, but a reload may lower the cap under a queued one: it
+		// still goes alone, so nothing deadlocks.
 		if q.tokenCap > 0 && q.inflight > 0 && q.inflightCost+tk.tokens > q.tokenCap {
 			return
 		}
 		expired := !tk.deadline.IsZero() && !now.Before(tk.deadline)
 		// A dispatched ticket's flow is re-keyed once, by startLocked
 		// after the charge, rather than also here for the new head.
-		q.take(tk, expired)
+		q.takeLocked(tk, expired)
 		if expired {
 			// Never dispatched after its deadline: the caller answers instead.
-			q.finishLocked(tk, stateExpired, &Rejection{Reason: ReasonQueueTimeout,
-				RetryAfter: time.Second, Detail: "wait budget ran out while queued"})
+			q.finishLocked(now, tk, stateExpired, q.timeoutLocked(now))
 			continue
 		}
 		q.startLocked(tk, now, overtakes)
 	}
+}
+
+// timeoutLocked is the answer to a request whose budget ran out queued.
+func (q *Queue) timeoutLocked(now time.Time) *Rejection {
+	return &Rejection{Reason: ReasonQueueTimeout, RetryAfter: q.drainRetryLocked(now, q.queuedCost, q.queued),
+		Detail: "wait budget ran out while queued"}
 }
 
 func (q *Queue) startLocked(tk *Ticket, now time.Time, overtakes bool) {
@@ -494,37 +800,63 @@ func (q *Queue) startLocked(tk *Ticket, now time.Time, overtakes bool) {
 	q.inflight++
 	q.inflightCost += tk.tokens
 	t.inflight++
-	if t.vt > q.vfloor {
-		q.vfloor = t.vt
+	if g := t.group; g != nil {
+		g.inflight++
+		g.vfloor = max(g.vfloor, t.vt)
+		q.vfloor = max(q.vfloor, g.vt)
+		g.vt += g.chargeLocked(float64(tk.cost) / g.weight)
+	} else {
+		q.vfloor = max(q.vfloor, t.vt)
 	}
-	charge := float64(tk.cost) / t.weight
-	if t.credit > 0 {
-		// Refunds owed for earlier over-estimates are paid here, so the
-		// start tag a newcomer was lifted to is never undercut.
-		use := min(t.credit, charge)
-		t.credit -= use
-		charge -= use
-	}
-	t.vt += charge
+	t.vt += t.chargeLocked(float64(tk.cost) / t.weight)
 	t.served += float64(tk.cost)
-	q.fixFlows(t)
-	tk.wake()
-	q.emit(EventDispatched, tk)
+	q.capLocked(t)
+	q.fixFlowsLocked(t)
+	tk.wakeLocked()
+	q.emitLocked(EventDispatched, tk)
+}
+
+// chargeLocked returns how far a charge of dv moves t's virtual time:
+// refunds owed for earlier over-estimates are paid here, so the start tag
+// a newcomer was lifted to is never undercut.
+func (t *tenant) chargeLocked(dv float64) float64 {
+	if t.credit > 0 {
+		use := min(t.credit, dv)
+		t.credit -= use
+		dv -= use
+	}
+	return dv
 }
 
 // finishLocked ends a ticket that will never be dispatched.
-func (q *Queue) finishLocked(tk *Ticket, st ticketState, err error) {
+func (q *Queue) finishLocked(now time.Time, tk *Ticket, st ticketState, err error) {
 	tk.state = st
 	tk.err = err
-	tk.wake()
+	tk.wakeLocked()
+	q.idleCheckLocked(tk.t, now)
 	if st == stateExpired {
-		q.emit(EventExpired, tk)
+		q.emitLocked(EventExpired, tk)
 	} else {
-		q.emit(EventCancelled, tk)
+		q.emitLocked(EventCancelled, tk)
 	}
 }
 
-func (q *Queue) emit(ev Event, tk *Ticket) {
+// idleCheckLocked records that t is idle now if it has nothing queued or
+// in flight, and puts it on the idle list unless it is there already.
+func (q *Queue) idleCheckLocked(t *tenant, now time.Time) {
+	if t.queued == 0 && t.inflight == 0 {
+		q.setIdleLocked(t, now)
+	}
+}
+
+func (q *Queue) setIdleLocked(t *tenant, now time.Time) {
+	t.idleSince = now.UnixNano()
+	if !t.onIdle {
+		q.idle.push(t)
+	}
+}
+
+func (q *Queue) emitLocked(ev Event, tk *Ticket) {
 	if q.observer != nil {
 		q.events = append(q.events, pendingEvent{ev, tk})
 	}
@@ -588,25 +920,26 @@ func (q *Queue) Promote(tk *Ticket) bool {
 	return true
 }
 
+// maxForgetPerTick bounds the tenants one Tick forgets, so a tick stays
+// short after a burst of one-shot tenants: at the handler's 50 ms tick it
+// still forgets 20k tenants a second.
+const maxForgetPerTick = 1024
+
 // Tick expires queued tickets whose deadline is within ExpiryMargin and
-// forgets idle tenants that carry no state worth keeping. Callers run it on
-// a short period (the handler) or at event times (the simulator).
+// forgets tenants idle for longer than IdleForget. Callers run it on a
+// short period (the handler) or at event times (the simulator).
 func (q *Queue) Tick() {
 	now := q.clock.Now()
 	q.mu.Lock()
 	limit := now.Add(q.cfg.ExpiryMargin)
 	for len(q.deadlines) > 0 && !q.deadlines[0].tk.deadline.After(limit) {
 		tk := q.deadlines[0].tk
-		q.unqueue(tk)
-		q.finishLocked(tk, stateExpired, &Rejection{Reason: ReasonQueueTimeout,
-			RetryAfter: time.Second, Detail: "wait budget ran out while queued"})
+		q.unqueueLocked(tk)
+		q.finishLocked(now, tk, stateExpired, q.timeoutLocked(now))
 	}
 	q.recheckLocked(now)
 	q.observeWaterLocked(now)
-	if now.Sub(q.lastPrune) >= 10*time.Second {
-		q.lastPrune = now
-		q.pruneLocked()
-	}
+	q.pruneLocked(now, maxForgetPerTick)
 	// An expired head may have been what held the token gate closed.
 	q.dispatchLocked(now)
 	trs, obs := q.transitions, q.degradeObserver
@@ -617,18 +950,71 @@ func (q *Queue) Tick() {
 	}
 }
 
-// pruneLocked drops idle tenants whose virtual time is at or below V: the
-// counter lift would give them V on return anyway, so forgetting them loses
-// nothing and keeps memory bounded by active tenants.
-func (q *Queue) pruneLocked() {
-	v := q.virtualTimeLocked()
-	for name, t := range q.tenants {
-		if t.queued == 0 && t.inflight == 0 && t.vt-t.credit <= v {
-			for _, f := range t.flows {
-				f.cq.flows.freeID(f.id)
-			}
-			delete(q.tenants, name)
+// pruneLocked forgets up to max tenants idle since IdleForget ago, the
+// longest idle first. What forgetting loses is bounded: a tenant's virtual
+// time is at most one request's charge (c/w, plus its back-fill) ahead of V
+// right after its last dispatch, and V only grows while it is away, so a
+// forgotten tenant that returns is lifted to V having dropped at most that
+// one request's service debt, no more than a brand-new tenant ID would
+// get. An undeclared tenant's debt stays in the group's virtual time, which
+// is never forgotten, so rotating IDs gains the undeclared tenants nothing
+// against declared ones. Unspent refunds (credit) go too: the tenant is
+// charged its estimates for work it never got back, which only errs
+// against the forgotten tenant itself.
+//
+// The idle list is kept lazily, so that a tenant going busy and idle again
+// never touches it: a tenant stays listed while busy, and is put at the
+// tail once when it becomes idle while unlisted. When a listed tenant
+// reaches the head, one that is busy again leaves the list, one idle again
+// since it was listed moves to the tail with its new idleSince, and only
+// one idle for IdleForget is forgotten. Each step is O(1); a tenant that
+// was busy in between is forgotten within twice IdleForget.
+func (q *Queue) pruneLocked(now time.Time, max int) {
+	cut := now.Add(-q.cfg.idleForget()).UnixNano()
+	for n := 0; n < max; n++ {
+		t := q.idle.head
+		if t == nil || t.idleAt > cut {
+			return
 		}
+		switch {
+		case t.queued > 0 || t.inflight > 0:
+			q.idle.remove(t)
+		case t.idleSince > cut:
+			q.idle.remove(t)
+			q.idle.push(t)
+		default:
+			q.forgetLocked(t)
+		}
+	}
+}
+
+// forgetLocked drops an idle tenant's state: its flows' heap slots, its
+// place on the idle list and, for an undeclared tenant, its boost history
+// (a new ID would start without one anyway; declared tenants are few and
+// keep theirs for the hourly limit).
+func (q *Queue) forgetLocked(t *tenant) {
+	for _, f := range t.flows {
+		f.heap().freeID(f.id)
+	}
+	if t.onIdle {
+		q.idle.remove(t)
+	}
+	if !t.known {
+		q.adm.boosts.Forget(t.name)
+	}
+	delete(q.tenants, t.name)
+	// A Go map keeps its buckets when entries are deleted: once most of the
+	// tenants seen at the peak are gone, move the rest to a fresh map, so
+	// memory follows the live tenants. The copy costs O(remaining), paid
+	// for by the three times as many deletions since the peak.
+	if n := len(q.tenants); n > q.tenantPeak {
+		q.tenantPeak = n
+	} else if q.tenantPeak >= 1024 && n < q.tenantPeak/4 {
+		m := make(map[string]*tenant, n)
+		for k, v := range q.tenants {
+			m[k] = v
+		}
+		q.tenants, q.tenantPeak = m, n
 	}
 }
 
@@ -636,29 +1022,32 @@ func (q *Queue) pruneLocked() {
 // dispatched one completes with its actual cost.
 func (q *Queue) release(tk *Ticket, actual int64) {
 	q.mu.Lock()
+	now := q.clock.Now()
 	switch tk.state {
 	case stateQueued, stateBoosted:
-		q.unqueue(tk)
-		q.finishLocked(tk, stateCancelled, &Rejection{Reason: ReasonCancelled,
+		q.unqueueLocked(tk)
+		q.finishLocked(now, tk, stateCancelled, &Rejection{Reason: ReasonCancelled,
 			Detail: "request cancelled while queued"})
 		// The cancelled ticket may have been the head that did not fit the
 		// free token capacity; what follows it may fit.
-		q.dispatchLocked(q.clock.Now())
+		q.dispatchLocked(now)
 	case stateInflight:
-		q.completeLocked(tk, actual)
+		q.completeLocked(now, tk, actual)
 	}
 	q.unlock()
 }
 
-func (q *Queue) completeLocked(tk *Ticket, actual int64) {
+func (q *Queue) completeLocked(now time.Time, tk *Ticket, actual int64) {
 	t := tk.t
-	now := q.clock.Now()
 	q.adm.rate.Observe(now, float64(tk.cost), q.healthy)
 	tk.state = stateReleased
 	tk.actual = actual
 	q.inflight--
 	q.inflightCost -= tk.tokens
 	t.inflight--
+	if g := t.group; g != nil {
+		g.inflight--
+	}
 	if tk.boosted {
 		q.boostedInflight--
 	}
@@ -669,17 +1058,67 @@ func (q *Queue) completeLocked(tk *Ticket, actual int64) {
 		// estimate, and the small newcomer would lose its next-slot turn.
 		d := float64(actual - tk.cost)
 		t.served += d
-		if dv := d / t.weight; dv < 0 {
-			t.credit -= dv
-		} else {
-			use := min(t.credit, dv)
-			t.credit -= use
-			if dv > use {
-				t.vt += dv - use
-				q.fixFlows(t)
-			}
+		moved := t.backfillLocked(d)
+		if g := t.group; g != nil && g.backfillLocked(d) {
+			moved = true
+		}
+		if moved {
+			q.fixFlowsLocked(t)
 		}
 	}
-	q.emit(EventReleased, tk)
-	q.dispatchLocked(q.clock.Now())
+	q.capLocked(t)
+	q.idleCheckLocked(t, now)
+	q.emitLocked(EventReleased, tk)
+	q.dispatchLocked(now)
+}
+
+// backfillLocked applies a cost correction of d to t (credit for a refund,
+// paid from credit first for a surcharge) and reports whether vt moved.
+func (t *tenant) backfillLocked(d float64) bool {
+	dv := d / t.weight
+	if dv < 0 {
+		t.credit -= dv
+		return false
+	}
+	use := min(t.credit, dv)
+	t.credit -= use
+	if dv > use {
+		t.vt += dv - use
+		return true
+	}
+	return false
+}
+
+// idleList is an intrusive FIFO of tenants that were idle when listed,
+// in about the order they became idle (see pruneLocked).
+type idleList struct {
+	head, tail *tenant
+	n          int
+}
+
+func (l *idleList) push(t *tenant) {
+	t.idleAt, t.onIdle = t.idleSince, true
+	t.idlePrev, t.idleNext = l.tail, nil
+	if l.tail != nil {
+		l.tail.idleNext = t
+	} else {
+		l.head = t
+	}
+	l.tail = t
+	l.n++
+}
+
+func (l *idleList) remove(t *tenant) {
+	if t.idlePrev != nil {
+		t.idlePrev.idleNext = t.idleNext
+	} else {
+		l.head = t.idleNext
+	}
+	if t.idleNext != nil {
+		t.idleNext.idlePrev = t.idlePrev
+	} else {
+		l.tail = t.idlePrev
+	}
+	t.idlePrev, t.idleNext, t.onIdle = nil, nil, false
+	l.n--
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -42,7 +43,12 @@ func TestWorkConservation(t *testing.T) {
 				case r < 45:
 					cost := 1 + h.rng.Int64N(2000)
 					if h.rng.IntN(50) == 0 {
-						cost = 10000 // larger than the whole token capacity
+						// The largest request admitted: one upstream's whole
+						// token capacity, or a huge one without a cap.
+						cost = 10000
+						if tokenCap > 0 {
+							cost = tokenCap
+						}
 					}
 					tk := h.enqueue(Request{Tenant: tenants[h.rng.IntN(len(tenants))], Cost: cost})
 					queued = append(queued, tk)
@@ -77,48 +83,66 @@ func TestWorkConservation(t *testing.T) {
 	}
 }
 
-// Test 4b: a request larger than the whole token capacity waits while
-// something is in flight and then runs alone; nothing deadlocks.
-func TestOversizedRunsAlone(t *testing.T) {
+// Test 4b: a request larger than one upstream's token capacity, or than the
+// whole queue's, is refused at once (never parked), naming the limit; one
+// that a reload made oversized while it was queued waits while something is
+// in flight and then runs alone, so nothing deadlocks.
+func TestOversizedRefusedOrRunsAlone(t *testing.T) {
 	cfg := testConfig(8, nil)
 	cfg.MaxInflightTokens = 1000
-	h := newHarness(t, cfg, 1, 41)
-
-	// Alone, an oversized request is dispatched at once.
-	huge := h.enqueue(Request{Tenant: "a", Cost: 5000})
-	if !h.dispatched[huge] {
-		t.Fatalf("oversized request not dispatched with nothing in flight")
+	cfg.MaxQueueTokens = 4000
+	h := newHarness(t, cfg, 2, 41) // 2000 tokens in flight over two upstreams
+	h.enqueue(Request{Tenant: "b", Cost: 400})
+	for _, c := range []struct {
+		cost  int64
+		limit string
+	}{{1001, "max_inflight_tokens"}, {1 << 40, "max_inflight_tokens"}} {
+		_, err := h.tryEnqueue(Request{Tenant: "a", Cost: c.cost})
+		rej := wantRejection(t, err, ReasonTooLarge)
+		if !strings.Contains(rej.Detail, c.limit) || rej.RetryAfter != 0 {
+			t.Fatalf("cost %d: %+v, want the limit %s named and no Retry-After", c.cost, rej, c.limit)
+		}
 	}
-	// Nothing else fits beside it.
-	small := h.enqueue(Request{Tenant: "b", Cost: 10})
-	if h.dispatched[small] {
-		t.Fatalf("request dispatched beside one that exceeds the token capacity")
+	if s := h.q.Stats(true); s.Queued != 0 || len(s.Tenants) != 1 {
+		t.Fatalf("a refused request left state: %+v", s)
+	}
+	cfg.MaxInflightTokens = 0
+	cfg.MaxQueueTokens = 500
+	if err := h.q.Reconfigure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	_, err := h.tryEnqueue(Request{Tenant: "a", Cost: 501})
+	if rej := wantRejection(t, err, ReasonTooLarge); !strings.Contains(rej.Detail, "max_queue_tokens") {
+		t.Fatalf("%+v does not name max_queue_tokens", rej)
 	}
 	h.completeOldest()
-	if !h.dispatched[small] {
-		t.Fatalf("queued request not dispatched after the oversized one completed")
-	}
 
-	// Behind in-flight work, an oversized request waits for the slots to
-	// drain, then runs alone; tag order is strict, so a small request
-	// behind it in order (here: its own tenant's next) waits too.
+	// Made oversized by a reload: queued behind in-flight work at a cap of
+	// 1000 per upstream, then the cap drops to 100 (200 for the pool).
+	cfg = testConfig(8, nil)
+	cfg.MaxInflightTokens = 1000
+	h = newHarness(t, cfg, 1, 42)
 	h.enqueue(Request{Tenant: "b", Cost: 400})
-	huge2 := h.enqueue(Request{Tenant: "a", Cost: 5000})
+	h.enqueue(Request{Tenant: "b", Cost: 400})
+	huge := h.enqueue(Request{Tenant: "a", Cost: 900})
 	after := h.enqueue(Request{Tenant: "a", Cost: 10})
-	if h.dispatched[huge2] || h.dispatched[after] {
+	cfg.MaxInflightTokens = 100
+	if err := h.q.Reconfigure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if h.dispatched[huge] || h.dispatched[after] {
 		t.Fatalf("oversized request dispatched beside in-flight work, or overtaken")
 	}
 	h.checkConservation()
 	h.completeOldest()
 	h.completeOldest()
-	if !h.dispatched[huge2] || len(h.inflight) != 1 {
+	if !h.dispatched[huge] || len(h.inflight) != 1 {
 		t.Fatalf("oversized request not running alone once the slots drained (in flight %d)", len(h.inflight))
 	}
 	h.completeOldest()
 	if !h.dispatched[after] {
 		t.Fatalf("request behind the oversized one not dispatched")
 	}
-	h.drain(1)
 }
 
 // Test 4c: cancelling or expiring the head that held the token gate closed
@@ -349,20 +373,22 @@ func TestAdmissionCaps(t *testing.T) {
 		cfg := testConfig(1, nil)
 		cfg.MaxQueueTokens = 1000
 		h := newHarness(t, cfg, 1, 82)
-		h.enqueue(Request{Tenant: "a", Cost: 5000}) // runs
+		h.enqueue(Request{Tenant: "a", Cost: 1000}) // runs
 		h.enqueue(Request{Tenant: "b", Cost: 600})
 		_, err := h.tryEnqueue(Request{Tenant: "c", Cost: 401})
 		wantRejection(t, err, ReasonQueueFull)
 		h.enqueue(Request{Tenant: "c", Cost: 400}) // exactly at the cap
-		if s := h.q.Stats(false); s.QueuedCost != 1000 || s.Water != 1 {
+		// The cap counts every token; the water level counts each request
+		// at most 1/20 of the cap (Queue.Water): two requests, 0.1.
+		if s := h.q.Stats(false); s.QueuedCost != 1000 || s.Water != 0.1 {
 			t.Fatalf("queued cost %d water %v", s.QueuedCost, s.Water)
 		}
 		h.completeOldest()
 		h.completeOldest()
 		h.completeOldest()
-		// An empty queue admits one request larger than the cap.
-		h.enqueue(Request{Tenant: "a", Cost: 5000}) // runs
-		h.enqueue(Request{Tenant: "b", Cost: 3000})
+		// Even an empty queue refuses a request larger than the cap.
+		_, err = h.tryEnqueue(Request{Tenant: "a", Cost: 1001})
+		wantRejection(t, err, ReasonTooLarge)
 		h.drain(1)
 	})
 

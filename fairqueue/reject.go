@@ -3,6 +3,8 @@ package fairqueue
 import (
 	"fmt"
 	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
 )
 
 // Reason says why a request was refused or did not reach an upstream. The
@@ -26,6 +28,12 @@ const (
 	ReasonCancelled
 	// ReasonClassThrottled: the degrade ladder throttles the request's class.
 	ReasonClassThrottled
+	// ReasonTooLarge: the request's estimated tokens exceed what one
+	// upstream may hold in flight (MaxInflightTokens) or the whole queue
+	// may hold (MaxQueueTokens), so no wait could ever admit it. Retrying
+	// the same request is pointless (RetryAfter is 0); the HTTP answer is
+	// 400 context_length_exceeded.
+	ReasonTooLarge
 )
 
 var reasonNames = map[Reason]string{
@@ -36,6 +44,7 @@ var reasonNames = map[Reason]string{
 	ReasonQueueTimeout:    "queue_timeout",
 	ReasonCancelled:       "cancelled",
 	ReasonClassThrottled:  "class_throttled",
+	ReasonTooLarge:        "request_too_large_for_capacity",
 }
 
 // String returns the reason's snake_case name, as used in metrics.
@@ -50,7 +59,9 @@ func (r Reason) String() string {
 // ends without being dispatched.
 type Rejection struct {
 	Reason Reason
-	// RetryAfter is a hint for when trying again is likely to succeed.
+	// RetryAfter is a hint for when trying again is likely to succeed, at
+	// most budget.MaxRetryAfter; the handler turns it into the header with
+	// budget.RetryAfterSeconds.
 	RetryAfter time.Duration
 	// Detail is a short human explanation (limits involved, ETA).
 	Detail string
@@ -61,4 +72,23 @@ func (r *Rejection) Error() string {
 		return r.Reason.String()
 	}
 	return r.Reason.String() + ": " + r.Detail
+}
+
+// retryAfterLocked is the Retry-After of a refusal whose retry should
+// succeed in about eta: the budget package's rule, with this queue's
+// seeded jitter.
+func (q *Queue) retryAfterLocked(eta time.Duration) time.Duration {
+	return budget.RetryAfterJitter(eta, q.rng.Float64())
+}
+
+// drainRetryLocked is the Retry-After of a refusal because a queue is full
+// or a budget ran out: the time the measured rate needs to serve the given
+// queued work (tokens over n requests), since retrying sooner meets the
+// same backlog. Unknown rate: the floor, 1-2s.
+func (q *Queue) drainRetryLocked(now time.Time, tokens int64, n int) time.Duration {
+	var eta time.Duration
+	if r := q.adm.rate.Rate(now, q.healthy); r > 0 {
+		eta = budget.ETA(float64(q.work(tokens, n)), r)
+	}
+	return q.retryAfterLocked(eta)
 }

@@ -28,6 +28,11 @@ type Stats struct {
 	Inflight        int
 	InflightCost    int64 // estimated tokens in flight, what the token cap gates
 	BoostedInflight int
+	// QueuedBytes is Request.Bytes summed over queued requests.
+	QueuedBytes int64
+	// Remembered is how many tenants the queue holds state for: those
+	// queued, in flight, or idle for less than IdleForget.
+	Remembered int
 	// Water is the queue's fill level (see Queue.Water).
 	Water   float64
 	Tenants []TenantStats
@@ -41,7 +46,7 @@ func (q *Queue) Stats(tenants bool) Stats {
 	s := Stats{Healthy: q.healthy, Capacity: q.capacity, TokenCapacity: q.tokenCap,
 		Queued: q.queued, QueuedCost: q.queuedCost, Inflight: q.inflight,
 		InflightCost: q.inflightCost, BoostedInflight: q.boostedInflight,
-		Water: q.waterLocked()}
+		QueuedBytes: q.queuedBytes, Remembered: len(q.tenants), Water: q.waterLocked()}
 	if tenants {
 		s.Tenants = make([]TenantStats, 0, len(q.tenants))
 		for _, t := range q.tenants {
@@ -55,12 +60,24 @@ func (q *Queue) Stats(tenants bool) Stats {
 }
 
 // Water is the queue's fill level: the larger of queued requests over
-// MaxQueue and queued cost over MaxQueueTokens (0 when neither is set).
+// MaxQueue and the token term over MaxQueueTokens (0 when neither is set).
+//
+// In the token term each queued request counts at most waterCap tokens:
+// MaxQueueTokens/MaxWaterShareInverse, or the mean room per request
+// (MaxQueueTokens/MaxQueue) when that is larger. So no single request moves
+// the water level by more than 1/MaxWaterShareInverse (5 points): one
+// maximum-size request on an empty queue cannot engage a step, while a
+// crowd of large requests still raises the level as its tokens do. The
+// admission caps themselves (MaxQueueTokens) count every token.
 func (q *Queue) Water() float64 {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.waterLocked()
 }
+
+// MaxWaterShareInverse is 1 over the most one request may add to the water
+// level through its tokens (see Queue.Water).
+const MaxWaterShareInverse = 20
 
 func (q *Queue) waterLocked() float64 {
 	w := 0.0
@@ -68,11 +85,42 @@ func (q *Queue) waterLocked() float64 {
 		w = float64(q.queued) / float64(q.cfg.MaxQueue)
 	}
 	if q.cfg.MaxQueueTokens > 0 {
-		if x := float64(q.queuedCost) / float64(q.cfg.MaxQueueTokens); x > w {
+		if x := float64(q.waterCost) / float64(q.cfg.MaxQueueTokens); x > w {
 			w = x
 		}
 	}
 	return w
+}
+
+// waterCap is the most tokens one request contributes to the water level's
+// token term (see Queue.Water); 0 without MaxQueueTokens.
+func waterCap(c *Config) int64 {
+	m := c.MaxQueueTokens
+	if m <= 0 {
+		return 0
+	}
+	capTokens := max(m/MaxWaterShareInverse, 1)
+	if c.MaxQueue > 0 {
+		capTokens = max(capTokens, m/int64(c.MaxQueue))
+	}
+	return capTokens
+}
+
+// recountWaterLocked recomputes the token term after its cap changed (a
+// reload): O(queued), as rare as reloads.
+func (q *Queue) recountWaterLocked() {
+	q.waterCost = 0
+	add := func(l *ticketList) {
+		for tk := l.head; tk != nil; tk = tk.next {
+			q.waterCost += min(tk.tokens, q.waterCap)
+		}
+	}
+	add(&q.boost)
+	for _, t := range q.tenants {
+		for _, f := range t.flows {
+			add(&f.q)
+		}
+	}
 }
 
 // Idle reports whether a request enqueued now would be dispatched at once:

@@ -53,6 +53,7 @@ type Ticket struct {
 	actual int64
 
 	class    string
+	bytes    int64 // Request.Bytes, counted against MaxQueueBytes while queued
 	enqueued time.Time
 	err      error
 	// mark is the flow's intake when the ticket entered it (aheadInFlow).
@@ -61,8 +62,8 @@ type Ticket struct {
 	eta time.Duration
 }
 
-// wake signals a blocked Wait; the queue's lock is held.
-func (tk *Ticket) wake() {
+// wakeLocked signals a blocked Wait.
+func (tk *Ticket) wakeLocked() {
 	if tk.ready != nil {
 		close(tk.ready)
 	}

@@ -99,11 +99,10 @@ func Policies() []Policy {
 
 // Names of the budget policies.
 const (
-	FIFOBudgets       = "fifo-budgets"
-	WFQBudgets        = "wfq-budgets"
-	WFQNoBoost        = "wfq-budgets-noboost"
-	WFQNoFastFail     = "wfq-budgets-nofastfail"
-	defaultMarginMsec = 150
+	FIFOBudgets   = "fifo-budgets"
+	WFQBudgets    = "wfq-budgets"
+	WFQNoBoost    = "wfq-budgets-noboost"
+	WFQNoFastFail = "wfq-budgets-nofastfail"
 )
 
 // BudgetPolicies returns the wait-budget policies in report order. All
@@ -132,14 +131,9 @@ func BudgetPolicies() []Policy {
 	}
 }
 
-// DefaultAdmission is the seed's anti_starvation configuration: fast-fail
-// on, boosted requests at most 10% of the slots, at most 200 boosts per
-// tenant per rolling hour, and a request counts as on time when
-// dispatched 150 ms (three ticks) before its deadline.
-func DefaultAdmission() fairqueue.BudgetConfig {
-	return fairqueue.BudgetConfig{FastFail: true, BoostShareMax: 0.10, PerTenantBoostHourly: 200,
-		Margin: defaultMarginMsec * time.Millisecond}
-}
+// DefaultAdmission is the seed's anti_starvation configuration, the
+// handler's defaults (fairqueue.DefaultBudgetConfig).
+func DefaultAdmission() fairqueue.BudgetConfig { return fairqueue.DefaultBudgetConfig() }
 
 func (sc *Scenario) admission() fairqueue.BudgetConfig {
 	if sc.Admission != nil {

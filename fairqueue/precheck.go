@@ -1,0 +1,46 @@
+package fairqueue
+
+// Precheck returns the refusal Enqueue would give a request of tenant and
+// class estimated at tokens, among those that need no body: no healthy
+// upstream, tokens beyond what any capacity could take, the tenant's, the
+// undeclared group's or the global queue full (in requests, tokens or
+// bytes already queued), or the class throttled. It returns nil when
+// none applies; Enqueue still decides. The handler calls it before reading
+// the body, so a request bound to be refused costs neither the upload nor
+// the tokenizer. tokens may be 0 when no estimate exists yet (it then
+// counts as 1, and only the checks that hold whatever the size apply).
+// class "" means the tenant's class. Nothing is consumed (a throttle is
+// only peeked at) and nothing is allocated unless a request is refused.
+func (q *Queue) Precheck(tenant, class string, tokens int64) *Rejection {
+	return q.PrecheckRequest(Request{Tenant: tenant, Class: class, Cost: tokens})
+}
+
+// PrecheckRequest is Precheck with the request's other body-free facts: its
+// Bytes, taken from Content-Length before the body is read, count against
+// MaxQueueBytes as Enqueue will count them. Deadline is not looked at.
+func (q *Queue) PrecheckRequest(r Request) *Rejection {
+	tenant, class, tokens := r.Tenant, r.Class, r.Cost
+	now := q.clock.Now()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	t := q.tenants[tenant]
+	var tc TenantConfig
+	var known bool
+	if t != nil && !t.misplaced() {
+		tc, known = t.cfg, t.known
+	} else {
+		tc, known = q.cfg.Tenant(tenant)
+	}
+	if class == "" || q.classLocked(class) == nil {
+		class = tc.Class
+	}
+	if rej := q.admitLocked(now, t, tc, known, max(tokens, 1), max(r.Bytes, 0)); rej != nil {
+		return rej
+	}
+	if thr := q.ov.throttle[class]; thr != nil {
+		if ok, wait := thr.Peek(now, int(min(max(tokens, 1), 1<<31-1))); !ok {
+			return throttleRejection(class, thr, wait)
+		}
+	}
+	return nil
+}
