@@ -271,6 +271,7 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 		MaxInflightTokens: h.MaxInflightTokens,
 		MaxQueue:          h.MaxQueue,
 		MaxQueueTokens:    h.MaxQueueTokens,
+		MaxQueueBytes:     h.MaxQueueBytes,
 		Tenants:           make(map[string]fairqueue.TenantConfig, len(h.Tenants)),
 		ExpiryMargin:      2 * tickPeriod,
 	}
@@ -309,6 +310,7 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 			}
 			tc.WaitBudget = time.Duration(t.WaitBudget)
 			tc.MaxQueue = t.MaxQueue
+			tc.MaxInflight = t.MaxInflight
 		}
 		return tc
 	}
@@ -316,6 +318,11 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 		cfg.Tenants[name] = tenant(t)
 	}
 	cfg.Default = tenant(h.DefaultTenant)
+	if cfg.Default.MaxQueue == 0 {
+		// Unknown tenants are one group: rotating tenant IDs must not
+		// fill the room declared tenants queue in.
+		cfg.Default.MaxQueue = max(h.MaxQueue/2, 1)
+	}
 	cfg.Admission = h.admissionConfig()
 	return cfg, nil
 }
@@ -323,8 +330,7 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 // admissionConfig applies anti_starvation's defaults: boost up to 10% of
 // capacity, 200 boosts per tenant per hour, fast-fail on.
 func (h *Handler) admissionConfig() fairqueue.BudgetConfig {
-	a := fairqueue.BudgetConfig{FastFail: true, BoostShareMax: 0.10, PerTenantBoostHourly: 200,
-		Margin: 3 * tickPeriod}
+	a := fairqueue.DefaultBudgetConfig()
 	if as := h.AntiStarvation; as != nil {
 		if as.BoostShareMax != nil {
 			a.BoostShareMax = *as.BoostShareMax

@@ -2,11 +2,11 @@ package caddyfairqueue
 
 import (
 	"encoding/json"
-	"math"
 	"net/http"
 	"strconv"
 	"time"
 
+	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
@@ -40,7 +40,7 @@ func (e *apiError) write(w http.ResponseWriter) {
 	hdr.Set("Content-Type", "application/json")
 	hdr.Set("Cache-Control", "no-store")
 	if e.retryAfter > 0 {
-		hdr.Set("Retry-After", strconv.Itoa(retryAfterSeconds(e.retryAfter)))
+		hdr.Set("Retry-After", strconv.Itoa(budget.RetryAfterSeconds(e.retryAfter)))
 	}
 	w.WriteHeader(e.status)
 	var body struct {
@@ -54,16 +54,6 @@ func (e *apiError) write(w http.ResponseWriter) {
 	body.Error.Type = errorType(e.status)
 	body.Error.Code = e.code
 	_ = json.NewEncoder(w).Encode(&body)
-}
-
-// retryAfterSeconds rounds up to whole seconds (the header's unit), at
-// least 1 so clients never retry in a hot loop.
-func retryAfterSeconds(d time.Duration) int {
-	s := int(math.Ceil(d.Seconds()))
-	if s < 1 {
-		s = 1
-	}
-	return s
 }
 
 // rejectionError maps a scheduler rejection to the HTTP contract.
@@ -85,6 +75,12 @@ func rejectionError(rej *fairqueue.Rejection) *apiError {
 	case fairqueue.ReasonNoCapacity:
 		e.status, e.code = http.StatusServiceUnavailable, "server_busy"
 		e.message = "No model server is healthy right now. The request was not queued; retry after the time in Retry-After."
+	case fairqueue.ReasonClosed:
+		e.status, e.code = http.StatusServiceUnavailable, "server_busy"
+		e.message = "The gateway's configuration changed and this request's queue is gone (" + rej.Detail + "). It was not sent upstream; retry after the time in Retry-After."
+	case fairqueue.ReasonTooLarge:
+		e.status, e.code, e.retryAfter = http.StatusBadRequest, codeContextLength, 0
+		e.message = "This request is larger than the gateway can ever dispatch (" + rej.Detail + "). Lower max_tokens or shorten the prompt."
 	default:
 		e.status, e.code = http.StatusServiceUnavailable, "server_busy"
 		e.message = "The gateway's queue is full (" + rej.Detail + "). The request was not queued; retry after the time in Retry-After."

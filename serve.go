@@ -93,7 +93,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	q := h.shared.q
 	tk, err := q.Enqueue(fairqueue.Request{Tenant: a.tenant, Class: a.class,
-		Cost: int64(a.cost.Total()), Deadline: a.deadline})
+		Cost: int64(a.cost.Total()), Deadline: a.deadline, Bytes: int64(len(a.body))})
 	if err != nil {
 		var rej *fairqueue.Rejection
 		if errors.As(err, &rej) {
@@ -237,7 +237,8 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 	if r.ContentLength > h.MaxBody {
 		return a, h.tooLarge()
 	}
-	if rej := h.shared.q.Precheck(a.tenant, a.class); rej != nil {
+	if rej := h.shared.q.PrecheckRequest(fairqueue.Request{Tenant: a.tenant, Class: a.class,
+		Bytes: max(r.ContentLength, 0)}); rej != nil {
 		return a, rejectionError(rej)
 	}
 

@@ -534,8 +534,10 @@ func TestServeTenantQueueFull(t *testing.T) {
 
 	res := g.post("capped", chatBody(""))
 	wantError(t, res, http.StatusTooManyRequests, "tenant_queue_full")
-	if ra := res.header.Get("Retry-After"); ra != "1" {
-		t.Errorf("Retry-After %q, want 1", ra)
+	// Nothing measured yet: a retry in 1-2 s, jittered so that refused
+	// clients do not come back together.
+	if ra := res.header.Get("Retry-After"); ra != "1" && ra != "2" {
+		t.Errorf("Retry-After %q, want 1 or 2", ra)
 	}
 	// The cap is the tenant's own: others still queue.
 	other := g.async(g.newRequest(context.Background(), "other", chatBody("")))

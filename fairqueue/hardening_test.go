@@ -1,6 +1,7 @@
 package fairqueue
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"runtime"
@@ -636,4 +637,49 @@ func TestUndeclaredETAMatchesDispatch(t *testing.T) {
 	}
 	t.Logf("predicted %.0f tokens ahead, %.0f dispatched first", predicted, actual)
 	h.drain(1)
+}
+
+// Close answers every queued request at once with ReasonClosed, refuses
+// new ones, and lets requests in flight finish and release.
+func TestCloseAnswersWaiters(t *testing.T) {
+	clk := NewManualClock(time.Unix(0, 0))
+	q, err := New(Config{MaxInflight: 1, Classes: []ClassConfig{{Name: "batch"}},
+		Default: TenantConfig{Weight: 1, Class: "batch"}}, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.SetHealthy(1)
+	running, err := q.Enqueue(Request{Tenant: "a", Cost: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var waiting []*Ticket
+	for _, tenant := range []string{"a", "b", "c"} {
+		tk, err := q.Enqueue(Request{Tenant: tenant, Cost: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiting = append(waiting, tk)
+	}
+	q.Close("removed by a reload")
+	for _, tk := range waiting {
+		var rej *Rejection
+		if err := tk.Wait(context.Background()); !errors.As(err, &rej) || rej.Reason != ReasonClosed || rej.Detail != "removed by a reload" {
+			t.Errorf("queued ticket after Close: %v, want ReasonClosed", err)
+		}
+	}
+	if err := running.Wait(context.Background()); err != nil {
+		t.Errorf("in-flight ticket after Close: %v", err)
+	}
+	var rej *Rejection
+	if _, err := q.Enqueue(Request{Tenant: "d", Cost: 1}); !errors.As(err, &rej) || rej.Reason != ReasonClosed {
+		t.Errorf("Enqueue after Close: %v, want ReasonClosed", err)
+	}
+	if rej := q.Precheck("d", "", 1); rej == nil || rej.Reason != ReasonClosed {
+		t.Errorf("Precheck after Close: %v, want ReasonClosed", rej)
+	}
+	running.Release(10)
+	if st := q.Stats(false); st.Queued != 0 || st.Inflight != 0 {
+		t.Errorf("after Close and release: %d queued, %d in flight", st.Queued, st.Inflight)
+	}
 }

@@ -113,6 +113,8 @@ type Queue struct {
 	events     []pendingEvent
 	spare      []pendingEvent
 	delivering bool
+	// closed says why the queue was closed (Close); "" while open.
+	closed string
 }
 
 type pendingEvent struct {
@@ -454,6 +456,9 @@ func (q *Queue) liftIdleLocked(t *tenant) {
 // requests, tokens and bytes. t is nil for a tenant the queue does not
 // remember.
 func (q *Queue) admitLocked(now time.Time, t *tenant, tc TenantConfig, known bool, tokens, bytes int64) *Rejection {
+	if rej := q.closedLocked(); rej != nil {
+		return rej
+	}
 	if q.capacity == 0 {
 		return &Rejection{Reason: ReasonNoCapacity, RetryAfter: q.retryAfterLocked(0),
 			Detail: "no healthy upstream"}

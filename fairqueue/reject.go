@@ -28,6 +28,8 @@ const (
 	ReasonCancelled
 	// ReasonClassThrottled: the degrade ladder throttles the request's class.
 	ReasonClassThrottled
+	// ReasonClosed: the queue was closed (its config removed by a reload).
+	ReasonClosed
 	// ReasonTooLarge: the request's estimated tokens exceed what one
 	// upstream may hold in flight (MaxInflightTokens) or the whole queue
 	// may hold (MaxQueueTokens), so no wait could ever admit it. Retrying
@@ -44,6 +46,7 @@ var reasonNames = map[Reason]string{
 	ReasonQueueTimeout:    "queue_timeout",
 	ReasonCancelled:       "cancelled",
 	ReasonClassThrottled:  "class_throttled",
+	ReasonClosed:          "closed",
 	ReasonTooLarge:        "request_too_large_for_capacity",
 }
 

@@ -1,0 +1,45 @@
+package fairqueue
+
+import "time"
+
+// Close ends the queue: every request still queued (boost lane included)
+// ends at once with ReasonClosed, later Enqueues are refused with it, and
+// requests in flight run to completion and release as usual. A queue whose
+// config was removed by a reload is closed, so its waiters get an answer
+// rather than waiting on a queue nobody ticks. Close is idempotent; detail
+// says why, for the refusals.
+func (q *Queue) Close(detail string) {
+	now := q.clock.Now()
+	q.mu.Lock()
+	if q.closed == "" {
+		q.closed = detail
+	}
+	var waiting []*Ticket
+	for tk := q.boost.head; tk != nil; tk = tk.next {
+		waiting = append(waiting, tk)
+	}
+	for _, t := range q.tenants {
+		for _, f := range t.flows {
+			for tk := f.q.head; tk != nil; tk = tk.next {
+				waiting = append(waiting, tk)
+			}
+		}
+	}
+	for _, tk := range waiting {
+		q.unqueueLocked(tk)
+		q.finishLocked(now, tk, stateCancelled, q.closedLocked())
+	}
+	q.unlock()
+}
+
+// closedRetryAfter is the Retry-After of a closed queue's refusals: the
+// config that replaced it is already serving.
+const closedRetryAfter = time.Second
+
+// closedLocked is the refusal of a closed queue, nil while it is open.
+func (q *Queue) closedLocked() *Rejection {
+	if q.closed == "" {
+		return nil
+	}
+	return &Rejection{Reason: ReasonClosed, RetryAfter: closedRetryAfter, Detail: q.closed}
+}
