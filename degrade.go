@@ -105,6 +105,6 @@ var (
 		Name: "degrade_transitions_total",
 		Help: "Degrade ladder transitions, by step and direction.",
 	}, []string{"queue", "step", "direction"})
-	descDegradeLevel = prometheus.NewDesc("caddy_fair_queue_degrade_level",
+	descDegradeLevel = prometheus.NewDesc(fqName("degrade_level"),
 		"Engaged degrade steps (0 = normal).", []string{"queue"}, nil)
 )

@@ -97,28 +97,33 @@ func observeActual(queue, tenant string, v float64) {
 	actualTokens.WithLabelValues(queue, tenant).Add(v)
 }
 
+// fqName is a metric's full name: caddy_fair_queue_<name>.
+func fqName(name string) string {
+	return prometheus.BuildFQName(metricsNamespace, metricsSubsystem, name)
+}
+
 // stateCollector reads queue state at scrape time, so the hot path updates
 // no gauges.
 type stateCollector struct{}
 
 var (
-	descDepth = prometheus.NewDesc("caddy_fair_queue_queue_depth",
+	descDepth = prometheus.NewDesc(fqName("queue_depth"),
 		"Requests waiting, per tenant.", []string{"queue", "tenant"}, nil)
-	descQueuedTokens = prometheus.NewDesc("caddy_fair_queue_queued_tokens",
+	descQueuedTokens = prometheus.NewDesc(fqName("queued_tokens"),
 		"Estimated tokens waiting, per tenant.", []string{"queue", "tenant"}, nil)
-	descInflight = prometheus.NewDesc("caddy_fair_queue_inflight",
+	descInflight = prometheus.NewDesc(fqName("inflight"),
 		"Requests dispatched and not yet complete, per tenant.", []string{"queue", "tenant"}, nil)
-	descHealthy = prometheus.NewDesc("caddy_fair_queue_healthy_upstreams",
+	descHealthy = prometheus.NewDesc(fqName("healthy_upstreams"),
 		"Upstreams Caddy's health checks consider healthy.", []string{"queue"}, nil)
-	descCapacity = prometheus.NewDesc("caddy_fair_queue_capacity",
+	descCapacity = prometheus.NewDesc(fqName("capacity"),
 		"Dispatch slots: max_inflight x healthy upstreams.", []string{"queue"}, nil)
-	descTokenCapacity = prometheus.NewDesc("caddy_fair_queue_token_capacity",
+	descTokenCapacity = prometheus.NewDesc(fqName("token_capacity"),
 		"In-flight token capacity (0 when unset).", []string{"queue"}, nil)
-	descWater = prometheus.NewDesc("caddy_fair_queue_water_level",
+	descWater = prometheus.NewDesc(fqName("water_level"),
 		"Queue fill level watched by the degrade ladder.", []string{"queue"}, nil)
-	descBoosted = prometheus.NewDesc("caddy_fair_queue_boosted_inflight",
+	descBoosted = prometheus.NewDesc(fqName("boosted_inflight"),
 		"Boosted requests in flight (bounded by boost_share_max of capacity).", []string{"queue"}, nil)
-	descWeight = prometheus.NewDesc("caddy_fair_queue_tenant_weight",
+	descWeight = prometheus.NewDesc(fqName("tenant_weight"),
 		"Configured weight of each declared tenant currently known to the queue.", []string{"queue", "tenant"}, nil)
 )
 
@@ -200,3 +205,6 @@ func MetricNames() []string {
 // descName reads the name out of prometheus.Desc's String, its only
 // exported view.
 var descName = regexp.MustCompile(`fqName: "([^"]+)"`)
+
+// Interface guards
+var _ prometheus.Collector = (*stateCollector)(nil)

@@ -82,7 +82,9 @@ func (s *sharedQueue) adopt(h *Handler) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, o := range s.owners {
-		if o.ctx.Context == h.ctx.Context {
+		// A config load's modules share its metrics registry (Caddy makes
+		// one per load), while each server gets its own context.Context.
+		if reg := h.ctx.GetMetricsRegistry(); reg != nil && o.ctx.GetMetricsRegistry() == reg {
 			return fmt.Errorf("two fair_queue handlers are named %q in one config; "+
 				"give each its own name (the name identifies the queue they share)", s.name)
 		}

@@ -291,21 +291,15 @@ func (h *Handler) classAndBudget(r *http.Request, a *admission) *apiError {
 		}
 		a.class = c
 	}
-	a.budget = h.qcfg.Budget(tc, a.class)
-	if cb := h.classIdx[a.class]; a.class != tc.Class && shorterBudget(a.budget, cb) {
-		// A request that lowered its class takes the lower class's
-		// patience even when its tenant overrides its own class's budget.
-		a.budget = cb
-	}
+	var requested time.Duration
 	if v := r.Header.Get(headerWaitBudget); v != "" {
 		d, err := caddy.ParseDuration(v)
 		if err != nil || d <= 0 {
 			return badRequest(fmt.Sprintf("%s: %q is not a positive duration such as 2s or 500ms.", headerWaitBudget, v))
 		}
-		if a.budget == 0 || d < a.budget {
-			a.budget = d
-		}
+		requested = d
 	}
+	a.budget = h.qcfg.Budget(tc, a.class, requested)
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
 	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
 )
 
@@ -190,12 +191,37 @@ func (c *Config) idleForget() time.Duration {
 	return DefaultIdleForget
 }
 
-// Budget returns the wait budget of a request of class cls from tenant t:
-// the tenant override when set, else the class default.
-func (c *Config) Budget(t TenantConfig, cls string) time.Duration {
-	if t.WaitBudget > 0 {
-		return t.WaitBudget
+// Budget returns the wait budget of a request of tenant t in class cls,
+// asking for requested (0: nothing asked): the one rule every caller uses.
+//
+//   - In the tenant's own class: the tenant's override when set, else the
+//     class default.
+//   - In another class (a request may only move itself to a class with a
+//     longer budget; the caller checks that): the longer of the tenant's
+//     override and that class's default, so moving to a more patient class
+//     never shortens the wait.
+//   - A requested budget shorter than that wins (budget.Budget): a request
+//     may shorten its budget, never lengthen it.
+//
+// 0 means no budget.
+func (c *Config) Budget(t TenantConfig, cls string, requested time.Duration) time.Duration {
+	classDefault := c.ClassBudget(cls)
+	override := t.WaitBudget
+	if cls != t.Class && override > 0 && (classDefault == 0 || classDefault > override) {
+		override = 0 // the longer class default applies
 	}
+	if classDefault == 0 && override == 0 {
+		if requested > 0 {
+			return requested
+		}
+		return 0
+	}
+	return budget.Budget(classDefault, override, requested)
+}
+
+// ClassBudget returns the default wait budget of class cls, 0 for none or
+// an unknown class.
+func (c *Config) ClassBudget(cls string) time.Duration {
 	for _, cl := range c.Classes {
 		if cl.Name == cls {
 			return cl.WaitBudget

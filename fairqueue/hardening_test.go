@@ -683,3 +683,30 @@ func TestCloseAnswersWaiters(t *testing.T) {
 		t.Errorf("after Close and release: %d queued, %d in flight", st.Queued, st.Inflight)
 	}
 }
+
+func TestConfigBudget(t *testing.T) {
+	c := Config{Classes: []ClassConfig{{Name: "realtime", WaitBudget: 5 * time.Second},
+		{Name: "batch", WaitBudget: 300 * time.Second}, {Name: "forever"}}}
+	rt := TenantConfig{Class: "realtime"}
+	rtOver := TenantConfig{Class: "realtime", WaitBudget: 2 * time.Second}
+	long := TenantConfig{Class: "realtime", WaitBudget: 400 * time.Second}
+	for _, tc := range []struct {
+		t         TenantConfig
+		cls       string
+		requested time.Duration
+		want      time.Duration
+	}{
+		{rt, "realtime", 0, 5 * time.Second},
+		{rtOver, "realtime", 0, 2 * time.Second},
+		{rtOver, "realtime", time.Second, time.Second},
+		{rtOver, "realtime", 10 * time.Second, 2 * time.Second}, // never lengthened
+		{rtOver, "batch", 0, 300 * time.Second},                 // a lowered class brings its patience
+		{long, "batch", 0, 400 * time.Second},                   // ...or keeps the longer override
+		{rtOver, "forever", 0, 0},
+		{rtOver, "forever", 3 * time.Second, 3 * time.Second},
+	} {
+		if got := c.Budget(tc.t, tc.cls, tc.requested); got != tc.want {
+			t.Errorf("Budget(%+v, %q, %s) = %s, want %s", tc.t, tc.cls, tc.requested, got, tc.want)
+		}
+	}
+}

@@ -83,6 +83,9 @@ http://127.0.0.1:{{.Site}} {
 	})
 
 	t.Run("upstream killed mid-stream and mid-queue", func(t *testing.T) {
+		// Passive health remembers the faults above for fail_duration:
+		// start with both upstreams healthy again.
+		waitMetricEq(t, c, 2*slots, "caddy_fair_queue_capacity")
 		// Fill all four slots with long streams and queue six more.
 		var chs []<-chan result
 		for i := range 2 * slots {
