@@ -33,4 +33,4 @@ bench:
 	go test -run '^$$' -bench . -benchmem ./fairqueue/ ./budget/ ./degrade/ ./llmapi/ .
 
 sim:
-	go run ./fairqueue/sim -scenario seed000
+	go run ./cmd/fqsim -scenario seed000

@@ -2,12 +2,12 @@
 // scheduler (package fairqueue) and through baseline policies on a virtual
 // clock, deterministically, and measures waits, throughput and fairness.
 //
-// Command fairqueue/sim prints the measurements as text tables:
+// Command cmd/fqsim prints the measurements as text tables:
 //
-//	go run ./fairqueue/sim -scenario list
-//	go run ./fairqueue/sim -scenario seed000 [-policy all|budgets|fifo,wfq-tokens] [-seed N]
-//	go run ./fairqueue/sim -scenario seed000-stress   # the wait-budget policies
-//	go run ./fairqueue/sim -scenario peak             # the degrade ladder's timeline
+//	go run ./cmd/fqsim -scenario list
+//	go run ./cmd/fqsim -scenario seed000 [-policy all|budgets|fifo,wfq-tokens] [-seed N]
+//	go run ./cmd/fqsim -scenario seed000-stress   # the wait-budget policies
+//	go run ./cmd/fqsim -scenario peak             # the degrade ladder's timeline
 //
 // # Model
 //

@@ -1,10 +1,10 @@
-// Command sim replays a scenario under several scheduling policies on a
+// Command fqsim replays a scenario under several scheduling policies on a
 // virtual clock and prints one table block per policy, then, for the
 // wait-budget policies, their comparison, and for a scenario with a degrade
 // ladder, its timeline.
 //
-//	go run ./fairqueue/sim -scenario seed000 [-policy all|budgets|fifo,wfq-tokens] [-seed N]
-//	go run ./fairqueue/sim -scenario list
+//	go run ./cmd/fqsim -scenario seed000 [-policy all|budgets|fifo,wfq-tokens] [-seed N]
+//	go run ./cmd/fqsim -scenario list
 //
 // Without -policy a scenario runs its own default policies (the wait-budget
 // ones for seed000-stress, wfq-budgets for peak) or else the standard ones.
