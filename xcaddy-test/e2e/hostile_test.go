@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -55,9 +56,17 @@ func TestHostileInput(t *testing.T) {
 		"Slots": slots, "Upstreams": addrs(fakes...)})
 	base := fmt.Sprintf("http://127.0.0.1:%d", p["Site"])
 	addr := fmt.Sprintf("127.0.0.1:%d", p["Site"])
+	// good is the well-behaved tenant's request during an attack: served,
+	// and not kept waiting (nothing the attacks do may hold a slot or
+	// queue ahead of it; the bound is far above noise, far below a
+	// request stuck behind an attacker).
 	good := func(id string) {
 		t.Helper()
-		expectServed(t, send(context.Background(), defaultClient, base, chatReq{Tenant: "good", TestID: id, MaxTokens: 4}))
+		r := send(context.Background(), defaultClient, base, chatReq{Tenant: "good", TestID: id, MaxTokens: 4})
+		expectServed(t, r)
+		if ms, err := strconv.Atoi(r.Header.Get("X-Fair-Queue-Wait-Ms")); err == nil && ms > 1000 {
+			t.Errorf("%s: the well-behaved tenant waited %d ms in the queue during an attack", id, ms)
+		}
 	}
 
 	t.Run("huge max_tokens", func(t *testing.T) {
@@ -318,5 +327,79 @@ func readRaw(conn net.Conn) rawResponse {
 			}
 		}
 		return out
+	}
+}
+
+// TestSybilTenantsShareOneWeight: a client rotating X-Tenant-ID on every
+// request gets the unknown group's one share, not one share per ID: two
+// declared tenants and the group, all weight 1 and all flooding, are
+// served a third each.
+func TestSybilTenantsShareOneWeight(t *testing.T) {
+	const slots = 2
+	fakes := startFakes(t, 2, "sy", harness.FakeOptions{Slots: slots, TTFT: 2 * time.Millisecond, PerToken: time.Millisecond})
+	p := harness.Ports(t, "Admin", "Site")
+	c := startCaddy(t, `{
+	admin 127.0.0.1:{{.Admin}}
+	default_bind 127.0.0.1
+}
+http://127.0.0.1:{{.Site}} {
+	fair_queue {
+		max_inflight {{.Slots}}
+		tenant d1 weight 1 class batch
+		tenant d2 weight 1 class batch
+		default_tenant weight 1 class batch
+		reverse_proxy {{.Upstreams}}
+	}
+}
+`, map[string]any{"Admin": p["Admin"], "Site": p["Site"], "Slots": slots, "Upstreams": addrs(fakes...)})
+	base := fmt.Sprintf("http://127.0.0.1:%d", p["Site"])
+	waitMetricEq(t, c, 2*slots, "caddy_fair_queue_capacity")
+	cl := newClient(true)
+	defer cl.CloseIdleConnections()
+
+	var (
+		stop   atomic.Bool
+		mu     sync.Mutex
+		served = map[string]int{}
+		wg     sync.WaitGroup
+		seq    atomic.Int64
+	)
+	worker := func(tenant func() string, group string) {
+		defer wg.Done()
+		for !stop.Load() {
+			r := send(context.Background(), cl, base, chatReq{Tenant: tenant(), TestID: fmt.Sprintf("sy-%d", seq.Add(1)),
+				MaxTokens: 10, IgnoreEOS: true})
+			if r.Status == 200 && !stop.Load() {
+				mu.Lock()
+				served[group]++
+				mu.Unlock()
+			}
+		}
+	}
+	// Every group keeps a backlog: 8 workers each for the declared
+	// tenants, 8 for the rotating IDs (a new ID per request).
+	for range 8 {
+		wg.Add(3)
+		go worker(func() string { return "d1" }, "d1")
+		go worker(func() string { return "d2" }, "d2")
+		go worker(func() string { return fmt.Sprintf("sybil-%d", seq.Add(1)) }, "sybil")
+	}
+	waitFor(t, "900 requests served", func() (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		n := served["d1"] + served["d2"] + served["sybil"]
+		return n >= 900, fmt.Sprint(served)
+	})
+	stop.Store(true)
+	wg.Wait()
+	total := float64(served["d1"] + served["d2"] + served["sybil"])
+	t.Logf("observed: served %v", served)
+	for _, g := range []string{"d1", "d2", "sybil"} {
+		// Equal requests, so served counts are service shares; the
+		// tolerance covers the requests in flight at the start and the
+		// end of the window (8 slots of 900).
+		if share := float64(served[g]) / total; share < 0.28 || share > 0.39 {
+			t.Errorf("%s served %.3f of requests, want 1/3 (0.28..0.39): %v", g, share, served)
+		}
 	}
 }
