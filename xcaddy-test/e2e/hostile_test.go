@@ -397,9 +397,9 @@ http://127.0.0.1:{{.Site}} {
 	for _, g := range []string{"d1", "d2", "sybil"} {
 		// Equal requests, so served counts are service shares; the
 		// tolerance covers the requests in flight at the start and the
-		// end of the window (8 slots of 900).
-		if share := float64(served[g]) / total; share < 0.28 || share > 0.39 {
-			t.Errorf("%s served %.3f of requests, want 1/3 (0.28..0.39): %v", g, share, served)
+		// end of the window (4 slots of 900) and workers that were slow to start.
+		if share := float64(served[g]) / total; share < 0.31 || share > 0.36 {
+			t.Errorf("%s served %.3f of requests, want 1/3 (0.31..0.36): %v", g, share, served)
 		}
 	}
 }
