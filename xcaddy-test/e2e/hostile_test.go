@@ -105,10 +105,10 @@ func TestHostileInput(t *testing.T) {
 		// Like Python's urllib: the whole body is written before the
 		// answer is read. Without lingering, the server's close with
 		// unread bytes resets the connection and the client sees no 413.
-		body := bytes.Repeat([]byte("x"), 4<<20)
+		body := bytes.Repeat([]byte("x"), 64<<20)
 		resp := rawRequest(t, addr, "bulky", int64(len(body)), "", body)
 		if resp.err != nil || resp.status != 413 {
-			t.Errorf("4 MB body: status %d, err %v; want 413", resp.status, resp.err)
+			t.Errorf("64 MB body: status %d, err %v; want 413", resp.status, resp.err)
 		}
 		// Chunked, no Content-Length: the limit holds all the same.
 		r := send(context.Background(), defaultClient, base, chatReq{Tenant: "bulky", TestID: "chunked-big",
@@ -251,8 +251,8 @@ type rawResponse struct {
 
 // rawRequest sends a chat request by hand: the headers announcing
 // contentLength (and Expect when given), then body (may be nil: headers
-// only), written concurrently with reading the answer, as a client that
-// sends its whole body before looking at the response would.
+// only), all of it before reading the answer, as a client that sends its
+// whole body before looking at the response does.
 func rawRequest(t *testing.T, addr, tenant string, contentLength int64, expect string, body []byte) rawResponse {
 	t.Helper()
 	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
@@ -269,7 +269,11 @@ func rawRequest(t *testing.T, addr, tenant string, contentLength int64, expect s
 		return rawResponse{err: err}
 	}
 	if body != nil {
-		go func() { _, _ = conn.Write(body) }()
+		// Write it all before reading, as Python's urllib does: a server
+		// that closes with the body unread makes this write fail.
+		if _, err := conn.Write(body); err != nil {
+			return rawResponse{err: fmt.Errorf("writing the body: %w", err)}
+		}
 	}
 	return readRaw(conn)
 }
