@@ -321,7 +321,12 @@ func knownMetric(name string) bool {
 			knownMetrics[n] = true
 		}
 	})
-	return knownMetrics[name]
+	for _, suffix := range []string{"", "_count", "_sum", "_bucket"} {
+		if base, ok := strings.CutSuffix(name, suffix); ok && knownMetrics[base] {
+			return true
+		}
+	}
+	return false
 }
 
 // waitMetric polls the gateway's metrics until cond holds.
