@@ -1,23 +1,42 @@
 package llmapi
 
-// Cost is a request's estimated token cost.
+import "math"
+
+// CostLimit is where token counts saturate: an output cap beyond it (1e15,
+// 1e300), a cap multiplied by n, a prompt of countless images, and the
+// Total of a Cost all stop at CostLimit rather than overflow. It is far
+// beyond any context window, so a limit on request size refuses a
+// saturated cost as surely as the exact one, and it fits an int on every
+// platform.
+const CostLimit = math.MaxInt32
+
+// Cost is a request's estimated token cost. Prompt and Output are at most
+// CostLimit each.
 type Cost struct {
 	Prompt int
 	Output int
 }
 
-// Total is the cost the scheduler charges: prompt plus output tokens.
-func (c Cost) Total() int { return c.Prompt + c.Output }
+// Total is the cost the scheduler charges: prompt plus output tokens,
+// saturating at CostLimit.
+func (c Cost) Total() int { return saturate(int64(c.Prompt) + int64(c.Output)) }
+
+func saturate(n int64) int {
+	return int(max(min(n, CostLimit), 0))
+}
 
 // Estimate returns req's cost: its prompt counted with c (a nil c counts
-// approximately), and its output cap, or defaultMaxTokens when the client
-// set none, since a request without a cap may generate up to the server's
-// limit. Embeddings produce no output, and a body-less request (a model
-// list, a health check) costs nothing: callers that charge a minimum apply
-// it themselves.
+// approximately), and its output: the output cap, or defaultMaxTokens when
+// the client set none, since a request without a cap may generate up to the
+// server's limit, times the number of choices generated (n, best_of).
+// Embeddings produce no output, and a body-less request (a model list, a
+// health check) costs nothing: callers that charge a minimum apply it
+// themselves. Both parts saturate at CostLimit.
 //
-// Counting is bounded by c's exact budget (see WithExactBudget), so the
-// work per request is bounded however long the prompt.
+// The prompt text is read from the body req was parsed from, which must
+// not have changed since. Counting is bounded by c's exact budget (see
+// WithExactBudget), so the work per request is bounded however long the
+// prompt.
 func Estimate(req *Request, c Counter, defaultMaxTokens int) Cost {
 	if req == nil || req.noBody {
 		return Cost{}
@@ -25,19 +44,27 @@ func Estimate(req *Request, c Counter, defaultMaxTokens int) Cost {
 	if c == nil {
 		c = approxCounter{}
 	}
-	p := req.TokenIDs + req.Images*ImageTokens + req.Names + req.Messages*MessageOverhead
-	if req.Messages > 0 {
-		p += ReplyPriming
-	}
-	if len(req.Texts) > 0 {
-		p += countTexts(c, req.Texts)
-	}
-	out := req.MaxOutput
+	var s scan
+	p := promptTokens(req, req.walkTexts(&s), c)
+	out := int64(req.MaxOutput)
 	if out <= 0 {
-		out = max(defaultMaxTokens, 0)
+		out = int64(max(defaultMaxTokens, 0))
 	}
+	out = min(out, CostLimit) * min(int64(max(req.Choices, 1)), CostLimit)
 	if req.Kind == KindEmbeddings {
 		out = 0
 	}
-	return Cost{Prompt: p, Output: out}
+	return Cost{Prompt: saturate(p), Output: saturate(out)}
+}
+
+// promptTokens is the prompt cost of the counts in r and of texts.
+func promptTokens(r *Request, texts []textRef, c Counter) int64 {
+	p := int64(r.TokenIDs) + int64(r.Images)*ImageTokens + int64(r.Names) + int64(r.Messages)*MessageOverhead
+	if r.Messages > 0 {
+		p += ReplyPriming
+	}
+	if len(texts) > 0 {
+		p += int64(countTexts(c, textStrings(texts)))
+	}
+	return p
 }

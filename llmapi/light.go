@@ -48,15 +48,19 @@ func LightMode(kind Kind, body []byte, maxInputTokens, maxTokens int, c Counter)
 	if c == nil {
 		c = approxCounter{}
 	}
+	if err := validate(body); err != nil {
+		return nil, false, err
+	}
+	var s scan
 	var top topLevel
-	if err := decodeTop(body, &top); err != nil {
+	if err := readTop(&s, body, &top); err != nil {
 		return nil, false, err
 	}
 	anthropic := kind == KindAnthropicMessages
 	set := map[string][]byte{}
 
 	if maxInputTokens > 0 {
-		msgs, err := trimMessages(&top, anthropic, maxInputTokens, c)
+		msgs, err := trimMessages(&s, &top, anthropic, maxInputTokens, c)
 		if err != nil {
 			return nil, false, err
 		}
@@ -69,7 +73,7 @@ func LightMode(kind Kind, body []byte, maxInputTokens, maxTokens int, c Counter)
 		capped := false
 		for _, f := range []struct {
 			name string
-			raw  json.RawMessage
+			raw  []byte
 		}{{"max_tokens", top.MaxTokens}, {"max_completion_tokens", top.MaxCompletionTokens}} {
 			if anthropic && f.name != "max_tokens" || !present(f.raw) {
 				continue
@@ -96,18 +100,24 @@ func LightMode(kind Kind, body []byte, maxInputTokens, maxTokens int, c Counter)
 
 // rewriteTop re-emits the object in body with the members in set replaced
 // (the last of duplicate keys, earlier ones dropped) or appended, and every
-// other member copied verbatim in its original order.
+// other member copied verbatim in its original order. Keys are matched as
+// the parser matches them, after decoding escapes, so that a member the
+// estimate read is the member replaced; the key is written as the client
+// wrote it.
 func rewriteTop(body []byte, set map[string][]byte) []byte {
-	type member struct{ key, val []byte }
+	type member struct {
+		key      string // decoded
+		raw, val []byte
+	}
 	var ms []member
-	eachMember(body, func(k, v []byte) bool {
-		ms = append(ms, member{k, v})
+	eachMemberRaw(body, func(k, rk, v []byte) bool {
+		ms = append(ms, member{string(k), rk, v})
 		return true
 	})
 	last := map[string]int{}
 	for i, m := range ms {
-		if _, ok := set[string(m.key)]; ok {
-			last[string(m.key)] = i
+		if _, ok := set[m.key]; ok {
+			last[m.key] = i
 		}
 	}
 	out := make([]byte, 0, len(body)+64)
@@ -124,12 +134,12 @@ func rewriteTop(body []byte, set map[string][]byte) []byte {
 		out = append(out, v...)
 	}
 	for i, m := range ms {
-		v, ok := set[string(m.key)]
+		v, ok := set[m.key]
 		switch {
 		case !ok:
-			emit(m.key, m.val)
-		case last[string(m.key)] == i:
-			emit(m.key, v)
+			emit(m.raw, m.val)
+		case last[m.key] == i:
+			emit(m.raw, v)
 		}
 	}
 	// Missing members are appended in sorted order, so that equal inputs
@@ -150,8 +160,9 @@ func rewriteTop(body []byte, set map[string][]byte) []byte {
 type lmMessage struct {
 	raw      []byte
 	role     string
-	parsed   Request
-	cost     int // -1 until counted
+	parsed   Request   // the message's counts
+	texts    []textRef // and its texts
+	cost     int       // -1 until counted
 	system   bool
 	calls    bool // calls tools: the results that follow belong to it
 	results  bool // carries tool results
@@ -159,34 +170,42 @@ type lmMessage struct {
 }
 
 // trimMessages returns the new messages array, or nil when all messages fit.
-func trimMessages(top *topLevel, anthropic bool, limit int, c Counter) ([]byte, error) {
-	raws, err := getArray(top.Messages, "messages")
-	if err != nil || len(raws) == 0 {
-		return nil, err
+func trimMessages(s *scan, top *topLevel, anthropic bool, limit int, c Counter) ([]byte, error) {
+	switch rawType(top.Messages) {
+	case 0, 'n':
+		return nil, nil
+	case '[':
+	default:
+		return nil, fieldError("messages", "must be an array, got %s", typeName(top.Messages))
+	}
+	raws := elements(top.Messages)
+	if len(raws) == 0 {
+		return nil, nil
 	}
 
 	// What is kept whatever happens: tools, the Anthropic system prompt,
 	// the reply priming; system messages are added below.
-	var fixed Request
+	fixed := walker{s: s, r: &Request{}, collect: true}
 	if anthropic {
 		if err := fixed.addSystem(top.System); err != nil {
 			return nil, err
 		}
 	} else {
-		fixed.addTools(top.Functions)
+		fixed.addJSON(top.Functions)
 	}
-	fixed.addTools(top.Tools)
+	fixed.addJSON(top.Tools)
 
 	msgs := make([]lmMessage, len(raws))
 	upper := len(top.System) + MessageOverhead + len(top.Tools) + len(top.Functions) + ReplyPriming
 	for i, raw := range raws {
 		m := &msgs[i]
 		r := &m.parsed
-		role, err := r.addMessage(raw, "messages["+strconv.Itoa(i)+"]", anthropic)
+		w := walker{s: s, r: r, collect: true, path: []seg{{name: "messages"}, {idx: i}}}
+		role, _, err := w.message(raw, anthropic)
 		if err != nil {
 			return nil, err
 		}
-		m.raw, m.role, m.cost = raw, role, -1
+		m.raw, m.role, m.texts, m.cost = raw, role, w.texts, -1
 		m.system = !anthropic && (role == "system" || role == "developer")
 		m.calls, m.results = toolLinks(raw, role, anthropic)
 		// A token covers at least one byte of JSON text, so this bounds
@@ -197,8 +216,8 @@ func trimMessages(top *topLevel, anthropic bool, limit int, c Counter) ([]byte, 
 		return nil, nil
 	}
 
-	budget := limit - Estimate(&fixed, c, 0).Prompt
-	if fixed.Messages == 0 {
+	budget := limit - saturate(promptTokens(fixed.r, fixed.texts, c))
+	if fixed.r.Messages == 0 {
 		budget -= ReplyPriming // Estimate adds it only when there are messages
 	}
 	for i := range msgs {
@@ -278,7 +297,7 @@ func trimMessages(top *topLevel, anthropic bool, limit int, c Counter) ([]byte, 
 func (m *lmMessage) tokens(c Counter) int {
 	if m.cost < 0 {
 		r := &m.parsed
-		m.cost = r.Messages*MessageOverhead + r.Names + r.Images*ImageTokens + r.TokenIDs + countTexts(c, r.Texts)
+		m.cost = r.Messages*MessageOverhead + r.Names + r.Images*ImageTokens + r.TokenIDs + countTexts(c, textStrings(m.texts))
 	}
 	return m.cost
 }
@@ -297,10 +316,11 @@ func toolLinks(raw []byte, role string, anthropic bool) (calls, results bool) {
 		return calls, results
 	}
 	eachElement(member(raw, "content"), func(block []byte) {
-		switch string(member(block, "type")) {
-		case `"tool_use"`, `"server_tool_use"`:
+		typ := member(block, "type")
+		switch {
+		case stringIs(typ, "tool_use"), stringIs(typ, "server_tool_use"):
 			calls = true
-		case `"tool_result"`:
+		case stringIs(typ, "tool_result"):
 			results = true
 		}
 	})
@@ -361,10 +381,10 @@ func truncateUnit(msgs []lmMessage, u []int, budget int, anthropic bool, c Count
 		m := &msgs[i]
 		content := member(m.raw, "content")
 		// Tokens of the message that are not its content stay.
-		var r Request
-		_ = r.addContent(content, "", anthropic)
-		contentCost := r.Images*ImageTokens + countTexts(c, r.Texts)
-		newContent := shrinkContent(content, share-(m.cost-contentCost), anthropic, c)
+		w := walker{s: &scan{}, r: &Request{}, collect: true}
+		_, _ = w.content(content, anthropic)
+		contentCost := w.r.Images*ImageTokens + countTexts(c, textStrings(w.texts))
+		newContent := shrinkContent(content, share-(m.cost-contentCost), anthropic, false, c)
 		if newContent != nil {
 			m.raw = rewriteTop(m.raw, map[string][]byte{"content": newContent})
 			m.modified = true
@@ -373,8 +393,11 @@ func truncateUnit(msgs []lmMessage, u []int, budget int, anthropic bool, c Count
 }
 
 // shrinkContent returns content cut to about budget tokens, or nil when it
-// cannot be or need not be cut.
-func shrinkContent(content []byte, budget int, anthropic bool, c Counter) []byte {
+// cannot be or need not be cut. The content of a tool result within it is
+// cut too, unless nested is set: tool results inside tool results are no
+// API's format, and cutting them level by level would walk a hostile body
+// once per level, so they are kept or dropped whole.
+func shrinkContent(content []byte, budget int, anthropic, nested bool, c Counter) []byte {
 	budget = max(budget, 1)
 	switch rawType(content) {
 	case '"':
@@ -389,15 +412,23 @@ func shrinkContent(content []byte, budget int, anthropic bool, c Counter) []byte
 	}
 	// Parts: images and other non-text parts stay; text parts share the
 	// budget in proportion to their size.
-	parts, _ := getArray(content, "")
+	parts := elements(content)
 	costs := make([]int, len(parts))
+	results := make([]bool, len(parts))
 	textTotal, fixedCost := 0, 0
+	var s scan
 	for i, p := range parts {
-		var r Request
-		_ = r.addPart(p, "", anthropic)
-		costs[i] = countTexts(c, r.Texts)
-		textTotal += costs[i]
-		fixedCost += r.Images * ImageTokens
+		w := walker{s: &s, r: &Request{}, collect: true}
+		_, _ = w.part(p, anthropic)
+		results[i] = stringIs(member(p, "type"), "tool_result")
+		n := countTexts(c, textStrings(w.texts))
+		fixedCost += w.r.Images * ImageTokens
+		if nested && results[i] {
+			fixedCost += n
+			continue
+		}
+		costs[i] = n
+		textTotal += n
 	}
 	avail := max(budget-fixedCost, 1)
 	if textTotal <= avail {
@@ -410,10 +441,10 @@ func shrinkContent(content []byte, budget int, anthropic bool, c Counter) []byte
 		}
 		share := max(int(int64(avail)*int64(costs[i])/int64(textTotal)), 1)
 		key := "text"
-		if string(member(p, "type")) == `"tool_result"` {
+		if results[i] {
 			key = "content"
 		}
-		nv := shrinkContent(member(p, key), share, anthropic, c)
+		nv := shrinkContent(member(p, key), share, anthropic, true, c)
 		if nv != nil {
 			parts[i] = rewriteTop(p, map[string][]byte{key: nv})
 			changed = true

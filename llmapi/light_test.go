@@ -315,7 +315,8 @@ func TestLightModeMaxTokens(t *testing.T) {
 		{"completions untouched", KindCompletions, `{"prompt":"x","max_tokens":1000}`, 10, ""},
 		{"responses untouched", KindResponses, `{"input":"x","max_output_tokens":1000}`, 10, ""},
 		{"no limits", KindChat, `{"messages":[],"max_tokens":1000}`, 0, ""},
-		{"duplicate key", KindChat, `{"max_tokens":1,"max_tokens":500,"messages":[]}`, 100, `{"max_tokens":100,"messages":[]}`},
+		{"escaped key", KindChat, `{"max\u005ftokens":500,"messages":[]}`, 100, `{"max\u005ftokens":100,"messages":[]}`},
+		{"escaped key, lower", KindChat, `{"messages":[],"max\u005ftokens":50}`, 100, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -339,7 +340,15 @@ func TestLightModeMaxTokens(t *testing.T) {
 
 func TestLightModeErrors(t *testing.T) {
 	c := mustCounter(t, Approx)
-	for _, body := range []string{``, `{"messages":`, `[1]`, `{"messages":{}}`, `{"messages":[1]}`, `{"max_tokens":"x","messages":[]}`} {
+	for _, body := range []string{``, `{"messages":`, `[1]`, `{"messages":{}}`, `{"messages":[1]}`, `{"max_tokens":"x","messages":[]}`,
+		// Duplicates, which the upstream would read differently.
+		`{"max_tokens":1,"max_tokens":500,"messages":[]}`,
+		`{"max_tokens":1,"max\u005ftokens":500,"messages":[]}`,
+		`{"messages":[{"role":"user","content":"a","cont\u0065nt":"b"}]}`,
+		`{"messages":[{"role":"user","content":[{"type":"text","text":"a","te\u0078t":"b"}]}]}`,
+		// Nesting beyond MaxDepth.
+		`{"messages":[{"role":"user","content":"a","x":` + strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth) + `}]}`,
+	} {
 		_, _, err := LightMode(KindChat, []byte(body), 10, 10, c)
 		var be *BodyError
 		if !errors.As(err, &be) {

@@ -25,8 +25,20 @@ const (
 	ReplyPriming = 3
 )
 
+// MaxChoices is the largest n (and best_of) a request may ask for: OpenAI's
+// own limit for n. Each choice is generated in full, so the output cap is
+// multiplied by it; a larger count is refused rather than clamped, because
+// the upstream would generate what the client asked for.
+const MaxChoices = 128
+
 // Request is what the gateway needs to know about a request body to
-// schedule it. It holds copies, never references into the body.
+// schedule it.
+//
+// A Request parsed from a body refers to that body instead of copying its
+// prompt: Estimate reads the prompt text from it, so that a queued request
+// costs its body and a fixed few hundred bytes, not its prompt twice. The
+// caller must therefore neither modify nor reuse the body while the Request
+// is in use.
 type Request struct {
 	Kind Kind
 	// Inferred reports that the path did not name an API and Kind was
@@ -37,13 +49,14 @@ type Request struct {
 	// IncludeUsage is stream_options.include_usage: an OpenAI-style
 	// stream carries usage only when the client asked for it.
 	IncludeUsage bool
-	// MaxOutput is the client's output cap (max_completion_tokens,
-	// max_tokens or max_output_tokens, as the API names it), 0 if absent.
+	// MaxOutput is the client's output cap per choice
+	// (max_completion_tokens, max_tokens or max_output_tokens, as the API
+	// names it), 0 if absent. Caps beyond CostLimit saturate at it.
 	MaxOutput int
+	// Choices is how many completions the upstream generates: the larger
+	// of n and best_of where the API has them (chat, completions), else 1.
+	Choices int
 
-	// Texts holds the prompt text, one entry per separately tokenized
-	// string: message contents, names, tool calls and tool definitions.
-	Texts []string
 	// Messages counts chat-style messages, system prompts and responses
 	// input messages; each costs MessageOverhead.
 	Messages int
@@ -55,7 +68,17 @@ type Request struct {
 	// TokenIDs counts prompt tokens given as token-ID arrays.
 	TokenIDs int
 
+	body   []byte // the body parsed, which holds the prompt text
 	noBody bool
+}
+
+// Texts returns the prompt text, one entry per separately tokenized string
+// (message contents, names, tool calls, tool definitions), decoded from
+// the body. It copies every string, on every call: it is meant for tests
+// and diagnostics, not for the request path.
+func (r *Request) Texts() []string {
+	var s scan
+	return textStrings(r.walkTexts(&s))
 }
 
 // BodyError reports a request body the gateway cannot use. Its message is
@@ -67,7 +90,8 @@ type BodyError struct {
 	// Msg says what is wrong; when Field is set, it reads as a predicate
 	// of the field ("must be a string, got number").
 	Msg string
-	// Offset is the byte offset of a JSON syntax error, -1 otherwise.
+	// Offset is the byte offset of a JSON syntax error or of the bracket
+	// that nests too deep, -1 otherwise.
 	Offset int64
 	// Err is the underlying decoding error, if any.
 	Err error
@@ -84,8 +108,49 @@ func (e *BodyError) Error() string {
 // Unwrap returns the underlying decoding error, for errors.As.
 func (e *BodyError) Unwrap() error { return e.Err }
 
+// seg is one step of the JSON path to the value a walker is at. The path
+// is a stack on the walker, turned into a string only when an error names
+// it: no string is built per message or part.
+type seg struct {
+	name string // member name; "" for an array element
+	idx  int
+}
+
+func appendPath(b []byte, segs []seg) []byte {
+	for _, sg := range segs {
+		if sg.name == "" {
+			b = append(b, '[')
+			b = strconv.AppendInt(b, int64(sg.idx), 10)
+			b = append(b, ']')
+			continue
+		}
+		if len(b) > 0 {
+			b = append(b, '.')
+		}
+		b = append(b, sg.name...)
+	}
+	return b
+}
+
 func fieldError(field, format string, args ...any) *BodyError {
 	return &BodyError{Field: field, Msg: fmt.Sprintf(format, args...), Offset: -1}
+}
+
+// duplicateError refuses a member given twice. JSON decoders disagree on
+// duplicates (Go's and Python's keep the last, others the first), so a body
+// with two max_tokens could be estimated with one and served with the
+// other; refusing it is the only way to see what the upstream will.
+func duplicateError(field string) *BodyError {
+	return fieldError(field, "%s", duplicateMsg)
+}
+
+const duplicateMsg = "appears more than once in the same object (keys are compared after decoding escapes such as \\u005f); send it once"
+
+func depthError(off int) *BodyError {
+	return &BodyError{
+		Msg:    fmt.Sprintf("request body is nested deeper than %d levels of arrays and objects (at offset %d); flatten it", MaxDepth, off),
+		Offset: int64(off),
+	}
 }
 
 // topLevel holds the raw values of interest of every supported API, as
@@ -93,26 +158,76 @@ func fieldError(field, format string, args ...any) *BodyError {
 // of the wrong type is reported with a clear message instead of a
 // reflection error.
 type topLevel struct {
-	Model               json.RawMessage
-	Stream              json.RawMessage
-	StreamOptions       json.RawMessage
-	MaxTokens           json.RawMessage
-	MaxCompletionTokens json.RawMessage
-	MaxOutputTokens     json.RawMessage
-	Messages            json.RawMessage
-	System              json.RawMessage
-	Prompt              json.RawMessage
-	Input               json.RawMessage
-	Instructions        json.RawMessage
-	Tools               json.RawMessage
-	Functions           json.RawMessage
+	Model               []byte
+	Stream              []byte
+	StreamOptions       []byte
+	MaxTokens           []byte
+	MaxCompletionTokens []byte
+	MaxOutputTokens     []byte
+	N                   []byte
+	BestOf              []byte
+	Messages            []byte
+	System              []byte
+	Prompt              []byte
+	Input               []byte
+	Instructions        []byte
+	Tools               []byte
+	Functions           []byte
 
 	// Only used to infer the kind when the path does not name it.
-	AnthropicVersion   json.RawMessage
-	StopSequences      json.RawMessage
-	PreviousResponseID json.RawMessage
-	EncodingFormat     json.RawMessage
-	Dimensions         json.RawMessage
+	AnthropicVersion   []byte
+	StopSequences      []byte
+	PreviousResponseID []byte
+	EncodingFormat     []byte
+	Dimensions         []byte
+}
+
+// slot returns where the member named key goes, or nil for members the
+// gateway does not read.
+func (t *topLevel) slot(key []byte) *[]byte {
+	switch string(key) {
+	case "model":
+		return &t.Model
+	case "stream":
+		return &t.Stream
+	case "stream_options":
+		return &t.StreamOptions
+	case "max_tokens":
+		return &t.MaxTokens
+	case "max_completion_tokens":
+		return &t.MaxCompletionTokens
+	case "max_output_tokens":
+		return &t.MaxOutputTokens
+	case "n":
+		return &t.N
+	case "best_of":
+		return &t.BestOf
+	case "messages":
+		return &t.Messages
+	case "system":
+		return &t.System
+	case "prompt":
+		return &t.Prompt
+	case "input":
+		return &t.Input
+	case "instructions":
+		return &t.Instructions
+	case "tools":
+		return &t.Tools
+	case "functions":
+		return &t.Functions
+	case "anthropic_version":
+		return &t.AnthropicVersion
+	case "stop_sequences":
+		return &t.StopSequences
+	case "previous_response_id":
+		return &t.PreviousResponseID
+	case "encoding_format":
+		return &t.EncodingFormat
+	case "dimensions":
+		return &t.Dimensions
+	}
+	return nil
 }
 
 // Parse reads a request body sent to path. The kind comes from the path's
@@ -120,33 +235,47 @@ type topLevel struct {
 // of no known shape yields KindUnknown with an empty prompt. An empty body is
 // an error for the known APIs and fine otherwise (GET /v1/models).
 //
-// Errors are *BodyError: invalid JSON, and values of the wrong type, which
+// Errors are *BodyError: invalid JSON, nesting deeper than MaxDepth, a
+// member the gateway reads given twice, and values of the wrong type, which
 // make the cost unknowable. Missing fields are not errors; the upstream
-// reports those in its own words. Parse neither modifies nor retains body.
+// reports those in its own words.
+//
+// Parse never modifies body, and its work is linear in len(body) whatever
+// the nesting. The Request refers to body (see Request).
 func Parse(path string, body []byte) (*Request, error) {
+	var s scan
+	return parse(&s, path, body)
+}
+
+func parse(s *scan, path string, body []byte) (*Request, error) {
 	kind := KindFromPath(path)
 	if len(bytes.TrimSpace(body)) == 0 {
 		if kind == KindUnknown {
-			return &Request{noBody: true}, nil
+			return &Request{noBody: true, Choices: 1}, nil
 		}
 		return nil, &BodyError{Msg: "request body is empty; expected a JSON object", Offset: -1}
 	}
-	var top topLevel
-	if err := decodeTop(body, &top); err != nil {
+	if err := validate(body); err != nil {
 		return nil, err
 	}
-	req := &Request{Kind: kind}
+	var top topLevel
+	if err := readTop(s, body, &top); err != nil {
+		return nil, err
+	}
+	req := &Request{Kind: kind, Choices: 1, body: body}
 	if kind == KindUnknown {
 		req.Kind = inferKind(&top)
 		req.Inferred = req.Kind != KindUnknown
 	}
-	if err := req.parse(&top); err != nil {
+	w := walker{s: s, r: req}
+	if err := w.parse(&top); err != nil {
 		return nil, err
 	}
 	return req, nil
 }
 
-func decodeTop(body []byte, top *topLevel) error {
+// validate checks that body is one JSON object.
+func validate(body []byte) error {
 	if !json.Valid(body) {
 		// Only now pay for a decode, to learn where the error is.
 		var v struct{}
@@ -160,56 +289,39 @@ func decodeTop(body []byte, top *topLevel) error {
 	if rawType(body) != '{' {
 		return &BodyError{Msg: "request body must be a JSON object, got " + typeName(body), Offset: -1}
 	}
-	// The body is valid, so the byte scanner can walk it: subslices, no
-	// copies, and keys matched exactly as the servers behind us match them
-	// (encoding/json would also take "Messages" for "messages").
-	eachMember(body, func(k, v []byte) bool {
-		switch string(k) {
-		case "model":
-			top.Model = v
-		case "stream":
-			top.Stream = v
-		case "stream_options":
-			top.StreamOptions = v
-		case "max_tokens":
-			top.MaxTokens = v
-		case "max_completion_tokens":
-			top.MaxCompletionTokens = v
-		case "max_output_tokens":
-			top.MaxOutputTokens = v
-		case "messages":
-			top.Messages = v
-		case "system":
-			top.System = v
-		case "prompt":
-			top.Prompt = v
-		case "input":
-			top.Input = v
-		case "instructions":
-			top.Instructions = v
-		case "tools":
-			top.Tools = v
-		case "functions":
-			top.Functions = v
-		case "anthropic_version":
-			top.AnthropicVersion = v
-		case "stop_sequences":
-			top.StopSequences = v
-		case "previous_response_id":
-			top.PreviousResponseID = v
-		case "encoding_format":
-			top.EncodingFormat = v
-		case "dimensions":
-			top.Dimensions = v
-		}
-		return true
-	})
 	return nil
+}
+
+// readTop collects the top-level members of a valid body. Stepping over
+// every member's value visits every byte of the body once, so this is also
+// where nesting is measured.
+func readTop(s *scan, body []byte, top *topLevel) error {
+	i := s.skipWS(body, 0)
+	_, err := s.object(body, i, func(k, _ []byte, v int) (int, error) {
+		e, deep := s.valueEndDepth(body, v, MaxDepth-1)
+		if deep >= 0 {
+			return -1, depthError(deep)
+		}
+		slot := top.slot(k)
+		if slot == nil || e < 0 {
+			return e, nil
+		}
+		if *slot != nil {
+			return e, duplicateError(string(k))
+		}
+		*slot = body[v:e]
+		return e, nil
+	})
+	return err
 }
 
 func syntaxError(body []byte, syn *json.SyntaxError) *BodyError {
 	// encoding/json counts the offending byte in Offset.
 	off := max(syn.Offset-1, 0)
+	if syn.Error() == "exceeded max depth" {
+		// encoding/json stops at 10000 levels, long past MaxDepth.
+		return depthError(int(off))
+	}
 	if syn.Offset >= int64(len(body)) && syn.Error() == "unexpected end of JSON input" {
 		return &BodyError{
 			Msg:    "request body is not valid JSON: it ends in the middle of a value (truncated?)",
@@ -256,7 +368,108 @@ func inferKind(top *topLevel) Kind {
 	return KindUnknown
 }
 
-func (r *Request) parse(top *topLevel) error {
+// textRef is one separately tokenized piece of prompt text, as it stands
+// in the body: a JSON string (quotes included), decoded when counted, or,
+// for tool definitions and arguments given as objects, any JSON value,
+// counted as its compact text.
+type textRef struct {
+	raw     []byte
+	compact bool
+}
+
+// String returns the text that is tokenized.
+func (t textRef) String() string {
+	if !t.compact {
+		return decodeString(t.raw)
+	}
+	var b bytes.Buffer
+	b.Grow(len(t.raw))
+	if json.Compact(&b, t.raw) != nil {
+		return ""
+	}
+	return b.String()
+}
+
+func textStrings(texts []textRef) []string {
+	if len(texts) == 0 {
+		return nil
+	}
+	out := make([]string, len(texts))
+	for i, t := range texts {
+		out[i] = t.String()
+	}
+	return out
+}
+
+// walker interprets a body's members for one kind of API. Parse runs it to
+// validate the body and count its messages, names and images; Estimate and
+// LightMode run it again with collect set to gather the prompt texts, which
+// are never kept between calls.
+//
+// Values that can nest without bound (content blocks within tool results)
+// are walked in place, as the enclosing object is walked, so that no level
+// steps over a value that an inner level then walks again; values of fixed
+// depth (a message's members) are collected first and interpreted after,
+// which costs one extra pass over them, once.
+type walker struct {
+	s       *scan
+	r       *Request
+	collect bool
+	texts   []textRef
+	path    []seg // where the walk is, for error messages
+}
+
+func (w *walker) push(name string) { w.path = append(w.path, seg{name: name}) }
+func (w *walker) pushElem(i int)   { w.path = append(w.path, seg{idx: i}) }
+func (w *walker) pop()             { w.path = w.path[:len(w.path)-1] }
+
+// errorf reports a problem with the value the walk is at.
+func (w *walker) errorf(format string, args ...any) *BodyError {
+	return fieldError(string(appendPath(nil, w.path)), format, args...)
+}
+
+// errorIn reports a problem with the member name of the object the walk
+// is at.
+func (w *walker) errorIn(name, format string, args ...any) *BodyError {
+	w.push(name)
+	defer w.pop()
+	return w.errorf(format, args...)
+}
+
+// mark is the state of a walk, restored when a speculative walk is undone.
+type mark struct {
+	texts, messages, names, images, tokenIDs int
+}
+
+func (w *walker) mark() mark {
+	r := w.r
+	return mark{len(w.texts), r.Messages, r.Names, r.Images, r.TokenIDs}
+}
+
+func (w *walker) reset(m mark) {
+	r := w.r
+	w.texts = w.texts[:m.texts]
+	r.Messages, r.Names, r.Images, r.TokenIDs = m.messages, m.names, m.images, m.tokenIDs
+}
+
+// walkTexts walks r's body again and returns its prompt texts.
+func (r *Request) walkTexts(s *scan) []textRef {
+	if r == nil || r.body == nil || r.Kind == KindUnknown {
+		return nil
+	}
+	var top topLevel
+	if readTop(s, r.body, &top) != nil {
+		return nil
+	}
+	w := walker{s: s, r: &Request{Kind: r.Kind}, collect: true}
+	if w.parse(&top) != nil {
+		return nil
+	}
+	return w.texts
+}
+
+func (w *walker) parse(top *topLevel) error {
+	r := w.r
 	if r.Kind == KindUnknown {
 		return nil
 	}
@@ -268,21 +481,21 @@ func (r *Request) parse(top *topLevel) error {
 		if r.Stream, err = getBool(top.Stream, "stream"); err != nil {
 			return err
 		}
-		if err := r.parseStreamOptions(top.StreamOptions); err != nil {
+		if err := w.parseStreamOptions(top.StreamOptions); err != nil {
 			return err
 		}
 	}
 	// The first cap present wins, in the API's order of preference.
 	var caps []string
-	var raws []json.RawMessage
+	var raws [][]byte
 	switch r.Kind {
 	case KindChat:
 		caps = []string{"max_completion_tokens", "max_tokens"}
-		raws = []json.RawMessage{top.MaxCompletionTokens, top.MaxTokens}
+		raws = [][]byte{top.MaxCompletionTokens, top.MaxTokens}
 	case KindCompletions, KindAnthropicMessages:
-		caps, raws = []string{"max_tokens"}, []json.RawMessage{top.MaxTokens}
+		caps, raws = []string{"max_tokens"}, [][]byte{top.MaxTokens}
 	case KindResponses:
-		caps, raws = []string{"max_output_tokens"}, []json.RawMessage{top.MaxOutputTokens}
+		caps, raws = []string{"max_output_tokens"}, [][]byte{top.MaxOutputTokens}
 	}
 	for i, raw := range raws {
 		n, err := getInt(raw, caps[i])
@@ -293,386 +506,534 @@ func (r *Request) parse(top *topLevel) error {
 			r.MaxOutput = n
 		}
 	}
+	switch r.Kind {
+	case KindChat, KindCompletions:
+		n, err := getChoices(top.N, "n")
+		if err != nil {
+			return err
+		}
+		r.Choices = n
+		if r.Kind == KindCompletions {
+			// best_of candidates are all generated; n of them return.
+			best, err := getChoices(top.BestOf, "best_of")
+			if err != nil {
+				return err
+			}
+			r.Choices = max(n, best)
+		}
+	}
 
 	switch r.Kind {
 	case KindChat:
-		if err := r.addMessages(top.Messages, false); err != nil {
+		if err := w.addMessages(top.Messages, false); err != nil {
 			return err
 		}
-		r.addTools(top.Tools)
-		r.addTools(top.Functions)
+		w.addJSON(top.Tools)
+		w.addJSON(top.Functions)
 	case KindAnthropicMessages:
-		if err := r.addSystem(top.System); err != nil {
+		if err := w.addSystem(top.System); err != nil {
 			return err
 		}
-		if err := r.addMessages(top.Messages, true); err != nil {
+		if err := w.addMessages(top.Messages, true); err != nil {
 			return err
 		}
-		r.addTools(top.Tools)
+		w.addJSON(top.Tools)
 	case KindCompletions:
-		return r.addTokenInput(top.Prompt, "prompt")
+		return w.addTokenInput(top.Prompt, "prompt")
 	case KindEmbeddings:
-		return r.addTokenInput(top.Input, "input")
+		return w.addTokenInput(top.Input, "input")
 	case KindResponses:
-		if err := r.addInstructions(top.Instructions); err != nil {
+		if err := w.addInstructions(top.Instructions); err != nil {
 			return err
 		}
-		if err := r.addResponsesInput(top.Input); err != nil {
+		if err := w.addResponsesInput(top.Input); err != nil {
 			return err
 		}
-		r.addTools(top.Tools)
+		w.addJSON(top.Tools)
 	}
 	return nil
 }
 
-func (r *Request) parseStreamOptions(raw json.RawMessage) error {
+func (w *walker) parseStreamOptions(raw []byte) error {
 	if !present(raw) {
 		return nil
 	}
 	if rawType(raw) != '{' {
 		return fieldError("stream_options", "must be an object, got %s", typeName(raw))
 	}
-	var err error
-	r.IncludeUsage, err = getBool(member(raw, "include_usage"), "stream_options.include_usage")
+	var v [1][]byte
+	w.push("stream_options")
+	_, err := w.fields(raw, []string{"include_usage"}, v[:])
+	w.pop()
+	if err != nil {
+		return err
+	}
+	w.r.IncludeUsage, err = getBool(v[0], "stream_options.include_usage")
 	return err
 }
 
-// rawMessage is one chat or Anthropic message.
-type rawMessage struct {
-	Role, Content, Name, ToolCalls, FunctionCall json.RawMessage
-}
-
-func decodeMessage(raw []byte) (m rawMessage) {
-	eachMember(raw, func(k, v []byte) bool {
-		switch string(k) {
-		case "role":
-			m.Role = v
-		case "content":
-			m.Content = v
-		case "name":
-			m.Name = v
-		case "tool_calls":
-			m.ToolCalls = v
-		case "function_call":
-			m.FunctionCall = v
+// fields collects the raw values of the members of the object at b[0]
+// named in names into vals, in the same order, and returns the object's
+// end. A name given twice is an error.
+func (w *walker) fields(b []byte, names []string, vals [][]byte) (int, error) {
+	return w.s.object(b, 0, func(k, _ []byte, v int) (int, error) {
+		e := w.s.valueEnd(b, v)
+		if e < 0 {
+			return -1, nil
 		}
-		return true
+		for j, name := range names {
+			if string(k) == name {
+				if vals[j] != nil {
+					return e, w.errorIn(name, "%s", duplicateMsg)
+				}
+				vals[j] = b[v:e]
+				break
+			}
+		}
+		return e, nil
 	})
-	return m
 }
 
-func (r *Request) addMessages(raw json.RawMessage, anthropic bool) error {
-	msgs, err := getArray(raw, "messages")
-	if err != nil {
-		return err
-	}
-	for i, m := range msgs {
-		if _, err := r.addMessage(m, "messages["+strconv.Itoa(i)+"]", anthropic); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+// Members of a chat or Anthropic message.
+const (
+	msgRole = iota
+	msgContent
+	msgName
+	msgToolCalls
+	msgFunctionCall
+	msgFields
+)
 
-// addMessage adds one message's prompt and returns its role.
-func (r *Request) addMessage(raw json.RawMessage, path string, anthropic bool) (string, error) {
-	if rawType(raw) != '{' {
-		return "", fieldError(path, "must be an object, got %s", typeName(raw))
-	}
-	m := decodeMessage(raw)
-	role, err := getString(m.Role, path+".role")
-	if err != nil {
-		return "", err
-	}
-	r.Messages++
-	if err := r.addContent(m.Content, path+".content", anthropic); err != nil {
-		return "", err
-	}
-	if present(m.Name) {
-		name, err := getString(m.Name, path+".name")
-		if err != nil {
-			return "", err
-		}
-		r.Texts = append(r.Texts, name)
-		r.Names++
-	}
-	if present(m.ToolCalls) {
-		calls, err := getArray(m.ToolCalls, path+".tool_calls")
-		if err != nil {
-			return "", err
-		}
-		for _, c := range calls {
-			r.addCall(c)
-		}
-	}
-	if present(m.FunctionCall) {
-		r.addFunction(m.FunctionCall)
-	}
-	return role, nil
-}
+var messageFields = []string{"role", "content", "name", "tool_calls", "function_call"}
 
-// addCall adds an OpenAI tool call: its function's name and arguments.
-func (r *Request) addCall(raw json.RawMessage) {
-	if f := member(raw, "function"); rawType(f) == '{' {
-		r.addFunction(f)
-		return
-	}
-	r.addJSON(raw)
-}
-
-func (r *Request) addFunction(raw json.RawMessage) {
-	if rawType(raw) != '{' {
-		r.addJSON(raw)
-		return
-	}
-	r.addText(member(raw, "name"))
-	if args := member(raw, "arguments"); rawType(args) == '"' {
-		r.addText(args)
-	} else {
-		r.addJSON(args)
-	}
-}
-
-// rawPart is a content part or block, or a responses input item.
-type rawPart struct {
-	Type, Text, Refusal, Thinking, Name, Input, Content, Arguments, Output, Summary json.RawMessage
-}
-
-func decodePart(raw []byte) (p rawPart) {
-	eachMember(raw, func(k, v []byte) bool {
-		switch string(k) {
-		case "type":
-			p.Type = v
-		case "text":
-			p.Text = v
-		case "refusal":
-			p.Refusal = v
-		case "thinking":
-			p.Thinking = v
-		case "name":
-			p.Name = v
-		case "input":
-			p.Input = v
-		case "content":
-			p.Content = v
-		case "arguments":
-			p.Arguments = v
-		case "output":
-			p.Output = v
-		case "summary":
-			p.Summary = v
-		}
-		return true
-	})
-	return p
-}
-
-func (r *Request) addContent(raw json.RawMessage, path string, anthropic bool) error {
+func (w *walker) addMessages(raw []byte, anthropic bool) error {
 	switch rawType(raw) {
 	case 0, 'n':
 		return nil
-	case '"':
-		r.addText(raw)
-		return nil
 	case '[':
-		parts, _ := getArray(raw, path)
-		for i, p := range parts {
-			if err := r.addPart(p, path+"["+strconv.Itoa(i)+"]", anthropic); err != nil {
-				return err
-			}
+	default:
+		return fieldError("messages", "must be an array, got %s", typeName(raw))
+	}
+	w.push("messages")
+	_, err := w.s.array(raw, 0, func(n, i int) (int, error) {
+		w.pushElem(n)
+		_, e, err := w.message(raw[i:], anthropic)
+		w.pop()
+		if e < 0 {
+			return -1, err
 		}
-		return nil
-	}
-	if anthropic {
-		return fieldError(path, "must be a string or an array of content blocks, got %s", typeName(raw))
-	}
-	return fieldError(path, "must be a string, an array of content parts, or null, got %s", typeName(raw))
+		return i + e, err
+	})
+	w.pop()
+	return err
 }
 
-func (r *Request) addPart(raw json.RawMessage, path string, anthropic bool) error {
-	if rawType(raw) != '{' {
-		return fieldError(path, "must be an object, got %s", typeName(raw))
+// message adds one message's prompt, from the message at b[0], and returns
+// its role and end.
+func (w *walker) message(b []byte, anthropic bool) (role string, end int, err error) {
+	if rawType(b) != '{' {
+		return "", w.s.valueEnd(b, 0), w.errorf("must be an object, got %s", typeName(b))
 	}
-	p := decodePart(raw)
-	typ, err := getString(p.Type, path+".type")
+	var m [msgFields][]byte
+	if end, err = w.fields(b, messageFields, m[:]); err != nil || end < 0 {
+		return "", end, err
+	}
+	if rawType(m[msgRole]) != '"' && present(m[msgRole]) {
+		return "", end, w.errorIn("role", "must be a string, got %s", typeName(m[msgRole]))
+	}
+	role = decodeString(m[msgRole])
+	w.r.Messages++
+	w.push("content")
+	_, err = w.content(m[msgContent], anthropic)
+	w.pop()
 	if err != nil {
+		return "", end, err
+	}
+	if present(m[msgName]) {
+		if rawType(m[msgName]) != '"' {
+			return "", end, w.errorIn("name", "must be a string, got %s", typeName(m[msgName]))
+		}
+		w.addText(m[msgName])
+		w.r.Names++
+	}
+	if calls := m[msgToolCalls]; present(calls) {
+		if rawType(calls) != '[' {
+			return "", end, w.errorIn("tool_calls", "must be an array, got %s", typeName(calls))
+		}
+		w.push("tool_calls")
+		_, err = w.s.array(calls, 0, func(n, i int) (int, error) {
+			w.pushElem(n)
+			e, err := w.addCall(calls, i)
+			w.pop()
+			return e, err
+		})
+		w.pop()
+		if err != nil {
+			return "", end, err
+		}
+	}
+	if present(m[msgFunctionCall]) {
+		w.push("function_call")
+		err = w.addFunction(m[msgFunctionCall])
+		w.pop()
+		if err != nil {
+			return "", end, err
+		}
+	}
+	return role, end, nil
+}
+
+// addCall adds the OpenAI tool call at b[i]: its function's name and
+// arguments. It returns the call's end.
+func (w *walker) addCall(b []byte, i int) (int, error) {
+	e := w.s.valueEnd(b, i)
+	if e < 0 {
+		return -1, nil
+	}
+	raw := b[i:e]
+	if rawType(raw) == '{' {
+		var f [1][]byte
+		if _, err := w.fields(raw, []string{"function"}, f[:]); err != nil {
+			return e, err
+		}
+		if rawType(f[0]) == '{' {
+			w.push("function")
+			err := w.addFunction(f[0])
+			w.pop()
+			return e, err
+		}
+	}
+	w.addJSON(raw)
+	return e, nil
+}
+
+func (w *walker) addFunction(raw []byte) error {
+	if rawType(raw) != '{' {
+		w.addJSON(raw)
+		return nil
+	}
+	var v [2][]byte
+	if _, err := w.fields(raw, []string{"name", "arguments"}, v[:]); err != nil {
 		return err
 	}
-	switch typ {
-	case "text", "input_text", "output_text":
-		if rawType(p.Text) != '"' {
-			return fieldError(path+".text", "must be a string, got %s", typeName(p.Text))
-		}
-		r.addText(p.Text)
-	case "image_url", "input_image", "image":
-		r.Images++
-	case "refusal":
-		r.addText(p.Refusal)
-	case "thinking":
-		r.addText(p.Thinking)
-	case "tool_use", "server_tool_use":
-		r.addText(p.Name)
-		r.addJSON(p.Input)
-	case "tool_result":
-		return r.addContent(p.Content, path+".content", anthropic)
-	default:
-		// Audio, files, documents, redacted thinking: their cost is not
-		// knowable from the body; count any text they carry.
-		if rawType(p.Text) == '"' {
-			r.addText(p.Text)
-		}
+	w.addText(v[0])
+	if rawType(v[1]) == '"' {
+		w.addText(v[1])
+	} else {
+		w.addJSON(v[1])
 	}
 	return nil
 }
 
-func (r *Request) addSystem(raw json.RawMessage) error {
+// Members of a content part or block, or of a responses input item.
+const (
+	partType = iota
+	partText
+	partRefusal
+	partThinking
+	partName
+	partInput
+	partContent
+	partArguments
+	partOutput
+	partSummary
+	partFields
+)
+
+var partNames = []string{"type", "text", "refusal", "thinking", "name", "input", "content", "arguments", "output", "summary"}
+
+func partField(k []byte) int {
+	for j, name := range partNames {
+		if string(k) == name {
+			return j
+		}
+	}
+	return -1
+}
+
+// content adds the message content at b[0] and returns its end; an absent
+// value (empty b) ends at 0.
+func (w *walker) content(b []byte, anthropic bool) (int, error) {
+	if len(b) == 0 {
+		return 0, nil
+	}
+	switch b[0] {
+	case 'n':
+		return w.s.valueEnd(b, 0), nil
+	case '"':
+		e := w.s.stringEnd(b, 0)
+		if e > 0 {
+			w.addText(b[:e])
+		}
+		return e, nil
+	case '[':
+		return w.s.array(b, 0, func(n, i int) (int, error) {
+			w.pushElem(n)
+			e, err := w.part(b[i:], anthropic)
+			w.pop()
+			if e < 0 {
+				return -1, err
+			}
+			return i + e, err
+		})
+	}
+	e := w.s.valueEnd(b, 0)
+	if anthropic {
+		return e, w.errorf("must be a string or an array of content blocks, got %s", typeName(b))
+	}
+	return e, w.errorf("must be a string, an array of content parts, or null, got %s", typeName(b))
+}
+
+// part adds the content part or block at b[0] and returns its end.
+//
+// A tool_result block's content is more content, which may hold further
+// tool results: that is where nesting is unbounded, so the content is walked
+// in place. When the block's type comes after its content in the object,
+// the content is walked on speculation and its texts and errors are
+// dropped if the type turns out to be another.
+func (w *walker) part(b []byte, anthropic bool) (int, error) {
+	if rawType(b) != '{' {
+		return w.s.valueEnd(b, 0), w.errorf("must be an object, got %s", typeName(b))
+	}
+	var v [partFields][]byte
+	var (
+		walked     bool
+		before     mark
+		contentErr error
+	)
+	end, err := w.s.object(b, 0, func(k, _ []byte, i int) (int, error) {
+		j := partField(k)
+		if j >= 0 && v[j] != nil {
+			return w.s.valueEnd(b, i), w.errorIn(partNames[j], "%s", duplicateMsg)
+		}
+		if j == partContent && (v[partType] == nil || stringIs(v[partType], "tool_result")) {
+			before, walked = w.mark(), true
+			w.push("content")
+			e, err := w.content(b[i:], anthropic)
+			w.pop()
+			if e < 0 {
+				return -1, nil
+			}
+			v[j], contentErr = b[i:i+e], err
+			return i + e, nil
+		}
+		e := w.s.valueEnd(b, i)
+		if j >= 0 && e >= 0 {
+			v[j] = b[i:e]
+		}
+		return e, nil
+	})
+	if err == nil && present(v[partType]) && rawType(v[partType]) != '"' {
+		err = w.errorIn("type", "must be a string, got %s", typeName(v[partType]))
+	}
+	if err == nil && stringIs(v[partType], "tool_result") {
+		return end, contentErr
+	}
+	if walked {
+		w.reset(before)
+	}
+	if err != nil {
+		return end, err
+	}
+	switch typ := decodeString(v[partType]); typ {
+	case "text", "input_text", "output_text":
+		if rawType(v[partText]) != '"' {
+			return end, w.errorIn("text", "must be a string, got %s", typeName(v[partText]))
+		}
+		w.addText(v[partText])
+	case "image_url", "input_image", "image":
+		w.r.Images++
+	case "refusal":
+		w.addText(v[partRefusal])
+	case "thinking":
+		w.addText(v[partThinking])
+	case "tool_use", "server_tool_use":
+		w.addText(v[partName])
+		w.addJSON(v[partInput])
+	default:
+		// Audio, files, documents, redacted thinking: their cost is not
+		// knowable from the body; count any text they carry.
+		if rawType(v[partText]) == '"' {
+			w.addText(v[partText])
+		}
+	}
+	return end, nil
+}
+
+func (w *walker) addSystem(raw []byte) error {
 	switch rawType(raw) {
 	case 0, 'n':
 		return nil
 	case '"', '[':
-		r.Messages++
-		return r.addContent(raw, "system", true)
+		w.r.Messages++
+		w.push("system")
+		_, err := w.content(raw, true)
+		w.pop()
+		return err
 	}
 	return fieldError("system", "must be a string or an array of text blocks, got %s", typeName(raw))
 }
 
-func (r *Request) addInstructions(raw json.RawMessage) error {
+func (w *walker) addInstructions(raw []byte) error {
 	switch rawType(raw) {
 	case 0, 'n':
 		return nil
 	case '"':
-		r.Messages++
-		r.addText(raw)
+		w.r.Messages++
+		w.addText(raw)
 		return nil
 	}
 	return fieldError("instructions", "must be a string, got %s", typeName(raw))
 }
 
-func (r *Request) addResponsesInput(raw json.RawMessage) error {
+func (w *walker) addResponsesInput(raw []byte) error {
 	switch rawType(raw) {
 	case 0, 'n':
 		return nil
 	case '"':
-		r.Messages++ // the API wraps a string input as a user message
-		r.addText(raw)
+		w.r.Messages++ // the API wraps a string input as a user message
+		w.addText(raw)
 		return nil
 	case '[':
 	default:
 		return fieldError("input", "must be a string or an array of input items, got %s", typeName(raw))
 	}
-	items, _ := getArray(raw, "input")
-	for i, it := range items {
-		path := "input[" + strconv.Itoa(i) + "]"
-		if rawType(it) != '{' {
-			return fieldError(path, "must be an object, got %s", typeName(it))
+	w.push("input")
+	_, err := w.s.array(raw, 0, func(n, i int) (int, error) {
+		w.pushElem(n)
+		e, err := w.addItem(raw, i)
+		w.pop()
+		return e, err
+	})
+	w.pop()
+	return err
+}
+
+// addItem adds the responses input item at b[i] and returns its end. Items
+// do not nest, so their members are collected first.
+func (w *walker) addItem(b []byte, i int) (int, error) {
+	if b[i] != '{' {
+		return w.s.valueEnd(b, i), w.errorf("must be an object, got %s", typeName(b[i:]))
+	}
+	var v [partFields][]byte
+	e, err := w.fields(b[i:], partNames, v[:])
+	if e < 0 {
+		return -1, err
+	}
+	e += i
+	if err != nil {
+		return e, err
+	}
+	if present(v[partType]) && rawType(v[partType]) != '"' {
+		return e, w.errorIn("type", "must be a string, got %s", typeName(v[partType]))
+	}
+	switch decodeString(v[partType]) {
+	case "message", "":
+		w.r.Messages++
+		w.push("content")
+		_, err = w.content(v[partContent], false)
+		w.pop()
+	case "function_call":
+		w.addText(v[partName])
+		w.addText(v[partArguments])
+	case "function_call_output", "custom_tool_call_output":
+		w.push("output")
+		_, err = w.content(v[partOutput], false)
+		w.pop()
+	case "custom_tool_call":
+		w.addText(v[partName])
+		w.addText(v[partInput])
+	case "reasoning":
+		if rawType(v[partSummary]) == '[' {
+			// A malformed summary is the upstream's to report; the
+			// text of a well-formed one counts.
+			before := w.mark()
+			w.push("summary")
+			if _, serr := w.content(v[partSummary], false); serr != nil {
+				w.reset(before)
+			}
+			w.pop()
 		}
-		p := decodePart(it)
-		typ, err := getString(p.Type, path+".type")
-		if err != nil {
-			return err
-		}
-		switch typ {
-		case "message", "":
-			r.Messages++
-			if err := r.addContent(p.Content, path+".content", false); err != nil {
-				return err
-			}
-		case "function_call":
-			r.addText(p.Name)
-			r.addText(p.Arguments)
-		case "function_call_output", "custom_tool_call_output":
-			if err := r.addContent(p.Output, path+".output", false); err != nil {
-				return err
-			}
-		case "custom_tool_call":
-			r.addText(p.Name)
-			r.addText(p.Input)
-		case "reasoning":
-			if rawType(p.Summary) == '[' {
-				_ = r.addContent(p.Summary, path+".summary", false)
-			}
-		default:
-			if rawType(p.Text) == '"' {
-				r.addText(p.Text)
-			}
+	default:
+		if rawType(v[partText]) == '"' {
+			w.addText(v[partText])
 		}
 	}
-	return nil
+	return e, err
 }
 
 // addTokenInput adds a completions prompt or an embeddings input: a
 // string, an array of strings, an array of token IDs, or an array of such
 // arrays.
-func (r *Request) addTokenInput(raw json.RawMessage, field string) error {
+func (w *walker) addTokenInput(raw []byte, field string) error {
 	switch rawType(raw) {
 	case 0, 'n':
 		return nil
 	case '"':
-		r.addText(raw)
+		w.addText(raw)
 		return nil
 	case '[':
-		// The APIs accept only arrays of one element type.
-		var first byte
-		ok := true
-		eachElement(raw, func(e []byte) {
-			t := rawType(e)
-			if first == 0 {
-				first = t
-			}
-			switch {
-			case t == '"' && first == '"':
-				r.Texts = append(r.Texts, decodeString(e))
-			case t == '[' && first == '[':
-				eachElement(e, func(id []byte) {
-					ok = ok && isTokenID(id)
-					r.TokenIDs++
-				})
-			case isTokenID(e) && first != '"' && first != '[':
-				r.TokenIDs++
-			default:
-				ok = false
-			}
-		})
-		if ok {
-			return nil
+	default:
+		return fieldError(field, "must be a string or an array, got %s", typeName(raw))
+	}
+	// The APIs accept only arrays of one element type.
+	var first byte
+	ok := true
+	w.s.array(raw, 0, func(_, i int) (int, error) {
+		t := raw[i]
+		if first == 0 {
+			first = t
 		}
-		return fieldError(field, "must be a string, an array of strings, an array of token IDs or an array of token-ID arrays, with elements of one type")
+		switch {
+		case t == '"' && first == '"':
+			e := w.s.stringEnd(raw, i)
+			if e > 0 {
+				w.addText(raw[i:e])
+			}
+			return e, nil
+		case t == '[' && first == '[':
+			return w.s.array(raw, i, func(_, j int) (int, error) {
+				e := w.s.valueEnd(raw, j)
+				ok = ok && e > 0 && isTokenID(raw[j:e])
+				w.r.TokenIDs++
+				return e, nil
+			})
+		}
+		e := w.s.valueEnd(raw, i)
+		if e > 0 && isTokenID(raw[i:e]) && first != '"' && first != '[' {
+			w.r.TokenIDs++
+		} else {
+			ok = false
+		}
+		return e, nil
+	})
+	if ok {
+		return nil
 	}
-	return fieldError(field, "must be a string or an array, got %s", typeName(raw))
+	return fieldError(field, "must be a string, an array of strings, an array of token IDs or an array of token-ID arrays, with elements of one type")
 }
 
-// addTools counts tool definitions as their compact JSON text: servers
-// render them into the prompt in a form of about that size.
-func (r *Request) addTools(raw json.RawMessage) {
-	if present(raw) {
-		r.addJSON(raw)
+// addText adds a JSON string value as one text; other types are ignored,
+// because callers only use it for fields whose type does not affect
+// validity.
+func (w *walker) addText(raw []byte) {
+	if w.collect && rawType(raw) == '"' && len(raw) > 2 {
+		w.texts = append(w.texts, textRef{raw: raw})
 	}
 }
 
-// addText appends a JSON string value; other types are ignored, because
-// callers only use it for fields whose type does not affect validity.
-func (r *Request) addText(raw json.RawMessage) {
-	if rawType(raw) != '"' {
-		return
-	}
-	if s := decodeString(raw); s != "" {
-		r.Texts = append(r.Texts, s)
-	}
-}
-
-func (r *Request) addJSON(raw json.RawMessage) {
-	if !present(raw) {
-		return
-	}
-	var b bytes.Buffer
-	if json.Compact(&b, raw) == nil {
-		r.Texts = append(r.Texts, b.String())
+// addJSON adds a JSON value (tool definitions, tool inputs) as one text of
+// its compact form: servers render them into the prompt in a form of about
+// that size.
+func (w *walker) addJSON(raw []byte) {
+	if w.collect && present(raw) {
+		w.texts = append(w.texts, textRef{raw: raw, compact: true})
 	}
 }
 
 // rawType returns the first byte of a JSON value ('{', '[', '"', 't', 'f',
 // 'n', or a number's first character), or 0 for an absent value.
-func rawType(raw json.RawMessage) byte {
+func rawType(raw []byte) byte {
 	for _, c := range raw {
 		switch c {
 		case ' ', '\t', '\n', '\r':
@@ -683,12 +1044,12 @@ func rawType(raw json.RawMessage) byte {
 	return 0
 }
 
-func present(raw json.RawMessage) bool {
+func present(raw []byte) bool {
 	t := rawType(raw)
 	return t != 0 && t != 'n'
 }
 
-func typeName(raw json.RawMessage) string {
+func typeName(raw []byte) string {
 	switch rawType(raw) {
 	case 0:
 		return "nothing"
@@ -706,7 +1067,7 @@ func typeName(raw json.RawMessage) string {
 	return "number"
 }
 
-func getString(raw json.RawMessage, field string) (string, error) {
+func getString(raw []byte, field string) (string, error) {
 	switch rawType(raw) {
 	case 0, 'n':
 		return "", nil
@@ -716,7 +1077,20 @@ func getString(raw json.RawMessage, field string) (string, error) {
 	return "", fieldError(field, "must be a string, got %s", typeName(raw))
 }
 
-func getBool(raw json.RawMessage, field string) (bool, error) {
+// stringIs reports whether raw is the JSON string s, without allocating
+// unless raw holds escapes.
+func stringIs(raw []byte, s string) bool {
+	if len(raw) < 2 || raw[0] != '"' {
+		return false
+	}
+	in := raw[1 : len(raw)-1]
+	if bytes.IndexByte(in, '\\') < 0 {
+		return string(in) == s
+	}
+	return decodeString(raw) == s
+}
+
+func getBool(raw []byte, field string) (bool, error) {
 	switch rawType(raw) {
 	case 0, 'n':
 		return false, nil
@@ -728,33 +1102,55 @@ func getBool(raw json.RawMessage, field string) (bool, error) {
 	return false, fieldError(field, "must be a boolean, got %s", typeName(raw))
 }
 
-// getInt reads a non-negative integer. Integral floats (100.0) are
-// accepted, as the Python servers behind these APIs do; values beyond
-// int32 are clamped, which keeps cost arithmetic far from overflow.
-func getInt(raw json.RawMessage, field string) (int, error) {
+// getInt reads a non-negative integer token count. Integral floats (100.0,
+// 1e3) are accepted, as the Python servers behind these APIs do. Values
+// beyond CostLimit, up to 1e300 and beyond, saturate at CostLimit: such a
+// cap is as good as none, and saturating keeps all cost arithmetic far
+// from overflow.
+func getInt(raw []byte, field string) (int, error) {
 	switch t := rawType(raw); {
 	case t == 0 || t == 'n':
 		return 0, nil
 	case t == '-' || t >= '0' && t <= '9':
 		f, err := strconv.ParseFloat(string(bytes.TrimSpace(raw)), 64)
-		if err == nil && f >= 0 && f == math.Trunc(f) {
-			return int(min(f, math.MaxInt32)), nil
+		if err != nil && math.IsInf(f, 1) {
+			return CostLimit, nil // beyond float64: 1e400
 		}
-		return 0, fieldError(field, "must be a non-negative integer, got %s", bytes.TrimSpace(raw))
+		if err == nil && f >= 0 && f == math.Trunc(f) {
+			return int(min(f, CostLimit)), nil
+		}
+		return 0, fieldError(field, "must be a non-negative integer, got %s", clip(bytes.TrimSpace(raw)))
 	}
 	return 0, fieldError(field, "must be a non-negative integer, got %s", typeName(raw))
 }
 
-func getArray(raw json.RawMessage, field string) ([]json.RawMessage, error) {
-	switch rawType(raw) {
-	case 0, 'n':
-		return nil, nil
-	case '[':
-		var a []json.RawMessage
-		eachElement(raw, func(e []byte) { a = append(a, e) })
-		return a, nil
+// getChoices reads n or best_of: 1 when absent, else an integer from 1 to
+// MaxChoices.
+func getChoices(raw []byte, field string) (int, error) {
+	switch t := rawType(raw); {
+	case t == 0 || t == 'n':
+		return 1, nil
+	case t == '-' || t >= '0' && t <= '9':
+		f, err := strconv.ParseFloat(string(bytes.TrimSpace(raw)), 64)
+		switch {
+		case (err == nil || math.IsInf(f, 1)) && f > MaxChoices && f == math.Trunc(f):
+			return 0, fieldError(field, "must be at most %d, got %s", MaxChoices, clip(bytes.TrimSpace(raw)))
+		case err == nil && f >= 1 && f == math.Trunc(f):
+			return int(f), nil
+		}
+		return 0, fieldError(field, "must be a positive integer, got %s", clip(bytes.TrimSpace(raw)))
 	}
-	return nil, fieldError(field, "must be an array, got %s", typeName(raw))
+	return 0, fieldError(field, "must be a positive integer, got %s", typeName(raw))
+}
+
+// clip shortens a number quoted in an error message: a client that sends
+// a megabyte of digits gets them back abbreviated.
+func clip(b []byte) string {
+	const n = 40
+	if len(b) <= n {
+		return string(b)
+	}
+	return string(b[:n]) + "..."
 }
 
 // decodeString decodes a JSON string value (quotes included).
@@ -770,13 +1166,23 @@ func decodeString(raw []byte) string {
 
 // firstElement returns the first element of a JSON array, or nil.
 func firstElement(raw []byte) []byte {
+	var s scan
 	var first []byte
-	eachElement(raw, func(e []byte) {
-		if first == nil {
-			first = e
+	s.array(raw, s.skipWS(raw, 0), func(_, i int) (int, error) {
+		e := s.valueEnd(raw, i)
+		if e > 0 {
+			first = raw[i:e]
 		}
+		return -1, nil // stop: only the first is wanted
 	})
 	return first
+}
+
+// elements returns the raw elements of the JSON array raw.
+func elements(raw []byte) [][]byte {
+	var a [][]byte
+	eachElement(raw, func(e []byte) { a = append(a, e) })
+	return a
 }
 
 // isTokenID reports whether raw is an integer literal.
