@@ -19,11 +19,13 @@ type Cost struct {
 
 // Total is the cost the scheduler charges: prompt plus output tokens,
 // saturating at CostLimit.
-func (c Cost) Total() int { return saturate(int64(c.Prompt) + int64(c.Output)) }
+func (c Cost) Total() int { return saturate(clamp(c.Prompt) + clamp(c.Output)) }
 
-func saturate(n int64) int {
-	return int(max(min(n, CostLimit), 0))
-}
+// clamp returns n within [0, CostLimit], as an int64 that a few sums and
+// products of such values cannot overflow.
+func clamp(n int) int64 { return int64(min(max(n, 0), CostLimit)) }
+
+func saturate(n int64) int { return int(max(min(n, CostLimit), 0)) }
 
 // Estimate returns req's cost: its prompt counted with c (a nil c counts
 // approximately), and its output: the output cap, or defaultMaxTokens when
@@ -46,11 +48,11 @@ func Estimate(req *Request, c Counter, defaultMaxTokens int) Cost {
 	}
 	var s scan
 	p := promptTokens(req, req.walkTexts(&s), c)
-	out := int64(req.MaxOutput)
-	if out <= 0 {
-		out = int64(max(defaultMaxTokens, 0))
+	out := clamp(req.MaxOutput)
+	if out == 0 {
+		out = clamp(defaultMaxTokens)
 	}
-	out = min(out, CostLimit) * min(int64(max(req.Choices, 1)), CostLimit)
+	out *= max(clamp(req.Choices), 1)
 	if req.Kind == KindEmbeddings {
 		out = 0
 	}
@@ -59,12 +61,12 @@ func Estimate(req *Request, c Counter, defaultMaxTokens int) Cost {
 
 // promptTokens is the prompt cost of the counts in r and of texts.
 func promptTokens(r *Request, texts []textRef, c Counter) int64 {
-	p := int64(r.TokenIDs) + int64(r.Images)*ImageTokens + int64(r.Names) + int64(r.Messages)*MessageOverhead
+	p := clamp(r.TokenIDs) + clamp(r.Images)*ImageTokens + clamp(r.Names) + clamp(r.Messages)*MessageOverhead
 	if r.Messages > 0 {
 		p += ReplyPriming
 	}
 	if len(texts) > 0 {
-		p += int64(countTexts(c, textStrings(texts)))
+		p += clamp(countTexts(c, textStrings(texts)))
 	}
 	return p
 }

@@ -239,13 +239,26 @@ func (s *scan) array(b []byte, i int, f func(n, e int) (int, error)) (end int, e
 // It reports whether b held an object that was walked to its end or to
 // where f stopped.
 func eachMember(b []byte, f func(key, value []byte) bool) bool {
-	return eachMemberRaw(b, func(key, _, value []byte) bool { return f(key, value) })
+	var s scan
+	return s.eachMember(b, func(key, _, value []byte) bool { return f(key, value) })
 }
 
-// eachMemberRaw is eachMember that also passes the raw key, for rewriting
-// an object without re-encoding its keys.
-func eachMemberRaw(b []byte, f func(key, rawKey, value []byte) bool) bool {
+// member returns the raw value of the last member named key of the object
+// in b (JSON's last-wins rule), or nil.
+func member(b []byte, key string) []byte {
 	var s scan
+	return s.member(b, key)
+}
+
+// eachElement calls f with each raw element of the array in b.
+func eachElement(b []byte, f func(elem []byte)) {
+	var s scan
+	s.eachElement(b, f)
+}
+
+// eachMember is the package's eachMember counted on s, that also passes
+// the raw key, for rewriting an object without re-encoding its keys.
+func (s *scan) eachMember(b []byte, f func(key, rawKey, value []byte) bool) bool {
 	i := s.skipWS(b, 0)
 	stopped := false
 	end, _ := s.object(b, i, func(k, rk []byte, v int) (int, error) {
@@ -259,11 +272,9 @@ func eachMemberRaw(b []byte, f func(key, rawKey, value []byte) bool) bool {
 	return end >= 0 || stopped
 }
 
-// member returns the raw value of the last member named key of the object
-// in b (JSON's last-wins rule), or nil.
-func member(b []byte, key string) []byte {
+func (s *scan) member(b []byte, key string) []byte {
 	var v []byte
-	eachMember(b, func(k, val []byte) bool {
+	s.eachMember(b, func(k, _, val []byte) bool {
 		if string(k) == key {
 			v = val
 		}
@@ -272,9 +283,7 @@ func member(b []byte, key string) []byte {
 	return v
 }
 
-// eachElement calls f with each raw element of the array in b.
-func eachElement(b []byte, f func(elem []byte)) {
-	var s scan
+func (s *scan) eachElement(b []byte, f func(elem []byte)) {
 	s.array(b, s.skipWS(b, 0), func(_, i int) (int, error) {
 		e := s.valueEnd(b, i)
 		if e >= 0 {
@@ -282,6 +291,13 @@ func eachElement(b []byte, f func(elem []byte)) {
 		}
 		return e, nil
 	})
+}
+
+// elements returns the raw elements of the JSON array raw.
+func (s *scan) elements(raw []byte) [][]byte {
+	var a [][]byte
+	s.eachElement(raw, func(e []byte) { a = append(a, e) })
+	return a
 }
 
 // appendString appends the decoded JSON string raw (quotes included) to

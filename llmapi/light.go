@@ -41,7 +41,16 @@ const truncationMarker = "\n[...]\n"
 // byte for byte, including unknown fields and the formatting of the
 // messages that survive. When nothing needs to change, out is body itself
 // and changed is false. Malformed bodies yield a *BodyError.
+//
+// Like Parse, LightMode refuses nesting beyond MaxDepth and duplicates of
+// the members it reads, matches keys after decoding escapes, and does work
+// linear in the size of the body, counting aside.
 func LightMode(kind Kind, body []byte, maxInputTokens, maxTokens int, c Counter) (out []byte, changed bool, err error) {
+	var s scan
+	return lightMode(&s, kind, body, maxInputTokens, maxTokens, c)
+}
+
+func lightMode(s *scan, kind Kind, body []byte, maxInputTokens, maxTokens int, c Counter) (out []byte, changed bool, err error) {
 	if kind != KindChat && kind != KindAnthropicMessages || maxInputTokens <= 0 && maxTokens <= 0 {
 		return body, false, nil
 	}
@@ -51,16 +60,15 @@ func LightMode(kind Kind, body []byte, maxInputTokens, maxTokens int, c Counter)
 	if err := validate(body); err != nil {
 		return nil, false, err
 	}
-	var s scan
 	var top topLevel
-	if err := readTop(&s, body, &top); err != nil {
+	if err := readTop(s, body, &top); err != nil {
 		return nil, false, err
 	}
 	anthropic := kind == KindAnthropicMessages
 	set := map[string][]byte{}
 
 	if maxInputTokens > 0 {
-		msgs, err := trimMessages(&s, &top, anthropic, maxInputTokens, c)
+		msgs, err := trimMessages(s, &top, anthropic, maxInputTokens, c)
 		if err != nil {
 			return nil, false, err
 		}
@@ -95,7 +103,7 @@ func LightMode(kind Kind, body []byte, maxInputTokens, maxTokens int, c Counter)
 	if len(set) == 0 {
 		return body, false, nil
 	}
-	return rewriteTop(body, set), true, nil
+	return rewriteTop(s, body, set), true, nil
 }
 
 // rewriteTop re-emits the object in body with the members in set replaced
@@ -104,13 +112,13 @@ func LightMode(kind Kind, body []byte, maxInputTokens, maxTokens int, c Counter)
 // the parser matches them, after decoding escapes, so that a member the
 // estimate read is the member replaced; the key is written as the client
 // wrote it.
-func rewriteTop(body []byte, set map[string][]byte) []byte {
+func rewriteTop(s *scan, body []byte, set map[string][]byte) []byte {
 	type member struct {
 		key      string // decoded
 		raw, val []byte
 	}
 	var ms []member
-	eachMemberRaw(body, func(k, rk, v []byte) bool {
+	s.eachMember(body, func(k, rk, v []byte) bool {
 		ms = append(ms, member{string(k), rk, v})
 		return true
 	})
@@ -178,7 +186,7 @@ func trimMessages(s *scan, top *topLevel, anthropic bool, limit int, c Counter) 
 	default:
 		return nil, fieldError("messages", "must be an array, got %s", typeName(top.Messages))
 	}
-	raws := elements(top.Messages)
+	raws := s.elements(top.Messages)
 	if len(raws) == 0 {
 		return nil, nil
 	}
@@ -207,7 +215,7 @@ func trimMessages(s *scan, top *topLevel, anthropic bool, limit int, c Counter) 
 		}
 		m.raw, m.role, m.texts, m.cost = raw, role, w.texts, -1
 		m.system = !anthropic && (role == "system" || role == "developer")
-		m.calls, m.results = toolLinks(raw, role, anthropic)
+		m.calls, m.results = toolLinks(s, raw, role, anthropic)
 		// A token covers at least one byte of JSON text, so this bounds
 		// the cost without tokenizing.
 		upper += len(raw) + r.Messages*MessageOverhead + r.Names + r.Images*ImageTokens + r.TokenIDs
@@ -244,7 +252,7 @@ func trimMessages(s *scan, top *topLevel, anthropic bool, limit int, c Counter) 
 		}
 		// Not even the newest fits: truncate it.
 		keep--
-		truncateUnit(msgs, units[keep], max(budget, MinKeepTokens), anthropic, c)
+		truncateUnit(s, msgs, units[keep], max(budget, MinKeepTokens), anthropic, c)
 		budget = 0
 	}
 	// A tool result is never kept without its call; an orphan (already so
@@ -260,7 +268,7 @@ func trimMessages(s *scan, top *topLevel, anthropic bool, limit int, c Counter) 
 			// Only an assistant turn is left (a prefill): bring back
 			// the turn before it, truncated if need be.
 			keep--
-			truncateUnit(msgs, units[keep], max(budget, MinKeepTokens), anthropic, c)
+			truncateUnit(s, msgs, units[keep], max(budget, MinKeepTokens), anthropic, c)
 		}
 	}
 
@@ -304,19 +312,19 @@ func (m *lmMessage) tokens(c Counter) int {
 
 // toolLinks reports whether a message calls tools and whether it carries
 // tool results.
-func toolLinks(raw []byte, role string, anthropic bool) (calls, results bool) {
+func toolLinks(s *scan, raw []byte, role string, anthropic bool) (calls, results bool) {
 	if !anthropic {
 		switch role {
 		case "assistant":
-			tc := member(raw, "tool_calls")
-			calls = len(tc) > 0 && tc[0] == '[' && len(bytes.TrimSpace(tc[1:])) > 1 || present(member(raw, "function_call"))
+			tc := s.member(raw, "tool_calls")
+			calls = len(tc) > 0 && tc[0] == '[' && len(bytes.TrimSpace(tc[1:])) > 1 || present(s.member(raw, "function_call"))
 		case "tool", "function":
 			results = true
 		}
 		return calls, results
 	}
-	eachElement(member(raw, "content"), func(block []byte) {
-		typ := member(block, "type")
+	s.eachElement(s.member(raw, "content"), func(block []byte) {
+		typ := s.member(block, "type")
 		switch {
 		case stringIs(typ, "tool_use"), stringIs(typ, "server_tool_use"):
 			calls = true
@@ -362,7 +370,7 @@ func unitCost(msgs []lmMessage, u []int, c Counter) int {
 // truncateUnit shrinks a unit to about budget tokens. The tool calls of a
 // unit are kept whole (cut JSON arguments would be worse than none); its
 // results, or its only message, share what is left.
-func truncateUnit(msgs []lmMessage, u []int, budget int, anthropic bool, c Counter) {
+func truncateUnit(s *scan, msgs []lmMessage, u []int, budget int, anthropic bool, c Counter) {
 	cut := u
 	if len(u) > 1 {
 		budget -= msgs[u[0]].tokens(c)
@@ -379,14 +387,14 @@ func truncateUnit(msgs []lmMessage, u []int, budget int, anthropic bool, c Count
 			continue
 		}
 		m := &msgs[i]
-		content := member(m.raw, "content")
+		content := s.member(m.raw, "content")
 		// Tokens of the message that are not its content stay.
-		w := walker{s: &scan{}, r: &Request{}, collect: true}
+		w := walker{s: s, r: &Request{}, collect: true}
 		_, _ = w.content(content, anthropic)
 		contentCost := w.r.Images*ImageTokens + countTexts(c, textStrings(w.texts))
-		newContent := shrinkContent(content, share-(m.cost-contentCost), anthropic, false, c)
+		newContent := shrinkContent(s, content, share-(m.cost-contentCost), anthropic, false, c)
 		if newContent != nil {
-			m.raw = rewriteTop(m.raw, map[string][]byte{"content": newContent})
+			m.raw = rewriteTop(s, m.raw, map[string][]byte{"content": newContent})
 			m.modified = true
 		}
 	}
@@ -397,7 +405,7 @@ func truncateUnit(msgs []lmMessage, u []int, budget int, anthropic bool, c Count
 // cut too, unless nested is set: tool results inside tool results are no
 // API's format, and cutting them level by level would walk a hostile body
 // once per level, so they are kept or dropped whole.
-func shrinkContent(content []byte, budget int, anthropic, nested bool, c Counter) []byte {
+func shrinkContent(s *scan, content []byte, budget int, anthropic, nested bool, c Counter) []byte {
 	budget = max(budget, 1)
 	switch rawType(content) {
 	case '"':
@@ -412,15 +420,14 @@ func shrinkContent(content []byte, budget int, anthropic, nested bool, c Counter
 	}
 	// Parts: images and other non-text parts stay; text parts share the
 	// budget in proportion to their size.
-	parts := elements(content)
+	parts := s.elements(content)
 	costs := make([]int, len(parts))
 	results := make([]bool, len(parts))
 	textTotal, fixedCost := 0, 0
-	var s scan
 	for i, p := range parts {
-		w := walker{s: &s, r: &Request{}, collect: true}
+		w := walker{s: s, r: &Request{}, collect: true}
 		_, _ = w.part(p, anthropic)
-		results[i] = stringIs(member(p, "type"), "tool_result")
+		results[i] = stringIs(s.member(p, "type"), "tool_result")
 		n := countTexts(c, textStrings(w.texts))
 		fixedCost += w.r.Images * ImageTokens
 		if nested && results[i] {
@@ -444,9 +451,9 @@ func shrinkContent(content []byte, budget int, anthropic, nested bool, c Counter
 		if results[i] {
 			key = "content"
 		}
-		nv := shrinkContent(member(p, key), share, anthropic, true, c)
+		nv := shrinkContent(s, s.member(p, key), share, anthropic, true, c)
 		if nv != nil {
-			parts[i] = rewriteTop(p, map[string][]byte{key: nv})
+			parts[i] = rewriteTop(s, p, map[string][]byte{key: nv})
 			changed = true
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 )
 
 // Fixed token costs used where text is not counted.
@@ -318,8 +319,13 @@ func readTop(s *scan, body []byte, top *topLevel) error {
 func syntaxError(body []byte, syn *json.SyntaxError) *BodyError {
 	// encoding/json counts the offending byte in Offset.
 	off := max(syn.Offset-1, 0)
-	if syn.Error() == "exceeded max depth" {
-		// encoding/json stops at 10000 levels, long past MaxDepth.
+	if strings.HasSuffix(syn.Error(), "exceeded max depth") {
+		// encoding/json stops at 10000 levels, long past MaxDepth:
+		// report where MaxDepth was passed.
+		var s scan
+		if _, deep := s.valueEndDepth(body, s.skipWS(body, 0), MaxDepth); deep >= 0 {
+			return depthError(deep)
+		}
 		return depthError(int(off))
 	}
 	if syn.Offset >= int64(len(body)) && syn.Error() == "unexpected end of JSON input" {
@@ -1176,13 +1182,6 @@ func firstElement(raw []byte) []byte {
 		return -1, nil // stop: only the first is wanted
 	})
 	return first
-}
-
-// elements returns the raw elements of the JSON array raw.
-func elements(raw []byte) [][]byte {
-	var a [][]byte
-	eachElement(raw, func(e []byte) { a = append(a, e) })
-	return a
 }
 
 // isTokenID reports whether raw is an integer literal.
