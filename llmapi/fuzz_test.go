@@ -275,7 +275,7 @@ func FuzzScan(f *testing.F) {
 }
 
 // FuzzStreamScanner: any input, split anywhere, gives the same result,
-// whatever the line limit.
+// whatever the line limit, within the step budget.
 func FuzzStreamScanner(f *testing.F) {
 	for _, s := range []string{openAIStream(true, "a", "b"), openAIStream(false, "x\ny"), anthropicStream + anthropicStreamEnd,
 		responsesStream, completionsStream, vllmReasoningStream, "data: {\"usage\":\r\n\r\n"} {
@@ -300,6 +300,10 @@ func FuzzStreamScanner(f *testing.F) {
 		}
 		if ua.Prompt < 0 || ua.Completion < 0 {
 			t.Fatalf("negative usage %+v", ua)
+		}
+		// Events nest to a fixed depth, so scanning them is linear too.
+		if a.sc.n > stepBudget(len(stream), 16) || b.sc.n > stepBudget(len(stream), 16) {
+			t.Fatalf("the scanner visited %d and %d bytes of a %d-byte stream", a.sc.n, b.sc.n, len(stream))
 		}
 	})
 }

@@ -234,30 +234,10 @@ func (s *scan) array(b []byte, i int, f func(n, e int) (int, error)) (end int, e
 	return -1, err
 }
 
-// eachMember calls f with the decoded key (valid during the call only) and
-// the raw value of each member of the object in b, until f returns false.
-// It reports whether b held an object that was walked to its end or to
-// where f stopped.
-func eachMember(b []byte, f func(key, value []byte) bool) bool {
-	var s scan
-	return s.eachMember(b, func(key, _, value []byte) bool { return f(key, value) })
-}
-
-// member returns the raw value of the last member named key of the object
-// in b (JSON's last-wins rule), or nil.
-func member(b []byte, key string) []byte {
-	var s scan
-	return s.member(b, key)
-}
-
-// eachElement calls f with each raw element of the array in b.
-func eachElement(b []byte, f func(elem []byte)) {
-	var s scan
-	s.eachElement(b, f)
-}
-
-// eachMember is the package's eachMember counted on s, that also passes
-// the raw key, for rewriting an object without re-encoding its keys.
+// eachMember calls f with the decoded key (valid during the call only), the
+// raw key and the raw value of each member of the object in b, until f
+// returns false. It reports whether b held an object that was walked to its
+// end or to where f stopped.
 func (s *scan) eachMember(b []byte, f func(key, rawKey, value []byte) bool) bool {
 	i := s.skipWS(b, 0)
 	stopped := false
@@ -272,6 +252,8 @@ func (s *scan) eachMember(b []byte, f func(key, rawKey, value []byte) bool) bool
 	return end >= 0 || stopped
 }
 
+// member returns the raw value of the last member named key of the object
+// in b (JSON's last-wins rule), or nil.
 func (s *scan) member(b []byte, key string) []byte {
 	var v []byte
 	s.eachMember(b, func(k, _, val []byte) bool {
@@ -283,6 +265,7 @@ func (s *scan) member(b []byte, key string) []byte {
 	return v
 }
 
+// eachElement calls f with each raw element of the array in b.
 func (s *scan) eachElement(b []byte, f func(elem []byte)) {
 	s.array(b, s.skipWS(b, 0), func(_, i int) (int, error) {
 		e := s.valueEnd(b, i)
@@ -382,12 +365,12 @@ func hex4(b []byte) (rune, int) {
 // completion are -1 when the object does not report them. It walks the
 // object's members without decoding them (this runs once per response);
 // members that are not numbers (nested details, null) are ignored.
-func decodeUsage(raw []byte) (prompt, completion int, ok bool) {
+func decodeUsage(s *scan, raw []byte) (prompt, completion int, ok bool) {
 	if len(raw) == 0 || raw[0] != '{' {
 		return -1, -1, false
 	}
 	pt, ct, it, ot, cache := -1, -1, -1, -1, -1
-	walked := eachMember(raw, func(key, value []byte) bool {
+	walked := s.eachMember(raw, func(key, _, value []byte) bool {
 		n, isNum := tokenCount(value)
 		if !isNum {
 			return true
