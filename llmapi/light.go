@@ -209,10 +209,11 @@ func trimMessages(s *scan, top *topLevel, anthropic bool, limit int, c Counter) 
 		m := &msgs[i]
 		r := &m.parsed
 		w := walker{s: s, r: r, collect: true, path: []seg{{name: "messages"}, {idx: i}}}
-		role, _, err := w.message(raw, anthropic)
+		rb, _, err := w.message(raw, anthropic)
 		if err != nil {
 			return nil, err
 		}
+		role := string(rb)
 		m.raw, m.role, m.texts, m.cost = raw, role, w.texts, -1
 		m.system = !anthropic && (role == "system" || role == "developer")
 		m.calls, m.results = toolLinks(s, raw, role, anthropic)

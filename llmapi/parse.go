@@ -396,13 +396,38 @@ func (t textRef) String() string {
 	return b.String()
 }
 
+// textStrings returns the texts to tokenize. They share one allocation,
+// which the caller drops once counted: a prompt of a million one-letter
+// strings costs one buffer, not a million strings.
 func textStrings(texts []textRef) []string {
 	if len(texts) == 0 {
 		return nil
 	}
-	out := make([]string, len(texts))
+	size := 0
+	for _, t := range texts {
+		size += len(t.raw)
+	}
+	var all strings.Builder
+	all.Grow(size)
+	var scratch bytes.Buffer
+	ends := make([]int, len(texts))
 	for i, t := range texts {
-		out[i] = t.String()
+		switch {
+		case t.compact:
+			scratch.Reset()
+			if json.Compact(&scratch, t.raw) == nil {
+				all.Write(scratch.Bytes())
+			}
+		default:
+			all.Write(stringBytes(t.raw))
+		}
+		ends[i] = all.Len()
+	}
+	joined := all.String() // no copy
+	out := make([]string, len(texts))
+	start := 0
+	for i, e := range ends {
+		out[i], start = joined[start:e], e
 	}
 	return out
 }
@@ -635,36 +660,38 @@ func (w *walker) addMessages(raw []byte, anthropic bool) error {
 }
 
 // message adds one message's prompt, from the message at b[0], and returns
-// its role and end.
-func (w *walker) message(b []byte, anthropic bool) (role string, end int, err error) {
+// its role (decoded, nil if none) and end.
+func (w *walker) message(b []byte, anthropic bool) (role []byte, end int, err error) {
 	if rawType(b) != '{' {
-		return "", w.s.valueEnd(b, 0), w.errorf("must be an object, got %s", typeName(b))
+		return nil, w.s.valueEnd(b, 0), w.errorf("must be an object, got %s", typeName(b))
 	}
 	var m [msgFields][]byte
 	if end, err = w.fields(b, messageFields, m[:]); err != nil || end < 0 {
-		return "", end, err
+		return nil, end, err
 	}
 	if rawType(m[msgRole]) != '"' && present(m[msgRole]) {
-		return "", end, w.errorIn("role", "must be a string, got %s", typeName(m[msgRole]))
+		return nil, end, w.errorIn("role", "must be a string, got %s", typeName(m[msgRole]))
 	}
-	role = decodeString(m[msgRole])
+	if rawType(m[msgRole]) == '"' {
+		role = stringBytes(m[msgRole])
+	}
 	w.r.Messages++
 	w.push("content")
 	_, err = w.content(m[msgContent], anthropic)
 	w.pop()
 	if err != nil {
-		return "", end, err
+		return nil, end, err
 	}
 	if present(m[msgName]) {
 		if rawType(m[msgName]) != '"' {
-			return "", end, w.errorIn("name", "must be a string, got %s", typeName(m[msgName]))
+			return nil, end, w.errorIn("name", "must be a string, got %s", typeName(m[msgName]))
 		}
 		w.addText(m[msgName])
 		w.r.Names++
 	}
 	if calls := m[msgToolCalls]; present(calls) {
 		if rawType(calls) != '[' {
-			return "", end, w.errorIn("tool_calls", "must be an array, got %s", typeName(calls))
+			return nil, end, w.errorIn("tool_calls", "must be an array, got %s", typeName(calls))
 		}
 		w.push("tool_calls")
 		_, err = w.s.array(calls, 0, func(n, i int) (int, error) {
@@ -675,7 +702,7 @@ func (w *walker) message(b []byte, anthropic bool) (role string, end int, err er
 		})
 		w.pop()
 		if err != nil {
-			return "", end, err
+			return nil, end, err
 		}
 	}
 	if present(m[msgFunctionCall]) {
@@ -683,7 +710,7 @@ func (w *walker) message(b []byte, anthropic bool) (role string, end int, err er
 		err = w.addFunction(m[msgFunctionCall])
 		w.pop()
 		if err != nil {
-			return "", end, err
+			return nil, end, err
 		}
 	}
 	return role, end, nil
@@ -841,7 +868,7 @@ func (w *walker) part(b []byte, anthropic bool) (int, error) {
 	if err != nil {
 		return end, err
 	}
-	switch typ := decodeString(v[partType]); typ {
+	switch string(stringBytes(v[partType])) {
 	case "text", "input_text", "output_text":
 		if rawType(v[partText]) != '"' {
 			return end, w.errorIn("text", "must be a string, got %s", typeName(v[partText]))
@@ -933,7 +960,7 @@ func (w *walker) addItem(b []byte, i int) (int, error) {
 	if present(v[partType]) && rawType(v[partType]) != '"' {
 		return e, w.errorIn("type", "must be a string, got %s", typeName(v[partType]))
 	}
-	switch decodeString(v[partType]) {
+	switch string(stringBytes(v[partType])) {
 	case "message", "":
 		w.r.Messages++
 		w.push("content")
@@ -1089,11 +1116,7 @@ func stringIs(raw []byte, s string) bool {
 	if len(raw) < 2 || raw[0] != '"' {
 		return false
 	}
-	in := raw[1 : len(raw)-1]
-	if bytes.IndexByte(in, '\\') < 0 {
-		return string(in) == s
-	}
-	return decodeString(raw) == s
+	return string(stringBytes(raw)) == s
 }
 
 func getBool(raw []byte, field string) (bool, error) {
@@ -1157,6 +1180,20 @@ func clip(b []byte) string {
 		return string(b)
 	}
 	return string(b[:n]) + "..."
+}
+
+// stringBytes returns the contents of a JSON string value (quotes
+// included), decoded; it allocates only for a string with escapes, so that
+// switching on string(stringBytes(raw)) allocates nothing.
+func stringBytes(raw []byte) []byte {
+	if len(raw) < 2 {
+		return nil
+	}
+	in := raw[1 : len(raw)-1]
+	if bytes.IndexByte(in, '\\') < 0 {
+		return in
+	}
+	return appendUnquoted(make([]byte, 0, len(in)), in)
 }
 
 // decodeString decodes a JSON string value (quotes included).
