@@ -57,6 +57,9 @@ func lightMode(s *scan, kind Kind, body []byte, maxInputTokens, maxTokens int, c
 	if c == nil {
 		c = approxCounter{}
 	}
+	if b, ok := c.(*boundedCounter); ok {
+		c = &spendingCounter{inner: b, exact: b.exactBytes, left: lightModeBudget * b.exactBytes}
+	}
 	if err := validate(body); err != nil {
 		return nil, false, err
 	}
@@ -104,6 +107,43 @@ func lightMode(s *scan, kind Kind, body []byte, maxInputTokens, maxTokens int, c
 		return body, false, nil
 	}
 	return rewriteTop(s, body, set), true, nil
+}
+
+// lightModeBudget is how many times its exact budget a bounded counter may
+// spend on one LightMode call, which counts the kept messages, the
+// truncated one and its attempts at truncation.
+const lightModeBudget = 4
+
+// spendingCounter bounds the tokenizer work of one LightMode call. The call
+// counts many texts (every message, every content part), each within the
+// counter's own budget but together without bound: a body of a hundred
+// thousand one-word parts would cost a hundred thousand tokenizer calls.
+// It counts exactly until it has spent left bytes, then at the ratio of
+// tokens to bytes counted so far. Each exact call spends at least minSpend
+// bytes, which bounds the number of calls as well as the bytes.
+type spendingCounter struct {
+	inner         Counter
+	exact         int // the inner counter's own budget per call
+	left          int
+	tokens, bytes int64
+}
+
+const minSpend = 64
+
+func (s *spendingCounter) Name() string { return s.inner.Name() }
+
+func (s *spendingCounter) Count(text string) int {
+	if s.left <= 0 {
+		if s.bytes == 0 {
+			return len(text) / 4
+		}
+		return int((int64(len(text))*s.tokens + s.bytes/2) / s.bytes)
+	}
+	n := s.inner.Count(text)
+	s.left -= max(min(len(text), s.exact), minSpend)
+	s.tokens += int64(n)
+	s.bytes += int64(len(text))
+	return n
 }
 
 // rewriteTop re-emits the object in body with the members in set replaced
@@ -495,6 +535,10 @@ func truncateText(s string, budget int, c Counter) (string, bool) {
 		// Shrink by what this attempt overshot, and a little more, so
 		// that the loop ends quickly.
 		bytesPerToken *= float64(budget) / float64(got) * 0.97
+	}
+	if len(t) >= len(s) {
+		// A text shorter than the marker cannot be cut.
+		return s, false
 	}
 	return t, true
 }

@@ -357,3 +357,47 @@ func TestLightModeErrors(t *testing.T) {
 		}
 	}
 }
+
+// callCounter counts the calls to its inner counter.
+type callCounter struct {
+	Counter
+	calls *int
+}
+
+func (c callCounter) Count(s string) int { *c.calls++; return c.Counter.Count(s) }
+
+// A body of many small parts or messages costs LightMode a bounded number
+// of tokenizer calls, not one per part: each part is within the counter's
+// budget, but together they would cost a call each.
+func TestLightModeBoundsTokenizerCalls(t *testing.T) {
+	var parts, msgs []string
+	for i := range 20000 {
+		parts = append(parts, fmt.Sprintf(`{"type":"text","text":"w%d"}`, i))
+		msgs = append(msgs, msg("system", fmt.Sprint("s", i)))
+	}
+	for _, tc := range []struct {
+		name string
+		kind Kind
+		body string
+	}{
+		{"parts", KindAnthropicMessages, `{"max_tokens":100,"messages":[{"role":"user","content":[` + strings.Join(parts, ",") + `]}]}`},
+		{"system messages", KindChat, chatBody("", append(msgs, msg("user", para(20000)))...)},
+	} {
+		calls := 0
+		const exact = 4096
+		c := &boundedCounter{inner: callCounter{mustCounter(t, CL100kBase), &calls}, exactBytes: exact}
+		// Parts of a few bytes cannot be cut (the marker is longer), so
+		// the parts body may come back as it was.
+		out, changed, err := LightMode(tc.kind, []byte(tc.body), 2000, 0, c)
+		if err != nil || !changed && tc.kind == KindChat {
+			t.Fatalf("%s: changed %v, %v", tc.name, changed, err)
+		}
+		t.Logf("%s: %d bytes to %d, %d tokenizer calls", tc.name, len(tc.body), len(out), calls)
+		if limit := lightModeBudget * exact / minSpend * 2; calls > limit {
+			t.Errorf("%s: %d tokenizer calls, want at most %d", tc.name, calls, limit)
+		}
+		if len(out) > len(tc.body) {
+			t.Errorf("%s: LightMode grew the body from %d to %d bytes", tc.name, len(tc.body), len(out))
+		}
+	}
+}
