@@ -47,7 +47,7 @@ func Estimate(req *Request, c Counter, defaultMaxTokens int) Cost {
 		c = approxCounter{}
 	}
 	var s scan
-	p := promptTokens(req, req.walkTexts(&s), c)
+	p := promptTokens(req, req.walkTexts(&s, (req.nTexts+maxTexts-1)/maxTexts), c)
 	out := clamp(req.MaxOutput)
 	if out == 0 {
 		out = clamp(defaultMaxTokens)
@@ -59,14 +59,24 @@ func Estimate(req *Request, c Counter, defaultMaxTokens int) Cost {
 	return Cost{Prompt: saturate(p), Output: saturate(out)}
 }
 
-// promptTokens is the prompt cost of the counts in r and of texts.
+// promptTokens is the prompt cost of the counts in r and of texts, which
+// are r's texts or, when there are fewer, a sample of them: their count is
+// then scaled up by bytes.
 func promptTokens(r *Request, texts []textRef, c Counter) int64 {
 	p := clamp(r.TokenIDs) + clamp(r.Images)*ImageTokens + clamp(r.Names) + clamp(r.Messages)*MessageOverhead
 	if r.Messages > 0 {
 		p += ReplyPriming
 	}
-	if len(texts) > 0 {
-		p += clamp(countTexts(c, textStrings(texts)))
+	if len(texts) == 0 {
+		return p
 	}
-	return p
+	n := clamp(countTexts(c, textStrings(texts)))
+	if len(texts) < r.nTexts {
+		var sampled int64
+		for _, t := range texts {
+			sampled += int64(len(t.raw))
+		}
+		n = int64(min(float64(n)*float64(r.textBytes)/float64(max(sampled, 1)), CostLimit))
+	}
+	return p + n
 }

@@ -84,7 +84,7 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		var es scan
-		texts := req.walkTexts(&es)
+		texts := req.walkTexts(&es, 1)
 		if es.n > stepBudget(len(body), 8) {
 			t.Fatalf("the estimate's walk visited %d bytes of a %d-byte body", es.n, len(body))
 		}

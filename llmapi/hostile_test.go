@@ -165,7 +165,7 @@ func TestParseWorkIsLinear(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%d levels: %v", levels, err)
 			}
-			texts := req.walkTexts(&es)
+			texts := req.walkTexts(&es, 1)
 			if len(texts) != 1 || len(texts[0].raw) != payload+2 {
 				t.Fatalf("%d levels: texts %d, want the payload once", levels, len(texts))
 			}
@@ -198,7 +198,7 @@ func TestParseWorkIsLinear(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		req.walkTexts(&es)
+		req.walkTexts(&es, 1)
 		lightMode(&ls, req.Kind, tc.body, 1000, 100, c)
 		t.Logf("%-30s bytes visited per byte: Parse %.2f, Estimate %.2f, LightMode %.2f", tc.name, perByte(ps.n, tc.body), perByte(es.n, tc.body), perByte(ls.n, tc.body))
 		if perByte(ps.n, tc.body) > 6.5 || perByte(es.n, tc.body) > 6.5 || perByte(ls.n, tc.body) > 20 {
@@ -275,5 +275,40 @@ func TestParseDoesNotCopyThePrompt(t *testing.T) {
 	}
 	if total < len(body)*9/10 {
 		t.Errorf("texts hold %d bytes of a %d-byte body", total, len(body))
+	}
+}
+
+// Estimating a prompt of many tiny strings makes a bounded number of
+// tokenizer calls in bounded memory, and still counts them about right:
+// each "ab" is one token.
+func TestEstimateBoundsTokenizerCalls(t *testing.T) {
+	for _, n := range []int{2000, 1_000_000} {
+		body := repeatTo(n*5+16, `{"input":[`, `"ab"`, ",", `]}`)
+		req, err := Parse("/v1/embeddings", body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls := 0
+		c := &boundedCounter{inner: callCounter{mustCounter(t, CL100kBase), &calls}, exactBytes: DefaultExactBytes}
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		got := Estimate(req, c, 0).Prompt
+		runtime.ReadMemStats(&after)
+		texts := len(req.Texts())
+		allocated := after.TotalAlloc - before.TotalAlloc
+		t.Logf("%d strings: estimate %d tokens, %d tokenizer calls, %d bytes allocated for a %d-byte body", texts, got, calls, allocated, len(body))
+		// At most maxTexts texts are gathered, whatever their number, and
+		// the tokenizer is called at most 1024 times: what is allocated
+		// does not grow with the number of strings (gathering all 10^6
+		// took 200 MB).
+		if allocated > 16<<20+uint64(len(body)) {
+			t.Errorf("%d strings: Estimate allocated %d bytes", texts, allocated)
+		}
+		if limit := DefaultExactBytes / minCallBytes; calls > limit {
+			t.Errorf("%d strings: %d tokenizer calls, want at most %d", texts, calls, limit)
+		}
+		if relErr(got, texts) > 0.05 || relErr(got, texts) < -0.05 {
+			t.Errorf("%d strings: estimate %d tokens", texts, got)
+		}
 	}
 }

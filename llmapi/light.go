@@ -119,16 +119,14 @@ const lightModeBudget = 4
 // counter's own budget but together without bound: a body of a hundred
 // thousand one-word parts would cost a hundred thousand tokenizer calls.
 // It counts exactly until it has spent left bytes, then at the ratio of
-// tokens to bytes counted so far. Each exact call spends at least minSpend
-// bytes, which bounds the number of calls as well as the bytes.
+// tokens to bytes counted so far. Each exact call spends at least
+// minCallBytes, which bounds the number of calls as well as the bytes.
 type spendingCounter struct {
 	inner         Counter
 	exact         int // the inner counter's own budget per call
 	left          int
 	tokens, bytes int64
 }
-
-const minSpend = 64
 
 func (s *spendingCounter) Name() string { return s.inner.Name() }
 
@@ -140,7 +138,7 @@ func (s *spendingCounter) Count(text string) int {
 		return int((int64(len(text))*s.tokens + s.bytes/2) / s.bytes)
 	}
 	n := s.inner.Count(text)
-	s.left -= max(min(len(text), s.exact), minSpend)
+	s.left -= max(min(len(text), s.exact), minCallBytes)
 	s.tokens += int64(n)
 	s.bytes += int64(len(text))
 	return n

@@ -393,7 +393,7 @@ func TestLightModeBoundsTokenizerCalls(t *testing.T) {
 			t.Fatalf("%s: changed %v, %v", tc.name, changed, err)
 		}
 		t.Logf("%s: %d bytes to %d, %d tokenizer calls", tc.name, len(tc.body), len(out), calls)
-		if limit := lightModeBudget * exact / minSpend * 2; calls > limit {
+		if limit := lightModeBudget * exact / minCallBytes * 2; calls > limit {
 			t.Errorf("%s: %d tokenizer calls, want at most %d", tc.name, calls, limit)
 		}
 		if len(out) > len(tc.body) {

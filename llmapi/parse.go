@@ -69,8 +69,10 @@ type Request struct {
 	// TokenIDs counts prompt tokens given as token-ID arrays.
 	TokenIDs int
 
-	body   []byte // the body parsed, which holds the prompt text
-	noBody bool
+	body      []byte // the body parsed, which holds the prompt text
+	nTexts    int    // texts in the prompt
+	textBytes int64  // and their size, as they stand in the body
+	noBody    bool
 }
 
 // Texts returns the prompt text, one entry per separately tokenized string
@@ -79,7 +81,7 @@ type Request struct {
 // and diagnostics, not for the request path.
 func (r *Request) Texts() []string {
 	var s scan
-	return textStrings(r.walkTexts(&s))
+	return textStrings(r.walkTexts(&s, 1))
 }
 
 // BodyError reports a request body the gateway cannot use. Its message is

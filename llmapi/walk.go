@@ -65,6 +65,7 @@ type walker struct {
 	s       *scan
 	r       *Request
 	collect bool
+	every   int // when collecting, keep every every-th text (0 or 1: all)
 	texts   []textRef
 	path    []seg // where the walk is, for error messages
 }
@@ -88,22 +89,31 @@ func (w *walker) errorIn(name, format string, args ...any) *BodyError {
 
 // mark is the state of a walk, restored when a speculative walk is undone.
 type mark struct {
-	texts, messages, names, images, tokenIDs int
+	texts, messages, names, images, tokenIDs, nTexts int
+	textBytes                                        int64
 }
 
 func (w *walker) mark() mark {
 	r := w.r
-	return mark{len(w.texts), r.Messages, r.Names, r.Images, r.TokenIDs}
+	return mark{len(w.texts), r.Messages, r.Names, r.Images, r.TokenIDs, r.nTexts, r.textBytes}
 }
 
 func (w *walker) reset(m mark) {
 	r := w.r
 	w.texts = w.texts[:m.texts]
 	r.Messages, r.Names, r.Images, r.TokenIDs = m.messages, m.names, m.images, m.tokenIDs
+	r.nTexts, r.textBytes = m.nTexts, m.textBytes
 }
 
-// walkTexts walks r's body again and returns its prompt texts.
-func (r *Request) walkTexts(s *scan) []textRef {
+// maxTexts is the most prompt texts an estimate gathers. A body of more
+// (a million one-letter prompts) has every k-th gathered and counted, and
+// the count scaled by bytes: gathering all would cost tens of bytes of
+// transient memory per byte of body.
+const maxTexts = 1 << 16
+
+// walkTexts walks r's body again and returns its prompt texts, every
+// every-th of them (0 or 1: all).
+func (r *Request) walkTexts(s *scan, every int) []textRef {
 	if r == nil || r.body == nil || r.Kind == KindUnknown {
 		return nil
 	}
@@ -111,7 +121,7 @@ func (r *Request) walkTexts(s *scan) []textRef {
 	if readTop(s, r.body, &top) != nil {
 		return nil
 	}
-	w := walker{s: s, r: &Request{Kind: r.Kind}, collect: true}
+	w := walker{s: s, r: &Request{Kind: r.Kind}, collect: true, every: every}
 	if w.parse(&top) != nil {
 		return nil
 	}
@@ -669,8 +679,8 @@ func (w *walker) addTokenInput(raw []byte, field string) error {
 // because callers only use it for fields whose type does not affect
 // validity.
 func (w *walker) addText(raw []byte) {
-	if w.collect && rawType(raw) == '"' && len(raw) > 2 {
-		w.texts = append(w.texts, textRef{raw: raw})
+	if rawType(raw) == '"' && len(raw) > 2 {
+		w.add(textRef{raw: raw})
 	}
 }
 
@@ -678,7 +688,17 @@ func (w *walker) addText(raw []byte) {
 // its compact form: servers render them into the prompt in a form of about
 // that size.
 func (w *walker) addJSON(raw []byte) {
-	if w.collect && present(raw) {
-		w.texts = append(w.texts, textRef{raw: raw, compact: true})
+	if present(raw) {
+		w.add(textRef{raw: raw, compact: true})
 	}
+}
+
+// add counts a text, and keeps it when collecting (every every-th).
+func (w *walker) add(t textRef) {
+	r := w.r
+	if w.collect && (w.every <= 1 || r.nTexts%w.every == 0) {
+		w.texts = append(w.texts, t)
+	}
+	r.nTexts++
+	r.textBytes += int64(len(t.raw))
 }
