@@ -247,14 +247,16 @@ func (b *boundedCounter) Count(text string) int {
 }
 
 // countTexts counts texts as separately tokenized strings, within c's exact
-// budget when it has one.
+// budget when it has one. The budget bounds the calls to the tokenizer as
+// well as the bytes: a prompt of many tiny strings (a million one-letter
+// prompts) is sampled like a long one.
 func countTexts(c Counter, texts []string) int {
 	if b, ok := c.(*boundedCounter); ok {
 		total := 0
 		for _, t := range texts {
 			total += len(t)
 		}
-		if total > b.exactBytes {
+		if total > b.exactBytes || len(texts) > b.exactBytes/minCallBytes {
 			return sampleCount(b.inner, b.exactBytes, texts)
 		}
 		c = b.inner
@@ -272,6 +274,15 @@ func countTexts(c Counter, texts []string) int {
 // kept the error within 2%, 4 KiB windows let it reach 3%. Alignment at
 // the window edges costs about a token per window either way.
 const sampleWindow = 512
+
+// minCallBytes is what one tokenizer call costs, counted in bytes of the
+// exact budget: the call's own overhead is that of tokenizing some 64 bytes.
+const minCallBytes = 64
+
+// maxWindowTexts bounds the texts counted in one sampling window; a window
+// over many tiny texts counts the first of them, which measures their
+// bytes per token as well as all of them would.
+const maxWindowTexts = 8
 
 // sampleCount estimates the tokens of texts (each tokenized on its own)
 // whose total size exceeds budget, by counting budget bytes in evenly spaced
@@ -291,7 +302,7 @@ func sampleCount(c Counter, budget int, texts []string) int {
 		hi := min(lo+window, total)
 		// Visit every text overlapping [lo, hi).
 		i := sort.SearchInts(starts, lo+1) - 1
-		for ; i < len(texts) && starts[i] < hi; i++ {
+		for n := 0; i < len(texts) && starts[i] < hi && n < maxWindowTexts; i, n = i+1, n+1 {
 			t := texts[i]
 			a, b := max(lo-starts[i], 0), min(hi-starts[i], len(t))
 			if a > 0 {

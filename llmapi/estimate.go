@@ -1,23 +1,44 @@
 package llmapi
 
-// Cost is a request's estimated token cost.
+import "math"
+
+// CostLimit is where token counts saturate: an output cap beyond it (1e15,
+// 1e300), a cap multiplied by n, a prompt of countless images, and the
+// Total of a Cost all stop at CostLimit rather than overflow. It is far
+// beyond any context window, so a limit on request size refuses a
+// saturated cost as surely as the exact one, and it fits an int on every
+// platform.
+const CostLimit = math.MaxInt32
+
+// Cost is a request's estimated token cost. Prompt and Output are at most
+// CostLimit each.
 type Cost struct {
 	Prompt int
 	Output int
 }
 
-// Total is the cost the scheduler charges: prompt plus output tokens.
-func (c Cost) Total() int { return c.Prompt + c.Output }
+// Total is the cost the scheduler charges: prompt plus output tokens,
+// saturating at CostLimit.
+func (c Cost) Total() int { return saturate(clamp(c.Prompt) + clamp(c.Output)) }
+
+// clamp returns n within [0, CostLimit], as an int64 that a few sums and
+// products of such values cannot overflow.
+func clamp(n int) int64 { return int64(min(max(n, 0), CostLimit)) }
+
+func saturate(n int64) int { return int(max(min(n, CostLimit), 0)) }
 
 // Estimate returns req's cost: its prompt counted with c (a nil c counts
-// approximately), and its output cap, or defaultMaxTokens when the client
-// set none, since a request without a cap may generate up to the server's
-// limit. Embeddings produce no output, and a body-less request (a model
-// list, a health check) costs nothing: callers that charge a minimum apply
-// it themselves.
+// approximately), and its output: the output cap, or defaultMaxTokens when
+// the client set none, since a request without a cap may generate up to the
+// server's limit, times the number of choices generated (n, best_of).
+// Embeddings produce no output, and a body-less request (a model list, a
+// health check) costs nothing: callers that charge a minimum apply it
+// themselves. Both parts saturate at CostLimit.
 //
-// Counting is bounded by c's exact budget (see WithExactBudget), so the
-// work per request is bounded however long the prompt.
+// The prompt text is read from the body req was parsed from, which must
+// not have changed since. Counting is bounded by c's exact budget (see
+// WithExactBudget), so the work per request is bounded however long the
+// prompt.
 func Estimate(req *Request, c Counter, defaultMaxTokens int) Cost {
 	if req == nil || req.noBody {
 		return Cost{}
@@ -25,19 +46,37 @@ func Estimate(req *Request, c Counter, defaultMaxTokens int) Cost {
 	if c == nil {
 		c = approxCounter{}
 	}
-	p := req.TokenIDs + req.Images*ImageTokens + req.Names + req.Messages*MessageOverhead
-	if req.Messages > 0 {
-		p += ReplyPriming
+	var s scan
+	p := promptTokens(req, req.walkTexts(&s, (req.nTexts+maxTexts-1)/maxTexts), c)
+	out := clamp(req.MaxOutput)
+	if out == 0 {
+		out = clamp(defaultMaxTokens)
 	}
-	if len(req.Texts) > 0 {
-		p += countTexts(c, req.Texts)
-	}
-	out := req.MaxOutput
-	if out <= 0 {
-		out = max(defaultMaxTokens, 0)
-	}
+	out *= max(clamp(req.Choices), 1)
 	if req.Kind == KindEmbeddings {
 		out = 0
 	}
-	return Cost{Prompt: p, Output: out}
+	return Cost{Prompt: saturate(p), Output: saturate(out)}
+}
+
+// promptTokens is the prompt cost of the counts in r and of texts, which
+// are r's texts or, when there are fewer, a sample of them: their count is
+// then scaled up by bytes.
+func promptTokens(r *Request, texts []textRef, c Counter) int64 {
+	p := clamp(r.TokenIDs) + clamp(r.Images)*ImageTokens + clamp(r.Names) + clamp(r.Messages)*MessageOverhead
+	if r.Messages > 0 {
+		p += ReplyPriming
+	}
+	if len(texts) == 0 {
+		return p
+	}
+	n := clamp(countTexts(c, textStrings(texts)))
+	if len(texts) < r.nTexts {
+		var sampled int64
+		for _, t := range texts {
+			sampled += int64(len(t.raw))
+		}
+		n = int64(min(float64(n)*float64(r.textBytes)/float64(max(sampled, 1)), CostLimit))
+	}
+	return p + n
 }

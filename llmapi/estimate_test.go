@@ -2,6 +2,7 @@ package llmapi
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 )
@@ -39,6 +40,16 @@ func TestEstimate(t *testing.T) {
 		{"unknown JSON", "/v1/rerank", `{"q":"x"}`, cl, 256, Cost{0, 256}},
 		{"nil counter", "/v1/completions", `{"prompt":"hello world"}`, nil, 1, Cost{2, 1}},
 		{"negative default", "/v1/completions", `{"prompt":"hello world"}`, cl, -5, Cost{2, 0}},
+		// n and best_of multiply the output cap, or the default.
+		{"n", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hello world"}],"max_tokens":10,"n":4}`, cl, 256, Cost{9, 40}},
+		{"n, default cap", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hello world"}],"n":3}`, cl, 100, Cost{9, 300}},
+		{"best_of", "/v1/completions", `{"prompt":"hello world","max_tokens":5,"n":2,"best_of":6}`, cl, 256, Cost{2, 30}},
+		{"n on embeddings", "/v1/embeddings", `{"input":"hello world","n":4}`, cl, 256, Cost{2, 0}},
+		// Huge caps saturate, with every multiplier.
+		{"cap 2^31-1", "/v1/messages", `{"messages":[],"max_tokens":2147483647}`, cl, 256, Cost{0, CostLimit}},
+		{"cap 1e300 times 128", "/v1/chat/completions", `{"messages":[],"max_tokens":1e300,"n":128}`, cl, 256, Cost{0, CostLimit}},
+		{"cap 2^30 times 2", "/v1/completions", `{"prompt":"hello world","max_tokens":1073741824,"n":2}`, cl, 256, Cost{2, CostLimit}},
+		{"default beyond the limit", "/v1/chat/completions", `{"messages":[],"n":128}`, cl, math.MaxInt, Cost{0, CostLimit}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -50,10 +61,34 @@ func TestEstimate(t *testing.T) {
 			if got != tt.want {
 				t.Errorf("Estimate = %+v, want %+v", got, tt.want)
 			}
-			if got.Total() != tt.want.Prompt+tt.want.Output {
-				t.Errorf("Total = %d", got.Total())
+			if want := min(tt.want.Prompt+tt.want.Output, CostLimit); got.Total() != want {
+				t.Errorf("Total = %d, want %d", got.Total(), want)
 			}
 		})
+	}
+}
+
+// Total saturates rather than wraps, whatever the parts hold.
+func TestCostTotalSaturates(t *testing.T) {
+	for _, tc := range []struct {
+		c    Cost
+		want int
+	}{
+		{Cost{CostLimit, CostLimit}, CostLimit},
+		{Cost{CostLimit - 1, 1}, CostLimit},
+		{Cost{CostLimit - 2, 1}, CostLimit - 1},
+		{Cost{math.MaxInt, math.MaxInt}, CostLimit},
+		{Cost{-5, 3}, 3}, // a negative part counts as nothing
+		{Cost{100, 28}, 128},
+	} {
+		if got := tc.c.Total(); got != tc.want {
+			t.Errorf("%+v.Total() = %d, want %d", tc.c, got, tc.want)
+		}
+	}
+	// A hand-made Request with absurd counts still gives a bounded cost.
+	got := Estimate(&Request{Kind: KindChat, MaxOutput: math.MaxInt, Choices: math.MaxInt, Images: math.MaxInt / 2}, nil, 0)
+	if got.Prompt != CostLimit || got.Output != CostLimit || got.Total() != CostLimit {
+		t.Errorf("Estimate = %+v, Total %d", got, got.Total())
 	}
 }
 

@@ -3,12 +3,35 @@ package llmapi
 import (
 	"bytes"
 	"encoding/json"
+	"math"
+	"strings"
 	"testing"
 )
 
+// The fuzz targets run in CI one at a time, for a bounded time, from the
+// corpus committed under testdata/fuzz/<Target>:
+//
+//	go test -run '^$' -fuzz '^FuzzParse$' -fuzztime 20s ./llmapi/
+//	go test -run '^$' -fuzz '^FuzzLightMode$' -fuzztime 20s ./llmapi/
+//	go test -run '^$' -fuzz '^FuzzScan$' -fuzztime 20s ./llmapi/
+//	go test -run '^$' -fuzz '^FuzzStreamScanner$' -fuzztime 20s ./llmapi/
+//
+// Each catches panics, work beyond a fixed multiple of the input's size
+// (stepBudget: a scanner that steps over a value once per enclosing level
+// blows it at a few levels), and disagreement between what the gateway
+// reads and what a model server's JSON decoder reads.
+
 var fuzzPaths = []string{"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/v1/messages", "/other"}
 
+// stepBudget is the most scanning work (scan.n) a walk may do on n bytes.
+// Parse measures about 3 bytes visited per byte and at most 6.5 on the
+// hostile bodies of TestParseWorkIsLinear, LightMode at most 20.
+func stepBudget(n, perByte int) int { return perByte*n + 256 }
+
 func fuzzSeeds() []string {
+	deep := func(d int) string {
+		return `{"messages":[{"role":"user","content":"a"}],"x":` + strings.Repeat("[", d-1) + strings.Repeat("]", d-1) + `}`
+	}
 	return []string{
 		chatToolsBody, chatPartsBody, anthropicBody, completionsBody, completionsListBody,
 		completionsIDsBody, completionsIDsNestedBody, embeddingsBody, embeddingsListBody,
@@ -16,11 +39,26 @@ func fuzzSeeds() []string {
 		``, `{}`, `[]`, `null`, `{"messages":`, `{"messages":[{"role":"user","content":[{"type":"text","text":1}]}]}`,
 		`{"prompt":[[1],["a"]]}`, `{"input":[{"type":"reasoning","summary":[{"type":"summary_text","text":"s"}]}]}`,
 		`{"max_tokens":1e400}`, "{\"messages\":[{\"content\":\"\\ud800\"}]}",
+		// Hostile: nesting at and past the limit, tool results walked
+		// before their type is known, escaped and duplicate keys, huge
+		// and odd numbers, choices.
+		deep(MaxDepth), deep(MaxDepth + 1), string(nestedToolResults(8, 16, true)), string(nestedToolResults((MaxDepth-3)/2, 4, false)),
+		`{"messages":[{"role":"user","content":"hi"}],"max_tokens":1,"max\u005ftokens":100000}`,
+		`{"messages":[{"role":"user","content":"hi"}],"max_tokens":1,"max_tokens":100000}`,
+		`{"m\u0065ssages":[{"r\u006fle":"user","c\u006fntent":[{"t\u0079pe":"text","te\u0078t":"hi"}]}],"max_completion_tokens":5,"max\u005ftokens":7}`,
+		`{"messages":[{"role":"user","content":[{"content":[{"text":"in","type":"text"}],"type":"tool_result"},{"content":"out","type":"document","text":"t"}]}]}`,
+		`{"messages":[],"max_tokens":2147483647,"n":128}`, `{"prompt":"x","max_tokens":1e15,"n":2,"best_of":128}`,
+		`{"messages":[],"max_tokens":-1}`, `{"messages":[],"max_tokens":"100"}`, `{"messages":[],"n":0}`, `{"messages":[],"n":129}`,
+		`{"messages":[],"max_tokens":` + strings.Repeat("9", 400) + `}`,
+		`{"messages":[{"role":"user","content":"\"\\\"\\\\\""}],"a\"b":1,"\\":2}`,
 	}
 }
 
-// FuzzParse: Parse never panics, never modifies the body, and what it
-// accepts can be estimated.
+// FuzzParse: Parse never panics, never modifies the body, works within the
+// step budget, and agrees with encoding/json (which model servers written
+// in Go decode with, and which keeps the last of duplicate keys as Python's
+// json does) on every member the estimate reads. What it accepts can be
+// estimated, and estimating walks the body as Parse did.
 func FuzzParse(f *testing.F) {
 	for _, s := range fuzzSeeds() {
 		for i := range fuzzPaths {
@@ -29,10 +67,15 @@ func FuzzParse(f *testing.F) {
 	}
 	c := mustCounter(f, Approx)
 	f.Fuzz(func(t *testing.T, pathIdx uint8, body []byte) {
+		path := fuzzPaths[int(pathIdx)%len(fuzzPaths)]
 		orig := bytes.Clone(body)
-		req, err := Parse(fuzzPaths[int(pathIdx)%len(fuzzPaths)], body)
+		var s scan
+		req, err := parse(&s, path, body)
 		if !bytes.Equal(body, orig) {
 			t.Fatal("Parse modified the body")
+		}
+		if s.n > stepBudget(len(body), 8) {
+			t.Fatalf("Parse visited %d bytes of a %d-byte body", s.n, len(body))
 		}
 		if err != nil {
 			if _, ok := err.(*BodyError); !ok {
@@ -40,18 +83,88 @@ func FuzzParse(f *testing.F) {
 			}
 			return
 		}
-		if cost := Estimate(req, c, 16); cost.Prompt < 0 || cost.Output < 0 {
-			t.Fatalf("negative cost %+v", cost)
+		var es scan
+		texts := req.walkTexts(&es, 1)
+		if es.n > stepBudget(len(body), 8) {
+			t.Fatalf("the estimate's walk visited %d bytes of a %d-byte body", es.n, len(body))
+		}
+		for _, tx := range texts {
+			if !bytes.Contains(body, tx.raw) {
+				t.Fatalf("text %q is not from the body", tx.raw)
+			}
+		}
+		cost := Estimate(req, c, 16)
+		if cost.Prompt < 0 || cost.Output < 0 || cost.Prompt > CostLimit || cost.Output > CostLimit || cost.Total() < max(cost.Prompt, cost.Output) {
+			t.Fatalf("cost out of range %+v, total %d", cost, cost.Total())
+		}
+		if req.Kind != KindUnknown {
+			agreeWithDecoder(t, req, body)
 		}
 	})
 }
 
+// agreeWithDecoder checks the members the estimate reads against what
+// encoding/json decodes from body.
+func agreeWithDecoder(t *testing.T, req *Request, body []byte) {
+	t.Helper()
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		t.Fatalf("Parse accepted what encoding/json refuses: %v", err)
+	}
+	number := func(key string) (float64, bool) {
+		var f float64
+		raw, ok := m[key]
+		if !ok || string(raw) == "null" {
+			return 0, false
+		}
+		if json.Unmarshal(raw, &f) != nil {
+			f = math.Inf(1) // beyond float64: Parse saturates it
+		}
+		return f, true
+	}
+	capKeys := map[Kind][]string{
+		KindChat: {"max_completion_tokens", "max_tokens"}, KindCompletions: {"max_tokens"},
+		KindAnthropicMessages: {"max_tokens"}, KindResponses: {"max_output_tokens"},
+	}[req.Kind]
+	want := 0
+	for _, k := range capKeys {
+		if f, ok := number(k); ok && want == 0 {
+			want = int(min(f, CostLimit))
+		}
+	}
+	if req.MaxOutput != want {
+		t.Fatalf("MaxOutput %d, the decoder reads %d", req.MaxOutput, want)
+	}
+	choices := 1
+	if req.Kind == KindChat || req.Kind == KindCompletions {
+		if f, ok := number("n"); ok {
+			choices = int(f)
+		}
+		if f, ok := number("best_of"); ok && req.Kind == KindCompletions {
+			choices = max(choices, int(f))
+		}
+	}
+	if req.Choices != choices {
+		t.Fatalf("Choices %d, the decoder reads %d", req.Choices, choices)
+	}
+	var model string
+	if raw, ok := m["model"]; ok {
+		_ = json.Unmarshal(raw, &model)
+	}
+	if req.Model != model && !strings.ContainsRune(model, '\uFFFD') {
+		t.Fatalf("model %q, the decoder reads %q", req.Model, model)
+	}
+}
+
 // FuzzLightMode: rewritten bodies are valid JSON that parses as the same
-// kind, with messages left if there were any.
+// kind, with messages left if there were any, and with the output cap that
+// both Parse and encoding/json read no higher than asked: a rewrite must
+// not leave a second copy of a key that a decoder would read instead.
 func FuzzLightMode(f *testing.F) {
 	for _, s := range fuzzSeeds() {
 		f.Add(true, []byte(s), uint16(20), uint16(10))
 		f.Add(false, []byte(s), uint16(1), uint16(0))
+		f.Add(false, []byte(s), uint16(0), uint16(5))
 	}
 	c := mustCounter(f, Approx)
 	f.Fuzz(func(t *testing.T, anthropic bool, body []byte, maxIn, maxOut uint16) {
@@ -61,9 +174,13 @@ func FuzzLightMode(f *testing.F) {
 		}
 		req, err := Parse(path, body)
 		orig := bytes.Clone(body)
-		out, changed, lerr := LightMode(kind, body, int(maxIn), int(maxOut), c)
+		var s scan
+		out, changed, lerr := lightMode(&s, kind, body, int(maxIn), int(maxOut), c)
 		if !bytes.Equal(body, orig) {
 			t.Fatal("LightMode modified its input")
+		}
+		if s.n > stepBudget(len(body), 24) {
+			t.Fatalf("LightMode visited %d bytes of a %d-byte body", s.n, len(body))
 		}
 		if err != nil || lerr != nil {
 			return // LightMode may accept what Parse rejects and vice versa only in detail
@@ -81,14 +198,84 @@ func FuzzLightMode(f *testing.F) {
 		if err != nil {
 			t.Fatalf("output does not parse: %v\n%s", err, out)
 		}
+		if req2.Kind != req.Kind {
+			t.Fatalf("kind %v became %v", req.Kind, req2.Kind)
+		}
 		if req.Messages > 0 && req2.Messages == 0 {
 			t.Fatalf("all messages dropped: %s", out)
+		}
+		if maxOut > 0 {
+			if req2.MaxOutput > int(maxOut) {
+				t.Fatalf("output cap %d after capping at %d: %s", req2.MaxOutput, maxOut, out)
+			}
+			agreeWithDecoder(t, req2, out)
+		}
+	})
+}
+
+// FuzzScan: the scanner's primitives end within a few passes over any
+// input, and on valid JSON step over exactly the value encoding/json reads
+// and decode keys as it does.
+func FuzzScan(f *testing.F) {
+	for _, s := range fuzzSeeds() {
+		f.Add([]byte(s))
+	}
+	for _, s := range []string{`"a\"b"`, `"\\\\"`, `{"\u0061":1,"a\\":2}`, `[1,[2,{"x":[]}]]`, `{"a":"\ud83d\ude00"}`, `"\"`, `{"k\"":"v"}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var s scan
+		i := s.skipWS(b, 0)
+		end := s.valueEnd(b, i)
+		if s.n > stepBudget(len(b), 3) {
+			t.Fatalf("valueEnd visited %d bytes of %d", s.n, len(b))
+		}
+		if !json.Valid(b) {
+			return
+		}
+		if want := len(bytes.TrimRight(b, " \t\r\n")); end != want {
+			t.Fatalf("valueEnd = %d, want %d", end, want)
+		}
+		if rawType(b) != '{' {
+			return
+		}
+		var keys []string
+		s.eachMember(b, func(k, _, _ []byte) bool {
+			keys = append(keys, string(k))
+			return true
+		})
+		dec := json.NewDecoder(bytes.NewReader(b))
+		var want []string
+		if _, err := dec.Token(); err != nil {
+			t.Fatal(err)
+		}
+		for dec.More() {
+			tok, err := dec.Token()
+			if err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, tok.(string))
+			var skip json.RawMessage
+			if err := dec.Decode(&skip); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// encoding/json turns each invalid UTF-8 byte into U+FFFD; the
+		// scanner keeps the bytes, which compare as keys just the same.
+		valid := func(ks []string) string {
+			for i, k := range ks {
+				ks[i] = string([]rune(k))
+			}
+			return strings.Join(ks, "\x00")
+		}
+		if valid(keys) != valid(want) {
+			t.Fatalf("keys %q, encoding/json reads %q", keys, want)
 		}
 	})
 }
 
 // FuzzStreamScanner: any input, split anywhere, gives the same result,
-// whatever the line limit.
+// whatever the line limit, within the step budget.
 func FuzzStreamScanner(f *testing.F) {
 	for _, s := range []string{openAIStream(true, "a", "b"), openAIStream(false, "x\ny"), anthropicStream + anthropicStreamEnd,
 		responsesStream, completionsStream, vllmReasoningStream, "data: {\"usage\":\r\n\r\n"} {
@@ -113,6 +300,10 @@ func FuzzStreamScanner(f *testing.F) {
 		}
 		if ua.Prompt < 0 || ua.Completion < 0 {
 			t.Fatalf("negative usage %+v", ua)
+		}
+		// Events nest to a fixed depth, so scanning them is linear too.
+		if a.sc.n > stepBudget(len(stream), 16) || b.sc.n > stepBudget(len(stream), 16) {
+			t.Fatalf("the scanner visited %d and %d bytes of a %d-byte stream", a.sc.n, b.sc.n, len(stream))
 		}
 	})
 }

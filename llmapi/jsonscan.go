@@ -7,136 +7,273 @@ import (
 	"unicode/utf8"
 )
 
-// A minimal JSON scanner for the hot paths (response bodies and stream
-// chunks) where only a few members matter: walking bytes is several times
-// faster than reflection-based decoding and allocates nothing. It trusts its
-// input to be JSON; on anything else it stops early, never panics, and
-// callers fall back to encoding/json or ignore the value.
+// A minimal JSON scanner for the request path and for response bodies and
+// stream chunks, where only a few members matter: walking bytes is several
+// times faster than reflection-based decoding and allocates nothing. It
+// trusts its input to be JSON; on anything else it stops early, never
+// panics, and callers fall back to encoding/json or ignore the value.
+//
+// Every walk is linear: each primitive advances over the bytes it is given
+// once, and the request parser (parse.go) descends into the values it
+// interprets in place, so that no enclosing level skips a value again that
+// an inner level walks (see scan.n).
 
-func skipWS(b []byte, i int) int {
-	for i < len(b) {
-		switch b[i] {
-		case ' ', '\t', '\n', '\r':
-			i++
-		default:
-			return i
-		}
+// MaxDepth is the deepest nesting of arrays and objects that Parse and
+// LightMode accept, the body's own object counting as the first level. No
+// API the gateway understands needs more than a dozen; the cap keeps the
+// parser's recursion, and a hostile body's cost, bounded.
+const MaxDepth = 64
+
+// scan counts the work of one walk over a body. Tests and fuzz targets hold
+// n, the bytes that the primitives below advanced over, to a small multiple
+// of the body's size: that is what makes parsing linear whatever the
+// nesting. Counting costs one addition per primitive call.
+type scan struct {
+	n    int
+	kbuf []byte // holds the last escaped key decoded (see key)
+}
+
+func (s *scan) skipWS(b []byte, i int) int {
+	j := i
+	for j < len(b) && (b[j] == ' ' || b[j] == '\t' || b[j] == '\n' || b[j] == '\r') {
+		j++
 	}
-	return i
+	s.n += j - i
+	return j
 }
 
 // stringEnd returns the index just past the string starting at b[i] == '"',
-// or -1.
-func stringEnd(b []byte, i int) int {
-	for j := i + 1; j < len(b); j++ {
-		switch b[j] {
-		case '\\':
-			j++
-		case '"':
-			return j + 1
+// or -1. It steps byte by byte for a few bytes, which is all most strings
+// (keys, roles, types) have, then jumps from quote to quote and counts the
+// backslashes before each: a quote preceded by an odd number of them is
+// escaped. After an escaped quote it steps byte by byte again, so that a
+// string dense with them does not cost a jump per quote.
+func (s *scan) stringEnd(b []byte, i int) int {
+	j := i + 1
+	for {
+		// b[j] starts a character.
+		for lim := min(len(b), j+32); j < lim; j++ {
+			switch b[j] {
+			case '\\':
+				j++
+			case '"':
+				s.n += j + 1 - i
+				return j + 1
+			}
 		}
+		if j >= len(b) {
+			s.n += len(b) - i
+			return -1
+		}
+		k := bytes.IndexByte(b[j:], '"')
+		if k < 0 {
+			s.n += len(b) - i
+			return -1
+		}
+		q := j + k
+		p := q - 1
+		for p > i && b[p] == '\\' {
+			p--
+		}
+		s.n += q - p // the backslashes are looked at twice
+		if (q-1-p)%2 == 0 {
+			s.n += q + 1 - i
+			return q + 1
+		}
+		j = q + 1 // b[q] is escaped
 	}
-	return -1
 }
 
 // valueEnd returns the index just past the value starting at b[i], or -1.
-func valueEnd(b []byte, i int) int {
+func (s *scan) valueEnd(b []byte, i int) int {
+	e, _ := s.valueEndDepth(b, i, -1)
+	return e
+}
+
+// valueEndDepth is valueEnd that refuses nesting: when the value holds more
+// than room levels of arrays and objects (itself included), it returns -1
+// and the offset of the first bracket too deep; deep is -1 otherwise. A
+// negative room is no limit.
+func (s *scan) valueEndDepth(b []byte, i, room int) (end, deep int) {
 	if i >= len(b) {
-		return -1
+		return -1, -1
 	}
 	switch b[i] {
 	case '"':
-		return stringEnd(b, i)
+		return s.stringEnd(b, i), -1
 	case '{', '[':
 		depth := 0
+		from := i
 		for j := i; j < len(b); j++ {
 			switch b[j] {
 			case '"':
-				e := stringEnd(b, j)
+				s.n += j - from
+				e := s.stringEnd(b, j)
 				if e < 0 {
-					return -1
+					return -1, -1
 				}
-				j = e - 1
+				j, from = e-1, e
 			case '{', '[':
 				depth++
+				if depth > room && room >= 0 {
+					s.n += j + 1 - from
+					return -1, j
+				}
 			case '}', ']':
 				depth--
 				if depth == 0 {
-					return j + 1
+					s.n += j + 1 - from
+					return j + 1, -1
 				}
 			}
 		}
-		return -1
+		s.n += len(b) - from
+		return -1, -1
 	}
 	j := i
 	for j < len(b) {
 		switch b[j] {
 		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			s.n += j - i
 			if j == i {
-				return -1
+				return -1, -1
 			}
-			return j
+			return j, -1
 		}
 		j++
 	}
-	return j
+	s.n += j - i
+	return j, -1
 }
 
-// eachMember calls f with the raw key (between the quotes, escapes intact)
-// and the raw value of each member of the object in b, until f returns
-// false. It reports whether b held an object that was walked to its end or
-// to where f stopped.
-func eachMember(b []byte, f func(key, value []byte) bool) bool {
-	i := skipWS(b, 0)
-	if i >= len(b) || b[i] != '{' {
-		return false
+// key returns the member name of the raw key (between its quotes): the raw
+// bytes themselves, or, for a key written with escapes ("max\u005ftokens"),
+// its decoded form, so that keys are matched as JSON decoders match them.
+// A decoded key is only valid until the next key is decoded with s.
+func (s *scan) key(raw []byte) []byte {
+	s.n += len(raw)
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return raw
 	}
-	i = skipWS(b, i+1)
+	s.n += len(raw)
+	s.kbuf = appendUnquoted(s.kbuf[:0], raw)
+	return s.kbuf
+}
+
+// object walks the object starting at b[i] == '{'. For each member it calls
+// f with the decoded key, the raw key (between its quotes, escapes intact)
+// and the index of the value; f returns the index
+// just past the value, or -1 when it could not find it. After f returns an
+// error, the remaining members are stepped over and the first error is
+// returned, with the object's end: a caller that discards the error (see
+// part) can carry on from there without walking the object again. end is
+// -1 for anything that is not a well-formed object.
+func (s *scan) object(b []byte, i int, f func(key, rawKey []byte, v int) (int, error)) (end int, err error) {
+	if i >= len(b) || b[i] != '{' {
+		return -1, nil
+	}
+	i = s.skipWS(b, i+1)
 	if i < len(b) && b[i] == '}' {
-		return true
+		return i + 1, nil
 	}
 	for i < len(b) {
 		if b[i] != '"' {
-			return false
+			return -1, err
 		}
-		ke := stringEnd(b, i)
+		ke := s.stringEnd(b, i)
 		if ke < 0 {
-			return false
+			return -1, err
 		}
-		key := b[i+1 : ke-1]
-		i = skipWS(b, ke)
+		k := b[i+1 : ke-1]
+		i = s.skipWS(b, ke)
 		if i >= len(b) || b[i] != ':' {
-			return false
+			return -1, err
 		}
-		i = skipWS(b, i+1)
-		ve := valueEnd(b, i)
+		i = s.skipWS(b, i+1)
+		var ve int
+		if err == nil {
+			ve, err = f(s.key(k), k, i)
+		} else {
+			ve = s.valueEnd(b, i)
+		}
 		if ve < 0 {
-			return false
+			return -1, err
 		}
-		if !f(key, b[i:ve]) {
-			return true
-		}
-		i = skipWS(b, ve)
+		i = s.skipWS(b, ve)
 		if i >= len(b) {
-			return false
+			return -1, err
 		}
 		switch b[i] {
 		case ',':
-			i = skipWS(b, i+1)
+			i = s.skipWS(b, i+1)
 		case '}':
-			return true
+			return i + 1, err
 		default:
-			return false
+			return -1, err
 		}
 	}
-	return false
+	return -1, err
+}
+
+// array walks the array starting at b[i] == '[' as object walks an object,
+// calling f with each element's position in the array and its index in b.
+func (s *scan) array(b []byte, i int, f func(n, e int) (int, error)) (end int, err error) {
+	if i >= len(b) || b[i] != '[' {
+		return -1, nil
+	}
+	i = s.skipWS(b, i+1)
+	if i < len(b) && b[i] == ']' {
+		return i + 1, nil
+	}
+	for n := 0; i < len(b); n++ {
+		var ee int
+		if err == nil {
+			ee, err = f(n, i)
+		} else {
+			ee = s.valueEnd(b, i)
+		}
+		if ee < 0 {
+			return -1, err
+		}
+		i = s.skipWS(b, ee)
+		if i >= len(b) {
+			return -1, err
+		}
+		switch b[i] {
+		case ',':
+			i = s.skipWS(b, i+1)
+		case ']':
+			return i + 1, err
+		default:
+			return -1, err
+		}
+	}
+	return -1, err
+}
+
+// eachMember calls f with the decoded key (valid during the call only), the
+// raw key and the raw value of each member of the object in b, until f
+// returns false. It reports whether b held an object that was walked to its
+// end or to where f stopped.
+func (s *scan) eachMember(b []byte, f func(key, rawKey, value []byte) bool) bool {
+	i := s.skipWS(b, 0)
+	stopped := false
+	end, _ := s.object(b, i, func(k, rk []byte, v int) (int, error) {
+		e := s.valueEnd(b, v)
+		if e >= 0 && !f(k, rk, b[v:e]) {
+			stopped = true
+			return -1, nil
+		}
+		return e, nil
+	})
+	return end >= 0 || stopped
 }
 
 // member returns the raw value of the last member named key of the object
 // in b (JSON's last-wins rule), or nil.
-func member(b []byte, key string) []byte {
+func (s *scan) member(b []byte, key string) []byte {
 	var v []byte
-	eachMember(b, func(k, val []byte) bool {
+	s.eachMember(b, func(k, _, val []byte) bool {
 		if string(k) == key {
 			v = val
 		}
@@ -146,26 +283,21 @@ func member(b []byte, key string) []byte {
 }
 
 // eachElement calls f with each raw element of the array in b.
-func eachElement(b []byte, f func(elem []byte)) {
-	i := skipWS(b, 0)
-	if i >= len(b) || b[i] != '[' {
-		return
-	}
-	i = skipWS(b, i+1)
-	for i < len(b) && b[i] != ']' {
-		e := valueEnd(b, i)
-		if e < 0 {
-			return
+func (s *scan) eachElement(b []byte, f func(elem []byte)) {
+	s.array(b, s.skipWS(b, 0), func(_, i int) (int, error) {
+		e := s.valueEnd(b, i)
+		if e >= 0 {
+			f(b[i:e])
 		}
-		f(b[i:e])
-		i = skipWS(b, e)
-		if i >= len(b) || b[i] != ',' && b[i] != ']' {
-			return
-		}
-		if b[i] == ',' {
-			i = skipWS(b, i+1)
-		}
-	}
+		return e, nil
+	})
+}
+
+// elements returns the raw elements of the JSON array raw.
+func (s *scan) elements(raw []byte) [][]byte {
+	var a [][]byte
+	s.eachElement(raw, func(e []byte) { a = append(a, e) })
+	return a
 }
 
 // appendString appends the decoded JSON string raw (quotes included) to
@@ -174,7 +306,12 @@ func appendString(dst, raw []byte) []byte {
 	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
 		return dst
 	}
-	s := raw[1 : len(raw)-1]
+	return appendUnquoted(dst, raw[1:len(raw)-1])
+}
+
+// appendUnquoted appends the decoded contents s of a JSON string (between
+// its quotes) to dst.
+func appendUnquoted(dst, s []byte) []byte {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if c != '\\' {
@@ -245,12 +382,12 @@ func hex4(b []byte) (rune, int) {
 // completion are -1 when the object does not report them. It walks the
 // object's members without decoding them (this runs once per response);
 // members that are not numbers (nested details, null) are ignored.
-func decodeUsage(raw []byte) (prompt, completion int, ok bool) {
+func decodeUsage(s *scan, raw []byte) (prompt, completion int, ok bool) {
 	if len(raw) == 0 || raw[0] != '{' {
 		return -1, -1, false
 	}
 	pt, ct, it, ot, cache := -1, -1, -1, -1, -1
-	walked := eachMember(raw, func(key, value []byte) bool {
+	walked := s.eachMember(raw, func(key, _, value []byte) bool {
 		n, isNum := tokenCount(value)
 		if !isNum {
 			return true

@@ -41,22 +41,37 @@ const truncationMarker = "\n[...]\n"
 // byte for byte, including unknown fields and the formatting of the
 // messages that survive. When nothing needs to change, out is body itself
 // and changed is false. Malformed bodies yield a *BodyError.
+//
+// Like Parse, LightMode refuses nesting beyond MaxDepth and duplicates of
+// the members it reads, matches keys after decoding escapes, and does work
+// linear in the size of the body, counting aside.
 func LightMode(kind Kind, body []byte, maxInputTokens, maxTokens int, c Counter) (out []byte, changed bool, err error) {
+	var s scan
+	return lightMode(&s, kind, body, maxInputTokens, maxTokens, c)
+}
+
+func lightMode(s *scan, kind Kind, body []byte, maxInputTokens, maxTokens int, c Counter) (out []byte, changed bool, err error) {
 	if kind != KindChat && kind != KindAnthropicMessages || maxInputTokens <= 0 && maxTokens <= 0 {
 		return body, false, nil
 	}
 	if c == nil {
 		c = approxCounter{}
 	}
+	if b, ok := c.(*boundedCounter); ok {
+		c = &spendingCounter{inner: b, exact: b.exactBytes, left: lightModeBudget * b.exactBytes}
+	}
+	if err := validate(body); err != nil {
+		return nil, false, err
+	}
 	var top topLevel
-	if err := decodeTop(body, &top); err != nil {
+	if err := readTop(s, body, &top); err != nil {
 		return nil, false, err
 	}
 	anthropic := kind == KindAnthropicMessages
 	set := map[string][]byte{}
 
 	if maxInputTokens > 0 {
-		msgs, err := trimMessages(&top, anthropic, maxInputTokens, c)
+		msgs, err := trimMessages(s, &top, anthropic, maxInputTokens, c)
 		if err != nil {
 			return nil, false, err
 		}
@@ -69,7 +84,7 @@ func LightMode(kind Kind, body []byte, maxInputTokens, maxTokens int, c Counter)
 		capped := false
 		for _, f := range []struct {
 			name string
-			raw  json.RawMessage
+			raw  []byte
 		}{{"max_tokens", top.MaxTokens}, {"max_completion_tokens", top.MaxCompletionTokens}} {
 			if anthropic && f.name != "max_tokens" || !present(f.raw) {
 				continue
@@ -91,23 +106,64 @@ func LightMode(kind Kind, body []byte, maxInputTokens, maxTokens int, c Counter)
 	if len(set) == 0 {
 		return body, false, nil
 	}
-	return rewriteTop(body, set), true, nil
+	return rewriteTop(s, body, set), true, nil
+}
+
+// lightModeBudget is how many times its exact budget a bounded counter may
+// spend on one LightMode call, which counts the kept messages, the
+// truncated one and its attempts at truncation.
+const lightModeBudget = 4
+
+// spendingCounter bounds the tokenizer work of one LightMode call. The call
+// counts many texts (every message, every content part), each within the
+// counter's own budget but together without bound: a body of a hundred
+// thousand one-word parts would cost a hundred thousand tokenizer calls.
+// It counts exactly until it has spent left bytes, then at the ratio of
+// tokens to bytes counted so far. Each exact call spends at least
+// minCallBytes, which bounds the number of calls as well as the bytes.
+type spendingCounter struct {
+	inner         Counter
+	exact         int // the inner counter's own budget per call
+	left          int
+	tokens, bytes int64
+}
+
+func (s *spendingCounter) Name() string { return s.inner.Name() }
+
+func (s *spendingCounter) Count(text string) int {
+	if s.left <= 0 {
+		if s.bytes == 0 {
+			return len(text) / 4
+		}
+		return int((int64(len(text))*s.tokens + s.bytes/2) / s.bytes)
+	}
+	n := s.inner.Count(text)
+	s.left -= max(min(len(text), s.exact), minCallBytes)
+	s.tokens += int64(n)
+	s.bytes += int64(len(text))
+	return n
 }
 
 // rewriteTop re-emits the object in body with the members in set replaced
 // (the last of duplicate keys, earlier ones dropped) or appended, and every
-// other member copied verbatim in its original order.
-func rewriteTop(body []byte, set map[string][]byte) []byte {
-	type member struct{ key, val []byte }
+// other member copied verbatim in its original order. Keys are matched as
+// the parser matches them, after decoding escapes, so that a member the
+// estimate read is the member replaced; the key is written as the client
+// wrote it.
+func rewriteTop(s *scan, body []byte, set map[string][]byte) []byte {
+	type member struct {
+		key      string // decoded
+		raw, val []byte
+	}
 	var ms []member
-	eachMember(body, func(k, v []byte) bool {
-		ms = append(ms, member{k, v})
+	s.eachMember(body, func(k, rk, v []byte) bool {
+		ms = append(ms, member{string(k), rk, v})
 		return true
 	})
 	last := map[string]int{}
 	for i, m := range ms {
-		if _, ok := set[string(m.key)]; ok {
-			last[string(m.key)] = i
+		if _, ok := set[m.key]; ok {
+			last[m.key] = i
 		}
 	}
 	out := make([]byte, 0, len(body)+64)
@@ -124,12 +180,12 @@ func rewriteTop(body []byte, set map[string][]byte) []byte {
 		out = append(out, v...)
 	}
 	for i, m := range ms {
-		v, ok := set[string(m.key)]
+		v, ok := set[m.key]
 		switch {
 		case !ok:
-			emit(m.key, m.val)
-		case last[string(m.key)] == i:
-			emit(m.key, v)
+			emit(m.raw, m.val)
+		case last[m.key] == i:
+			emit(m.raw, v)
 		}
 	}
 	// Missing members are appended in sorted order, so that equal inputs
@@ -150,8 +206,9 @@ func rewriteTop(body []byte, set map[string][]byte) []byte {
 type lmMessage struct {
 	raw      []byte
 	role     string
-	parsed   Request
-	cost     int // -1 until counted
+	parsed   Request   // the message's counts
+	texts    []textRef // and its texts
+	cost     int       // -1 until counted
 	system   bool
 	calls    bool // calls tools: the results that follow belong to it
 	results  bool // carries tool results
@@ -159,36 +216,45 @@ type lmMessage struct {
 }
 
 // trimMessages returns the new messages array, or nil when all messages fit.
-func trimMessages(top *topLevel, anthropic bool, limit int, c Counter) ([]byte, error) {
-	raws, err := getArray(top.Messages, "messages")
-	if err != nil || len(raws) == 0 {
-		return nil, err
+func trimMessages(s *scan, top *topLevel, anthropic bool, limit int, c Counter) ([]byte, error) {
+	switch rawType(top.Messages) {
+	case 0, 'n':
+		return nil, nil
+	case '[':
+	default:
+		return nil, fieldError("messages", "must be an array, got %s", typeName(top.Messages))
+	}
+	raws := s.elements(top.Messages)
+	if len(raws) == 0 {
+		return nil, nil
 	}
 
 	// What is kept whatever happens: tools, the Anthropic system prompt,
 	// the reply priming; system messages are added below.
-	var fixed Request
+	fixed := walker{s: s, r: &Request{}, collect: true}
 	if anthropic {
 		if err := fixed.addSystem(top.System); err != nil {
 			return nil, err
 		}
 	} else {
-		fixed.addTools(top.Functions)
+		fixed.addJSON(top.Functions)
 	}
-	fixed.addTools(top.Tools)
+	fixed.addJSON(top.Tools)
 
 	msgs := make([]lmMessage, len(raws))
 	upper := len(top.System) + MessageOverhead + len(top.Tools) + len(top.Functions) + ReplyPriming
 	for i, raw := range raws {
 		m := &msgs[i]
 		r := &m.parsed
-		role, err := r.addMessage(raw, "messages["+strconv.Itoa(i)+"]", anthropic)
+		w := walker{s: s, r: r, collect: true, path: []seg{{name: "messages"}, {idx: i}}}
+		rb, _, err := w.message(raw, anthropic)
 		if err != nil {
 			return nil, err
 		}
-		m.raw, m.role, m.cost = raw, role, -1
+		role := string(rb)
+		m.raw, m.role, m.texts, m.cost = raw, role, w.texts, -1
 		m.system = !anthropic && (role == "system" || role == "developer")
-		m.calls, m.results = toolLinks(raw, role, anthropic)
+		m.calls, m.results = toolLinks(s, raw, role, anthropic)
 		// A token covers at least one byte of JSON text, so this bounds
 		// the cost without tokenizing.
 		upper += len(raw) + r.Messages*MessageOverhead + r.Names + r.Images*ImageTokens + r.TokenIDs
@@ -197,8 +263,8 @@ func trimMessages(top *topLevel, anthropic bool, limit int, c Counter) ([]byte, 
 		return nil, nil
 	}
 
-	budget := limit - Estimate(&fixed, c, 0).Prompt
-	if fixed.Messages == 0 {
+	budget := limit - saturate(promptTokens(fixed.r, fixed.texts, c))
+	if fixed.r.Messages == 0 {
 		budget -= ReplyPriming // Estimate adds it only when there are messages
 	}
 	for i := range msgs {
@@ -225,7 +291,7 @@ func trimMessages(top *topLevel, anthropic bool, limit int, c Counter) ([]byte, 
 		}
 		// Not even the newest fits: truncate it.
 		keep--
-		truncateUnit(msgs, units[keep], max(budget, MinKeepTokens), anthropic, c)
+		truncateUnit(s, msgs, units[keep], max(budget, MinKeepTokens), anthropic, c)
 		budget = 0
 	}
 	// A tool result is never kept without its call; an orphan (already so
@@ -241,7 +307,7 @@ func trimMessages(top *topLevel, anthropic bool, limit int, c Counter) ([]byte, 
 			// Only an assistant turn is left (a prefill): bring back
 			// the turn before it, truncated if need be.
 			keep--
-			truncateUnit(msgs, units[keep], max(budget, MinKeepTokens), anthropic, c)
+			truncateUnit(s, msgs, units[keep], max(budget, MinKeepTokens), anthropic, c)
 		}
 	}
 
@@ -278,29 +344,30 @@ func trimMessages(top *topLevel, anthropic bool, limit int, c Counter) ([]byte, 
 func (m *lmMessage) tokens(c Counter) int {
 	if m.cost < 0 {
 		r := &m.parsed
-		m.cost = r.Messages*MessageOverhead + r.Names + r.Images*ImageTokens + r.TokenIDs + countTexts(c, r.Texts)
+		m.cost = r.Messages*MessageOverhead + r.Names + r.Images*ImageTokens + r.TokenIDs + countTexts(c, textStrings(m.texts))
 	}
 	return m.cost
 }
 
 // toolLinks reports whether a message calls tools and whether it carries
 // tool results.
-func toolLinks(raw []byte, role string, anthropic bool) (calls, results bool) {
+func toolLinks(s *scan, raw []byte, role string, anthropic bool) (calls, results bool) {
 	if !anthropic {
 		switch role {
 		case "assistant":
-			tc := member(raw, "tool_calls")
-			calls = len(tc) > 0 && tc[0] == '[' && len(bytes.TrimSpace(tc[1:])) > 1 || present(member(raw, "function_call"))
+			tc := s.member(raw, "tool_calls")
+			calls = len(tc) > 0 && tc[0] == '[' && len(bytes.TrimSpace(tc[1:])) > 1 || present(s.member(raw, "function_call"))
 		case "tool", "function":
 			results = true
 		}
 		return calls, results
 	}
-	eachElement(member(raw, "content"), func(block []byte) {
-		switch string(member(block, "type")) {
-		case `"tool_use"`, `"server_tool_use"`:
+	s.eachElement(s.member(raw, "content"), func(block []byte) {
+		typ := s.member(block, "type")
+		switch {
+		case stringIs(typ, "tool_use"), stringIs(typ, "server_tool_use"):
 			calls = true
-		case `"tool_result"`:
+		case stringIs(typ, "tool_result"):
 			results = true
 		}
 	})
@@ -342,7 +409,7 @@ func unitCost(msgs []lmMessage, u []int, c Counter) int {
 // truncateUnit shrinks a unit to about budget tokens. The tool calls of a
 // unit are kept whole (cut JSON arguments would be worse than none); its
 // results, or its only message, share what is left.
-func truncateUnit(msgs []lmMessage, u []int, budget int, anthropic bool, c Counter) {
+func truncateUnit(s *scan, msgs []lmMessage, u []int, budget int, anthropic bool, c Counter) {
 	cut := u
 	if len(u) > 1 {
 		budget -= msgs[u[0]].tokens(c)
@@ -359,22 +426,25 @@ func truncateUnit(msgs []lmMessage, u []int, budget int, anthropic bool, c Count
 			continue
 		}
 		m := &msgs[i]
-		content := member(m.raw, "content")
+		content := s.member(m.raw, "content")
 		// Tokens of the message that are not its content stay.
-		var r Request
-		_ = r.addContent(content, "", anthropic)
-		contentCost := r.Images*ImageTokens + countTexts(c, r.Texts)
-		newContent := shrinkContent(content, share-(m.cost-contentCost), anthropic, c)
+		w := walker{s: s, r: &Request{}, collect: true}
+		_, _ = w.content(content, anthropic)
+		contentCost := w.r.Images*ImageTokens + countTexts(c, textStrings(w.texts))
+		newContent := shrinkContent(s, content, share-(m.cost-contentCost), anthropic, false, c)
 		if newContent != nil {
-			m.raw = rewriteTop(m.raw, map[string][]byte{"content": newContent})
+			m.raw = rewriteTop(s, m.raw, map[string][]byte{"content": newContent})
 			m.modified = true
 		}
 	}
 }
 
 // shrinkContent returns content cut to about budget tokens, or nil when it
-// cannot be or need not be cut.
-func shrinkContent(content []byte, budget int, anthropic bool, c Counter) []byte {
+// cannot be or need not be cut. The content of a tool result within it is
+// cut too, unless nested is set: tool results inside tool results are no
+// API's format, and cutting them level by level would walk a hostile body
+// once per level, so they are kept or dropped whole.
+func shrinkContent(s *scan, content []byte, budget int, anthropic, nested bool, c Counter) []byte {
 	budget = max(budget, 1)
 	switch rawType(content) {
 	case '"':
@@ -389,15 +459,22 @@ func shrinkContent(content []byte, budget int, anthropic bool, c Counter) []byte
 	}
 	// Parts: images and other non-text parts stay; text parts share the
 	// budget in proportion to their size.
-	parts, _ := getArray(content, "")
+	parts := s.elements(content)
 	costs := make([]int, len(parts))
+	results := make([]bool, len(parts))
 	textTotal, fixedCost := 0, 0
 	for i, p := range parts {
-		var r Request
-		_ = r.addPart(p, "", anthropic)
-		costs[i] = countTexts(c, r.Texts)
-		textTotal += costs[i]
-		fixedCost += r.Images * ImageTokens
+		w := walker{s: s, r: &Request{}, collect: true}
+		_, _ = w.part(p, anthropic)
+		results[i] = stringIs(s.member(p, "type"), "tool_result")
+		n := countTexts(c, textStrings(w.texts))
+		fixedCost += w.r.Images * ImageTokens
+		if nested && results[i] {
+			fixedCost += n
+			continue
+		}
+		costs[i] = n
+		textTotal += n
 	}
 	avail := max(budget-fixedCost, 1)
 	if textTotal <= avail {
@@ -410,12 +487,12 @@ func shrinkContent(content []byte, budget int, anthropic bool, c Counter) []byte
 		}
 		share := max(int(int64(avail)*int64(costs[i])/int64(textTotal)), 1)
 		key := "text"
-		if string(member(p, "type")) == `"tool_result"` {
+		if results[i] {
 			key = "content"
 		}
-		nv := shrinkContent(member(p, key), share, anthropic, c)
+		nv := shrinkContent(s, s.member(p, key), share, anthropic, true, c)
 		if nv != nil {
-			parts[i] = rewriteTop(p, map[string][]byte{key: nv})
+			parts[i] = rewriteTop(s, p, map[string][]byte{key: nv})
 			changed = true
 		}
 	}
@@ -456,6 +533,10 @@ func truncateText(s string, budget int, c Counter) (string, bool) {
 		// Shrink by what this attempt overshot, and a little more, so
 		// that the loop ends quickly.
 		bytesPerToken *= float64(budget) / float64(got) * 0.97
+	}
+	if len(t) >= len(s) {
+		// A text shorter than the marker cannot be cut.
+		return s, false
 	}
 	return t, true
 }

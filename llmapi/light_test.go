@@ -44,7 +44,8 @@ func roles(msgs []testMsg) string {
 // topMembers returns the top-level members of body, in order.
 func topMembers(body []byte) (keys []string, vals map[string]string) {
 	vals = map[string]string{}
-	eachMember(body, func(k, v []byte) bool {
+	var s scan
+	s.eachMember(body, func(k, _, v []byte) bool {
 		keys = append(keys, string(k))
 		vals[string(k)] = string(v)
 		return true
@@ -315,7 +316,8 @@ func TestLightModeMaxTokens(t *testing.T) {
 		{"completions untouched", KindCompletions, `{"prompt":"x","max_tokens":1000}`, 10, ""},
 		{"responses untouched", KindResponses, `{"input":"x","max_output_tokens":1000}`, 10, ""},
 		{"no limits", KindChat, `{"messages":[],"max_tokens":1000}`, 0, ""},
-		{"duplicate key", KindChat, `{"max_tokens":1,"max_tokens":500,"messages":[]}`, 100, `{"max_tokens":100,"messages":[]}`},
+		{"escaped key", KindChat, `{"max\u005ftokens":500,"messages":[]}`, 100, `{"max\u005ftokens":100,"messages":[]}`},
+		{"escaped key, lower", KindChat, `{"messages":[],"max\u005ftokens":50}`, 100, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -339,11 +341,63 @@ func TestLightModeMaxTokens(t *testing.T) {
 
 func TestLightModeErrors(t *testing.T) {
 	c := mustCounter(t, Approx)
-	for _, body := range []string{``, `{"messages":`, `[1]`, `{"messages":{}}`, `{"messages":[1]}`, `{"max_tokens":"x","messages":[]}`} {
+	for _, body := range []string{``, `{"messages":`, `[1]`, `{"messages":{}}`, `{"messages":[1]}`, `{"max_tokens":"x","messages":[]}`,
+		// Duplicates, which the upstream would read differently.
+		`{"max_tokens":1,"max_tokens":500,"messages":[]}`,
+		`{"max_tokens":1,"max\u005ftokens":500,"messages":[]}`,
+		`{"messages":[{"role":"user","content":"a","cont\u0065nt":"b"}]}`,
+		`{"messages":[{"role":"user","content":[{"type":"text","text":"a","te\u0078t":"b"}]}]}`,
+		// Nesting beyond MaxDepth.
+		`{"messages":[{"role":"user","content":"a","x":` + strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth) + `}]}`,
+	} {
 		_, _, err := LightMode(KindChat, []byte(body), 10, 10, c)
 		var be *BodyError
 		if !errors.As(err, &be) {
 			t.Errorf("%q: err = %v, want *BodyError", body, err)
+		}
+	}
+}
+
+// callCounter counts the calls to its inner counter.
+type callCounter struct {
+	Counter
+	calls *int
+}
+
+func (c callCounter) Count(s string) int { *c.calls++; return c.Counter.Count(s) }
+
+// A body of many small parts or messages costs LightMode a bounded number
+// of tokenizer calls, not one per part: each part is within the counter's
+// budget, but together they would cost a call each.
+func TestLightModeBoundsTokenizerCalls(t *testing.T) {
+	var parts, msgs []string
+	for i := range 20000 {
+		parts = append(parts, fmt.Sprintf(`{"type":"text","text":"w%d"}`, i))
+		msgs = append(msgs, msg("system", fmt.Sprint("s", i)))
+	}
+	for _, tc := range []struct {
+		name string
+		kind Kind
+		body string
+	}{
+		{"parts", KindAnthropicMessages, `{"max_tokens":100,"messages":[{"role":"user","content":[` + strings.Join(parts, ",") + `]}]}`},
+		{"system messages", KindChat, chatBody("", append(msgs, msg("user", para(20000)))...)},
+	} {
+		calls := 0
+		const exact = 4096
+		c := &boundedCounter{inner: callCounter{mustCounter(t, CL100kBase), &calls}, exactBytes: exact}
+		// Parts of a few bytes cannot be cut (the marker is longer), so
+		// the parts body may come back as it was.
+		out, changed, err := LightMode(tc.kind, []byte(tc.body), 2000, 0, c)
+		if err != nil || !changed && tc.kind == KindChat {
+			t.Fatalf("%s: changed %v, %v", tc.name, changed, err)
+		}
+		t.Logf("%s: %d bytes to %d, %d tokenizer calls", tc.name, len(tc.body), len(out), calls)
+		if limit := lightModeBudget * exact / minCallBytes * 2; calls > limit {
+			t.Errorf("%s: %d tokenizer calls, want at most %d", tc.name, calls, limit)
+		}
+		if len(out) > len(tc.body) {
+			t.Errorf("%s: LightMode grew the body from %d to %d bytes", tc.name, len(tc.body), len(out))
 		}
 	}
 }

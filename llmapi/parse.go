@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 )
 
 // Fixed token costs used where text is not counted.
@@ -25,8 +26,20 @@ const (
 	ReplyPriming = 3
 )
 
+// MaxChoices is the largest n (and best_of) a request may ask for: OpenAI's
+// own limit for n. Each choice is generated in full, so the output cap is
+// multiplied by it; a larger count is refused rather than clamped, because
+// the upstream would generate what the client asked for.
+const MaxChoices = 128
+
 // Request is what the gateway needs to know about a request body to
-// schedule it. It holds copies, never references into the body.
+// schedule it.
+//
+// A Request parsed from a body refers to that body instead of copying its
+// prompt: Estimate reads the prompt text from it, so that a queued request
+// costs its body and a fixed few hundred bytes, not its prompt twice. The
+// caller must therefore neither modify nor reuse the body while the Request
+// is in use.
 type Request struct {
 	Kind Kind
 	// Inferred reports that the path did not name an API and Kind was
@@ -37,13 +50,14 @@ type Request struct {
 	// IncludeUsage is stream_options.include_usage: an OpenAI-style
 	// stream carries usage only when the client asked for it.
 	IncludeUsage bool
-	// MaxOutput is the client's output cap (max_completion_tokens,
-	// max_tokens or max_output_tokens, as the API names it), 0 if absent.
+	// MaxOutput is the client's output cap per choice
+	// (max_completion_tokens, max_tokens or max_output_tokens, as the API
+	// names it), 0 if absent. Caps beyond CostLimit saturate at it.
 	MaxOutput int
+	// Choices is how many completions the upstream generates: the larger
+	// of n and best_of where the API has them (chat, completions), else 1.
+	Choices int
 
-	// Texts holds the prompt text, one entry per separately tokenized
-	// string: message contents, names, tool calls and tool definitions.
-	Texts []string
 	// Messages counts chat-style messages, system prompts and responses
 	// input messages; each costs MessageOverhead.
 	Messages int
@@ -55,7 +69,19 @@ type Request struct {
 	// TokenIDs counts prompt tokens given as token-ID arrays.
 	TokenIDs int
 
-	noBody bool
+	body      []byte // the body parsed, which holds the prompt text
+	nTexts    int    // texts in the prompt
+	textBytes int64  // and their size, as they stand in the body
+	noBody    bool
+}
+
+// Texts returns the prompt text, one entry per separately tokenized string
+// (message contents, names, tool calls, tool definitions), decoded from
+// the body. It copies every string, on every call: it is meant for tests
+// and diagnostics, not for the request path.
+func (r *Request) Texts() []string {
+	var s scan
+	return textStrings(r.walkTexts(&s, 1))
 }
 
 // BodyError reports a request body the gateway cannot use. Its message is
@@ -67,7 +93,8 @@ type BodyError struct {
 	// Msg says what is wrong; when Field is set, it reads as a predicate
 	// of the field ("must be a string, got number").
 	Msg string
-	// Offset is the byte offset of a JSON syntax error, -1 otherwise.
+	// Offset is the byte offset of a JSON syntax error or of the bracket
+	// that nests too deep, -1 otherwise.
 	Offset int64
 	// Err is the underlying decoding error, if any.
 	Err error
@@ -84,8 +111,49 @@ func (e *BodyError) Error() string {
 // Unwrap returns the underlying decoding error, for errors.As.
 func (e *BodyError) Unwrap() error { return e.Err }
 
+// seg is one step of the JSON path to the value a walker is at. The path
+// is a stack on the walker, turned into a string only when an error names
+// it: no string is built per message or part.
+type seg struct {
+	name string // member name; "" for an array element
+	idx  int
+}
+
+func appendPath(b []byte, segs []seg) []byte {
+	for _, sg := range segs {
+		if sg.name == "" {
+			b = append(b, '[')
+			b = strconv.AppendInt(b, int64(sg.idx), 10)
+			b = append(b, ']')
+			continue
+		}
+		if len(b) > 0 {
+			b = append(b, '.')
+		}
+		b = append(b, sg.name...)
+	}
+	return b
+}
+
 func fieldError(field, format string, args ...any) *BodyError {
 	return &BodyError{Field: field, Msg: fmt.Sprintf(format, args...), Offset: -1}
+}
+
+// duplicateError refuses a member given twice. JSON decoders disagree on
+// duplicates (Go's and Python's keep the last, others the first), so a body
+// with two max_tokens could be estimated with one and served with the
+// other; refusing it is the only way to see what the upstream will.
+func duplicateError(field string) *BodyError {
+	return fieldError(field, "%s", duplicateMsg)
+}
+
+const duplicateMsg = "appears more than once in the same object (keys are compared after decoding escapes such as \\u005f); send it once"
+
+func depthError(off int) *BodyError {
+	return &BodyError{
+		Msg:    fmt.Sprintf("request body is nested deeper than %d levels of arrays and objects (at offset %d); flatten it", MaxDepth, off),
+		Offset: int64(off),
+	}
 }
 
 // topLevel holds the raw values of interest of every supported API, as
@@ -93,26 +161,76 @@ func fieldError(field, format string, args ...any) *BodyError {
 // of the wrong type is reported with a clear message instead of a
 // reflection error.
 type topLevel struct {
-	Model               json.RawMessage
-	Stream              json.RawMessage
-	StreamOptions       json.RawMessage
-	MaxTokens           json.RawMessage
-	MaxCompletionTokens json.RawMessage
-	MaxOutputTokens     json.RawMessage
-	Messages            json.RawMessage
-	System              json.RawMessage
-	Prompt              json.RawMessage
-	Input               json.RawMessage
-	Instructions        json.RawMessage
-	Tools               json.RawMessage
-	Functions           json.RawMessage
+	Model               []byte
+	Stream              []byte
+	StreamOptions       []byte
+	MaxTokens           []byte
+	MaxCompletionTokens []byte
+	MaxOutputTokens     []byte
+	N                   []byte
+	BestOf              []byte
+	Messages            []byte
+	System              []byte
+	Prompt              []byte
+	Input               []byte
+	Instructions        []byte
+	Tools               []byte
+	Functions           []byte
 
 	// Only used to infer the kind when the path does not name it.
-	AnthropicVersion   json.RawMessage
-	StopSequences      json.RawMessage
-	PreviousResponseID json.RawMessage
-	EncodingFormat     json.RawMessage
-	Dimensions         json.RawMessage
+	AnthropicVersion   []byte
+	StopSequences      []byte
+	PreviousResponseID []byte
+	EncodingFormat     []byte
+	Dimensions         []byte
+}
+
+// slot returns where the member named key goes, or nil for members the
+// gateway does not read.
+func (t *topLevel) slot(key []byte) *[]byte {
+	switch string(key) {
+	case "model":
+		return &t.Model
+	case "stream":
+		return &t.Stream
+	case "stream_options":
+		return &t.StreamOptions
+	case "max_tokens":
+		return &t.MaxTokens
+	case "max_completion_tokens":
+		return &t.MaxCompletionTokens
+	case "max_output_tokens":
+		return &t.MaxOutputTokens
+	case "n":
+		return &t.N
+	case "best_of":
+		return &t.BestOf
+	case "messages":
+		return &t.Messages
+	case "system":
+		return &t.System
+	case "prompt":
+		return &t.Prompt
+	case "input":
+		return &t.Input
+	case "instructions":
+		return &t.Instructions
+	case "tools":
+		return &t.Tools
+	case "functions":
+		return &t.Functions
+	case "anthropic_version":
+		return &t.AnthropicVersion
+	case "stop_sequences":
+		return &t.StopSequences
+	case "previous_response_id":
+		return &t.PreviousResponseID
+	case "encoding_format":
+		return &t.EncodingFormat
+	case "dimensions":
+		return &t.Dimensions
+	}
+	return nil
 }
 
 // Parse reads a request body sent to path. The kind comes from the path's
@@ -120,33 +238,47 @@ type topLevel struct {
 // of no known shape yields KindUnknown with an empty prompt. An empty body is
 // an error for the known APIs and fine otherwise (GET /v1/models).
 //
-// Errors are *BodyError: invalid JSON, and values of the wrong type, which
+// Errors are *BodyError: invalid JSON, nesting deeper than MaxDepth, a
+// member the gateway reads given twice, and values of the wrong type, which
 // make the cost unknowable. Missing fields are not errors; the upstream
-// reports those in its own words. Parse neither modifies nor retains body.
+// reports those in its own words.
+//
+// Parse never modifies body, and its work is linear in len(body) whatever
+// the nesting. The Request refers to body (see Request).
 func Parse(path string, body []byte) (*Request, error) {
+	var s scan
+	return parse(&s, path, body)
+}
+
+func parse(s *scan, path string, body []byte) (*Request, error) {
 	kind := KindFromPath(path)
 	if len(bytes.TrimSpace(body)) == 0 {
 		if kind == KindUnknown {
-			return &Request{noBody: true}, nil
+			return &Request{noBody: true, Choices: 1}, nil
 		}
 		return nil, &BodyError{Msg: "request body is empty; expected a JSON object", Offset: -1}
 	}
-	var top topLevel
-	if err := decodeTop(body, &top); err != nil {
+	if err := validate(body); err != nil {
 		return nil, err
 	}
-	req := &Request{Kind: kind}
+	var top topLevel
+	if err := readTop(s, body, &top); err != nil {
+		return nil, err
+	}
+	req := &Request{Kind: kind, Choices: 1, body: body}
 	if kind == KindUnknown {
 		req.Kind = inferKind(&top)
 		req.Inferred = req.Kind != KindUnknown
 	}
-	if err := req.parse(&top); err != nil {
+	w := walker{s: s, r: req}
+	if err := w.parse(&top); err != nil {
 		return nil, err
 	}
 	return req, nil
 }
 
-func decodeTop(body []byte, top *topLevel) error {
+// validate checks that body is one JSON object.
+func validate(body []byte) error {
 	if !json.Valid(body) {
 		// Only now pay for a decode, to learn where the error is.
 		var v struct{}
@@ -160,56 +292,44 @@ func decodeTop(body []byte, top *topLevel) error {
 	if rawType(body) != '{' {
 		return &BodyError{Msg: "request body must be a JSON object, got " + typeName(body), Offset: -1}
 	}
-	// The body is valid, so the byte scanner can walk it: subslices, no
-	// copies, and keys matched exactly as the servers behind us match them
-	// (encoding/json would also take "Messages" for "messages").
-	eachMember(body, func(k, v []byte) bool {
-		switch string(k) {
-		case "model":
-			top.Model = v
-		case "stream":
-			top.Stream = v
-		case "stream_options":
-			top.StreamOptions = v
-		case "max_tokens":
-			top.MaxTokens = v
-		case "max_completion_tokens":
-			top.MaxCompletionTokens = v
-		case "max_output_tokens":
-			top.MaxOutputTokens = v
-		case "messages":
-			top.Messages = v
-		case "system":
-			top.System = v
-		case "prompt":
-			top.Prompt = v
-		case "input":
-			top.Input = v
-		case "instructions":
-			top.Instructions = v
-		case "tools":
-			top.Tools = v
-		case "functions":
-			top.Functions = v
-		case "anthropic_version":
-			top.AnthropicVersion = v
-		case "stop_sequences":
-			top.StopSequences = v
-		case "previous_response_id":
-			top.PreviousResponseID = v
-		case "encoding_format":
-			top.EncodingFormat = v
-		case "dimensions":
-			top.Dimensions = v
-		}
-		return true
-	})
 	return nil
+}
+
+// readTop collects the top-level members of a valid body. Stepping over
+// every member's value visits every byte of the body once, so this is also
+// where nesting is measured.
+func readTop(s *scan, body []byte, top *topLevel) error {
+	i := s.skipWS(body, 0)
+	_, err := s.object(body, i, func(k, _ []byte, v int) (int, error) {
+		e, deep := s.valueEndDepth(body, v, MaxDepth-1)
+		if deep >= 0 {
+			return -1, depthError(deep)
+		}
+		slot := top.slot(k)
+		if slot == nil || e < 0 {
+			return e, nil
+		}
+		if *slot != nil {
+			return e, duplicateError(string(k))
+		}
+		*slot = body[v:e]
+		return e, nil
+	})
+	return err
 }
 
 func syntaxError(body []byte, syn *json.SyntaxError) *BodyError {
 	// encoding/json counts the offending byte in Offset.
 	off := max(syn.Offset-1, 0)
+	if strings.HasSuffix(syn.Error(), "exceeded max depth") {
+		// encoding/json stops at 10000 levels, long past MaxDepth:
+		// report where MaxDepth was passed.
+		var s scan
+		if _, deep := s.valueEndDepth(body, s.skipWS(body, 0), MaxDepth); deep >= 0 {
+			return depthError(deep)
+		}
+		return depthError(int(off))
+	}
 	if syn.Offset >= int64(len(body)) && syn.Error() == "unexpected end of JSON input" {
 		return &BodyError{
 			Msg:    "request body is not valid JSON: it ends in the middle of a value (truncated?)",
@@ -256,423 +376,9 @@ func inferKind(top *topLevel) Kind {
 	return KindUnknown
 }
 
-func (r *Request) parse(top *topLevel) error {
-	if r.Kind == KindUnknown {
-		return nil
-	}
-	var err error
-	if r.Model, err = getString(top.Model, "model"); err != nil {
-		return err
-	}
-	if r.Kind != KindEmbeddings {
-		if r.Stream, err = getBool(top.Stream, "stream"); err != nil {
-			return err
-		}
-		if err := r.parseStreamOptions(top.StreamOptions); err != nil {
-			return err
-		}
-	}
-	// The first cap present wins, in the API's order of preference.
-	var caps []string
-	var raws []json.RawMessage
-	switch r.Kind {
-	case KindChat:
-		caps = []string{"max_completion_tokens", "max_tokens"}
-		raws = []json.RawMessage{top.MaxCompletionTokens, top.MaxTokens}
-	case KindCompletions, KindAnthropicMessages:
-		caps, raws = []string{"max_tokens"}, []json.RawMessage{top.MaxTokens}
-	case KindResponses:
-		caps, raws = []string{"max_output_tokens"}, []json.RawMessage{top.MaxOutputTokens}
-	}
-	for i, raw := range raws {
-		n, err := getInt(raw, caps[i])
-		if err != nil {
-			return err
-		}
-		if r.MaxOutput == 0 {
-			r.MaxOutput = n
-		}
-	}
-
-	switch r.Kind {
-	case KindChat:
-		if err := r.addMessages(top.Messages, false); err != nil {
-			return err
-		}
-		r.addTools(top.Tools)
-		r.addTools(top.Functions)
-	case KindAnthropicMessages:
-		if err := r.addSystem(top.System); err != nil {
-			return err
-		}
-		if err := r.addMessages(top.Messages, true); err != nil {
-			return err
-		}
-		r.addTools(top.Tools)
-	case KindCompletions:
-		return r.addTokenInput(top.Prompt, "prompt")
-	case KindEmbeddings:
-		return r.addTokenInput(top.Input, "input")
-	case KindResponses:
-		if err := r.addInstructions(top.Instructions); err != nil {
-			return err
-		}
-		if err := r.addResponsesInput(top.Input); err != nil {
-			return err
-		}
-		r.addTools(top.Tools)
-	}
-	return nil
-}
-
-func (r *Request) parseStreamOptions(raw json.RawMessage) error {
-	if !present(raw) {
-		return nil
-	}
-	if rawType(raw) != '{' {
-		return fieldError("stream_options", "must be an object, got %s", typeName(raw))
-	}
-	var err error
-	r.IncludeUsage, err = getBool(member(raw, "include_usage"), "stream_options.include_usage")
-	return err
-}
-
-// rawMessage is one chat or Anthropic message.
-type rawMessage struct {
-	Role, Content, Name, ToolCalls, FunctionCall json.RawMessage
-}
-
-func decodeMessage(raw []byte) (m rawMessage) {
-	eachMember(raw, func(k, v []byte) bool {
-		switch string(k) {
-		case "role":
-			m.Role = v
-		case "content":
-			m.Content = v
-		case "name":
-			m.Name = v
-		case "tool_calls":
-			m.ToolCalls = v
-		case "function_call":
-			m.FunctionCall = v
-		}
-		return true
-	})
-	return m
-}
-
-func (r *Request) addMessages(raw json.RawMessage, anthropic bool) error {
-	msgs, err := getArray(raw, "messages")
-	if err != nil {
-		return err
-	}
-	for i, m := range msgs {
-		if _, err := r.addMessage(m, "messages["+strconv.Itoa(i)+"]", anthropic); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// addMessage adds one message's prompt and returns its role.
-func (r *Request) addMessage(raw json.RawMessage, path string, anthropic bool) (string, error) {
-	if rawType(raw) != '{' {
-		return "", fieldError(path, "must be an object, got %s", typeName(raw))
-	}
-	m := decodeMessage(raw)
-	role, err := getString(m.Role, path+".role")
-	if err != nil {
-		return "", err
-	}
-	r.Messages++
-	if err := r.addContent(m.Content, path+".content", anthropic); err != nil {
-		return "", err
-	}
-	if present(m.Name) {
-		name, err := getString(m.Name, path+".name")
-		if err != nil {
-			return "", err
-		}
-		r.Texts = append(r.Texts, name)
-		r.Names++
-	}
-	if present(m.ToolCalls) {
-		calls, err := getArray(m.ToolCalls, path+".tool_calls")
-		if err != nil {
-			return "", err
-		}
-		for _, c := range calls {
-			r.addCall(c)
-		}
-	}
-	if present(m.FunctionCall) {
-		r.addFunction(m.FunctionCall)
-	}
-	return role, nil
-}
-
-// addCall adds an OpenAI tool call: its function's name and arguments.
-func (r *Request) addCall(raw json.RawMessage) {
-	if f := member(raw, "function"); rawType(f) == '{' {
-		r.addFunction(f)
-		return
-	}
-	r.addJSON(raw)
-}
-
-func (r *Request) addFunction(raw json.RawMessage) {
-	if rawType(raw) != '{' {
-		r.addJSON(raw)
-		return
-	}
-	r.addText(member(raw, "name"))
-	if args := member(raw, "arguments"); rawType(args) == '"' {
-		r.addText(args)
-	} else {
-		r.addJSON(args)
-	}
-}
-
-// rawPart is a content part or block, or a responses input item.
-type rawPart struct {
-	Type, Text, Refusal, Thinking, Name, Input, Content, Arguments, Output, Summary json.RawMessage
-}
-
-func decodePart(raw []byte) (p rawPart) {
-	eachMember(raw, func(k, v []byte) bool {
-		switch string(k) {
-		case "type":
-			p.Type = v
-		case "text":
-			p.Text = v
-		case "refusal":
-			p.Refusal = v
-		case "thinking":
-			p.Thinking = v
-		case "name":
-			p.Name = v
-		case "input":
-			p.Input = v
-		case "content":
-			p.Content = v
-		case "arguments":
-			p.Arguments = v
-		case "output":
-			p.Output = v
-		case "summary":
-			p.Summary = v
-		}
-		return true
-	})
-	return p
-}
-
-func (r *Request) addContent(raw json.RawMessage, path string, anthropic bool) error {
-	switch rawType(raw) {
-	case 0, 'n':
-		return nil
-	case '"':
-		r.addText(raw)
-		return nil
-	case '[':
-		parts, _ := getArray(raw, path)
-		for i, p := range parts {
-			if err := r.addPart(p, path+"["+strconv.Itoa(i)+"]", anthropic); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	if anthropic {
-		return fieldError(path, "must be a string or an array of content blocks, got %s", typeName(raw))
-	}
-	return fieldError(path, "must be a string, an array of content parts, or null, got %s", typeName(raw))
-}
-
-func (r *Request) addPart(raw json.RawMessage, path string, anthropic bool) error {
-	if rawType(raw) != '{' {
-		return fieldError(path, "must be an object, got %s", typeName(raw))
-	}
-	p := decodePart(raw)
-	typ, err := getString(p.Type, path+".type")
-	if err != nil {
-		return err
-	}
-	switch typ {
-	case "text", "input_text", "output_text":
-		if rawType(p.Text) != '"' {
-			return fieldError(path+".text", "must be a string, got %s", typeName(p.Text))
-		}
-		r.addText(p.Text)
-	case "image_url", "input_image", "image":
-		r.Images++
-	case "refusal":
-		r.addText(p.Refusal)
-	case "thinking":
-		r.addText(p.Thinking)
-	case "tool_use", "server_tool_use":
-		r.addText(p.Name)
-		r.addJSON(p.Input)
-	case "tool_result":
-		return r.addContent(p.Content, path+".content", anthropic)
-	default:
-		// Audio, files, documents, redacted thinking: their cost is not
-		// knowable from the body; count any text they carry.
-		if rawType(p.Text) == '"' {
-			r.addText(p.Text)
-		}
-	}
-	return nil
-}
-
-func (r *Request) addSystem(raw json.RawMessage) error {
-	switch rawType(raw) {
-	case 0, 'n':
-		return nil
-	case '"', '[':
-		r.Messages++
-		return r.addContent(raw, "system", true)
-	}
-	return fieldError("system", "must be a string or an array of text blocks, got %s", typeName(raw))
-}
-
-func (r *Request) addInstructions(raw json.RawMessage) error {
-	switch rawType(raw) {
-	case 0, 'n':
-		return nil
-	case '"':
-		r.Messages++
-		r.addText(raw)
-		return nil
-	}
-	return fieldError("instructions", "must be a string, got %s", typeName(raw))
-}
-
-func (r *Request) addResponsesInput(raw json.RawMessage) error {
-	switch rawType(raw) {
-	case 0, 'n':
-		return nil
-	case '"':
-		r.Messages++ // the API wraps a string input as a user message
-		r.addText(raw)
-		return nil
-	case '[':
-	default:
-		return fieldError("input", "must be a string or an array of input items, got %s", typeName(raw))
-	}
-	items, _ := getArray(raw, "input")
-	for i, it := range items {
-		path := "input[" + strconv.Itoa(i) + "]"
-		if rawType(it) != '{' {
-			return fieldError(path, "must be an object, got %s", typeName(it))
-		}
-		p := decodePart(it)
-		typ, err := getString(p.Type, path+".type")
-		if err != nil {
-			return err
-		}
-		switch typ {
-		case "message", "":
-			r.Messages++
-			if err := r.addContent(p.Content, path+".content", false); err != nil {
-				return err
-			}
-		case "function_call":
-			r.addText(p.Name)
-			r.addText(p.Arguments)
-		case "function_call_output", "custom_tool_call_output":
-			if err := r.addContent(p.Output, path+".output", false); err != nil {
-				return err
-			}
-		case "custom_tool_call":
-			r.addText(p.Name)
-			r.addText(p.Input)
-		case "reasoning":
-			if rawType(p.Summary) == '[' {
-				_ = r.addContent(p.Summary, path+".summary", false)
-			}
-		default:
-			if rawType(p.Text) == '"' {
-				r.addText(p.Text)
-			}
-		}
-	}
-	return nil
-}
-
-// addTokenInput adds a completions prompt or an embeddings input: a
-// string, an array of strings, an array of token IDs, or an array of such
-// arrays.
-func (r *Request) addTokenInput(raw json.RawMessage, field string) error {
-	switch rawType(raw) {
-	case 0, 'n':
-		return nil
-	case '"':
-		r.addText(raw)
-		return nil
-	case '[':
-		// The APIs accept only arrays of one element type.
-		var first byte
-		ok := true
-		eachElement(raw, func(e []byte) {
-			t := rawType(e)
-			if first == 0 {
-				first = t
-			}
-			switch {
-			case t == '"' && first == '"':
-				r.Texts = append(r.Texts, decodeString(e))
-			case t == '[' && first == '[':
-				eachElement(e, func(id []byte) {
-					ok = ok && isTokenID(id)
-					r.TokenIDs++
-				})
-			case isTokenID(e) && first != '"' && first != '[':
-				r.TokenIDs++
-			default:
-				ok = false
-			}
-		})
-		if ok {
-			return nil
-		}
-		return fieldError(field, "must be a string, an array of strings, an array of token IDs or an array of token-ID arrays, with elements of one type")
-	}
-	return fieldError(field, "must be a string or an array, got %s", typeName(raw))
-}
-
-// addTools counts tool definitions as their compact JSON text: servers
-// render them into the prompt in a form of about that size.
-func (r *Request) addTools(raw json.RawMessage) {
-	if present(raw) {
-		r.addJSON(raw)
-	}
-}
-
-// addText appends a JSON string value; other types are ignored, because
-// callers only use it for fields whose type does not affect validity.
-func (r *Request) addText(raw json.RawMessage) {
-	if rawType(raw) != '"' {
-		return
-	}
-	if s := decodeString(raw); s != "" {
-		r.Texts = append(r.Texts, s)
-	}
-}
-
-func (r *Request) addJSON(raw json.RawMessage) {
-	if !present(raw) {
-		return
-	}
-	var b bytes.Buffer
-	if json.Compact(&b, raw) == nil {
-		r.Texts = append(r.Texts, b.String())
-	}
-}
-
 // rawType returns the first byte of a JSON value ('{', '[', '"', 't', 'f',
 // 'n', or a number's first character), or 0 for an absent value.
-func rawType(raw json.RawMessage) byte {
+func rawType(raw []byte) byte {
 	for _, c := range raw {
 		switch c {
 		case ' ', '\t', '\n', '\r':
@@ -683,12 +389,12 @@ func rawType(raw json.RawMessage) byte {
 	return 0
 }
 
-func present(raw json.RawMessage) bool {
+func present(raw []byte) bool {
 	t := rawType(raw)
 	return t != 0 && t != 'n'
 }
 
-func typeName(raw json.RawMessage) string {
+func typeName(raw []byte) string {
 	switch rawType(raw) {
 	case 0:
 		return "nothing"
@@ -706,7 +412,7 @@ func typeName(raw json.RawMessage) string {
 	return "number"
 }
 
-func getString(raw json.RawMessage, field string) (string, error) {
+func getString(raw []byte, field string) (string, error) {
 	switch rawType(raw) {
 	case 0, 'n':
 		return "", nil
@@ -716,7 +422,16 @@ func getString(raw json.RawMessage, field string) (string, error) {
 	return "", fieldError(field, "must be a string, got %s", typeName(raw))
 }
 
-func getBool(raw json.RawMessage, field string) (bool, error) {
+// stringIs reports whether raw is the JSON string s, without allocating
+// unless raw holds escapes.
+func stringIs(raw []byte, s string) bool {
+	if len(raw) < 2 || raw[0] != '"' {
+		return false
+	}
+	return string(stringBytes(raw)) == s
+}
+
+func getBool(raw []byte, field string) (bool, error) {
 	switch rawType(raw) {
 	case 0, 'n':
 		return false, nil
@@ -728,33 +443,69 @@ func getBool(raw json.RawMessage, field string) (bool, error) {
 	return false, fieldError(field, "must be a boolean, got %s", typeName(raw))
 }
 
-// getInt reads a non-negative integer. Integral floats (100.0) are
-// accepted, as the Python servers behind these APIs do; values beyond
-// int32 are clamped, which keeps cost arithmetic far from overflow.
-func getInt(raw json.RawMessage, field string) (int, error) {
+// getInt reads a non-negative integer token count. Integral floats (100.0,
+// 1e3) are accepted, as the Python servers behind these APIs do. Values
+// beyond CostLimit, up to 1e300 and beyond, saturate at CostLimit: such a
+// cap is as good as none, and saturating keeps all cost arithmetic far
+// from overflow.
+func getInt(raw []byte, field string) (int, error) {
 	switch t := rawType(raw); {
 	case t == 0 || t == 'n':
 		return 0, nil
 	case t == '-' || t >= '0' && t <= '9':
 		f, err := strconv.ParseFloat(string(bytes.TrimSpace(raw)), 64)
-		if err == nil && f >= 0 && f == math.Trunc(f) {
-			return int(min(f, math.MaxInt32)), nil
+		if err != nil && math.IsInf(f, 1) {
+			return CostLimit, nil // beyond float64: 1e400
 		}
-		return 0, fieldError(field, "must be a non-negative integer, got %s", bytes.TrimSpace(raw))
+		if err == nil && f >= 0 && f == math.Trunc(f) {
+			return int(min(f, CostLimit)), nil
+		}
+		return 0, fieldError(field, "must be a non-negative integer, got %s", clip(bytes.TrimSpace(raw)))
 	}
 	return 0, fieldError(field, "must be a non-negative integer, got %s", typeName(raw))
 }
 
-func getArray(raw json.RawMessage, field string) ([]json.RawMessage, error) {
-	switch rawType(raw) {
-	case 0, 'n':
-		return nil, nil
-	case '[':
-		var a []json.RawMessage
-		eachElement(raw, func(e []byte) { a = append(a, e) })
-		return a, nil
+// getChoices reads n or best_of: 1 when absent, else an integer from 1 to
+// MaxChoices.
+func getChoices(raw []byte, field string) (int, error) {
+	switch t := rawType(raw); {
+	case t == 0 || t == 'n':
+		return 1, nil
+	case t == '-' || t >= '0' && t <= '9':
+		f, err := strconv.ParseFloat(string(bytes.TrimSpace(raw)), 64)
+		switch {
+		case (err == nil || math.IsInf(f, 1)) && f > MaxChoices && f == math.Trunc(f):
+			return 0, fieldError(field, "must be at most %d, got %s", MaxChoices, clip(bytes.TrimSpace(raw)))
+		case err == nil && f >= 1 && f == math.Trunc(f):
+			return int(f), nil
+		}
+		return 0, fieldError(field, "must be a positive integer, got %s", clip(bytes.TrimSpace(raw)))
 	}
-	return nil, fieldError(field, "must be an array, got %s", typeName(raw))
+	return 0, fieldError(field, "must be a positive integer, got %s", typeName(raw))
+}
+
+// clip shortens a number quoted in an error message: a client that sends
+// a megabyte of digits gets them back abbreviated.
+func clip(b []byte) string {
+	const n = 40
+	if len(b) <= n {
+		return string(b)
+	}
+	return string(b[:n]) + "..."
+}
+
+// stringBytes returns the contents of a JSON string value (quotes
+// included), decoded; it allocates only for a string with escapes, so that
+// switching on string(stringBytes(raw)) allocates nothing.
+func stringBytes(raw []byte) []byte {
+	if len(raw) < 2 {
+		return nil
+	}
+	in := raw[1 : len(raw)-1]
+	if bytes.IndexByte(in, '\\') < 0 {
+		return in
+	}
+	return appendUnquoted(make([]byte, 0, len(in)), in)
 }
 
 // decodeString decodes a JSON string value (quotes included).
@@ -770,11 +521,14 @@ func decodeString(raw []byte) string {
 
 // firstElement returns the first element of a JSON array, or nil.
 func firstElement(raw []byte) []byte {
+	var s scan
 	var first []byte
-	eachElement(raw, func(e []byte) {
-		if first == nil {
-			first = e
+	s.array(raw, s.skipWS(raw, 0), func(_, i int) (int, error) {
+		e := s.valueEnd(raw, i)
+		if e > 0 {
+			first = raw[i:e]
 		}
+		return -1, nil // stop: only the first is wanted
 	})
 	return first
 }

@@ -23,8 +23,8 @@ func (u Usage) Total() int { return u.Prompt + u.Completion }
 // It walks the top level without decoding the rest, so that a large
 // embeddings response costs a byte scan rather than a full decode.
 func ParseUsage(body []byte) (Usage, bool) {
-	raw := member(body, "usage")
-	p, c, ok := decodeUsage(raw)
+	var sc scan
+	p, c, ok := decodeUsage(&sc, sc.member(body, "usage"))
 	if !ok {
 		return Usage{}, false
 	}
@@ -65,6 +65,8 @@ type StreamScanner struct {
 	finished bool
 
 	events int // JSON events recognized
+
+	sc scan // counts the scanning work, for the fuzz target's budget
 
 	prompt, completion int // reported, -1 until seen
 	completionReported bool
@@ -203,7 +205,7 @@ func (s *StreamScanner) handleEvent(d []byte) {
 		return
 	}
 	var typ, choices, usage, delta, message, response []byte
-	if !eachMember(d, func(k, v []byte) bool {
+	if !s.sc.eachMember(d, func(k, _, v []byte) bool {
 		switch string(k) {
 		case "type":
 			typ = v
@@ -230,7 +232,7 @@ func (s *StreamScanner) handleEvent(d []byte) {
 	case "":
 	case `"message_start"`:
 		if hasUsage {
-			p, _, _ := decodeUsage(member(message, "usage"))
+			p, _, _ := decodeUsage(&s.sc, s.sc.member(message, "usage"))
 			if p >= 0 {
 				s.prompt = p
 			}
@@ -238,12 +240,12 @@ func (s *StreamScanner) handleEvent(d []byte) {
 		return
 	case `"content_block_delta"`:
 		for _, k := range [...]string{"text", "partial_json", "thinking"} {
-			s.addText(member(delta, k))
+			s.addText(s.sc.member(delta, k))
 		}
 		return
 	case `"response.completed"`, `"response.incomplete"`, `"response.failed"`:
 		if hasUsage {
-			s.takeUsage(member(response, "usage"))
+			s.takeUsage(s.sc.member(response, "usage"))
 		}
 		return
 	case `"response.output_text.delta"`, `"response.refusal.delta"`,
@@ -253,8 +255,8 @@ func (s *StreamScanner) handleEvent(d []byte) {
 		return
 	}
 	if choices != nil {
-		eachElement(choices, func(c []byte) {
-			eachMember(c, func(k, v []byte) bool {
+		s.sc.eachElement(choices, func(c []byte) {
+			s.sc.eachMember(c, func(k, _, v []byte) bool {
 				switch string(k) {
 				case "text":
 					s.addText(v)
@@ -270,15 +272,15 @@ func (s *StreamScanner) handleEvent(d []byte) {
 // addDelta adds an OpenAI chat delta's generated text: content, reasoning
 // (as vLLM and others stream it) and tool-call arguments.
 func (s *StreamScanner) addDelta(d []byte) {
-	eachMember(d, func(k, v []byte) bool {
+	s.sc.eachMember(d, func(k, _, v []byte) bool {
 		switch string(k) {
 		case "content", "reasoning_content", "reasoning", "refusal":
 			s.addText(v)
 		case "tool_calls":
-			eachElement(v, func(call []byte) {
-				f := member(call, "function")
-				s.addText(member(f, "name"))
-				s.addText(member(f, "arguments"))
+			s.sc.eachElement(v, func(call []byte) {
+				f := s.sc.member(call, "function")
+				s.addText(s.sc.member(f, "name"))
+				s.addText(s.sc.member(f, "arguments"))
 			})
 		}
 		return true
@@ -286,7 +288,7 @@ func (s *StreamScanner) addDelta(d []byte) {
 }
 
 func (s *StreamScanner) takeUsage(raw []byte) {
-	p, c, ok := decodeUsage(raw)
+	p, c, ok := decodeUsage(&s.sc, raw)
 	if !ok {
 		return
 	}

@@ -2,6 +2,7 @@ package llmapi
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -270,17 +271,45 @@ func TestStreamScannerMaxLineSplitInvariant(t *testing.T) {
 	}
 }
 
-// Malformed JSON in a stream must not stall the scanner (found by fuzzing:
-// a value the scanner could not step over looped forever).
+// Malformed JSON must not stall the scanner (found by fuzzing: a value the
+// scanner could not step over looped forever), and must give a defined
+// result: no usage from the response paths, a *BodyError from Parse, and
+// no more scanning work than a few passes over the input.
 func TestScannerMalformedTerminates(t *testing.T) {
 	for _, s := range []string{
 		`{"choices":[{"":,"delta":{}}]}`, `{"choices":[}]}`, `{"choices":[1 2]}`, `{"choices":[,]}`,
 		`{"a":}`, `{"a" 1}`, `{"a":1,}`, `{`, `[`, `{"choices":[{"delta":{"tool_calls":[}}]}`,
+		`{"usage":{"prompt_tokens":5`, `{"usage":{"prompt_tokens":5,}}`, `{"usage":{"prompt_tokens" 5}}`,
+		`{"a":"\`, `{"a":"\"}`, `{"a":[[[[`, `]]]]`, `"`, `{"a\":1}`, `{"choices":[{"delta":{"content":"x}]}`,
 	} {
+		b := []byte(s)
+		if json.Valid(b) {
+			t.Fatalf("%s is valid JSON", s)
+		}
 		sc := NewStreamScanner(nil)
 		sc.Write([]byte("data: " + s + "\n\n"))
-		sc.Result()
-		ParseUsage([]byte(s))
-		eachElement([]byte(member([]byte(s), "choices")), func([]byte) {})
+		if u, _ := sc.Result(); u != (Usage{}) {
+			t.Errorf("%s: stream usage %+v", s, u)
+		}
+		if u, ok := ParseUsage(b); ok || u != (Usage{}) {
+			t.Errorf("%s: ParseUsage = %+v, %v", s, u, ok)
+		}
+		var be *BodyError
+		if _, err := Parse("/v1/chat/completions", b); !errors.As(err, &be) || be.Offset < 0 {
+			t.Errorf("%s: Parse error %v, want a *BodyError with an offset", s, err)
+		}
+		// Every primitive ends, within a pass or so over the input.
+		var sn scan
+		n := 0
+		sn.object(b, 0, func(_, _ []byte, v int) (int, error) {
+			n++
+			return sn.valueEnd(b, v), nil
+		})
+		sn.array(b, 0, func(_, e int) (int, error) { n++; return sn.valueEnd(b, e), nil })
+		sn.valueEndDepth(b, 0, MaxDepth)
+		sn.eachElement(sn.member(b, "choices"), func([]byte) { n++ })
+		if sn.n > 6*len(b) || n > len(b) { // five walks, none revisiting
+			t.Errorf("%s: %d bytes visited, %d callbacks, for %d bytes", s, sn.n, n, len(b))
+		}
 	}
 }
