@@ -61,13 +61,16 @@ func TestServeRequestTokenLimit(t *testing.T) {
 	h, _ := mustLoad(t, fqConfig(queueName(t), u,
 		`"max_request_tokens":5000,"tenants":{"small":{"max_request_tokens":1000}}`))
 	g := newGateway(t, h)
-	wantOK(t, g.post("a", chatBody(`"max_tokens":4000`)))
-	over := g.post("a", chatBody(`"max_tokens":1000000000000000`))
+	capped := func(maxTokens string) []byte {
+		return []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":` + maxTokens + `}`)
+	}
+	wantOK(t, g.post("a", capped("4000")))
+	over := g.post("a", capped("1000000000000000"))
 	e := wantError(t, over, http.StatusBadRequest, codeContextLength)
 	if !strings.Contains(e.Error.Message, "5000 tokens per request") {
 		t.Errorf("message %q does not name the limit", e.Error.Message)
 	}
-	e = wantError(t, g.post("small", chatBody(`"max_tokens":2000`)), http.StatusBadRequest, codeContextLength)
+	e = wantError(t, g.post("small", capped("2000")), http.StatusBadRequest, codeContextLength)
 	if !strings.Contains(e.Error.Message, "1000 tokens per request") || !strings.Contains(e.Error.Message, "tenant's") {
 		t.Errorf("message %q does not name the tenant's limit", e.Error.Message)
 	}
@@ -80,7 +83,7 @@ func TestServeRequestTokenLimit(t *testing.T) {
 
 	h2, _ := mustLoad(t, fqConfig(queueName(t)+"_tok", u, `"max_inflight_tokens":3000`))
 	g2 := newGateway(t, h2)
-	e = wantError(t, g2.post("a", chatBody(`"max_tokens":3500`)), http.StatusBadRequest, codeContextLength)
+	e = wantError(t, g2.post("a", capped("3500")), http.StatusBadRequest, codeContextLength)
 	if !strings.Contains(e.Error.Message, fmt.Sprint(3000)) || !strings.Contains(e.Error.Message, "max_inflight_tokens") {
 		t.Errorf("message %q does not name max_inflight_tokens", e.Error.Message)
 	}

@@ -18,6 +18,11 @@ go test -race -count=1 ./fairqueue/... ./budget/ ./degrade/ ./llmapi/
 echo "== without the race detector: the accuracy tests and full-size runs it makes too slow"
 go test -count=1 ./llmapi/ ./fairqueue/simulator/
 
+echo "== fuzz targets, a bounded time each, from the committed corpus (llmapi/testdata/fuzz)"
+for target in FuzzParse FuzzLightMode FuzzScan FuzzStreamScanner; do
+	go test -run '^$' -fuzz "^${target}\$" -fuzztime 20s ./llmapi/
+done
+
 echo "== handler tests (race)"
 go test -race -count=1 .
 
