@@ -2,6 +2,7 @@ package caddyfairqueue
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -123,4 +124,71 @@ func newBenchUpstream(b *testing.B) *httptest.Server {
 	}))
 	b.Cleanup(s.Close)
 	return s
+}
+
+// BenchmarkRefusedBeforeBody is the cost of a request refused by the
+// checks that need no body (here its tenant's queue is full) with a 64 KiB
+// prompt, through the handler: the body is neither read nor parsed nor
+// tokenized, so a flood of requests that will be refused costs the gateway
+// next to nothing. "parsed" is the same body read, parsed and estimated
+// (refused later, by max_request_tokens), for comparison.
+func BenchmarkRefusedBeforeBody(b *testing.B) {
+	u := newFakeUpstream(b)
+	h, _ := mustLoad(b, fqConfig(queueName(b), u,
+		`"max_inflight":1,"max_request_tokens":100,"tenants":{"capped":{"max_queue":1}}`))
+	g := newGateway(b, h)
+	arrived, release := u.hold("slot")
+	defer release()
+	holder := g.async(g.newRequest(context.Background(), "capped", chatBody(""), "X-Test-Hold", "slot"))
+	<-arrived
+	queued := g.async(g.newRequest(context.Background(), "capped", chatBody("")))
+	waitQueued(b, h, 1)
+
+	prompt := bytes.Repeat([]byte("lorem ipsum dolor sit amet "), 64<<10/27)
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"` + string(prompt) + `"}]}`)
+	for _, c := range []struct {
+		name, tenant string
+		status       int
+	}{
+		{"refused_before_body", "capped", http.StatusTooManyRequests},
+		{"parsed", "other", http.StatusBadRequest},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if res := g.post(c.tenant, body); res.status != c.status {
+					b.Fatalf("status %d, want %d", res.status, c.status)
+				}
+			}
+		})
+	}
+	release()
+	<-holder
+	<-queued
+}
+
+// BenchmarkReadBody reads a 1 MiB body the way the handler does (a buffer
+// that grows as bytes arrive, never more than 64 KiB ahead of them) and
+// with io.ReadAll, side by side.
+func BenchmarkReadBody(b *testing.B) {
+	body := bytes.Repeat([]byte("x"), 1<<20)
+	b.Run("readGrowing", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			if _, err := readGrowing(bytes.NewReader(body), int64(len(body)), 8<<20); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("io.ReadAll", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			if _, err := io.ReadAll(bytes.NewReader(body)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
