@@ -135,6 +135,7 @@ type flow struct {
 	in, out, queuedCost int64
 	id                  int32 // position slot in cq.flows
 	seq                 uint64
+	drain               flowDrain // early refusal's drain rate (refuse.go)
 }
 
 // entry returns the flow's heap key: the start and finish tags of its head
@@ -215,8 +216,9 @@ func (q *Queue) SetHealthy(n int) {
 	}
 	q.mu.Lock()
 	if n != q.healthy {
-		q.setCapacityLocked(n)
-		q.dispatchLocked(q.clock.Now())
+		now := q.clock.Now()
+		q.healthChangedLocked(now, n) // capacity, and early refusal's re-check
+		q.dispatchLocked(now)
 	}
 	q.unlock()
 }
@@ -365,6 +367,7 @@ func (q *Queue) pushFlow(tk *Ticket, f *flow) {
 	f.queuedCost += tk.tokens
 	f.q.pushBack(tk)
 	if !f.cq.flows.contains(f.id) {
+		f.drain = flowDrain{} // backlogged anew: an idle gap is no drain
 		f.cq.flows.push(f)
 	}
 	tk.t.queued++
@@ -491,6 +494,7 @@ func (q *Queue) startLocked(tk *Ticket, now time.Time, overtakes bool) {
 	}
 	tk.state = stateInflight
 	tk.dispatched = now
+	q.adm.cold.Start(now, float64(tk.cost))
 	q.inflight++
 	q.inflightCost += tk.tokens
 	t.inflight++
@@ -602,6 +606,7 @@ func (q *Queue) Tick() {
 			RetryAfter: time.Second, Detail: "wait budget ran out while queued"})
 	}
 	q.recheckLocked(now)
+	q.refuseLocked(now)
 	q.observeWaterLocked(now)
 	if now.Sub(q.lastPrune) >= 10*time.Second {
 		q.lastPrune = now
@@ -654,6 +659,7 @@ func (q *Queue) completeLocked(tk *Ticket, actual int64) {
 	t := tk.t
 	now := q.clock.Now()
 	q.adm.rate.Observe(now, float64(tk.cost), q.healthy)
+	q.adm.cold.Finish(now, tk.dispatched, float64(tk.cost))
 	tk.state = stateReleased
 	tk.actual = actual
 	q.inflight--

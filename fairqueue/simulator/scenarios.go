@@ -192,6 +192,21 @@ func Outage() *Scenario {
 	return sc
 }
 
+// ColdStart is seed000 on a gateway that knows nothing about its
+// upstreams: no throughput prior. The flood arrives before the first
+// completion; the engine must learn the rate from what it sees (the slots,
+// the requests in flight, the first completions) and refuse what cannot
+// make the budget, at admission or while queued, rather than let it wait
+// its 300 s and expire.
+func ColdStart() *Scenario {
+	sc := Seed000()
+	sc.Name = "cold-start"
+	sc.Description = "seed000 with no throughput prior: the rate is learned from the flood itself"
+	a := DefaultAdmission()
+	sc.Admission = &a
+	return sc
+}
+
 // Seed000Stress is the seed's stress test: one big tenant floods long
 // requests continuously for 30 minutes at about 1.3x capacity, so it is
 // saturated throughout and, once its queue holds 300 s of work, requests
@@ -287,6 +302,7 @@ var registry = map[string]func() *Scenario{
 	"weights":        Weights,
 	"many":           Many,
 	"outage":         Outage,
+	"cold-start":     ColdStart,
 	"seed000-stress": Seed000Stress,
 	"stress-outage":  StressOutage,
 	"peak":           Peak,
