@@ -273,7 +273,7 @@ func (q *Queue) flowAtLocked(k int) *flow {
 }
 
 // boostSavesLocked reports whether a boost, now or once the boost lane has
-// room, would dispatch the queued tk in time at rate r: the boost re-check
+// room, would dispatch the queued tk, its flow's tail, in time at rate r: the boost re-check
 // (recheckLocked) then gives it, so it is not refused. A ticket behind its
 // own flow's head (due first) is not boosted past it: the requests ahead
 // of it in its flow go first, boosted themselves if need be, so their work
@@ -290,6 +290,11 @@ func (q *Queue) boostSavesLocked(now time.Time, tk *Ticket, r float64) bool {
 	}
 	work := float64(a.boostCost) + a.slotWork(now, tk.cost)
 	if ownDueFirst(tk.f, tk, tk.deadline) {
+		// tk is its flow's tail: every request of the flow would need a
+		// boost, and a tenant gets a few an hour, not a flood's worth.
+		if h := a.boosts.PerTenantHourly(); h > 0 && a.boosts.Count(now, tk.t.name)+tk.f.q.n > h {
+			return false
+		}
 		work += float64(max(0, tk.mark-tk.f.out))
 	}
 	eta := budget.ETA(work, r)
