@@ -14,6 +14,11 @@ import "time"
 //
 //	rate <= slots x mean cost / S <= slots x mean cost / mean(ages, services)
 //
+// The completed requests alone give a second bound, tighter once a few
+// have completed: the first to complete are the short ones, so their mean
+// service time is, if anything, short of S too. Rate uses the larger of the
+// two means, the latter from ColdCompletions completions on.
+//
 // An ETA computed at this rate is a lower bound of the real one (with the
 // slots kept busy), so a request that misses its deadline even at this
 // rate misses it for sure: it is what early refusal may act on before any
@@ -33,6 +38,12 @@ type ColdRate struct {
 	doneCost    float64
 	doneService float64 // Σ service time of completed requests, s
 }
+
+// ColdCompletions is how many completions ColdRate needs before the mean
+// service time of the completed requests alone counts: as many as the
+// throughput window needs in a sample (DefaultMinCompletions), so that one
+// request that happened to be quick does not set the rate.
+const ColdCompletions = DefaultMinCompletions
 
 // Start records a dispatch of a request of cost units at now.
 func (c *ColdRate) Start(now time.Time, cost float64) {
@@ -68,10 +79,16 @@ func (c *ColdRate) Rate(now time.Time, slots int) float64 {
 	}
 	ages := float64(c.inflight)*c.at(now) - c.dispatchSum
 	mean := (max(ages, 0) + c.doneService) / float64(n)
+	cost := (c.inflightCost + c.doneCost) / float64(n)
+	if c.done >= ColdCompletions {
+		if m := c.doneService / float64(c.done); m > mean {
+			mean, cost = m, c.doneCost/float64(c.done)
+		}
+	}
 	if !(mean > 0) {
 		return 0
 	}
-	return float64(slots) * (c.inflightCost + c.doneCost) / float64(n) / mean
+	return float64(slots) * cost / mean
 }
 
 func (c *ColdRate) at(now time.Time) float64 {
