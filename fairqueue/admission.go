@@ -12,9 +12,10 @@ import (
 // boost for those that would miss it, and an immediate refusal for those
 // that cannot make it even boosted.
 type BudgetConfig struct {
-	// FastFail refuses at admission (ReasonBudgetExceeded) a request that
-	// cannot start before its deadline even if boosted. Off, such requests
-	// are queued and expire at their deadline.
+	// FastFail refuses (ReasonBudgetExceeded) a request that cannot start
+	// before its deadline even if boosted: at admission, and while queued
+	// as soon as that is known with confidence (refuse.go). Off, such
+	// requests are queued and expire at their deadline.
 	FastFail bool
 	// BoostShareMax is the largest share of dispatch capacity boosted
 	// requests may hold (budget.Boosts.Limit); 0 disables boosting.
@@ -72,7 +73,8 @@ type Estimate struct {
 	ETA time.Duration
 	// Known is false while the queue has no throughput estimate: no
 	// measurement yet, no configured Throughput.Prior, nothing learned
-	// before an idle spell. The queue then never refuses on a guess.
+	// before an idle spell. The queue then promises nothing and refuses
+	// only what the cold bound (budget.ColdRate) shows to be late.
 	Known bool
 	// WorkAhead is the estimated cost dispatched before the request.
 	WorkAhead float64
