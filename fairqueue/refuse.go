@@ -2,6 +2,7 @@ package fairqueue
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
@@ -240,7 +241,18 @@ func (q *Queue) refusalETALocked(now time.Time, tk *Ticket, r, promise, drain fl
 	work := q.workAheadLocked(now, tk.t, tk.f.cq, own, tk.cost, exact)
 	lo := budget.ETA(work, r)
 	at := tk.deadline.Sub(tk.enqueued) / decideAt
-	if age := now.Sub(tk.enqueued); drain <= 0 || age < at-decideWindow || age >= at {
+	if age := now.Sub(tk.enqueued); age < at-decideWindow || age >= at {
+		return lo
+	}
+	if drain <= 0 {
+		// Nothing measured on the flow yet (a short budget, a young
+		// flood): the decision rests on the global rate, taken from the
+		// few completions seen so far. Hold it to one standard error of
+		// their mean service time more (1/sqrt(n), for a coefficient of
+		// variation of 1), a margin that vanishes as completions add up.
+		if n := q.adm.cold.Completions(); n >= budget.ColdCompletions && lo < budget.Never {
+			return time.Duration(float64(lo) * (1 + 1/math.Sqrt(float64(n))))
+		}
 		return lo
 	}
 	eta := max(budget.ETA(float64(own), drain), lo)
