@@ -217,7 +217,10 @@ func (q *Queue) refuseLocked(now time.Time) {
 		a.cursor++
 		drain := f.drain.rate(now, f.out, a.capTime) * float64(h)
 		for tk := f.q.tail; tk != nil && refused < maxRefusals; {
-			if tk.deadline.IsZero() {
+			if tk.deadline.IsZero() || tk.deadline.Sub(now) <= q.cfg.Admission.Margin {
+				// No deadline, or too close to it for any dispatch to
+				// count as on time: its budget has run out, which the
+				// expiry answers (queue_timeout), not an estimate.
 				break
 			}
 			eta := q.refusalETALocked(now, tk, r, promise, drain, exact)
