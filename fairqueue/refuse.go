@@ -223,8 +223,11 @@ func (q *Queue) refuseLocked(now time.Time) {
 				// expiry answers (queue_timeout), not an estimate.
 				break
 			}
+			// Late means past the deadline itself, not merely inside the
+			// margin before it: a request that would start within its
+			// last moments is left to start, or to expire.
 			eta := q.refusalETALocked(now, tk, r, promise, drain, exact)
-			if !now.Add(eta).After(tk.deadline.Add(-q.cfg.Admission.Margin)) || q.boostSavesLocked(now, tk, r) {
+			if !now.Add(eta).After(tk.deadline) || q.boostSavesLocked(now, tk, r) {
 				break
 			}
 			prev := tk.prev
