@@ -132,8 +132,12 @@ const (
 	// tick to young tickets, each tick a new chance to refuse on a low
 	// reading.
 	decideAt = 4
-	// decideWindow is how long before that point the drain rate applies.
+	// decideWindow is how long before that point the drain rate applies,
+	// and decideLead how much before it the window ends (at most a fifth
+	// of the way), so that the answer, a tick and a network away, still
+	// comes within a quarter of the budget.
 	decideWindow = time.Second
+	decideLead   = 500 * time.Millisecond
 	// drainSpan is how often a flow's drain marks rotate; the rate is
 	// measured from the second rotation on, over one to two spans.
 	drainSpan = 20 * time.Second
@@ -247,6 +251,7 @@ func (q *Queue) refusalETALocked(now time.Time, tk *Ticket, r, promise, drain fl
 	work := q.workAheadLocked(now, tk.t, tk.f.cq, own, tk.cost, exact)
 	lo := budget.ETA(work, r)
 	at := tk.deadline.Sub(tk.enqueued) / decideAt
+	at -= min(at/5, decideLead)
 	if age := now.Sub(tk.enqueued); age < at-decideWindow || age >= at {
 		return lo
 	}
