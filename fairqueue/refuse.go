@@ -13,21 +13,30 @@ import (
 // as that is known, rather than left to wait out its budget and expire
 // with queue_timeout.
 //
-// Known means known with confidence. A refusal's ETA for a queued ticket
-// (refusalETALocked) is the time its flow takes to let out the work ahead
-// of it at the rate the flow has actually been draining, per healthy
-// upstream, over the last 20 to 40 s: that rate already holds the share the
-// other tenants take, their future arrivals included, which no count of
-// what is queued now can. It is held between two global ETAs: no shorter
-// than the work tag order puts ahead of the ticket at the refusal rate
-// (refusalRateLocked, the most the upstreams can plausibly do), and no
-// longer than at the promise rate, the low quantile admission promises on
-// (which also covers a flow held back for a while, e.g. by a paused class).
-// Until a flow has drained for 40 s (flowDrain), and before the estimator
-// has learned a rate, the global ETA at the refusal rate is used alone. Capacity counts at the largest healthy count of the last
-// minute: an upstream that just went down may come back, so the capacity
-// an outage has cost so far shows up as work not done, and refusals follow
-// as it accrues, rather than all at once on the guess that it is gone for
+// Known means known with confidence. A ticket is refused when its ETA
+// passes its deadline itself (not merely the margin before it; a request
+// already inside the margin is left to the expiry, queue_timeout). The ETA
+// (refusalETALocked):
+//
+//   - Normally, the work tag order puts ahead of the ticket at the refusal
+//     rate (refusalRateLocked), the most the upstreams can plausibly do:
+//     a request is not refused on an estimate that a slow minute, or the
+//     low quantile promises are made on, would explain.
+//   - Once, at the decision point, in a one-second window ending half a
+//     second before a quarter of its budget (decideAt), at the rate its
+//     own flow has really been draining per healthy upstream over the
+//     last 20 to 40 s (flowDrain), held between the ETA at the refusal
+//     rate and the ETA at the promise rate. That rate holds the share the
+//     other tenants take, their future arrivals included, which no count
+//     of what is queued now can; a right refusal is thus made by a quarter
+//     of the budget. Before a flow has drained for 40 s the decision uses
+//     the refusal rate with one standard error more (1/sqrt of the
+//     completions seen). Applying the drain rate in one window only, not
+//     tick after tick, keeps a noisy reading from refusing on its lows.
+//
+// Capacity counts at the largest healthy count of the last minute: an
+// upstream that just went down may come back, so what an outage costs is
+// refused as it accrues, not all at once on the guess that it is gone for
 // good.
 //
 // Order: a tenant's flow is served in FIFO order, so its tail is what the
@@ -124,13 +133,8 @@ type flowDrain struct {
 }
 
 const (
-	// decideAt: a queued ticket is held to the flow's measured drain rate
-	// from a 1/decideAt of its budget after admission on; before, only to
-	// the optimistic global ETA. A refusal that is right is then made by
-	// about a fifth of the budget, while the caller still has most of it,
-	// and the drain rate, noisy over short spans, is not applied tick after
-	// tick to young tickets, each tick a new chance to refuse on a low
-	// reading.
+	// decideAt: the decision point of a queued ticket is a 1/decideAt of
+	// its budget after admission (less decideLead).
 	decideAt = 4
 	// decideWindow is how long before that point the drain rate applies,
 	// and decideLead how much before it the window ends (at most a fifth
@@ -261,8 +265,11 @@ func (q *Queue) refusalETALocked(now time.Time, tk *Ticket, r, promise, drain fl
 		// few completions seen so far. Hold it to one standard error of
 		// their mean service time more (1/sqrt(n), for a coefficient of
 		// variation of 1), a margin that vanishes as completions add up.
-		if n := q.adm.cold.Completions(); n >= budget.ColdCompletions && lo < budget.Never {
-			return time.Duration(float64(lo) * (1 + 1/math.Sqrt(float64(n))))
+		if n := q.adm.cold.Completions(); n >= budget.ColdCompletions {
+			if x := float64(lo) * (1 + 1/math.Sqrt(float64(n))); x < float64(budget.Never) {
+				return time.Duration(x)
+			}
+			return budget.Never
 		}
 		return lo
 	}
