@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
 // unknownTenantLabel is the one metrics label all undeclared tenants
@@ -52,11 +54,22 @@ var (
 		Help:    "Predicted wait / actual wait of queued requests that were dispatched (1 = exact).",
 		Buckets: []float64{0.25, 0.5, 0.67, 0.8, 0.9, 1, 1.1, 1.25, 1.5, 2, 4},
 	}, []string{"queue", "tenant"})
+	budgetRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+		Name: "budget_refusals_total",
+		Help: "Requests answered wait_budget_exceeded, by moment: at_admission, or while_queued (admitted, then refused once their ETA showed they could not start in time).",
+	}, []string{"queue", "tenant", "moment"})
+	budgetLeftRatio = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+		Name:    "budget_left_ratio",
+		Help:    "Fraction of its wait budget a request had left when refused with wait_budget_exceeded (1 at admission): how early the caller was told.",
+		Buckets: []float64{0.1, 0.25, 0.5, 0.75, 0.8, 0.9, 0.95, 0.99, 1},
+	}, []string{"queue", "moment"})
 	queueCollector = &stateCollector{}
 )
 
 var collectors = []prometheus.Collector{requestsTotal, waitSeconds, estimatedTokens, actualTokens,
-	boostsTotal, etaRatio, degradeTransitions, queueCollector}
+	boostsTotal, etaRatio, budgetRefusals, budgetLeftRatio, degradeTransitions, queueCollector}
 
 // registerMetrics adds the collectors to a config's registry; registering
 // into a registry that already has them (two handlers, one config) is fine.
@@ -91,6 +104,26 @@ func observeDispatch(queue, tenant string, boosted bool, eta, wait time.Duration
 	if eta > 0 && wait > 0 {
 		etaRatio.WithLabelValues(queue, tenant).Observe(eta.Seconds() / wait.Seconds())
 	}
+}
+
+// Moments of a wait_budget_exceeded refusal (label values).
+const (
+	momentAtAdmission = "at_admission"
+	momentWhileQueued = "while_queued"
+)
+
+// observeRefusal records a wait-budget refusal: when it was made, and how
+// much of the request's budget was left.
+func observeRefusal(queue, tenant string, rej *fairqueue.Rejection) {
+	if rej.Reason != fairqueue.ReasonBudgetExceeded {
+		return
+	}
+	moment := momentAtAdmission
+	if rej.WhileQueued {
+		moment = momentWhileQueued
+	}
+	budgetRefusals.WithLabelValues(queue, tenant, moment).Inc()
+	budgetLeftRatio.WithLabelValues(queue, moment).Observe(rej.BudgetLeft)
 }
 
 func observeActual(queue, tenant string, v float64) {

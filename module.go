@@ -174,13 +174,16 @@ type AntiStarvation struct {
 	// PerTenantBoostHourly caps the boosts of one tenant in any rolling
 	// hour. Default 200; 0 means no per-tenant cap.
 	PerTenantBoostHourly *int `json:"per_tenant_boost_hourly,omitempty"`
-	// FastFail refuses, at admission, requests whose estimated dispatch time
-	// is beyond their budget (503 wait_budget_exceeded). Default true.
+	// FastFail refuses requests whose estimated dispatch time is beyond
+	// their budget (503 wait_budget_exceeded): at admission, and while
+	// queued as soon as the queue knows they can no longer make it.
+	// Default true.
 	FastFail *bool `json:"fast_fail,omitempty"`
 	// ThroughputPrior is the rate, in cost units per second per healthy
 	// upstream, assumed before the queue has measured its own. Without it
-	// a freshly started gateway never refuses on an estimate until it has
-	// seen requests complete under load (typically within a minute).
+	// a freshly started gateway promises nothing until it has measured,
+	// and refuses only what is late at a bound it takes from the busy
+	// slots, the age of the requests in flight and the first completions.
 	ThroughputPrior float64 `json:"throughput_prior,omitempty"`
 }
 

@@ -69,6 +69,9 @@ func rejectionError(rej *fairqueue.Rejection) *apiError {
 	case fairqueue.ReasonBudgetExceeded:
 		e.status, e.code = http.StatusServiceUnavailable, "wait_budget_exceeded"
 		e.message = "The gateway is busy and this request cannot start within its wait budget (" + rej.Detail + "). It was not queued; retry after the time in Retry-After."
+		if rej.WhileQueued {
+			e.message = "The gateway is busy and this request, while queued, turned out unable to start within its wait budget (" + rej.Detail + "). It was taken out of the queue and not sent upstream; retry after the time in Retry-After."
+		}
 	case fairqueue.ReasonQueueTimeout:
 		e.status, e.code = http.StatusServiceUnavailable, "queue_timeout"
 		e.message = "The request waited its whole wait budget in the queue without reaching a model server. It was not sent upstream; retry after the time in Retry-After."

@@ -97,7 +97,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if err != nil {
 		var rej *fairqueue.Rejection
 		if errors.As(err, &rej) {
-			h.answer(w, repl, a, rejectionError(rej))
+			h.answerRejection(w, repl, a, rej)
 			return nil
 		}
 		return caddyhttp.Error(http.StatusInternalServerError, err)
@@ -109,7 +109,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if err := tk.Wait(r.Context()); err != nil {
 		var rej *fairqueue.Rejection
 		if errors.As(err, &rej) {
-			h.answer(w, repl, a, rejectionError(rej))
+			h.answerRejection(w, repl, a, rej)
 			return nil
 		}
 		// The client went away while queued: nobody is left to answer, and

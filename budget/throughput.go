@@ -39,9 +39,16 @@ type ThroughputConfig struct {
 
 // ThroughputStats is a snapshot of the estimator, for metrics and tests.
 type ThroughputStats struct {
-	Rate        float64       // PerUpstream × healthy: what Rate returns
-	PerUpstream float64       // blended per-upstream rate
-	Measured    float64       // quantile of the sample rates (0 without samples)
+	Rate        float64 // PerUpstream × healthy: what Rate returns
+	PerUpstream float64 // blended per-upstream rate
+	Measured    float64 // quantile of the sample rates (0 without samples)
+	// Mean is the window's busy-time-weighted mean per-upstream rate: all
+	// the cost the samples hold over all their busy time (0 without
+	// samples). Measured, a low quantile, is what the queue promises on;
+	// Mean is the unbiased estimate of what the window delivered, which
+	// early refusal uses so that it refuses only requests that miss at the
+	// rate the upstreams really run (see fairqueue's refuse.go).
+	Mean        float64
 	Samples     int           // samples in the window
 	Covered     time.Duration // busy time inside the samples
 	PriorWeight float64       // weight of the prior/learned base in PerUpstream, 0..1
@@ -274,6 +281,7 @@ func (t *Throughput) compute() {
 		gBusy, lBusy time.Duration // open group; last closed sample
 		gN           int
 		covered      time.Duration
+		allCost      float64
 	)
 	lo := max(t.cur-t.nb, 0)
 	for k := t.cur - 1; k >= lo; k-- {
@@ -284,6 +292,7 @@ func (t *Throughput) compute() {
 		gCost += b.cost
 		gBusy += b.busy
 		gN += b.n
+		allCost += b.cost
 		if gBusy >= t.width && gN >= t.minN {
 			samples = append(samples, gCost/gBusy.Seconds())
 			covered += gBusy
@@ -302,6 +311,10 @@ func (t *Throughput) compute() {
 		covered += gBusy
 	}
 
+	var mean float64
+	if len(samples) > 0 && covered > 0 {
+		mean = allCost / covered.Seconds()
+	}
 	measured := quantile(samples, t.q)
 	base := t.prior
 	if t.learned > 0 {
@@ -322,6 +335,7 @@ func (t *Throughput) compute() {
 	t.stats = ThroughputStats{
 		PerUpstream: f*measured + (1-f)*base,
 		Measured:    measured,
+		Mean:        mean,
 		Samples:     len(samples),
 		Covered:     covered,
 		PriorWeight: 1 - f,

@@ -12,9 +12,10 @@ import (
 // boost for those that would miss it, and an immediate refusal for those
 // that cannot make it even boosted.
 type BudgetConfig struct {
-	// FastFail refuses at admission (ReasonBudgetExceeded) a request that
-	// cannot start before its deadline even if boosted. Off, such requests
-	// are queued and expire at their deadline.
+	// FastFail refuses (ReasonBudgetExceeded) a request that cannot start
+	// before its deadline even if boosted: at admission, and while queued
+	// as soon as that is known with confidence (refuse.go). Off, such
+	// requests are queued and expire at their deadline.
 	FastFail bool
 	// BoostShareMax is the largest share of dispatch capacity boosted
 	// requests may hold (budget.Boosts.Limit); 0 disables boosting.
@@ -38,6 +39,23 @@ type admission struct {
 	boostCost int64
 	// stamp deduplicates tenants with several flows in one ETA pass.
 	stamp uint64
+	// cold bounds the rate before the estimator has a sample.
+	cold budget.ColdRate
+	// cursor is where the next early-refusal pass starts among the
+	// backlogged flows (refuseLocked).
+	cursor int
+	// subCursor walks the members of the undeclared group when the pass
+	// lands on it.
+	subCursor int
+	// capTime is the healthy-upstream seconds elapsed up to capAt, the
+	// clock of the flows' drain rates; peak is the largest healthy count
+	// of the last peakHold, last seen at peakAt.
+	capTime float64
+	capAt   time.Time
+	peak    int
+	peakAt  time.Time
+	// learnedAt is when the estimator was first seen warmed up.
+	learnedAt time.Time
 }
 
 func newAdmission(cfg *BudgetConfig, old *admission) *admission {
@@ -58,7 +76,8 @@ type Estimate struct {
 	ETA time.Duration
 	// Known is false while the queue has no throughput estimate: no
 	// measurement yet, no configured Throughput.Prior, nothing learned
-	// before an idle spell. The queue then never refuses on a guess.
+	// before an idle spell. The queue then promises nothing and refuses
+	// only what the cold bound (budget.ColdRate) shows to be late.
 	Known bool
 	// WorkAhead is the estimated cost dispatched before the request.
 	WorkAhead float64
@@ -66,19 +85,37 @@ type Estimate struct {
 
 // etaLocked predicts when a request of tenant t, class cq and cost cost,
 // with ownAhead of its tenant's cost queued before it, will be dispatched:
-// the work that tag order puts ahead of it (its tenant's own queue ahead of
-// it, each other backlogged tenant's queued cost up to the same virtual
-// finish by weight, and the boost lane) over the measured rate, plus the
-// time until a slot frees when none is free. It costs O(backlogged flows).
+// the work that tag order puts ahead of it (workAheadLocked) over the
+// measured rate. It costs O(backlogged flows).
 func (q *Queue) etaLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost int64) Estimate {
-	a := q.adm
 	// Without samples the rate is the configured prior or the rate learned
 	// before an idle spell: both are estimates the operator or the queue
 	// stands by, so a flood on a cold queue is refused at admission rather
 	// than left to expire. With neither the rate is 0: unknown.
-	st := a.rate.Stats(now, q.healthy)
+	st := q.adm.rate.Stats(now, q.healthy)
 	if st.Rate <= 0 {
 		return Estimate{}
+	}
+	ahead := q.workAheadLocked(now, t, cq, ownAhead, cost, true)
+	return Estimate{ETA: budget.ETA(ahead, st.Rate), Known: true, WorkAhead: ahead}
+}
+
+// workAheadLocked is the work dispatched before a request of tenant t,
+// class cq and cost cost with ownAhead of its tenant's cost queued before
+// it: its tenant's own queue ahead of it, each other backlogged tenant's
+// queued cost up to the same virtual finish by weight, the boost lane, and
+// the work that frees a slot when none is free. With others false the
+// other tenants are left out: a lower bound in O(1), where the full sum
+// costs O(backlogged flows).
+func (q *Queue) workAheadLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost int64, others bool) float64 {
+	a := q.adm
+	ahead := float64(ownAhead + a.boostCost)
+	if q.inflight >= q.capacity || q.queued > 0 {
+		// Even first in line, a request waits for a slot to free.
+		ahead += a.slotWork(now, cost)
+	}
+	if !others {
+		return ahead
 	}
 	w := t.weight
 	start := t.vt
@@ -89,8 +126,6 @@ func (q *Queue) etaLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost i
 	}
 	start += float64(ownAhead) / w
 	finish := start + float64(cost)/w
-
-	ahead := float64(ownAhead + a.boostCost)
 	a.stamp++
 	if t.group != nil {
 		// An undeclared tenant: its fellow members first, then the group
@@ -120,11 +155,7 @@ func (q *Queue) etaLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost i
 			}
 		}
 	}
-	if q.inflight >= q.capacity || q.queued > 0 {
-		// Even first in line, a request waits for a slot to free.
-		ahead += a.slotWork(now, cost)
-	}
-	return Estimate{ETA: budget.ETA(ahead, st.Rate), Known: true, WorkAhead: ahead}
+	return ahead
 }
 
 // work is a queued amount in cost units, the unit of virtual time and of
@@ -171,18 +202,34 @@ func (q *Queue) boostRoomLocked() bool {
 }
 
 // decideLocked is the admission decision for a new request with a deadline.
+// Once the estimator has learned a rate from its own measurements, the
+// decision is made at the promise rate, a low quantile, refusal included.
+// Before (cold, or a prior only), a refusal needs more: the request must
+// miss even at the refusal rate (refusalRateLocked), the most the
+// upstreams can plausibly do. A request between the two is admitted, and
+// refused from the queue as soon as the measurement shows it cannot make
+// it (refuseLocked).
 func (q *Queue) decideLocked(now time.Time, t *tenant, cq *classQ, cost int64, deadline time.Time) (budget.Decision, Estimate) {
 	if deadline.IsZero() || (q.inflight < q.capacity && q.queued == 0) {
 		return budget.Wait, Estimate{Known: true}
 	}
-	est := q.etaLocked(now, t, cq, q.work(t.queuedCost, t.queued), cost)
+	own := q.work(t.queuedCost, t.queued)
+	est := q.etaLocked(now, t, cq, own, cost)
 	if !est.Known {
+		// No promise rate yet (cold, no prior): refuse only what the cold
+		// bound already shows to be late.
+		if q.cfg.Admission.FastFail {
+			work := q.workAheadLocked(now, t, cq, own, cost, true)
+			if late, eta := q.surelyLateLocked(now, t, cq, cost, deadline, work); late {
+				return budget.Reject, Estimate{ETA: eta, WorkAhead: work}
+			}
+		}
 		return budget.Wait, est
 	}
 	in := budget.Input{Now: now, Deadline: deadline, ETA: est.ETA, Margin: q.cfg.Admission.Margin}
 	later := false
 	if q.cfg.Admission.BoostShareMax > 0 {
-		in.BoostETA, in.BoostAllowed, later = q.boostPlanLocked(now, t, cq, cost, deadline)
+		in.BoostETA, in.BoostAllowed, later = q.boostPlanLocked(now, t, cq, cost, deadline, q.adm.rate.Rate(now, q.healthy))
 	}
 	d := budget.Decide(in)
 	switch {
@@ -191,12 +238,38 @@ func (q *Queue) decideLocked(now time.Time, t *tenant, cq *classQ, cost int64, d
 		d = budget.Wait
 	case d == budget.Reject && !q.cfg.Admission.FastFail:
 		d = budget.Wait
+	case d == budget.Reject && !q.warmLocked(now):
+		// The promise rate is still a guess (a prior, or a first sample
+		// taken as a flood started): refuse only what is late at the
+		// refusal rate; the queue refuses the rest once it has measured.
+		late, eta := q.surelyLateLocked(now, t, cq, cost, deadline, est.WorkAhead)
+		if !late {
+			d = budget.Wait
+		} else {
+			est.ETA = eta
+		}
 	}
 	return d, est
 }
 
+// surelyLateLocked reports whether a new request with work ahead of it
+// misses deadline even at the refusal rate, boosted or not, and its ETA at
+// that rate.
+func (q *Queue) surelyLateLocked(now time.Time, t *tenant, cq *classQ, cost int64, deadline time.Time, work float64) (bool, time.Duration) {
+	r := q.refusalRateLocked(now, q.healthy)
+	if r <= 0 {
+		return false, 0
+	}
+	eta := budget.ETA(work, r)
+	in := budget.Input{Now: now, Deadline: deadline, ETA: eta, Margin: q.cfg.Admission.Margin}
+	if q.cfg.Admission.BoostShareMax > 0 {
+		in.BoostETA, in.BoostAllowed, _ = q.boostPlanLocked(now, t, cq, cost, deadline, r)
+	}
+	return budget.Decide(in) == budget.Reject, eta
+}
+
 // boostPlanLocked predicts the dispatch time of a new request if boosted,
-// and whether a boost is possible at all (ok) and only later (later): not
+// at rate r, and whether a boost is possible at all (ok) and only later (later): not
 // now, but by the re-check once what stands in its way has gone, so
 // admission waits for it rather than refusing a request a boost will save.
 //
@@ -210,14 +283,13 @@ func (q *Queue) decideLocked(now time.Time, t *tenant, cq *classQ, cost int64, d
 //     request every MeanCost/rate on average, one of k given slots frees
 //     in about C/k times that.
 //   - The tenant's hourly allowance is used up: no boost.
-func (q *Queue) boostPlanLocked(now time.Time, t *tenant, cq *classQ, cost int64, deadline time.Time) (eta time.Duration, ok, later bool) {
+func (q *Queue) boostPlanLocked(now time.Time, t *tenant, cq *classQ, cost int64, deadline time.Time, r float64) (eta time.Duration, ok, later bool) {
 	a := q.adm
 	k := q.boostedInflight + q.boost.n
 	allowed, reason := a.boosts.Allow(now, t.name, k, q.capacity)
 	if !allowed && reason != budget.ReasonShare {
 		return 0, false, false
 	}
-	r := a.rate.Rate(now, q.healthy)
 	work := float64(a.boostCost) + a.slotWork(now, cost)
 	for _, f := range t.flows {
 		if f.cq == cq && ownDueFirst(f, nil, deadline) {
@@ -237,7 +309,7 @@ func (q *Queue) boostPlanLocked(now time.Time, t *tenant, cq *classQ, cost int64
 
 // budgetRejection is the fast-fail answer, with Retry-After from the ETA.
 func budgetRejection(est Estimate, budgetLeft time.Duration) *Rejection {
-	return &Rejection{Reason: ReasonBudgetExceeded, RetryAfter: budget.RetryAfter(est.ETA),
+	return &Rejection{Reason: ReasonBudgetExceeded, RetryAfter: budget.RetryAfter(est.ETA), BudgetLeft: 1,
 		Detail: fmt.Sprintf("estimated wait %s, budget %s", est.ETA.Round(100*time.Millisecond),
 			budgetLeft.Round(100*time.Millisecond))}
 }

@@ -134,7 +134,7 @@ func TestAdmissionBoostLater(t *testing.T) {
 	// slot: ETA 30.5 s. Boosted, it would wait for y and the slot (10.5 s)
 	// and for the lane to open: one of k=1 boosted of C=1 slots completes
 	// in C/k x the mean completed cost over the rate, 1 s: 11.5 s.
-	eta, ok, later := q.boostPlanLocked(t0, z, cq, 3000, t0.Add(20*time.Second))
+	eta, ok, later := q.boostPlanLocked(t0, z, cq, 3000, t0.Add(20*time.Second), q.adm.rate.Rate(t0, q.healthy))
 	if !ok || !later || eta != 11500*time.Millisecond {
 		t.Errorf("boost plan: %v, ok %v, later %v; want 11.5s, later", eta, ok, later)
 	}

@@ -102,6 +102,25 @@
 // (budget.RetryAfterJitter) so clients refused together do not return
 // together.
 //
+// # Wait budgets while queued: early refusal
+//
+// With BudgetConfig.FastFail, a request that can no longer start before
+// its deadline is refused (ReasonBudgetExceeded, Rejection.WhileQueued) as
+// soon as the queue knows it with confidence, rather than left to expire
+// (refuse.go). Every Tick, and at once when the healthy count changes, a
+// pass checks the tails of backlogged flows, walking each from its tail,
+// the request served last, and stops at the first that still makes it.
+// Promises use the promise rate (a low quantile of measured throughput);
+// refusals need the request to miss at the refusal rate, the most the
+// upstreams plausibly do (on a cold start, the bound budget.ColdRate from
+// the requests in flight and the first completions), and, a quarter of
+// its budget after arrival, at the rate its flow has really drained.
+//
+// Cost of a pass, under the lock, with F backlogged flows and R refusals:
+// O(min(F, 64) x E + R x (E + log n)), E = O(F) for F <= 64 flows and
+// O(1) above. It never scans the queued requests: at 100k queued it checks
+// at most 64 tails, and each refusal ends a ticket.
+//
 // # Guarantees
 //
 //   - Work conservation: after every state change, either capacity is full or
@@ -120,7 +139,8 @@
 //     the largest request cost plus the service in flight at one instant; the
 //     tests assert 2x the largest request cost at every dispatch.
 //   - Every ticket ends exactly once: dispatched then released, cancelled,
-//     expired, or rejected at admission. A cancelled or expired ticket is never
+//     expired (its deadline came, or refused while queued), or rejected at
+//     admission. A cancelled or expired ticket is never
 //     dispatched and its tenant is not charged.
 //
 // All time comes from an injected Clock, so the simulator and the tests run

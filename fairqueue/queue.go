@@ -193,6 +193,7 @@ type flow struct {
 	// queuedCost what is in it; a ticket's mark is in when it entered, so
 	// mark-out is the cost still ahead of it.
 	in, out, queuedCost int64
+	drain               flowDrain // early refusal's drain rate (refuse.go)
 }
 
 // head returns the request the flow would dispatch next, nil when none.
@@ -312,8 +313,9 @@ func (q *Queue) SetHealthy(n int) {
 	}
 	q.mu.Lock()
 	if n != q.healthy {
-		q.setCapacityLocked(n)
-		q.dispatchLocked(q.clock.Now())
+		now := q.clock.Now()
+		q.healthChangedLocked(now, n) // capacity, and early refusal's re-check
+		q.dispatchLocked(now)
 	}
 	q.unlock()
 }
@@ -608,8 +610,11 @@ func (q *Queue) pushFlowLocked(tk *Ticket, f *flow) {
 	f.in += tk.cost
 	f.queuedCost += tk.tokens
 	f.q.pushBack(tk)
-	if f.q.n == 1 && !tk.t.capped {
-		q.linkFlowLocked(f)
+	if f.q.n == 1 {
+		f.drain = flowDrain{} // backlogged anew: an idle gap is no drain
+		if !tk.t.capped {
+			q.linkFlowLocked(f)
+		}
 	}
 	q.countLocked(tk, 1)
 }
@@ -802,6 +807,7 @@ func (q *Queue) startLocked(tk *Ticket, now time.Time, overtakes bool) {
 	}
 	tk.state = stateInflight
 	tk.dispatched = now
+	q.adm.cold.Start(now, float64(tk.cost))
 	q.inflight++
 	q.inflightCost += tk.tokens
 	t.inflight++
@@ -943,6 +949,7 @@ func (q *Queue) Tick() {
 		q.finishLocked(now, tk, stateExpired, q.timeoutLocked(now))
 	}
 	q.recheckLocked(now)
+	q.refuseLocked(now)
 	q.observeWaterLocked(now)
 	q.pruneLocked(now, maxForgetPerTick)
 	// An expired head may have been what held the token gate closed.
@@ -1045,6 +1052,7 @@ func (q *Queue) release(tk *Ticket, actual int64) {
 func (q *Queue) completeLocked(now time.Time, tk *Ticket, actual int64) {
 	t := tk.t
 	q.adm.rate.Observe(now, float64(tk.cost), q.healthy)
+	q.adm.cold.Finish(now, tk.dispatched, float64(tk.cost))
 	tk.state = stateReleased
 	tk.actual = actual
 	q.inflight--

@@ -68,6 +68,15 @@ type Rejection struct {
 	RetryAfter time.Duration
 	// Detail is a short human explanation (limits involved, ETA).
 	Detail string
+	// WhileQueued is set on a ReasonBudgetExceeded refusal of a request
+	// that had been admitted and was refused from the queue once its ETA
+	// showed it could no longer start in time (early refusal); clear for a
+	// refusal at admission.
+	WhileQueued bool
+	// BudgetLeft is, on a ReasonBudgetExceeded refusal, the fraction of the
+	// request's wait budget still left when it was refused: 1 at admission,
+	// less the longer it waited. It says how early the caller was told.
+	BudgetLeft float64
 }
 
 func (r *Rejection) Error() string {

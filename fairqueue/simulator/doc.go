@@ -97,7 +97,10 @@
 // for a fast-failed request, the ETA its refusal states), the outcome
 // (dispatched; refused at admission, with the Rejection's reason:
 // wait_budget_exceeded for fast-fail; expired with queue_timeout) and
-// whether it was dispatched from the boost lane. At every dispatch it
+// whether it was dispatched from the boost lane. A request the engine
+// refuses after admitting it (early refusal: EventExpired with
+// wait_budget_exceeded) is recorded as refused, with Record.WhileQueued
+// and the time of the refusal in Record.Left: it was told, not starved. At every dispatch it
 // checks the boost budget: boosted requests in flight never exceed
 // budget.NewBoosts(share, hourly).Limit(capacity), except for those
 // already in flight when capacity shrank (they are never preempted).
@@ -116,11 +119,18 @@
 //     boost set their wait. The median is shown, with the median and P90
 //     of the absolute error.
 //   - fast-fail precision (FastFailPrecision): the requests refused by
-//     wfq-budgets, looked up by ID in the wfq-budgets-nofastfail run of
+//     wfq-budgets (at admission or while queued), looked up by ID in the wfq-budgets-nofastfail run of
 //     the same workload: the share that missed their budget there
 //     (expired, dispatched late or refused otherwise).
 //   - throughput with boost on and off: overall tok/s of wfq-budgets and
 //     wfq-budgets-noboost.
+//
+// Early refusal (Early, FormatEarly) compares the same two runs: refusals
+// by moment; of the refusals of requests that missed without fast-fail,
+// the latest after arrival (as a fraction of the budget), and for those
+// arriving WarmAfter (5 s) or more after the first dispatch, how many came
+// later than WarmLimit (500 ms); and the served work (actual tokens of
+// completed requests) of each run.
 //
 // Scenarios with a health timeline also print, for wfq-budgets, the median
 // predicted wait of the admissions in the 5 s and the 20 s before and

@@ -197,6 +197,7 @@ func FormatBudgets(w io.Writer, results []*Result) {
 		fmt.Fprintf(w, "fast-fail precision: %s of %d refused missed their budget with fast-fail off "+
 			"(%d expired, %d dispatched late, %d refused otherwise; %d made it)\n",
 			pctOrNA(p.Precision()), p.Refused, p.Expired, p.Late, p.Other, p.Made)
+		FormatEarly(w, "early refusal", Early(on, off))
 	}
 }
 

@@ -192,6 +192,45 @@ func Outage() *Scenario {
 	return sc
 }
 
+// ColdStart is seed000 on a gateway that knows nothing about its
+// upstreams: no throughput prior. The flood arrives before the first
+// completion; the engine must learn the rate from what it sees (the slots,
+// the requests in flight, the first completions) and refuse what cannot
+// make the budget, at admission or while queued, rather than let it wait
+// its 300 s and expire.
+func ColdStart() *Scenario {
+	sc := Seed000()
+	sc.Name = "cold-start"
+	sc.Description = "seed000 with no throughput prior: the rate is learned from the flood itself"
+	a := DefaultAdmission()
+	sc.Admission = &a
+	return sc
+}
+
+// ColdFlood is the end-to-end early-refusal test in the simulator: a
+// gateway with no throughput prior, two upstreams of 4 slots, and a batch
+// tenant with a 10 s budget that sends about three times what fits in it
+// (570 short requests of about 0.5 s) in its first second.
+func ColdFlood() *Scenario {
+	a := DefaultAdmission()
+	return &Scenario{
+		Name:        "cold-flood",
+		Description: "570 x ~0.5 s batch requests (10 s budget) in 1 s on a cold gateway, no prior; 2x4 slots",
+		Upstreams:   2, Slots: 4,
+		Admission: &a,
+		Classes: []Class{
+			{Name: "realtime", Budget: 5 * time.Second},
+			{Name: "interactive", Budget: 15 * time.Second},
+			{Name: "batch", Budget: 10 * time.Second},
+		},
+		Tenants: []TenantSpec{
+			{Name: "bulk", Weight: 1, Class: "batch",
+				Arrivals: Arrivals{Kind: ArrivalBurst, N: 570, End: time.Second},
+				Prompt:   constant(100), MaxTokens: constant(40)},
+		},
+	}
+}
+
 // Seed000Stress is the seed's stress test: one big tenant floods long
 // requests continuously for 30 minutes at about 1.3x capacity, so it is
 // saturated throughout and, once its queue holds 300 s of work, requests
@@ -287,6 +326,8 @@ var registry = map[string]func() *Scenario{
 	"weights":        Weights,
 	"many":           Many,
 	"outage":         Outage,
+	"cold-start":     ColdStart,
+	"cold-flood":     ColdFlood,
 	"seed000-stress": Seed000Stress,
 	"stress-outage":  StressOutage,
 	"peak":           Peak,

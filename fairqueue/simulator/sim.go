@@ -68,6 +68,9 @@ type Record struct {
 	// Light reports that the degrade ladder's light mode trimmed the
 	// request before submission (Request holds the trimmed sizes).
 	Light bool
+	// WhileQueued reports a refusal (StateRejected, ReasonBudgetExceeded)
+	// made after admission, from the queue (early refusal); Left is when.
+	WhileQueued bool
 }
 
 // Wait is the time from arrival until dispatch (or expiry).
@@ -507,6 +510,10 @@ func (s *sim) Expired(id int, reason fairqueue.Reason) {
 		return
 	}
 	rec.State, rec.Left, rec.Reason = StateExpired, s.now, reason
+	if reason == fairqueue.ReasonBudgetExceeded {
+		// Refused from the queue: told, not starved.
+		rec.State, rec.WhileQueued = StateRejected, true
+	}
 	s.addQueued(s.reqs[id].Tenant, -1)
 	s.refill(s.reqs[id].Tenant)
 }

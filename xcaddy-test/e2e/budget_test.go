@@ -182,6 +182,14 @@ func TestFastFailUnderFlood(t *testing.T) {
 		refusedIDs = append(refusedIDs, r.TestID)
 	}
 	expectAllServed(t, "tenant deep's burst", <-deepDone)
+	// A canary refused at once no longer means a measured rate: the
+	// queue refuses on a bound before it has measured (early refusal).
+	// The ETA check below needs flood requests admitted on a measured
+	// rate and dispatched: keep the flood up until there are some.
+	waitMetric(t, c, "flood requests dispatched with a measured ETA", func(s harness.Series) bool {
+		_, n := histogramMean(s, "caddy_fair_queue_eta_ratio", "flood")
+		return n > 0
+	})
 	floodRes := flood.Stop()
 	expectAllServed(t, "flood", floodRes)
 	t.Logf("flood: %d requests served", len(floodRes))

@@ -1,0 +1,99 @@
+package budget
+
+import "time"
+
+// ColdRate bounds the throughput from above while Throughput has no sample
+// yet: on a cold gateway with no configured prior, before the first 5 s
+// bucket of busy time with MinCompletions completions has closed.
+//
+// What is known then is how many slots are busy and for how long each of
+// their requests has been running: a request in flight for a seconds takes
+// at least a seconds, and a completed one took exactly its service time.
+// Over every request dispatched so far (the cohort), the mean of those
+// times is therefore at most the cohort's mean service time S, and
+//
+//	rate <= slots x mean cost / S <= slots x mean cost / mean(ages, services)
+//
+// The completed requests alone give a second bound, tighter once a few
+// have completed: the first to complete are the short ones, so their mean
+// service time is, if anything, short of S too. Rate uses the larger of the
+// two means, the latter from ColdCompletions completions on.
+//
+// An ETA computed at this rate is a lower bound of the real one (with the
+// slots kept busy), so a request that misses its deadline even at this
+// rate misses it for sure: it is what early refusal may act on before any
+// measurement, and it tightens by itself as the requests in flight age and
+// complete. It is not a promise: it is never used to admit.
+//
+// All methods are O(1) and allocation-free.
+type ColdRate struct {
+	started bool
+	origin  time.Time
+
+	inflight     int
+	inflightCost float64
+	dispatchSum  float64 // Σ dispatch time of the requests in flight, s since origin
+
+	done        int
+	doneCost    float64
+	doneService float64 // Σ service time of completed requests, s
+}
+
+// ColdCompletions is how many completions ColdRate needs before the mean
+// service time of the completed requests alone counts: as many as the
+// throughput window needs in a sample (DefaultMinCompletions), so that one
+// request that happened to be quick does not set the rate.
+const ColdCompletions = DefaultMinCompletions
+
+// Start records a dispatch of a request of cost units at now.
+func (c *ColdRate) Start(now time.Time, cost float64) {
+	c.inflight++
+	c.inflightCost += cost
+	c.dispatchSum += c.at(now)
+}
+
+// Finish records the completion at now of a request of cost units that
+// Start recorded at dispatched.
+func (c *ColdRate) Finish(now, dispatched time.Time, cost float64) {
+	if c.inflight == 0 {
+		return
+	}
+	c.inflight--
+	c.inflightCost -= cost
+	c.dispatchSum -= c.at(dispatched)
+	c.done++
+	c.doneCost += cost
+	c.doneService += max(now.Sub(dispatched).Seconds(), 0)
+}
+
+// Completions is the number of completions Finish recorded.
+func (c *ColdRate) Completions() int { return c.done }
+
+// Rate returns the upper bound of the rate, in cost units per second, with
+// slots dispatch slots; 0 (unknown) before any dispatch, or while the
+// cohort's mean time is still 0.
+func (c *ColdRate) Rate(now time.Time, slots int) float64 {
+	n := c.inflight + c.done
+	if n == 0 || slots <= 0 {
+		return 0
+	}
+	ages := float64(c.inflight)*c.at(now) - c.dispatchSum
+	mean := (max(ages, 0) + c.doneService) / float64(n)
+	cost := (c.inflightCost + c.doneCost) / float64(n)
+	if c.done >= ColdCompletions {
+		if m := c.doneService / float64(c.done); m > mean {
+			mean, cost = m, c.doneCost/float64(c.done)
+		}
+	}
+	if !(mean > 0) {
+		return 0
+	}
+	return float64(slots) * cost / mean
+}
+
+func (c *ColdRate) at(now time.Time) float64 {
+	if !c.started {
+		c.started, c.origin = true, now
+	}
+	return now.Sub(c.origin).Seconds()
+}
