@@ -107,3 +107,25 @@ func TestMetricNames(t *testing.T) {
 		}
 	}
 }
+
+// A new config takes over a running queue once its load has started; if
+// Caddy's "started" event does not come, the first request the new handler
+// serves proves the config live and commits it.
+func TestConfigCommitsOnFirstRequest(t *testing.T) {
+	u := newFakeUpstream(t)
+	name := queueName(t)
+	a, _ := mustLoad(t, fqConfig(name, u, `"max_inflight":2`))
+	ctx, cancel := configContext(t)
+	defer cancel()
+	b, err := loadHandler(ctx, fqConfig(name, u, `"max_inflight":5`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := a.shared.q.Config().MaxInflight; got != 2 {
+		t.Fatalf("max_inflight %d before the new config started, want the running 2", got)
+	}
+	wantOK(t, newGateway(t, b).post("x", chatBody("")))
+	if got := a.shared.q.Config().MaxInflight; got != 5 || a.shared.owner() != b {
+		t.Fatalf("after the new handler served a request: max_inflight %d, want 5", got)
+	}
+}

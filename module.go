@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -135,6 +136,11 @@ type Handler struct {
 	ctx      caddy.Context
 	events   *caddyevents.App
 	classIdx map[string]time.Duration
+	left     bool // Cleanup ran: the handler no longer counts as a user of its queue
+	// committed is set once this handler's config is in force in the
+	// shared queue (sharedQueue.adopt).
+	// (A pointer: the Handler value is copied by Caddy's module registry.)
+	committed *atomic.Bool
 }
 
 // ClassConfig declares a class of service.
@@ -399,6 +405,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 
+	h.committed = new(atomic.Bool)
 	val, _, err := queues.LoadOrNew(h.Name, func() (caddy.Destructor, error) {
 		return newSharedQueue(h.Name, h.qcfg)
 	})
@@ -481,11 +488,15 @@ func subObject(m map[string]json.RawMessage, key string) (map[string]json.RawMes
 // Cleanup leaves the queue. Requests still waiting or streaming keep
 // working: nothing they wait on hangs off this config's context.
 func (h *Handler) Cleanup() error {
-	if h.shared == nil {
+	if h.shared == nil || h.left {
 		return nil
 	}
+	// Requests this handler admitted may still be running and use
+	// h.shared: it stays; left makes a second Cleanup a no-op.
+	h.left = true
 	h.shared.abandon(h)
-	_, err := queues.Delete(h.Name)
+	deleted, err := queues.Delete(h.Name)
+	h.logger.Debug("left queue", zap.String("queue", h.Name), zap.Bool("last_user", deleted))
 	return err
 }
 

@@ -1,12 +1,14 @@
 package caddyfairqueue
 
 import (
+	"context"
 	"fmt"
 	"runtime/debug"
 	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"go.uber.org/zap"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
@@ -31,8 +33,12 @@ type sharedQueue struct {
 	name string
 	q    *fairqueue.Queue
 
-	mu     sync.Mutex
-	owners []*Handler
+	mu sync.Mutex
+	// owners are the handlers whose config loads have started, oldest
+	// first; the last one's config is in force. pending are provisioned
+	// handlers whose loads have not started yet (adopt).
+	owners  []*Handler
+	pending []*Handler
 
 	stop chan struct{}
 	done chan struct{}
@@ -58,6 +64,9 @@ func newSharedQueue(name string, cfg fairqueue.Config) (*sharedQueue, error) {
 // rather than left waiting on a queue nobody ticks or dispatches, and the
 // ticker stops. Requests in flight finish on their own.
 func (s *sharedQueue) Destruct() error {
+	st := s.q.Stats(false)
+	caddy.Log().Named("http.handlers.fair_queue").Info("queue removed by a configuration change; answering its waiters",
+		zap.String("queue", s.name), zap.Int("queued", st.Queued), zap.Int("inflight", st.Inflight))
 	s.q.Close("the queue was removed by a configuration reload")
 	close(s.stop)
 	<-s.done
@@ -74,35 +83,82 @@ func (s *sharedQueue) owner() *Handler {
 	return s.owners[len(s.owners)-1]
 }
 
-// adopt makes h the owner and applies its config. Two handlers of one
-// config load that name the same queue are refused: the queue has one
-// proxy and one health view, so one of them would silently lose its
-// upstreams. (A reload's old and new handlers share it by design.)
+// adopt joins h to the queue. Two handlers of one config load that name
+// the same queue are refused: the queue has one proxy and one health view,
+// so one of them would silently lose its upstreams. (A reload's old and new
+// handlers share it by design.)
+//
+// A new queue takes h's config at once. An existing one keeps the config in
+// force until h's config load has started (Caddy's "started" event, or the
+// first request h serves, whichever comes first): a config that fails to
+// load after h was provisioned — a later module's error — must never have
+// run the queue, not even for the moment before its Cleanup, or it could
+// dispatch waiters under a capacity that never went live.
 func (s *sharedQueue) adopt(h *Handler) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, o := range s.owners {
-		// A config load's modules share its metrics registry (Caddy makes
-		// one per load), while each server gets its own context.Context.
-		if reg := h.ctx.GetMetricsRegistry(); reg != nil && o.ctx.GetMetricsRegistry() == reg {
-			return fmt.Errorf("two fair_queue handlers are named %q in one config; "+
-				"give each its own name (the name identifies the queue they share)", s.name)
+	if reg := h.ctx.GetMetricsRegistry(); reg != nil {
+		for _, o := range append(s.owners[:len(s.owners):len(s.owners)], s.pending...) {
+			// A config load's modules share its metrics registry (Caddy
+			// makes one per load); each server has its own context.
+			if o.ctx.GetMetricsRegistry() == reg {
+				return fmt.Errorf("two fair_queue handlers are named %q in one config; "+
+					"give each its own name (the name identifies the queue they share)", s.name)
+			}
 		}
 	}
+	if len(s.owners) == 0 {
+		return s.commitLocked(h)
+	}
+	s.pending = append(s.pending, h)
+	if h.events != nil {
+		// Subscriptions close when the events app starts, which is after
+		// every module of the load is provisioned: this one is in time.
+		if err := h.events.On("started", startedHandler(func() { s.commit(h) })); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// commit puts h's config in force, if h is still waiting for it.
+func (s *sharedQueue) commit(h *Handler) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, p := range s.pending {
+		if p == h {
+			s.pending = append(s.pending[:i], s.pending[i+1:]...)
+			if err := s.commitLocked(h); err != nil {
+				// Validated at Provision: only a bug gets here.
+				h.logger.Error("applying the new config to the queue", zap.String("queue", s.name), zap.Error(err))
+			}
+			return
+		}
+	}
+}
+
+func (s *sharedQueue) commitLocked(h *Handler) error {
 	if err := s.q.Reconfigure(h.qcfg); err != nil {
 		return err
 	}
 	s.owners = append(s.owners, h)
+	h.committed.Store(true)
 	s.q.SetHealthy(h.healthyUpstreams())
 	return nil
 }
 
-// abandon removes h; if it was the owner (a config that failed to load
-// after provisioning, or the old config after a reload), the previous live
-// handler's config is put back in force.
+// abandon removes h; if it was the owner (the old config after a reload),
+// the previous live handler's config is put back in force. A handler whose
+// config never started is only forgotten.
 func (s *sharedQueue) abandon(h *Handler) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	for i, p := range s.pending {
+		if p == h {
+			s.pending = append(s.pending[:i], s.pending[i+1:]...)
+			return
+		}
+	}
 	for i, o := range s.owners {
 		if o == h {
 			wasOwner := i == len(s.owners)-1
@@ -115,6 +171,15 @@ func (s *sharedQueue) abandon(h *Handler) {
 			return
 		}
 	}
+}
+
+// startedHandler runs a func on Caddy's "started" event.
+type startedHandler func()
+
+// Handle implements caddyevents.Handler.
+func (f startedHandler) Handle(context.Context, caddy.Event) error {
+	f()
+	return nil
 }
 
 // loop ticks the queue: health into capacity, deadlines, re-checks, the
@@ -152,4 +217,7 @@ func (s *sharedQueue) tick() {
 }
 
 // Interface guards
-var _ caddy.Destructor = (*sharedQueue)(nil)
+var (
+	_ caddy.Destructor    = (*sharedQueue)(nil)
+	_ caddyevents.Handler = startedHandler(nil)
+)

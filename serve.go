@@ -73,6 +73,11 @@ type admission struct {
 // back-fills its actual cost. Every request gets exactly one answer: the
 // upstream's, or one of the errors of the HTTP contract.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if !h.committed.Load() {
+		// A request reaching this handler proves its config is live, in
+		// case the "started" event did not come (see sharedQueue.adopt).
+		h.shared.commit(h)
+	}
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	a, aerr := h.admit(w, r, repl)
 	if aerr != nil {

@@ -222,7 +222,17 @@ func mustLoad(tb testing.TB, cfg string) (*Handler, context.CancelFunc) {
 	var once sync.Once
 	stop := func() { once.Do(cancel) }
 	tb.Cleanup(stop)
+	started(h)
 	return h, stop
+}
+
+// started tells h's config that it started, as Caddy's core does once
+// every app of a config load has started: only then does a handler's
+// config take over a queue that was already running.
+func started(h *Handler) {
+	if h.events != nil {
+		h.events.Emit(h.ctx, "started", nil)
+	}
 }
 
 // proxyJSON is the inner reverse_proxy to u.

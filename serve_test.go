@@ -735,10 +735,10 @@ func TestServeReloadKeepsRequests(t *testing.T) {
 }
 
 // TestPoolReload drives pool.go's adopt/abandon as Caddy's config loads do:
-// the second handler of a name reuses the queue and applies its config;
-// cleaning up the older keeps the queue; cleaning up the newest (a config
-// that failed after provisioning) puts the previous owner's config back;
-// the last Cleanup stops the queue's ticker.
+// the second handler of a name reuses the queue and applies its config once
+// its load has started; cleaning up the older keeps the queue; a config
+// that failed after provisioning never takes over; the last Cleanup stops
+// the queue's ticker.
 func TestPoolReload(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 	u := newFakeUpstream(t)
@@ -776,11 +776,15 @@ func TestPoolReload(t *testing.T) {
 	g := newGateway(t, b)
 	wantOK(t, g.post("acme", chatBody("")))
 
-	// A config that fails to load after this handler was provisioned:
-	// Caddy cancels its context, and Cleanup runs on the newest owner.
-	c, stopC := mustLoad(t, cfg(9, 2))
-	if in, w := state(c); in != 9 || w != 2 || capacity(c) != 9 {
-		t.Fatalf("third config not applied: max_inflight %d weight %v", in, w)
+	// A config that fails to load after this handler was provisioned
+	// (a later module's error): it never started, so it never ran the
+	// queue, not even until Caddy cancelled its context and Cleanup ran.
+	ctxC, stopC := configContext(t)
+	if _, err := loadHandler(ctxC, cfg(9, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if in, w := state(b); in != 5 || w != 7 || capacity(b) != 5 || s.owner() != b {
+		t.Fatalf("a provisioned config that has not started took over: max_inflight %d weight %v capacity %d", in, w, capacity(b))
 	}
 	stopC()
 	if in, w := state(b); in != 5 || w != 7 || capacity(b) != 5 || s.owner() != b {
