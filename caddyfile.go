@@ -57,6 +57,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    max_queue           <n>
 //	    max_queue_tokens    <n>
 //	    max_queue_bytes     <size>
+//	    handle_errors       # refusals go to the site's handle_errors routes
 //
 //	    # classes of service (realtime 5s, interactive 15s and batch 300s
 //	    # always exist; a class line changes a budget or adds a class)
@@ -244,6 +245,15 @@ func (p *cfParser) subdirective() error {
 	case "max_request_tokens":
 		return p.posInt64Arg(sub, &h.MaxRequestTokens)
 
+	case "handle_errors":
+		if d.NextArg() {
+			return d.Errf("handle_errors takes no arguments, got %q", d.Val())
+		}
+		if err := p.noBlock(sub); err != nil {
+			return err
+		}
+		h.HandleErrors = true
+
 	case "max_inflight":
 		return p.posIntArg(sub, &h.MaxInflight)
 
@@ -277,8 +287,8 @@ func (p *cfParser) subdirective() error {
 	default:
 		return d.Errf("unknown subdirective %q in fair_queue (want name, tenant_key, cost_unit, tokenizer, "+
 			"default_max_tokens, max_body, body_timeout, max_request_tokens, max_inflight, max_inflight_tokens, "+
-			"max_queue, max_queue_tokens, max_queue_bytes, class, tenant, default_tenant, anti_starvation, "+
-			"degrade or reverse_proxy)", sub)
+			"max_queue, max_queue_tokens, max_queue_bytes, class, tenant, default_tenant, handle_errors, "+
+			"anti_starvation, degrade or reverse_proxy)", sub)
 	}
 	return nil
 }

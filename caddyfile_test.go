@@ -129,6 +129,23 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				TenantKey: "{http.auth.user.id}", ProxyRaw: json.RawMessage(proxy1)},
 		},
 		{
+			name: "hardening limits",
+			input: `fair_queue {
+				body_timeout 10s
+				max_request_tokens 32768
+				max_queue_bytes 64MiB
+				handle_errors
+				tenant bulk max_inflight 4 max_request_tokens 8192
+				default_tenant weight 2 max_queue 100 max_inflight 1
+				reverse_proxy localhost:8001
+			}`,
+			want: Handler{BodyTimeout: dur(10 * time.Second), MaxRequestTokens: 32768, MaxQueueBytes: 64 << 20,
+				HandleErrors:  true,
+				Tenants:       map[string]*TenantConfig{"bulk": {MaxInflight: 4, MaxRequestTokens: 8192}},
+				DefaultTenant: &TenantConfig{Weight: 2, MaxQueue: 100, MaxInflight: 1},
+				ProxyRaw:      json.RawMessage(proxy1)},
+		},
+		{
 			name: "o200k_base and max_body in MiB",
 			input: `fair_queue {
 				tokenizer o200k_base

@@ -1,11 +1,17 @@
 package caddyfairqueue
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // Two handlers of one config load that name the same queue would share one
@@ -127,5 +133,29 @@ func TestConfigCommitsOnFirstRequest(t *testing.T) {
 	wantOK(t, newGateway(t, b).post("x", chatBody("")))
 	if got := a.shared.q.Config().MaxInflight; got != 5 || a.shared.owner() != b {
 		t.Fatalf("after the new handler served a request: max_inflight %d, want 5", got)
+	}
+}
+
+// With handle_errors, a refusal is handed to Caddy as an error with its
+// status, for the site's handle_errors routes; nothing is written, and the
+// placeholders say what happened.
+func TestHandleErrors(t *testing.T) {
+	u := newFakeUpstream(t)
+	h, _ := mustLoad(t, fqConfig(queueName(t), u, `"handle_errors":true,"reject_unknown_tenants":true`))
+	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(chatBody("")))
+	r.Header.Set("X-Tenant-ID", "stranger")
+	w := httptest.NewRecorder()
+	repl := caddy.NewReplacer()
+	r = caddyhttp.PrepareRequest(r, repl, w, &caddyhttp.Server{})
+	err := h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
+	var he caddyhttp.HandlerError
+	if !errors.As(err, &he) || he.StatusCode != http.StatusForbidden {
+		t.Fatalf("ServeHTTP returned %v, want a HandlerError with 403", err)
+	}
+	if w.Body.Len() != 0 {
+		t.Errorf("wrote %q; the site's error routes should answer", w.Body.String())
+	}
+	if code, _ := repl.GetString("http.fair_queue.error_code"); code != outcomeUnknown {
+		t.Errorf("{http.fair_queue.error_code} = %q, want %q", code, outcomeUnknown)
 	}
 }

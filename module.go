@@ -113,6 +113,14 @@ type Handler struct {
 	// requests with no tenant) with 403 unknown_tenant.
 	RejectUnknownTenants bool `json:"reject_unknown_tenants,omitempty"`
 
+	// HandleErrors hands the gateway's own refusals (429, 503, 413, ...) to
+	// the site's handle_errors routes as errors with their status, instead
+	// of answering them in the OpenAI error shape, so a site can render its
+	// own page. Retry-After is still set; the placeholders
+	// {http.fair_queue.error_code}, {http.fair_queue.error_message} and
+	// {http.fair_queue.retry_after} say what happened. Default: off.
+	HandleErrors bool `json:"handle_errors,omitempty"`
+
 	// AntiStarvation bounds the boost given to requests that would miss
 	// their wait budget.
 	AntiStarvation *AntiStarvation `json:"anti_starvation,omitempty"`

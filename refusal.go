@@ -10,7 +10,7 @@ import (
 
 // answerRejection answers a request the scheduler refused, at admission or
 // while queued, and records wait-budget refusals by moment (metrics.go).
-func (h *Handler) answerRejection(w http.ResponseWriter, repl *caddy.Replacer, a *admission, rej *fairqueue.Rejection) {
+func (h *Handler) answerRejection(w http.ResponseWriter, repl *caddy.Replacer, a *admission, rej *fairqueue.Rejection) error {
 	observeRefusal(h.Name, a.label, rej)
-	h.answer(w, repl, a, rejectionError(rej))
+	return h.answer(w, repl, a, rejectionError(rej))
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 	"github.com/caddy-fair-queue/caddy-fair-queue/llmapi"
 )
@@ -88,7 +89,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			// before it sends the answer (it does for bodies Caddy wraps).
 			w.Header().Set("Connection", "close")
 		}
-		h.answer(w, repl, a, aerr)
+		if err := h.answer(w, repl, a, aerr); err != nil {
+			return err // handle_errors renders it
+		}
 		if a.body == nil && aerr.code != outcomeBodyTimeout {
 			// Let the client finish sending, so it reads this answer
 			// rather than a connection reset.
@@ -102,8 +105,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if err != nil {
 		var rej *fairqueue.Rejection
 		if errors.As(err, &rej) {
-			h.answerRejection(w, repl, a, rej)
-			return nil
+			return h.answerRejection(w, repl, a, rej)
 		}
 		return caddyhttp.Error(http.StatusInternalServerError, err)
 	}
@@ -114,8 +116,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if err := tk.Wait(r.Context()); err != nil {
 		var rej *fairqueue.Rejection
 		if errors.As(err, &rej) {
-			h.answerRejection(w, repl, a, rej)
-			return nil
+			return h.answerRejection(w, repl, a, rej)
 		}
 		// The client went away while queued: nobody is left to answer, and
 		// the upstream never saw the request. 499 (as reverse_proxy uses)
@@ -340,10 +341,24 @@ func badRequest(msg string) *apiError {
 	return &apiError{status: http.StatusBadRequest, code: outcomeInvalid, message: msg}
 }
 
-// answer writes a gateway error and records it.
-func (h *Handler) answer(w http.ResponseWriter, repl *caddy.Replacer, a *admission, e *apiError) {
-	e.write(w)
+// answer records a gateway error and writes it in the OpenAI shape; with
+// handle_errors it returns it to Caddy instead (Retry-After set, and the
+// code, message and retry in placeholders), for the site's handle_errors
+// routes to render.
+func (h *Handler) answer(w http.ResponseWriter, repl *caddy.Replacer, a *admission, e *apiError) error {
 	h.record(repl, a, e.code, time.Since(a.arrived))
+	if !h.HandleErrors {
+		e.write(w)
+		return nil
+	}
+	repl.Set("http.fair_queue.error_code", e.code)
+	repl.Set("http.fair_queue.error_message", e.message)
+	if e.retryAfter > 0 {
+		s := budget.RetryAfterSeconds(e.retryAfter)
+		w.Header().Set("Retry-After", strconv.Itoa(s))
+		repl.Set("http.fair_queue.retry_after", s)
+	}
+	return caddyhttp.Error(e.status, errors.New(e.code+": "+e.message))
 }
 
 // record sets the access-log placeholders, logs and counts the outcome.

@@ -34,7 +34,7 @@ http://127.0.0.1:{{.Site}} {
 			max_fails 1
 			lb_retries 2
 			transport http {
-				read_timeout 1s
+				read_timeout 3s
 			}
 		}
 	}
@@ -118,8 +118,11 @@ http://127.0.0.1:{{.Site}} {
 				t.Errorf("unexpected answer %v", r)
 			}
 		}
-		if served < 6 {
-			t.Errorf("%d of 10 served after one of two upstreams died; the survivor should serve at least the queue", served)
+		// The two streams on the survivor and the queue are served, but
+		// for a queued request dispatched to the dying upstream in its
+		// last instant (a 502 the client may retry).
+		if served < 7 {
+			t.Errorf("%d of 10 served after one of two upstreams died; want the survivor's 2 streams and at least 5 of the 6 queued", served)
 		}
 		waitMetricEq(t, c, 0, "caddy_fair_queue_inflight")
 		waitMetricEq(t, c, 0, "caddy_fair_queue_queue_depth")
