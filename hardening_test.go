@@ -12,6 +12,11 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
 // Two handlers of one config load that name the same queue would share one
@@ -158,4 +163,34 @@ func TestHandleErrors(t *testing.T) {
 	if code, _ := repl.GetString("http.fair_queue.error_code"); code != outcomeUnknown {
 		t.Errorf("{http.fair_queue.error_code} = %q, want %q", code, outcomeUnknown)
 	}
+}
+
+// A panic in one tick is logged and the next tick runs: a queue nobody
+// ticks would let its waiters miss every deadline.
+func TestTickRecoversPanic(t *testing.T) {
+	s, err := newSharedQueue(queueName(t), minimalQueueConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destruct()
+	core, logs := observer.New(zap.ErrorLevel)
+	// An owner whose health view panics (an upstream pool with a hole).
+	h := &Handler{logger: zap.New(core), proxy: &reverseproxy.Handler{Upstreams: reverseproxy.UpstreamPool{nil}}}
+	s.owners = append(s.owners, h)
+	s.tick()
+	s.tick()
+	if n := logs.FilterMessage("panic in the queue's tick").Len(); n != 2 {
+		t.Fatalf("%d panics logged, want 2 (one per tick, the loop going on)", n)
+	}
+}
+
+// minimalQueueConfig is a valid scheduler config with one slot per upstream.
+func minimalQueueConfig(t *testing.T) fairqueue.Config {
+	h := &Handler{}
+	h.setDefaults()
+	cfg, err := h.queueConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }

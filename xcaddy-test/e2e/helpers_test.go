@@ -281,8 +281,8 @@ func expectError(t *testing.T, r result, status int, code, typ string, retryAfte
 	}
 	ra := r.Header.Get("Retry-After")
 	if retryAfter {
-		if n, err := strconv.Atoi(ra); err != nil || n < 1 {
-			t.Errorf("%s: Retry-After %q, want whole seconds >= 1", r.TestID, ra)
+		if n, err := strconv.Atoi(ra); err != nil || n < 1 || n > 60 {
+			t.Errorf("%s: Retry-After %q, want whole seconds in 1..60", r.TestID, ra)
 		}
 	}
 	if r.Header.Get("X-Fake-Upstream") != "" {

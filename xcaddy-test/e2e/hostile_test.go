@@ -138,6 +138,17 @@ func TestHostileInput(t *testing.T) {
 		wg.Wait()
 	})
 
+	t.Run("wait budget counts from the complete body", func(t *testing.T) {
+		// A 300 ms budget, a body that takes about 600 ms to arrive (within
+		// body_timeout): the upload is the client's time, not the queue's,
+		// so the request is served, not refused as late.
+		body := []byte(`{"model":"m","messages":[{"role":"user","content":"slowly, please"}],"max_tokens":4}`)
+		resp := rawSlowUpload(addr, "good", body, 6, 100*time.Millisecond, "X-Wait-Budget: 300ms")
+		if resp.err != nil || resp.status != 200 {
+			t.Errorf("slow upload with a 300ms budget: %d %s %v, want 200", resp.status, resp.body, resp.err)
+		}
+	})
+
 	t.Run("queued bodies bounded by max_queue_bytes", func(t *testing.T) {
 		for _, f := range fakes {
 			f.Pause()
@@ -305,6 +316,33 @@ func rawTrickle(addr, tenant string, contentLength int64, every time.Duration) r
 			}
 		}
 	}()
+	return readRaw(conn)
+}
+
+// rawSlowUpload sends body in chunks, one every every, after headers that
+// announce its length plus extra (a "Name: value" line, may be empty), and
+// reads the answer.
+func rawSlowUpload(addr, tenant string, body []byte, chunks int, every time.Duration, extra string) rawResponse {
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return rawResponse{err: err}
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	hdr := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nX-Tenant-ID: %s\r\nContent-Length: %d\r\n", addr, tenant, len(body))
+	if extra != "" {
+		hdr += extra + "\r\n"
+	}
+	if _, err := io.WriteString(conn, hdr+"\r\n"); err != nil {
+		return rawResponse{err: err}
+	}
+	size := (len(body) + chunks - 1) / chunks
+	for off := 0; off < len(body); off += size {
+		time.Sleep(every)
+		if _, err := conn.Write(body[off:min(off+size, len(body))]); err != nil {
+			return rawResponse{err: err}
+		}
+	}
 	return readRaw(conn)
 }
 
