@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"sync/atomic"
 	"time"
 )
 
@@ -37,12 +38,14 @@ var errBodyTimeout = errors.New("request body not complete within body_timeout")
 // announced Content-Length, and it stops at maxBody (a *http.MaxBytesError).
 func readBody(w http.ResponseWriter, r *http.Request, maxBody int64, timeout time.Duration) ([]byte, error) {
 	rd := http.MaxBytesReader(w, r.Body, maxBody)
+	fired := func() bool { return false }
 	if timeout > 0 {
-		stop := bodyDeadline(w, r, timeout)
+		var stop func()
+		stop, fired = bodyDeadline(w, r, timeout)
 		defer stop()
 	}
 	b, err := readGrowing(rd, r.ContentLength, maxBody)
-	if err != nil && isTimeout(err) {
+	if err != nil && (isTimeout(err) || fired()) {
 		err = errBodyTimeout
 	}
 	return b, err
@@ -85,19 +88,32 @@ func readGrowing(rd io.Reader, contentLength, maxBody int64) ([]byte, error) {
 }
 
 // bodyDeadline bounds the time to read the body. On HTTP/1 it is a read
-// deadline on the connection, lifted again by the returned func (the
-// server's own deadlines are reset per request only when configured, and
-// its background read, which notices a client leaving, must not fail on
-// ours). Where the connection takes no deadline (HTTP/2), the body is
-// closed when the time is up, which fails the read just the same.
-func bodyDeadline(w http.ResponseWriter, r *http.Request, timeout time.Duration) (stop func()) {
+// deadline on the connection, lifted again by stop (the server's own
+// deadlines are reset per request only when configured, and its
+// background read, which notices a client leaving, must not fail on ours);
+// after it has passed, stop leaves it, so that net/http's own drain of an
+// unread body stays bounded too. Where the connection takes no deadline,
+// the body is closed when the time is up; fired then reports the timeout,
+// which the failed read does not name.
+func bodyDeadline(w http.ResponseWriter, r *http.Request, timeout time.Duration) (stop func(), fired func() bool) {
 	rc := http.NewResponseController(w)
-	if err := rc.SetReadDeadline(time.Now().Add(timeout)); err == nil {
-		return func() { _ = rc.SetReadDeadline(time.Time{}) }
+	deadline := time.Now().Add(timeout)
+	if err := rc.SetReadDeadline(deadline); err == nil {
+		return func() {
+				if time.Now().Before(deadline) {
+					_ = rc.SetReadDeadline(time.Time{})
+				}
+			}, func() bool {
+				return !time.Now().Before(deadline)
+			}
 	}
+	var timedOut atomic.Bool
 	body := r.Body
-	t := time.AfterFunc(timeout, func() { _ = body.Close() })
-	return func() { t.Stop() }
+	t := time.AfterFunc(timeout, func() {
+		timedOut.Store(true)
+		_ = body.Close()
+	})
+	return func() { t.Stop() }, timedOut.Load
 }
 
 func isTimeout(err error) bool {
@@ -127,20 +143,21 @@ func (h *Handler) tooLarge() *apiError {
 }
 
 // linger reads and discards what the client is still sending of a refused
-// request, bounded in bytes and time, after the answer was flushed, so the
-// client reads the answer rather than a connection reset. A client that
-// asked "Expect: 100-continue" was refused before it sent anything: reading
-// would invite it to upload, so nothing is read and the server closes the
-// connection.
-func linger(w http.ResponseWriter, r *http.Request) {
+// request, bounded in bytes and time, so the client reads the answer
+// rather than a connection reset. With flush, the answer already written
+// is sent first; without (handle_errors: Caddy writes the answer after the
+// handler returns), the client is drained before it is answered. A client
+// that asked "Expect: 100-continue" was refused before it sent anything:
+// reading would invite it to upload, so nothing is read and the server
+// closes the connection.
+func linger(w http.ResponseWriter, r *http.Request, flush bool) {
 	if r.Body == nil || r.Body == http.NoBody || r.Header.Get("Expect") != "" {
 		return
 	}
-	rc := http.NewResponseController(w)
-	if rc.Flush() != nil {
+	if flush && http.NewResponseController(w).Flush() != nil {
 		return
 	}
-	stop := bodyDeadline(w, r, lingerTime)
+	stop, _ := bodyDeadline(w, r, lingerTime)
 	defer stop()
 	_, _ = io.CopyN(io.Discard, r.Body, lingerBytes)
 }

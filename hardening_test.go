@@ -50,6 +50,9 @@ func TestProxyDefaults(t *testing.T) {
 			`{"load_balancing":{"selection_policy":{"policy":"first"}},"transport":{"protocol":"http","read_timeout":"1m","dial_timeout":"1s"}}`},
 		{`{"transport":{"protocol":"http","tls":{}}}`,
 			`{"load_balancing":{"selection_policy":{"policy":"least_conn"}},"transport":{"protocol":"http","read_timeout":"5m0s","tls":{}}}`},
+		// JSON null is an absent object.
+		{`{"load_balancing":null,"transport":null}`,
+			`{"load_balancing":{"selection_policy":{"policy":"least_conn"}},"transport":{"protocol":"http","read_timeout":"5m0s"}}`},
 		// Another transport has no read_timeout to set.
 		{`{"transport":{"protocol":"fastcgi"}}`,
 			`{"load_balancing":{"selection_policy":{"policy":"least_conn"}},"transport":{"protocol":"fastcgi"}}`},
@@ -193,4 +196,45 @@ func minimalQueueConfig(t *testing.T) fairqueue.Config {
 		t.Fatal(err)
 	}
 	return cfg
+}
+
+func TestProvisionRefusesNegativeLimits(t *testing.T) {
+	u := newFakeUpstream(t)
+	for _, extra := range []string{`"max_body":-1`, `"body_timeout":-1`, `"max_request_tokens":-5`,
+		`"default_max_tokens":-1`, `"max_queue_bytes":-1`, `"tenants":{"a":{"max_request_tokens":-1}}`} {
+		ctx, cancel := configContext(t)
+		_, err := loadHandler(ctx, fqConfig(queueName(t), u, extra))
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "negative") {
+			t.Errorf("%s: %v, want a refusal naming the negative value", extra, err)
+		}
+	}
+}
+
+func TestServeTenantIDTooLong(t *testing.T) {
+	u := newFakeUpstream(t)
+	h, _ := mustLoad(t, fqConfig(queueName(t), u, ""))
+	g := newGateway(t, h)
+	wantError(t, g.post(strings.Repeat("t", maxTenantLen+1), chatBody("")), http.StatusBadRequest, outcomeInvalid)
+	wantOK(t, g.post(strings.Repeat("t", maxTenantLen), chatBody("")))
+}
+
+// Bodies being received are bounded together: past the limit a new upload
+// is refused before it is read, and bytes come back as bodies finish.
+func TestReserveReading(t *testing.T) {
+	var s sharedQueue
+	if !s.reserveReading(600, 1000) || !s.reserveReading(400, 1000) {
+		t.Fatal("reservations within the limit refused")
+	}
+	if s.reserveReading(1, 1000) {
+		t.Fatal("a reservation past the limit was granted")
+	}
+	s.reading.Add(-600)
+	if !s.reserveReading(500, 1000) {
+		t.Fatal("bytes given back were not reusable")
+	}
+	var lone sharedQueue
+	if !lone.reserveReading(5000, 1000) {
+		t.Fatal("a lone body larger than the limit must still be read (max_body bounds it)")
+	}
 }

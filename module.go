@@ -174,7 +174,8 @@ type TenantConfig struct {
 	// together.
 	MaxQueue int `json:"max_queue,omitempty"`
 	// MaxInflight caps this tenant's requests in flight: at the cap its
-	// queued requests wait and others take the free slots. 0: no cap.
+	// queued requests wait and others take the free slots. For
+	// default_tenant it caps each unknown tenant. 0: no cap.
 	MaxInflight int `json:"max_inflight,omitempty"`
 	// MaxRequestTokens overrides the queue's max_request_tokens.
 	MaxRequestTokens int64 `json:"max_request_tokens,omitempty"`
@@ -340,8 +341,37 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 		// fill the room declared tenants queue in.
 		cfg.Default.MaxQueue = max(h.MaxQueue/2, 1)
 	}
+	// Nor may one unknown tenant fill the group's room.
+	cfg.DefaultPerTenantMaxQueue = max(cfg.Default.MaxQueue/4, 1)
 	cfg.Admission = h.admissionConfig()
 	return cfg, nil
+}
+
+// checkLimits refuses negative sizes, durations and token limits (the
+// JSON form can say anything): each would either refuse every request or
+// silently lift a bound.
+func (h *Handler) checkLimits() error {
+	for _, l := range []struct {
+		name string
+		v    int64
+	}{
+		{"max_body", h.MaxBody}, {"body_timeout", int64(h.BodyTimeout)},
+		{"max_request_tokens", h.MaxRequestTokens}, {"default_max_tokens", int64(h.DefaultMaxTokens)},
+		{"max_queue_bytes", h.MaxQueueBytes},
+	} {
+		if l.v < 0 {
+			return fmt.Errorf("%s must not be negative, got %d", l.name, l.v)
+		}
+	}
+	for name, t := range h.Tenants {
+		if t != nil && (t.MaxRequestTokens < 0 || t.MaxInflight < 0) {
+			return fmt.Errorf("tenant %q: max_request_tokens and max_inflight must not be negative", name)
+		}
+	}
+	if t := h.DefaultTenant; t != nil && (t.MaxRequestTokens < 0 || t.MaxInflight < 0) {
+		return fmt.Errorf("default_tenant: max_request_tokens and max_inflight must not be negative")
+	}
+	return nil
 }
 
 // admissionConfig applies anti_starvation's defaults: boost up to 10% of
@@ -375,6 +405,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	if h.Tokenizer != llmapi.Approx {
 		h.approx, _ = llmapi.NewCounter(llmapi.Approx)
+	}
+	if err := h.checkLimits(); err != nil {
+		return err
 	}
 	if h.qcfg, err = h.queueConfig(); err != nil {
 		return err
@@ -484,11 +517,14 @@ const defaultReadTimeout = 5 * time.Minute
 
 // subObject returns the JSON object m[key] decoded, or an empty one.
 func subObject(m map[string]json.RawMessage, key string) (map[string]json.RawMessage, error) {
-	out := map[string]json.RawMessage{}
+	var out map[string]json.RawMessage
 	if v, ok := m[key]; ok {
 		if err := json.Unmarshal(v, &out); err != nil {
 			return nil, fmt.Errorf("%s: %v", key, err)
 		}
+	}
+	if out == nil { // absent, or JSON null
+		out = map[string]json.RawMessage{}
 	}
 	return out, nil
 }

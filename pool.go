@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -40,8 +41,23 @@ type sharedQueue struct {
 	owners  []*Handler
 	pending []*Handler
 
+	// reading is the bytes reserved by bodies being received
+	// (reserveReading).
+	reading atomic.Int64
+
 	stop chan struct{}
 	done chan struct{}
+}
+
+// reserveReading reserves n bytes for a body about to be read, unless the
+// bodies being received already hold limit (0: no limit); the caller gives
+// them back with reading.Add(-n) once the body is read or refused.
+func (s *sharedQueue) reserveReading(n, limit int64) bool {
+	if now := s.reading.Add(n); limit > 0 && now > limit && now != n {
+		s.reading.Add(-n)
+		return false
+	}
+	return true
 }
 
 func newSharedQueue(name string, cfg fairqueue.Config) (*sharedQueue, error) {
@@ -115,6 +131,7 @@ func (s *sharedQueue) adopt(h *Handler) error {
 		// Subscriptions close when the events app starts, which is after
 		// every module of the load is provisioned: this one is in time.
 		if err := h.events.On("started", startedHandler(func() { s.commit(h) })); err != nil {
+			s.pending = s.pending[:len(s.pending)-1]
 			return err
 		}
 	}

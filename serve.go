@@ -50,6 +50,9 @@ const (
 	codeContextLength = "context_length_exceeded"
 )
 
+// maxTenantLen bounds a tenant ID.
+const maxTenantLen = 256
+
 // placeholderTenant is set as soon as the tenant is known, so the inner
 // proxy can pass it on (header_up X-Tenant {http.fair_queue.tenant}).
 const placeholderTenant = "http.fair_queue.tenant"
@@ -82,20 +85,29 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	a, aerr := h.admit(w, r, repl)
 	if aerr != nil {
-		if a.body == nil {
-			// Refused before the body was read whole. The connection
-			// cannot carry another request, and closing it is what stops
-			// net/http from reading up to 256 KiB of an unwanted body
-			// before it sends the answer (it does for bodies Caddy wraps).
+		// Refused before an HTTP/1 body was read whole: the connection
+		// cannot carry another request, and closing it is what stops
+		// net/http from reading up to 256 KiB of an unwanted body before it
+		// sends the answer (it does for bodies Caddy wraps). HTTP/2 and 3
+		// end just the stream; there the header would tear down every
+		// other request on the connection (h2) or be malformed (h3).
+		unread := a.body == nil && r.ProtoMajor == 1 && r.ContentLength != 0
+		if unread {
 			w.Header().Set("Connection", "close")
+		}
+		// Let the client finish sending, so it reads the answer rather
+		// than a connection reset (not after a body timeout: that client
+		// is the slow one).
+		drain := unread && aerr.code != outcomeBodyTimeout
+		if h.HandleErrors && drain {
+			// Caddy writes the error page after we return: drain first.
+			linger(w, r, false)
 		}
 		if err := h.answer(w, repl, a, aerr); err != nil {
 			return err // handle_errors renders it
 		}
-		if a.body == nil && aerr.code != outcomeBodyTimeout {
-			// Let the client finish sending, so it reads this answer
-			// rather than a connection reset.
-			linger(w, r)
+		if drain {
+			linger(w, r, true)
 		}
 		return nil
 	}
@@ -127,6 +139,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	wait := tk.Dispatched().Sub(tk.Enqueued())
 	observeDispatch(h.Name, a.label, tk.Boosted(), tk.ETA(), wait)
+	// Known now: set before proxying, so the inner proxy can use them.
+	repl.Set("http.fair_queue.wait_ms", wait.Milliseconds())
+	repl.Set("http.fair_queue.cost", a.cost.Total())
 	hdr := w.Header()
 	hdr.Set(headerWaitMs, strconv.FormatInt(wait.Milliseconds(), 10))
 	hdr.Set(headerCost, strconv.Itoa(a.cost.Total()))
@@ -173,10 +188,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	case rec.status == 0:
 		// The upstream failed before a byte reached the client: answer in
 		// the API's error shape rather than Caddy's plain error page.
+		h.logger.Warn("upstream failed", zap.String("tenant", a.tenant), zap.Error(perr))
+		if h.HandleErrors {
+			perr = caddyhttp.Error(http.StatusBadGateway, perr)
+			break
+		}
 		(&apiError{status: http.StatusBadGateway, code: outcomeProxyError,
 			message:    "The model server failed to answer; the request may be retried.",
 			retryAfter: time.Second}).write(w)
-		h.logger.Warn("upstream failed", zap.String("tenant", a.tenant), zap.Error(perr))
 		perr = nil
 	}
 	h.record(repl, a, outcome, wait)
@@ -223,6 +242,11 @@ func (h *Handler) actualCost(rec *usageRecorder, a *admission, failed bool) int6
 func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer) (*admission, *apiError) {
 	a := &admission{arrived: time.Now(), path: r.URL.Path}
 	a.tenant = repl.ReplaceAll(h.TenantKey, "")
+	if len(a.tenant) > maxTenantLen {
+		// Tenant IDs are map keys, log fields and report rows: bound them.
+		a.tenant, a.label = a.tenant[:maxTenantLen], unknownTenantLabel
+		return a, badRequest(fmt.Sprintf("The tenant ID is longer than %d bytes.", maxTenantLen))
+	}
 	// Known from here on, so the inner proxy can use it (header_up).
 	repl.Set(placeholderTenant, a.tenant)
 	tc, known := h.qcfg.Tenant(a.tenant)
@@ -248,8 +272,23 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 		return a, rejectionError(rej)
 	}
 
+	// Bodies being received count against max_queue_bytes too, on their
+	// own: many slow uploads must not pin more memory than the queue may.
+	reserve := h.MaxBody
+	if r.ContentLength >= 0 {
+		reserve = min(r.ContentLength, h.MaxBody)
+	}
+	if !h.shared.reserveReading(reserve, h.MaxQueueBytes) {
+		return a, &apiError{status: http.StatusServiceUnavailable, code: "server_busy", retryAfter: time.Second,
+			message: fmt.Sprintf("The gateway is receiving as many request bytes as it holds (max_queue_bytes %d); retry after the time in Retry-After.", h.MaxQueueBytes)}
+	}
 	body, err := readBody(w, r, h.MaxBody, time.Duration(h.BodyTimeout))
+	h.shared.reading.Add(-reserve)
 	if err != nil {
+		if r.Context().Err() != nil && !errors.Is(err, errBodyTimeout) {
+			// The client left mid-upload: nobody is left to answer.
+			return a, &apiError{status: statusClientClosed, code: outcomeClientGone, message: "The client went away."}
+		}
 		return a, h.bodyError(err)
 	}
 	// The wait budget counts from a complete request: a slow upload is the
@@ -267,9 +306,12 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 	est := h.estimator()
 	a.cost = llmapi.Estimate(req, est, h.DefaultMaxTokens)
 	h.applyDegrade(a)
-	if limit, what := h.requestTokenLimit(a.tenant, known); int64(a.cost.Total()) > limit {
+	if limit, what := h.requestTokenLimit(a.tenant, known); int64(a.cost.Total())+int64(len(body)) > limit {
+		// A text token is at least one byte, so the cheap estimate can be
+		// off by no more than the body's size: near the limit, decide on
+		// the exact count (it samples long prompts), never on approx,
+		// which adversarial text fools both ways.
 		if est != h.counter && !a.light {
-			// The cheap estimate may overshoot: refuse on the exact count only.
 			a.cost = llmapi.Estimate(req, h.counter, h.DefaultMaxTokens)
 		}
 		if int64(a.cost.Total()) > limit {

@@ -710,3 +710,32 @@ func TestConfigBudget(t *testing.T) {
 		}
 	}
 }
+
+// One undeclared tenant cannot fill the byte or token room of the queue:
+// the group gets the same share of MaxQueueBytes and MaxQueueTokens as of
+// MaxQueue, and declared tenants keep the rest.
+func TestUndeclaredGroupByteAndTokenShare(t *testing.T) {
+	cfg := testConfig(1, map[string]float64{"declared": 1})
+	cfg.MaxQueue = 100
+	cfg.Default.MaxQueue = 50 // half of the queue: half of its bytes and tokens
+	cfg.MaxQueueBytes = 1000
+	cfg.MaxQueueTokens = 10000
+	h := newHarness(t, cfg, 1, 1)
+	h.enqueue(Request{Tenant: "declared", Cost: 1}) // holds the slot
+	for range 5 {
+		h.enqueue(Request{Tenant: "attacker", Cost: 1, Bytes: 100})
+	}
+	_, err := h.tryEnqueue(Request{Tenant: "attacker", Cost: 1, Bytes: 100})
+	if rej := wantRejection(t, err, ReasonTenantQueueFull); !strings.Contains(rej.Detail, "500 bytes queued (limit 500)") {
+		t.Fatalf("group byte share: %q", rej.Detail)
+	}
+	_, err = h.tryEnqueue(Request{Tenant: "other-unknown", Cost: 4996})
+	if rej := wantRejection(t, err, ReasonTenantQueueFull); !strings.Contains(rej.Detail, "tokens queued (limit 5000)") {
+		t.Fatalf("group token share: %q", rej.Detail)
+	}
+	// The declared tenant still has the other half.
+	for range 4 {
+		h.enqueue(Request{Tenant: "declared", Cost: 1, Bytes: 100})
+	}
+	h.drain(1)
+}

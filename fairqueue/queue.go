@@ -150,6 +150,8 @@ type tenant struct {
 	group      *tenant
 	queued     int
 	queuedCost int64
+	// queuedBytes is kept for the undeclared group only (its byte cap).
+	queuedBytes int64
 	inflight   int
 	// served is the cost charged so far (estimates, corrected by back-fill).
 	served float64
@@ -471,7 +473,7 @@ func (q *Queue) admitLocked(now time.Time, t *tenant, tc TenantConfig, known boo
 		}
 	}
 	if tc.MaxQueue > 0 || (!known && q.cfg.DefaultPerTenantMaxQueue > 0) {
-		if rej := q.tenantFullLocked(now, t, tc, known); rej != nil {
+		if rej := q.tenantFullLocked(now, t, tc, known, tokens, bytes); rej != nil {
 			return rej
 		}
 	}
@@ -508,18 +510,47 @@ func (q *Queue) tooLargeLocked(tokens int64) *Rejection {
 // tenantFullLocked applies the tenant's own queue cap and, for an
 // undeclared tenant, the group's cap (Default.MaxQueue) and the
 // per-undeclared-tenant cap.
-func (q *Queue) tenantFullLocked(now time.Time, t *tenant, tc TenantConfig, known bool) *Rejection {
+func (q *Queue) tenantFullLocked(now time.Time, t *tenant, tc TenantConfig, known bool, tokens, bytes int64) *Rejection {
 	own := tc.MaxQueue
 	if !known {
 		own = q.cfg.DefaultPerTenantMaxQueue
-		if g := q.group; tc.MaxQueue > 0 && g.queued >= tc.MaxQueue {
-			return &Rejection{Reason: ReasonTenantQueueFull, RetryAfter: q.drainRetryLocked(now, g.queuedCost, g.queued),
-				Detail: fmt.Sprintf("undeclared tenants together have %d requests queued (limit %d)", g.queued, tc.MaxQueue)}
+		if rej := q.groupFullLocked(now, tc, tokens, bytes); rej != nil {
+			return rej
 		}
 	}
 	if own > 0 && t != nil && t.queued >= own {
 		return &Rejection{Reason: ReasonTenantQueueFull, RetryAfter: q.drainRetryLocked(now, t.queuedCost, t.queued),
 			Detail: fmt.Sprintf("tenant has %d requests queued (limit %d)", t.queued, own)}
+	}
+	return nil
+}
+
+// groupFullLocked checks the undeclared tenants' room together: their
+// queue cap (Default.MaxQueue) and, in the same proportion of the queue's,
+// their share of MaxQueueBytes and MaxQueueTokens, so that undeclared
+// traffic (one tenant ID or many) cannot fill the byte or token room the
+// declared tenants queue in either.
+func (q *Queue) groupFullLocked(now time.Time, tc TenantConfig, tokens, bytes int64) *Rejection {
+	g := q.group
+	if tc.MaxQueue <= 0 {
+		return nil
+	}
+	full := func(what string, have, limit int64) *Rejection {
+		return &Rejection{Reason: ReasonTenantQueueFull, RetryAfter: q.drainRetryLocked(now, g.queuedCost, g.queued),
+			Detail: fmt.Sprintf("undeclared tenants together have %d %s queued (limit %d)", have, what, limit)}
+	}
+	if g.queued >= tc.MaxQueue {
+		return full("requests", int64(g.queued), int64(tc.MaxQueue))
+	}
+	share := 1.0
+	if q.cfg.MaxQueue > 0 {
+		share = min(float64(tc.MaxQueue)/float64(q.cfg.MaxQueue), 1)
+	}
+	if limit := int64(share * float64(q.cfg.MaxQueueBytes)); limit > 0 && g.queued > 0 && g.queuedBytes+bytes > limit {
+		return full("bytes", g.queuedBytes, limit)
+	}
+	if limit := int64(share * float64(q.cfg.MaxQueueTokens)); limit > 0 && g.queued > 0 && g.queuedCost+tokens > limit {
+		return full("tokens", g.queuedCost, limit)
 	}
 	return nil
 }
@@ -630,6 +661,7 @@ func (q *Queue) countLocked(tk *Ticket, sign int) {
 	if g := t.group; g != nil {
 		g.queued += n
 		g.queuedCost += c * tk.tokens
+		g.queuedBytes += c * tk.bytes
 	}
 	q.queued += n
 	q.queuedCost += c * tk.tokens
