@@ -152,7 +152,7 @@ type tenant struct {
 	queuedCost int64
 	// queuedBytes is kept for the undeclared group only (its byte cap).
 	queuedBytes int64
-	inflight   int
+	inflight    int
 	// served is the cost charged so far (estimates, corrected by back-fill).
 	served float64
 	// stamp marks the tenant as counted in the current ETA pass.
