@@ -12,7 +12,9 @@
 //
 // Scheduling logic lives in fairqueue, budget and degrade; this package only
 // adapts HTTP to them: module.go (config, provisioning), caddyfile.go
-// (parsing), serve.go (the request path), record.go (reading usage from
-// responses), respond.go (the error contract), pool.go (state that survives
-// reloads), metrics.go, degrade.go and budget.go (wiring of those engines).
+// (parsing), serve.go (the request path), body.go (reading bodies within
+// bounds of bytes and time, lingering after a refusal), record.go (reading
+// usage from responses), respond.go (the error contract), refusal.go
+// (answering the scheduler's refusals), pool.go (state that survives
+// reloads), metrics.go and degrade.go (wiring of the ladder).
 package caddyfairqueue
