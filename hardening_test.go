@@ -238,3 +238,23 @@ func TestReserveReading(t *testing.T) {
 		t.Fatal("a lone body larger than the limit must still be read (max_body bounds it)")
 	}
 }
+
+// If the "started" event never comes, the old config's Cleanup (which
+// Caddy runs only after the new config started) hands the queue to the
+// newest pending config.
+func TestConfigCommitsWhenOldLeaves(t *testing.T) {
+	u := newFakeUpstream(t)
+	name := queueName(t)
+	a, stopA := mustLoad(t, fqConfig(name, u, `"max_inflight":2`))
+	s := a.shared
+	ctx, cancel := configContext(t)
+	defer cancel()
+	b, err := loadHandler(ctx, fqConfig(name, u, `"max_inflight":7`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopA()
+	if got := s.q.Config().MaxInflight; got != 7 || s.owner() != b {
+		t.Fatalf("after the old config left: max_inflight %d, want the new 7", got)
+	}
+}

@@ -180,7 +180,17 @@ func (s *sharedQueue) abandon(h *Handler) {
 		if o == h {
 			wasOwner := i == len(s.owners)-1
 			s.owners = append(s.owners[:i], s.owners[i+1:]...)
-			if wasOwner && len(s.owners) > 0 {
+			switch {
+			case len(s.owners) == 0 && len(s.pending) > 0:
+				// Caddy stops the old config only after the new one
+				// started: if its "started" never reached us, the newest
+				// pending handler's config is the live one now.
+				next := s.pending[len(s.pending)-1]
+				s.pending = s.pending[:len(s.pending)-1]
+				if err := s.commitLocked(next); err != nil {
+					next.logger.Error("applying the new config to the queue", zap.String("queue", s.name), zap.Error(err))
+				}
+			case wasOwner && len(s.owners) > 0:
 				prev := s.owners[len(s.owners)-1]
 				_ = s.q.Reconfigure(prev.qcfg)
 				s.q.SetHealthy(prev.healthyUpstreams())
