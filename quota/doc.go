@@ -64,8 +64,8 @@
 //     bounds the excess volume, not the peak. Only what exceeds it is
 //     refused.
 //  3. Held, then paid back. Past the window the tenant is held to r: its
-//     debt stays at tau and it is admitted at exactly rate r however fast
-//     it sends. The debt falls only while the tenant runs under its rate, by
+//     debt stays between tau and tau plus one request, and it is admitted
+//     at exactly rate r however fast it sends. The debt falls only while the tenant runs under its rate, by
 //     (1 - u) per second at a fraction u of the rate: at (1 - b) x r it is
 //     repaid in tau / b (the seed's default, 1.2x for 10 s, is repaid in 10 s
 //     at 0.8x, or in 2 s idle), after which a full window is available

@@ -14,8 +14,10 @@ const DefaultSweepEvery = time.Minute
 // Tenants at rest (no debt on any meter) are forgotten by a sweep at most
 // every DefaultSweepEvery of clock time; since a rested tenant behaves
 // exactly as an unknown one, forgetting changes no decision, and the map
-// holds only tenants that charged within the last burst window plus their
-// debt (plus one sweep period).
+// holds only the tenants in debt plus those that came to rest since the
+// last sweep. Peek and Status never add a tenant.
+//
+// Every method takes the tenant's *Limits, which must not be nil.
 type Memory struct {
 	clock func() time.Time
 	epoch time.Time // time line origin: now is clock().Sub(epoch)
