@@ -331,6 +331,7 @@ var registry = map[string]func() *Scenario{
 	"seed000-stress": Seed000Stress,
 	"stress-outage":  StressOutage,
 	"peak":           Peak,
+	"seed004":        Seed004,
 }
 
 // Names lists the scenario names, sorted.

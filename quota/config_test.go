@@ -1,0 +1,106 @@
+package quota
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestValidateAcceptsSeedConfig(t *testing.T) {
+	if err := seedCfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []Config{
+		{QPS: 1},
+		{TokensPerMin: 1000},
+		{QPS: 5, TokenToQPSWeight: 0.001, JointCap: 2},
+	} {
+		if err := c.Validate(); err != nil {
+			t.Errorf("%+v: %v", c, err)
+		}
+	}
+}
+
+func TestValidateNamesEachProblem(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want []string
+	}{
+		{Config{}, []string{"neither qps nor tokens_per_min"}},
+		{Config{QPS: -1}, []string{"qps is -1", ">= 0"}},
+		{Config{QPS: math.NaN()}, []string{"qps is NaN"}},
+		{Config{QPS: 1, TokensPerMin: math.Inf(1)}, []string{"tokens_per_min is +Inf"}},
+		{Config{QPS: 2e9}, []string{"qps is 2e+09", "at most"}},
+		{Config{TokensPerMin: 100, JointCap: 1, TokenToQPSWeight: 0.001}, []string{"joint_cap is 1 but qps is 0"}},
+		{Config{QPS: 10, JointCap: 1}, []string{"token_to_qps_weight is 0"}},
+		{Config{QPS: 10, BurstAllow: 0.2}, []string{"burst_allow 0.2 and burst_window 0s must both be set"}},
+		{Config{QPS: 10, BurstWindow: time.Second}, []string{"must both be set"}},
+		{Config{QPS: 10, BurstWindow: -time.Second, BurstAllow: 0.1}, []string{"burst_window is -1s"}},
+		{Config{QPS: 10, BurstAllow: -0.1, BurstWindow: time.Second}, []string{"burst_allow is -0.1"}},
+		// Several problems are all reported.
+		{Config{QPS: -1, JointCap: -2, BurstAllow: math.NaN()}, []string{"qps is -1", "joint_cap is -2", "burst_allow is NaN"}},
+	} {
+		err := tc.cfg.Validate()
+		if err == nil {
+			t.Errorf("%+v: no error, want %q", tc.cfg, tc.want)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%+v: error %q does not contain %q", tc.cfg, err, w)
+			}
+		}
+		if _, cerr := tc.cfg.Compile(); cerr == nil {
+			t.Errorf("%+v: Compile accepted an invalid config", tc.cfg)
+		}
+	}
+}
+
+func TestIncrements(t *testing.T) {
+	l := MustCompile(seedCfg)
+	for _, tc := range []struct {
+		d      Dimension
+		tokens int64
+		want   time.Duration
+	}{
+		{DimQPS, 20000, 5 * time.Millisecond},                  // 1/200 s
+		{DimTokens, 20000, 6 * time.Second},                    // 20000 / (200000/60) s
+		{DimJoint, 20000, 85 * time.Millisecond},               // (1 + 16) / 200 s
+		{DimJoint, 0, 5 * time.Millisecond},                    // a request with no tokens is 1
+		{DimTokens, -5, 0},                                     // negative tokens count as none
+		{Dimension("nope"), 1, 0},                              // unknown dimension
+		{DimJoint, 1250, 10 * time.Millisecond},                // 1250 tokens weigh one request
+		{DimTokens, 1, 300 * time.Microsecond},                 // 60 s / 200000
+		{DimQPS, 0, time.Second / 200},                         // size does not matter for qps
+		{DimTokens, 1 << 62, time.Duration(maxInc)},            // capped, no overflow
+		{DimJoint, math.MaxInt64, time.Duration(maxInc)},       // capped, no overflow
+		{DimQPS, math.MaxInt64, 5 * time.Millisecond},          // qps ignores size
+		{DimTokens, 3333, 999900 * time.Microsecond},           // rounding once
+		{DimJoint, 625, 7500 * time.Microsecond},               // 1.5 request-equivalents
+		{DimTokens, 200000, 60 * time.Second},                  // a minute's worth
+		{DimJoint, 250000, 1005 * time.Millisecond},            // 201 request-equivalents
+		{DimTokens, 0, 0},                                      // nothing to charge
+		{DimJoint, -1, 5 * time.Millisecond},                   // negative tokens count as none
+		{DimQPS, -1, 5 * time.Millisecond},                     // still one request
+		{DimTokens, 7, 2100 * time.Microsecond},                // 7 x 300 us
+		{DimJoint, 1, 5*time.Millisecond + 4*time.Microsecond}, // 0.0008 x 5 ms per token
+	} {
+		if got := l.Increment(tc.d, tc.tokens); got != tc.want {
+			t.Errorf("Increment(%s, %d) = %v, want %v", tc.d, tc.tokens, got, tc.want)
+		}
+	}
+	if got := l.Tolerance(); got != 2*time.Second {
+		t.Errorf("Tolerance = %v, want 2s", got)
+	}
+	if !l.Enabled(DimQPS) || !l.Enabled(DimTokens) || !l.Enabled(DimJoint) || l.Enabled("x") {
+		t.Error("Enabled: want qps, tokens, joint on and unknown off")
+	}
+	off := MustCompile(Config{QPS: 3})
+	if off.Enabled(DimTokens) || off.Enabled(DimJoint) || off.Increment(DimTokens, 10) != 0 {
+		t.Error("meters without a rate must be off and cost nothing")
+	}
+	if off.Config() != (Config{QPS: 3}) {
+		t.Error("Config does not return the compiled config")
+	}
+}

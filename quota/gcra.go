@@ -1,0 +1,200 @@
+package quota
+
+import (
+	"math"
+	"time"
+)
+
+// Dimension names a meter; it is the reason a request is refused.
+type Dimension string
+
+// The three meters, by the names the HTTP contract uses in its reason field.
+const (
+	DimQPS    Dimension = "qps"
+	DimTokens Dimension = "tokens"
+	DimJoint  Dimension = "joint"
+)
+
+// Meter indexes into per-tenant state, in this order. Ties between meters
+// whose earliest times are equal go to the later index: joint, the
+// dimension the seed asks operators to reason in, is named first.
+const (
+	dimQPS = iota
+	dimTokens
+	dimJoint
+	numDims
+)
+
+var dimNames = [numDims]Dimension{DimQPS, DimTokens, DimJoint}
+
+func dimIndex(d Dimension) (int, bool) {
+	for i, n := range dimNames {
+		if n == d {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+// TATs is one tenant's state: each meter's theoretical arrival time, in
+// nanoseconds on the store's own time line. It is all a store keeps per
+// tenant (three integers: a Redis hash of three fields).
+type TATs [numDims]int64
+
+// Decision is the answer to Peek or Charge.
+type Decision struct {
+	// Allowed: the request conforms to every meter now (and, for Charge, has
+	// been charged to all of them).
+	Allowed bool
+	// At is the earliest time the request conforms: now when Allowed. It is
+	// exact: with no other charge in between, the same request peeked or
+	// charged at At is allowed.
+	At time.Time
+	// RetryAfter is At - now (0 when Allowed).
+	RetryAfter time.Duration
+	// Reason is the binding meter when not Allowed (the one whose earliest
+	// time is latest), "" when Allowed.
+	Reason Dimension
+	// Status is the meters after the decision (after the charge when one was
+	// made), for the x-ratelimit-* headers of the same response.
+	Status Status
+}
+
+// Status is a tenant's standing on each meter.
+type Status struct {
+	Requests MeterStatus
+	Tokens   MeterStatus
+	Joint    MeterStatus
+}
+
+// MeterStatus is one meter's standing in OpenAI header terms.
+type MeterStatus struct {
+	// Enabled: the tenant's limits have this meter; the rest is zero if not.
+	Enabled bool
+	// Limit is the rate per minute: RPM, TPM, or request-equivalents per
+	// minute for joint, rounded down (what x-ratelimit-limit-* reports).
+	Limit int64
+	// Remaining is how many units can be charged now, back to back, without
+	// a refusal: requests for qps and joint (request-equivalents), tokens for
+	// tokens. Capped at Limit.
+	Remaining int64
+	// Reset is how long until the meter is back at rest (no debt, the whole
+	// burst window available again) if nothing more is charged.
+	Reset time.Duration
+}
+
+// Meter returns the status of dimension d.
+func (s *Status) Meter(d Dimension) MeterStatus {
+	switch d {
+	case DimQPS:
+		return s.Requests
+	case DimTokens:
+		return s.Tokens
+	case DimJoint:
+		return s.Joint
+	}
+	return MeterStatus{}
+}
+
+func (s *Status) at(i int) *MeterStatus {
+	switch i {
+	case dimQPS:
+		return &s.Requests
+	case dimTokens:
+		return &s.Tokens
+	}
+	return &s.Joint
+}
+
+// Fresh is the state of a tenant with no debt at time now: the state every
+// unknown tenant is in, and the state an idle tenant returns to.
+func Fresh(now int64) TATs { return TATs{now, now, now} }
+
+// Rested reports whether t carries no debt at now on any meter, i.e. it
+// behaves exactly like Fresh(now) from now on and may be forgotten.
+func (t *TATs) Rested(now int64) bool {
+	for _, v := range t {
+		if v > now {
+			return false
+		}
+	}
+	return true
+}
+
+// Decide is the GCRA test for a request at now, without changing t: it
+// conforms iff TAT <= now + tau on every enabled meter; otherwise its
+// earliest time is max over meters of TAT - tau. The request's size does not
+// enter the test (see the package doc: size decides how long the tenant
+// pays afterwards, not whether it may start).
+func Decide(t *TATs, l *Limits, now int64) (allowed bool, at int64, reason Dimension) {
+	at = now
+	for i := 0; i < numDims; i++ {
+		if l.interval[i] == 0 {
+			continue
+		}
+		if e := t[i] - l.tolerance; e > now && e >= at {
+			at, reason = e, dimNames[i]
+		}
+	}
+	return at == now, at, reason
+}
+
+// Charge advances every enabled meter of t by the request's increment:
+// TAT = max(TAT, now) + increment. Callers charge only after Decide allowed
+// the request, which makes the charge all three meters or none.
+func Charge(t *TATs, l *Limits, now, tokens int64) {
+	for i := 0; i < numDims; i++ {
+		if l.interval[i] == 0 {
+			continue
+		}
+		t[i] = max(t[i], now) + l.inc(i, tokens)
+	}
+}
+
+// Reconcile moves the token and joint meters by the difference between the
+// increments of the actual and the estimated tokens: extra debt when the
+// request used more than estimated, a refund when it used less. A refund
+// never takes a meter below now: a tenant at rest has no credit to gain
+// (the burst window is the most it can ever have).
+func Reconcile(t *TATs, l *Limits, now, estimated, actual int64) {
+	for i := dimTokens; i < numDims; i++ {
+		if l.interval[i] == 0 {
+			continue
+		}
+		d := l.inc(i, actual) - l.inc(i, estimated)
+		switch {
+		case d > 0:
+			t[i] = max(t[i], now) + d
+		case d < 0:
+			t[i] = max(t[i]+d, now)
+		}
+	}
+}
+
+// StatusOf computes the header view of t at now.
+func StatusOf(t *TATs, l *Limits, now int64) Status {
+	var s Status
+	for i := 0; i < numDims; i++ {
+		iv := l.interval[i]
+		if iv == 0 {
+			continue
+		}
+		m := s.at(i)
+		m.Enabled = true
+		m.Limit = int64(math.Floor(l.perMinute(i) + 1e-9))
+		base := max(t[i], now)
+		m.Reset = time.Duration(base - now)
+		slack := now + l.tolerance - base
+		if slack < 0 {
+			continue
+		}
+		r := int64(math.Floor(float64(slack) / iv))
+		if i != dimTokens {
+			// A request is admitted while the debt before it is within
+			// tau, so one more request fits than the slack covers.
+			r++
+		}
+		m.Remaining = min(r, m.Limit)
+	}
+	return s
+}

@@ -1,0 +1,104 @@
+package quota
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+)
+
+// vclock is a virtual clock safe for concurrent readers.
+type vclock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+var epoch0 = time.Date(2026, 10, 21, 0, 0, 0, 0, time.UTC)
+
+func newVclock() *vclock { return &vclock{t: epoch0} }
+
+func (c *vclock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *vclock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t.Before(c.t) {
+		panic("vclock: time goes backwards")
+	}
+	c.t = t
+}
+
+func (c *vclock) Advance(d time.Duration) { c.Set(c.Now().Add(d)) }
+
+// The seed's defaults: 200 qps, 200000 tokens/min, weight 0.0008, joint cap
+// 1.0, 1.2x for 10 s.
+var seedCfg = Config{
+	QPS:              200,
+	TokensPerMin:     200000,
+	TokenToQPSWeight: 0.0008,
+	JointCap:         1.0,
+	BurstWindow:      10 * time.Second,
+	BurstAllow:       0.2,
+}
+
+// meterCase isolates one meter: limits where it binds, the tokens of each
+// request, the units one request costs on that meter and the meter's rate.
+type meterCase struct {
+	name   string
+	dim    Dimension
+	lim    *Limits
+	tokens int64
+	units  float64 // meter units per request
+	rate   float64 // meter units per second
+}
+
+func meterCases() []meterCase {
+	return []meterCase{
+		{
+			name: "qps", dim: DimQPS,
+			lim:    MustCompile(Config{QPS: 200, BurstWindow: 10 * time.Second, BurstAllow: 0.2}),
+			tokens: 100, units: 1, rate: 200,
+		},
+		{
+			name: "tokens", dim: DimTokens,
+			lim:    MustCompile(Config{TokensPerMin: 200000, BurstWindow: 10 * time.Second, BurstAllow: 0.2}),
+			tokens: 1000, units: 1000, rate: 200000.0 / 60,
+		},
+		{
+			// 1250 tokens weigh 1 request: a request is 2 request-
+			// equivalents, so joint binds at 100 requests/s and the qps
+			// meter (200/s) never does.
+			name: "joint", dim: DimJoint,
+			lim:    MustCompile(Config{QPS: 200, TokenToQPSWeight: 0.0008, JointCap: 1, BurstWindow: 10 * time.Second, BurstAllow: 0.2}),
+			tokens: 1250, units: 2, rate: 200,
+		},
+	}
+}
+
+var bg = context.Background()
+
+func mustPeek(t testing.TB, m *Memory, tenant string, l *Limits) Decision {
+	t.Helper()
+	d, err := m.Peek(bg, tenant, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func mustCharge(t testing.TB, m *Memory, tenant string, l *Limits, tokens int64) Decision {
+	t.Helper()
+	d, err := m.Charge(bg, tenant, l, tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func within(got, want, tol float64) bool {
+	return got >= want*(1-tol) && got <= want*(1+tol)
+}

@@ -1,0 +1,131 @@
+package quota
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// DefaultSweepEvery is how often, in clock time, Memory forgets tenants at
+// rest.
+const DefaultSweepEvery = time.Minute
+
+// Memory is the in-process Store: one mutex over a map of tenants' TATs.
+// Tenants at rest (no debt on any meter) are forgotten by a sweep at most
+// every DefaultSweepEvery of clock time; since a rested tenant behaves
+// exactly as an unknown one, forgetting changes no decision, and the map
+// holds only the tenants in debt plus those that came to rest since the
+// last sweep. Peek and Status never add a tenant.
+//
+// Every method takes the tenant's *Limits, which must not be nil.
+type Memory struct {
+	clock func() time.Time
+	epoch time.Time // time line origin: now is clock().Sub(epoch)
+
+	mu        sync.Mutex
+	tenants   map[string]TATs // guarded by mu
+	nextSweep int64           // guarded by mu
+	sweepGap  int64
+}
+
+var _ Store = (*Memory)(nil)
+
+// NewMemory returns an empty Memory reading time from clock (time.Now in
+// production, a virtual clock in tests and the simulator). Times are taken
+// as clock().Sub(first reading), so a wall-clock step does not move the
+// meters when the clock carries a monotonic reading.
+func NewMemory(clock func() time.Time) *Memory {
+	return &Memory{
+		clock:    clock,
+		epoch:    clock(),
+		tenants:  make(map[string]TATs),
+		sweepGap: int64(DefaultSweepEvery),
+	}
+}
+
+// nowLocked reads the clock and sweeps when a sweep is due. The clock is
+// read under the lock so that decisions are ordered as their times are.
+func (m *Memory) nowLocked() int64 {
+	now := int64(m.clock().Sub(m.epoch))
+	if now >= m.nextSweep {
+		for k, t := range m.tenants {
+			if t.Rested(now) {
+				delete(m.tenants, k)
+			}
+		}
+		m.nextSweep = now + m.sweepGap
+	}
+	return now
+}
+
+func (m *Memory) stateLocked(tenant string, now int64) TATs {
+	if t, ok := m.tenants[tenant]; ok {
+		return t
+	}
+	return Fresh(now)
+}
+
+func (m *Memory) decision(ok bool, at int64, reason Dimension, t *TATs, l *Limits, now int64) Decision {
+	return Decision{
+		Allowed:    ok,
+		At:         m.epoch.Add(time.Duration(at)),
+		RetryAfter: time.Duration(at - now),
+		Reason:     reason,
+		Status:     StatusOf(t, l, now),
+	}
+}
+
+// Peek implements Store.
+func (m *Memory) Peek(_ context.Context, tenant string, l *Limits) (Decision, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.nowLocked()
+	t := m.stateLocked(tenant, now)
+	ok, at, reason := Decide(&t, l, now)
+	return m.decision(ok, at, reason, &t, l, now), nil
+}
+
+// Charge implements Store.
+func (m *Memory) Charge(_ context.Context, tenant string, l *Limits, tokens int64) (Decision, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.nowLocked()
+	t := m.stateLocked(tenant, now)
+	ok, at, reason := Decide(&t, l, now)
+	if ok {
+		Charge(&t, l, now, tokens)
+		m.tenants[tenant] = t
+	}
+	return m.decision(ok, at, reason, &t, l, now), nil
+}
+
+// Reconcile implements Store.
+func (m *Memory) Reconcile(_ context.Context, tenant string, l *Limits, estimated, actual int64) (Status, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.nowLocked()
+	t := m.stateLocked(tenant, now)
+	Reconcile(&t, l, now, estimated, actual)
+	if t.Rested(now) {
+		delete(m.tenants, tenant)
+	} else {
+		m.tenants[tenant] = t
+	}
+	return StatusOf(&t, l, now), nil
+}
+
+// Status implements Store.
+func (m *Memory) Status(_ context.Context, tenant string, l *Limits) (Status, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.nowLocked()
+	t := m.stateLocked(tenant, now)
+	return StatusOf(&t, l, now), nil
+}
+
+// Len is the number of tenants held (those not yet forgotten).
+func (m *Memory) Len() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.tenants)
+}

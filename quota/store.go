@@ -1,0 +1,27 @@
+package quota
+
+import "context"
+
+// Store keeps tenants' meters and makes each decision atomically. Every
+// method is one read-modify-write of one tenant's three theoretical arrival
+// times (TATs), with its inputs computed beforehand from Limits, so a Redis
+// implementation does each in a single round trip (one Lua call on one
+// hash-tagged key, time from Redis TIME). Limits travel with every call: a
+// config reload applies to the next call, stored state untouched.
+//
+// Errors are the store's own (a network store's); Memory never returns one.
+type Store interface {
+	// Peek answers whether a request may start now and, if not, the
+	// earliest time it may and the binding dimension, charging nothing.
+	Peek(ctx context.Context, tenant string, l *Limits) (Decision, error)
+	// Charge is Peek followed, if allowed, by charging a request with
+	// estimated tokens to every meter, atomically: all three meters or none.
+	// Call it at dispatch; a refusal here (another request of the tenant
+	// charged since the Peek) leaves the state untouched.
+	Charge(ctx context.Context, tenant string, l *Limits, tokens int64) (Decision, error)
+	// Reconcile corrects a charged request's tokens at completion: extra
+	// debt when actual > estimated, a refund when actual < estimated.
+	Reconcile(ctx context.Context, tenant string, l *Limits, estimated, actual int64) (Status, error)
+	// Status reports the tenant's meters without changing them.
+	Status(ctx context.Context, tenant string, l *Limits) (Status, error)
+}
