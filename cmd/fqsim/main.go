@@ -6,6 +6,9 @@
 //	go run ./cmd/fqsim -scenario seed000 [-policy all|budgets|fifo,wfq-tokens] [-seed N]
 //	go run ./cmd/fqsim -scenario list
 //
+// seed004 also prints its tenant-quota comparison (QPS-only, token-only
+// and joint limits).
+//
 // Without -policy a scenario runs its own default policies (the wait-budget
 // ones for seed000-stress, wfq-budgets for peak) or else the standard ones.
 // The model and every metric are documented in package
@@ -104,6 +107,19 @@ func run(name, policy string, seed uint64) error {
 	}
 	if len(budgets) > 0 {
 		simulator.FormatBudgets(os.Stdout, budgets)
+		fmt.Println()
+	}
+	if name == "seed004" {
+		// seed004 is about tenant quotas: the three limiters side by side.
+		var quotas []*simulator.Seed004Result
+		for _, m := range simulator.QuotaModes {
+			r, err := simulator.RunSeed004(w, m)
+			if err != nil {
+				return err
+			}
+			quotas = append(quotas, r)
+		}
+		simulator.FormatSeed004(os.Stdout, quotas)
 		fmt.Println()
 	}
 	fmt.Printf("wall time %v\n", time.Since(start).Round(time.Millisecond))
