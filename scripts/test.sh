@@ -13,7 +13,7 @@ echo "== go vet"
 go vet ./...
 
 echo "== unit, engine and simulator tests (race)"
-go test -race -count=1 ./fairqueue/... ./budget/ ./degrade/ ./llmapi/
+go test -race -count=1 ./fairqueue/... ./budget/ ./degrade/ ./llmapi/ ./quota/
 
 echo "== without the race detector: the accuracy tests and full-size runs it makes too slow"
 go test -count=1 ./llmapi/ ./fairqueue/simulator/
