@@ -27,6 +27,10 @@ http://127.0.0.1:{{.Site}} {
 		tenant acme weight 1 class batch
 		reverse_proxy {{.Upstreams}} {
 			lb_policy round_robin
+			# Caddy's round_robin can pick the down upstream on each of its
+			# tries when selections race (they share one counter) and then
+			# answers "no upstreams available": let it try again.
+			lb_retries 2
 			health_uri /health
 			health_interval 200ms
 		}
