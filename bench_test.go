@@ -177,7 +177,7 @@ func BenchmarkReadBody(b *testing.B) {
 		b.ReportAllocs()
 		b.SetBytes(int64(len(body)))
 		for b.Loop() {
-			if _, err := readGrowing(bytes.NewReader(body), int64(len(body)), 8<<20); err != nil {
+			if _, err := readGrowing(bytes.NewReader(body), int64(len(body)), 8<<20, nil); err != nil {
 				b.Fatal(err)
 			}
 		}

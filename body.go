@@ -33,10 +33,17 @@ const (
 // body_timeout.
 var errBodyTimeout = errors.New("request body not complete within body_timeout")
 
+// errReceivingFull is the read error when the bodies being received
+// already hold what the gateway allows (max_queue_bytes).
+var errReceivingFull = errors.New("request bodies being received are at max_queue_bytes")
+
 // readBody reads the whole body within timeout, growing its buffer as bytes
 // arrive: it never preallocates more than bodyPrealloc however large the
 // announced Content-Length, and it stops at maxBody (a *http.MaxBytesError).
-func readBody(w http.ResponseWriter, r *http.Request, maxBody int64, timeout time.Duration) ([]byte, error) {
+//
+// reserve (may be nil) is asked for every byte of buffer before it is
+// allocated; when it says no, the read stops with errReceivingFull.
+func readBody(w http.ResponseWriter, r *http.Request, maxBody int64, timeout time.Duration, reserve func(int64) bool) ([]byte, error) {
 	rd := http.MaxBytesReader(w, r.Body, maxBody)
 	fired := func() bool { return false }
 	if timeout > 0 {
@@ -44,27 +51,45 @@ func readBody(w http.ResponseWriter, r *http.Request, maxBody int64, timeout tim
 		stop, fired = bodyDeadline(w, r, timeout)
 		defer stop()
 	}
-	b, err := readGrowing(rd, r.ContentLength, maxBody)
+	b, err := readGrowing(rd, r.ContentLength, maxBody, reserve)
 	if err != nil && (isTimeout(err) || fired()) {
 		err = errBodyTimeout
 	}
 	return b, err
 }
 
-// readGrowing reads rd to EOF. The buffer starts at the announced length
+// readGrowing reads rd to EOF, asking reserve for each buffer before it is
+// allocated (errReceivingFull when refused). The buffer starts at the announced length
 // (at most bodyPrealloc) and grows fourfold as bytes arrive, up to the
 // announced length or maxBody: a client pins at most eight times what it
 // has sent (and never more than bodyPrealloc before it sends), a lying
 // Content-Length costs nothing until it is backed by bytes, and an honest
 // 1 MiB body costs about 1.3 MiB of allocations.
-func readGrowing(rd io.Reader, contentLength, maxBody int64) ([]byte, error) {
+func readGrowing(rd io.Reader, contentLength, maxBody int64, reserve func(int64) bool) ([]byte, error) {
+	if reserve == nil {
+		reserve = func(int64) bool { return true }
+	}
 	limit := maxBody + 1 // room to see EOF, or the byte past the limit
 	if contentLength >= 0 && contentLength < maxBody {
 		limit = contentLength + 1
 	}
-	b := make([]byte, 0, min(limit, bodyPrealloc))
+	first := min(limit, bodyPrealloc)
+	if !reserve(first) {
+		return nil, errReceivingFull
+	}
+	b := make([]byte, 0, first)
+	var probe [512]byte
 	for {
 		if len(b) == cap(b) {
+			// Full: see whether the body ends here before paying for a
+			// bigger buffer (a body that fills it exactly is common).
+			n, err := rd.Read(probe[:])
+			if n == 0 && err != nil {
+				if err == io.EOF {
+					return b, nil
+				}
+				return b, err
+			}
 			want := min(4*int64(cap(b)), limit)
 			if 2*want >= limit {
 				want = limit // close enough: no extra copy for the last bytes
@@ -72,9 +97,19 @@ func readGrowing(rd io.Reader, contentLength, maxBody int64) ([]byte, error) {
 			if want <= int64(cap(b)) {
 				want = 2*int64(cap(b)) + 1 // more than announced: the reader decides
 			}
+			if !reserve(want - int64(cap(b))) {
+				return nil, errReceivingFull
+			}
 			nb := make([]byte, len(b), want)
 			copy(nb, b)
-			b = nb
+			b = append(nb, probe[:n]...)
+			if err == io.EOF {
+				return b, nil
+			}
+			if err != nil {
+				return b, err
+			}
+			continue
 		}
 		n, err := rd.Read(b[len(b):cap(b)])
 		b = b[:len(b)+n]
@@ -130,6 +165,9 @@ func (h *Handler) bodyError(err error) *apiError {
 	switch {
 	case errors.As(err, &mbe):
 		return h.tooLarge()
+	case errors.Is(err, errReceivingFull):
+		return &apiError{status: http.StatusServiceUnavailable, code: "server_busy", retryAfter: time.Second,
+			message: fmt.Sprintf("The gateway is receiving as many request bytes as it holds (max_queue_bytes %d); retry after the time in Retry-After.", h.MaxQueueBytes)}
 	case errors.Is(err, errBodyTimeout):
 		return &apiError{status: http.StatusRequestTimeout, code: outcomeBodyTimeout,
 			message: fmt.Sprintf("The request body did not arrive within %s; send it faster or in one piece.", time.Duration(h.BodyTimeout))}

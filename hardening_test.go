@@ -258,3 +258,40 @@ func TestConfigCommitsWhenOldLeaves(t *testing.T) {
 		t.Fatalf("after the old config left: max_inflight %d, want the new 7", got)
 	}
 }
+
+// Body buffers are reserved as they grow: a chunked body is refused once
+// the reservations reach the limit, and what is reserved is what the
+// buffers hold, not what the client announced.
+func TestReadGrowingReserves(t *testing.T) {
+	body := bytes.Repeat([]byte("x"), 1<<20)
+	budget := func(limit int64) (func(int64) bool, *int64) {
+		var held int64
+		return func(n int64) bool {
+			if held+n > limit {
+				return false
+			}
+			held += n
+			return true
+		}, &held
+	}
+	reserve, held := budget(300 << 10)
+	if _, err := readGrowing(bytes.NewReader(body), -1, 8<<20, reserve); !errors.Is(err, errReceivingFull) {
+		t.Fatalf("1 MiB chunked against 300 KiB: %v, want errReceivingFull", err)
+	}
+	if *held > 300<<10 {
+		t.Errorf("reserved %d, over the limit", *held)
+	}
+	reserve, held = budget(8 << 20)
+	got, err := readGrowing(bytes.NewReader(body), -1, 8<<20, reserve)
+	if err != nil || len(got) != len(body) {
+		t.Fatalf("1 MiB chunked: %d bytes, %v", len(got), err)
+	}
+	if *held < int64(cap(got)) || *held > 2*int64(len(body)) {
+		t.Errorf("reserved %d for a buffer of cap %d", *held, cap(got))
+	}
+	// A lying Content-Length reserves only the first buffer.
+	reserve, held = budget(8 << 20)
+	if _, err := readGrowing(bytes.NewReader(body[:10]), 8<<20, 8<<20, reserve); err != nil || *held != bodyPrealloc {
+		t.Errorf("announced 8 MiB, sent 10 bytes: reserved %d (%v), want %d", *held, err, bodyPrealloc)
+	}
+}

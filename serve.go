@@ -272,18 +272,19 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 		return a, rejectionError(rej)
 	}
 
-	// Bodies being received count against max_queue_bytes too, on their
-	// own: many slow uploads must not pin more memory than the queue may.
-	reserve := h.MaxBody
-	if r.ContentLength >= 0 {
-		reserve = min(r.ContentLength, h.MaxBody)
+	// The buffers of bodies being received count against max_queue_bytes
+	// too, on their own, as they grow: many slow or large uploads must not
+	// pin more memory than the queue may hold.
+	var held int64
+	reserve := func(n int64) bool {
+		if !h.shared.reserveReading(n, h.MaxQueueBytes) {
+			return false
+		}
+		held += n
+		return true
 	}
-	if !h.shared.reserveReading(reserve, h.MaxQueueBytes) {
-		return a, &apiError{status: http.StatusServiceUnavailable, code: "server_busy", retryAfter: time.Second,
-			message: fmt.Sprintf("The gateway is receiving as many request bytes as it holds (max_queue_bytes %d); retry after the time in Retry-After.", h.MaxQueueBytes)}
-	}
-	body, err := readBody(w, r, h.MaxBody, time.Duration(h.BodyTimeout))
-	h.shared.reading.Add(-reserve)
+	body, err := readBody(w, r, h.MaxBody, time.Duration(h.BodyTimeout), reserve)
+	h.shared.reading.Add(-held)
 	if err != nil {
 		if r.Context().Err() != nil && !errors.Is(err, errBodyTimeout) {
 			// The client left mid-upload: nobody is left to answer.

@@ -848,30 +848,30 @@ func TestIsEventStream(t *testing.T) {
 func TestReadGrowing(t *testing.T) {
 	body := bytes.Repeat([]byte("x"), 300_000)
 	for _, cl := range []int64{-1, 0, 10, 299_999, 300_000, 300_001, 5_000_000} {
-		got, err := readGrowing(iotest.OneByteReader(bytes.NewReader(body[:3000])), cl, 8<<20)
+		got, err := readGrowing(iotest.OneByteReader(bytes.NewReader(body[:3000])), cl, 8<<20, nil)
 		if err != nil || !bytes.Equal(got, body[:3000]) {
 			t.Errorf("Content-Length %d, one byte at a time: %d bytes, %v", cl, len(got), err)
 		}
-		got, err = readGrowing(bytes.NewReader(body), cl, 8<<20)
+		got, err = readGrowing(bytes.NewReader(body), cl, 8<<20, nil)
 		if err != nil || !bytes.Equal(got, body) {
 			t.Errorf("Content-Length %d: %d bytes, %v", cl, len(got), err)
 		}
 	}
 	// A client announcing 8 MB and sending 10 bytes pins no more than the
 	// preallocation: the buffer follows the bytes, not the announcement.
-	got, err := readGrowing(bytes.NewReader(body[:10]), 8<<20, 8<<20)
+	got, err := readGrowing(bytes.NewReader(body[:10]), 8<<20, 8<<20, nil)
 	if err != nil || len(got) != 10 || cap(got) > bodyPrealloc {
 		t.Errorf("announced 8 MB, sent 10 bytes: len %d cap %d (%v), want cap <= %d", len(got), cap(got), err, bodyPrealloc)
 	}
 	// An honest announcement is read without regrowing past it.
-	got, _ = readGrowing(bytes.NewReader(body), int64(len(body)), 8<<20)
+	got, _ = readGrowing(bytes.NewReader(body), int64(len(body)), 8<<20, nil)
 	if cap(got) > len(body)+1 {
 		t.Errorf("Content-Length %d: cap %d, want at most %d", len(body), cap(got), len(body)+1)
 	}
 	// The limit still answers 413 through http.MaxBytesReader.
 	var mbe *http.MaxBytesError
 	for _, cl := range []int64{3000, 50, -1} {
-		_, err := readGrowing(http.MaxBytesReader(httptest.NewRecorder(), io.NopCloser(bytes.NewReader(body[:3000])), 100), cl, 100)
+		_, err := readGrowing(http.MaxBytesReader(httptest.NewRecorder(), io.NopCloser(bytes.NewReader(body[:3000])), 100), cl, 100, nil)
 		if !errors.As(err, &mbe) {
 			t.Errorf("over the limit, Content-Length %d: %v, want *http.MaxBytesError", cl, err)
 		}
