@@ -80,39 +80,26 @@ func readGrowing(rd io.Reader, contentLength, maxBody int64, reserve func(int64)
 	b := make([]byte, 0, first)
 	var probe [512]byte
 	for {
-		if len(b) == cap(b) {
-			// Full: see whether the body ends here before paying for a
-			// bigger buffer (a body that fills it exactly is common).
-			n, err := rd.Read(probe[:])
-			if n == 0 && err != nil {
-				if err == io.EOF {
-					return b, nil
-				}
-				return b, err
-			}
+		var n int
+		var err error
+		if len(b) < cap(b) {
+			n, err = rd.Read(b[len(b):cap(b)])
+			b = b[:len(b)+n]
+		} else if n, err = rd.Read(probe[:]); n > 0 {
+			// Full: a little was read first, so a body that ends exactly
+			// here costs no bigger buffer.
 			want := min(4*int64(cap(b)), limit)
 			if 2*want >= limit {
 				want = limit // close enough: no extra copy for the last bytes
 			}
-			if want <= int64(cap(b)) {
-				want = 2*int64(cap(b)) + 1 // more than announced: the reader decides
-			}
+			want = max(want, int64(len(b)+n)) // more than announced: the reader decides
 			if !reserve(want - int64(cap(b))) {
 				return nil, errReceivingFull
 			}
 			nb := make([]byte, len(b), want)
 			copy(nb, b)
 			b = append(nb, probe[:n]...)
-			if err == io.EOF {
-				return b, nil
-			}
-			if err != nil {
-				return b, err
-			}
-			continue
 		}
-		n, err := rd.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
 		if err == io.EOF {
 			return b, nil
 		}
