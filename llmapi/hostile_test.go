@@ -38,7 +38,22 @@ func nestedToolResults(levels, payload int, typeLast bool) []byte {
 
 // depth of a body: its deepest nesting of arrays and objects.
 func depth(b []byte) int {
-	d, deepest, inString := 0, 0, false
+	deepest, _ := nesting(b)
+	return deepest
+}
+
+// tooDeep returns the offset of the first bracket of b nested deeper than
+// MaxDepth, or -1.
+func tooDeep(b []byte) int {
+	_, first := nesting(b)
+	return first
+}
+
+// nesting scans b once: its deepest nesting of arrays and objects, and the
+// offset of the first bracket deeper than MaxDepth (-1: none).
+func nesting(b []byte) (deepest, firstTooDeep int) {
+	d, inString := 0, false
+	firstTooDeep = -1
 	for i := 0; i < len(b); i++ {
 		switch c := b[i]; {
 		case inString && c == '\\':
@@ -49,33 +64,14 @@ func depth(b []byte) int {
 		case c == '{' || c == '[':
 			d++
 			deepest = max(deepest, d)
-		case c == '}' || c == ']':
-			d--
-		}
-	}
-	return deepest
-}
-
-// tooDeep returns the offset of the first bracket of b nested deeper than
-// MaxDepth, or -1.
-func tooDeep(b []byte) int {
-	d, inString := 0, false
-	for i := 0; i < len(b); i++ {
-		switch c := b[i]; {
-		case inString && c == '\\':
-			i++
-		case c == '"':
-			inString = !inString
-		case inString:
-		case c == '{' || c == '[':
-			if d++; d > MaxDepth {
-				return i
+			if d > MaxDepth && firstTooDeep < 0 {
+				firstTooDeep = i
 			}
 		case c == '}' || c == ']':
 			d--
 		}
 	}
-	return -1
+	return deepest, firstTooDeep
 }
 
 // repeatTo builds head + item + sep + item ... + tail of about size bytes.
