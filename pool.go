@@ -142,15 +142,27 @@ func (s *sharedQueue) adopt(h *Handler) error {
 func (s *sharedQueue) commit(h *Handler) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.dropPendingLocked(h) {
+		s.promoteLocked(h)
+	}
+}
+
+// dropPendingLocked takes h off the pending list; false if it was not on it.
+func (s *sharedQueue) dropPendingLocked(h *Handler) bool {
 	for i, p := range s.pending {
 		if p == h {
 			s.pending = append(s.pending[:i], s.pending[i+1:]...)
-			if err := s.commitLocked(h); err != nil {
-				// Validated at Provision: only a bug gets here.
-				h.logger.Error("applying the new config to the queue", zap.String("queue", s.name), zap.Error(err))
-			}
-			return
+			return true
 		}
+	}
+	return false
+}
+
+// promoteLocked commits a pending handler whose load has started.
+func (s *sharedQueue) promoteLocked(h *Handler) {
+	if err := s.commitLocked(h); err != nil {
+		// Validated at Provision: only a bug gets here.
+		h.logger.Error("applying the new config to the queue", zap.String("queue", s.name), zap.Error(err))
 	}
 }
 
@@ -170,11 +182,8 @@ func (s *sharedQueue) commitLocked(h *Handler) error {
 func (s *sharedQueue) abandon(h *Handler) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for i, p := range s.pending {
-		if p == h {
-			s.pending = append(s.pending[:i], s.pending[i+1:]...)
-			return
-		}
+	if s.dropPendingLocked(h) {
+		return
 	}
 	for i, o := range s.owners {
 		if o == h {
@@ -187,9 +196,7 @@ func (s *sharedQueue) abandon(h *Handler) {
 				// pending handler's config is the live one now.
 				next := s.pending[len(s.pending)-1]
 				s.pending = s.pending[:len(s.pending)-1]
-				if err := s.commitLocked(next); err != nil {
-					next.logger.Error("applying the new config to the queue", zap.String("queue", s.name), zap.Error(err))
-				}
+				s.promoteLocked(next)
 			case wasOwner && len(s.owners) > 0:
 				prev := s.owners[len(s.owners)-1]
 				_ = s.q.Reconfigure(prev.qcfg)
