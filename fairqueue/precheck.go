@@ -24,16 +24,7 @@ func (q *Queue) PrecheckRequest(r Request) *Rejection {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	t := q.tenants[tenant]
-	var tc TenantConfig
-	var known bool
-	if t != nil && !t.misplaced() {
-		tc, known = t.cfg, t.known
-	} else {
-		tc, known = q.cfg.Tenant(tenant)
-	}
-	if class == "" || q.classLocked(class) == nil {
-		class = tc.Class
-	}
+	tc, known, class := q.settingsLocked(t, tenant, class)
 	if rej := q.admitLocked(now, t, tc, known, max(tokens, 1), max(r.Bytes, 0)); rej != nil {
 		return rej
 	}

@@ -352,6 +352,24 @@ func (q *Queue) classLocked(name string) *classQ {
 // longer puts it: declared but inside the undeclared group, or the reverse.
 func (t *tenant) misplaced() bool { return (t.group != nil) == t.known }
 
+// settingsLocked returns the settings a request of tenant name (its state
+// t, nil when none) is admitted with, and the class it is scheduled in:
+// cls, or the tenant's class when cls is empty or unknown. A known tenant
+// carries its settings (Reconfigure keeps them current), so the hot path
+// looks up no config map.
+func (q *Queue) settingsLocked(t *tenant, name, cls string) (TenantConfig, bool, string) {
+	tc, known := q.cfg.Default, false
+	if t != nil {
+		tc, known = t.cfg, t.known
+	} else {
+		tc, known = q.cfg.Tenant(name)
+	}
+	if cls == "" || q.classLocked(cls) == nil {
+		cls = tc.Class
+	}
+	return tc, known, cls
+}
+
 // Enqueue admits r or refuses it with a *Rejection. An admitted request may
 // be dispatched before Enqueue returns. The caller must end the ticket with
 // Release (or let Wait end it), exactly as the Ticket documents.
@@ -365,16 +383,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		q.forgetLocked(t)
 		t = nil
 	}
-	tc, known := q.cfg.Default, false
-	if t != nil {
-		tc, known = t.cfg, t.known
-	} else {
-		tc, known = q.cfg.Tenant(r.Tenant)
-	}
-	cls := r.Class
-	if cls == "" || q.classLocked(cls) == nil {
-		cls = tc.Class
-	}
+	tc, known, cls := q.settingsLocked(t, r.Tenant, r.Class)
 	tokens := max(r.Cost, 1)
 	cost := tokens
 	if q.cfg.CostUnit == CostRequests {
