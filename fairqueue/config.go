@@ -7,6 +7,7 @@ import (
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
 	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
 // CostUnit is what fairness is measured in.
@@ -53,6 +54,11 @@ type TenantConfig struct {
 	// wait, and other tenants take the capacity) until one completes. In
 	// Config.Default it caps each undeclared tenant.
 	MaxInflight int
+	// Quota limits the tenant's requests and tokens per unit of time (see
+	// package quota); nil means none. In Config.Default each undeclared
+	// tenant gets this quota of its own, keyed by its name, so the tenant
+	// name must come from authentication for the quota to bind a caller.
+	Quota *quota.Limits
 }
 
 // Config is the whole scheduler configuration. It can be replaced while
@@ -104,6 +110,9 @@ type Config struct {
 	DegradeHold time.Duration
 	// Admission makes wait budgets promises: ETAs, boosts and fast-fail.
 	Admission BudgetConfig
+	// QuotaStore keeps the tenants' quota meters; nil means an in-process
+	// store owned by the queue (kept across Reconfigure).
+	QuotaStore quota.Store
 }
 
 // Validate reports the first problem in c.

@@ -1,6 +1,7 @@
 package fairqueue
 
 import (
+	"container/heap"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
 	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
 // Request is what a caller asks the queue to schedule.
@@ -98,6 +100,11 @@ type Queue struct {
 	// listed, the longest idle first, so that Tick forgets them in
 	// O(forgotten) (see pruneLocked).
 	idle idleList
+	// held orders the tenants held by their quota, the earliest release
+	// first; quotas is the in-process quota store unless Config.QuotaStore
+	// names another.
+	held   holdHeap
+	quotas *quota.Memory
 	// rng draws the Retry-After jitter; seeded, so runs are reproducible.
 	rng *rand.Rand
 
@@ -161,9 +168,13 @@ type tenant struct {
 	// (Unix ns), kept up to date without touching the idle list.
 	idleSince int64
 	known     bool
-	// capped is set while the tenant is at its MaxInflight: its flows are
-	// out of the heaps, so dispatch never sees them.
+	// capped is set while the tenant is at its MaxInflight, held while its
+	// quota does not allow its next request yet (until heldUntil); out is
+	// set while either is: its flows are out of the heaps, so dispatch
+	// never sees them.
 	capped bool
+	held   bool
+	out    bool
 	onIdle bool
 	cfg    TenantConfig // the settings in force, refreshed by Reconfigure
 
@@ -175,6 +186,10 @@ type tenant struct {
 	// there.
 	idleAt             int64
 	idlePrev, idleNext *tenant
+	// heldUntil (Unix ns) ends a quota hold; heldIdx is the tenant's place
+	// in Queue.held, -1 when not held.
+	heldUntil int64
+	heldIdx   int
 }
 
 // flow is one tenant's FIFO of one class.
@@ -231,7 +246,7 @@ func New(cfg Config, clock Clock) (*Queue, error) {
 		clock = RealClock{}
 	}
 	q := &Queue{clock: clock, tenants: make(map[string]*tenant),
-		group: &tenant{name: "(undeclared tenants)"},
+		group: &tenant{name: "(undeclared tenants)", heldIdx: -1},
 		rng:   rand.New(rand.NewPCG(0x6661697271756575, 0x7265747279))}
 	q.group.flows = q.group.flowBuf[:0]
 	if err := q.Reconfigure(cfg); err != nil {
@@ -294,6 +309,7 @@ func (q *Queue) Reconfigure(cfg Config) error {
 		}
 		q.capLocked(t)
 	}
+	q.unholdAllLocked()
 	// Finish tags depend on weights, so every heap is re-keyed: the
 	// members' heaps first, since a group flow's key reads its sub-heap.
 	for _, gf := range q.group.flows {
@@ -393,6 +409,10 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	if rej == nil {
 		rej = q.throttleLocked(now, cls, tokens)
 	}
+	var quotaWait time.Duration
+	if rej == nil && tc.Quota != nil {
+		quotaWait, rej = q.quotaAdmitLocked(now, t, r.Tenant, tc.Quota, r.Deadline)
+	}
 	if rej != nil {
 		q.mu.Unlock()
 		return nil, rej
@@ -408,7 +428,8 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		return nil, budgetRejection(est, r.Deadline.Sub(now))
 	}
 	tk := &Ticket{q: q, t: t, cost: cost, tokens: tokens, bytes: max(r.Bytes, 0), class: cls,
-		deadline: r.Deadline, enqueued: now, dlIdx: -1, eta: est.ETA}
+		deadline: r.Deadline, enqueued: now, dlIdx: -1, eta: max(est.ETA, quotaWait),
+		quotaWait: quotaWait}
 	q.pushFlowLocked(tk, q.flowOfLocked(t, cq))
 	if !r.Deadline.IsZero() {
 		q.deadlines.push(tk)
@@ -426,7 +447,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 // inside the group. It starts idle (on the idle list) until its request is
 // queued, so a tenant refused after this point is still forgotten.
 func (q *Queue) newTenantLocked(name string, tc TenantConfig, known bool, now time.Time) *tenant {
-	t := &tenant{name: name, weight: tc.Weight, known: known, cfg: tc}
+	t := &tenant{name: name, weight: tc.Weight, known: known, cfg: tc, heldIdx: -1}
 	t.flows = t.flowBuf[:0]
 	if !known {
 		t.group = q.group
@@ -652,7 +673,7 @@ func (q *Queue) pushFlowLocked(tk *Ticket, f *flow) {
 	f.q.pushBack(tk)
 	if f.q.n == 1 {
 		f.drain = flowDrain{} // backlogged anew: an idle gap is no drain
-		if !tk.t.capped {
+		if !tk.t.out {
 			q.linkFlowLocked(f)
 		}
 	}
@@ -743,13 +764,24 @@ func (q *Queue) capLocked(t *tenant) {
 }
 
 func (q *Queue) setCappedLocked(t *tenant, at bool) {
-	if at == t.capped {
+	if at != t.capped {
+		t.capped = at
+		q.relinkLocked(t)
+	}
+}
+
+// relinkLocked takes t's flows out of the heaps while it is capped or held
+// by its quota, and puts them back once it is neither.
+func (q *Queue) relinkLocked(t *tenant) {
+	t.held = t.heldIdx >= 0
+	out := t.capped || t.held
+	if out == t.out {
 		return
 	}
-	t.capped = at
+	t.out = out
 	for _, f := range t.flows {
 		switch {
-		case at:
+		case out:
 			q.unlinkFlowLocked(f)
 		case f.q.head != nil:
 			q.linkFlowLocked(f)
@@ -783,7 +815,7 @@ func (q *Queue) nextLocked() (*Ticket, bool) {
 		best = bestPaused
 	}
 	lane := q.boost.head
-	for lane != nil && lane.t.capped {
+	for lane != nil && lane.t.out {
 		lane = lane.next
 	}
 	if lane != nil {
@@ -803,25 +835,33 @@ func (q *Queue) nextLocked() (*Ticket, bool) {
 // dispatchLocked starts requests while capacity allows: the work-conserving
 // loop every state change ends with.
 func (q *Queue) dispatchLocked(now time.Time) {
-	q.dispatchLoopLocked(now)
+	gated := q.dispatchLoopLocked(now)
 	// The throughput estimator counts completions only while a free slot
-	// would be filled at once: the system's capacity, not its demand.
-	q.adm.rate.SetBusy(now, q.queued > 0 || q.inflight >= q.capacity)
+	// would be filled at once: the system's capacity, not its demand. Work
+	// queued only by tenants that may not go (at their in-flight cap, held
+	// by their quota) would not fill it.
+	q.adm.rate.SetBusy(now, gated || q.inflight >= q.capacity)
 }
 
-func (q *Queue) dispatchLoopLocked(now time.Time) {
+// dispatchLoopLocked starts what it can and reports whether it stopped
+// with a slot free and an eligible request waiting (the token gate).
+func (q *Queue) dispatchLoopLocked(now time.Time) (gated bool) {
+	q.unholdDueLocked(now)
 	for q.inflight < q.capacity {
 		tk, overtakes := q.nextLocked()
 		if tk == nil {
-			return
+			return false
 		}
 		// Admission refuses a request larger than one upstream's token
 		// capacity, but a reload may lower the cap under a queued one: it
 		// still goes alone, so nothing deadlocks.
 		if q.tokenCap > 0 && q.inflight > 0 && q.inflightCost+tk.tokens > q.tokenCap {
-			return
+			return true
 		}
 		expired := !tk.deadline.IsZero() && !now.Before(tk.deadline)
+		if !expired && tk.t.cfg.Quota != nil && !q.chargeQuotaLocked(now, tk) {
+			continue // its tenant is held now; the others go on
+		}
 		// A dispatched ticket's flow is re-keyed once, by startLocked
 		// after the charge, rather than also here for the new head.
 		q.takeLocked(tk, expired)
@@ -832,6 +872,7 @@ func (q *Queue) dispatchLoopLocked(now time.Time) {
 		}
 		q.startLocked(tk, now, overtakes)
 	}
+	return false
 }
 
 // timeoutLocked is the answer to a request whose budget ran out queued.
@@ -1052,6 +1093,9 @@ func (q *Queue) forgetLocked(t *tenant) {
 	if t.onIdle {
 		q.idle.remove(t)
 	}
+	if t.heldIdx >= 0 {
+		heap.Remove(&q.held, t.heldIdx)
+	}
 	if !t.known {
 		q.adm.boosts.Forget(t.name)
 	}
@@ -1094,6 +1138,7 @@ func (q *Queue) completeLocked(now time.Time, tk *Ticket, actual int64) {
 	t := tk.t
 	q.adm.rate.Observe(now, float64(tk.cost), q.healthy)
 	q.adm.cold.Finish(now, tk.dispatched, float64(tk.cost))
+	q.reconcileQuotaLocked(tk, actual)
 	tk.state = stateReleased
 	tk.actual = actual
 	q.inflight--

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
 // Reason says why a request was refused or did not reach an upstream. The
@@ -36,6 +37,9 @@ const (
 	// the same request is pointless (RetryAfter is 0); the HTTP answer is
 	// 400 context_length_exceeded.
 	ReasonTooLarge
+	// ReasonQuotaExceeded: the tenant's quota cannot allow the request
+	// before its deadline (Rejection.Quota names the meter).
+	ReasonQuotaExceeded
 )
 
 var reasonNames = map[Reason]string{
@@ -48,6 +52,7 @@ var reasonNames = map[Reason]string{
 	ReasonClassThrottled:  "class_throttled",
 	ReasonClosed:          "closed",
 	ReasonTooLarge:        "request_too_large_for_capacity",
+	ReasonQuotaExceeded:   "quota_exceeded",
 }
 
 // String returns the reason's snake_case name, as used in metrics.
@@ -77,6 +82,10 @@ type Rejection struct {
 	// request's wait budget still left when it was refused: 1 at admission,
 	// less the longer it waited. It says how early the caller was told.
 	BudgetLeft float64
+	// Quota is, on a ReasonQuotaExceeded refusal, the binding meter: qps,
+	// tokens or joint; QuotaStatus the tenant's meters at the refusal.
+	Quota       quota.Dimension
+	QuotaStatus *quota.Status
 }
 
 func (r *Rejection) Error() string {

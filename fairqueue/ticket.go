@@ -3,6 +3,8 @@ package fairqueue
 import (
 	"context"
 	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
 type ticketState uint8
@@ -60,6 +62,26 @@ type Ticket struct {
 	mark int64
 	// eta is the latest predicted wait (admission, or a re-check).
 	eta time.Duration
+	// quotaWait is how long admission found the tenant's quota would hold
+	// the request; quota and quotaStatus are the limits it was charged
+	// under at dispatch (nil: not charged) and the meters after the charge.
+	quotaWait   time.Duration
+	quota       *quota.Limits
+	quotaStatus quota.Status
+}
+
+// QuotaWait is how long, at admission, the tenant's quota was expected to
+// hold the request (0: the quota allowed it at once, or no quota).
+func (tk *Ticket) QuotaWait() time.Duration { return tk.quotaWait }
+
+// QuotaStatus is the tenant's standing on its quota right after this
+// request was charged at dispatch, for the x-ratelimit-* headers of its
+// response; ok is false when it was not charged (no quota, or not
+// dispatched). Call it after Wait returned nil.
+func (tk *Ticket) QuotaStatus() (st quota.Status, ok bool) {
+	tk.q.mu.Lock()
+	defer tk.q.mu.Unlock()
+	return tk.quotaStatus, tk.quota != nil
 }
 
 // wakeLocked signals a blocked Wait.

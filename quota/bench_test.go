@@ -30,7 +30,7 @@ func BenchmarkDecision(b *testing.B) {
 			for i := 0; b.Loop(); i++ {
 				now += time.Microsecond
 				tn := names[i%n]
-				if d, _ := m.Peek(bg, tn, l); d.Allowed {
+				if d, _ := m.Peek(bg, tn, l, Backlog{}); d.Allowed {
 					m.Charge(bg, tn, l, 100)
 				}
 			}

@@ -189,6 +189,29 @@ func (l *Limits) inc(i int, tokens int64) int64 {
 	return int64(v)
 }
 
+// backlogInc is how far the charges of a backlog advance meter i: the
+// increments of its requests, summed before rounding.
+func (l *Limits) backlogInc(i int, b Backlog) int64 {
+	iv := l.interval[i]
+	if iv == 0 {
+		return 0
+	}
+	var units float64
+	switch i {
+	case dimQPS:
+		units = float64(b.Requests)
+	case dimTokens:
+		units = float64(max(b.Tokens, 0))
+	default:
+		units = float64(b.Requests) + float64(max(b.Tokens, 0))*l.weight
+	}
+	v := math.Round(units * iv)
+	if v >= float64(maxInc) {
+		return maxInc
+	}
+	return int64(v)
+}
+
 // perMinute is meter i's rate in its units per minute (the OpenAI headers'
 // RPM/TPM); request-equivalents per minute for joint.
 func (l *Limits) perMinute(i int) float64 {

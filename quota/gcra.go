@@ -121,18 +121,39 @@ func (t *TATs) Rested(now int64) bool {
 	return true
 }
 
+// Backlog is what a tenant has waiting ahead of the request being decided:
+// requests that will be charged before it, and their estimated tokens.
+// Peek with a backlog answers when a request queued behind them may start,
+// which is what a queue needs to decide at admission whether the wait fits
+// a wait budget.
+type Backlog struct {
+	Requests int64
+	Tokens   int64
+}
+
 // Decide is the GCRA test for a request at now, without changing t: it
 // conforms iff TAT <= now + tau on every enabled meter; otherwise its
 // earliest time is max over meters of TAT - tau. The request's size does not
 // enter the test (see the package doc: size decides how long the tenant
 // pays afterwards, not whether it may start).
-func Decide(t *TATs, l *Limits, now int64) (allowed bool, at int64, reason Dimension) {
+//
+// With a non-empty backlog ahead, each meter's TAT is first advanced by the
+// backlog's charges, from max(TAT, now): the earliest time of a request
+// queued behind that backlog, were each of the requests ahead charged as
+// soon as it may be. It is a lower bound (a backlog charged later, because
+// the queue was busy, starts from a later time); with no backlog it is
+// exact.
+func Decide(t *TATs, l *Limits, now int64, ahead Backlog) (allowed bool, at int64, reason Dimension) {
 	at = now
 	for i := 0; i < numDims; i++ {
 		if l.interval[i] == 0 {
 			continue
 		}
-		if e := t[i] - l.tolerance; e > now && e >= at {
+		tat := t[i]
+		if ahead.Requests > 0 {
+			tat = max(tat, now) + l.backlogInc(i, ahead)
+		}
+		if e := tat - l.tolerance; e > now && e >= at {
 			at, reason = e, dimNames[i]
 		}
 	}

@@ -499,7 +499,7 @@ func TestConcurrent(t *testing.T) {
 							t.Error(err)
 						}
 					}
-					if _, err := m.Peek(bg, tn, l); err != nil {
+					if _, err := m.Peek(bg, tn, l, Backlog{}); err != nil {
 						t.Error(err)
 					}
 					if _, err := m.Status(bg, tn, l); err != nil {

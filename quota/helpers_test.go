@@ -83,7 +83,7 @@ var bg = context.Background()
 
 func mustPeek(t testing.TB, m *Memory, tenant string, l *Limits) Decision {
 	t.Helper()
-	d, err := m.Peek(bg, tenant, l)
+	d, err := m.Peek(bg, tenant, l, Backlog{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -76,12 +76,12 @@ func (m *Memory) decision(ok bool, at int64, reason Dimension, t *TATs, l *Limit
 }
 
 // Peek implements Store.
-func (m *Memory) Peek(_ context.Context, tenant string, l *Limits) (Decision, error) {
+func (m *Memory) Peek(_ context.Context, tenant string, l *Limits, ahead Backlog) (Decision, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.nowLocked()
 	t := m.stateLocked(tenant, now)
-	ok, at, reason := Decide(&t, l, now)
+	ok, at, reason := Decide(&t, l, now, ahead)
 	return m.decision(ok, at, reason, &t, l, now), nil
 }
 
@@ -91,7 +91,7 @@ func (m *Memory) Charge(_ context.Context, tenant string, l *Limits, tokens int6
 	defer m.mu.Unlock()
 	now := m.nowLocked()
 	t := m.stateLocked(tenant, now)
-	ok, at, reason := Decide(&t, l, now)
+	ok, at, reason := Decide(&t, l, now, Backlog{})
 	if ok {
 		Charge(&t, l, now, tokens)
 		m.tenants[tenant] = t

@@ -11,9 +11,11 @@ import "context"
 //
 // Errors are the store's own (a network store's); Memory never returns one.
 type Store interface {
-	// Peek answers whether a request may start now and, if not, the
-	// earliest time it may and the binding dimension, charging nothing.
-	Peek(ctx context.Context, tenant string, l *Limits) (Decision, error)
+	// Peek answers whether a request queued behind ahead (the tenant's
+	// requests waiting before it; zero for none) may start now and, if
+	// not, the earliest time it may and the binding dimension, charging
+	// nothing (see Decide).
+	Peek(ctx context.Context, tenant string, l *Limits, ahead Backlog) (Decision, error)
 	// Charge is Peek followed, if allowed, by charging a request with
 	// estimated tokens to every meter, atomically: all three meters or none.
 	// Call it at dispatch; a refusal here (another request of the tenant

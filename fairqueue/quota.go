@@ -1,0 +1,173 @@
+package fairqueue
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
+)
+
+// Tenant quotas (package quota) as the queue applies them.
+//
+// A request is charged to its tenant's quota when it is dispatched, with its
+// estimated tokens, and reconciled with its actual tokens when it completes.
+// A tenant whose next request its quota does not allow yet is held: its
+// flows leave the heaps (as at its in-flight cap) until the quota's earliest
+// time, so it never holds a slot and the others take the capacity. Holds
+// end at the first dispatch attempt or Tick at or after that time (the
+// handler ticks every 50 ms).
+//
+// At admission, the tenant's queued requests are the backlog ahead of the
+// new one: the quota's earliest time behind them (quota.Decide) is part of
+// the request's ETA, and a request whose earliest time is past its deadline
+// is refused at once (ReasonQuotaExceeded) with that time as RetryAfter,
+// not capped: it is exact, and a client retrying sooner is refused again.
+
+// quotaStoreLocked returns the store quotas are kept in, making the
+// in-process one on first use; it lives as long as the queue, so a reload
+// keeps every tenant's debt.
+func (q *Queue) quotaStoreLocked() quota.Store {
+	if q.cfg.QuotaStore != nil {
+		return q.cfg.QuotaStore
+	}
+	if q.quotas == nil {
+		q.quotas = quota.NewMemory(q.clock.Now)
+	}
+	return q.quotas
+}
+
+// quotaAdmitLocked is the quota's part of admission: how long the request
+// must wait for its tenant's quota behind the tenant's queued requests, or
+// a refusal when that is past its deadline. A store error admits the
+// request (a quota store that is down must not take the gateway with it).
+func (q *Queue) quotaAdmitLocked(now time.Time, t *tenant, name string, l *quota.Limits, deadline time.Time) (time.Duration, *Rejection) {
+	var ahead quota.Backlog
+	if t != nil {
+		ahead = quota.Backlog{Requests: int64(t.queued), Tokens: t.queuedCost}
+	}
+	d, err := q.quotaStoreLocked().Peek(context.Background(), name, l, ahead)
+	if err != nil || d.Allowed {
+		return 0, nil
+	}
+	// It must go before its deadline less the margins: Tick expires what is
+	// within ExpiryMargin of its deadline before it dispatches.
+	if !deadline.IsZero() && !d.At.Before(deadline.Add(-max(q.cfg.Admission.Margin, q.cfg.ExpiryMargin))) {
+		return 0, quotaRejection(d, ahead)
+	}
+	return d.RetryAfter, nil
+}
+
+func quotaRejection(d quota.Decision, ahead quota.Backlog) *Rejection {
+	detail := fmt.Sprintf("%s quota: the next request may start in %v", d.Reason, d.RetryAfter.Round(time.Millisecond))
+	if ahead.Requests > 0 {
+		detail = fmt.Sprintf("%s quota: behind your %d queued requests, this one may start in %v", d.Reason, ahead.Requests, d.RetryAfter.Round(time.Millisecond))
+	}
+	st := d.Status
+	return &Rejection{Reason: ReasonQuotaExceeded, RetryAfter: d.RetryAfter, Detail: detail,
+		Quota: d.Reason, QuotaStatus: &st}
+}
+
+// chargeQuotaLocked charges tk to its tenant's quota as it is about to be
+// dispatched and reports whether it may go. When the quota refuses, the
+// tenant is held until the quota's earliest time.
+func (q *Queue) chargeQuotaLocked(now time.Time, tk *Ticket) bool {
+	t := tk.t
+	l := t.cfg.Quota
+	d, err := q.quotaStoreLocked().Charge(context.Background(), t.name, l, tk.tokens)
+	switch {
+	case err != nil:
+		return true // see quotaAdmitLocked: fail open, uncharged
+	case !d.Allowed:
+		q.holdLocked(t, d.At)
+		return false
+	}
+	tk.quota, tk.quotaStatus = l, d.Status
+	return true
+}
+
+// reconcileQuotaLocked corrects tk's charge with its actual tokens.
+func (q *Queue) reconcileQuotaLocked(tk *Ticket, actual int64) {
+	if tk.quota == nil || actual < 0 {
+		return
+	}
+	_, _ = q.quotaStoreLocked().Reconcile(context.Background(), tk.t.name, tk.quota, tk.tokens, actual)
+	if actual < tk.tokens && tk.t.heldIdx >= 0 {
+		// The refund may end the hold sooner: the next dispatch charges
+		// again and holds to the new time if it must.
+		q.unholdLocked(tk.t)
+	}
+}
+
+// holdLocked makes t ineligible until at.
+func (q *Queue) holdLocked(t *tenant, at time.Time) {
+	t.heldUntil = at.UnixNano()
+	if t.heldIdx < 0 {
+		heap.Push(&q.held, t)
+	} else {
+		heap.Fix(&q.held, t.heldIdx)
+	}
+	q.relinkLocked(t)
+}
+
+// unholdDueLocked ends the holds that are due at now: O(1) when none is.
+func (q *Queue) unholdDueLocked(now time.Time) {
+	for len(q.held) > 0 && q.held[0].heldUntil <= now.UnixNano() {
+		q.unholdLocked(q.held[0])
+	}
+}
+
+func (q *Queue) unholdLocked(t *tenant) {
+	heap.Remove(&q.held, t.heldIdx)
+	q.relinkLocked(t)
+}
+
+// unholdAllLocked ends every hold, after a reload: a tenant whose quota
+// changed is charged again at its next dispatch under the new limits.
+func (q *Queue) unholdAllLocked() {
+	for len(q.held) > 0 {
+		q.unholdLocked(q.held[0])
+	}
+}
+
+// QuotaStatus reports tenant's standing on its quota, for the x-ratelimit-*
+// headers of an answer that was not dispatched; ok is false when the
+// tenant has no quota.
+func (q *Queue) QuotaStatus(tenant string) (st quota.Status, ok bool) {
+	q.mu.Lock()
+	tc, _ := q.cfg.Tenant(tenant)
+	if tc.Quota == nil {
+		q.mu.Unlock()
+		return st, false
+	}
+	s := q.quotaStoreLocked()
+	q.mu.Unlock()
+	st, err := s.Status(context.Background(), tenant, tc.Quota)
+	return st, err == nil
+}
+
+// holdHeap orders held tenants by the end of their hold.
+type holdHeap []*tenant
+
+func (h holdHeap) Len() int           { return len(h) }
+func (h holdHeap) Less(i, j int) bool { return h[i].heldUntil < h[j].heldUntil }
+func (h holdHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].heldIdx, h[j].heldIdx = i, j
+}
+
+func (h *holdHeap) Push(x any) {
+	t := x.(*tenant)
+	t.heldIdx = len(*h)
+	*h = append(*h, t)
+}
+
+func (h *holdHeap) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	t.heldIdx = -1
+	return t
+}

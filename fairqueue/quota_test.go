@@ -1,0 +1,165 @@
+package fairqueue
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
+)
+
+// quotaConfig gives tenant "a" the quota c; "b" has none.
+func quotaConfig(c quota.Config) Config {
+	cfg := testConfig(10, map[string]float64{"a": 1, "b": 1})
+	a := cfg.Tenants["a"]
+	a.Quota = quota.MustCompile(c)
+	cfg.Tenants["a"] = a
+	return cfg
+}
+
+func dispatchedCount(h *harness, tenant string) int {
+	n := 0
+	for tk := range h.dispatched {
+		if tk.Tenant() == tenant {
+			n++
+		}
+	}
+	return n
+}
+
+// A tenant over its quota waits in its queue without holding a slot: the
+// others take the capacity, and its next request goes exactly when its
+// quota allows (at the first event or Tick at or after that time).
+func TestQuotaHoldsTenantNotSlot(t *testing.T) {
+	h := newHarness(t, quotaConfig(quota.Config{QPS: 1}), 1, 1)
+	for i := 0; i < 3; i++ {
+		h.enqueue(Request{Tenant: "a", Cost: 10})
+	}
+	if got := dispatchedCount(h, "a"); got != 1 {
+		t.Fatalf("a: %d dispatched at t0, want 1 (qps 1, no burst)", got)
+	}
+	for i := 0; i < 20; i++ {
+		h.enqueue(Request{Tenant: "b", Cost: 10})
+	}
+	if got := dispatchedCount(h, "b"); got != 9 {
+		t.Fatalf("b: %d dispatched, want the 9 slots a does not use", got)
+	}
+	h.completeOldest() // frees a slot: a is held, so b takes it
+	if got := dispatchedCount(h, "b"); got != 10 {
+		t.Fatalf("b: %d dispatched after a completion, want 10", got)
+	}
+	h.clk.Set(t0.Add(time.Second - time.Nanosecond))
+	h.completeOldest()
+	h.q.Tick()
+	if got := dispatchedCount(h, "a"); got != 1 {
+		t.Fatalf("a: dispatched 1 ns before its quota allows (%d)", got)
+	}
+	h.clk.Set(t0.Add(time.Second))
+	h.completeOldest()
+	if got := dispatchedCount(h, "a"); got != 2 {
+		t.Fatalf("a: %d dispatched at 1 s, want 2", got)
+	}
+	h.checkConservation()
+}
+
+// At admission the quota's earliest time behind the tenant's own queue is
+// part of the ETA; a request it cannot allow before its deadline is refused
+// at once, with the exact time as RetryAfter (not capped at
+// budget.MaxRetryAfter) and the binding meter named.
+func TestQuotaAdmission(t *testing.T) {
+	h := newHarness(t, quotaConfig(quota.Config{QPS: 1}), 1, 1)
+	dl := t0.Add(2600 * time.Millisecond) // less ExpiryMargin: 2.1 s
+	var tks []*Ticket
+	for i := 0; i < 3; i++ {
+		tks = append(tks, h.enqueue(Request{Tenant: "a", Cost: 10, Deadline: dl}))
+	}
+	for i, want := range []time.Duration{0, time.Second, 2 * time.Second} {
+		if tks[i].QuotaWait() != want || tks[i].ETA() < want {
+			t.Fatalf("request %d: quota wait %v, ETA %v; want %v", i, tks[i].QuotaWait(), tks[i].ETA(), want)
+		}
+	}
+	for i := 0; i < 2; i++ {
+		_, err := h.tryEnqueue(Request{Tenant: "a", Cost: 10, Deadline: dl})
+		var rej *Rejection
+		if !errors.As(err, &rej) || rej.Reason != ReasonQuotaExceeded || rej.Quota != quota.DimQPS ||
+			rej.RetryAfter != 3*time.Second || rej.QuotaStatus == nil {
+			t.Fatalf("4th request behind 2 queued: %#v, want quota_exceeded on qps, RetryAfter exactly 3s", err)
+		}
+	}
+	// Without a deadline a request waits however long its quota holds it.
+	long := h.enqueue(Request{Tenant: "a", Cost: 10})
+	if long.QuotaWait() != 3*time.Second {
+		t.Fatalf("no deadline: quota wait %v, want 3s", long.QuotaWait())
+	}
+	// The refusal's RetryAfter is exact: at 3 s, with the queue served as
+	// the quota allows, that request goes.
+	for _, at := range []time.Duration{time.Second, 2 * time.Second, 3 * time.Second} {
+		h.clk.Set(t0.Add(at))
+		h.q.Tick()
+	}
+	if got := dispatchedCount(h, "a"); got != 4 {
+		t.Fatalf("a: %d dispatched by 3 s, want 4", got)
+	}
+	h.checkConservation()
+}
+
+// The charge at dispatch is the estimate; completion reconciles it with the
+// actual tokens, so an over-estimate's refund lets the next request go
+// earlier, and the status each dispatched ticket carries shows the charge.
+func TestQuotaReconcileAndStatus(t *testing.T) {
+	h := newHarness(t, quotaConfig(quota.Config{TokensPerMin: 60000}), 1, 1) // 1000 tokens/s
+	tk := h.enqueue(Request{Tenant: "a", Cost: 2000})
+	st, ok := tk.QuotaStatus()
+	if !ok || !st.Tokens.Enabled || st.Tokens.Limit != 60000 || st.Tokens.Reset != 2*time.Second {
+		t.Fatalf("status after a 2000-token charge: %+v ok %v; want TPM 60000, reset 2s", st, ok)
+	}
+	next := h.enqueue(Request{Tenant: "a", Cost: 100})
+	if next.QuotaWait() != 2*time.Second {
+		t.Fatalf("next request: quota wait %v, want 2s", next.QuotaWait())
+	}
+	h.actual = func(*Ticket) int64 { return 500 }
+	h.completeOldest() // 1500 tokens refunded: the debt is 0.5 s
+	h.clk.Set(t0.Add(500 * time.Millisecond))
+	h.q.Tick()
+	if got := dispatchedCount(h, "a"); got != 2 {
+		t.Fatalf("a: %d dispatched at 0.5 s after the refund, want 2", got)
+	}
+	if _, ok := h.q.QuotaStatus("b"); ok {
+		t.Fatal("b has no quota but QuotaStatus says it has")
+	}
+}
+
+// A reload that lifts a tenant's quota ends its hold at once; a held
+// tenant whose queue is cancelled is forgotten like any idle tenant.
+func TestQuotaReloadAndForget(t *testing.T) {
+	cfg := quotaConfig(quota.Config{QPS: 0.1})
+	cfg.IdleForget = time.Second
+	h := newHarness(t, cfg, 1, 1)
+	h.enqueue(Request{Tenant: "a", Cost: 1})
+	held := h.enqueue(Request{Tenant: "a", Cost: 1})
+	if held.Dispatched() != (time.Time{}) {
+		t.Fatal("second request dispatched within a 0.1 qps quota")
+	}
+	free := testConfig(10, map[string]float64{"a": 1, "b": 1})
+	if err := h.q.Reconfigure(free); err != nil {
+		t.Fatal(err)
+	}
+	if got := dispatchedCount(h, "a"); got != 2 {
+		t.Fatalf("after the reload lifted the quota: %d dispatched, want 2", got)
+	}
+	if err := h.q.Reconfigure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	h.completeOldest()
+	h.completeOldest()
+	c := h.enqueue(Request{Tenant: "a", Cost: 1}) // held: 2 charges at 0.1 qps
+	c.Release(UnknownCost)
+	h.clk.Set(t0.Add(5 * time.Second))
+	h.q.Tick()
+	if n := h.q.Stats(false).Remembered; n != 0 {
+		t.Fatalf("%d tenants remembered after idle_forget, want 0", n)
+	}
+	if len(h.q.held) != 0 {
+		t.Fatalf("%d tenants still held after being forgotten", len(h.q.held))
+	}
+}
