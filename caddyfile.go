@@ -65,9 +65,20 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //
 //	    # tenants
 //	    tenant <name> [weight <n>] [class <class>] [wait_budget <duration>] [max_queue <n>]
-//	                  [max_inflight <n>] [max_request_tokens <n>]
-//	    default_tenant [<same options>]   # all unknown tenants, as one group
+//	                  [max_inflight <n>] [max_request_tokens <n>] [tier <tier>] [{
+//	        quota [qps <n>] [tokens_per_min <n>] [token_to_qps_weight <w>] [joint_cap <f>]
+//	              [burst_window <duration>] [burst_allow <fraction>]
+//	    }]
+//	    default_tenant [<same options and block>]   # all unknown tenants, as one group
 //	    default_tenant reject
+//
+//	    # the shape of every tenant quota that does not set its own
+//	    quota_defaults {
+//	        token_to_qps_weight <w>         # default 0.0008
+//	        joint_cap           <f>         # default 1.0
+//	        burst_window        <duration>  # default 10s
+//	        burst_allow         <fraction>  # default 0.2
+//	    }
 //
 //	    # bounded boost for requests about to miss their budget
 //	    anti_starvation off
@@ -281,6 +292,9 @@ func (p *cfParser) subdirective() error {
 	case "degrade":
 		return p.degrade()
 
+	case "quota_defaults":
+		return p.quotaDefaults()
+
 	case "reverse_proxy":
 		return p.reverseProxy()
 
@@ -288,7 +302,7 @@ func (p *cfParser) subdirective() error {
 		return d.Errf("unknown subdirective %q in fair_queue (want name, tenant_key, cost_unit, tokenizer, "+
 			"default_max_tokens, max_body, body_timeout, max_request_tokens, max_inflight, max_inflight_tokens, "+
 			"max_queue, max_queue_tokens, max_queue_bytes, class, tenant, default_tenant, handle_errors, "+
-			"anti_starvation, degrade or reverse_proxy)", sub)
+			"quota_defaults, anti_starvation, degrade or reverse_proxy)", sub)
 	}
 	return nil
 }
@@ -334,7 +348,7 @@ func (p *cfParser) tenant() error {
 	if err != nil {
 		return err
 	}
-	if err := p.noBlock(who); err != nil {
+	if err := p.tenantBlock(who, tc); err != nil {
 		return err
 	}
 	if p.h.Tenants == nil {
@@ -350,8 +364,10 @@ func (p *cfParser) defaultTenant() error {
 	d := p.d
 	tok := d.Token()
 	args := d.RemainingArgs()
-	if err := p.noBlock("default_tenant"); err != nil {
-		return err
+	if len(args) > 0 && args[0] == "reject" {
+		if err := p.noBlock("default_tenant"); err != nil {
+			return err
+		}
 	}
 	switch {
 	case len(args) == 0:
@@ -367,8 +383,158 @@ func (p *cfParser) defaultTenant() error {
 	if err != nil {
 		return err
 	}
+	if err := p.tenantBlock("default_tenant", tc); err != nil {
+		return err
+	}
 	p.h.DefaultTenant = tc
 	return nil
+}
+
+// tenantBlock parses a tenant's optional block: `quota <pairs...>`.
+func (p *cfParser) tenantBlock(who string, tc *TenantConfig) error {
+	d := p.d
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if d.Val() != "quota" {
+			return d.Errf("%s: unknown line %q in its block (want 'quota qps <n> tokens_per_min <n> ...')", who, d.Val())
+		}
+		if tc.Quota != nil {
+			return d.Errf("%s: quota given twice", who)
+		}
+		q, err := p.quotaPairs(who+": quota", d.RemainingArgs(), true)
+		if err != nil {
+			return err
+		}
+		if q.QPS == 0 && q.TokensPerMin == 0 {
+			return d.Errf("%s: quota sets no rate: want 'quota qps <n>', 'quota tokens_per_min <n>' or both", who)
+		}
+		if err := p.noBlock(who + ": quota"); err != nil {
+			return err
+		}
+		tc.Quota = q
+	}
+	return nil
+}
+
+// quotaDefaults parses the quota_defaults block: one setting per line, or
+// several pairs on a line.
+func (p *cfParser) quotaDefaults() error {
+	d := p.d
+	if args := d.RemainingArgs(); len(args) > 0 {
+		return d.Errf("quota_defaults: unexpected argument %q (the settings go in a block)", args[0])
+	}
+	q := new(QuotaConfig)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		line, err := p.quotaPairs("quota_defaults", append([]string{d.Val()}, d.RemainingArgs()...), false)
+		if err != nil {
+			return err
+		}
+		if err := mergeQuotaPairs(q, line); err != nil {
+			return d.Errf("quota_defaults: %v", err)
+		}
+	}
+	p.h.QuotaDefaults = q
+	return nil
+}
+
+// mergeQuotaPairs adds the settings of one quota_defaults line to q,
+// refusing one given twice.
+func mergeQuotaPairs(q, line *QuotaConfig) error {
+	twice := func(name string) error { return fmt.Errorf("%s given twice", name) }
+	if line.TokenToQPSWeight != nil {
+		if q.TokenToQPSWeight != nil {
+			return twice("token_to_qps_weight")
+		}
+		q.TokenToQPSWeight = line.TokenToQPSWeight
+	}
+	if line.JointCap != nil {
+		if q.JointCap != nil {
+			return twice("joint_cap")
+		}
+		q.JointCap = line.JointCap
+	}
+	if line.BurstWindow != 0 {
+		if q.BurstWindow != 0 {
+			return twice("burst_window")
+		}
+		q.BurstWindow = line.BurstWindow
+	}
+	if line.BurstAllow != nil {
+		if q.BurstAllow != nil {
+			return twice("burst_allow")
+		}
+		q.BurstAllow = line.BurstAllow
+	}
+	return nil
+}
+
+// quotaPairs parses `<setting> <value>` pairs of a quota: qps and
+// tokens_per_min (rates, only when rates is set), token_to_qps_weight,
+// joint_cap, burst_window and burst_allow. Ranges are checked when the
+// quota is compiled (package quota names the field and the range).
+func (p *cfParser) quotaPairs(who string, args []string, rates bool) (*QuotaConfig, error) {
+	d := p.d
+	q := new(QuotaConfig)
+	want := "token_to_qps_weight, joint_cap, burst_window or burst_allow"
+	if rates {
+		want = "qps, tokens_per_min, " + want
+	}
+	if slices.Contains(args, "}") {
+		return nil, d.Errf("%s: a closing brace must be on a line of its own (Caddyfile blocks span lines)", who)
+	}
+	seen := make(map[string]bool)
+	for i := 0; i < len(args); i += 2 {
+		key := args[i]
+		if seen[key] {
+			return nil, d.Errf("%s: %s given twice", who, key)
+		}
+		seen[key] = true
+		if i+1 >= len(args) {
+			return nil, d.Errf("%s: missing value after %s", who, key)
+		}
+		v := args[i+1]
+		num := func() (float64, error) {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || f < 0 || math.IsInf(f, 0) || math.IsNaN(f) {
+				return 0, d.Errf("%s: %s %q must be a number >= 0", who, key, v)
+			}
+			return f, nil
+		}
+		var f float64
+		var err error
+		switch key {
+		case "qps", "tokens_per_min":
+			if !rates {
+				return nil, d.Errf("%s: %s belongs in a tenant's quota (want %s)", who, key, want)
+			}
+			if f, err = num(); err != nil {
+				return nil, err
+			}
+			if key == "qps" {
+				q.QPS = f
+			} else {
+				q.TokensPerMin = f
+			}
+		case "token_to_qps_weight", "joint_cap", "burst_allow":
+			if f, err = num(); err != nil {
+				return nil, err
+			}
+			switch key {
+			case "token_to_qps_weight":
+				q.TokenToQPSWeight = &f
+			case "joint_cap":
+				q.JointCap = &f
+			default:
+				q.BurstAllow = &f
+			}
+		case "burst_window":
+			if q.BurstWindow, err = p.duration(who+": burst_window", v); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, d.Errf("%s: unknown setting %q (want %s)", who, key, want)
+		}
+	}
+	return q, nil
 }
 
 // tenantOptions parses [weight <n>] [class <class>] [wait_budget <duration>]
@@ -380,9 +546,9 @@ func (p *cfParser) tenantOptions(who string, tok caddyfile.Token, args []string)
 	for i := 0; i < len(args); i += 2 {
 		opt := args[i]
 		switch opt {
-		case "weight", "class", "wait_budget", "max_queue", "max_inflight", "max_request_tokens":
+		case "weight", "class", "wait_budget", "max_queue", "max_inflight", "max_request_tokens", "tier":
 		default:
-			return nil, d.Errf("%s: unknown option %q (want weight, class, wait_budget, max_queue, max_inflight or max_request_tokens)", who, opt)
+			return nil, d.Errf("%s: unknown option %q (want weight, class, wait_budget, max_queue, max_inflight, max_request_tokens or tier)", who, opt)
 		}
 		if seen[opt] {
 			return nil, d.Errf("%s: %s given twice", who, opt)
@@ -399,6 +565,8 @@ func (p *cfParser) tenantOptions(who string, tok caddyfile.Token, args []string)
 				return nil, d.Errf("%s: weight %q must be a positive number", who, v)
 			}
 			tc.Weight = w
+		case "tier":
+			tc.Tier = v
 		case "class":
 			tc.Class = v
 			p.refs = append(p.refs, classRef{tok: tok, who: who, class: v})

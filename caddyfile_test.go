@@ -335,7 +335,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"tenant bad wait_budget", "fair_queue {\ntenant a wait_budget -5s\nreverse_proxy a:1\n}", 2, []string{`tenant "a": wait_budget`, "must be positive"}},
 		{"tenant max_queue zero", "fair_queue {\ntenant a max_queue 0\nreverse_proxy a:1\n}", 2, []string{`tenant "a": max_queue "0" must be a positive integer`}},
 		{"tenant unknown class", "fair_queue {\nreverse_proxy a:1\ntenant a class gold\n}", 3, []string{`tenant "a": unknown class "gold"`, "batch, interactive, realtime"}},
-		{"tenant with a block", "fair_queue {\ntenant a {\nweight 2\n}\nreverse_proxy a:1\n}", 2, []string{`tenant "a": unexpected block`}},
+		{"tenant with a block of options", "fair_queue {\ntenant a {\nweight 2\n}\nreverse_proxy a:1\n}", 3, []string{`tenant "a": unknown line "weight" in its block`}},
 
 		{"default_tenant bare", "fair_queue {\ndefault_tenant\nreverse_proxy a:1\n}", 2, []string{"default_tenant: want 'default_tenant reject' or options"}},
 		{"default_tenant reject with options", "fair_queue {\ndefault_tenant reject weight 1\nreverse_proxy a:1\n}", 2, []string{"default_tenant: 'reject' takes no options"}},

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
 // unknownTenantLabel is the one metrics label all undeclared tenants
@@ -65,11 +66,22 @@ var (
 		Help:    "Fraction of its wait budget a request had left when refused with wait_budget_exceeded (1 at admission): how early the caller was told.",
 		Buckets: []float64{0.1, 0.25, 0.5, 0.75, 0.8, 0.9, 0.95, 0.99, 1},
 	}, []string{"queue", "moment"})
+	quotaLimited = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+		Name: "quota_limited_total",
+		Help: "Requests a tenant's quota limited, by meter (qps, tokens, joint) and action: delayed (queued until the quota allowed it) or refused (429 quota_exceeded).",
+	}, []string{"queue", "tenant", "reason", "action"})
+	quotaCharged = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+		Name: "quota_charged_total",
+		Help: "Units charged to tenants' quotas, corrected to actual usage, by meter: requests (qps), tokens, request-equivalents (joint). rate()*60 over quota_limit is the tenant's occupancy.",
+	}, []string{"queue", "tenant", "meter"})
 	queueCollector = &stateCollector{}
 )
 
 var collectors = []prometheus.Collector{requestsTotal, waitSeconds, estimatedTokens, actualTokens,
-	boostsTotal, etaRatio, budgetRefusals, budgetLeftRatio, degradeTransitions, queueCollector}
+	boostsTotal, etaRatio, budgetRefusals, budgetLeftRatio, degradeTransitions, quotaLimited, quotaCharged,
+	queueCollector}
 
 // registerMetrics adds the collectors to a config's registry; registering
 // into a registry that already has them (two handlers, one config) is fine.
@@ -115,6 +127,10 @@ const (
 // observeRefusal records a wait-budget refusal: when it was made, and how
 // much of the request's budget was left.
 func observeRefusal(queue, tenant string, rej *fairqueue.Rejection) {
+	if rej.Reason == fairqueue.ReasonQuotaExceeded {
+		quotaLimited.WithLabelValues(queue, tenant, string(rej.Quota), "refused").Inc()
+		return
+	}
 	if rej.Reason != fairqueue.ReasonBudgetExceeded {
 		return
 	}
@@ -158,11 +174,16 @@ var (
 		"Boosted requests in flight (bounded by boost_share_max of capacity).", []string{"queue"}, nil)
 	descWeight = prometheus.NewDesc(fqName("tenant_weight"),
 		"Configured weight of each declared tenant currently known to the queue.", []string{"queue", "tenant"}, nil)
+	descQuotaLimit = prometheus.NewDesc(fqName("quota_limit"),
+		"Each declared tenant's quota per minute, by meter: requests (qps), tokens, request-equivalents (joint).", []string{"queue", "tenant", "meter"}, nil)
+	descQuotaDebt = prometheus.NewDesc(fqName("quota_debt_seconds"),
+		"How far each declared tenant's quota meter runs ahead of its rate: 0 at rest, the burst window's tolerance when held; the x-ratelimit-reset time.", []string{"queue", "tenant", "meter"}, nil)
 )
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDepth, descQueuedTokens, descInflight,
-		descHealthy, descCapacity, descTokenCapacity, descWater, descBoosted, descDegradeLevel, descWeight} {
+		descHealthy, descCapacity, descTokenCapacity, descWater, descBoosted, descDegradeLevel, descWeight,
+		descQuotaLimit, descQuotaDebt} {
 		ch <- d
 	}
 }
@@ -210,6 +231,21 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descQueuedTokens, float64(a.queued), name, label)
 			gauge(descInflight, float64(a.inflight), name, label)
 		}
+		for tenant, tc := range s.q.Config().Tenants {
+			if tc.Quota == nil {
+				continue
+			}
+			st, ok := s.q.QuotaStatus(tenant)
+			if !ok {
+				continue
+			}
+			for _, d := range []quota.Dimension{quota.DimQPS, quota.DimTokens, quota.DimJoint} {
+				if m := st.Meter(d); m.Enabled {
+					gauge(descQuotaLimit, float64(m.Limit), name, tenant, string(d))
+					gauge(descQuotaDebt, m.Reset.Seconds(), name, tenant, string(d))
+				}
+			}
+		}
 		return true
 	})
 }
@@ -241,3 +277,28 @@ var descName = regexp.MustCompile(`fqName: "([^"]+)"`)
 
 // Interface guards
 var _ prometheus.Collector = (*stateCollector)(nil)
+
+// observeQuotaUse counts what a completed request used of its tenant's
+// quota, in each meter's units, from its actual tokens.
+func observeQuotaUse(queue, tenant string, l *quota.Limits, tokens int64) {
+	if l == nil {
+		return
+	}
+	c := l.Config()
+	if c.QPS > 0 {
+		quotaCharged.WithLabelValues(queue, tenant, string(quota.DimQPS)).Inc()
+	}
+	if c.TokensPerMin > 0 {
+		quotaCharged.WithLabelValues(queue, tenant, string(quota.DimTokens)).Add(float64(tokens))
+	}
+	if l.Enabled(quota.DimJoint) {
+		quotaCharged.WithLabelValues(queue, tenant, string(quota.DimJoint)).Add(1 + float64(tokens)*c.TokenToQPSWeight)
+	}
+}
+
+// observeQuotaDelay counts a request admitted to wait for its quota.
+func observeQuotaDelay(queue, tenant string, tk *fairqueue.Ticket) {
+	if tk.QuotaWait() > 0 {
+		quotaLimited.WithLabelValues(queue, tenant, string(tk.QuotaReason()), "delayed").Inc()
+	}
+}

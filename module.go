@@ -121,6 +121,11 @@ type Handler struct {
 	// {http.fair_queue.retry_after} say what happened. Default: off.
 	HandleErrors bool `json:"handle_errors,omitempty"`
 
+	// QuotaDefaults is the shape of every tenant quota that does not set
+	// its own: token_to_qps_weight (default 0.0008), joint_cap (1.0),
+	// burst_window (10s) and burst_allow (0.2). Rates belong to tenants.
+	QuotaDefaults *QuotaConfig `json:"quota_defaults,omitempty"`
+
 	// AntiStarvation bounds the boost given to requests that would miss
 	// their wait budget.
 	AntiStarvation *AntiStarvation `json:"anti_starvation,omitempty"`
@@ -179,6 +184,17 @@ type TenantConfig struct {
 	MaxInflight int `json:"max_inflight,omitempty"`
 	// MaxRequestTokens overrides the queue's max_request_tokens.
 	MaxRequestTokens int64 `json:"max_request_tokens,omitempty"`
+	// Quota caps the tenant's requests and tokens per unit of time, even
+	// when capacity is idle: a request its quota does not allow yet waits
+	// in the tenant's queue (holding no slot) when the quota allows it
+	// within its wait budget, and gets 429 quota_exceeded with an exact
+	// Retry-After otherwise. For default_tenant, each unknown tenant gets
+	// this quota of its own. Fields left out come from quota_defaults.
+	Quota *QuotaConfig `json:"quota,omitempty"`
+	// Tier names the tenant's tier for circuit breaking (circuit_break
+	// order): under sustained overload the lowest tiers are shed first and
+	// the top tier never.
+	Tier string `json:"tier,omitempty"`
 }
 
 // AntiStarvation configures the bounded boost.
@@ -317,7 +333,10 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 			cfg.Classes = append(cfg.Classes, cc)
 		}
 	}
-	tenant := func(t *TenantConfig) fairqueue.TenantConfig {
+	if err := h.QuotaDefaults.checkDefaults(); err != nil {
+		return cfg, err
+	}
+	tenant := func(who string, t *TenantConfig) (fairqueue.TenantConfig, error) {
 		tc := fairqueue.TenantConfig{Weight: 1, Class: "batch"}
 		if t != nil {
 			if t.Weight != 0 {
@@ -329,13 +348,23 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 			tc.WaitBudget = time.Duration(t.WaitBudget)
 			tc.MaxQueue = t.MaxQueue
 			tc.MaxInflight = t.MaxInflight
+			l, err := compileQuota(who+": quota", t.Quota, h.QuotaDefaults)
+			if err != nil {
+				return tc, err
+			}
+			tc.Quota = l
 		}
-		return tc
+		return tc, nil
 	}
+	var err error
 	for name, t := range h.Tenants {
-		cfg.Tenants[name] = tenant(t)
+		if cfg.Tenants[name], err = tenant("tenant "+strconv.Quote(name), t); err != nil {
+			return cfg, err
+		}
 	}
-	cfg.Default = tenant(h.DefaultTenant)
+	if cfg.Default, err = tenant("default_tenant", h.DefaultTenant); err != nil {
+		return cfg, err
+	}
 	if cfg.Default.MaxQueue == 0 {
 		// Unknown tenants are one group: rotating tenant IDs must not
 		// fill the room declared tenants queue in.

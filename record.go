@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/llmapi"
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
 // maxUsageBody bounds how much of a non-streamed response is kept to read
@@ -24,6 +25,9 @@ type usageRecorder struct {
 	counter llmapi.Counter
 
 	status int
+	// quota, when set, is the tenant's quota standing after this request
+	// was charged: its x-ratelimit-* headers replace the upstream's.
+	quota  *quota.Status
 	stream *llmapi.StreamScanner
 	body   bytes.Buffer
 	tooBig bool
@@ -36,6 +40,9 @@ func newUsageRecorder(w http.ResponseWriter, c llmapi.Counter) *usageRecorder {
 func (u *usageRecorder) WriteHeader(status int) {
 	if u.status == 0 && status >= 200 {
 		u.status = status
+		if u.quota != nil {
+			setRateLimitHeaders(u.Header(), *u.quota)
+		}
 		if isEventStream(u.Header().Get("Content-Type")) {
 			u.stream = llmapi.NewStreamScanner(u.counter)
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
 // apiError is an answer the gateway gives itself, in the OpenAI error shape
@@ -17,6 +18,12 @@ type apiError struct {
 	code       string
 	message    string
 	retryAfter time.Duration
+	// reason is the quota dimension of a quota_exceeded answer (qps,
+	// tokens, joint), in the error object's "reason" field.
+	reason string
+	// quota is the tenant's quota standing for the x-ratelimit-* headers,
+	// when the refusal already knows it.
+	quota *quota.Status
 }
 
 // errorType maps a status to the OpenAI error type clients switch on.
@@ -39,21 +46,32 @@ func (e *apiError) write(w http.ResponseWriter) {
 	hdr := w.Header()
 	hdr.Set("Content-Type", "application/json")
 	hdr.Set("Cache-Control", "no-store")
-	if e.retryAfter > 0 {
-		hdr.Set("Retry-After", strconv.Itoa(budget.RetryAfterSeconds(e.retryAfter)))
-	}
+	setRetryAfter(hdr, e.retryAfter)
 	w.WriteHeader(e.status)
 	var body struct {
 		Error struct {
 			Message string `json:"message"`
 			Type    string `json:"type"`
 			Code    string `json:"code"`
+			Reason  string `json:"reason,omitempty"`
 		} `json:"error"`
 	}
 	body.Error.Message = e.message
 	body.Error.Type = errorType(e.status)
 	body.Error.Code = e.code
+	body.Error.Reason = e.reason
 	_ = json.NewEncoder(w).Encode(&body)
+}
+
+// setRetryAfter sets Retry-After in whole seconds (rounded up) and, for
+// clients that read it (the official OpenAI clients do, before
+// Retry-After), retry-after-ms to the millisecond.
+func setRetryAfter(hdr http.Header, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	hdr.Set("Retry-After", strconv.Itoa(budget.RetryAfterSeconds(d)))
+	hdr.Set("Retry-After-Ms", strconv.FormatInt(int64((d+time.Millisecond-1)/time.Millisecond), 10))
 }
 
 // rejectionError maps a scheduler rejection to the HTTP contract.
@@ -81,6 +99,9 @@ func rejectionError(rej *fairqueue.Rejection) *apiError {
 	case fairqueue.ReasonClosed:
 		e.status, e.code = http.StatusServiceUnavailable, "server_busy"
 		e.message = "The gateway's configuration changed and this request's queue is gone (" + rej.Detail + "). It was not sent upstream; retry after the time in Retry-After."
+	case fairqueue.ReasonQuotaExceeded:
+		e.status, e.code, e.reason, e.quota = http.StatusTooManyRequests, "quota_exceeded", string(rej.Quota), rej.QuotaStatus
+		e.message = "Your " + quotaWhat(rej.Quota) + " quota does not allow this request within its wait budget (" + rej.Detail + "). It was not queued; retry after the time in Retry-After."
 	case fairqueue.ReasonTooLarge:
 		e.status, e.code, e.retryAfter = http.StatusBadRequest, codeContextLength, 0
 		e.message = "This request is larger than the gateway can ever dispatch (" + rej.Detail + "). Lower max_tokens or shorten the prompt."
@@ -89,4 +110,17 @@ func rejectionError(rej *fairqueue.Rejection) *apiError {
 		e.message = "The gateway's queue is full (" + rej.Detail + "). The request was not queued; retry after the time in Retry-After."
 	}
 	return e
+}
+
+// quotaWhat names a quota dimension for people.
+func quotaWhat(d quota.Dimension) string {
+	switch d {
+	case quota.DimQPS:
+		return "requests-per-second"
+	case quota.DimTokens:
+		return "tokens-per-minute"
+	case quota.DimJoint:
+		return "joint (requests + tokens)"
+	}
+	return string(d)
 }

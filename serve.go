@@ -16,6 +16,7 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 	"github.com/caddy-fair-queue/caddy-fair-queue/llmapi"
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
 // Request headers a client may use to ask for less than its tenant gets.
@@ -123,7 +124,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	// Whatever happens from here on, the slot is freed exactly once.
 	actual := fairqueue.UnknownCost
-	defer func() { tk.Release(actual) }()
+	var charged *quota.Limits // the quota the request was charged to
+	defer func() {
+		tk.Release(actual)
+		if charged != nil {
+			used := actual
+			if used < 0 {
+				used = int64(a.cost.Total())
+			}
+			observeQuotaUse(h.Name, a.label, charged, used)
+		}
+	}()
+	observeQuotaDelay(h.Name, a.label, tk)
 
 	if err := tk.Wait(r.Context()); err != nil {
 		var rej *fairqueue.Rejection
@@ -156,6 +168,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	r.TransferEncoding = nil
 
 	rec := newUsageRecorder(w, h.counter)
+	if st, ok := tk.QuotaStatus(); ok {
+		rec.quota, charged = &st, a.tc.Quota
+		setRateLimitHeaders(hdr, st)
+	}
 	defer func() {
 		// reverse_proxy aborts a response that breaks mid-body (client gone
 		// mid-stream, upstream dying) with panic(http.ErrAbortHandler):
@@ -390,6 +406,7 @@ func badRequest(msg string) *apiError {
 // routes to render.
 func (h *Handler) answer(w http.ResponseWriter, repl *caddy.Replacer, a *admission, e *apiError) error {
 	h.record(repl, a, e.code, time.Since(a.arrived))
+	h.quotaHeaders(w.Header(), a, e.quota)
 	if !h.HandleErrors {
 		e.write(w)
 		return nil
@@ -397,9 +414,8 @@ func (h *Handler) answer(w http.ResponseWriter, repl *caddy.Replacer, a *admissi
 	repl.Set("http.fair_queue.error_code", e.code)
 	repl.Set("http.fair_queue.error_message", e.message)
 	if e.retryAfter > 0 {
-		s := budget.RetryAfterSeconds(e.retryAfter)
-		w.Header().Set("Retry-After", strconv.Itoa(s))
-		repl.Set("http.fair_queue.retry_after", s)
+		setRetryAfter(w.Header(), e.retryAfter)
+		repl.Set("http.fair_queue.retry_after", budget.RetryAfterSeconds(e.retryAfter))
 	}
 	return caddyhttp.Error(e.status, errors.New(e.code+": "+e.message))
 }

@@ -410,8 +410,9 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		rej = q.throttleLocked(now, cls, tokens)
 	}
 	var quotaWait time.Duration
+	var quotaReason quota.Dimension
 	if rej == nil && tc.Quota != nil {
-		quotaWait, rej = q.quotaAdmitLocked(now, t, r.Tenant, tc.Quota, r.Deadline)
+		quotaWait, quotaReason, rej = q.quotaAdmitLocked(now, t, r.Tenant, tc.Quota, r.Deadline)
 	}
 	if rej != nil {
 		q.mu.Unlock()
@@ -429,7 +430,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	}
 	tk := &Ticket{q: q, t: t, cost: cost, tokens: tokens, bytes: max(r.Bytes, 0), class: cls,
 		deadline: r.Deadline, enqueued: now, dlIdx: -1, eta: max(est.ETA, quotaWait),
-		quotaWait: quotaWait}
+		quotaWait: quotaWait, quotaReason: quotaReason}
 	q.pushFlowLocked(tk, q.flowOfLocked(t, cq))
 	if !r.Deadline.IsZero() {
 		q.deadlines.push(tk)

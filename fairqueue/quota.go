@@ -42,21 +42,21 @@ func (q *Queue) quotaStoreLocked() quota.Store {
 // must wait for its tenant's quota behind the tenant's queued requests, or
 // a refusal when that is past its deadline. A store error admits the
 // request (a quota store that is down must not take the gateway with it).
-func (q *Queue) quotaAdmitLocked(now time.Time, t *tenant, name string, l *quota.Limits, deadline time.Time) (time.Duration, *Rejection) {
+func (q *Queue) quotaAdmitLocked(now time.Time, t *tenant, name string, l *quota.Limits, deadline time.Time) (time.Duration, quota.Dimension, *Rejection) {
 	var ahead quota.Backlog
 	if t != nil {
 		ahead = quota.Backlog{Requests: int64(t.queued), Tokens: t.queuedCost}
 	}
 	d, err := q.quotaStoreLocked().Peek(context.Background(), name, l, ahead)
 	if err != nil || d.Allowed {
-		return 0, nil
+		return 0, "", nil
 	}
 	// It must go before its deadline less the margins: Tick expires what is
 	// within ExpiryMargin of its deadline before it dispatches.
 	if !deadline.IsZero() && !d.At.Before(deadline.Add(-max(q.cfg.Admission.Margin, q.cfg.ExpiryMargin))) {
-		return 0, quotaRejection(d, ahead)
+		return 0, d.Reason, quotaRejection(d, ahead)
 	}
-	return d.RetryAfter, nil
+	return d.RetryAfter, d.Reason, nil
 }
 
 func quotaRejection(d quota.Decision, ahead quota.Backlog) *Rejection {

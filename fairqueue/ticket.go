@@ -66,6 +66,7 @@ type Ticket struct {
 	// the request; quota and quotaStatus are the limits it was charged
 	// under at dispatch (nil: not charged) and the meters after the charge.
 	quotaWait   time.Duration
+	quotaReason quota.Dimension
 	quota       *quota.Limits
 	quotaStatus quota.Status
 }
@@ -73,6 +74,9 @@ type Ticket struct {
 // QuotaWait is how long, at admission, the tenant's quota was expected to
 // hold the request (0: the quota allowed it at once, or no quota).
 func (tk *Ticket) QuotaWait() time.Duration { return tk.quotaWait }
+
+// QuotaReason is the meter that set QuotaWait ("" when it is 0).
+func (tk *Ticket) QuotaReason() quota.Dimension { return tk.quotaReason }
 
 // QuotaStatus is the tenant's standing on its quota right after this
 // request was charged at dispatch, for the x-ratelimit-* headers of its

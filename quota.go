@@ -1,0 +1,156 @@
+package caddyfairqueue
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
+)
+
+// QuotaConfig is a tenant's quota (package quota): a request rate, a token
+// rate, and the joint meter that weighs tokens against requests, each with
+// an elastic burst window. In quota_defaults only the shape fields
+// (token_to_qps_weight, joint_cap, burst_window, burst_allow) may be set;
+// a tenant's quota takes them from there unless it sets its own.
+type QuotaConfig struct {
+	// QPS is the tenant's request rate, requests per second (the
+	// x-ratelimit-*-requests headers report it per minute). 0: no request
+	// limit.
+	QPS float64 `json:"qps,omitempty"`
+	// TokensPerMin is the tenant's token rate: estimated tokens (prompt +
+	// output cap) charged at dispatch, corrected to the usage reported when
+	// the response ends. 0: no token limit.
+	TokensPerMin float64 `json:"tokens_per_min,omitempty"`
+	// TokenToQPSWeight is how many request-equivalents one token weighs in
+	// the joint meter. Default 0.0008 (1250 tokens weigh one request).
+	TokenToQPSWeight *float64 `json:"token_to_qps_weight,omitempty"`
+	// JointCap scales qps into the joint meter's rate of request-
+	// equivalents per second; 0 turns the joint meter off. Default 1.0
+	// when qps is set.
+	JointCap *float64 `json:"joint_cap,omitempty"`
+	// BurstWindow is how long a tenant may run burst_allow above its
+	// rates before it is held to them and pays the excess back. Default
+	// 10s.
+	BurstWindow caddy.Duration `json:"burst_window,omitempty"`
+	// BurstAllow is the fraction above the rates a burst may run. Default
+	// 0.2; 0 with burst_window 0 means no burst at all.
+	BurstAllow *float64 `json:"burst_allow,omitempty"`
+}
+
+// The seed's quota shape, used where neither quota_defaults nor the tenant
+// says otherwise.
+const (
+	defaultTokenToQPSWeight = 0.0008
+	defaultJointCap         = 1.0
+	defaultBurstWindow      = 10 * time.Second
+	defaultBurstAllow       = 0.2
+)
+
+// checkDefaults refuses rates in quota_defaults: a default rate would
+// silently put every tenant, declared or not, under a quota.
+func (c *QuotaConfig) checkDefaults() error {
+	if c != nil && (c.QPS != 0 || c.TokensPerMin != 0) {
+		return fmt.Errorf("quota_defaults: qps and tokens_per_min belong in a tenant's quota, not in the defaults (which set token_to_qps_weight, joint_cap, burst_window and burst_allow)")
+	}
+	return nil
+}
+
+// compileQuota merges a tenant's quota over the defaults and compiles it;
+// nil when the tenant has none.
+func compileQuota(who string, t, defaults *QuotaConfig) (*quota.Limits, error) {
+	if t == nil {
+		return nil, nil
+	}
+	c := quota.Config{QPS: t.QPS, TokensPerMin: t.TokensPerMin,
+		TokenToQPSWeight: defaultTokenToQPSWeight, JointCap: defaultJointCap,
+		BurstWindow: defaultBurstWindow, BurstAllow: defaultBurstAllow}
+	for _, src := range []*QuotaConfig{defaults, t} {
+		if src == nil {
+			continue
+		}
+		if src.TokenToQPSWeight != nil {
+			c.TokenToQPSWeight = *src.TokenToQPSWeight
+		}
+		if src.JointCap != nil {
+			c.JointCap = *src.JointCap
+		}
+		if src.BurstWindow != 0 {
+			c.BurstWindow = time.Duration(src.BurstWindow)
+		}
+		if src.BurstAllow != nil {
+			c.BurstAllow = *src.BurstAllow
+			if c.BurstAllow == 0 {
+				c.BurstWindow = 0 // "burst_allow 0": no burst, whatever the window
+			}
+		}
+	}
+	if c.QPS == 0 {
+		// The joint meter's rate is qps x joint_cap: without qps, a token
+		// quota alone.
+		c.JointCap = 0
+	}
+	l, err := c.Compile()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", who, err)
+	}
+	return l, nil
+}
+
+// setRateLimitHeaders writes OpenAI's x-ratelimit-* headers from a
+// tenant's quota status, replacing any an upstream sent: the caller's
+// limits at this gateway are its quota, not the gateway's own account.
+// Requests are reported from the stricter of the request and joint meters
+// (a request costs at least one request-equivalent), tokens from the token
+// meter; a dimension the quota does not meter gets no headers.
+func setRateLimitHeaders(h http.Header, st quota.Status) {
+	req := st.Requests
+	if j := st.Joint; j.Enabled {
+		if !req.Enabled {
+			req = j
+		} else {
+			req.Remaining = min(req.Remaining, j.Remaining)
+			req.Reset = max(req.Reset, j.Reset)
+		}
+	}
+	set := func(kind string, m quota.MeterStatus) {
+		if !m.Enabled {
+			return
+		}
+		h.Set("X-Ratelimit-Limit-"+kind, strconv.FormatInt(m.Limit, 10))
+		h.Set("X-Ratelimit-Remaining-"+kind, strconv.FormatInt(m.Remaining, 10))
+		h.Set("X-Ratelimit-Reset-"+kind, resetString(m.Reset))
+	}
+	set("Requests", req)
+	set("Tokens", st.Tokens)
+}
+
+// resetString formats a reset time as OpenAI does ("1s", "6m0s", "17ms"),
+// to the millisecond, rounded up so that a client waiting that long finds
+// the meter reset.
+func resetString(d time.Duration) string {
+	if d <= 0 {
+		return "0s"
+	}
+	return ((d + time.Millisecond - 1) / time.Millisecond * time.Millisecond).String()
+}
+
+// quotaHeaders sets the x-ratelimit-* headers of an answer the gateway
+// gives itself to a tenant with a quota: from st when the refusal carries
+// the standing, else read from the queue's quota store.
+func (h *Handler) quotaHeaders(hdr http.Header, a *admission, st *quota.Status) {
+	if st == nil {
+		if a == nil || a.tc.Quota == nil || h.shared == nil {
+			return
+		}
+		s, ok := h.shared.q.QuotaStatus(a.tenant)
+		if !ok {
+			return
+		}
+		st = &s
+	}
+	setRateLimitHeaders(hdr, *st)
+}
