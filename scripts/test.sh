@@ -26,5 +26,13 @@ done
 echo "== handler tests (race)"
 go test -race -count=1 .
 
+echo "== the official OpenAI Node client the end-to-end tests drive (pinned by package-lock.json)"
+if ! command -v npm >/dev/null; then
+	echo "installing Node.js and npm from Debian's packages"
+	sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
+	$sudo apt-get update -qq && $sudo apt-get install -y -qq nodejs npm
+fi
+(cd xcaddy-test/openai-client && npm ci --no-audit --no-fund --loglevel=error)
+
 echo "== end-to-end tests against the xcaddy-built binary"
 go test -count=1 -timeout 25m ./xcaddy-test/...
