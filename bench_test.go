@@ -25,6 +25,8 @@ import (
 //	fair_queue        fair_queue (tokenizer cl100k_base, the default) + reverse_proxy
 //	fair_queue_approx the same with tokenizer approx: the difference to
 //	                  fair_queue is the BPE tokenizer's share
+//	fair_queue_quota  fair_queue with a tenant quota that never binds: the
+//	                  difference to fair_queue is the quota's cost
 //
 // The *_parallel variants run the same under b.RunParallel (GOMAXPROCS
 // clients; the queue's 16 slots are never all taken). Overhead per request
@@ -50,6 +52,10 @@ func BenchmarkProxy(b *testing.B) {
 		return fmt.Sprintf(`{"name":%q,"tokenizer":%q,"proxy":{"handler":"reverse_proxy","upstreams":[{"dial":%q}]}}`,
 			name, tokenizer, up.Listener.Addr().String())
 	}
+	// The same with a quota on the tenant that never binds (all three
+	// meters): its difference to fair_queue is what a quota costs.
+	fqQuota := fmt.Sprintf(`{"name":"bench_quota","tenants":{"acme":{"quota":{"qps":1e8,"tokens_per_min":1e12}}},`+
+		`"proxy":{"handler":"reverse_proxy","upstreams":[{"dial":%q}]}}`, up.Listener.Addr().String())
 	cases := []struct {
 		name string
 		h    caddyhttp.Handler
@@ -57,6 +63,7 @@ func BenchmarkProxy(b *testing.B) {
 		{"plain", load("http.handlers.reverse_proxy", proxy)},
 		{"fair_queue", load("http.handlers.fair_queue", fq("bench_cl100k", "cl100k_base"))},
 		{"fair_queue_approx", load("http.handlers.fair_queue", fq("bench_approx", "approx"))},
+		{"fair_queue_quota", load("http.handlers.fair_queue", fqQuota)},
 	}
 	srv := &caddyhttp.Server{}
 	serve := func(h caddyhttp.Handler) error {

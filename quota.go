@@ -138,19 +138,14 @@ func resetString(d time.Duration) string {
 	return ((d + time.Millisecond - 1) / time.Millisecond * time.Millisecond).String()
 }
 
-// quotaHeaders sets the x-ratelimit-* headers of an answer the gateway
-// gives itself to a tenant with a quota: from st when the refusal carries
-// the standing, else read from the queue's quota store.
-func (h *Handler) quotaHeaders(hdr http.Header, a *admission, st *quota.Status) {
-	if st == nil {
-		if a == nil || a.tc.Quota == nil || h.shared == nil {
-			return
-		}
-		s, ok := h.shared.q.QuotaStatus(a.tenant)
-		if !ok {
-			return
-		}
-		st = &s
+// quotaStanding fills in the tenant's quota standing of an answer the
+// gateway gives itself, for its x-ratelimit-* headers, when the tenant has
+// a quota and the refusal did not already carry it.
+func (h *Handler) quotaStanding(a *admission, e *apiError) {
+	if e.quota != nil || a == nil || a.tc.Quota == nil || h.shared == nil {
+		return
 	}
-	setRateLimitHeaders(hdr, *st)
+	if st, ok := h.shared.q.QuotaStatus(a.tenant); ok {
+		e.quota = &st
+	}
 }

@@ -47,6 +47,9 @@ func (e *apiError) write(w http.ResponseWriter) {
 	hdr.Set("Content-Type", "application/json")
 	hdr.Set("Cache-Control", "no-store")
 	setRetryAfter(hdr, e.retryAfter)
+	if e.quota != nil {
+		setRateLimitHeaders(hdr, *e.quota)
+	}
 	w.WriteHeader(e.status)
 	var body struct {
 		Error struct {

@@ -169,8 +169,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	rec := newUsageRecorder(w, h.counter)
 	if st, ok := tk.QuotaStatus(); ok {
+		// Set when the response's header is written (usageRecorder), over
+		// whatever the upstream sent.
 		rec.quota, charged = &st, a.tc.Quota
-		setRateLimitHeaders(hdr, st)
 	}
 	defer func() {
 		// reverse_proxy aborts a response that breaks mid-body (client gone
@@ -211,7 +212,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		(&apiError{status: http.StatusBadGateway, code: outcomeProxyError,
 			message:    "The model server failed to answer; the request may be retried.",
-			retryAfter: time.Second}).write(w)
+			retryAfter: time.Second, quota: rec.quota}).write(w)
 		perr = nil
 	}
 	h.record(repl, a, outcome, wait)
@@ -406,10 +407,13 @@ func badRequest(msg string) *apiError {
 // routes to render.
 func (h *Handler) answer(w http.ResponseWriter, repl *caddy.Replacer, a *admission, e *apiError) error {
 	h.record(repl, a, e.code, time.Since(a.arrived))
-	h.quotaHeaders(w.Header(), a, e.quota)
+	h.quotaStanding(a, e)
 	if !h.HandleErrors {
 		e.write(w)
 		return nil
+	}
+	if e.quota != nil {
+		setRateLimitHeaders(w.Header(), *e.quota)
 	}
 	repl.Set("http.fair_queue.error_code", e.code)
 	repl.Set("http.fair_queue.error_message", e.message)
