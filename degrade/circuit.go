@@ -135,6 +135,7 @@ type Circuit struct {
 	started bool
 	origin  time.Time // start of bucket 0: the first time seen
 	cur     int64     // index of the current bucket since origin
+	next    time.Time // start of bucket cur+1: earlier times need no index
 	last    time.Time // latest time seen, where Carry reads the window
 
 	// ring holds circuitBuckets+1 buckets of len(Order)+1 sums of units,
@@ -333,6 +334,7 @@ func (c *Circuit) Carry(old *Circuit) int {
 		per[col] += v * c.width.Seconds()
 	}
 	c.started, c.origin, c.last = true, old.last, old.last
+	c.next = c.origin.Add(c.width)
 	for k := int64(-circuitBuckets); k < 0; k++ {
 		copy(c.bucket(k), per)
 		for t, v := range per {
@@ -365,18 +367,23 @@ func (c *Circuit) bucket(k int64) []float64 {
 // in a later bucket clears the buckets entered (at most the whole ring) and
 // re-sums the complete ones, which costs O(buckets × tiers) at most once per
 // bucket width and keeps full free of accumulated rounding. A time in the
-// current bucket or earlier changes nothing.
+// current bucket or earlier costs two comparisons (no division) and changes
+// nothing but last.
 func (c *Circuit) advance(now time.Time) {
 	if !c.started {
-		c.started, c.origin, c.last = true, now, now
+		c.started, c.origin, c.last, c.next = true, now, now, now.Add(c.width)
 		return
 	}
 	if now.After(c.last) {
 		c.last = now
 	}
-	idx := int64(now.Sub(c.origin) / c.width)
-	if idx <= c.cur {
+	if now.Before(c.next) {
 		return
+	}
+	idx := int64(now.Sub(c.origin) / c.width)
+	c.next = c.origin.Add(time.Duration(idx+1) * c.width)
+	if idx <= c.cur {
+		return // only when now.Sub saturated
 	}
 	for k := c.cur + 1; k <= idx && k <= c.cur+circuitBuckets+1; k++ {
 		clear(c.bucket(k))

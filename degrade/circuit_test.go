@@ -808,6 +808,8 @@ func TestCircuitNoAlloc(t *testing.T) {
 	}
 }
 
+// BenchmarkCircuitArrive: one arrival, three tiers, a bucket change every
+// 1000 arrivals (1 ms apart, 1 s buckets).
 func BenchmarkCircuitArrive(b *testing.B) {
 	c := newTestCircuit(b, CircuitConfig{})
 	now := circuitStart
@@ -821,6 +823,9 @@ func BenchmarkCircuitArrive(b *testing.B) {
 	}
 }
 
+// BenchmarkCircuitObserve: one Arrive and one Observe that changes nothing
+// (low already shed under a steady 1.5x), a bucket change every 10
+// observations (100 ms apart).
 func BenchmarkCircuitObserve(b *testing.B) {
 	c := newTestCircuit(b, CircuitConfig{})
 	now := circuitStart
