@@ -190,14 +190,16 @@ type CircuitTransition struct {
 }
 
 // String renders t for logs, e.g.
-// "circuit shed tier low (level 0 -> 1, demand 1.52x capacity)". On a
-// readmission the ratio is the demand with the tier readmitted.
+// "circuit shed tier low (level 0 -> 1, demand 1.523x capacity)". On a
+// readmission the ratio is the demand with the tier readmitted. Three
+// decimals, like the ladder's water, so a ratio just over a line does not
+// print as the line itself.
 func (t CircuitTransition) String() string {
 	verb := "readmitted"
 	if t.Up {
 		verb = "shed"
 	}
-	return fmt.Sprintf("circuit %s tier %s (level %d -> %d, demand %.2fx capacity)", verb, t.Tier, t.From, t.To, t.Ratio)
+	return fmt.Sprintf("circuit %s tier %s (level %d -> %d, demand %.3fx capacity)", verb, t.Tier, t.From, t.To, t.Ratio)
 }
 
 // Arrive records the demand of one arriving request at now, in units

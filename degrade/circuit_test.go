@@ -509,11 +509,11 @@ func TestCircuitCapacityNoData(t *testing.T) {
 
 func TestCircuitTransitionString(t *testing.T) {
 	up := CircuitTransition{Tier: "low", From: 0, To: 1, Up: true, Ratio: 1.5234}
-	if got, want := up.String(), "circuit shed tier low (level 0 -> 1, demand 1.52x capacity)"; got != want {
+	if got, want := up.String(), "circuit shed tier low (level 0 -> 1, demand 1.523x capacity)"; got != want {
 		t.Fatalf("%q, want %q", got, want)
 	}
 	down := CircuitTransition{Tier: "mid", From: 2, To: 1, Ratio: 0.8}
-	if got, want := down.String(), "circuit readmitted tier mid (level 2 -> 1, demand 0.80x capacity)"; got != want {
+	if got, want := down.String(), "circuit readmitted tier mid (level 2 -> 1, demand 0.800x capacity)"; got != want {
 		t.Fatalf("%q, want %q", got, want)
 	}
 }
