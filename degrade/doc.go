@@ -1,6 +1,7 @@
 // Package degrade is the overload ladder of caddy-fair-queue: a declared,
 // ordered list of degrade steps driven by a single "water level", with
-// hysteresis and a minimum hold time so that it neither reacts late nor flaps.
+// hysteresis and a minimum hold time so that it neither reacts late nor flaps;
+// and the tiered circuit breaker built on the same engine (see Circuit).
 //
 // The package is pure: it imports nothing of the project, no Caddy and no
 // net/http, and never reads the wall clock. Every time is passed in by the
@@ -115,7 +116,9 @@
 //
 // Demand. Arrive records every arrival's units, the refused ones included,
 // so the demand of a shed tier stays measured: it is exactly what
-// readmitting the tier would bring back. Demand is averaged over a sliding
+// readmitting the tier would bring back (a refused caller that retries is
+// counted at each retry, which is why shed requests carry a Retry-After;
+// see ReadmitIn). Demand is averaged over a sliding
 // Window cut into 10 buckets (bounded memory: 11 buckets × (tiers+1) sums);
 // the window slides by Window/10, and the oldest bucket counts in
 // proportion to the part of it still inside the window, so a steady stream
@@ -142,10 +145,12 @@
 //
 // Using the would-be demand to readmit is what prevents flapping: right
 // after tier k is readmitted the admitted demand is D(k) < Recover × C, so
-// shedding it again needs demand to really rise by Trigger/Recover (30 %
-// with the defaults). Readmitting by the admitted demand instead (which
-// drops as soon as the tier is shed) would readmit and shed again every
-// hold for as long as the overload lasts.
+// shedding it again needs D(k) to really grow by more than a factor
+// Trigger/Recover (30 % with the defaults, at constant capacity).
+// Readmitting by the admitted demand instead (which drops as soon as the
+// tier is shed: 1.5x with 40 % in the lowest tier leaves 0.9x admitted)
+// would readmit and shed again every hold for as long as the overload
+// lasts.
 //
 // Signals never increase from a lower tier to a higher one (D(k) >= D(k+1),
 // computed as suffix sums from the top so this holds bit for bit), and
@@ -161,7 +166,7 @@
 // already is that filter (demand at d × capacity for s seconds adds only
 // d·s/Window to the ratio), and a second timer would only add delay.
 //
-// Circuit guarantees. For any sequence of calls (4 assumes non-decreasing
+// Circuit guarantees. For any sequence of calls (5 assumes non-decreasing
 // times):
 //
 //  1. Cumulative, top protected: the shed tiers are exactly
