@@ -1,6 +1,7 @@
 // Package degrade is the overload ladder of caddy-fair-queue: a declared,
 // ordered list of degrade steps driven by a single "water level", with
-// hysteresis and a minimum hold time so that it neither reacts late nor flaps.
+// hysteresis and a minimum hold time so that it neither reacts late nor flaps;
+// and the tiered circuit breaker built on the same engine (see Circuit).
 //
 // The package is pure: it imports nothing of the project, no Caddy and no
 // net/http, and never reads the wall clock. Every time is passed in by the
@@ -99,6 +100,101 @@
 // degrade: the longest common prefix of step names keeps its engaged/released
 // state and its hold timers; see Carry.
 //
+// # Circuit
+//
+// Circuit is the tiered circuit breaker (circuit_break): when the demand on
+// the gateway stays above what the upstreams can serve, it sheds callers
+// tier by tier, lowest first, and readmits them top first when demand falls.
+// It is a Ladder with one step per tier but the top one, each step driven by
+// its own signal; the lines, the hold rule and cumulative levels are the
+// ladder's, applied by the same code.
+//
+// Tiers. Order lists the tiers lowest first, at least two. Level k means
+// exactly Order[0..k-1] are shed; the top tier, Order[n-1], is never shed,
+// so Level() <= n-1. Arrivals whose tier is empty or not in Order are
+// tier-less: never shed, counted as demand in every signal.
+//
+// Demand. Arrive records every arrival's units, the refused ones included,
+// so the demand of a shed tier stays measured: it is exactly what
+// readmitting the tier would bring back (a refused caller that retries is
+// counted at each retry, which is why shed requests carry a Retry-After;
+// see ReadmitIn). Demand is averaged over a sliding
+// Window cut into 10 buckets (bounded memory: 11 buckets × (tiers+1) sums);
+// the window slides by Window/10, and the oldest bucket counts in
+// proportion to the part of it still inside the window, so a steady stream
+// reads steady. Time before the circuit's first call counts as no demand:
+// a fresh circuit under-reads for its first Window, which only delays a
+// trip. Arrive costs O(tiers) and never allocates; Observe costs O(tiers),
+// plus O(10 × tiers) once per bucket width to re-sum the window.
+//
+// Capacity. Observe compares demand with capacity, in the same unit per
+// second: what the upstreams can serve, not what they served. (Served
+// throughput follows admitted demand when the upstreams are not saturated,
+// which would keep a shed tier's would-be ratio above the recovery line
+// for ever.) A capacity <= 0, NaN or infinite is no data, not overload:
+// nothing moves.
+//
+// Signal. With D(k) the windowed demand of tiers k..n-1 plus tier-less
+// demand, and C the capacity, step k's signal is D(k)/C. It is the same
+// quantity on both sides of the step:
+//
+//   - at level k, tier k is shed when D(k)/C > Trigger: the demand of the
+//     tiers still admitted is over the line;
+//   - at level k+1, tier k is readmitted when D(k)/C < Recover: the demand
+//     with tier k readmitted is under the line.
+//
+// Using the would-be demand to readmit is what prevents flapping: right
+// after tier k is readmitted the admitted demand is D(k) < Recover × C, so
+// shedding it again needs D(k) to really grow by more than a factor
+// Trigger/Recover (30 % with the defaults, at constant capacity).
+// Readmitting by the admitted demand instead (which drops as soon as the
+// tier is shed: 1.5x with 40 % in the lowest tier leaves 0.9x admitted)
+// would readmit and shed again every hold for as long as the overload
+// lasts.
+//
+// Signals never increase from a lower tier to a higher one (D(k) >= D(k+1),
+// computed as suffix sums from the top so this holds bit for bit), and
+// Recover < Trigger; so, as on the ladder, one observation sheds or
+// readmits or does nothing, never both. Going up it sheds tier level, then
+// level+1, ..., while the next signal is above Trigger and the tier's hold
+// allows; going down it readmits tier level-1, then level-2, ..., while the
+// signal is below Recover and the hold allows.
+//
+// Hold is the ladder's hold rule, per tier: two transitions of one tier
+// are at least Hold apart; a tier that never moved is not held. Hold is not
+// also a time demand must stay over the line before a trip: the window
+// already is that filter (demand at d × capacity for s seconds adds only
+// d·s/Window to the ratio), and a second timer would only add delay.
+//
+// Circuit guarantees. For any sequence of calls (5 assumes non-decreasing
+// times):
+//
+//  1. Cumulative, top protected: the shed tiers are exactly
+//     Order[0..Level()-1], and Level() <= len(Order)-1.
+//  2. Lines: tier k is shed only at an Observe where D(k)/C > Trigger and
+//     readmitted only at one where D(k)/C < Recover, with D measured at that
+//     Observe's time.
+//  3. Hold: two transitions of one tier are at least Hold apart, so demand
+//     oscillating however fast moves a tier at most once per Hold.
+//  4. No flapping: while the windowed demand and the capacity stay
+//     constant, each tier moves at most once (up to the level where the
+//     admitted demand is at most Trigger × C, or the top tier alone is
+//     left; or down to where readmitting one more tier would reach Recover).
+//     After the settling moves, the admitted ratio D(Level())/C is at most
+//     Trigger unless only the top tier is admitted.
+//  5. Bounded delay: if the demand of every tier is steady from t0 on (and
+//     the capacity constant), the window reads it fully from
+//     t1 = t0 + Window + Window/10 on, and the first Observe at or after
+//     t1 + Hold ends in the settled state of 4 (the ladder's guarantee 4,
+//     applied to each step's signal: by then no hold set before t1 is left).
+//  6. Reporting: Observe returns the transitions made, in order, each
+//     moving the level by one; nil without allocating when nothing changes.
+//     CircuitTransition.Ratio is the signal that crossed the line.
+//
+// Reload. Circuit.Carry keeps the shed state and hold timers of the longest
+// common prefix of Order (top tier excluded), like Ladder.Carry, and seeds
+// the new window with the old measured rate per tier, by name.
+//
 // # Throttle
 //
 // Throttle is the token bucket behind the throttle action, built on
@@ -109,5 +205,8 @@
 // A Ladder is not safe for concurrent use: the caller serialises Observe,
 // Level, Active, Steps and Carry (fairqueue calls them under its own lock).
 // Carry also reads the old ladder, which must not be observed concurrently.
+// The same holds for a Circuit: every method, Shed and Demand included,
+// needs the caller's lock (Demand and ReadmitIn read state that Arrive and
+// Observe write).
 // A Throttle is safe for concurrent use. Step, Action and Rate are values.
 package degrade

@@ -61,3 +61,37 @@ func ExampleThrottle_Admit() {
 	// true 0s
 	// false 700ms
 }
+
+func ExampleCircuit() {
+	c, err := degrade.NewCircuit(degrade.CircuitConfig{Order: []string{"low", "mid", "high"}}) // trigger 1.3, recover 1.0, hold 10s, window 10s
+	if err != nil {
+		panic(err)
+	}
+	start := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	const capacity = 100 // units/s the upstreams can serve
+	for ms := 100; ms <= 60_000; ms += 100 {
+		now := start.Add(time.Duration(ms) * time.Millisecond)
+		load := 1.5 // demand / capacity: 40 % low, 30 % mid, 30 % high
+		if ms > 30_000 {
+			load = 0.8
+		}
+		for _, a := range []struct {
+			tier  string
+			share float64
+		}{{"low", 0.4}, {"mid", 0.3}, {"high", 0.3}} {
+			c.Arrive(now, a.tier, load*capacity*a.share/10) // every arrival, shed ones included
+		}
+		for _, tr := range c.Observe(now, capacity) {
+			fmt.Println(now.Sub(start), tr)
+		}
+	}
+	fmt.Println("shed low:", c.Shed("low"))
+	// The fresh window fills: 1.5x reads over 1.3 after 8.7 s; mid and high
+	// (0.9x) stay. From 30 s the window drains toward 0.8x; low comes back
+	// once demand with it readmitted reads under 1.0.
+
+	// Output:
+	// 8.7s circuit shed tier low (level 0 -> 1, demand 1.305x capacity)
+	// 37.4s circuit readmitted tier low (level 1 -> 0, demand 0.997x capacity)
+	// shed low: false
+}

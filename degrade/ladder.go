@@ -96,6 +96,14 @@ func NewLadder(steps []Step, hold time.Duration, knownClasses []string) (*Ladder
 				fmtLine(s.Recover), fmtLine(prev.Recover), prev.Name)
 		}
 	}
+	return newLadder(steps, hold), nil
+}
+
+// newLadder builds a ladder from steps its caller has already checked. It
+// is NewLadder without the checks, for the circuit breaker, whose steps
+// share one pair of lines (each step has its own signal) and carry no
+// action.
+func newLadder(steps []Step, hold time.Duration) *Ladder {
 	l := &Ladder{
 		steps:   slices.Clone(steps),
 		actions: make([]Action, len(steps)),
@@ -106,7 +114,7 @@ func NewLadder(steps []Step, hold time.Duration, knownClasses []string) (*Ladder
 	for i, s := range steps {
 		l.actions[i] = s.Action
 	}
-	return l, nil
+	return l
 }
 
 // Observe records the water level seen at now, applies the lines and the
@@ -115,10 +123,24 @@ func NewLadder(steps []Step, hold time.Duration, knownClasses []string) (*Ladder
 // allocation) when nothing changes. The exact rule is in the package
 // documentation ("Hold rule").
 func (l *Ladder) Observe(now time.Time, water float64) []Transition {
+	return l.observe(now, water, nil)
+}
+
+// observe is Observe with one signal per step when waters is not nil: step
+// i is then compared with waters[i] (len(waters) == len(l.steps)) instead of
+// water. The hold rule and cumulative levels are the same either way; the
+// circuit breaker relies on it, with signals that never increase from one
+// step to the next (see "Circuit" in the package documentation), which is
+// what keeps one observation from both engaging and releasing.
+func (l *Ladder) observe(now time.Time, water float64, waters []float64) []Transition {
 	var out []Transition
 	for l.level < len(l.steps) {
 		i := l.level
-		if !(water > l.steps[i].Trigger) || !l.mayMove(i, now) {
+		w := water
+		if waters != nil {
+			w = waters[i]
+		}
+		if !(w > l.steps[i].Trigger) || !l.mayMove(i, now) {
 			break
 		}
 		l.moved[i], l.lastAt[i] = true, now
@@ -126,14 +148,18 @@ func (l *Ladder) Observe(now time.Time, water float64) []Transition {
 		if out == nil {
 			out = make([]Transition, 0, len(l.steps)-i) // one allocation per moving call
 		}
-		out = append(out, Transition{Step: l.steps[i].Name, From: i, To: i + 1, Up: true, Water: water, At: now})
+		out = append(out, Transition{Step: l.steps[i].Name, From: i, To: i + 1, Up: true, Water: w, At: now})
 	}
 	if out != nil {
 		return out
 	}
 	for l.level > 0 {
 		i := l.level - 1
-		if !(water < l.steps[i].Recover) || !l.mayMove(i, now) {
+		w := water
+		if waters != nil {
+			w = waters[i]
+		}
+		if !(w < l.steps[i].Recover) || !l.mayMove(i, now) {
 			break
 		}
 		l.moved[i], l.lastAt[i] = true, now
@@ -141,7 +167,7 @@ func (l *Ladder) Observe(now time.Time, water float64) []Transition {
 		if out == nil {
 			out = make([]Transition, 0, i+1)
 		}
-		out = append(out, Transition{Step: l.steps[i].Name, From: i + 1, To: i, Up: false, Water: water, At: now})
+		out = append(out, Transition{Step: l.steps[i].Name, From: i + 1, To: i, Up: false, Water: w, At: now})
 	}
 	return out
 }

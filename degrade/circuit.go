@@ -1,0 +1,419 @@
+package degrade
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+// Defaults for CircuitConfig fields left zero, and the shortest window.
+const (
+	DefaultCircuitTrigger = 1.3
+	DefaultCircuitRecover = 1.0
+	DefaultCircuitHold    = 10 * time.Second
+	DefaultCircuitWindow  = 10 * time.Second
+	// MinCircuitWindow is the shortest accepted window: below it a window
+	// holds too few LLM requests to be a rate.
+	MinCircuitWindow = 100 * time.Millisecond
+)
+
+// circuitBuckets is the number of complete buckets the demand window is cut
+// into. The ring holds one more, the current bucket; the oldest complete
+// bucket is counted in proportion to the part of it still inside the window,
+// so the measured rate of a steady stream does not saw-tooth as the window
+// slides bucket by bucket.
+const circuitBuckets = 10
+
+// CircuitConfig is the circuit_break block as the operator writes it:
+//
+//	circuit_break { trigger 1.3 recover 1.0 hold 10s window 10s order low mid high }
+//
+// Zero fields take the defaults (DefaultCircuit*), so a zero Hold means
+// DefaultCircuitHold, not "no hold". See "Circuit" in the package
+// documentation for what each line means.
+type CircuitConfig struct {
+	// Trigger: tier k is shed when the demand of tier k, the tiers above
+	// it and tier-less arrivals, over the window, exceeds Trigger ×
+	// capacity.
+	Trigger float64 `json:"trigger,omitempty"`
+	// Recover: shed tier k is readmitted when that same demand (its own
+	// included, as if readmitted) is below Recover × capacity. Must be
+	// below Trigger.
+	Recover float64 `json:"recover,omitempty"`
+	// Hold is the minimum time between two transitions of one tier.
+	Hold time.Duration `json:"hold,omitempty"`
+	// Window is the length of the sliding window demand is averaged over;
+	// it is what makes a trip require sustained demand.
+	Window time.Duration `json:"window,omitempty"`
+	// Order lists the tiers, lowest (shed first) to highest; the last is
+	// never shed. At least two, non-empty and unique.
+	Order []string `json:"order,omitempty"`
+}
+
+// withDefaults returns c with zero fields set to their defaults.
+func (c CircuitConfig) withDefaults() CircuitConfig {
+	if c.Trigger == 0 {
+		c.Trigger = DefaultCircuitTrigger
+	}
+	if c.Recover == 0 {
+		c.Recover = DefaultCircuitRecover
+	}
+	if c.Hold == 0 {
+		c.Hold = DefaultCircuitHold
+	}
+	if c.Window == 0 {
+		c.Window = DefaultCircuitWindow
+	}
+	return c
+}
+
+// Validate reports every problem of c at once (joined with errors.Join, one
+// per line), each prefixed "circuit_break: " and naming the field and the
+// accepted range. Zero fields are checked as their defaults, so a lone
+// "trigger 0.9" is reported against the default recover 1.00.
+func (c CircuitConfig) Validate() error {
+	var errs []error
+	add := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("circuit_break: "+format, args...))
+	}
+	d := c.withDefaults()
+	triggerOK := finitePositive(d.Trigger)
+	if !triggerOK {
+		add("trigger %s must be a finite number > 0 (unset means %s)", fmtLine(c.Trigger), fmtLine(DefaultCircuitTrigger))
+	}
+	switch {
+	case !finitePositive(d.Recover):
+		add("recover %s must be a finite number > 0 and below trigger (unset means %s)", fmtLine(c.Recover), fmtLine(DefaultCircuitRecover))
+	case triggerOK && d.Recover >= d.Trigger:
+		add("recover %s%s must be below trigger %s%s", fmtLine(d.Recover), unset(c.Recover == 0), fmtLine(d.Trigger), unset(c.Trigger == 0))
+	}
+	if c.Hold < 0 {
+		add("hold %s must not be negative (unset means %s)", c.Hold, DefaultCircuitHold)
+	}
+	if d.Window < MinCircuitWindow {
+		add("window %s must be at least %s (unset means %s)", c.Window, MinCircuitWindow, DefaultCircuitWindow)
+	}
+	if len(c.Order) < 2 {
+		add("order needs at least 2 tiers, lowest first (the last is never shed), got %d", len(c.Order))
+	}
+	for i, name := range c.Order {
+		if name == "" {
+			add("order: tier #%d has an empty name", i+1)
+			continue
+		}
+		if j := slices.Index(c.Order[:i], name); j >= 0 {
+			add("order: tier %q appears twice (#%d and #%d); tier names must be unique", name, j+1, i+1)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unset marks a value in an error message that the operator did not write.
+func unset(isDefault bool) string {
+	if isDefault {
+		return " (default)"
+	}
+	return ""
+}
+
+// Circuit is the tiered circuit breaker: a sliding-window meter of demand
+// per tier and a Ladder with one step per sheddable tier, each step driven by
+// its own signal. Build it with NewCircuit; feed it every arrival with Arrive
+// and the upstreams' capacity with Observe; ask Shed at admission. See
+// "Circuit" in the package documentation for the model and the guarantees.
+//
+// A Circuit is not safe for concurrent use; the caller serialises all calls.
+type Circuit struct {
+	cfg    CircuitConfig // defaults applied; Order owned
+	ladder *Ladder       // step i sheds cfg.Order[i]; len(Order)-1 steps
+
+	width     time.Duration // one bucket: Window / circuitBuckets
+	windowSec float64       // circuitBuckets × width, in seconds
+
+	started bool
+	origin  time.Time // start of bucket 0: the first time seen
+	cur     int64     // index of the current bucket since origin
+	next    time.Time // start of bucket cur+1: earlier times need no index
+	last    time.Time // latest time seen, where Carry reads the window
+
+	// ring holds circuitBuckets+1 buckets of len(Order)+1 sums of units,
+	// bucket k at slot k mod (circuitBuckets+1); column len(Order) is the
+	// tier-less demand. full is, per column, the sum of the complete
+	// buckets cur-circuitBuckets .. cur-1.
+	ring []float64
+	full []float64
+
+	rate   []float64 // scratch, per column: units/s over the window
+	demand []float64 // scratch, per step: the step's demand signal, units/s
+	waters []float64 // scratch, per step: demand / capacity
+}
+
+// NewCircuit validates cfg (see Validate) and returns a circuit with every
+// tier admitted and an empty demand window. It copies cfg.Order.
+func NewCircuit(cfg CircuitConfig) (*Circuit, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	d := cfg.withDefaults()
+	d.Order = slices.Clone(d.Order)
+	n := len(d.Order)
+	steps := make([]Step, n-1)
+	for i := range steps {
+		steps[i] = Step{Name: d.Order[i], Trigger: d.Trigger, Recover: d.Recover}
+	}
+	width := d.Window / circuitBuckets
+	return &Circuit{
+		cfg:       d,
+		ladder:    newLadder(steps, d.Hold),
+		width:     width,
+		windowSec: (width * circuitBuckets).Seconds(),
+		ring:      make([]float64, (circuitBuckets+1)*(n+1)),
+		full:      make([]float64, n+1),
+		rate:      make([]float64, n+1),
+		demand:    make([]float64, n-1),
+		waters:    make([]float64, n-1),
+	}, nil
+}
+
+// CircuitTransition is one tier being shed (Up, From+1 == To) or readmitted
+// (!Up, From-1 == To), as reported by Observe.
+type CircuitTransition struct {
+	Tier     string    // the tier that moved
+	From, To int       // level before and after (tiers shed)
+	Up       bool      // shed (true) or readmitted (false)
+	Ratio    float64   // Demand / Capacity: the signal that crossed the line
+	Demand   float64   // units/s over the window: Tier, the tiers above it and tier-less arrivals
+	Capacity float64   // the capacity passed to Observe, units/s
+	At       time.Time // the now passed to Observe
+}
+
+// String renders t for logs, e.g.
+// "circuit shed tier low (level 0 -> 1, demand 1.523x capacity)". On a
+// readmission the ratio is the demand with the tier readmitted. Three
+// decimals, like the ladder's water, so a ratio just over a line does not
+// print as the line itself.
+func (t CircuitTransition) String() string {
+	verb := "readmitted"
+	if t.Up {
+		verb = "shed"
+	}
+	return fmt.Sprintf("circuit %s tier %s (level %d -> %d, demand %.3fx capacity)", verb, t.Tier, t.From, t.To, t.Ratio)
+}
+
+// Arrive records the demand of one arriving request at now, in units
+// (request-equivalents, or whatever unit capacity is given in). Call it for
+// every arrival, those refused because their tier is shed included: their
+// demand is what readmitting the tier would bring back. A tier that is empty
+// or not in Order is tier-less: never shed, but counted in every tier's
+// signal. Units that are NaN, infinite or <= 0 are ignored. Times earlier
+// than the current bucket count in the current bucket. No allocation.
+func (c *Circuit) Arrive(now time.Time, tier string, units float64) {
+	if !(units > 0) || math.IsInf(units, 1) {
+		return
+	}
+	c.advance(now)
+	c.bucket(c.cur)[c.column(tier)] += units
+}
+
+// Observe measures the demand at now against capacity (what the upstreams
+// can serve, in units/s), applies the lines and the hold rule, and returns
+// the transitions it made in the order made: nil, with no allocation, when
+// nothing changes. A capacity that is <= 0, NaN or infinite is no data, not
+// overload: nothing moves.
+func (c *Circuit) Observe(now time.Time, capacity float64) []CircuitTransition {
+	c.advance(now)
+	if !finitePositive(capacity) {
+		return nil
+	}
+	c.rates(now, c.rate)
+	n := len(c.cfg.Order)
+	// Suffix sums from the top down, so the signals never increase from a
+	// lower tier to a higher one, bit for bit.
+	s := c.rate[n]
+	for i := n - 1; i >= 0; i-- {
+		s += c.rate[i]
+		if i < n-1 {
+			c.demand[i], c.waters[i] = s, s/capacity
+		}
+	}
+	trs := c.ladder.observe(now, 0, c.waters)
+	if trs == nil {
+		return nil
+	}
+	out := make([]CircuitTransition, len(trs))
+	for k, tr := range trs {
+		i := min(tr.From, tr.To)
+		out[k] = CircuitTransition{Tier: tr.Step, From: tr.From, To: tr.To, Up: tr.Up,
+			Ratio: tr.Water, Demand: c.demand[i], Capacity: capacity, At: now}
+	}
+	return out
+}
+
+// Shed reports whether requests of tier are refused now. Tier-less and
+// unknown tiers, and the top tier, are never shed.
+func (c *Circuit) Shed(tier string) bool {
+	i := c.column(tier)
+	return i < c.ladder.Level() // the tier-less column is len(Order) > any level
+}
+
+// Level returns the number of tiers shed: Order[:Level()] are shed.
+func (c *Circuit) Level() int { return c.ladder.Level() }
+
+// Tiers returns a copy of Order, the order of Demand's perTier.
+func (c *Circuit) Tiers() []string { return slices.Clone(c.cfg.Order) }
+
+// Config returns the configuration in force, defaults applied.
+func (c *Circuit) Config() CircuitConfig {
+	d := c.cfg
+	d.Order = slices.Clone(d.Order)
+	return d
+}
+
+// Demand returns the demand measured over the window ending at now, in
+// units/s: perTier[i] for Order[i] (shed or not; a fresh slice), tierless
+// for arrivals with no known tier, and their total. It moves the window to
+// now like Arrive and Observe.
+func (c *Circuit) Demand(now time.Time) (perTier []float64, tierless, total float64) {
+	c.advance(now)
+	r := make([]float64, len(c.rate))
+	c.rates(now, r)
+	for _, v := range r {
+		total += v
+	}
+	n := len(c.cfg.Order)
+	return r[:n:n], r[n], total
+}
+
+// ReadmitIn returns how long from now tier stays shed at least: the time
+// until the holds of the tier and of every shed tier above it have elapsed,
+// since tiers are readmitted from the top. 0 when the tier is not shed, or
+// when no hold keeps it out and only demand does; the caller then picks the
+// Retry-After floor (an observation interval, say).
+func (c *Circuit) ReadmitIn(now time.Time, tier string) time.Duration {
+	var wait time.Duration
+	for i := c.column(tier); i < c.ladder.Level(); i++ {
+		if c.ladder.moved[i] {
+			wait = max(wait, c.ladder.lastAt[i].Add(c.ladder.hold).Sub(now))
+		}
+	}
+	return wait
+}
+
+// Carry makes c, a circuit just built from a reloaded configuration, adopt
+// the live state of old, the circuit it replaces, and returns c's level.
+//
+// Shed state and hold timers follow Ladder.Carry on the sheddable tiers:
+// the longest common prefix of Order (top tier excluded) keeps its state, so
+// renaming or reordering a tier readmits it and every tier above it. The
+// demand window is carried by tier name: c starts from old's measured rate
+// per tier as if demand had been steady at it over a whole window (a tier
+// c does not know counts as tier-less), so a reload neither forgets an
+// overload nor readmits tiers because its window starts empty.
+//
+// Carry overwrites c's state; call it before c's first use. A nil old
+// leaves c unchanged. old is only read.
+func (c *Circuit) Carry(old *Circuit) int {
+	if old == nil {
+		return c.Level()
+	}
+	c.ladder.Carry(old.ladder)
+	c.started, c.cur = false, 0
+	clear(c.ring)
+	clear(c.full)
+	if !old.started {
+		return c.Level()
+	}
+	r := make([]float64, len(old.rate))
+	old.rates(old.last, r)
+	per := make([]float64, len(c.full))
+	for t, v := range r {
+		col := len(c.cfg.Order)
+		if t < len(old.cfg.Order) {
+			col = c.column(old.cfg.Order[t])
+		}
+		per[col] += v * c.width.Seconds()
+	}
+	c.started, c.origin, c.last = true, old.last, old.last
+	c.next = c.origin.Add(c.width)
+	for k := int64(-circuitBuckets); k < 0; k++ {
+		copy(c.bucket(k), per)
+		for t, v := range per {
+			c.full[t] += v
+		}
+	}
+	return c.Level()
+}
+
+// column returns tier's index in Order, or len(Order) (tier-less) when it
+// is not there. A linear scan: tiers are few, and it allocates nothing.
+func (c *Circuit) column(tier string) int {
+	for i, name := range c.cfg.Order {
+		if name == tier {
+			return i
+		}
+	}
+	return len(c.cfg.Order)
+}
+
+// bucket returns the sums of bucket k (any k, negative included).
+func (c *Circuit) bucket(k int64) []float64 {
+	const m = circuitBuckets + 1
+	cols := len(c.full)
+	s := int(((k % m) + m) % m)
+	return c.ring[s*cols : (s+1)*cols]
+}
+
+// advance moves the window to now: the first call starts the clock; a time
+// in a later bucket clears the buckets entered (at most the whole ring) and
+// re-sums the complete ones, which costs O(buckets × tiers) at most once per
+// bucket width and keeps full free of accumulated rounding. A time in the
+// current bucket or earlier costs two comparisons (no division) and changes
+// nothing but last.
+func (c *Circuit) advance(now time.Time) {
+	if !c.started {
+		c.started, c.origin, c.last, c.next = true, now, now, now.Add(c.width)
+		return
+	}
+	if now.After(c.last) {
+		c.last = now
+	}
+	if now.Before(c.next) {
+		return
+	}
+	idx := int64(now.Sub(c.origin) / c.width)
+	c.next = c.origin.Add(time.Duration(idx+1) * c.width)
+	if idx <= c.cur {
+		return // only when now.Sub saturated
+	}
+	for k := c.cur + 1; k <= idx && k <= c.cur+circuitBuckets+1; k++ {
+		clear(c.bucket(k))
+	}
+	c.cur = idx
+	clear(c.full)
+	for k := idx - circuitBuckets; k < idx; k++ {
+		for t, v := range c.bucket(k) {
+			c.full[t] += v
+		}
+	}
+}
+
+// rates fills dst (one entry per column) with the demand over the window
+// ending at now, in units/s, without moving the window: the current bucket,
+// plus the complete buckets, minus the part of the oldest complete bucket
+// that has slid out (in proportion to the time elapsed in the current
+// bucket). Before the first arrival or observation every rate is 0; time
+// before it counts as no demand.
+func (c *Circuit) rates(now time.Time, dst []float64) {
+	if !c.started {
+		clear(dst)
+		return
+	}
+	e := now.Sub(c.origin) - time.Duration(c.cur)*c.width
+	frac := min(max(float64(e)/float64(c.width), 0), 1)
+	cur, oldest := c.bucket(c.cur), c.bucket(c.cur-circuitBuckets)
+	for t := range dst {
+		dst[t] = max(cur[t]+c.full[t]-oldest[t]*frac, 0) / c.windowSec
+	}
+}
