@@ -3,6 +3,7 @@ package fairqueue
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
@@ -59,6 +60,9 @@ type TenantConfig struct {
 	// tenant gets this quota of its own, keyed by its name, so the tenant
 	// name must come from authentication for the quota to bind a caller.
 	Quota *quota.Limits
+	// Tier is the tenant's tier for the circuit breaker (Config.Circuit):
+	// it must be one of the circuit's Order; "" is never shed.
+	Tier string
 }
 
 // Config is the whole scheduler configuration. It can be replaced while
@@ -113,6 +117,9 @@ type Config struct {
 	// QuotaStore keeps the tenants' quota meters; nil means an in-process
 	// store owned by the queue (kept across Reconfigure).
 	QuotaStore quota.Store
+	// Circuit, when set, sheds tenants tier by tier, lowest first, while
+	// demand stays above what the upstreams serve (see circuit.go).
+	Circuit *degrade.CircuitConfig
 }
 
 // Validate reports the first problem in c.
@@ -150,7 +157,15 @@ func (c *Config) Validate() error {
 		if t.MaxQueue < 0 || t.WaitBudget < 0 || t.MaxInflight < 0 {
 			return fmt.Errorf("%s: negative max_queue, max_inflight or wait_budget", who)
 		}
+		if t.Tier != "" && c.Circuit != nil && !slices.Contains(c.Circuit.Order, t.Tier) {
+			return fmt.Errorf("%s: tier %q is not in circuit_break's order %v", who, t.Tier, c.Circuit.Order)
+		}
 		return nil
+	}
+	if c.Circuit != nil {
+		if err := c.Circuit.Validate(); err != nil {
+			return err
+		}
 	}
 	for name, t := range c.Tenants {
 		if err := check(fmt.Sprintf("tenant %q", name), t); err != nil {

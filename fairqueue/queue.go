@@ -114,6 +114,12 @@ type Queue struct {
 	adm             *admission
 	degradeObserver func(degrade.Transition)
 	transitions     []degrade.Transition
+	// circuit is the tiered circuit breaker, nil without one (circuit.go).
+	circuit         *degrade.Circuit
+	circuitObserver func(CircuitEvent)
+	circuitEvents   []CircuitEvent
+	// circuitPerUpstream is the last measured capacity per upstream.
+	circuitPerUpstream float64
 	// events are produced under mu and not yet delivered; delivering is set
 	// while one goroutine hands them to the observer; spare is a delivered
 	// buffer kept for reuse, so steady operation does not allocate.
@@ -190,6 +196,11 @@ type tenant struct {
 	// in Queue.held, -1 when not held.
 	heldUntil int64
 	heldIdx   int
+	// demand* are the tenant's arriving cost, requests and tokens per
+	// second, decayed from demandAt (Unix ns); kept only with a circuit
+	// (circuit.go).
+	demandAt                             int64
+	demandCost, demandReqs, demandTokens float64
 }
 
 // flow is one tenant's FIFO of one class.
@@ -288,7 +299,12 @@ func (q *Queue) Reconfigure(cfg Config) error {
 		q.mu.Unlock()
 		return err
 	}
-	q.cfg, q.ov = cfg, ov
+	circuit, err := newCircuit(&cfg, q.circuit)
+	if err != nil {
+		q.mu.Unlock()
+		return err
+	}
+	q.cfg, q.ov, q.circuit = cfg, ov, circuit
 	q.adm = newAdmission(&cfg.Admission, q.adm)
 	if c := waterCap(&cfg); c != q.waterCap {
 		q.waterCap = c
@@ -405,7 +421,13 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	if q.cfg.CostUnit == CostRequests {
 		cost = 1
 	}
-	rej := q.admitLocked(now, t, tc, known, tokens, max(r.Bytes, 0))
+	var rej *Rejection
+	if q.circuit != nil {
+		rej = q.circuitLocked(now, t, tc, cost, tokens)
+	}
+	if rej == nil {
+		rej = q.admitLocked(now, t, tc, known, tokens, max(r.Bytes, 0))
+	}
 	if rej == nil {
 		rej = q.throttleLocked(now, cls, tokens)
 	}
@@ -420,6 +442,9 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	}
 	if t == nil {
 		t = q.newTenantLocked(r.Tenant, tc, known, now)
+		if q.circuit != nil {
+			t.observeDemand(now, q.circuit.Config().Window, cost, tokens)
+		}
 	}
 	q.liftLocked(t)
 	cq := q.classLocked(cls)
@@ -1034,14 +1059,22 @@ func (q *Queue) Tick() {
 	q.recheckLocked(now)
 	q.refuseLocked(now)
 	q.observeWaterLocked(now)
+	q.observeCircuitLocked(now)
 	q.pruneLocked(now, maxForgetPerTick)
 	// An expired head may have been what held the token gate closed.
 	q.dispatchLocked(now)
 	trs, obs := q.transitions, q.degradeObserver
 	q.transitions = nil
+	cevs, cobs := q.circuitEvents, q.circuitObserver
+	q.circuitEvents = nil
 	q.unlock()
 	for _, tr := range trs {
 		obs(tr)
+	}
+	if cobs != nil {
+		for _, ev := range cevs {
+			cobs(ev)
+		}
 	}
 }
 

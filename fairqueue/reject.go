@@ -40,6 +40,8 @@ const (
 	// ReasonQuotaExceeded: the tenant's quota cannot allow the request
 	// before its deadline (Rejection.Quota names the meter).
 	ReasonQuotaExceeded
+	// ReasonCircuitOpen: the circuit breaker sheds the tenant's tier.
+	ReasonCircuitOpen
 )
 
 var reasonNames = map[Reason]string{
@@ -53,6 +55,7 @@ var reasonNames = map[Reason]string{
 	ReasonClosed:          "closed",
 	ReasonTooLarge:        "request_too_large_for_capacity",
 	ReasonQuotaExceeded:   "quota_exceeded",
+	ReasonCircuitOpen:     "circuit_open",
 }
 
 // String returns the reason's snake_case name, as used in metrics.

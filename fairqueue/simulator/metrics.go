@@ -44,6 +44,9 @@ type Result struct {
 	// ladder transition; both are empty without a ladder.
 	Timeline    []Sample
 	Transitions []degrade.Transition
+	// CircuitEvents lists the circuit breaker's transitions (with the
+	// callers of each shed tier); empty without Scenario.Circuit.
+	CircuitEvents []fairqueue.CircuitEvent
 
 	contended []interval
 }
@@ -138,6 +141,9 @@ func (s *sim) result(policy string) *Result {
 		Timeline: s.timeline}
 	if s.ladder != nil {
 		res.Transitions = s.ladder.Transitions()
+	}
+	if c, ok := s.sched.(interface{ CircuitEvents() []fairqueue.CircuitEvent }); ok {
+		res.CircuitEvents = c.CircuitEvents()
 	}
 	if s.admit != nil {
 		res.BoostLimit = s.admit.BoostLimit(sc.Capacity())

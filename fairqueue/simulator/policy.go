@@ -197,7 +197,7 @@ func (p EnginePolicy) New(sc *Scenario, clock *fairqueue.ManualClock, env Env) (
 		}
 	} else {
 		for i, t := range sc.Tenants {
-			cfg.Tenants[t.Name] = fairqueue.TenantConfig{Weight: t.Weight, Class: t.Class}
+			cfg.Tenants[t.Name] = fairqueue.TenantConfig{Weight: t.Weight, Class: t.Class, Tier: t.Tier}
 			names[i] = t.Name
 		}
 	}
@@ -205,6 +205,7 @@ func (p EnginePolicy) New(sc *Scenario, clock *fairqueue.ManualClock, env Env) (
 	cfg.MaxQueue = sc.MaxQueue
 	if !p.SingleTenant {
 		cfg.Degrade, cfg.DegradeHold = sc.Degrade, sc.DegradeHold
+		cfg.Circuit = sc.Circuit
 	}
 	if p.Budgets {
 		cfg.Admission = sc.admission()
@@ -231,6 +232,9 @@ func (p EnginePolicy) New(sc *Scenario, clock *fairqueue.ManualClock, env Env) (
 	if e.ladder {
 		q.SetDegradeObserver(func(tr degrade.Transition) { e.transitions = append(e.transitions, tr) })
 	}
+	if cfg.Circuit != nil {
+		q.SetCircuitObserver(func(ev fairqueue.CircuitEvent) { e.circuitEvents = append(e.circuitEvents, ev) })
+	}
 	return e, nil
 }
 
@@ -254,7 +258,12 @@ type EngineScheduler struct {
 	ladder      bool
 	transitions []degrade.Transition
 	boosts      *budget.Boosts // the configured budget, for BoostLimit
+
+	circuitEvents []fairqueue.CircuitEvent
 }
+
+// CircuitEvents returns the circuit's transitions, in order.
+func (e *EngineScheduler) CircuitEvents() []fairqueue.CircuitEvent { return e.circuitEvents }
 
 // Prediction returns the ETA the engine gave the job at admission.
 func (e *EngineScheduler) Prediction(id int) (time.Duration, bool) {

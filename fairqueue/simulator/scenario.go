@@ -63,6 +63,10 @@ type Scenario struct {
 	// and records the water level and level over time (Result.Timeline).
 	Degrade     []degrade.Step
 	DegradeHold time.Duration
+	// Circuit is the engine's tiered circuit breaker (Config.Circuit);
+	// tenants name their tier in TenantSpec.Tier. The engine policies
+	// apply it, except fifo (one tenant, no tiers).
+	Circuit *degrade.CircuitConfig
 	// Policies names the policies command sim runs by default; nil means
 	// the standard ones (Policies()).
 	Policies []string
@@ -86,7 +90,9 @@ type TenantSpec struct {
 	Weight float64
 	Class  string
 	// Group labels the tenant's row when Scenario.GroupRows is set.
-	Group     string
+	Group string
+	// Tier is the tenant's tier for Scenario.Circuit.
+	Tier      string
 	Arrivals  Arrivals
 	Prompt    Dist
 	MaxTokens Dist

@@ -332,6 +332,7 @@ var registry = map[string]func() *Scenario{
 	"stress-outage":  StressOutage,
 	"peak":           Peak,
 	"seed004":        Seed004,
+	"circuit":        Circuit,
 }
 
 // Names lists the scenario names, sorted.
