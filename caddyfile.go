@@ -72,6 +72,15 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    default_tenant [<same options and block>]   # all unknown tenants, as one group
 //	    default_tenant reject
 //
+//	    # shed tiers, lowest first, while demand stays above capacity
+//	    circuit_break {
+//	        trigger <ratio>      # default 1.3
+//	        recover <ratio>      # default 1.0
+//	        hold    <duration>   # default 10s
+//	        window  <duration>   # default 10s
+//	        order   <tier> <tier> [<tier>...]   # lowest first; the last is never shed
+//	    }
+//
 //	    # the shape of every tenant quota that does not set its own
 //	    quota_defaults {
 //	        token_to_qps_weight <w>         # default 0.0008
@@ -295,6 +304,9 @@ func (p *cfParser) subdirective() error {
 	case "quota_defaults":
 		return p.quotaDefaults()
 
+	case "circuit_break":
+		return p.circuitBreak()
+
 	case "reverse_proxy":
 		return p.reverseProxy()
 
@@ -302,7 +314,7 @@ func (p *cfParser) subdirective() error {
 		return d.Errf("unknown subdirective %q in fair_queue (want name, tenant_key, cost_unit, tokenizer, "+
 			"default_max_tokens, max_body, body_timeout, max_request_tokens, max_inflight, max_inflight_tokens, "+
 			"max_queue, max_queue_tokens, max_queue_bytes, class, tenant, default_tenant, handle_errors, "+
-			"quota_defaults, anti_starvation, degrade or reverse_proxy)", sub)
+			"quota_defaults, circuit_break, anti_starvation, degrade or reverse_proxy)", sub)
 	}
 	return nil
 }
@@ -412,6 +424,66 @@ func (p *cfParser) tenantBlock(who string, tc *TenantConfig) error {
 		}
 		tc.Quota = q
 	}
+	return nil
+}
+
+// circuitBreak parses the circuit_break block: trigger, recover, hold,
+// window and order, one per line. The engine checks the ranges
+// (degrade.CircuitConfig.Validate) and that tenants' tiers are in order.
+func (p *cfParser) circuitBreak() error {
+	d := p.d
+	if args := d.RemainingArgs(); len(args) > 0 {
+		return d.Errf("circuit_break: unexpected argument %q (the settings go in a block)", args[0])
+	}
+	cb := new(CircuitBreakConfig)
+	seen := make(map[string]bool)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		key := d.Val()
+		args := d.RemainingArgs()
+		if seen[key] {
+			return d.Errf("circuit_break: %s given twice", key)
+		}
+		seen[key] = true
+		if err := p.noBlock("circuit_break: " + key); err != nil {
+			return err
+		}
+		if key == "order" {
+			if len(args) < 2 || slices.Contains(args, "}") {
+				return d.Errf("circuit_break: order wants at least two tiers, lowest first, on its line (e.g. 'order low mid high')")
+			}
+			cb.Order = args
+			continue
+		}
+		if len(args) != 1 {
+			return d.Errf("circuit_break: %s wants one value, got %d", key, len(args))
+		}
+		var err error
+		switch key {
+		case "trigger", "recover":
+			f, perr := strconv.ParseFloat(args[0], 64)
+			if perr != nil || !(f > 0) || math.IsInf(f, 0) {
+				return d.Errf("circuit_break: %s %q must be a positive number (a ratio of demand to capacity, e.g. 1.3)", key, args[0])
+			}
+			if key == "trigger" {
+				cb.Trigger = f
+			} else {
+				cb.Recover = f
+			}
+		case "hold":
+			cb.Hold, err = p.duration("circuit_break: hold", args[0])
+		case "window":
+			cb.Window, err = p.duration("circuit_break: window", args[0])
+		default:
+			return d.Errf("circuit_break: unknown setting %q (want trigger, recover, hold, window or order)", key)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if cb.Order == nil {
+		return d.Errf("circuit_break: missing 'order <lowest tier> ... <highest tier>'")
+	}
+	p.h.CircuitBreak = cb
 	return nil
 }
 

@@ -81,7 +81,7 @@ var (
 
 var collectors = []prometheus.Collector{requestsTotal, waitSeconds, estimatedTokens, actualTokens,
 	boostsTotal, etaRatio, budgetRefusals, budgetLeftRatio, degradeTransitions, quotaLimited, quotaCharged,
-	queueCollector}
+	circuitTransitions, queueCollector}
 
 // registerMetrics adds the collectors to a config's registry; registering
 // into a registry that already has them (two handlers, one config) is fine.
@@ -183,7 +183,7 @@ var (
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDepth, descQueuedTokens, descInflight,
 		descHealthy, descCapacity, descTokenCapacity, descWater, descBoosted, descDegradeLevel, descWeight,
-		descQuotaLimit, descQuotaDebt} {
+		descQuotaLimit, descQuotaDebt, descCircuitShed, descCircuitDemand, descCircuitCapacity} {
 		ch <- d
 	}
 }
@@ -205,6 +205,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descWater, st.Water, name)
 		gauge(descBoosted, float64(st.BoostedInflight), name)
 		gauge(descDegradeLevel, float64(s.q.DegradeLevel()), name)
+		collectCircuit(ch, name, s.q.Circuit())
 		type agg struct {
 			depth, inflight int
 			queued          int64

@@ -126,6 +126,10 @@ type Handler struct {
 	// burst_window (10s) and burst_allow (0.2). Rates belong to tenants.
 	QuotaDefaults *QuotaConfig `json:"quota_defaults,omitempty"`
 
+	// CircuitBreak sheds tenants tier by tier, lowest first, while demand
+	// stays above what the model servers serve (429 circuit_open).
+	CircuitBreak *CircuitBreakConfig `json:"circuit_break,omitempty"`
+
 	// AntiStarvation bounds the boost given to requests that would miss
 	// their wait budget.
 	AntiStarvation *AntiStarvation `json:"anti_starvation,omitempty"`
@@ -348,6 +352,7 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 			tc.WaitBudget = time.Duration(t.WaitBudget)
 			tc.MaxQueue = t.MaxQueue
 			tc.MaxInflight = t.MaxInflight
+			tc.Tier = t.Tier
 			l, err := compileQuota(who+": quota", t.Quota, h.QuotaDefaults)
 			if err != nil {
 				return tc, err
@@ -373,6 +378,7 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 	// Nor may one unknown tenant fill the group's room.
 	cfg.DefaultPerTenantMaxQueue = max(cfg.Default.MaxQueue/4, 1)
 	cfg.Admission = h.admissionConfig()
+	cfg.Circuit = h.CircuitBreak.engine()
 	return cfg, nil
 }
 

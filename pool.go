@@ -71,6 +71,11 @@ func newSharedQueue(name string, cfg fairqueue.Config) (*sharedQueue, error) {
 			h.onTransition(tr)
 		}
 	})
+	q.SetCircuitObserver(func(ev fairqueue.CircuitEvent) {
+		if h := s.owner(); h != nil {
+			h.onCircuit(ev)
+		}
+	})
 	go s.loop()
 	return s, nil
 }

@@ -123,3 +123,55 @@ func TestRateLimitHeaders(t *testing.T) {
 		t.Errorf("tokens-only quota: %v", h)
 	}
 }
+
+func TestCaddyfileCircuitBreak(t *testing.T) {
+	h, err := parseBlock(`fair_queue {
+		tenant app1 tier high
+		tenant bulk tier low
+		circuit_break {
+			trigger 1.3
+			recover 1.0
+			hold 10s
+			window 5s
+			order low mid high
+		}
+		reverse_proxy a:1
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb := h.CircuitBreak
+	if cb == nil || cb.Trigger != 1.3 || cb.Recover != 1 || cb.Hold != dur(10*time.Second) || cb.Window != dur(5*time.Second) ||
+		strings.Join(cb.Order, " ") != "low mid high" {
+		t.Fatalf("circuit_break: %+v", cb)
+	}
+	h.setDefaults()
+	cfg, err := h.queueConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Circuit == nil || cfg.Tenants["bulk"].Tier != "low" {
+		t.Fatalf("engine config: %+v %+v", cfg.Circuit, cfg.Tenants["bulk"])
+	}
+	// A tier the order does not name is refused when the config is checked.
+	h.Tenants["bulk"].Tier = "bronze"
+	cfg, _ = h.queueConfig()
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), `tier "bronze" is not in circuit_break's order`) {
+		t.Fatalf("unknown tier: %v", err)
+	}
+	for _, tc := range []struct{ input, want string }{
+		{"circuit_break {\ntrigger 1.3\n}", "missing 'order"},
+		{"circuit_break {\norder low\n}", "at least two tiers"},
+		{"circuit_break {\norder a b\ntrigger x\n}", `trigger "x" must be a positive number`},
+		{"circuit_break {\norder a b\nhold 1s\nhold 2s\n}", "hold given twice"},
+		{"circuit_break {\norder a b\nspeed 1\n}", `unknown setting "speed"`},
+	} {
+		_, err := parseBlock("fair_queue {\nreverse_proxy a:1\n" + tc.input + "\n}")
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: got %v, want an error containing %q", tc.input, err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,109 @@
+package caddyfairqueue
+
+import (
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
+)
+
+// CircuitBreakConfig sheds callers tier by tier under sustained overload:
+// while the demand of the tiers still admitted stays above Trigger times
+// what the model servers serve, the lowest of them is shed (429
+// circuit_open); the last shed tier is readmitted once demand with it
+// readmitted is below Recover. Demand is what arrives (shed requests
+// included), in the queue's cost unit, averaged over Window; capacity is
+// the rate the upstreams are measured to serve while busy. The top tier of
+// Order is never shed, nor is a tenant without a tier.
+type CircuitBreakConfig struct {
+	// Trigger is the demand/capacity ratio above which the next tier is
+	// shed. Default 1.3.
+	Trigger float64 `json:"trigger,omitempty"`
+	// Recover is the ratio, counting the last shed tier's demand, below
+	// which that tier is readmitted; below Trigger. Default 1.0.
+	Recover float64 `json:"recover,omitempty"`
+	// Hold is the least time between two moves of one tier. Default 10s.
+	Hold caddy.Duration `json:"hold,omitempty"`
+	// Window is the span demand is averaged over. Default 10s.
+	Window caddy.Duration `json:"window,omitempty"`
+	// Order lists the tiers, lowest (shed first) to highest (never shed);
+	// tenants name theirs with tier. At least two.
+	Order []string `json:"order,omitempty"`
+}
+
+// circuitEvent is the Caddy event emitted on every circuit transition.
+const circuitEvent = "fair_queue_circuit"
+
+func (c *CircuitBreakConfig) engine() *degrade.CircuitConfig {
+	if c == nil {
+		return nil
+	}
+	return &degrade.CircuitConfig{Trigger: c.Trigger, Recover: c.Recover,
+		Hold: time.Duration(c.Hold), Window: time.Duration(c.Window), Order: c.Order}
+}
+
+// onCircuit logs, counts and emits one circuit transition; a shed names
+// the callers of the tier and how much each was sending.
+func (h *Handler) onCircuit(ev fairqueue.CircuitEvent) {
+	dir := "readmitted"
+	if ev.Up {
+		dir = "shed"
+	}
+	circuitTransitions.WithLabelValues(h.Name, ev.Tier, dir).Inc()
+	callers := make([]map[string]any, 0, len(ev.Callers))
+	fields := []zap.Field{zap.String("queue", h.Name), zap.String("tier", ev.Tier), zap.String("direction", dir),
+		zap.Int("level", ev.To), zap.Float64("demand_ratio", ev.Ratio),
+		zap.Float64("demand", ev.Demand), zap.Float64("capacity", ev.Capacity)}
+	for _, c := range ev.Callers {
+		callers = append(callers, map[string]any{"tenant": c.Tenant, "demand": c.Demand,
+			"share_of_capacity": c.Share, "joint_occupancy": c.JointOccupancy})
+	}
+	if len(callers) > 0 {
+		fields = append(fields, zap.Any("callers", callers))
+	}
+	h.logger.Warn("circuit breaker: "+ev.String(), fields...)
+	if h.events != nil {
+		h.events.Emit(h.ctx, circuitEvent, map[string]any{
+			"queue": h.Name, "tier": ev.Tier, "direction": dir, "level": ev.To,
+			"demand_ratio": ev.Ratio, "callers": callers,
+		})
+	}
+}
+
+var (
+	circuitTransitions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+		Name: "circuit_transitions_total",
+		Help: "Circuit breaker transitions, by tier and direction (shed, readmitted).",
+	}, []string{"queue", "tier", "direction"})
+	descCircuitShed = prometheus.NewDesc(fqName("circuit_shed"),
+		"1 while the circuit breaker sheds the tier, else 0.", []string{"queue", "tier"}, nil)
+	descCircuitDemand = prometheus.NewDesc(fqName("circuit_demand"),
+		"Arriving demand per tier (\"\" for tenants without one), cost units per second over the circuit's window.", []string{"queue", "tier"}, nil)
+	descCircuitCapacity = prometheus.NewDesc(fqName("circuit_capacity"),
+		"What the model servers serve while busy, cost units per second: the circuit's denominator.", []string{"queue"}, nil)
+)
+
+// collectCircuit reports a queue's circuit at scrape time.
+func collectCircuit(ch chan<- prometheus.Metric, name string, st fairqueue.CircuitState) {
+	if !st.Configured {
+		return
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	gauge(descCircuitCapacity, st.Capacity, name)
+	gauge(descCircuitDemand, st.Tierless, name, "")
+	for i, tier := range st.Tiers {
+		shed := 0.0
+		if st.Shed[i] {
+			shed = 1
+		}
+		gauge(descCircuitShed, shed, name, tier)
+		gauge(descCircuitDemand, st.Demand[i], name, tier)
+	}
+}
