@@ -142,7 +142,9 @@ func (s *sim) result(policy string) *Result {
 	if s.ladder != nil {
 		res.Transitions = s.ladder.Transitions()
 	}
-	if c, ok := s.sched.(interface{ CircuitEvents() []fairqueue.CircuitEvent }); ok {
+	if c, ok := s.sched.(interface {
+		CircuitEvents() []fairqueue.CircuitEvent
+	}); ok {
 		res.CircuitEvents = c.CircuitEvents()
 	}
 	if s.admit != nil {
