@@ -96,6 +96,12 @@ func run(name, policy string, seed uint64) error {
 			simulator.FormatTimeline(os.Stdout, res, 5*time.Second)
 			fmt.Println()
 		}
+		for _, ev := range res.CircuitEvents {
+			fmt.Printf("%8v  %s\n", ev.At.Sub(simulator.Epoch).Round(time.Millisecond), ev)
+			for _, c := range ev.Callers {
+				fmt.Printf("          caller %s: %.0f cost/s, %.1f%% of capacity\n", c.Tenant, c.Demand, 100*c.Share)
+			}
+		}
 		if res.Budgets {
 			budgets = append(budgets, res)
 			if len(sc.Health) > 0 && res.Policy == simulator.WFQBudgets {

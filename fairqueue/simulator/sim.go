@@ -15,6 +15,10 @@ import (
 // one keeps runs reproducible.
 var epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
+// Epoch is the virtual start of every run: times the engine reports (a
+// circuit event's At) are Epoch plus the run's time.
+var Epoch = epoch
+
 // State is where a request ended up.
 type State uint8
 
