@@ -65,84 +65,98 @@ func TestCostTruthNoise(t *testing.T) {
 	}
 }
 
-// TestCostModelOnSimulatorWorkload fits package costmodel to the busy
-// times a ground truth gives seed004's requests in arrival order (80/s
-// tiny requests among normal, long-context and 15k-token callers, so
-// prompt and output sizes are correlated and heavy-tailed, unlike the
-// independent uniform sizes of costmodel's own tests):
-//
-//   - the simulator's own model, noise-free: every coefficient to 1e-6;
-//   - 0.5 s + 0.1 ms/prompt token + 4 ms/output token with ±5% noise:
-//     within 5% after 1000 requests, and overhead and output-token time
-//     within 5% of the new model 2000 requests after the output-token time
-//     doubles; the prompt-token time within 10% only. Prompt time is a
-//     small share of busy time in this mix (a 15k-token prompt adds 1.5 s
-//     to 10-20 s of output), its noise is swamped by the output's, and
-//     prompt and output sizes correlate across callers, so the 2% weight
-//     the forgetting leaves on the old model leaks into it (noise-free,
-//     its error after the change is 2.6% here, up to 5.8% over seeds 1-5).
-func TestCostModelOnSimulatorWorkload(t *testing.T) {
+// relCoefErrs are |fitted/true - 1| for overhead, prompt-token and
+// output-token time.
+func relCoefErrs(f costmodel.Fit, c CostTruth) [3]float64 {
+	return [3]float64{
+		math.Abs(f.Overhead/c.Overhead.Seconds() - 1),
+		math.Abs(f.PerPromptToken/c.PerPrompt.Seconds() - 1),
+		math.Abs(f.PerCompletionToken/c.PerOutput.Seconds() - 1),
+	}
+}
+
+var coefNames = [3]string{"overhead", "per prompt token", "per output token"}
+
+// TestCostModelFitsSlotModel: package costmodel fitted to the simulator's
+// own slot model on seed004's requests in arrival order (80/s tiny
+// requests among normal, long-context and 15k-token callers, so sizes are
+// correlated across callers and heavy-tailed) recovers every coefficient
+// to 1e-6 after 1000 requests: no noise, so only the numerics are tested.
+func TestCostModelFitsSlotModel(t *testing.T) {
 	w, err := Generate(Seed004(), 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	reqs := w.Requests
-	if len(reqs) < 3000 {
-		t.Fatalf("workload has %d requests, want 3000", len(reqs))
-	}
-	relErrs := func(f costmodel.Fit, c CostTruth) [3]float64 {
-		return [3]float64{
-			math.Abs(f.Overhead/c.Overhead.Seconds() - 1),
-			math.Abs(f.PerPromptToken/c.PerPrompt.Seconds() - 1),
-			math.Abs(f.PerCompletionToken/c.PerOutput.Seconds() - 1),
-		}
-	}
-	names := [3]string{"overhead", "per prompt token", "per output token"}
-	rng := rand.New(rand.NewPCG(4, 4))
-	observe := func(m *costmodel.Model, c CostTruth, rs []Request) {
-		for _, r := range rs {
-			m.Observe(r.Prompt, r.Output, c.Sample(r.Prompt, r.Output, rng))
-		}
-	}
-
 	m := costmodel.New(costmodel.Config{})
-	observe(m, DefaultCostTruth(), reqs[:1000])
+	for _, r := range w.Requests[:1000] {
+		m.Observe(r.Prompt, r.Output, r.Service())
+	}
 	f := m.Fit()
 	if !f.Ready {
-		t.Fatalf("noise-free fit not ready: %+v", f)
+		t.Fatalf("fit not ready: %+v", f)
 	}
-	for i, e := range relErrs(f, DefaultCostTruth()) {
+	for i, e := range relCoefErrs(f, DefaultCostTruth()) {
 		if e > 1e-6 {
-			t.Errorf("noise-free: %s off by %g (%+v)", names[i], e, f)
+			t.Errorf("%s off by %g (%+v)", coefNames[i], e, f)
 		}
 	}
+	if math.Abs(f.R2-1) > 1e-9 {
+		t.Errorf("R² %v, want 1", f.R2)
+	}
+}
 
-	c := CostTruth{Overhead: 500 * time.Millisecond, PerPrompt: 100 * time.Microsecond, PerOutput: 4 * time.Millisecond, Noise: 0.05}
-	m = costmodel.New(costmodel.Config{})
-	observe(m, c, reqs[:1000])
-	f = m.Fit()
-	if !f.Ready {
-		t.Fatalf("fit after 1000 not ready: %+v", f)
-	}
-	e1 := relErrs(f, c)
-	c.PerOutput *= 2
-	observe(m, c, reqs[1000:3000])
-	f = m.Fit()
-	if !f.Ready {
-		t.Fatalf("fit after the change not ready: %+v", f)
-	}
-	e2 := relErrs(f, c)
-	for i := range 3 {
-		if e1[i] > 0.05 {
-			t.Errorf("after 1000 requests %s off by %.1f%%", names[i], 100*e1[i])
+// TestCostModelOnCostMix: on CostMix's requests in arrival order, with
+// busy times from 0.5 s + 0.1 ms/prompt token + 4 ms/output token and ±5%
+// noise, for each of 10 seeds: every coefficient within 5% after 1000
+// requests, and within 5% of the new model 2000 requests after the
+// output-token time doubles.
+//
+// On seed004's mix the prompt-token time is not identified that well: a
+// prompt there adds 1.5 s at most to 10-20 s of output whose noise swamps
+// it, and prompt and output sizes move together across callers, so over
+// seeds 1-8 its error reaches 8% after 1000 requests and 16% after the
+// change (overhead and output-token time stay within 5%).
+func TestCostModelOnCostMix(t *testing.T) {
+	var worst, worstAfter [3]float64
+	for seed := uint64(1); seed <= 10; seed++ {
+		w, err := Generate(CostMix(), seed)
+		if err != nil {
+			t.Fatal(err)
 		}
-		tol := 0.05
-		if i == 1 {
-			tol = 0.10
+		if len(w.Requests) < 3000 {
+			t.Fatalf("seed %d: %d requests, want 3000", seed, len(w.Requests))
 		}
-		if e2[i] > tol {
-			t.Errorf("2000 requests after the change %s off by %.1f%%", names[i], 100*e2[i])
+		rng := rand.New(rand.NewPCG(seed, 4))
+		c := CostTruth{Overhead: 500 * time.Millisecond, PerPrompt: 100 * time.Microsecond, PerOutput: 4 * time.Millisecond, Noise: 0.05}
+		m := costmodel.New(costmodel.Config{})
+		observe := func(rs []Request) {
+			for _, r := range rs {
+				m.Observe(r.Prompt, r.Output, c.Sample(r.Prompt, r.Output, rng))
+			}
+		}
+		observe(w.Requests[:1000])
+		f := m.Fit()
+		if !f.Ready {
+			t.Fatalf("seed %d: fit after 1000 not ready: %+v", seed, f)
+		}
+		for i, e := range relCoefErrs(f, c) {
+			worst[i] = math.Max(worst[i], e)
+			if e > 0.05 {
+				t.Errorf("seed %d: after 1000 requests %s off by %.1f%%", seed, coefNames[i], 100*e)
+			}
+		}
+		c.PerOutput *= 2
+		observe(w.Requests[1000:3000])
+		f = m.Fit()
+		if !f.Ready {
+			t.Fatalf("seed %d: fit after the change not ready: %+v", seed, f)
+		}
+		for i, e := range relCoefErrs(f, c) {
+			worstAfter[i] = math.Max(worstAfter[i], e)
+			if e > 0.05 {
+				t.Errorf("seed %d: 2000 requests after the change %s off by %.1f%%", seed, coefNames[i], 100*e)
+			}
 		}
 	}
-	t.Logf("relative errors after 1000: %.4f; after the change: %.4f", e1, e2)
+	t.Logf("worst relative errors over 10 seeds: after 1000 %.4f; after the change %.4f", worst, worstAfter)
 }
