@@ -85,25 +85,29 @@
 // more than MaxBusy (1 h) of busy time are counted in Fit.Rejected and
 // otherwise ignored: one absurd measurement would otherwise dominate the
 // fit for thousands of requests. With inputs so bounded, every quantity in
-// Observe and Fit is finite, and Fit, Cost, Predict, PromptCostRatio and
-// TokenToQPSWeight never return NaN or Inf, whatever the sequence of
+// Observe and Fit is finite, and Fit, Cost, BusyCost, Predict,
+// PromptCostRatio and the weights never return NaN or Inf, whatever the sequence of
 // observations (FuzzObserve).
 //
-// Accuracy (tests, seeded): with busy = 0.5 s + 0.1 ms·prompt + 4 ms·
-// completion, prompts uniform in [100, 8000], completions in [10, 400] and
-// multiplicative noise uniform in ±5%, every coefficient is within 5% of
-// the truth after 1000 requests; after c doubles, within 5% of the new
-// truth 2000 requests later (worst of 300 seeds: 2.7% after 1000, 3.3%
-// after the change). The error scales with the noise of busy times
-// relative to each coefficient's share of them: with ±10% noise the worst
-// of 300 seeds reaches 5.5% (overhead) after 1000 requests.
+// Accuracy (TestRecoversAndTracksGroundTruth, 20 seeds): with busy =
+// 0.5 s + 0.1 ms·prompt + 4 ms·completion, prompts uniform in [100, 8000],
+// completions in [10, 400] and multiplicative noise uniform in ±5%, every
+// coefficient is within 5% of the truth after 1000 requests (worst 2.3%)
+// and within 5% of the new truth 2000 requests after c doubles (worst
+// 3.7%). The error scales with the noise of busy times relative to each
+// coefficient's share of them: with ±10% noise the overhead's worst error
+// over 300 seeds reached 5.5% after 1000 requests, and a coefficient whose
+// term is a small share of busy time (prompt time beside long generations)
+// needs more requests or wider size variation to be pinned down.
 //
 // # Derived weights
 //
 // Cost(prompt, completion) = prompt·b/c + completion is a request's
 // fitted busy time without its overhead, in units of one completion token:
 // charged as the WFQ cost (cost_model learned), it makes tenants share
-// upstream time rather than raw tokens.
+// upstream time rather than raw tokens. BusyCost adds the overhead,
+// a/c: the whole fitted busy time in output-token units, for shares of
+// busy time that count each request's fixed cost too.
 //
 // TokenToQPSWeight is the weight of one token in request-equivalents for
 // the quota's joint meter, which charges 1 + tokens·weight per request: a

@@ -316,7 +316,9 @@ func (s *stats) fit(cfg Config) Fit {
 		return f
 	}
 	beta, clamped := s.nnls()
-	if !(beta[2] > 0) {
+	// c divides every cost in output-token units: it must be positive, and
+	// large enough that a/c and b/c stay finite.
+	if !(beta[2] > 0) || math.IsInf(beta[0]/beta[2], 0) || math.IsInf(beta[1]/beta[2], 0) {
 		f.Status = StatusNoCompletionTime
 		return f
 	}
@@ -452,6 +454,19 @@ func (f Fit) PromptCostRatio() float64 {
 // `tokens` cost, so a caller may use it unconditionally.
 func (f Fit) Cost(prompt, completion int64) float64 {
 	return float64(prompt)*f.PromptCostRatio() + float64(completion)
+}
+
+// BusyCost is a request's whole fitted busy time in output-token units,
+// (a + b·prompt)/c + completion: Cost plus the overhead. Charged as the
+// WFQ cost, tenants share upstream time including the per-request
+// overhead, so a tenant of many tiny requests pays for each; Cost leaves
+// the overhead out, as the token costs do. Unless Ready it is prompt +
+// completion.
+func (f Fit) BusyCost(prompt, completion int64) float64 {
+	if !f.Ready {
+		return f.Cost(prompt, completion)
+	}
+	return f.Overhead/f.PerCompletionToken + f.Cost(prompt, completion)
 }
 
 // TokenToQPSWeight is the weight of one token in request-equivalents, for

@@ -195,8 +195,8 @@ func TestDegenerateInputs(t *testing.T) {
 			if f.Overhead != 0 || f.PerPromptToken != 0 || f.PerCompletionToken != 0 || f.R2 != 0 {
 				t.Errorf("not-ready fit carries coefficients: %+v", f)
 			}
-			if got := f.Cost(300, 200); got != 500 {
-				t.Errorf("Cost(300, 200) = %v, want the tokens fallback 500", got)
+			if got, busy := f.Cost(300, 200), f.BusyCost(300, 200); got != 500 || busy != 500 {
+				t.Errorf("Cost(300, 200) = %v, BusyCost %v, want the tokens fallback 500", got, busy)
 			}
 			if got := f.TokenToQPSWeight(); got != 0 {
 				t.Errorf("TokenToQPSWeight = %v, want 0", got)
@@ -338,6 +338,8 @@ func TestDerivedWeights(t *testing.T) {
 	near("CompletionWeight", f.CompletionWeight(), 0.02/0.2)
 	near("PromptCostRatio", f.PromptCostRatio(), 1e-4/0.02)
 	near("Cost", f.Cost(1000, 200), 1000*1e-4/0.02+200)
+	// (0.2 + 0.1)/0.02 + 200: the fitted 4.3 s in 20 ms output tokens.
+	near("BusyCost", f.BusyCost(1000, 200), 4.3/0.02)
 	if got, want := f.Predict(1000, 200), 4300*time.Millisecond; got != want {
 		t.Errorf("Predict = %v, want %v", got, want)
 	}
@@ -494,7 +496,7 @@ func assertFinite(t *testing.T, f Fit) {
 		"r2": f.R2, "mean prompt": f.MeanPrompt, "mean completion": f.MeanCompletion,
 		"effective": f.Effective, "weight": f.TokenToQPSWeight(), "prompt weight": f.PromptWeight(),
 		"completion weight": f.CompletionWeight(), "ratio": f.PromptCostRatio(),
-		"cost": f.Cost(DefaultMaxTokens, DefaultMaxTokens),
+		"cost": f.Cost(DefaultMaxTokens, DefaultMaxTokens), "busy cost": f.BusyCost(DefaultMaxTokens, DefaultMaxTokens),
 	}
 	for name, v := range vals {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
