@@ -86,8 +86,8 @@
 // otherwise ignored: one absurd measurement would otherwise dominate the
 // fit for thousands of requests. With inputs so bounded, every quantity in
 // Observe and Fit is finite, and Fit, Cost, BusyCost, Predict,
-// PromptCostRatio and the weights never return NaN or Inf, whatever the sequence of
-// observations (FuzzObserve).
+// PromptCostRatio and the weights never return NaN or Inf, whatever the
+// sequence of observations (FuzzObserve, TestAdversarialSequences).
 //
 // Accuracy (TestRecoversAndTracksGroundTruth, 20 seeds): with busy =
 // 0.5 s + 0.1 ms·prompt + 4 ms·completion, prompts uniform in [100, 8000],
