@@ -140,9 +140,6 @@ func New(cfg Config) *Model {
 	return &Model{cfg: cfg, lambda: 1 - 1/float64(cfg.Memory)}
 }
 
-// Config returns the model's configuration with defaults applied.
-func (m *Model) Config() Config { return m.cfg }
-
 // Observe records one served request: its prompt and completion tokens and
 // the time it kept its upstream busy (dispatch to last byte). Negative or
 // out-of-range observations are counted as rejected and change nothing
