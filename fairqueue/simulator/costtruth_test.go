@@ -1,0 +1,162 @@
+package simulator
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/costmodel"
+)
+
+// TestDefaultCostTruthIsTheSlotModel: the ground truth with its defaults
+// is exactly the service time every simulator run uses, request by
+// request, over the workloads of several scenarios.
+func TestDefaultCostTruthIsTheSlotModel(t *testing.T) {
+	truth := DefaultCostTruth()
+	if err := truth.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, sc := range []*Scenario{Seed000(), Seed002(), Seed004(), Peak()} {
+		w, err := Generate(sc, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range w.Requests {
+			if got := truth.Mean(r.Prompt, r.Output); got != r.Service() {
+				t.Fatalf("%s request %d: truth %v, slot model %v", sc.Name, r.ID, got, r.Service())
+			}
+			if got := truth.Sample(r.Prompt, r.Output, nil); got != r.Service() {
+				t.Fatalf("%s request %d: noise-free sample %v, slot model %v", sc.Name, r.ID, got, r.Service())
+			}
+		}
+	}
+}
+
+func TestCostTruthValidate(t *testing.T) {
+	for _, c := range []CostTruth{
+		{Overhead: -1}, {PerPrompt: -1}, {PerOutput: -1},
+		{Noise: -0.1}, {Noise: 1}, {Noise: math.NaN()},
+	} {
+		if c.Validate() == nil {
+			t.Errorf("%+v accepted", c)
+		}
+	}
+}
+
+// TestCostTruthNoise: samples stay within the noise band and average to
+// the mean.
+func TestCostTruthNoise(t *testing.T) {
+	c := CostTruth{Overhead: 500 * time.Millisecond, PerPrompt: 100 * time.Microsecond, PerOutput: 4 * time.Millisecond, Noise: 0.05}
+	r := rand.New(rand.NewPCG(1, 2))
+	mean := c.Mean(2000, 300)
+	var sum float64
+	const n = 20000
+	for range n {
+		s := c.Sample(2000, 300, r)
+		if s < time.Duration(0.95*float64(mean))-1 || s > time.Duration(1.05*float64(mean))+1 {
+			t.Fatalf("sample %v outside ±5%% of %v", s, mean)
+		}
+		sum += float64(s)
+	}
+	// The standard error of the mean is 0.05/sqrt(3)/sqrt(n) = 0.02%.
+	if got := sum / n / float64(mean); math.Abs(got-1) > 0.002 {
+		t.Errorf("samples average %.4f x the mean", got)
+	}
+}
+
+// relCoefErrs are |fitted/true - 1| for overhead, prompt-token and
+// output-token time.
+func relCoefErrs(f costmodel.Fit, c CostTruth) [3]float64 {
+	return [3]float64{
+		math.Abs(f.Overhead/c.Overhead.Seconds() - 1),
+		math.Abs(f.PerPromptToken/c.PerPrompt.Seconds() - 1),
+		math.Abs(f.PerCompletionToken/c.PerOutput.Seconds() - 1),
+	}
+}
+
+var coefNames = [3]string{"overhead", "per prompt token", "per output token"}
+
+// TestCostModelFitsSlotModel: package costmodel fitted to the simulator's
+// own slot model on seed004's requests in arrival order (80/s tiny
+// requests among normal, long-context and 15k-token callers, so sizes are
+// correlated across callers and heavy-tailed) recovers every coefficient
+// to 1e-6 after 1000 requests: no noise, so only the numerics are tested.
+func TestCostModelFitsSlotModel(t *testing.T) {
+	w, err := Generate(Seed004(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := costmodel.New(costmodel.Config{})
+	for _, r := range w.Requests[:1000] {
+		m.Observe(r.Prompt, r.Output, r.Service())
+	}
+	f := m.Fit()
+	if !f.Ready {
+		t.Fatalf("fit not ready: %+v", f)
+	}
+	for i, e := range relCoefErrs(f, DefaultCostTruth()) {
+		if e > 1e-6 {
+			t.Errorf("%s off by %g (%+v)", coefNames[i], e, f)
+		}
+	}
+	if math.Abs(f.R2-1) > 1e-9 {
+		t.Errorf("R² %v, want 1", f.R2)
+	}
+}
+
+// TestCostModelOnCostMix: on CostMix's requests in arrival order, with
+// busy times from 0.5 s + 0.1 ms/prompt token + 4 ms/output token and ±5%
+// noise, for each of 10 seeds: every coefficient within 5% after 1000
+// requests, and within 5% of the new model 2000 requests after the
+// output-token time doubles.
+//
+// On seed004's mix the prompt-token time is not identified that well: a
+// prompt there adds 1.5 s at most to 10-20 s of output whose noise swamps
+// it, and prompt and output sizes move together across callers, so over
+// seeds 1-8 its error reaches 8% after 1000 requests and 16% after the
+// change (overhead and output-token time stay within 5%).
+func TestCostModelOnCostMix(t *testing.T) {
+	var worst, worstAfter [3]float64
+	for seed := uint64(1); seed <= 10; seed++ {
+		w, err := Generate(CostMix(), seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(w.Requests) < 3000 {
+			t.Fatalf("seed %d: %d requests, want 3000", seed, len(w.Requests))
+		}
+		rng := rand.New(rand.NewPCG(seed, 4))
+		c := CostTruth{Overhead: 500 * time.Millisecond, PerPrompt: 100 * time.Microsecond, PerOutput: 4 * time.Millisecond, Noise: 0.05}
+		m := costmodel.New(costmodel.Config{})
+		observe := func(rs []Request) {
+			for _, r := range rs {
+				m.Observe(r.Prompt, r.Output, c.Sample(r.Prompt, r.Output, rng))
+			}
+		}
+		observe(w.Requests[:1000])
+		f := m.Fit()
+		if !f.Ready {
+			t.Fatalf("seed %d: fit after 1000 not ready: %+v", seed, f)
+		}
+		for i, e := range relCoefErrs(f, c) {
+			worst[i] = math.Max(worst[i], e)
+			if e > 0.05 {
+				t.Errorf("seed %d: after 1000 requests %s off by %.1f%%", seed, coefNames[i], 100*e)
+			}
+		}
+		c.PerOutput *= 2
+		observe(w.Requests[1000:3000])
+		f = m.Fit()
+		if !f.Ready {
+			t.Fatalf("seed %d: fit after the change not ready: %+v", seed, f)
+		}
+		for i, e := range relCoefErrs(f, c) {
+			worstAfter[i] = math.Max(worstAfter[i], e)
+			if e > 0.05 {
+				t.Errorf("seed %d: 2000 requests after the change %s off by %.1f%%", seed, coefNames[i], 100*e)
+			}
+		}
+	}
+	t.Logf("worst relative errors over 10 seeds: after 1000 %.4f; after the change %.4f", worst, worstAfter)
+}
