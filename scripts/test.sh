@@ -23,7 +23,12 @@ for target in FuzzParse FuzzLightMode FuzzScan FuzzStreamScanner; do
 	go test -run '^$' -fuzz "^${target}\$" -fuzztime 20s ./llmapi/
 done
 
-echo "== handler tests (race)"
+echo "== handler tests (race); the Grafana/alerts test also runs promtool (Debian's prometheus) on the rules"
+if ! command -v promtool >/dev/null; then
+	sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
+	$sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 ||
+		{ $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+fi
 go test -race -count=1 .
 
 echo "== the official OpenAI Node client the end-to-end tests drive (pinned by package-lock.json)"
