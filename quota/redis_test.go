@@ -149,6 +149,9 @@ func tableEarliestTime(t *testing.T, h *storeHarness) {
 		// A 50 ms window, which the traffic's 11% excess over 200 qps
 		// exhausts in half a second.
 		MustCompile(Config{QPS: 200, BurstWindow: time.Second, BurstAllow: 0.05}),
+		// Joint binds: 3 request-equivalents a request on average, 100
+		// a second.
+		MustCompile(Config{QPS: 1000, TokensPerMin: 1e7, TokenToQPSWeight: 0.01, JointCap: 0.1, BurstWindow: time.Second, BurstAllow: 0.05}),
 	}
 	for _, mc := range meterCases() {
 		limits = append(limits, mc.lim)
@@ -232,7 +235,7 @@ func tableBurstWindow(t *testing.T, h *storeHarness) {
 			if allowed != offered || refused >= 0 {
 				t.Fatalf("burst at 1.2x for %v: %d of %d served (first refusal at %v), want all", W, allowed, offered, refused)
 			}
-			spacing := time.Duration(1e9*mc.units/(2*mc.rate)).Truncate(h.res)
+			spacing := time.Duration(1e9 * mc.units / (2 * mc.rate)).Truncate(h.res)
 			_, allowed, refused, _ = sendAtH(t, h, tn, mc, 2, start+W+spacing, hold-spacing)
 			if refused != start+W+spacing {
 				t.Errorf("held at 2x: first refusal at %v, want the first arrival after the window, %v", refused-start, W+spacing)
@@ -987,7 +990,7 @@ func TestRedisServer(t *testing.T) {
 		ls := []*Limits{
 			MustCompile(Config{QPS: 20, TokensPerMin: 6000, TokenToQPSWeight: 0.01, JointCap: 1, BurstWindow: time.Second, BurstAllow: 0.1}),
 			MustCompile(Config{QPS: 3, TokensPerMin: 700, TokenToQPSWeight: 0.0013, JointCap: 0.7, BurstWindow: 3 * time.Second, BurstAllow: 0.37}),
-			MustCompile(Config{QPS: 1000, TokensPerMin: 1e7, TokenToQPSWeight: 0.01, JointCap: 0.1}), // joint binds
+			MustCompile(Config{QPS: 1000, TokensPerMin: 1e7, TokenToQPSWeight: 0.01, JointCap: 0.1}),         // joint binds
 			MustCompile(Config{QPS: 1e-6, TokensPerMin: 6e-5, BurstWindow: 24 * time.Hour, BurstAllow: 100}), // slow: last
 		}
 		rng := rand.New(rand.NewPCG(9, 10))
