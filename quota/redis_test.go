@@ -830,6 +830,13 @@ func TestRedisErrors(t *testing.T) {
 	if err == nil || !(errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()) {
 		t.Errorf("silent server: %v, want a timeout", err)
 	}
+	// The caller's own deadline, without RedisOptions.Timeout.
+	ctx, cancel = context.WithTimeout(bg, 50*time.Millisecond)
+	defer cancel()
+	_, err = NewRedis(silent, RedisOptions{}).Peek(ctx, "a", l, Backlog{})
+	if err == nil || !(errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()) {
+		t.Errorf("silent server, caller's deadline: %v, want a timeout", err)
+	}
 	ln.Close()
 	conns.Wait()
 
