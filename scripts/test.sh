@@ -12,6 +12,19 @@ if [ -n "$bad" ]; then echo "gofmt would change: $bad"; exit 1; fi
 echo "== go vet"
 go vet ./...
 
+echo "== redis-server (Debian's package) for the Redis quota store's tests against a real server"
+if ! command -v redis-server >/dev/null; then
+	sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
+	$sudo apt-get update -qq && $sudo apt-get install -y -qq redis-server >/dev/null
+fi
+redis_port=$((20000 + RANDOM % 20000))
+redis_dir=$(mktemp -d)
+redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$redis_dir" \
+	--daemonize yes --pidfile "$redis_dir/redis.pid" >/dev/null
+trap 'kill "$(cat "$redis_dir/redis.pid" 2>/dev/null)" 2>/dev/null || true; rm -rf "$redis_dir"' EXIT
+for _ in $(seq 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+export REDIS_ADDR=127.0.0.1:$redis_port
+
 echo "== unit, engine and simulator tests (race)"
 go test -race -count=1 ./fairqueue/... ./budget/ ./degrade/ ./llmapi/ ./quota/
 
