@@ -66,6 +66,17 @@ func (c *ColdRate) Finish(now, dispatched time.Time, cost float64) {
 	c.doneService += max(now.Sub(dispatched).Seconds(), 0)
 }
 
+// Abandon undoes the Start recorded at dispatched for a request that went
+// back to the queue without being served (its upstream refused it).
+func (c *ColdRate) Abandon(dispatched time.Time, cost float64) {
+	if c.inflight == 0 {
+		return
+	}
+	c.inflight--
+	c.inflightCost -= cost
+	c.dispatchSum -= c.at(dispatched)
+}
+
 // Completions is the number of completions Finish recorded.
 func (c *ColdRate) Completions() int { return c.done }
 

@@ -60,6 +60,9 @@ type TenantConfig struct {
 	// tenant gets this quota of its own, keyed by its name, so the tenant
 	// name must come from authentication for the quota to bind a caller.
 	Quota *quota.Limits
+	// Reserve is the fraction of Config.UpstreamQuota only this tenant
+	// draws from (see upstream.go); 0 for none. Declared tenants only.
+	Reserve float64
 	// Tier is the tenant's tier for the circuit breaker (Config.Circuit):
 	// it must be one of the circuit's Order; "" is never shed.
 	Tier string
@@ -120,6 +123,9 @@ type Config struct {
 	// Circuit, when set, sheds tenants tier by tier, lowest first, while
 	// demand stays above what the upstreams serve (see circuit.go).
 	Circuit *degrade.CircuitConfig
+	// UpstreamQuota, when set, gates dispatch by the provider account's
+	// requests and tokens per minute (see upstream.go).
+	UpstreamQuota *UpstreamQuota
 }
 
 // Validate reports the first problem in c.

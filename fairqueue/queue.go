@@ -118,6 +118,8 @@ type Queue struct {
 	circuit         *degrade.Circuit
 	circuitObserver func(CircuitEvent)
 	circuitEvents   []CircuitEvent
+	// up is the provider account's quota, nil without one (upstream.go).
+	up *upstream
 	// circuitPerUpstream is the last measured capacity per upstream.
 	circuitPerUpstream float64
 	// events are produced under mu and not yet delivered; delivering is set
@@ -304,7 +306,12 @@ func (q *Queue) Reconfigure(cfg Config) error {
 		q.mu.Unlock()
 		return err
 	}
-	q.cfg, q.ov, q.circuit = cfg, ov, circuit
+	up, err := newUpstream(&cfg, q.up)
+	if err != nil {
+		q.mu.Unlock()
+		return err
+	}
+	q.cfg, q.ov, q.circuit, q.up = cfg, ov, circuit, up
 	q.adm = newAdmission(&cfg.Admission, q.adm)
 	if c := waterCap(&cfg); c != q.waterCap {
 		q.waterCap = c
@@ -873,7 +880,13 @@ func (q *Queue) dispatchLocked(now time.Time) {
 // with a slot free and an eligible request waiting (the token gate).
 func (q *Queue) dispatchLoopLocked(now time.Time) (gated bool) {
 	q.unholdDueLocked(now)
+	if q.up != nil && !now.Before(q.up.until) && !q.up.until.IsZero() {
+		q.up.until = time.Time{}
+	}
 	for q.inflight < q.capacity {
+		if q.up != nil && now.Before(q.up.until) {
+			return q.queued > 0 // the provider said: nothing until then
+		}
 		tk, overtakes := q.nextLocked()
 		if tk == nil {
 			return false
@@ -885,8 +898,28 @@ func (q *Queue) dispatchLoopLocked(now time.Time) (gated bool) {
 			return true
 		}
 		expired := !tk.deadline.IsZero() && !now.Before(tk.deadline)
-		if !expired && tk.t.cfg.Quota != nil && !q.chargeQuotaLocked(now, tk) {
-			continue // its tenant is held now; the others go on
+		if !expired && tk.t.cfg.Quota != nil {
+			// Its tenant is held when its quota refuses; the others go on.
+			// With an account to draw on too, the tenant's quota is only
+			// asked here and charged once the account has taken it.
+			if q.up == nil && !q.chargeQuotaLocked(now, tk) || q.up != nil && !q.quotaAllowsLocked(now, tk) {
+				continue
+			}
+		}
+		if !expired && q.up != nil && !q.upstreamChargeLocked(now, tk) {
+			// The account cannot take the request in tag order: only
+			// reserved tenants go, on their reservations, until it can.
+			if tk = q.reservedNextLocked(); tk == nil {
+				return true
+			}
+			overtakes = false
+			if tk.t.cfg.Quota != nil && !q.quotaAllowsLocked(now, tk) {
+				q.reconcileUpstreamLocked(tk, 0)
+				continue
+			}
+		}
+		if !expired && q.up != nil && tk.t.cfg.Quota != nil {
+			q.chargeQuotaLocked(now, tk)
 		}
 		// A dispatched ticket's flow is re-keyed once, by startLocked
 		// after the charge, rather than also here for the new head.
@@ -1173,6 +1206,7 @@ func (q *Queue) completeLocked(now time.Time, tk *Ticket, actual int64) {
 	q.adm.rate.Observe(now, float64(tk.cost), q.healthy)
 	q.adm.cold.Finish(now, tk.dispatched, float64(tk.cost))
 	q.reconcileQuotaLocked(tk, actual)
+	q.reconcileUpstreamLocked(tk, actual)
 	tk.state = stateReleased
 	tk.actual = actual
 	q.inflight--

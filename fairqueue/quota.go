@@ -87,6 +87,17 @@ func (q *Queue) chargeQuotaLocked(now time.Time, tk *Ticket) bool {
 	return true
 }
 
+// quotaAllowsLocked asks tk's tenant quota whether tk may go now, charging
+// nothing; when it may not, the tenant is held until it may.
+func (q *Queue) quotaAllowsLocked(now time.Time, tk *Ticket) bool {
+	d, err := q.quotaStoreLocked().Peek(context.Background(), tk.t.name, tk.t.cfg.Quota, quota.Backlog{})
+	if err != nil || d.Allowed {
+		return true
+	}
+	q.holdLocked(tk.t, d.At)
+	return false
+}
+
 // reconcileQuotaLocked corrects tk's charge with its actual tokens.
 func (q *Queue) reconcileQuotaLocked(tk *Ticket, actual int64) {
 	if tk.quota == nil || actual < 0 {

@@ -69,6 +69,10 @@ type Ticket struct {
 	quotaReason quota.Dimension
 	quota       *quota.Limits
 	quotaStatus quota.Status
+	// upKey and upLimits are the account meter tk drew on at dispatch
+	// (upstream.go); nil limits: none.
+	upKey    string
+	upLimits *quota.Limits
 }
 
 // QuotaWait is how long, at admission, the tenant's quota was expected to
@@ -197,6 +201,17 @@ func (l *ticketList) pushBack(tk *Ticket) {
 		l.head = tk
 	}
 	l.tail = tk
+	l.n++
+}
+
+func (l *ticketList) pushFront(tk *Ticket) {
+	tk.prev, tk.next = nil, l.head
+	if l.head != nil {
+		l.head.prev = tk
+	} else {
+		l.tail = tk
+	}
+	l.head = tk
 	l.n++
 }
 
