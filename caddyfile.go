@@ -72,6 +72,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    default_tenant [<same options and block>]   # all unknown tenants, as one group
 //	    default_tenant reject
 //
+//	    # the provider account behind reverse_proxy; tenants may reserve a share
+//	    upstream_quota [tpm <n>] [rpm <n>] [burst <duration>]
+//	    tenant <name> ... reserve <percent>
+//
 //	    # shed tiers, lowest first, while demand stays above capacity
 //	    circuit_break {
 //	        trigger <ratio>      # default 1.3
@@ -307,6 +311,9 @@ func (p *cfParser) subdirective() error {
 	case "circuit_break":
 		return p.circuitBreak()
 
+	case "upstream_quota":
+		return p.upstreamQuota()
+
 	case "reverse_proxy":
 		return p.reverseProxy()
 
@@ -314,7 +321,7 @@ func (p *cfParser) subdirective() error {
 		return d.Errf("unknown subdirective %q in fair_queue (want name, tenant_key, cost_unit, tokenizer, "+
 			"default_max_tokens, max_body, body_timeout, max_request_tokens, max_inflight, max_inflight_tokens, "+
 			"max_queue, max_queue_tokens, max_queue_bytes, class, tenant, default_tenant, handle_errors, "+
-			"quota_defaults, circuit_break, anti_starvation, degrade or reverse_proxy)", sub)
+			"quota_defaults, circuit_break, upstream_quota, anti_starvation, degrade or reverse_proxy)", sub)
 	}
 	return nil
 }
@@ -424,6 +431,53 @@ func (p *cfParser) tenantBlock(who string, tc *TenantConfig) error {
 		}
 		tc.Quota = q
 	}
+	return nil
+}
+
+// upstreamQuota parses `upstream_quota [tpm <n>] [rpm <n>] [burst <duration>]`.
+func (p *cfParser) upstreamQuota() error {
+	d := p.d
+	args := d.RemainingArgs()
+	if err := p.noBlock("upstream_quota"); err != nil {
+		return err
+	}
+	uq := new(UpstreamQuotaConfig)
+	seen := make(map[string]bool)
+	for i := 0; i < len(args); i += 2 {
+		key := args[i]
+		if seen[key] {
+			return d.Errf("upstream_quota: %s given twice", key)
+		}
+		seen[key] = true
+		if i+1 >= len(args) {
+			return d.Errf("upstream_quota: missing value after %s", key)
+		}
+		v := args[i+1]
+		switch key {
+		case "tpm", "rpm":
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || !(f > 0) || math.IsInf(f, 0) {
+				return d.Errf("upstream_quota: %s %q must be a positive number per minute", key, v)
+			}
+			if key == "tpm" {
+				uq.TPM = f
+			} else {
+				uq.RPM = f
+			}
+		case "burst":
+			dur, err := p.duration("upstream_quota: burst", v)
+			if err != nil {
+				return err
+			}
+			uq.Burst = dur
+		default:
+			return d.Errf("upstream_quota: unknown setting %q (want tpm, rpm or burst)", key)
+		}
+	}
+	if uq.TPM == 0 && uq.RPM == 0 {
+		return d.Errf("upstream_quota: want 'upstream_quota tpm <n> rpm <n>' (at least one of them)")
+	}
+	p.h.UpstreamQuota = uq
 	return nil
 }
 
@@ -618,9 +672,9 @@ func (p *cfParser) tenantOptions(who string, tok caddyfile.Token, args []string)
 	for i := 0; i < len(args); i += 2 {
 		opt := args[i]
 		switch opt {
-		case "weight", "class", "wait_budget", "max_queue", "max_inflight", "max_request_tokens", "tier":
+		case "weight", "class", "wait_budget", "max_queue", "max_inflight", "max_request_tokens", "tier", "reserve":
 		default:
-			return nil, d.Errf("%s: unknown option %q (want weight, class, wait_budget, max_queue, max_inflight, max_request_tokens or tier)", who, opt)
+			return nil, d.Errf("%s: unknown option %q (want weight, class, wait_budget, max_queue, max_inflight, max_request_tokens, tier or reserve)", who, opt)
 		}
 		if seen[opt] {
 			return nil, d.Errf("%s: %s given twice", who, opt)
@@ -639,6 +693,12 @@ func (p *cfParser) tenantOptions(who string, tok caddyfile.Token, args []string)
 			tc.Weight = w
 		case "tier":
 			tc.Tier = v
+		case "reserve":
+			f, err := parseReserve(v)
+			if err != nil {
+				return nil, d.Errf("%s: %v", who, err)
+			}
+			tc.Reserve = f
 		case "class":
 			tc.Class = v
 			p.refs = append(p.refs, classRef{tok: tok, who: who, class: v})

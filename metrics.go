@@ -81,7 +81,7 @@ var (
 
 var collectors = []prometheus.Collector{requestsTotal, waitSeconds, estimatedTokens, actualTokens,
 	boostsTotal, etaRatio, budgetRefusals, budgetLeftRatio, degradeTransitions, quotaLimited, quotaCharged,
-	circuitTransitions, queueCollector}
+	circuitTransitions, providerRefusals, queueCollector}
 
 // registerMetrics adds the collectors to a config's registry; registering
 // into a registry that already has them (two handlers, one config) is fine.
@@ -183,7 +183,8 @@ var (
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDepth, descQueuedTokens, descInflight,
 		descHealthy, descCapacity, descTokenCapacity, descWater, descBoosted, descDegradeLevel, descWeight,
-		descQuotaLimit, descQuotaDebt, descCircuitShed, descCircuitDemand, descCircuitCapacity} {
+		descQuotaLimit, descQuotaDebt, descCircuitShed, descCircuitDemand, descCircuitCapacity,
+		descUpstreamRemaining, descUpstreamExhausted} {
 		ch <- d
 	}
 }
@@ -206,6 +207,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descBoosted, float64(st.BoostedInflight), name)
 		gauge(descDegradeLevel, float64(s.q.DegradeLevel()), name)
 		collectCircuit(ch, name, s.q.Circuit())
+		collectUpstream(ch, name, s.q.Upstream())
 		type agg struct {
 			depth, inflight int
 			queued          int64

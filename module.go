@@ -126,6 +126,10 @@ type Handler struct {
 	// burst_window (10s) and burst_allow (0.2). Rates belong to tenants.
 	QuotaDefaults *QuotaConfig `json:"quota_defaults,omitempty"`
 
+	// UpstreamQuota is the provider account's requests and tokens per
+	// minute that dispatch is gated by (see UpstreamQuotaConfig).
+	UpstreamQuota *UpstreamQuotaConfig `json:"upstream_quota,omitempty"`
+
 	// CircuitBreak sheds tenants tier by tier, lowest first, while demand
 	// stays above what the model servers serve (429 circuit_open).
 	CircuitBreak *CircuitBreakConfig `json:"circuit_break,omitempty"`
@@ -195,6 +199,10 @@ type TenantConfig struct {
 	// Retry-After otherwise. For default_tenant, each unknown tenant gets
 	// this quota of its own. Fields left out come from quota_defaults.
 	Quota *QuotaConfig `json:"quota,omitempty"`
+	// Reserve is the share of upstream_quota only this tenant may draw
+	// from (a fraction in (0, 1), e.g. 0.2); it draws from its
+	// reservation first, then competes for the shared rest by weight.
+	Reserve float64 `json:"reserve,omitempty"`
 	// Tier names the tenant's tier for circuit breaking (circuit_break
 	// order): under sustained overload the lowest tiers are shed first and
 	// the top tier never.
@@ -353,6 +361,7 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 			tc.MaxQueue = t.MaxQueue
 			tc.MaxInflight = t.MaxInflight
 			tc.Tier = t.Tier
+			tc.Reserve = t.Reserve
 			l, err := compileQuota(who+": quota", t.Quota, h.QuotaDefaults)
 			if err != nil {
 				return tc, err
@@ -379,6 +388,7 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 	cfg.DefaultPerTenantMaxQueue = max(cfg.Default.MaxQueue/4, 1)
 	cfg.Admission = h.admissionConfig()
 	cfg.Circuit = h.CircuitBreak.engine()
+	cfg.UpstreamQuota = h.UpstreamQuota.engine()
 	return cfg, nil
 }
 

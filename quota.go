@@ -128,6 +128,12 @@ func setRateLimitHeaders(h http.Header, st quota.Status) {
 	set("Tokens", st.Tokens)
 }
 
+// rateLimitHeaders are the headers setRateLimitHeaders writes.
+var rateLimitHeaders = []string{
+	"X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests",
+	"X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens",
+}
+
 // resetString formats a reset time as OpenAI does ("1s", "6m0s", "17ms"),
 // to the millisecond, rounded up so that a client waiting that long finds
 // the meter reset.

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
@@ -28,7 +30,15 @@ type usageRecorder struct {
 	// quota, when set, is the tenant's quota standing after this request
 	// was charged: its x-ratelimit-* headers replace the upstream's.
 	quota  *quota.Status
-	stream *llmapi.StreamScanner
+	// provider is set when the upstream is a provider account
+	// (upstream_quota): its 429 is kept from the client (provider429, the
+	// response swallowed) and providerWait is how long it says the
+	// account is out of quota, from a 429 or from a response that leaves
+	// nothing.
+	provider     bool
+	provider429  bool
+	providerWait time.Duration
+	stream       *llmapi.StreamScanner
 	body   bytes.Buffer
 	tooBig bool
 }
@@ -38,8 +48,25 @@ func newUsageRecorder(w http.ResponseWriter, c llmapi.Counter) *usageRecorder {
 }
 
 func (u *usageRecorder) WriteHeader(status int) {
+	if u.provider429 {
+		return
+	}
+	if u.provider && u.status == 0 && status >= 200 {
+		u.providerWait = providerWait(u.Header(), status)
+		if status == http.StatusTooManyRequests {
+			u.provider429 = true
+			return
+		}
+	}
 	if u.status == 0 && status >= 200 {
 		u.status = status
+		if u.provider && u.quota == nil {
+			// The provider account's limits are the gateway's, not the
+			// caller's.
+			for _, k := range rateLimitHeaders {
+				u.Header().Del(k)
+			}
+		}
 		if u.quota != nil {
 			setRateLimitHeaders(u.Header(), *u.quota)
 		}
@@ -61,6 +88,9 @@ func isEventStream(ct string) bool {
 }
 
 func (u *usageRecorder) Write(p []byte) (int, error) {
+	if u.provider429 {
+		return len(p), nil // the provider's refusal never reaches the client
+	}
 	if u.status == 0 {
 		u.WriteHeader(http.StatusOK)
 	}
@@ -84,6 +114,64 @@ func (u *usageRecorder) ReadFrom(r io.Reader) (int64, error) {
 }
 
 type writerOnly struct{ io.Writer }
+
+// FlushError flushes to the client, except a provider's refusal being
+// swallowed: flushing would send the client a header never written.
+func (u *usageRecorder) FlushError() error {
+	if u.provider429 {
+		return nil
+	}
+	return http.NewResponseController(u.ResponseWriter).Flush()
+}
+
+// providerWait reads how long a provider's response says its account is
+// out of quota: on a 429, Retry-After-Ms, Retry-After (seconds or a date)
+// or the x-ratelimit-reset-* of an exhausted dimension, else 1 s; on any
+// other response, the reset of a dimension whose x-ratelimit-remaining-*
+// is 0, else 0.
+func providerWait(h http.Header, status int) time.Duration {
+	var d time.Duration
+	for _, kind := range []string{"Requests", "Tokens"} {
+		if h.Get("X-Ratelimit-Remaining-"+kind) == "0" {
+			d = max(d, parseWait(h.Get("X-Ratelimit-Reset-"+kind)))
+		}
+	}
+	if status != http.StatusTooManyRequests {
+		return d
+	}
+	if ms, err := strconv.ParseFloat(h.Get("Retry-After-Ms"), 64); err == nil && ms > 0 {
+		d = max(d, time.Duration(ms*float64(time.Millisecond)))
+	} else if ra := h.Get("Retry-After"); ra != "" {
+		if s, err := strconv.ParseFloat(ra, 64); err == nil && s > 0 {
+			d = max(d, time.Duration(s*float64(time.Second)))
+		} else if at, err := http.ParseTime(ra); err == nil {
+			d = max(d, time.Until(at))
+		}
+	}
+	if d <= 0 {
+		d = time.Second
+	}
+	return min(d, maxProviderWait)
+}
+
+// maxProviderWait bounds what a provider's header can make the gateway
+// believe: a garbled or hostile value must not stop dispatch for hours.
+const maxProviderWait = 10 * time.Minute
+
+// parseWait reads a reset time: a Go duration as OpenAI sends ("6m0s",
+// "1s", "17ms") or plain seconds.
+func parseWait(v string) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if d, err := time.ParseDuration(v); err == nil && d > 0 {
+		return min(d, maxProviderWait)
+	}
+	if s, err := strconv.ParseFloat(v, 64); err == nil && s > 0 && s < maxProviderWait.Seconds() {
+		return time.Duration(s * float64(time.Second))
+	}
+	return 0
+}
 
 // usage returns what the model server reported, or the completion counted
 // from the streamed text when a stream carried no usage.

@@ -2,6 +2,7 @@ package caddyfairqueue
 
 import (
 	"bytes"
+	"maps"
 	"errors"
 	"fmt"
 	"io"
@@ -138,41 +139,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	observeQuotaDelay(h.Name, a.label, tk)
 
 	if err := tk.Wait(r.Context()); err != nil {
-		var rej *fairqueue.Rejection
-		if errors.As(err, &rej) {
-			return h.answerRejection(w, repl, a, rej)
-		}
-		// The client went away while queued: nobody is left to answer, and
-		// the upstream never saw the request. 499 (as reverse_proxy uses)
-		// is for the access log.
-		w.WriteHeader(statusClientClosed)
-		h.record(repl, a, outcomeClientGone, time.Since(a.arrived))
-		return nil
+		return h.notDispatched(w, repl, a, err)
 	}
-	wait := tk.Dispatched().Sub(tk.Enqueued())
-	observeDispatch(h.Name, a.label, tk.Boosted(), tk.ETA(), wait)
-	// Known now: set before proxying, so the inner proxy can use them.
-	repl.Set("http.fair_queue.wait_ms", wait.Milliseconds())
-	repl.Set("http.fair_queue.cost", a.cost.Total())
-	hdr := w.Header()
-	hdr.Set(headerWaitMs, strconv.FormatInt(wait.Milliseconds(), 10))
-	hdr.Set(headerCost, strconv.Itoa(a.cost.Total()))
-	if a.light {
-		hdr.Set(headerMode, "light")
-	}
-	r.Body = io.NopCloser(bytes.NewReader(a.body))
 	r.ContentLength = int64(len(a.body))
 	r.Header.Set("Content-Length", strconv.Itoa(len(a.body)))
 	// The body is now of known length: a chunked client request would
 	// otherwise still go upstream chunked, without its Content-Length.
 	r.TransferEncoding = nil
 
-	rec := newUsageRecorder(w, h.counter)
-	if st, ok := tk.QuotaStatus(); ok {
-		// Set when the response's header is written (usageRecorder), over
-		// whatever the upstream sent.
-		rec.quota, charged = &st, a.tc.Quota
-	}
+	var rec *usageRecorder
+	var wait time.Duration
 	defer func() {
 		// reverse_proxy aborts a response that breaks mid-body (client gone
 		// mid-stream, upstream dying) with panic(http.ErrAbortHandler):
@@ -187,7 +163,62 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			panic(v)
 		}
 	}()
-	perr := h.proxy.ServeHTTP(rec, r, next)
+	var perr error
+	for attempt := 1; ; attempt++ {
+		wait = tk.Dispatched().Sub(tk.Enqueued())
+		observeDispatch(h.Name, a.label, tk.Boosted(), tk.ETA(), wait)
+		// Known now: set before proxying, so the inner proxy can use them.
+		repl.Set("http.fair_queue.wait_ms", wait.Milliseconds())
+		repl.Set("http.fair_queue.cost", a.cost.Total())
+		hdr := w.Header()
+		hdr.Set(headerWaitMs, strconv.FormatInt(wait.Milliseconds(), 10))
+		hdr.Set(headerCost, strconv.Itoa(a.cost.Total()))
+		if a.light {
+			hdr.Set(headerMode, "light")
+		}
+		r.Body = io.NopCloser(bytes.NewReader(a.body))
+		rec = newUsageRecorder(w, h.counter)
+		rec.provider = h.UpstreamQuota != nil
+		if st, ok := tk.QuotaStatus(); ok {
+			// Set when the response's header is written (usageRecorder),
+			// over whatever the upstream sent.
+			rec.quota, charged = &st, a.tc.Quota
+		}
+		var saved http.Header
+		if rec.provider {
+			saved = w.Header().Clone()
+		}
+		perr = h.proxy.ServeHTTP(rec, r, next)
+		if rec.provider429 {
+			// The proxy copied the refusal's headers: none of them is the
+			// client's answer.
+			clear(w.Header())
+			maps.Copy(w.Header(), saved)
+		}
+		if rec.providerWait > 0 {
+			// The provider says the account is out of quota for a while,
+			// on a 429 (kept from the client) or on a response that
+			// leaves nothing.
+			h.shared.q.AccountExhausted(time.Now().Add(rec.providerWait))
+		}
+		if !rec.provider429 {
+			break
+		}
+		// The provider refused for want of quota: the request goes back
+		// to the head of its tenant's queue, uncharged, and is sent again
+		// when the account has room, or answered by its budget.
+		providerRefusals.WithLabelValues(h.Name, a.label).Inc()
+		h.logger.Debug("provider out of quota; request requeued", zap.String("tenant", a.tenant),
+			zap.Int("attempt", attempt), zap.Duration("account_wait", rec.providerWait))
+		if attempt >= maxProviderAttempts || !tk.Requeue() {
+			return h.answer(w, repl, a, &apiError{status: http.StatusServiceUnavailable, code: "server_busy",
+				message:    "The model provider is out of quota for this gateway's account. The request was not served; retry after the time in Retry-After.",
+				retryAfter: max(rec.providerWait, time.Second)})
+		}
+		if err := tk.Wait(r.Context()); err != nil {
+			return h.notDispatched(w, repl, a, err)
+		}
+	}
 	outcome := outcomeServed
 	if perr != nil {
 		outcome = outcomeProxyError
@@ -217,6 +248,26 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	h.record(repl, a, outcome, wait)
 	return perr
+}
+
+// maxProviderAttempts bounds how often one request is sent to a provider
+// that answers 429: past it the client gets 503 server_busy, so a provider
+// that refuses everything cannot keep a request cycling.
+const maxProviderAttempts = 4
+
+// notDispatched answers a request whose ticket ended without a dispatch:
+// a refusal while queued, or a client that went away.
+func (h *Handler) notDispatched(w http.ResponseWriter, repl *caddy.Replacer, a *admission, err error) error {
+	var rej *fairqueue.Rejection
+	if errors.As(err, &rej) {
+		return h.answerRejection(w, repl, a, rej)
+	}
+	// The client went away while queued: nobody is left to answer, and
+	// the upstream never saw the request. 499 (as reverse_proxy uses) is
+	// for the access log.
+	w.WriteHeader(statusClientClosed)
+	h.record(repl, a, outcomeClientGone, time.Since(a.arrived))
+	return nil
 }
 
 // estimator picks the token counter for a new request. The estimate only

@@ -1,0 +1,86 @@
+package caddyfairqueue
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
+)
+
+// UpstreamQuotaConfig is the provider account behind the inner
+// reverse_proxy (seed 003): its requests and tokens per minute. Dispatch is
+// gated by it as by slots, each request's estimate pre-deducted and
+// reconciled with its actual usage; the provider's own x-ratelimit-*
+// headers and 429s correct the local view, and a provider 429 never
+// reaches a client: the request is requeued at the head of its tenant's
+// queue, uncharged, until the account has room or its budget ends.
+type UpstreamQuotaConfig struct {
+	// TPM is the account's tokens per minute; 0: no token limit.
+	TPM float64 `json:"tpm,omitempty"`
+	// RPM is the account's requests per minute; 0: no request limit.
+	RPM float64 `json:"rpm,omitempty"`
+	// Burst is how far ahead of its rates the account may be drawn after
+	// an idle period. Default 6s (a tenth of the provider's minute).
+	Burst caddy.Duration `json:"burst,omitempty"`
+}
+
+func (c *UpstreamQuotaConfig) engine() *fairqueue.UpstreamQuota {
+	if c == nil {
+		return nil
+	}
+	return &fairqueue.UpstreamQuota{RPM: c.RPM, TPM: c.TPM, Burst: time.Duration(c.Burst)}
+}
+
+// parseReserve reads a reservation: "20%" or a fraction "0.2".
+func parseReserve(v string) (float64, error) {
+	f, err := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
+	if err == nil && strings.HasSuffix(v, "%") {
+		f /= 100
+	}
+	if err != nil || !(f > 0 && f < 1) || math.IsNaN(f) {
+		return 0, fmt.Errorf("reserve %q must be a share of the upstream quota between 0 and 1 (e.g. 20%% or 0.2)", v)
+	}
+	return f, nil
+}
+
+var (
+	providerRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+		Name: "provider_refusals_total",
+		Help: "Provider 429s kept from clients: the request went back to its tenant's queue, uncharged.",
+	}, []string{"queue", "tenant"})
+	descUpstreamRemaining = prometheus.NewDesc(fqName("upstream_quota_remaining"),
+		"What the provider account has left to send at once, by meter (requests, tokens) and bucket (pool, or reserve:<tenant>).", []string{"queue", "bucket", "meter"}, nil)
+	descUpstreamExhausted = prometheus.NewDesc(fqName("upstream_exhausted_seconds"),
+		"How long the provider still declares the account out of quota (its 429 or x-ratelimit-remaining 0); 0 when it does not.", []string{"queue"}, nil)
+)
+
+// collectUpstream reports a queue's provider account at scrape time.
+func collectUpstream(ch chan<- prometheus.Metric, name string, st fairqueue.UpstreamStatus) {
+	if !st.Configured {
+		return
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	gauge(descUpstreamExhausted, st.ExhaustedFor.Seconds(), name)
+	bucket := func(b string, s quota.Status) {
+		if s.Requests.Enabled {
+			gauge(descUpstreamRemaining, float64(s.Requests.Remaining), name, b, "requests")
+		}
+		if s.Tokens.Enabled {
+			gauge(descUpstreamRemaining, float64(s.Tokens.Remaining), name, b, "tokens")
+		}
+	}
+	bucket("pool", st.Pool)
+	for tenant, s := range st.Reserved {
+		bucket("reserve:"+tenant, s)
+	}
+}
