@@ -33,12 +33,14 @@ func main() {
 	perToken := flag.Duration("per-token", def.PerToken, "time per output token")
 	defOut := flag.Int("default-output", def.DefaultOutput, "output tokens without ignore_eos: min(max_tokens, default-output)")
 	down := flag.Bool("down", false, "start with /health answering 503")
+	tpm := flag.Float64("tpm", 0, "the account's tokens per minute (prompt + max_tokens); beyond it, 429. 0: no limit")
+	rpm := flag.Float64("rpm", 0, "the account's requests per minute; beyond it, 429. 0: no limit")
 	flag.Parse()
 
 	logger := log.New(os.Stderr, "fakellm["+*name+"] ", log.LstdFlags|log.Lmicroseconds)
 	if err := run(*listen, Config{
 		Name: *name, Slots: *slots, TTFT: *ttft, PerToken: *perToken,
-		DefaultOutput: *defOut, Down: *down, Logger: logger,
+		DefaultOutput: *defOut, Down: *down, Logger: logger, TPM: *tpm, RPM: *rpm,
 	}, logger); err != nil {
 		logger.Print(err)
 		os.Exit(1)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -36,6 +37,9 @@ type Config struct {
 	DefaultOutput int
 	// Down starts the server with /health answering 503.
 	Down bool
+	// TPM and RPM, when set, are a provider account's limits: a request
+	// beyond them gets 429 (see ratelimit.go).
+	TPM, RPM float64
 	// Logger receives the few lines the server logs; nil discards them.
 	Logger *log.Logger
 }
@@ -69,9 +73,10 @@ const (
 const (
 	OutcomeInFlight   = "in_flight"
 	OutcomeOK         = "ok"
-	OutcomeClientGone = "client_gone" // client disconnected while waiting or generating
-	OutcomeBadRequest = "bad_request" // body was not a valid request (400)
-	OutcomeAborted    = "aborted"     // the server shut down mid-request
+	OutcomeClientGone = "client_gone"  // client disconnected while waiting or generating
+	OutcomeBadRequest = "bad_request"  // body was not a valid request (400)
+	OutcomeAborted    = "aborted"      // the server shut down mid-request
+	OutcomeLimited    = "rate_limited" // beyond the account's TPM/RPM (429)
 )
 
 // Record is one request as seen by the fake, served by /debug/requests.
@@ -112,10 +117,12 @@ type Stats struct {
 	Completed  uint64 `json:"completed"`
 	ClientGone uint64 `json:"client_gone"`
 	BadRequest uint64 `json:"bad_request"`
-	Running    int    `json:"running"`
-	Waiting    int    `json:"waiting"`
-	Paused     bool   `json:"paused"`
-	Healthy    bool   `json:"healthy"`
+	// RateLimited counts 429s for the account's TPM/RPM.
+	RateLimited uint64 `json:"rate_limited"`
+	Running     int    `json:"running"`
+	Waiting     int    `json:"waiting"`
+	Paused      bool   `json:"paused"`
+	Healthy     bool   `json:"healthy"`
 }
 
 type waiter struct {
@@ -147,6 +154,9 @@ type Server struct {
 	records  []*Record
 	stats    Stats // only the counters are used; Running/Waiting are live
 
+	// rpm and tpm are the account's buckets (ratelimit.go), under mu.
+	rpm, tpm limiter
+
 	reg       *prometheus.Registry
 	requests  *prometheus.CounterVec
 	completed prometheus.Counter
@@ -163,7 +173,7 @@ func New(cfg Config) *Server {
 	if cfg.Name == "" {
 		cfg.Name = "fakellm"
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger}
+	s := &Server{cfg: cfg, log: cfg.Logger, rpm: newLimiter(cfg.RPM), tpm: newLimiter(cfg.TPM)}
 	s.base, s.closeBase = context.WithCancel(context.Background())
 	if s.log == nil {
 		s.log = log.New(io.Discard, "", 0)
@@ -467,11 +477,28 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	}
 	out, finishReason := outputTokens(limit, req.IgnoreEOS, s.cfg.DefaultOutput)
 	includeUsage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+	// A provider counts the output cap asked for, not what is generated.
+	asked := prompt + out
+	if limit != nil {
+		asked = prompt + *limit
+	}
 	s.mu.Lock()
 	rec.Stream = req.Stream
 	rec.PromptTokens = prompt
 	rec.OutputTokens = out
+	retry := s.admitLocked(w.Header(), asked)
+	if retry > 0 {
+		s.stats.RateLimited++
+	}
 	s.mu.Unlock()
+	if retry > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retry.Seconds()))))
+		w.Header().Set("Retry-After-Ms", strconv.FormatInt(retry.Milliseconds()+1, 10))
+		writeJSON(w, http.StatusTooManyRequests, map[string]any{"error": map[string]any{
+			"message": "Rate limit reached for requests or tokens per minute", "type": "tokens", "code": "rate_limit_exceeded"}})
+		s.finish(rec, http.StatusTooManyRequests, OutcomeLimited)
+		return
+	}
 
 	if err := s.acquire(ctx, rec); err != nil {
 		s.finish(rec, 0, s.gone())

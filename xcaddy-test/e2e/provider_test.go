@@ -1,0 +1,133 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/harness"
+)
+
+// A provider account (issue 11): the fake upstream enforces a TPM limit
+// and answers 429 beyond it, as a provider does.
+
+const providerTmpl = `{
+	admin 127.0.0.1:{{.Admin}}
+	default_bind 127.0.0.1
+}
+http://127.0.0.1:{{.Site}} {
+	fair_queue {
+		max_inflight 16
+		upstream_quota tpm {{.TPM}} burst 6s
+		tenant vip weight 70 class realtime reserve 20%
+		tenant batch weight 10 class batch wait_budget 20s
+		reverse_proxy {{.Upstreams}} {
+			health_uri /health
+			health_interval 200ms
+		}
+	}
+}
+`
+
+func startProvider(t *testing.T, prefix string, fakeTPM, gatewayTPM int) (*harness.Caddy, string, *harness.Fake) {
+	fakes := startFakes(t, 1, prefix, harness.FakeOptions{Slots: 16, TTFT: 5 * time.Millisecond, PerToken: 100 * time.Microsecond,
+		Args: []string{fmt.Sprintf("-tpm=%d", fakeTPM)}})
+	p := harness.Ports(t, "Admin", "Site")
+	c := startCaddy(t, providerTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"], "TPM": gatewayTPM,
+		"Upstreams": addrs(fakes...)})
+	waitMetricEq(t, c, 16, "caddy_fair_queue_capacity")
+	return c, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]), fakes[0]
+}
+
+// The gateway believes the account allows 10x what the provider really
+// does: the provider answers 429, and no client ever sees it. Each request
+// is requeued, uncharged, and served when the account has room, or
+// answered by the gateway per its budget.
+func TestProviderRefusalNeverReachesClient(t *testing.T) {
+	c, base, fake := startProvider(t, "p429", 3000, 30000)
+	cl := newClient(true)
+	defer cl.CloseIdleConnections()
+	reqs := make([]chatReq, 60)
+	for i := range reqs {
+		reqs[i] = chatReq{Tenant: "batch", TestID: fmt.Sprintf("b-%d", i), MaxTokens: 100, IgnoreEOS: true,
+			Header: map[string]string{"X-Wait-Budget": "6s"}}
+	}
+	served := 0
+	for _, r := range sendAll(context.Background(), cl, base, reqs) {
+		switch {
+		case r.Err == nil && r.Status == http.StatusOK:
+			served++
+		case r.Err == nil && strings.Contains(string(r.Body), "rate_limit_exceeded"):
+			t.Errorf("%s: the provider's 429 reached the client: %v", r.TestID, r)
+		case r.Err == nil && r.Status == http.StatusServiceUnavailable &&
+			(isCode(timedResult{result: r}, 503, "queue_timeout") || isCode(timedResult{result: r}, 503, "wait_budget_exceeded") ||
+				isCode(timedResult{result: r}, 503, "server_busy")):
+		default:
+			t.Errorf("%s: unexpected answer %v", r.TestID, r)
+		}
+	}
+	st := fake.Stats()
+	s := scrape(t, c)
+	refusals := metric(s, "caddy_fair_queue_provider_refusals_total", "tenant", "batch")
+	t.Logf("served %d of 60; the provider answered 429 %d times, all kept from clients (provider_refusals_total %v)",
+		served, st.RateLimited, refusals)
+	if st.RateLimited == 0 || refusals == 0 {
+		t.Fatalf("the provider never refused (429s %d, counted %v): the test does not exercise it", st.RateLimited, refusals)
+	}
+	// 3000 tokens/min is a bucket of 3000 tokens: about 27 requests of
+	// ~110 tokens at once, then one every 2.2 s.
+	if served < 25 {
+		t.Errorf("served %d of 60 within their 6 s budget, want >= 25 (the account's bucket)", served)
+	}
+}
+
+// A batch flood exhausts the shared pool of an account the gateway paces
+// exactly; the VIP tenant, with 20% reserved, is served within its 5 s
+// realtime budget every time, and the provider never refuses anything.
+func TestProviderReservation(t *testing.T) {
+	c, base, fake := startProvider(t, "pres", 12000, 12000)
+	cl := newClient(true)
+	defer cl.CloseIdleConnections()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	batchServed := 0
+	for w := 0; w < 20; w++ { // 20 closed-loop batch clients
+		wg.Go(func() {
+			for i := 0; ctx.Err() == nil; i++ {
+				r := send(ctx, cl, base, chatReq{Tenant: "batch", TestID: fmt.Sprintf("b-%d-%d", w, i), MaxTokens: 100, IgnoreEOS: true})
+				if r.Err == nil && r.Status == http.StatusOK {
+					mu.Lock()
+					batchServed++
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	// Once the pool is exhausted, VIP requests arrive one every 1.5 s.
+	waitMetric(t, c, "the shared pool exhausted", func(s harness.Series) bool {
+		return metric(s, "caddy_fair_queue_queue_depth", "tenant", "batch") >= 5
+	})
+	for i := 0; i < 6; i++ {
+		r := send(context.Background(), cl, base, chatReq{Tenant: "vip", TestID: fmt.Sprintf("vip-%d", i), MaxTokens: 100, IgnoreEOS: true})
+		expectServed(t, r)
+		if w := waitMs(t, r); w > 5*time.Second {
+			t.Errorf("vip-%d waited %v, past its 5 s realtime budget", i, w)
+		}
+		time.Sleep(1500 * time.Millisecond) // pacing only
+	}
+	cancel()
+	wg.Wait()
+	if st := fake.Stats(); st.RateLimited != 0 {
+		t.Errorf("the provider refused %d requests: the gateway drew beyond the account", st.RateLimited)
+	}
+	if batchServed == 0 {
+		t.Error("the batch flood was never served")
+	}
+	t.Logf("batch served %d while vip was served within budget", batchServed)
+}
