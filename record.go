@@ -29,7 +29,7 @@ type usageRecorder struct {
 	status int
 	// quota, when set, is the tenant's quota standing after this request
 	// was charged: its x-ratelimit-* headers replace the upstream's.
-	quota  *quota.Status
+	quota *quota.Status
 	// provider is set when the upstream is a provider account
 	// (upstream_quota): its 429 is kept from the client (provider429, the
 	// response swallowed) and providerWait is how long it says the
@@ -39,8 +39,8 @@ type usageRecorder struct {
 	provider429  bool
 	providerWait time.Duration
 	stream       *llmapi.StreamScanner
-	body   bytes.Buffer
-	tooBig bool
+	body         bytes.Buffer
+	tooBig       bool
 }
 
 func newUsageRecorder(w http.ResponseWriter, c llmapi.Counter) *usageRecorder {

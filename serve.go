@@ -2,10 +2,10 @@ package caddyfairqueue
 
 import (
 	"bytes"
-	"maps"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"strconv"
 	"time"
