@@ -6,7 +6,8 @@
 //	go run ./cmd/fqsim -scenario seed000 [-policy all|budgets|fifo,wfq-tokens] [-seed N]
 //	go run ./cmd/fqsim -scenario list
 //
-// seed004 also prints its tenant-quota comparison (QPS-only, token-only
+// seed003 also prints its provider-account measures side by side, and
+// seed004 its tenant-quota comparison (QPS-only, token-only
 // and joint limits).
 //
 // Without -policy a scenario runs its own default policies (the wait-budget
@@ -113,6 +114,15 @@ func run(name, policy string, seed uint64) error {
 	}
 	if len(budgets) > 0 {
 		simulator.FormatBudgets(os.Stdout, budgets)
+		fmt.Println()
+	}
+	if name == "seed003" {
+		// seed003 is about the provider account: its measures side by side.
+		var reps []simulator.Seed003Report
+		for _, res := range budgets {
+			reps = append(reps, simulator.Seed003Measure(res))
+		}
+		simulator.FormatSeed003(os.Stdout, reps)
 		fmt.Println()
 	}
 	if name == "seed004" {

@@ -197,12 +197,13 @@ func (p EnginePolicy) New(sc *Scenario, clock *fairqueue.ManualClock, env Env) (
 		}
 	} else {
 		for i, t := range sc.Tenants {
-			cfg.Tenants[t.Name] = fairqueue.TenantConfig{Weight: t.Weight, Class: t.Class, Tier: t.Tier}
+			cfg.Tenants[t.Name] = fairqueue.TenantConfig{Weight: t.Weight, Class: t.Class, Tier: t.Tier, Reserve: t.Reserve}
 			names[i] = t.Name
 		}
 	}
 	cfg.Default = fairqueue.TenantConfig{Weight: 1, Class: sc.Classes[0].Name}
 	cfg.MaxQueue = sc.MaxQueue
+	cfg.UpstreamQuota = sc.UpstreamQuota
 	if !p.SingleTenant {
 		cfg.Degrade, cfg.DegradeHold = sc.Degrade, sc.DegradeHold
 		cfg.Circuit = sc.Circuit
@@ -219,7 +220,7 @@ func (p EnginePolicy) New(sc *Scenario, clock *fairqueue.ManualClock, env Env) (
 	}
 	e := &EngineScheduler{q: q, env: env, names: names, start: clock.Now(),
 		ids: map[*fairqueue.Ticket]int{}, tickets: map[int]*fairqueue.Ticket{}, pending: -1,
-		mayIdle: cfg.MaxInflightTokens > 0, ladder: len(cfg.Degrade) > 0,
+		mayIdle: cfg.MaxInflightTokens > 0 || cfg.UpstreamQuota != nil, ladder: len(cfg.Degrade) > 0,
 		boosts: budget.NewBoosts(cfg.Admission.BoostShareMax, cfg.Admission.PerTenantBoostHourly)}
 	for _, t := range sc.Tenants {
 		cls := t.Class

@@ -67,6 +67,10 @@ type Scenario struct {
 	// tenants name their tier in TenantSpec.Tier. The engine policies
 	// apply it, except fifo (one tenant, no tiers).
 	Circuit *degrade.CircuitConfig
+	// UpstreamQuota is the provider account every policy's engine is gated
+	// by (Config.UpstreamQuota): for fifo it is the global limiter; the
+	// other engine policies also apply TenantSpec.Reserve.
+	UpstreamQuota *fairqueue.UpstreamQuota
 	// Policies names the policies command sim runs by default; nil means
 	// the standard ones (Policies()).
 	Policies []string
@@ -92,7 +96,9 @@ type TenantSpec struct {
 	// Group labels the tenant's row when Scenario.GroupRows is set.
 	Group string
 	// Tier is the tenant's tier for Scenario.Circuit.
-	Tier      string
+	Tier string
+	// Reserve is the tenant's share of Scenario.UpstreamQuota.
+	Reserve   float64
 	Arrivals  Arrivals
 	Prompt    Dist
 	MaxTokens Dist

@@ -333,6 +333,7 @@ var registry = map[string]func() *Scenario{
 	"peak":           Peak,
 	"seed004":        Seed004,
 	"circuit":        Circuit,
+	"seed003":        Seed003,
 }
 
 // Names lists the scenario names, sorted.
