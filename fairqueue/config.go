@@ -126,6 +126,9 @@ type Config struct {
 	// UpstreamQuota, when set, gates dispatch by the provider account's
 	// requests and tokens per minute (see upstream.go).
 	UpstreamQuota *UpstreamQuota
+	// Fallback is a second upstream pool the tenants it lists use when the
+	// primary cannot serve them (see fallback.go); nil: none.
+	Fallback *FallbackConfig
 }
 
 // Validate reports the first problem in c.

@@ -25,7 +25,7 @@ func (q *Queue) PrecheckRequest(r Request) *Rejection {
 	defer q.mu.Unlock()
 	t := q.tenants[tenant]
 	tc, known, class := q.settingsLocked(t, tenant, class)
-	if rej := q.admitLocked(now, t, tc, known, max(tokens, 1), max(r.Bytes, 0)); rej != nil {
+	if rej := q.admitLocked(now, t, r.Tenant, tc, known, max(tokens, 1), max(r.Bytes, 0)); rej != nil {
 		return rej
 	}
 	if thr := q.ov.throttle[class]; thr != nil {

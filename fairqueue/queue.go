@@ -118,8 +118,10 @@ type Queue struct {
 	circuit         *degrade.Circuit
 	circuitObserver func(CircuitEvent)
 	circuitEvents   []CircuitEvent
-	// up is the provider account's quota, nil without one (upstream.go).
+	// up is the provider account's quota, nil without one (upstream.go);
+	// fb the fallback channel, nil without one (fallback.go).
 	up *upstream
+	fb *fallback
 	// circuitPerUpstream is the last measured capacity per upstream.
 	circuitPerUpstream float64
 	// events are produced under mu and not yet delivered; delivering is set
@@ -311,7 +313,12 @@ func (q *Queue) Reconfigure(cfg Config) error {
 		q.mu.Unlock()
 		return err
 	}
-	q.cfg, q.ov, q.circuit, q.up = cfg, ov, circuit, up
+	fb, err := newFallback(&cfg, q.fb)
+	if err != nil {
+		q.mu.Unlock()
+		return err
+	}
+	q.cfg, q.ov, q.circuit, q.up, q.fb = cfg, ov, circuit, up, fb
 	q.adm = newAdmission(&cfg.Admission, q.adm)
 	if c := waterCap(&cfg); c != q.waterCap {
 		q.waterCap = c
@@ -433,7 +440,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		rej = q.circuitLocked(now, t, tc, cost, tokens)
 	}
 	if rej == nil {
-		rej = q.admitLocked(now, t, tc, known, tokens, max(r.Bytes, 0))
+		rej = q.admitLocked(now, t, r.Tenant, tc, known, tokens, max(r.Bytes, 0))
 	}
 	if rej == nil {
 		rej = q.throttleLocked(now, cls, tokens)
@@ -456,6 +463,9 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	q.liftLocked(t)
 	cq := q.classLocked(cls)
 	decision, est := q.decideLocked(now, t, cq, cost, r.Deadline)
+	if decision == budget.Reject && q.fb != nil && q.fb.capacity() > 0 && q.fallbackListed(r.Tenant) {
+		decision = budget.Wait // the fallback takes it if the primary cannot
+	}
 	if decision == budget.Reject {
 		q.mu.Unlock()
 		return nil, budgetRejection(est, r.Deadline.Sub(now))
@@ -522,11 +532,11 @@ func (q *Queue) liftIdleLocked(t *tenant) {
 // capacity, size, the tenant's and the group's queue, the global queue in
 // requests, tokens and bytes. t is nil for a tenant the queue does not
 // remember.
-func (q *Queue) admitLocked(now time.Time, t *tenant, tc TenantConfig, known bool, tokens, bytes int64) *Rejection {
+func (q *Queue) admitLocked(now time.Time, t *tenant, name string, tc TenantConfig, known bool, tokens, bytes int64) *Rejection {
 	if rej := q.closedLocked(); rej != nil {
 		return rej
 	}
-	if q.capacity == 0 {
+	if q.capacity == 0 && !(q.fb != nil && q.fb.capacity() > 0 && q.fallbackListed(name)) {
 		return &Rejection{Reason: ReasonNoCapacity, RetryAfter: q.retryAfterLocked(0),
 			Detail: "no healthy upstream"}
 	}
@@ -869,6 +879,7 @@ func (q *Queue) nextLocked() (*Ticket, bool) {
 // loop every state change ends with.
 func (q *Queue) dispatchLocked(now time.Time) {
 	gated := q.dispatchLoopLocked(now)
+	q.dispatchFallbackLocked(now)
 	// The throughput estimator counts completions only while a free slot
 	// would be filled at once: the system's capacity, not its demand. Work
 	// queued only by tenants that may not go (at their in-flight cap, held
@@ -948,9 +959,13 @@ func (q *Queue) startLocked(tk *Ticket, now time.Time, overtakes bool) {
 	}
 	tk.state = stateInflight
 	tk.dispatched = now
-	q.adm.cold.Start(now, float64(tk.cost))
-	q.inflight++
-	q.inflightCost += tk.tokens
+	if tk.fallback {
+		q.fb.inflight++
+	} else {
+		q.adm.cold.Start(now, float64(tk.cost))
+		q.inflight++
+		q.inflightCost += tk.tokens
+	}
 	t.inflight++
 	if g := t.group; g != nil {
 		g.inflight++
@@ -1203,14 +1218,19 @@ func (q *Queue) release(tk *Ticket, actual int64) {
 
 func (q *Queue) completeLocked(now time.Time, tk *Ticket, actual int64) {
 	t := tk.t
-	q.adm.rate.Observe(now, float64(tk.cost), q.healthy)
-	q.adm.cold.Finish(now, tk.dispatched, float64(tk.cost))
+	if tk.fallback {
+		// The fallback's completions say nothing of the primary's rate.
+		q.fb.inflight--
+	} else {
+		q.adm.rate.Observe(now, float64(tk.cost), q.healthy)
+		q.adm.cold.Finish(now, tk.dispatched, float64(tk.cost))
+		q.inflight--
+		q.inflightCost -= tk.tokens
+	}
 	q.reconcileQuotaLocked(tk, actual)
 	q.reconcileUpstreamLocked(tk, actual)
 	tk.state = stateReleased
 	tk.actual = actual
-	q.inflight--
-	q.inflightCost -= tk.tokens
 	t.inflight--
 	if g := t.group; g != nil {
 		g.inflight--

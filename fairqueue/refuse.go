@@ -223,6 +223,9 @@ func (q *Queue) refuseLocked(now time.Time) {
 			break
 		}
 		a.cursor++
+		if q.fb != nil && f.t != q.group && q.fallbackListed(f.t.name) && q.fb.capacity() > 0 {
+			continue // the fallback may serve what the primary cannot
+		}
 		drain := f.drain.rate(now, f.out, a.capTime) * float64(h)
 		for tk := f.q.tail; tk != nil && refused < maxRefusals; {
 			if tk.deadline.IsZero() || tk.deadline.Sub(now) <= q.cfg.Admission.Margin {

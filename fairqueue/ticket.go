@@ -73,6 +73,8 @@ type Ticket struct {
 	// (upstream.go); nil limits: none.
 	upKey    string
 	upLimits *quota.Limits
+	// fallback: dispatched to the fallback channel (fallback.go).
+	fallback bool
 }
 
 // QuotaWait is how long, at admission, the tenant's quota was expected to

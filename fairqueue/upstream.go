@@ -137,10 +137,16 @@ func newUpstream(cfg *Config, old *upstream) (*upstream, error) {
 }
 
 // fits asks the store whether a request of tokens fits meter key now,
-// counting its own size (see the file comment); store errors let it go.
+// counting its own size (see the file comment); store errors let it go. A
+// request larger than the burst fits a meter at rest, or it never would.
 func (q *Queue) fitsLocked(key string, l *quota.Limits, tokens int64) (quota.Decision, bool) {
 	d, err := q.quotaStoreLocked().Peek(context.Background(), key, l, quota.Backlog{Requests: 1, Tokens: tokens})
-	return d, err != nil || d.Allowed
+	if err != nil || d.Allowed {
+		return d, true
+	}
+	st := d.Status
+	rested := st.Requests.Reset == 0 && st.Tokens.Reset == 0 && st.Joint.Reset == 0
+	return d, rested
 }
 
 // drawLocked charges tk's estimate to meter key and records it on the
@@ -286,9 +292,14 @@ func (tk *Ticket) Requeue() bool {
 	q.reconcileQuotaLocked(tk, 0)
 	tk.quota = nil
 	q.reconcileUpstreamLocked(tk, 0)
-	q.adm.cold.Abandon(tk.dispatched, float64(tk.cost))
-	q.inflight--
-	q.inflightCost -= tk.tokens
+	if tk.fallback {
+		q.fb.inflight--
+		tk.fallback = false
+	} else {
+		q.adm.cold.Abandon(tk.dispatched, float64(tk.cost))
+		q.inflight--
+		q.inflightCost -= tk.tokens
+	}
 	t.inflight--
 	if g := t.group; g != nil {
 		g.inflight--

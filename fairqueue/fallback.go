@@ -1,0 +1,216 @@
+package fairqueue
+
+import (
+	"slices"
+	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
+)
+
+// The fallback channel (seed 003): a second upstream pool, typically a
+// second provider account, that the tenants it lists use transparently
+// when the primary cannot serve them: the primary account is out of quota
+// (the provider said so, or the shared pool is exhausted and the tenant's
+// reservation has no room either), no primary upstream is healthy, or the
+// request has waited half its wait budget (its primary ETA misses). The
+// fallback has its own slots (FallbackConfig.MaxInflight per healthy
+// fallback upstream) and, optionally, its own account quota; a request it
+// serves is charged to its tenant as any other.
+//
+// After the primary's dispatch loop, the fallback's takes, among the
+// listed tenants' head requests that the primary cannot take, the one with
+// the smallest finish tag, while a fallback slot is free and its account
+// has room: O(listed tenants x classes) per dispatch, the list being a few
+// VIPs.
+
+// FallbackConfig is the fallback channel.
+type FallbackConfig struct {
+	// Tenants lists the tenants that may use the fallback.
+	Tenants []string
+	// MaxInflight is the fallback's concurrent requests per healthy
+	// fallback upstream; 0 means Config.MaxInflight.
+	MaxInflight int
+	// UpstreamQuota is the fallback account's limits; nil: none.
+	UpstreamQuota *UpstreamQuota
+}
+
+// fallbackAccountKey is the fallback account's meter in the quota store.
+const fallbackAccountKey = "\x00fallback"
+
+type fallback struct {
+	tenants []string // sorted
+	slots   int      // per healthy fallback upstream
+	pool    *quota.Limits
+	healthy int
+	// inflight counts the requests the fallback serves.
+	inflight int
+	// until: the fallback provider said its account is exhausted until
+	// then; poolUntil: its account cannot take the next request until then.
+	until, poolUntil time.Time
+}
+
+func (f *fallback) capacity() int { return f.slots * f.healthy }
+
+func newFallback(cfg *Config, old *fallback) (*fallback, error) {
+	fc := cfg.Fallback
+	if fc == nil {
+		return nil, nil
+	}
+	f := &fallback{tenants: slices.Sorted(slices.Values(fc.Tenants)), slots: fc.MaxInflight}
+	if f.slots <= 0 {
+		f.slots = cfg.MaxInflight
+	}
+	if fc.UpstreamQuota != nil {
+		l, err := fc.UpstreamQuota.limits(1)
+		if err != nil {
+			return nil, err
+		}
+		f.pool = l
+	}
+	if old != nil {
+		f.healthy, f.inflight, f.until, f.poolUntil = old.healthy, old.inflight, old.until, old.poolUntil
+	}
+	return f, nil
+}
+
+// fallbackListed reports whether tenant may use the fallback.
+func (q *Queue) fallbackListed(tenant string) bool {
+	_, ok := slices.BinarySearch(q.fb.tenants, tenant)
+	return ok
+}
+
+// fallbackOpenLocked reports whether the fallback could take a request of
+// a listed tenant now: a slot free and its account not declared exhausted.
+func (q *Queue) fallbackOpenLocked(now time.Time) bool {
+	f := q.fb
+	return f != nil && f.inflight < f.capacity() && !now.Before(f.until) && !now.Before(f.poolUntil)
+}
+
+// primaryBlockedLocked reports whether the primary cannot serve tk now.
+func (q *Queue) primaryBlockedLocked(now time.Time, tk *Ticket) bool {
+	if q.healthy == 0 {
+		return true
+	}
+	if !tk.deadline.IsZero() && 2*now.Sub(tk.enqueued) >= tk.deadline.Sub(tk.enqueued) {
+		return true // half its budget gone: its primary ETA misses
+	}
+	u := q.up
+	if u == nil {
+		return false
+	}
+	if now.Before(u.until) {
+		return true
+	}
+	if !now.Before(u.poolUntil) {
+		return false
+	}
+	l := u.res[tk.t.name]
+	if l == nil {
+		return true
+	}
+	_, fits := q.fitsLocked(upstreamReservePfx+tk.t.name, l, tk.tokens)
+	return !fits
+}
+
+// dispatchFallbackLocked starts what the fallback should serve now.
+func (q *Queue) dispatchFallbackLocked(now time.Time) {
+	f := q.fb
+	if f == nil {
+		return
+	}
+	if !f.until.IsZero() && !now.Before(f.until) {
+		f.until = time.Time{}
+	}
+	for q.fallbackOpenLocked(now) {
+		tk := q.fallbackNextLocked(now)
+		if tk == nil {
+			return
+		}
+		if f.pool != nil {
+			d, ok := q.fitsLocked(fallbackAccountKey, f.pool, tk.tokens)
+			if !ok {
+				f.poolUntil = d.At
+				return
+			}
+		}
+		if tk.t.cfg.Quota != nil && !q.chargeQuotaLocked(now, tk) {
+			continue // its tenant is held now
+		}
+		if f.pool != nil {
+			q.drawLocked(tk, fallbackAccountKey, f.pool)
+		}
+		q.takeLocked(tk, false)
+		tk.fallback = true
+		q.startLocked(tk, now, false)
+	}
+}
+
+// fallbackNextLocked is the listed tenants' head request with the
+// smallest finish tag that the primary cannot serve now.
+func (q *Queue) fallbackNextLocked(now time.Time) *Ticket {
+	var best *Ticket
+	var bestKey flowEntry
+	for _, name := range q.fb.tenants {
+		t := q.tenants[name]
+		if t == nil || t.queued == 0 || t.out {
+			continue
+		}
+		for _, fl := range t.flows {
+			tk := fl.q.head
+			if tk == nil {
+				continue
+			}
+			if !tk.deadline.IsZero() && !now.Before(tk.deadline) {
+				continue // the primary's loop or Tick expires it
+			}
+			e := flowEntry{start: t.vt, finish: t.vt + float64(tk.cost)/t.weight, seq: fl.seq}
+			if best != nil && !e.before(&bestKey) {
+				continue
+			}
+			if q.primaryBlockedLocked(now, tk) {
+				best, bestKey = tk, e
+			}
+		}
+	}
+	return best
+}
+
+// SetFallbackHealthy sets the number of healthy fallback upstreams.
+func (q *Queue) SetFallbackHealthy(n int) {
+	q.mu.Lock()
+	if q.fb != nil && n != q.fb.healthy {
+		q.fb.healthy = max(n, 0)
+		q.dispatchLocked(q.clock.Now())
+	}
+	q.unlock()
+}
+
+// Fallback reports whether the ticket was dispatched to the fallback
+// channel (valid once Wait returned nil).
+func (tk *Ticket) Fallback() bool {
+	tk.q.mu.Lock()
+	defer tk.q.mu.Unlock()
+	return tk.fallback
+}
+
+// AccountExhausted records that the provider behind the channel tk was
+// dispatched to declared its account out of quota until the given time:
+// nothing goes to that channel before then.
+func (tk *Ticket) AccountExhausted(until time.Time) {
+	q := tk.q
+	q.mu.Lock()
+	switch {
+	case tk.fallback && q.fb != nil:
+		q.fb.until = maxTime(q.fb.until, until)
+	case !tk.fallback && q.up != nil:
+		q.up.until = maxTime(q.up.until, until)
+	}
+	q.unlock()
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
