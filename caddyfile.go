@@ -76,6 +76,17 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    upstream_quota [tpm <n>] [rpm <n>] [burst <duration>]
 //	    tenant <name> ... reserve <percent>
 //
+//	    # a second channel the listed tenants use when the primary cannot serve them
+//	    fallback {
+//	        tenants <name>...
+//	        model_map <model> <fallback model>
+//	        max_inflight <n>
+//	        upstream_quota [tpm <n>] [rpm <n>] [burst <duration>]
+//	        reverse_proxy <upstreams...> {
+//	            <reverse_proxy subdirectives...>
+//	        }
+//	    }
+//
 //	    # shed tiers, lowest first, while demand stays above capacity
 //	    circuit_break {
 //	        trigger <ratio>      # default 1.3
@@ -314,6 +325,9 @@ func (p *cfParser) subdirective() error {
 	case "upstream_quota":
 		return p.upstreamQuota()
 
+	case "fallback":
+		return p.fallback()
+
 	case "reverse_proxy":
 		return p.reverseProxy()
 
@@ -321,7 +335,7 @@ func (p *cfParser) subdirective() error {
 		return d.Errf("unknown subdirective %q in fair_queue (want name, tenant_key, cost_unit, tokenizer, "+
 			"default_max_tokens, max_body, body_timeout, max_request_tokens, max_inflight, max_inflight_tokens, "+
 			"max_queue, max_queue_tokens, max_queue_bytes, class, tenant, default_tenant, handle_errors, "+
-			"quota_defaults, circuit_break, upstream_quota, anti_starvation, degrade or reverse_proxy)", sub)
+			"quota_defaults, circuit_break, upstream_quota, fallback, anti_starvation, degrade or reverse_proxy)", sub)
 	}
 	return nil
 }
@@ -434,30 +448,110 @@ func (p *cfParser) tenantBlock(who string, tc *TenantConfig) error {
 	return nil
 }
 
+// fallback parses the fallback block: tenants, model_map, max_inflight,
+// upstream_quota and its reverse_proxy.
+func (p *cfParser) fallback() error {
+	d := p.d
+	if args := d.RemainingArgs(); len(args) > 0 {
+		return d.Errf("fallback: unexpected argument %q (the settings go in a block)", args[0])
+	}
+	start := d.Token()
+	fb := new(FallbackConfig)
+	seen := make(map[string]bool)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		key := d.Val()
+		if seen[key] && key != "model_map" {
+			return d.Errf("fallback: %s given twice", key)
+		}
+		seen[key] = true
+		switch key {
+		case "tenants":
+			fb.Tenants = d.RemainingArgs()
+			if len(fb.Tenants) == 0 {
+				return d.Errf("fallback: tenants wants the tenants that may use the fallback")
+			}
+			if err := p.noBlock("fallback: tenants"); err != nil {
+				return err
+			}
+		case "model_map":
+			args := d.RemainingArgs()
+			if len(args) != 2 {
+				return d.Errf("fallback: want 'model_map <model> <fallback model>'")
+			}
+			if fb.ModelMap == nil {
+				fb.ModelMap = map[string]string{}
+			}
+			if _, dup := fb.ModelMap[args[0]]; dup {
+				return d.Errf("fallback: model_map for %q given twice", args[0])
+			}
+			fb.ModelMap[args[0]] = args[1]
+			if err := p.noBlock("fallback: model_map"); err != nil {
+				return err
+			}
+		case "max_inflight":
+			if err := p.posIntArg("fallback: max_inflight", &fb.MaxInflight); err != nil {
+				return err
+			}
+		case "upstream_quota":
+			uq, err := p.upstreamQuotaArgs("fallback: upstream_quota")
+			if err != nil {
+				return err
+			}
+			fb.UpstreamQuota = uq
+		case "reverse_proxy":
+			rp, err := p.innerProxy()
+			if err != nil {
+				return fmt.Errorf("fallback: %w", err)
+			}
+			if err := rp.FinalizeUnmarshalCaddyfile(httpcaddyfile.Helper{}); err != nil {
+				return fmt.Errorf("fallback: reverse_proxy: %w", err)
+			}
+			fb.ProxyRaw = caddyconfig.JSONModuleObject(rp, "handler", "reverse_proxy", nil)
+		default:
+			return d.Errf("fallback: unknown setting %q (want tenants, model_map, max_inflight, upstream_quota or reverse_proxy)", key)
+		}
+	}
+	if fb.Tenants == nil || fb.ProxyRaw == nil {
+		return errAt(start, "fallback: want 'tenants <name>...' and a 'reverse_proxy <upstreams...>' in its block")
+	}
+	p.h.Fallback = fb
+	return nil
+}
+
 // upstreamQuota parses `upstream_quota [tpm <n>] [rpm <n>] [burst <duration>]`.
 func (p *cfParser) upstreamQuota() error {
+	uq, err := p.upstreamQuotaArgs("upstream_quota")
+	if err != nil {
+		return err
+	}
+	p.h.UpstreamQuota = uq
+	return nil
+}
+
+// upstreamQuotaArgs parses the arguments of an upstream_quota line.
+func (p *cfParser) upstreamQuotaArgs(who string) (*UpstreamQuotaConfig, error) {
 	d := p.d
 	args := d.RemainingArgs()
-	if err := p.noBlock("upstream_quota"); err != nil {
-		return err
+	if err := p.noBlock(who); err != nil {
+		return nil, err
 	}
 	uq := new(UpstreamQuotaConfig)
 	seen := make(map[string]bool)
 	for i := 0; i < len(args); i += 2 {
 		key := args[i]
 		if seen[key] {
-			return d.Errf("upstream_quota: %s given twice", key)
+			return nil, d.Errf("%s: %s given twice", who, key)
 		}
 		seen[key] = true
 		if i+1 >= len(args) {
-			return d.Errf("upstream_quota: missing value after %s", key)
+			return nil, d.Errf("%s: missing value after %s", who, key)
 		}
 		v := args[i+1]
 		switch key {
 		case "tpm", "rpm":
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil || !(f > 0) || math.IsInf(f, 0) {
-				return d.Errf("upstream_quota: %s %q must be a positive number per minute", key, v)
+				return nil, d.Errf("%s: %s %q must be a positive number per minute", who, key, v)
 			}
 			if key == "tpm" {
 				uq.TPM = f
@@ -465,20 +559,19 @@ func (p *cfParser) upstreamQuota() error {
 				uq.RPM = f
 			}
 		case "burst":
-			dur, err := p.duration("upstream_quota: burst", v)
+			dur, err := p.duration(who+": burst", v)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			uq.Burst = dur
 		default:
-			return d.Errf("upstream_quota: unknown setting %q (want tpm, rpm or burst)", key)
+			return nil, d.Errf("%s: unknown setting %q (want tpm, rpm or burst)", who, key)
 		}
 	}
 	if uq.TPM == 0 && uq.RPM == 0 {
-		return d.Errf("upstream_quota: want 'upstream_quota tpm <n> rpm <n>' (at least one of them)")
+		return nil, d.Errf("%s: want 'upstream_quota tpm <n> rpm <n>' (at least one of them)", who)
 	}
-	p.h.UpstreamQuota = uq
-	return nil
+	return uq, nil
 }
 
 // circuitBreak parses the circuit_break block: trigger, recover, hold,
@@ -877,15 +970,10 @@ func (p *cfParser) degrade() error {
 
 // reverseProxy parses the inner reverse_proxy with Caddy's own parser.
 func (p *cfParser) reverseProxy() error {
-	d := p.d
-	tok := d.Token()
-	seg := d.NextSegment()
-	rp := new(reverseproxy.Handler)
-	if err := rp.UnmarshalCaddyfile(caddyfile.NewDispenser(seg)); err != nil {
-		return fmt.Errorf("reverse_proxy: %w", err)
-	}
-	if len(rp.Upstreams) == 0 && rp.DynamicUpstreamsRaw == nil {
-		return errAt(tok, "reverse_proxy: no upstreams: list them after reverse_proxy, or use 'to' or 'dynamic' in its block")
+	seg := p.d.NextSegment()
+	rp, err := parseProxy(seg)
+	if err != nil {
+		return err
 	}
 	p.rp = rp
 	// Find a handle_response subdirective, which only the Caddyfile helper
@@ -901,6 +989,24 @@ func (p *cfParser) reverseProxy() error {
 		}
 	}
 	return nil
+}
+
+// innerProxy parses a reverse_proxy block other than the queue's own (the
+// fallback's). handle_response is not supported there.
+func (p *cfParser) innerProxy() (*reverseproxy.Handler, error) {
+	return parseProxy(p.d.NextSegment())
+}
+
+// parseProxy parses one reverse_proxy segment and requires upstreams.
+func parseProxy(seg caddyfile.Segment) (*reverseproxy.Handler, error) {
+	rp := new(reverseproxy.Handler)
+	if err := rp.UnmarshalCaddyfile(caddyfile.NewDispenser(seg)); err != nil {
+		return nil, fmt.Errorf("reverse_proxy: %w", err)
+	}
+	if len(rp.Upstreams) == 0 && rp.DynamicUpstreamsRaw == nil {
+		return nil, errAt(seg[0], "reverse_proxy: no upstreams: list them after reverse_proxy, or use 'to' or 'dynamic' in its block")
+	}
+	return rp, nil
 }
 
 // checkClassRefs checks that every class named by a tenant or a degrade

@@ -130,6 +130,10 @@ type Handler struct {
 	// minute that dispatch is gated by (see UpstreamQuotaConfig).
 	UpstreamQuota *UpstreamQuotaConfig `json:"upstream_quota,omitempty"`
 
+	// Fallback is a second upstream pool the tenants it lists use when the
+	// primary cannot serve them (see FallbackConfig).
+	Fallback *FallbackConfig `json:"fallback,omitempty"`
+
 	// CircuitBreak sheds tenants tier by tier, lowest first, while demand
 	// stays above what the model servers serve (429 circuit_open).
 	CircuitBreak *CircuitBreakConfig `json:"circuit_break,omitempty"`
@@ -389,6 +393,7 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 	cfg.Admission = h.admissionConfig()
 	cfg.Circuit = h.CircuitBreak.engine()
 	cfg.UpstreamQuota = h.UpstreamQuota.engine()
+	cfg.Fallback = h.Fallback.engine()
 	return cfg, nil
 }
 
@@ -484,6 +489,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("proxy must be a reverse_proxy handler, got %T", mod)
 	}
 	h.proxy = proxy
+	if err := h.provisionFallback(ctx); err != nil {
+		return err
+	}
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}
@@ -591,15 +599,18 @@ func (h *Handler) Cleanup() error {
 
 // healthyUpstreams counts the proxy's upstreams that Caddy's active and
 // passive health checks consider healthy.
-func (h *Handler) healthyUpstreams() int {
-	if h.proxy == nil {
+func (h *Handler) healthyUpstreams() int { return countHealthy(h.proxy) }
+
+// countHealthy counts a proxy's healthy upstreams.
+func countHealthy(p *reverseproxy.Handler) int {
+	if p == nil {
 		return 0
 	}
-	if len(h.proxy.Upstreams) == 0 {
+	if len(p.Upstreams) == 0 {
 		return 1 // dynamic upstreams carry no health state
 	}
 	n := 0
-	for _, u := range h.proxy.Upstreams {
+	for _, u := range p.Upstreams {
 		if u.Healthy() {
 			n++
 		}

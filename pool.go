@@ -177,7 +177,7 @@ func (s *sharedQueue) commitLocked(h *Handler) error {
 	}
 	s.owners = append(s.owners, h)
 	h.committed.Store(true)
-	s.q.SetHealthy(h.healthyUpstreams())
+	h.applyHealth(s.q)
 	return nil
 }
 
@@ -205,7 +205,7 @@ func (s *sharedQueue) abandon(h *Handler) {
 			case wasOwner && len(s.owners) > 0:
 				prev := s.owners[len(s.owners)-1]
 				_ = s.q.Reconfigure(prev.qcfg)
-				s.q.SetHealthy(prev.healthyUpstreams())
+				prev.applyHealth(s.q)
 			}
 			return
 		}
@@ -250,7 +250,7 @@ func (s *sharedQueue) tick() {
 		}
 	}()
 	if h := s.owner(); h != nil {
-		s.q.SetHealthy(h.healthyUpstreams())
+		h.applyHealth(s.q)
 	}
 	s.q.Tick()
 }

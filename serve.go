@@ -141,10 +141,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if err := tk.Wait(r.Context()); err != nil {
 		return h.notDispatched(w, repl, a, err)
 	}
-	r.ContentLength = int64(len(a.body))
-	r.Header.Set("Content-Length", strconv.Itoa(len(a.body)))
-	// The body is now of known length: a chunked client request would
-	// otherwise still go upstream chunked, without its Content-Length.
+	// The body is of known length (set per attempt below): a chunked
+	// client request would otherwise still go upstream chunked, without
+	// its Content-Length.
 	r.TransferEncoding = nil
 
 	var rec *usageRecorder
@@ -176,9 +175,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if a.light {
 			hdr.Set(headerMode, "light")
 		}
-		r.Body = io.NopCloser(bytes.NewReader(a.body))
+		proxy, body := h.channelProxy(tk, a, hdr)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.ContentLength = int64(len(body))
+		r.Header.Set("Content-Length", strconv.Itoa(len(body)))
 		rec = newUsageRecorder(w, h.counter)
-		rec.provider = h.UpstreamQuota != nil
+		rec.provider = h.UpstreamQuota != nil || h.Fallback != nil
 		if st, ok := tk.QuotaStatus(); ok {
 			// Set when the response's header is written (usageRecorder),
 			// over whatever the upstream sent.
@@ -188,7 +190,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if rec.provider {
 			saved = w.Header().Clone()
 		}
-		perr = h.proxy.ServeHTTP(rec, r, next)
+		perr = proxy.ServeHTTP(rec, r, next)
 		if rec.provider429 {
 			// The proxy copied the refusal's headers: none of them is the
 			// client's answer.
@@ -199,7 +201,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			// The provider says the account is out of quota for a while,
 			// on a 429 (kept from the client) or on a response that
 			// leaves nothing.
-			h.shared.q.AccountExhausted(time.Now().Add(rec.providerWait))
+			tk.AccountExhausted(time.Now().Add(rec.providerWait))
 		}
 		if !rec.provider429 {
 			break

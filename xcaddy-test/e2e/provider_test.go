@@ -131,3 +131,93 @@ func TestProviderReservation(t *testing.T) {
 	}
 	t.Logf("batch served %d while vip was served within budget", batchServed)
 }
+
+const fallbackTmpl = `{
+	admin 127.0.0.1:{{.Admin}}
+	default_bind 127.0.0.1
+}
+http://127.0.0.1:{{.Site}} {
+	fair_queue {
+		max_inflight 8
+		upstream_quota tpm 100000
+		tenant vip weight 70 class realtime
+		tenant batch weight 10 class interactive
+		fallback {
+			tenants vip
+			model_map fake-model fallback-model
+			reverse_proxy {{.Fallback}} {
+				header_up Authorization "Bearer fallback-key"
+				health_uri /health
+				health_interval 200ms
+			}
+		}
+		reverse_proxy {{.Primary}} {
+			health_uri /health
+			health_interval 200ms
+		}
+	}
+}
+`
+
+// The primary account runs out (its provider answers 429): the VIP's
+// requests go to the fallback, with the mapped model and the fallback's
+// own credentials, and say so; the batch tenant, not listed, never does.
+func TestProviderFallback(t *testing.T) {
+	primary := startFakes(t, 1, "fbp", harness.FakeOptions{Slots: 8, TTFT: 5 * time.Millisecond, PerToken: 100 * time.Microsecond,
+		Args: []string{"-tpm=1000"}})[0]
+	fallback := startFakes(t, 1, "fbf", harness.FakeOptions{Slots: 8, TTFT: 5 * time.Millisecond, PerToken: 100 * time.Microsecond})[0]
+	p := harness.Ports(t, "Admin", "Site")
+	c := startCaddy(t, fallbackTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
+		"Primary": addrs(primary), "Fallback": addrs(fallback)})
+	waitMetricEq(t, c, 8, "caddy_fair_queue_capacity")
+	base := fmt.Sprintf("http://127.0.0.1:%d", p["Site"])
+	cl := newClient(true)
+	defer cl.CloseIdleConnections()
+	ctx := context.Background()
+
+	// The primary's bucket holds 1000 tokens: about nine requests of ~110.
+	// Batch drains it until the provider refuses.
+	var batch []result
+	for i := 0; primary.Stats().RateLimited == 0; i++ {
+		if i == 30 {
+			t.Fatal("the primary never refused: the test does not exhaust it")
+		}
+		batch = append(batch, send(ctx, cl, base, chatReq{Tenant: "batch", TestID: fmt.Sprintf("b-%d", i),
+			MaxTokens: 100, IgnoreEOS: true, Header: map[string]string{"X-Wait-Budget": "2s"}}))
+	}
+	for i := 0; i < 5; i++ {
+		r := send(ctx, cl, base, chatReq{Tenant: "vip", TestID: fmt.Sprintf("vip-%d", i), MaxTokens: 100, IgnoreEOS: true})
+		expectServed(t, r)
+		if ch := r.Header.Get("X-Fair-Queue-Channel"); ch != "fallback" {
+			t.Errorf("vip-%d: X-Fair-Queue-Channel %q, want fallback while the primary is out of quota", i, ch)
+		}
+	}
+	recs := records(t, fallback)
+	for i := 0; i < 5; i++ {
+		rec, ok := recs[fmt.Sprintf("vip-%d", i)]
+		if !ok {
+			t.Errorf("vip-%d never reached the fallback", i)
+			continue
+		}
+		if !strings.Contains(rec.Body, `"model":"fallback-model"`) || rec.Headers["Authorization"] != "Bearer fallback-key" {
+			t.Errorf("vip-%d at the fallback: model/body %q, Authorization %q; want the mapped model and the fallback's key",
+				i, rec.Body, rec.Headers["Authorization"])
+		}
+	}
+	for _, r := range batch {
+		if r.Header.Get("X-Fair-Queue-Channel") == "fallback" {
+			t.Errorf("%s: a tenant the fallback does not list was served by it", r.TestID)
+		}
+		if strings.Contains(string(r.Body), "rate_limit_exceeded") {
+			t.Errorf("%s: the provider's 429 reached the client", r.TestID)
+		}
+	}
+	for id := range recs {
+		if strings.HasPrefix(id, "b-") {
+			t.Errorf("%s reached the fallback", id)
+		}
+	}
+	if n := metric(scrape(t, c), "caddy_fair_queue_fallbacks_total", "tenant", "vip"); n != 5 {
+		t.Errorf("fallbacks_total vip = %v, want 5", n)
+	}
+}

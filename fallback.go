@@ -1,0 +1,137 @@
+package caddyfairqueue
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
+)
+
+// FallbackConfig is a second upstream pool, typically a second provider
+// account or key, that the tenants it lists use transparently when the
+// primary cannot serve them: the primary account is out of quota, no
+// primary upstream is healthy, or the request has waited half its wait
+// budget. Responses say which channel served them
+// (X-Fair-Queue-Channel: primary|fallback).
+type FallbackConfig struct {
+	// Tenants lists the tenants that may use the fallback.
+	Tenants []string `json:"tenants,omitempty"`
+	// ModelMap rewrites the request's "model" when it goes to the fallback
+	// (the fallback provider may name the model differently).
+	ModelMap map[string]string `json:"model_map,omitempty"`
+	// MaxInflight is the fallback's concurrent requests per healthy
+	// fallback upstream. Default: the queue's max_inflight.
+	MaxInflight int `json:"max_inflight,omitempty"`
+	// UpstreamQuota is the fallback account's requests and tokens per
+	// minute.
+	UpstreamQuota *UpstreamQuotaConfig `json:"upstream_quota,omitempty"`
+	// ProxyRaw is the reverse_proxy that serves the fallback; its own
+	// header_up can carry the fallback's credentials.
+	ProxyRaw json.RawMessage `json:"proxy,omitempty" caddy:"namespace=http.handlers inline_key=handler"`
+
+	proxy *reverseproxy.Handler
+}
+
+// headerChannel says which channel served a request.
+const headerChannel = "X-Fair-Queue-Channel"
+
+func (c *FallbackConfig) engine() *fairqueue.FallbackConfig {
+	if c == nil {
+		return nil
+	}
+	return &fairqueue.FallbackConfig{Tenants: c.Tenants, MaxInflight: c.MaxInflight,
+		UpstreamQuota: c.UpstreamQuota.engine()}
+}
+
+// provisionFallback loads the fallback's proxy with the same defaults as
+// the primary's.
+func (h *Handler) provisionFallback(ctx caddy.Context) error {
+	fb := h.Fallback
+	if fb == nil {
+		return nil
+	}
+	if len(fb.Tenants) == 0 {
+		return fmt.Errorf("fallback: no tenants: list the tenants that may use it")
+	}
+	if fb.ProxyRaw == nil {
+		return fmt.Errorf("fallback: needs a reverse_proxy")
+	}
+	if fb.MaxInflight < 0 {
+		return fmt.Errorf("fallback: max_inflight must not be negative")
+	}
+	raw, err := proxyDefaults(fb.ProxyRaw)
+	if err != nil {
+		return fmt.Errorf("fallback proxy: %v", err)
+	}
+	fb.ProxyRaw = raw
+	mod, err := ctx.LoadModule(fb, "ProxyRaw")
+	if err != nil {
+		return fmt.Errorf("loading the fallback proxy: %v", err)
+	}
+	p, ok := mod.(*reverseproxy.Handler)
+	if !ok {
+		return fmt.Errorf("fallback proxy must be a reverse_proxy handler, got %T", mod)
+	}
+	fb.proxy = p
+	return nil
+}
+
+// applyHealth sets the queue's capacity from the upstreams' health, the
+// fallback's too.
+func (h *Handler) applyHealth(q *fairqueue.Queue) {
+	q.SetHealthy(h.healthyUpstreams())
+	if h.Fallback != nil {
+		q.SetFallbackHealthy(countHealthy(h.Fallback.proxy))
+	}
+}
+
+// fallbackBody rewrites the request's model for the fallback per
+// model_map; the body is returned unchanged when no mapping applies.
+func (h *Handler) fallbackBody(a *admission) []byte {
+	if h.Fallback == nil || len(h.Fallback.ModelMap) == 0 || a.req == nil {
+		return a.body
+	}
+	to, ok := h.Fallback.ModelMap[a.req.Model]
+	if !ok {
+		return a.body
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(a.body, &m); err != nil {
+		return a.body
+	}
+	b, err := json.Marshal(to)
+	if err != nil {
+		return a.body
+	}
+	m["model"] = b
+	out, err := json.Marshal(m)
+	if err != nil {
+		return a.body
+	}
+	return out
+}
+
+// channelProxy is the proxy and body a dispatched request goes with.
+func (h *Handler) channelProxy(tk *fairqueue.Ticket, a *admission, hdr http.Header) (*reverseproxy.Handler, []byte) {
+	if h.Fallback == nil {
+		return h.proxy, a.body
+	}
+	if tk.Fallback() {
+		hdr.Set(headerChannel, "fallback")
+		fallbacks.WithLabelValues(h.Name, a.label).Inc()
+		return h.Fallback.proxy, h.fallbackBody(a)
+	}
+	hdr.Set(headerChannel, "primary")
+	return h.proxy, a.body
+}
+
+var fallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+	Name: "fallbacks_total",
+	Help: "Requests served by the fallback channel, by tenant.",
+}, []string{"queue", "tenant"})
