@@ -146,8 +146,15 @@ func (q *Queue) dispatchFallbackLocked(now time.Time) {
 }
 
 // fallbackNextLocked is the listed tenants' head request with the
-// smallest finish tag that the primary cannot serve now.
+// smallest finish tag that the primary cannot serve now; a request of
+// theirs in the boost lane goes first (the lane is short: the boost
+// budget bounds it).
 func (q *Queue) fallbackNextLocked(now time.Time) *Ticket {
+	for tk := q.boost.head; tk != nil; tk = tk.next {
+		if !tk.t.out && q.fallbackListed(tk.t.name) && now.Before(tk.deadline) && q.primaryBlockedLocked(now, tk) {
+			return tk
+		}
+	}
 	var best *Ticket
 	var bestKey flowEntry
 	for _, name := range q.fb.tenants {

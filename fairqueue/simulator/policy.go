@@ -27,6 +27,8 @@ type Env interface {
 	// Now is the virtual time since the start of the run.
 	Now() time.Duration
 	Dispatched(id int)
+	// DispatchedFallback reports a dispatch to the fallback channel.
+	DispatchedFallback(id int)
 	// Expired reports a queued job that ended without dispatch, and why.
 	Expired(id int, reason fairqueue.Reason)
 }
@@ -207,6 +209,9 @@ func (p EnginePolicy) New(sc *Scenario, clock *fairqueue.ManualClock, env Env) (
 	if !p.SingleTenant {
 		cfg.Degrade, cfg.DegradeHold = sc.Degrade, sc.DegradeHold
 		cfg.Circuit = sc.Circuit
+		if sc.Fallback != nil {
+			cfg.Fallback = &fairqueue.FallbackConfig{Tenants: sc.Fallback.Tenants, MaxInflight: sc.Fallback.Slots}
+		}
 	}
 	if p.Budgets {
 		cfg.Admission = sc.admission()
@@ -230,6 +235,9 @@ func (p EnginePolicy) New(sc *Scenario, clock *fairqueue.ManualClock, env Env) (
 		e.classes = append(e.classes, cls)
 	}
 	q.SetObserver(e.observe)
+	if cfg.Fallback != nil {
+		q.SetFallbackHealthy(1)
+	}
 	if e.ladder {
 		q.SetDegradeObserver(func(tr degrade.Transition) { e.transitions = append(e.transitions, tr) })
 	}
@@ -331,6 +339,10 @@ func (e *EngineScheduler) observe(ev fairqueue.Event, tk *fairqueue.Ticket) {
 	}
 	switch ev {
 	case fairqueue.EventDispatched:
+		if tk.Fallback() {
+			e.env.DispatchedFallback(id)
+			return
+		}
 		e.env.Dispatched(id)
 	case fairqueue.EventExpired, fairqueue.EventCancelled:
 		delete(e.ids, tk)
@@ -361,6 +373,12 @@ func (e *EngineScheduler) Submit(j Job) error {
 		e.tickets[j.ID] = tk
 	}
 	return nil
+}
+
+// ExhaustPrimary tells the engine the primary provider's account is out
+// of quota until start + until.
+func (e *EngineScheduler) ExhaustPrimary(until time.Duration) {
+	e.q.AccountExhausted(e.start.Add(until))
 }
 
 // Complete releases the job's ticket with its actual cost.

@@ -71,9 +71,28 @@ type Scenario struct {
 	// by (Config.UpstreamQuota): for fifo it is the global limiter; the
 	// other engine policies also apply TenantSpec.Reserve.
 	UpstreamQuota *fairqueue.UpstreamQuota
+	// Fallback is the engine's fallback channel (Config.Fallback) with
+	// its own slots; Exhausted lists times the primary provider declares
+	// its account exhausted (as on a 429). Both apply to the engine
+	// policies that are not single-tenant.
+	Fallback  *FallbackSpec
+	Exhausted []Exhaustion
 	// Policies names the policies command sim runs by default; nil means
 	// the standard ones (Policies()).
 	Policies []string
+}
+
+// FallbackSpec is a fallback channel: Slots requests at once, with the
+// same service times as the primary, for the listed tenants.
+type FallbackSpec struct {
+	Slots   int
+	Tenants []string
+}
+
+// Exhaustion: at At, the primary provider declares its account out of
+// quota for For.
+type Exhaustion struct {
+	At, For time.Duration
 }
 
 // HealthChange sets the number of healthy upstreams from At on.

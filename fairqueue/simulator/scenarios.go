@@ -321,19 +321,21 @@ func Peak() *Scenario {
 }
 
 var registry = map[string]func() *Scenario{
-	"seed000":        Seed000,
-	"seed002":        Seed002,
-	"weights":        Weights,
-	"many":           Many,
-	"outage":         Outage,
-	"cold-start":     ColdStart,
-	"cold-flood":     ColdFlood,
-	"seed000-stress": Seed000Stress,
-	"stress-outage":  StressOutage,
-	"peak":           Peak,
-	"seed004":        Seed004,
-	"circuit":        Circuit,
-	"seed003":        Seed003,
+	"seed000":          Seed000,
+	"seed002":          Seed002,
+	"weights":          Weights,
+	"many":             Many,
+	"outage":           Outage,
+	"cold-start":       ColdStart,
+	"cold-flood":       ColdFlood,
+	"seed000-stress":   Seed000Stress,
+	"stress-outage":    StressOutage,
+	"peak":             Peak,
+	"seed004":          Seed004,
+	"circuit":          Circuit,
+	"seed003":          Seed003,
+	"seed003-fallback": func() *Scenario { return Seed003Outage(true) },
+	"seed003-outage":   func() *Scenario { return Seed003Outage(false) },
 }
 
 // Names lists the scenario names, sorted.

@@ -150,3 +150,49 @@ func FormatSeed003(w io.Writer, reps []Seed003Report) {
 			r.BatchDone.Round(time.Second), 100*r.PeakUse)
 	}
 }
+
+// Seed003Outage is seed003 with the primary account out of quota for two
+// minutes at peak (the provider's 429s say so from 120 s to 240 s), and,
+// with fallback, a fallback account of 16 slots for VIP: the seed's
+// "VIP degrade channel" that keeps its SLA above 99.9%.
+func Seed003Outage(fallback bool) *Scenario {
+	sc := Seed003()
+	sc.Name = "seed003-outage"
+	sc.Description = "seed003 with the primary account exhausted 120-240 s"
+	sc.Exhausted = []Exhaustion{{At: Seed003OutageStart, For: Seed003OutageEnd - Seed003OutageStart}}
+	if fallback {
+		sc.Name = "seed003-fallback"
+		sc.Description += "; VIP falls back to a second account (16 slots)"
+		sc.Fallback = &FallbackSpec{Slots: 16, Tenants: []string{"vip"}}
+	}
+	sc.Policies = []string{WFQBudgets}
+	return sc
+}
+
+// The primary account's outage in Seed003Outage.
+const (
+	Seed003OutageStart = 120 * time.Second
+	Seed003OutageEnd   = 240 * time.Second
+)
+
+// VIPSuccess is the share of the VIP requests arriving during the
+// primary's outage that were served within their budget, and how many the
+// fallback served.
+func VIPSuccess(res *Result) (rate float64, n, fellBack int) {
+	served := 0
+	for i := range res.Requests {
+		q := &res.Requests[i]
+		if res.Scenario.Tenants[q.Tenant].Name != "vip" || q.Arrival < Seed003OutageStart || q.Arrival >= Seed003OutageEnd {
+			continue
+		}
+		n++
+		rec := &res.Records[i]
+		if rec.State == StateInflight || rec.State == StateCompleted {
+			served++
+			if rec.Fallback {
+				fellBack++
+			}
+		}
+	}
+	return frac(served, n), n, fellBack
+}

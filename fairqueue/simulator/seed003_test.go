@@ -59,3 +59,48 @@ func TestSeed003(t *testing.T) {
 		}
 	}
 }
+
+// With the primary account exhausted for two minutes at peak, VIP's
+// success rate over those two minutes falls without a fallback and stays
+// >= 99.9% with one; only
+// VIP uses the fallback, and nothing goes to the primary while it is out.
+func TestSeed003Fallback(t *testing.T) {
+	p, _ := PolicyByName(WFQBudgets)
+	for seed := uint64(1); seed <= 3; seed++ {
+		var rates [2]float64
+		for i, fb := range []bool{false, true} {
+			w, err := Generate(Seed003Outage(fb), seed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := Run(w, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.ViolationCount != 0 {
+				t.Fatalf("seed %d fallback %v: %d invariant violations: %v", seed, fb, res.ViolationCount, res.Violations)
+			}
+			rate, n, fellBack := VIPSuccess(res)
+			rates[i] = rate
+			t.Logf("seed %d, fallback %v: VIP served %.2f%% of %d (%d by the fallback)", seed, fb, 100*rate, n, fellBack)
+			for j := range res.Requests {
+				rec := &res.Records[j]
+				if rec.State != StateInflight && rec.State != StateCompleted {
+					continue
+				}
+				if !rec.Fallback && rec.Dispatch >= Seed003OutageStart && rec.Dispatch < Seed003OutageEnd {
+					t.Fatalf("seed %d: request %d sent to the primary during its outage (at %v)", seed, j, rec.Dispatch)
+				}
+				if rec.Fallback && res.Scenario.Tenants[res.Requests[j].Tenant].Name != "vip" {
+					t.Fatalf("seed %d: a tenant the fallback does not list used it", seed)
+				}
+			}
+		}
+		if rates[1] < 0.999 {
+			t.Errorf("seed %d: VIP success with the fallback %.2f%%, want >= 99.9%%", seed, 100*rates[1])
+		}
+		if rates[0] > 0.5 {
+			t.Errorf("seed %d: VIP success without a fallback %.2f%%: the outage does not show", seed, 100*rates[0])
+		}
+	}
+}

@@ -57,6 +57,8 @@ type Record struct {
 	// (fast-fail is fairqueue.ReasonBudgetExceeded, expiry
 	// ReasonQueueTimeout, a throttle ReasonClassThrottled).
 	Reason fairqueue.Reason
+	// Fallback reports a dispatch to the fallback channel.
+	Fallback bool
 	// Queued reports that the request was queued at admission rather than
 	// dispatched inside Submit.
 	Queued bool
@@ -89,6 +91,7 @@ const (
 	evHealth
 	evArrival
 	evTick
+	evExhaust
 )
 
 // Sample is the degrade state at one instant of a run.
@@ -179,6 +182,8 @@ type sim struct {
 	violations []string
 	nViolation int
 	mayIdle    bool
+	// fbInflight counts requests in flight on the fallback channel.
+	fbInflight int
 
 	// Budgets: deadlines are enforced (by the scenario or the policy).
 	budgets bool
@@ -232,6 +237,9 @@ func Run(w *Workload, p Policy) (*Result, error) {
 	s.setHealthy(sc.Upstreams)
 	for _, h := range sc.Health {
 		s.push(event{at: h.At, kind: evHealth, arg: h.Healthy})
+	}
+	for i, x := range sc.Exhausted {
+		s.push(event{at: x.At, kind: evExhaust, arg: i})
 	}
 	for i, t := range sc.Tenants {
 		if t.Arrivals.Kind == ArrivalBacklogged {
@@ -289,6 +297,10 @@ func (s *sim) loop() {
 			s.setHealthy(ev.arg)
 		case evArrival:
 			s.arrive(ev.arg)
+		case evExhaust:
+			if x, ok := s.sched.(interface{ ExhaustPrimary(time.Duration) }); ok {
+				x.ExhaustPrimary(s.now + s.sc.Exhausted[ev.arg].For)
+			}
 		case evTick:
 			s.tickPending = false
 			s.sched.Tick()
@@ -488,6 +500,27 @@ func (s *sim) Dispatched(id int) {
 	s.refill(r.Tenant)
 }
 
+// DispatchedFallback implements Env: a dispatch to the fallback channel,
+// which has its own slots.
+func (s *sim) DispatchedFallback(id int) {
+	rec := &s.recs[id]
+	if rec.State != StateQueued {
+		s.violate("t=%v: request %d dispatched in state %d", s.now, id, rec.State)
+		return
+	}
+	r := &s.reqs[id]
+	rec.State, rec.Dispatch, rec.Left, rec.Fallback = StateInflight, s.now, s.now, true
+	s.fbInflight++
+	if s.sc.Fallback == nil || s.fbInflight > s.sc.Fallback.Slots {
+		s.violate("t=%v: %d in flight on the fallback, more than its slots", s.now, s.fbInflight)
+	}
+	s.served[r.Tenant] += float64(r.Estimate())
+	s.diff.sample(r.Tenant, s.served)
+	s.addQueued(r.Tenant, -1)
+	s.push(event{at: s.now + r.Service(), kind: evComplete, arg: id})
+	s.refill(r.Tenant)
+}
+
 // checkBoost records whether the dispatch of id was boosted and checks the
 // boost budget: boosted requests in flight never exceed
 // budget.Boosts.Limit(capacity), except by those already in flight when
@@ -534,6 +567,12 @@ func (s *sim) complete(id int) {
 	rec := &s.recs[id]
 	r := &s.reqs[id]
 	rec.State, rec.Complete = StateCompleted, s.now
+	if rec.Fallback {
+		s.fbInflight--
+		s.served[r.Tenant] += float64(r.Actual() - r.Estimate())
+		s.sched.Complete(id, r.Actual())
+		return
+	}
 	s.inflight--
 	s.served[r.Tenant] += float64(r.Actual() - r.Estimate())
 	if s.inflight < s.capacity {
