@@ -140,13 +140,20 @@ func newUpstream(cfg *Config, old *upstream) (*upstream, error) {
 // counting its own size (see the file comment); store errors let it go. A
 // request larger than the burst fits a meter at rest, or it never would.
 func (q *Queue) fitsLocked(key string, l *quota.Limits, tokens int64) (quota.Decision, bool) {
-	d, err := q.quotaStoreLocked().Peek(context.Background(), key, l, quota.Backlog{Requests: 1, Tokens: tokens})
-	if err != nil || d.Allowed {
+	d, ok := q.fitsStrictLocked(key, l, tokens)
+	if ok {
 		return d, true
 	}
 	st := d.Status
-	rested := st.Requests.Reset == 0 && st.Tokens.Reset == 0 && st.Joint.Reset == 0
-	return d, rested
+	return d, st.Requests.Reset == 0 && st.Tokens.Reset == 0 && st.Joint.Reset == 0
+}
+
+// fitsStrictLocked is fitsLocked without the exception for a meter at
+// rest: what a reservation lends must leave half its burst, whatever the
+// request's size.
+func (q *Queue) fitsStrictLocked(key string, l *quota.Limits, tokens int64) (quota.Decision, bool) {
+	d, err := q.quotaStoreLocked().Peek(context.Background(), key, l, quota.Backlog{Requests: 1, Tokens: tokens})
+	return d, err != nil || d.Allowed
 }
 
 // drawLocked charges tk's estimate to meter key and records it on the
@@ -182,7 +189,7 @@ func (q *Queue) upstreamChargeLocked(now time.Time, tk *Ticket) bool {
 		if r == name {
 			continue
 		}
-		if _, ok := q.fitsLocked(upstreamReservePfx+r, u.lend[r], tk.tokens); ok {
+		if _, ok := q.fitsStrictLocked(upstreamReservePfx+r, u.lend[r], tk.tokens); ok {
 			q.drawLocked(tk, upstreamReservePfx+r, u.res[r])
 			return true
 		}

@@ -143,9 +143,9 @@ func Seed003Measure(res *Result) Seed003Report {
 
 // FormatSeed003 prints the reports side by side.
 func FormatSeed003(w io.Writer, reps []Seed003Report) {
-	fmt.Fprintf(w, "%-14s %17s %18s %10s %14s %12s %9s\n", "policy", "provider 429s", "VIP failed (peak)", "VIP p99", "batch served", "batch done", "peak use")
+	fmt.Fprintf(w, "%-22s %14s %18s %10s %14s %12s %9s\n", "policy", "provider 429s", "VIP failed (peak)", "VIP p99", "batch served", "batch done", "peak use")
 	for _, r := range reps {
-		fmt.Fprintf(w, "%-14s %17d %11d/%d %4.2f%% %10v %9d/%d %12v %8.1f%%\n", r.Policy, r.ProviderRefusals,
+		fmt.Fprintf(w, "%-22s %14d %11d/%d %4.2f%% %10v %9d/%d %12v %8.1f%%\n", r.Policy, r.ProviderRefusals,
 			r.VIPFailed, r.VIPPeak, 100*r.VIPFailureRate(), r.VIPP99.Round(time.Millisecond), r.BatchServed, r.Batch,
 			r.BatchDone.Round(time.Second), 100*r.PeakUse)
 	}

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
 func TestSeed003(t *testing.T) {
@@ -13,8 +15,11 @@ func TestSeed003(t *testing.T) {
 			t.Fatal(err)
 		}
 		var reps []Seed003Report
-		for _, name := range []string{FIFOBudgets, WFQBudgets} {
-			p, _ := PolicyByName(name)
+		for _, name := range []string{FIFOBudgets, WFQBudgets, "wfq-budgets-noreserve"} {
+			p, ok := PolicyByName(name)
+			if !ok {
+				p = seed003NoReserve()
+			}
 			res, err := Run(w, p)
 			if err != nil {
 				t.Fatal(err)
@@ -103,4 +108,16 @@ func TestSeed003Fallback(t *testing.T) {
 			t.Errorf("seed %d: VIP success without a fallback %.2f%%: the outage does not show", seed, 100*rates[0])
 		}
 	}
+}
+
+// seed003NoReserve is wfq-budgets without VIP's reservation, for the
+// report: weights alone.
+func seed003NoReserve() Policy {
+	return EnginePolicy{PolicyName: "wfq-budgets-noreserve", CostUnit: fairqueue.CostTokens, Budgets: true,
+		Configure: func(c *fairqueue.Config) {
+			for name, tc := range c.Tenants {
+				tc.Reserve = 0
+				c.Tenants[name] = tc
+			}
+		}}
 }
