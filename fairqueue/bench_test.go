@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
 // benchQueue returns a queue with capacity slots in one upstream, no token
@@ -30,6 +32,9 @@ type cycleOpts struct {
 	deadlines bool // every request has a deadline (the deadline heap works)
 	backfill  bool // actual cost differs from the estimate (back-fill re-keys)
 	declared  bool // the tenants are declared (top-level flows), not the undeclared group
+	// account: a provider account (upstream_quota) that never binds;
+	// tenantQuota: a tenant quota on every tenant that never binds.
+	account, tenantQuota bool
 }
 
 // BenchmarkCycle measures one steady-state scheduling cycle with n
@@ -65,9 +70,36 @@ func BenchmarkCycleDeclared(b *testing.B) {
 	}
 }
 
+// BenchmarkCycleAccount is BenchmarkCycleDeclared with quotas that never
+// bind: a provider account every dispatch is charged to and reconciled
+// with (upstream_quota), and a tenant quota on every tenant: what they add
+// to a scheduling cycle.
+func BenchmarkCycleAccount(b *testing.B) {
+	for _, n := range []int{10, 1000} {
+		b.Run(fmt.Sprintf("tenants=%d/account", n), func(b *testing.B) {
+			benchCycle(b, n, cycleOpts{deadlines: true, backfill: true, declared: true, account: true})
+		})
+		b.Run(fmt.Sprintf("tenants=%d/account+tenant_quota", n), func(b *testing.B) {
+			benchCycle(b, n, cycleOpts{deadlines: true, backfill: true, declared: true, account: true, tenantQuota: true})
+		})
+	}
+}
+
 func benchCycle(b *testing.B, n int, o cycleOpts) {
 	const capacity = 64
 	q, clk := benchQueue(b, capacity)
+	if o.account || o.tenantQuota {
+		cfg := q.Config()
+		if o.account {
+			cfg.UpstreamQuota = &UpstreamQuota{RPM: 6e10, TPM: 6e12}
+		}
+		if o.tenantQuota {
+			cfg.Default.Quota = quota.MustCompile(quota.Config{QPS: 1e8, TokensPerMin: 1e12})
+		}
+		if err := q.Reconfigure(cfg); err != nil {
+			b.Fatal(err)
+		}
+	}
 	names := make([]string, n)
 	for i := range names {
 		names[i] = "tenant-" + strconv.Itoa(i)
