@@ -147,25 +147,15 @@ func (q *Queue) workAheadLocked(now time.Time, t *tenant, cq *classQ, ownAhead, 
 			}
 			u.stamp = a.stamp
 			if cq.paused && !c.paused {
-				ahead += float64(q.work(u.queuedCost, u.queued)) // yields to all of it
+				ahead += float64(u.queuedWork) // yields to all of it
 				continue
 			}
 			if room := (finish - u.vt) * u.weight; room > 0 {
-				ahead += min(room, float64(q.work(u.queuedCost, u.queued)))
+				ahead += min(room, float64(u.queuedWork))
 			}
 		}
 	}
 	return ahead
-}
-
-// work is a queued amount in cost units, the unit of virtual time and of
-// the measured rate: its estimated tokens with CostTokens, its number of
-// requests n with CostRequests (every request costs 1).
-func (q *Queue) work(tokens int64, n int) int64 {
-	if q.cfg.CostUnit == CostRequests {
-		return int64(n)
-	}
-	return tokens
 }
 
 // slotWork is the work whose completion frees the next slot, on average.
@@ -213,7 +203,7 @@ func (q *Queue) decideLocked(now time.Time, t *tenant, cq *classQ, cost int64, d
 	if deadline.IsZero() || (q.inflight < q.capacity && q.queued == 0) {
 		return budget.Wait, Estimate{Known: true}
 	}
-	own := q.work(t.queuedCost, t.queued)
+	own := t.queuedWork
 	est := q.etaLocked(now, t, cq, own, cost)
 	if !est.Known {
 		// No promise rate yet (cold, no prior): refuse only what the cold
@@ -293,7 +283,7 @@ func (q *Queue) boostPlanLocked(now time.Time, t *tenant, cq *classQ, cost int64
 	work := float64(a.boostCost) + a.slotWork(now, cost)
 	for _, f := range t.flows {
 		if f.cq == cq && ownDueFirst(f, nil, deadline) {
-			work += float64(q.work(f.queuedCost, f.q.n))
+			work += float64(f.queuedWork)
 			later = true
 		}
 	}
@@ -389,5 +379,5 @@ const maxRecheck = 64
 func (q *Queue) aheadInFlow(tk *Ticket) int64 {
 	f := tk.f
 	ahead := max(0, tk.mark-f.out)
-	return ahead + q.work(tk.t.queuedCost-f.queuedCost, tk.t.queued-f.q.n)
+	return ahead + tk.t.queuedWork - f.queuedWork
 }

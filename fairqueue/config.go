@@ -19,12 +19,21 @@ const (
 	CostTokens CostUnit = iota
 	// CostRequests counts every request as 1, the classic fair queue.
 	CostRequests
+	// CostLearned measures service in the upstream time a request takes,
+	// as a learned cost model prices it (Queue.SetCostModel): overhead +
+	// prompt x promptWeight + completion, in completion-token units, so
+	// tenants share model-server time rather than raw tokens. Until a
+	// model is set it is CostTokens.
+	CostLearned
 )
 
 // String returns the Caddyfile spelling of the unit.
 func (u CostUnit) String() string {
-	if u == CostRequests {
+	switch u {
+	case CostRequests:
 		return "requests"
+	case CostLearned:
+		return "learned"
 	}
 	return "estimated_tokens"
 }

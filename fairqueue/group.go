@@ -36,11 +36,11 @@ func (q *Queue) memberAheadLocked(t *tenant, cq *classQ, own, finish float64) (i
 			}
 			u.stamp = stamp
 			if cq.paused && !c.paused {
-				inner += float64(q.work(u.queuedCost, u.queued))
+				inner += float64(u.queuedWork)
 				continue
 			}
 			if room := (finish - u.vt) * u.weight; room > 0 {
-				inner += min(room, float64(q.work(u.queuedCost, u.queued)))
+				inner += min(room, float64(u.queuedWork))
 			}
 		}
 	}

@@ -23,6 +23,9 @@ type Request struct {
 	// charged 1 per request instead, but Cost still counts against the
 	// token caps (MaxInflightTokens, MaxQueueTokens).
 	Cost int64
+	// Prompt is the part of Cost that is prompt tokens, for CostLearned
+	// (0: unknown, all of Cost priced as completion).
+	Prompt int64
 	// Deadline is when the request must have been dispatched; zero = none.
 	Deadline time.Time
 	// Bytes is the memory the request holds while it waits (its body and
@@ -85,8 +88,11 @@ type Queue struct {
 	vfloor  float64
 	flowSeq uint64
 
-	queued          int
-	queuedCost      int64
+	queued     int
+	queuedCost int64
+	// queuedWork is queuedCost in cost units (the unit of virtual time and
+	// of the measured rate): tokens, 1 a request, or the learned cost.
+	queuedWork      int64
 	inflight        int
 	inflightCost    int64
 	boostedInflight int
@@ -122,6 +128,9 @@ type Queue struct {
 	// fb the fallback channel, nil without one (fallback.go).
 	up *upstream
 	fb *fallback
+	// costOverhead and costPromptWeight price a request under CostLearned
+	// (SetCostModel); 0 and 1 until a model is set.
+	costOverhead, costPromptWeight float64
 	// circuitPerUpstream is the last measured capacity per upstream.
 	circuitPerUpstream float64
 	// events are produced under mu and not yet delivered; delivering is set
@@ -167,6 +176,7 @@ type tenant struct {
 	group      *tenant
 	queued     int
 	queuedCost int64
+	queuedWork int64 // queuedCost in cost units
 	// queuedBytes is kept for the undeclared group only (its byte cap).
 	queuedBytes int64
 	inflight    int
@@ -225,6 +235,7 @@ type flow struct {
 	// queuedCost what is in it; a ticket's mark is in when it entered, so
 	// mark-out is the cost still ahead of it.
 	in, out, queuedCost int64
+	queuedWork          int64     // queuedCost in cost units
 	drain               flowDrain // early refusal's drain rate (refuse.go)
 }
 
@@ -260,7 +271,7 @@ func New(cfg Config, clock Clock) (*Queue, error) {
 	if clock == nil {
 		clock = RealClock{}
 	}
-	q := &Queue{clock: clock, tenants: make(map[string]*tenant),
+	q := &Queue{clock: clock, tenants: make(map[string]*tenant), costPromptWeight: 1,
 		group: &tenant{name: "(undeclared tenants)", heldIdx: -1},
 		rng:   rand.New(rand.NewPCG(0x6661697271756575, 0x7265747279))}
 	q.group.flows = q.group.flowBuf[:0]
@@ -431,9 +442,13 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	}
 	tc, known, cls := q.settingsLocked(t, r.Tenant, r.Class)
 	tokens := max(r.Cost, 1)
+	prompt := min(max(r.Prompt, 0), tokens)
 	cost := tokens
-	if q.cfg.CostUnit == CostRequests {
+	switch q.cfg.CostUnit {
+	case CostRequests:
 		cost = 1
+	case CostLearned:
+		cost = q.learnedCostLocked(prompt, tokens-prompt)
 	}
 	var rej *Rejection
 	if q.circuit != nil {
@@ -472,7 +487,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	}
 	tk := &Ticket{q: q, t: t, cost: cost, tokens: tokens, bytes: max(r.Bytes, 0), class: cls,
 		deadline: r.Deadline, enqueued: now, dlIdx: -1, eta: max(est.ETA, quotaWait),
-		quotaWait: quotaWait, quotaReason: quotaReason}
+		quotaWait: quotaWait, quotaReason: quotaReason, prompt: prompt}
 	q.pushFlowLocked(tk, q.flowOfLocked(t, cq))
 	if !r.Deadline.IsZero() {
 		q.deadlines.push(tk)
@@ -551,15 +566,15 @@ func (q *Queue) admitLocked(now time.Time, t *tenant, name string, tc TenantConf
 		}
 	}
 	if q.cfg.MaxQueue > 0 && q.queued >= q.cfg.MaxQueue {
-		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(now, q.queuedCost, q.queued),
+		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(now, q.queuedWork),
 			Detail: fmt.Sprintf("%d requests queued (limit %d)", q.queued, q.cfg.MaxQueue)}
 	}
 	if q.cfg.MaxQueueTokens > 0 && q.queuedCost+tokens > q.cfg.MaxQueueTokens {
-		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(now, q.queuedCost, q.queued),
+		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(now, q.queuedWork),
 			Detail: fmt.Sprintf("%d tokens queued (limit %d)", q.queuedCost, q.cfg.MaxQueueTokens)}
 	}
 	if q.cfg.MaxQueueBytes > 0 && q.queuedBytes+bytes > q.cfg.MaxQueueBytes {
-		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(now, q.queuedCost, q.queued),
+		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(now, q.queuedWork),
 			Detail: fmt.Sprintf("%d bytes queued (limit %d)", q.queuedBytes, q.cfg.MaxQueueBytes)}
 	}
 	return nil
@@ -592,7 +607,7 @@ func (q *Queue) tenantFullLocked(now time.Time, t *tenant, tc TenantConfig, know
 		}
 	}
 	if own > 0 && t != nil && t.queued >= own {
-		return &Rejection{Reason: ReasonTenantQueueFull, RetryAfter: q.drainRetryLocked(now, t.queuedCost, t.queued),
+		return &Rejection{Reason: ReasonTenantQueueFull, RetryAfter: q.drainRetryLocked(now, t.queuedWork),
 			Detail: fmt.Sprintf("tenant has %d requests queued (limit %d)", t.queued, own)}
 	}
 	return nil
@@ -609,7 +624,7 @@ func (q *Queue) groupFullLocked(now time.Time, tc TenantConfig, tokens, bytes in
 		return nil
 	}
 	full := func(what string, have, limit int64) *Rejection {
-		return &Rejection{Reason: ReasonTenantQueueFull, RetryAfter: q.drainRetryLocked(now, g.queuedCost, g.queued),
+		return &Rejection{Reason: ReasonTenantQueueFull, RetryAfter: q.drainRetryLocked(now, g.queuedWork),
 			Detail: fmt.Sprintf("undeclared tenants together have %d %s queued (limit %d)", have, what, limit)}
 	}
 	if g.queued >= tc.MaxQueue {
@@ -713,6 +728,7 @@ func (q *Queue) pushFlowLocked(tk *Ticket, f *flow) {
 	tk.mark = f.in
 	f.in += tk.cost
 	f.queuedCost += tk.tokens
+	f.queuedWork += tk.cost
 	f.q.pushBack(tk)
 	if f.q.n == 1 {
 		f.drain = flowDrain{} // backlogged anew: an idle gap is no drain
@@ -731,13 +747,16 @@ func (q *Queue) countLocked(tk *Ticket, sign int) {
 	n, c := sign, int64(sign)
 	t.queued += n
 	t.queuedCost += c * tk.tokens
+	t.queuedWork += c * tk.cost
 	if g := t.group; g != nil {
 		g.queued += n
 		g.queuedCost += c * tk.tokens
+		g.queuedWork += c * tk.cost
 		g.queuedBytes += c * tk.bytes
 	}
 	q.queued += n
 	q.queuedCost += c * tk.tokens
+	q.queuedWork += c * tk.cost
 	q.queuedBytes += c * tk.bytes
 	q.waterCost += c * min(tk.tokens, q.waterCap)
 }
@@ -766,6 +785,7 @@ func (q *Queue) unlinkTicketLocked(tk *Ticket, rekey bool) {
 		f.q.remove(tk)
 		f.out += tk.cost
 		f.queuedCost -= tk.tokens
+		f.queuedWork -= tk.cost
 		switch {
 		case f.q.head == nil:
 			q.unlinkFlowLocked(f)
@@ -947,7 +967,7 @@ func (q *Queue) dispatchLoopLocked(now time.Time) (gated bool) {
 
 // timeoutLocked is the answer to a request whose budget ran out queued.
 func (q *Queue) timeoutLocked(now time.Time) *Rejection {
-	return &Rejection{Reason: ReasonQueueTimeout, RetryAfter: q.drainRetryLocked(now, q.queuedCost, q.queued),
+	return &Rejection{Reason: ReasonQueueTimeout, RetryAfter: q.drainRetryLocked(now, q.queuedWork),
 		Detail: "wait budget ran out while queued"}
 }
 
@@ -1238,7 +1258,11 @@ func (q *Queue) completeLocked(now time.Time, tk *Ticket, actual int64) {
 	if tk.boosted {
 		q.boostedInflight--
 	}
-	if actual >= 0 && q.cfg.CostUnit == CostTokens && actual != tk.cost {
+	if actual >= 0 && q.cfg.CostUnit == CostLearned {
+		// actual is tokens: price them as the estimate was.
+		actual = q.learnedCostLocked(min(tk.prompt, actual), actual-min(tk.prompt, actual))
+	}
+	if actual >= 0 && q.cfg.CostUnit != CostRequests && actual != tk.cost {
 		// Back-fill. Over-estimates are refunded through credit rather than
 		// by moving vt back: lowering vt now would let this tenant undercut
 		// the start tag a newcomer was lifted to while vt still held the

@@ -107,12 +107,12 @@ func (q *Queue) retryAfterLocked(eta time.Duration) time.Duration {
 
 // drainRetryLocked is the Retry-After of a refusal because a queue is full
 // or a budget ran out: the time the measured rate needs to serve the given
-// queued work (tokens over n requests), since retrying sooner meets the
-// same backlog. Unknown rate: the floor, 1-2s.
-func (q *Queue) drainRetryLocked(now time.Time, tokens int64, n int) time.Duration {
+// queued work (in cost units), since retrying sooner meets the same
+// backlog. Unknown rate: the floor, 1-2s.
+func (q *Queue) drainRetryLocked(now time.Time, work int64) time.Duration {
 	var eta time.Duration
 	if r := q.adm.rate.Rate(now, q.healthy); r > 0 {
-		eta = budget.ETA(float64(q.work(tokens, n)), r)
+		eta = budget.ETA(float64(work), r)
 	}
 	return q.retryAfterLocked(eta)
 }

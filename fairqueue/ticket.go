@@ -75,6 +75,8 @@ type Ticket struct {
 	upLimits *quota.Limits
 	// fallback: dispatched to the fallback channel (fallback.go).
 	fallback bool
+	// prompt is the prompt part of tokens (CostLearned).
+	prompt int64
 }
 
 // QuotaWait is how long, at admission, the tenant's quota was expected to

@@ -329,6 +329,7 @@ func (tk *Ticket) Requeue() bool {
 	f.out -= tk.cost
 	tk.mark = f.out
 	f.queuedCost += tk.tokens
+	f.queuedWork += tk.cost
 	f.q.pushFront(tk)
 	if !t.out {
 		q.linkFlowLocked(f)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
+	"github.com/caddy-fair-queue/caddy-fair-queue/costmodel"
 	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
@@ -15,6 +16,8 @@ type Job struct {
 	ID       int
 	Tenant   int // index into Scenario.Tenants
 	Estimate int64
+	// Prompt is the prompt part of Estimate.
+	Prompt int64
 	// Deadline is the virtual time by which the job must be dispatched;
 	// 0 means none.
 	Deadline time.Duration
@@ -99,6 +102,11 @@ func Policies() []Policy {
 	}
 }
 
+// WFQLearned is wfq with cost_unit learned: costs priced by a cost model
+// the engine learns from the completions (busy time against prompt and
+// completion tokens), as the handler does.
+const WFQLearned = "wfq-learned"
+
 // Names of the budget policies.
 const (
 	FIFOBudgets   = "fifo-budgets"
@@ -146,7 +154,8 @@ func (sc *Scenario) admission() fairqueue.BudgetConfig {
 
 // PolicyByName returns the standard or budget policy called name.
 func PolicyByName(name string) (Policy, bool) {
-	for _, p := range append(Policies(), BudgetPolicies()...) {
+	for _, p := range append(append(Policies(), BudgetPolicies()...),
+		EnginePolicy{PolicyName: WFQLearned, CostUnit: fairqueue.CostLearned}) {
 		if p.Name() == name {
 			return p, true
 		}
@@ -235,6 +244,9 @@ func (p EnginePolicy) New(sc *Scenario, clock *fairqueue.ManualClock, env Env) (
 		e.classes = append(e.classes, cls)
 	}
 	q.SetObserver(e.observe)
+	if cfg.CostUnit == fairqueue.CostLearned {
+		e.model, e.prompts = costmodel.New(costmodel.Config{}), map[int]int64{}
+	}
 	if cfg.Fallback != nil {
 		q.SetFallbackHealthy(1)
 	}
@@ -269,6 +281,10 @@ type EngineScheduler struct {
 	boosts      *budget.Boosts // the configured budget, for BoostLimit
 
 	circuitEvents []fairqueue.CircuitEvent
+	// model learns the cost model under CostLearned; prompts holds the
+	// prompt tokens of the jobs in flight for it.
+	model   *costmodel.Model
+	prompts map[int]int64
 }
 
 // CircuitEvents returns the circuit's transitions, in order.
@@ -358,11 +374,14 @@ func (e *EngineScheduler) observe(ev fairqueue.Event, tk *fairqueue.Ticket) {
 
 // Submit enqueues j.
 func (e *EngineScheduler) Submit(j Job) error {
-	r := fairqueue.Request{Tenant: e.names[j.Tenant], Cost: j.Estimate}
+	r := fairqueue.Request{Tenant: e.names[j.Tenant], Cost: j.Estimate, Prompt: j.Prompt}
 	if j.Deadline > 0 {
 		r.Deadline = e.start.Add(j.Deadline)
 	}
 	e.pending = j.ID
+	if e.prompts != nil {
+		e.prompts[j.ID] = j.Prompt
+	}
 	tk, err := e.q.Enqueue(r)
 	e.pending = -1
 	if err != nil {
@@ -386,14 +405,34 @@ func (e *EngineScheduler) Complete(id int, actual int64) {
 	tk := e.tickets[id]
 	delete(e.tickets, id)
 	delete(e.ids, tk)
+	if e.model != nil {
+		// What a gateway measures: the request's tokens and how long it
+		// kept its upstream busy, dispatch to completion.
+		busy := e.env.Now() - tk.Dispatched().Sub(e.start)
+		e.model.Observe(e.prompts[id], actual-e.prompts[id], busy)
+		delete(e.prompts, id)
+	}
 	tk.Release(actual)
+}
+
+// learnCost refits the cost model and gives the engine its price, as the
+// handler does on its tick.
+func (e *EngineScheduler) learnCost() {
+	if f := e.model.Fit(); f.Ready && f.PerCompletionToken > 0 {
+		e.q.SetCostModel(f.Overhead/f.PerCompletionToken, f.PerPromptToken/f.PerCompletionToken)
+	}
 }
 
 // SetHealthy forwards to the queue.
 func (e *EngineScheduler) SetHealthy(n int) { e.q.SetHealthy(n) }
 
 // Tick forwards to the queue.
-func (e *EngineScheduler) Tick() { e.q.Tick() }
+func (e *EngineScheduler) Tick() {
+	if e.model != nil {
+		e.learnCost()
+	}
+	e.q.Tick()
+}
 
 // Err reports observer events the adapter could not attribute.
 func (e *EngineScheduler) Err() error { return e.err }

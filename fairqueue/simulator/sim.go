@@ -410,7 +410,7 @@ func (s *sim) arrive(id int) {
 		s.limits.push(limitEntry{target: s.freed + q + 1, id: id, order: true})
 	}
 	s.addQueued(r.Tenant, 1)
-	j := Job{ID: id, Tenant: r.Tenant, Estimate: r.Estimate()}
+	j := Job{ID: id, Tenant: r.Tenant, Estimate: r.Estimate(), Prompt: r.Prompt}
 	if s.budgets {
 		if b := s.sc.Budget(r.Tenant); b > 0 {
 			j.Deadline = r.Arrival + b
