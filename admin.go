@@ -31,6 +31,9 @@ type queueReport struct {
 	BoostedInflight  int            `json:"boosted_inflight"`
 	Water            float64        `json:"water"`
 	DegradeLevel     int            `json:"degrade_level"`
+	// CostModel is the learned cost model's fit (coefficients in seconds,
+	// R², the implied token_to_qps_weight); see cost_unit learned.
+	CostModel costModelReport `json:"cost_model"`
 	Tenants          []tenantReport `json:"tenants"`
 }
 
@@ -130,6 +133,7 @@ func reportQueue(s *sharedQueue) queueReport {
 		BoostedInflight:  st.BoostedInflight,
 		Water:            st.Water,
 		DegradeLevel:     s.q.DegradeLevel(),
+		CostModel:        newCostModelReport(s.cost.Fit()),
 		Tenants:          make([]tenantReport, 0, len(st.Tenants)),
 	}
 	var served, weights float64

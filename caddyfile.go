@@ -46,7 +46,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	fair_queue [<matcher>] {
 //	    name                <name>
 //	    tenant_key          <placeholder>
-//	    cost_unit           estimated_tokens|requests
+//	    cost_unit           estimated_tokens|requests|learned
 //	    tokenizer           cl100k_base|o200k_base|approx
 //	    default_max_tokens  <n>
 //	    max_body            <size>
@@ -242,8 +242,8 @@ func (p *cfParser) subdirective() error {
 		if err != nil {
 			return err
 		}
-		if v != "estimated_tokens" && v != "requests" {
-			return d.Errf("cost_unit: unknown unit %q (want estimated_tokens or requests)", v)
+		if v != "estimated_tokens" && v != "requests" && v != "learned" {
+			return d.Errf("cost_unit: unknown unit %q (want estimated_tokens, requests or learned)", v)
 		}
 		h.CostUnit = v
 

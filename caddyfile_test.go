@@ -306,7 +306,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"name twice", "fair_queue {\nname a\nname b\nreverse_proxy a:1\n}", 3, []string{"name given twice", "Testfile:2"}},
 		{"tenant_key missing", "fair_queue {\ntenant_key\nreverse_proxy a:1\n}", 2, []string{"tenant_key: want exactly one argument"}},
 		{"tenant_key constant", "fair_queue {\ntenant_key X-Tenant-ID\nreverse_proxy a:1\n}", 2, []string{`tenant_key: "X-Tenant-ID" has no placeholder`, "{http.request.header.X-Tenant-ID}"}},
-		{"cost_unit unknown", "fair_queue {\ncost_unit tokens\nreverse_proxy a:1\n}", 2, []string{"cost_unit", `"tokens"`, "estimated_tokens or requests"}},
+		{"cost_unit unknown", "fair_queue {\ncost_unit tokens\nreverse_proxy a:1\n}", 2, []string{"cost_unit", `"tokens"`, "estimated_tokens, requests or learned"}},
 		{"tokenizer unknown", "fair_queue {\ntokenizer gpt2\nreverse_proxy a:1\n}", 2, []string{"tokenizer", `"gpt2"`, "cl100k_base"}},
 		{"default_max_tokens zero", "fair_queue {\ndefault_max_tokens 0\nreverse_proxy a:1\n}", 2, []string{"default_max_tokens", `"0"`, "positive integer"}},
 		{"default_max_tokens not a number", "fair_queue {\ndefault_max_tokens lots\nreverse_proxy a:1\n}", 2, []string{"default_max_tokens", `"lots"`}},

@@ -184,7 +184,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDepth, descQueuedTokens, descInflight,
 		descHealthy, descCapacity, descTokenCapacity, descWater, descBoosted, descDegradeLevel, descWeight,
 		descQuotaLimit, descQuotaDebt, descCircuitShed, descCircuitDemand, descCircuitCapacity,
-		descUpstreamRemaining, descUpstreamExhausted} {
+		descUpstreamRemaining, descUpstreamExhausted, descCostModel, descCostModelR2} {
 		ch <- d
 	}
 }
@@ -208,6 +208,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descDegradeLevel, float64(s.q.DegradeLevel()), name)
 		collectCircuit(ch, name, s.q.Circuit())
 		collectUpstream(ch, name, s.q.Upstream())
+		collectCostModel(ch, name, s.cost.Fit())
 		type agg struct {
 			depth, inflight int
 			queued          int64

@@ -39,8 +39,10 @@ type Handler struct {
 	TenantKey string `json:"tenant_key,omitempty"`
 
 	// CostUnit is what fairness is measured in: "estimated_tokens" (default:
-	// prompt tokens plus output cap, corrected by actual usage) or
-	// "requests" (every request costs 1).
+	// prompt tokens plus output cap, corrected by actual usage),
+	// "requests" (every request costs 1), or "learned": model-server time,
+	// as the cost model the queue learns from served requests prices it
+	// (estimated_tokens until the fit is ready).
 	CostUnit string `json:"cost_unit,omitempty"`
 
 	// Tokenizer counts prompt tokens: "cl100k_base" (default), "o200k_base",
@@ -330,8 +332,10 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 		cfg.CostUnit = fairqueue.CostTokens
 	case "requests":
 		cfg.CostUnit = fairqueue.CostRequests
+	case "learned":
+		cfg.CostUnit = fairqueue.CostLearned
 	default:
-		return cfg, fmt.Errorf("cost_unit: want estimated_tokens or requests, got %q", h.CostUnit)
+		return cfg, fmt.Errorf("cost_unit: want estimated_tokens, requests or learned, got %q", h.CostUnit)
 	}
 	cfg.Classes = append(cfg.Classes, builtinClasses...)
 	for _, c := range h.Classes {

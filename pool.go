@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"go.uber.org/zap"
 
+	"github.com/caddy-fair-queue/caddy-fair-queue/costmodel"
 	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
@@ -33,6 +34,9 @@ var queues = caddy.NewUsagePool()
 type sharedQueue struct {
 	name string
 	q    *fairqueue.Queue
+	// cost is the cost model learned from the served requests; it lives
+	// as long as the queue, across reloads.
+	cost *costmodel.Model
 
 	mu sync.Mutex
 	// owners are the handlers whose config loads have started, oldest
@@ -65,7 +69,8 @@ func newSharedQueue(name string, cfg fairqueue.Config) (*sharedQueue, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &sharedQueue{name: name, q: q, stop: make(chan struct{}), done: make(chan struct{})}
+	s := &sharedQueue{name: name, q: q, cost: costmodel.New(costmodel.Config{}),
+		stop: make(chan struct{}), done: make(chan struct{})}
 	q.SetDegradeObserver(func(tr degrade.Transition) {
 		if h := s.owner(); h != nil {
 			h.onTransition(tr)
@@ -251,6 +256,7 @@ func (s *sharedQueue) tick() {
 	}()
 	if h := s.owner(); h != nil {
 		h.applyHealth(s.q)
+		s.applyCostModel(h)
 	}
 	s.q.Tick()
 }

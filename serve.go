@@ -73,6 +73,10 @@ type admission struct {
 	path     string
 	arrived  time.Time
 	deadline time.Time
+	// usageKnown is set once a served response's usage is known (tokens
+	// it really used), for the cost model.
+	usageKnown                 bool
+	usedPrompt, usedCompletion int
 }
 
 // ServeHTTP queues the request fairly, proxies it when dispatched, and
@@ -115,7 +119,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	q := h.shared.q
 	tk, err := q.Enqueue(fairqueue.Request{Tenant: a.tenant, Class: a.class,
-		Cost: int64(a.cost.Total()), Deadline: a.deadline, Bytes: int64(len(a.body))})
+		Cost: int64(a.cost.Total()), Prompt: int64(a.cost.Prompt), Deadline: a.deadline, Bytes: int64(len(a.body))})
 	if err != nil {
 		var rej *fairqueue.Rejection
 		if errors.As(err, &rej) {
@@ -226,6 +230,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		outcome = outcomeProxyError
 	}
 	actual = h.actualCost(rec, a, perr != nil)
+	if perr == nil && rec.status >= 200 && rec.status < 300 {
+		h.observeCost(a, tk)
+	}
 	switch {
 	case perr == nil && rec.status == statusClientClosed:
 		// reverse_proxy answers a client that left mid-request with a
@@ -295,6 +302,7 @@ func (h *Handler) actualCost(rec *usageRecorder, a *admission, failed bool) int6
 		if !u.Reported || prompt == 0 {
 			prompt = a.cost.Prompt
 		}
+		a.usageKnown, a.usedPrompt, a.usedCompletion = !failed, prompt, u.Completion
 		actual := int64(prompt + u.Completion)
 		observeActual(h.Name, a.label, float64(actual))
 		return actual
