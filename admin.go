@@ -21,20 +21,20 @@ type adminReport struct{}
 
 // queueReport is one live queue in the report.
 type queueReport struct {
-	Name             string         `json:"name"`
-	HealthyUpstreams int            `json:"healthy_upstreams"`
-	Capacity         int            `json:"capacity"`
-	TokenCapacity    int64          `json:"token_capacity"`
-	Queued           int            `json:"queued"`
-	QueuedTokens     int64          `json:"queued_tokens"`
-	Inflight         int            `json:"inflight"`
-	BoostedInflight  int            `json:"boosted_inflight"`
-	Water            float64        `json:"water"`
-	DegradeLevel     int            `json:"degrade_level"`
+	Name             string  `json:"name"`
+	HealthyUpstreams int     `json:"healthy_upstreams"`
+	Capacity         int     `json:"capacity"`
+	TokenCapacity    int64   `json:"token_capacity"`
+	Queued           int     `json:"queued"`
+	QueuedTokens     int64   `json:"queued_tokens"`
+	Inflight         int     `json:"inflight"`
+	BoostedInflight  int     `json:"boosted_inflight"`
+	Water            float64 `json:"water"`
+	DegradeLevel     int     `json:"degrade_level"`
 	// CostModel is the learned cost model's fit (coefficients in seconds,
 	// R², the implied token_to_qps_weight); see cost_unit learned.
 	CostModel costModelReport `json:"cost_model"`
-	Tenants          []tenantReport `json:"tenants"`
+	Tenants   []tenantReport  `json:"tenants"`
 }
 
 // tenantReport is one tenant the queue currently remembers. Undeclared
