@@ -3,7 +3,7 @@
 // wait-budget policies, their comparison, and for a scenario with a degrade
 // ladder, its timeline.
 //
-//	go run ./cmd/fqsim -scenario seed000 [-policy all|budgets|fifo,wfq-tokens] [-seed N]
+//	go run ./cmd/fqsim -scenario seed000 [-policy all|budgets|fifo,wfq-tokens] [-seed N] [-plot DIR]
 //	go run ./cmd/fqsim -scenario list
 //
 // seed003 also prints its provider-account measures side by side, and
@@ -30,14 +30,15 @@ func main() {
 	name := flag.String("scenario", "list", "scenario to run, or \"list\"")
 	policy := flag.String("policy", "", "\"all\" (the standard policies), \"budgets\" (the wait-budget policies), or a comma-separated list; default: the scenario's own")
 	seed := flag.Uint64("seed", 1, "random seed of the workload")
+	plotDir := flag.String("plot", "", "write SVG charts of each run (wait CDF per tenant, shares over time) to this directory")
 	flag.Parse()
-	if err := run(*name, *policy, *seed); err != nil {
+	if err := run(*name, *policy, *seed, *plotDir); err != nil {
 		fmt.Fprintln(os.Stderr, "sim:", err)
 		os.Exit(2)
 	}
 }
 
-func run(name, policy string, seed uint64) error {
+func run(name, policy string, seed uint64, plotDir string) error {
 	if name == "list" {
 		for _, n := range simulator.Names() {
 			sc, _ := simulator.Lookup(n)
@@ -93,6 +94,13 @@ func run(name, policy string, seed uint64) error {
 		}
 		res.Format(os.Stdout)
 		fmt.Println()
+		if plotDir != "" {
+			files, err := plotRun(plotDir, res)
+			if err != nil {
+				return fmt.Errorf("plotting: %w", err)
+			}
+			fmt.Printf("charts: %s\n\n", strings.Join(files, ", "))
+		}
 		if len(res.Transitions) > 0 || len(res.Timeline) > 0 {
 			simulator.FormatTimeline(os.Stdout, res, 5*time.Second)
 			fmt.Println()
