@@ -98,7 +98,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //
 //	    # the shape of every tenant quota that does not set its own
 //	    quota_defaults {
-//	        token_to_qps_weight <w>         # default 0.0008
+//	        token_to_qps_weight <w>|auto    # default 0.0008; auto: from the learned cost model
 //	        joint_cap           <f>         # default 1.0
 //	        burst_window        <duration>  # default 10s
 //	        burst_allow         <fraction>  # default 0.2
@@ -659,11 +659,11 @@ func (p *cfParser) quotaDefaults() error {
 // refusing one given twice.
 func mergeQuotaPairs(q, line *QuotaConfig) error {
 	twice := func(name string) error { return fmt.Errorf("%s given twice", name) }
-	if line.TokenToQPSWeight != nil {
-		if q.TokenToQPSWeight != nil {
+	if line.TokenToQPSWeight != nil || line.TokenToQPSWeightAuto {
+		if q.TokenToQPSWeight != nil || q.TokenToQPSWeightAuto {
 			return twice("token_to_qps_weight")
 		}
-		q.TokenToQPSWeight = line.TokenToQPSWeight
+		q.TokenToQPSWeight, q.TokenToQPSWeightAuto = line.TokenToQPSWeight, line.TokenToQPSWeightAuto
 	}
 	if line.JointCap != nil {
 		if q.JointCap != nil {
@@ -734,6 +734,10 @@ func (p *cfParser) quotaPairs(who string, args []string, rates bool) (*QuotaConf
 				q.TokensPerMin = f
 			}
 		case "token_to_qps_weight", "joint_cap", "burst_allow":
+			if key == "token_to_qps_weight" && v == "auto" {
+				q.TokenToQPSWeightAuto = true
+				continue
+			}
 			if f, err = num(); err != nil {
 				return nil, err
 			}

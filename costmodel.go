@@ -28,11 +28,19 @@ func (h *Handler) observeCost(a *admission, tk *fairqueue.Ticket) {
 // applyCostModel gives the queue the fitted price, on the tick, when the
 // queue prices by it.
 func (s *sharedQueue) applyCostModel(h *Handler) {
-	if h.qcfg.CostUnit != fairqueue.CostLearned {
+	learned := h.qcfg.CostUnit == fairqueue.CostLearned
+	if !learned && !h.quotaAuto {
 		return
 	}
-	if f := s.cost.Fit(); f.Ready && f.PerCompletionToken > 0 {
+	f := s.cost.Fit()
+	if !f.Ready || f.PerCompletionToken <= 0 {
+		return
+	}
+	if learned {
 		s.q.SetCostModel(f.Overhead/f.PerCompletionToken, f.PerPromptToken/f.PerCompletionToken)
+	}
+	if h.quotaAuto {
+		s.q.SetQuotaWeight(f.TokenToQPSWeight())
 	}
 }
 

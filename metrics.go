@@ -176,6 +176,8 @@ var (
 		"Configured weight of each declared tenant currently known to the queue.", []string{"queue", "tenant"}, nil)
 	descQuotaLimit = prometheus.NewDesc(fqName("quota_limit"),
 		"Each declared tenant's quota per minute, by meter: requests (qps), tokens, request-equivalents (joint).", []string{"queue", "tenant", "meter"}, nil)
+	descQuotaWeight = prometheus.NewDesc(fqName("quota_token_weight"),
+		"Each declared tenant's token_to_qps_weight in force: request-equivalents per token in its joint meter (learned with token_to_qps_weight auto).", []string{"queue", "tenant"}, nil)
 	descQuotaDebt = prometheus.NewDesc(fqName("quota_debt_seconds"),
 		"How far each declared tenant's quota meter runs ahead of its rate: 0 at rest, the burst window's tolerance when held; the x-ratelimit-reset time.", []string{"queue", "tenant", "meter"}, nil)
 )
@@ -183,7 +185,7 @@ var (
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDepth, descQueuedTokens, descInflight,
 		descHealthy, descCapacity, descTokenCapacity, descWater, descBoosted, descDegradeLevel, descWeight,
-		descQuotaLimit, descQuotaDebt, descCircuitShed, descCircuitDemand, descCircuitCapacity,
+		descQuotaLimit, descQuotaDebt, descQuotaWeight, descCircuitShed, descCircuitDemand, descCircuitCapacity,
 		descUpstreamRemaining, descUpstreamExhausted, descCostModel, descCostModelR2} {
 		ch <- d
 	}
@@ -242,6 +244,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			st, ok := s.q.QuotaStatus(tenant)
 			if !ok {
 				continue
+			}
+			if st.Joint.Enabled {
+				gauge(descQuotaWeight, tc.Quota.Config().TokenToQPSWeight, name, tenant)
 			}
 			for _, d := range []quota.Dimension{quota.DimQPS, quota.DimTokens, quota.DimJoint} {
 				if m := st.Meter(d); m.Enabled {

@@ -164,6 +164,9 @@ type Handler struct {
 	events   *caddyevents.App
 	classIdx map[string]time.Duration
 	left     bool // Cleanup ran: the handler no longer counts as a user of its queue
+	// quotaAuto: some quota takes its token_to_qps_weight from the
+	// learned cost model (costmodel.go).
+	quotaAuto bool
 	// committed is set once this handler's config is in force in the
 	// shared queue (sharedQueue.adopt).
 	// (A pointer: the Handler value is copied by Caddy's module registry.)
@@ -375,6 +378,8 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 				return tc, err
 			}
 			tc.Quota = l
+			tc.QuotaAutoWeight = quotaAuto(t.Quota, h.QuotaDefaults)
+			h.quotaAuto = h.quotaAuto || tc.QuotaAutoWeight
 		}
 		return tc, nil
 	}

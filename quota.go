@@ -28,6 +28,11 @@ type QuotaConfig struct {
 	// TokenToQPSWeight is how many request-equivalents one token weighs in
 	// the joint meter. Default 0.0008 (1250 tokens weigh one request).
 	TokenToQPSWeight *float64 `json:"token_to_qps_weight,omitempty"`
+	// TokenToQPSWeightAuto takes the weight from the queue's learned cost
+	// model instead (one token's busy time over a request's; Caddyfile
+	// "token_to_qps_weight auto"), TokenToQPSWeight or 0.0008 until the
+	// fit is ready.
+	TokenToQPSWeightAuto bool `json:"token_to_qps_weight_auto,omitempty"`
 	// JointCap scales qps into the joint meter's rate of request-
 	// equivalents per second; 0 turns the joint meter off. Default 1.0
 	// when qps is set.
@@ -57,6 +62,18 @@ func (c *QuotaConfig) checkDefaults() error {
 		return fmt.Errorf("quota_defaults: qps and tokens_per_min belong in a tenant's quota, not in the defaults (which set token_to_qps_weight, joint_cap, burst_window and burst_allow)")
 	}
 	return nil
+}
+
+// quotaAuto reports whether a tenant's quota takes its joint weight from
+// the learned cost model.
+func quotaAuto(t, defaults *QuotaConfig) bool {
+	if t == nil {
+		return false
+	}
+	if t.TokenToQPSWeight != nil {
+		return false // the tenant's own weight wins over an auto default
+	}
+	return t.TokenToQPSWeightAuto || defaults != nil && defaults.TokenToQPSWeightAuto
 }
 
 // compileQuota merges a tenant's quota over the defaults and compiles it;

@@ -175,3 +175,32 @@ func TestCaddyfileCircuitBreak(t *testing.T) {
 		}
 	}
 }
+
+func TestCaddyfileQuotaAutoWeight(t *testing.T) {
+	h, err := parseBlock(`fair_queue {
+		quota_defaults {
+			token_to_qps_weight auto
+		}
+		tenant a {
+			quota qps 10
+		}
+		tenant b {
+			quota qps 10 token_to_qps_weight 0.001
+		}
+		reverse_proxy a:1
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.setDefaults()
+	cfg, err := h.queueConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.Tenants["a"].QuotaAutoWeight || cfg.Tenants["b"].QuotaAutoWeight || !h.quotaAuto {
+		t.Fatalf("auto: a %v, b %v (its own weight wins), handler %v", cfg.Tenants["a"].QuotaAutoWeight, cfg.Tenants["b"].QuotaAutoWeight, h.quotaAuto)
+	}
+	if w := cfg.Tenants["a"].Quota.Config().TokenToQPSWeight; w != defaultTokenToQPSWeight {
+		t.Fatalf("a's weight before the fit %v, want the default", w)
+	}
+}

@@ -69,6 +69,9 @@ type TenantConfig struct {
 	// tenant gets this quota of its own, keyed by its name, so the tenant
 	// name must come from authentication for the quota to bind a caller.
 	Quota *quota.Limits
+	// QuotaAutoWeight: Quota's token_to_qps_weight follows the learned
+	// cost model (Queue.SetQuotaWeight).
+	QuotaAutoWeight bool
 	// Reserve is the fraction of Config.UpstreamQuota only this tenant
 	// draws from (see upstream.go); 0 for none. Declared tenants only.
 	Reserve float64

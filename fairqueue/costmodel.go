@@ -1,6 +1,9 @@
 package fairqueue
 
-import "math"
+import (
+	"maps"
+	"math"
+)
 
 // SetCostModel sets how CostLearned prices a request: overhead + prompt x
 // promptWeight + completion, in completion-token units (a fitted model's
@@ -24,4 +27,55 @@ func (q *Queue) learnedCostLocked(prompt, completion int64) int64 {
 		return math.MaxInt64 / 2
 	}
 	return max(int64(math.Round(c)), 1)
+}
+
+// SetQuotaWeight sets the token_to_qps_weight of every quota that takes it
+// from the learned cost model (TenantConfig.QuotaAutoWeight): their limits
+// are recompiled with w, for the next decisions; stored meters are kept.
+// A weight within 1% of the one in force changes nothing. O(declared
+// tenants + remembered tenants), on the handler's tick.
+func (q *Queue) SetQuotaWeight(w float64) {
+	if !(w > 0) || math.IsInf(w, 0) {
+		return
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	reweigh := func(tc *TenantConfig) bool {
+		if !tc.QuotaAutoWeight || tc.Quota == nil {
+			return false
+		}
+		c := tc.Quota.Config()
+		if math.Abs(c.TokenToQPSWeight-w) <= 0.01*c.TokenToQPSWeight {
+			return false
+		}
+		c.TokenToQPSWeight = min(w, 1e6)
+		l, err := c.Compile()
+		if err != nil {
+			return false
+		}
+		tc.Quota = l
+		return true
+	}
+	// The map is shared with whoever built the Config (the handler reads
+	// it without the queue's lock): a changed one is a new map.
+	var tenants map[string]TenantConfig
+	for name, tc := range q.cfg.Tenants {
+		if reweigh(&tc) {
+			if tenants == nil {
+				tenants = maps.Clone(q.cfg.Tenants)
+			}
+			tenants[name] = tc
+		}
+	}
+	if tenants != nil {
+		q.cfg.Tenants = tenants
+	}
+	reweigh(&q.cfg.Default)
+	for _, t := range q.tenants {
+		if t.known {
+			t.cfg.Quota = q.cfg.Tenants[t.name].Quota
+		} else {
+			t.cfg.Quota = q.cfg.Default.Quota
+		}
+	}
 }

@@ -163,3 +163,34 @@ func TestQuotaReloadAndForget(t *testing.T) {
 		t.Fatalf("%d tenants still held after being forgotten", len(h.q.held))
 	}
 }
+
+// A quota whose weight follows the learned cost model is recompiled with
+// the new weight; one with its own weight is not; stored meters are kept.
+func TestSetQuotaWeight(t *testing.T) {
+	cfg := quotaConfig(quota.Config{QPS: 10, JointCap: 1, TokenToQPSWeight: 0.0008})
+	a := cfg.Tenants["a"]
+	a.QuotaAutoWeight = true
+	cfg.Tenants["a"] = a
+	b := cfg.Tenants["b"]
+	b.Quota = quota.MustCompile(quota.Config{QPS: 10, JointCap: 1, TokenToQPSWeight: 0.0008})
+	cfg.Tenants["b"] = b
+	h := newHarness(t, cfg, 1, 1)
+	h.enqueue(Request{Tenant: "a", Cost: 1000})
+	h.q.SetQuotaWeight(0.01)
+	got := h.q.Config().Tenants["a"].Quota.Config().TokenToQPSWeight
+	if got != 0.01 {
+		t.Fatalf("a's weight %v after SetQuotaWeight(0.01), want 0.01", got)
+	}
+	if w := h.q.Config().Tenants["b"].Quota.Config().TokenToQPSWeight; w != 0.0008 {
+		t.Fatalf("b's own weight changed to %v", w)
+	}
+	// The remembered tenant uses the new limits: a 1000-token request now
+	// costs 11 request-equivalents on a 10/s joint meter.
+	if inc := h.q.tenants["a"].cfg.Quota.Increment(quota.DimJoint, 1000); inc != 1100*time.Millisecond {
+		t.Fatalf("joint increment %v, want 1.1s", inc)
+	}
+	st, _ := h.q.QuotaStatus("a")
+	if st.Joint.Reset <= 0 {
+		t.Fatalf("the stored meter was lost: %+v", st.Joint)
+	}
+}

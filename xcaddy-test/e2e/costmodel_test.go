@@ -21,6 +21,9 @@ http://127.0.0.1:{{.Site}} {
 	fair_queue {
 		cost_unit learned
 		max_inflight 8
+		tenant t {
+			quota qps 1000 token_to_qps_weight auto
+		}
 		reverse_proxy {{.Upstreams}} {
 			health_uri /health
 			health_interval 200ms
@@ -101,4 +104,10 @@ func TestLearnedCostModel(t *testing.T) {
 	if v := metric(s, "caddy_fair_queue_cost_model_seconds", "term", "completion_token"); v != m.CompletionTokenSeconds {
 		t.Errorf("metric cost_model_seconds completion_token = %v, report %v", v, m.CompletionTokenSeconds)
 	}
+	// token_to_qps_weight auto: within a tick the tenant's joint meter
+	// weighs tokens as the fit says (within the 1% a change must exceed).
+	waitMetric(t, c, "the learned token weight", func(s harness.Series) bool {
+		w := metric(s, "caddy_fair_queue_quota_token_weight", "tenant", "t")
+		return w > 0 && w != 0.0008 && w >= m.TokenToQPSWeight*0.98 && w <= m.TokenToQPSWeight*1.02
+	})
 }
