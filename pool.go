@@ -14,6 +14,7 @@ import (
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
+	"github.com/caddy-fair-queue/caddy-fair-queue/history"
 )
 
 // tickPeriod is how often a queue expires deadlines, re-reads upstream
@@ -33,6 +34,9 @@ var queues = caddy.NewUsagePool()
 type sharedQueue struct {
 	name string
 	q    *fairqueue.Queue
+	// hist is what the dashboard shows; like the queue, it outlives
+	// reloads.
+	hist *history.History
 
 	mu sync.Mutex
 	// owners are the handlers whose config loads have started, oldest
@@ -65,7 +69,8 @@ func newSharedQueue(name string, cfg fairqueue.Config) (*sharedQueue, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &sharedQueue{name: name, q: q, stop: make(chan struct{}), done: make(chan struct{})}
+	s := &sharedQueue{name: name, q: q, stop: make(chan struct{}), done: make(chan struct{}),
+		hist: history.New(time.Now, declaredTenants(cfg))}
 	q.SetDegradeObserver(func(tr degrade.Transition) {
 		if h := s.owner(); h != nil {
 			h.onTransition(tr)
@@ -177,6 +182,7 @@ func (s *sharedQueue) commitLocked(h *Handler) error {
 	}
 	s.owners = append(s.owners, h)
 	h.committed.Store(true)
+	s.hist.Declare(declaredTenants(h.qcfg))
 	s.q.SetHealthy(h.healthyUpstreams())
 	return nil
 }
@@ -205,6 +211,7 @@ func (s *sharedQueue) abandon(h *Handler) {
 			case wasOwner && len(s.owners) > 0:
 				prev := s.owners[len(s.owners)-1]
 				_ = s.q.Reconfigure(prev.qcfg)
+				s.hist.Declare(declaredTenants(prev.qcfg))
 				s.q.SetHealthy(prev.healthyUpstreams())
 			}
 			return
@@ -253,6 +260,7 @@ func (s *sharedQueue) tick() {
 		s.q.SetHealthy(h.healthyUpstreams())
 	}
 	s.q.Tick()
+	s.sample()
 }
 
 // Interface guards
