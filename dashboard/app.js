@@ -78,7 +78,9 @@
   // the coordinate mappers.
   function frame(root, t0, t1, ymax, yfmt) {
     clear(root);
-    const x = (t) => PAD.l + (W - PAD.l - PAD.r) * (t - t0) / Math.max(t1 - t0, 1);
+    // A minute's point starts before the history when it began mid-minute:
+    // keep it on the plot's edge.
+    const x = (t) => PAD.l + (W - PAD.l - PAD.r) * Math.max(t - t0, 0) / Math.max(t1 - t0, 1);
     const y = (v) => H - PAD.b - (H - PAD.t - PAD.b) * v / (ymax || 1);
     root.appendChild(svg("rect", {x: PAD.l, y: PAD.t, width: W - PAD.l - PAD.r, height: H - PAD.t - PAD.b, class: "plot"}));
     for (let i = 0; i <= 4; i++) {
@@ -86,7 +88,7 @@
       root.appendChild(svg("line", {x1: PAD.l, x2: W - PAD.r, y1: y(v), y2: y(v), class: "grid"}));
       root.appendChild(svg("text", {x: PAD.l - 4, y: y(v) + 4, class: "axis", "text-anchor": "end"}, yfmt(v)));
     }
-    const res = (t1 - t0) > 3600e3 ? 3600 : 60;
+    const res = (t1 - t0) > 3600e3 ? 60 : 1;
     for (let i = 0; i <= 4; i++) {
       const t = t0 + (t1 - t0) * i / 4;
       root.appendChild(svg("text", {x: x(t), y: H - 8, class: "axis", "text-anchor": "middle"}, timeLabel(new Date(t), res)));
@@ -124,7 +126,9 @@
     }
     setValue("mem", "history_memory_bytes", st.history_memory_bytes, fmt.bytes);
 
-    const now = Date.parse(st.now), t0 = now - st.window_seconds * 1000;
+    // The time axis covers what the history holds (a gateway started a
+    // minute ago has no 24 hours to draw), at least 30 s.
+    const now = Date.parse(st.now), t0 = now - Math.min(st.window_seconds, Math.max(st.span_seconds, 30)) * 1000;
     const step = st.resolution_seconds * 1000;
     const series = st.series.map((p) => ({t: Date.parse(p.at), p}));
 
@@ -151,7 +155,7 @@
     const croot = $("chart-capacity");
     let cmax = 1, hmax = 1;
     for (const s of series) { cmax = Math.max(cmax, s.p.capacity); hmax = Math.max(hmax, s.p.healthy); }
-    const c = frame(croot, t0, now, cmax, (v) => fmt.int(v));
+    const c = frame(croot, t0, now, cmax * 1.25, (v) => v.toFixed(v < 10 ? 1 : 0));
     const cd = pathOf(series.map((s) => ({t: s.t, v: s.p.capacity})), c.x, c.y, step);
     if (cd) croot.appendChild(svg("path", {d: cd, class: "series capacity"}));
     const hd = pathOf(series.map((s) => ({t: s.t, v: s.p.healthy * cmax / hmax})), c.x, c.y, step);
@@ -200,7 +204,7 @@
     for (let i = 0; i <= 4; i++) {
       const t = t0 + (t1 - t0) * i / 4;
       root.appendChild(svg("text", {x: x(t), y: th - 8, class: "axis", "text-anchor": "middle"},
-        timeLabel(new Date(t), st.window_seconds > 300 ? 60 : 1)));
+        timeLabel(new Date(t), t1 - t0 > 3600e3 ? 60 : 1)));
     }
     const tb = $("transitions").tBodies[0];
     clear(tb);

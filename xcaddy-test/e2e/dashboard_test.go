@@ -232,6 +232,7 @@ http://127.0.0.1:{{.Site}} {
 			})
 		}
 	}
+	loadStart := time.Now()
 	drive("alpha", 5, 24, 0)
 	drive("beta", 3, 24, 20*time.Millisecond)
 	drive("gamma", 1, 24, 300*time.Millisecond)
@@ -249,6 +250,8 @@ http://127.0.0.1:{{.Site}} {
 			byCode["_unknown/served"] > 0
 		return ok, fmt.Sprintf("%d transitions, outcomes %v", len(st.Transitions), byCode)
 	})
+	// A few seconds more, so the charts have a history to draw.
+	time.Sleep(8*time.Second - time.Since(loadStart))
 	stop()
 	wg.Wait()
 	t.Logf("load: %d answers, %d refused", sent.Load(), refused.Load())
@@ -365,14 +368,33 @@ http://127.0.0.1:{{.Site}} {
 		}
 	}
 	// Charts drawn from the data.
-	if view.WaterPath < 2 || view.TriggerLines != len(st.Gateway.Ladder) || view.RecoverLines != len(st.Gateway.Ladder) ||
+	if view.TriggerLines != len(st.Gateway.Ladder) || view.RecoverLines != len(st.Gateway.Ladder) ||
 		view.CapPaths != 2 || view.ShareBars != len(st.Tenants) || view.FairBars != len(st.Tenants) ||
 		view.TimelineMark != len(st.Transitions) || view.Transitions != len(st.Transitions) || view.QuotaRows != len(st.Tenants) {
 		t.Errorf("charts: %+v; endpoint: %d ladder steps, %d tenants, %d transitions", view,
 			len(st.Gateway.Ladder), len(st.Tenants), len(st.Transitions))
 	}
 
-	// The screenshot, at the 1h window.
+	// Back to 5 minutes: the gateway's series is per second there, so the
+	// water line has as many points as seconds were sampled.
+	if err := chromedp.Do(bctx, chromedp.Click("#win-5m")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(bctx, chromedp.Poll[bool](
+		`document.body.dataset.window === "5m" && document.querySelector("#chart-water path.series.water") !== null`,
+		chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+		t.Fatalf("waiting for the page to poll the 5m window: %v", err)
+	}
+	view5, err := chromedp.Run(bctx, chromedp.Evaluate[pageView](readPage))
+	if err != nil {
+		t.Fatalf("reading the page: %v", err)
+	}
+	if view5.WaterPath < 5 || view5.CapPaths != 2 {
+		t.Errorf("5m charts: water line of %d points, %d capacity lines; want a point per second of load and 2 lines",
+			view5.WaterPath, view5.CapPaths)
+	}
+
+	// The screenshot, at the 5m window.
 	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatalf("screenshot: %v", err)
