@@ -151,16 +151,16 @@
       }
     }
 
-    // Capacity and healthy upstreams, each on its own scale.
+    // Capacity (slots) and healthy upstreams (count) on one integer axis.
     const croot = $("chart-capacity");
     let cmax = 1, hmax = 1;
     for (const s of series) { cmax = Math.max(cmax, s.p.capacity); hmax = Math.max(hmax, s.p.healthy); }
-    const c = frame(croot, t0, now, cmax * 1.25, (v) => v.toFixed(v < 10 ? 1 : 0));
+    const c = frame(croot, t0, now, Math.ceil(Math.max(cmax, hmax) * 1.25 / 4) * 4, fmt.int);
     const cd = pathOf(series.map((s) => ({t: s.t, v: s.p.capacity})), c.x, c.y, step);
     if (cd) croot.appendChild(svg("path", {d: cd, class: "series capacity"}));
-    const hd = pathOf(series.map((s) => ({t: s.t, v: s.p.healthy * cmax / hmax})), c.x, c.y, step);
+    const hd = pathOf(series.map((s) => ({t: s.t, v: s.p.healthy})), c.x, c.y, step);
     if (hd) croot.appendChild(svg("path", {d: hd, class: "series healthy"}));
-    croot.appendChild(svg("text", {x: PAD.l + 6, y: PAD.t + 14, class: "legend-text capacity"}, "capacity (max " + cmax + ")"));
+    croot.appendChild(svg("text", {x: PAD.l + 6, y: PAD.t + 14, class: "legend-text capacity"}, "capacity, slots (max " + cmax + ")"));
     croot.appendChild(svg("text", {x: PAD.l + 6, y: PAD.t + 28, class: "legend-text healthy"}, "healthy upstreams (max " + hmax + ")"));
 
     // Ladder and circuit tables.
