@@ -135,6 +135,29 @@ func TestDashboardCaddyfile(t *testing.T) {
 	}
 }
 
+// Written after fair_queue in a site, the dashboard's route still comes
+// first (fair_queue answers every request it matches), and its options
+// reach the JSON.
+func TestDashboardCaddyfileDirectiveOrder(t *testing.T) {
+	routes, adapted := adaptRoutes(t, `:8080 {
+	fair_queue {
+		reverse_proxy localhost:8001
+	}
+	fair_queue_dashboard /fair-queue/* {
+		queue default
+		refresh 5s
+	}
+}
+`)
+	if len(routes) != 2 {
+		t.Fatalf("want 2 routes, got %s", adapted)
+	}
+	if !strings.Contains(string(routes[0]), `"handler":"fair_queue_dashboard","queue":"default","refresh":5000000000`) ||
+		!strings.Contains(string(routes[1]), `"handler":"fair_queue"`) {
+		t.Errorf("routes out of order or options lost:\n%s\n%s", routes[0], routes[1])
+	}
+}
+
 func TestDashboardPageAndAssets(t *testing.T) {
 	d := loadDashboard(t, `{}`)
 	if time.Duration(d.Refresh) != defaultRefresh {
