@@ -20,7 +20,7 @@
 // these figures.
 //
 // The package is pure: time comes from the clock given to New, and every
-// method is safe for concurrent use (one mutex; recording is a few dozen
-// nanoseconds and allocates nothing once a tenant's ring exists). A nil
+// method is safe for concurrent use (one mutex; recording allocates
+// nothing once a tenant's ring exists, about 45 ns a call: BenchmarkRecord). A nil
 // *History ignores records, so callers need no checks.
 package history

@@ -417,3 +417,17 @@ func TestParseWindow(t *testing.T) {
 		t.Error("ParseWindow(7d): no error")
 	}
 }
+
+// BenchmarkRecord is the cost the request path pays per answered request
+// (Outcome) and per dispatch (Dispatched, Tokens).
+func BenchmarkRecord(b *testing.B) {
+	c := newClock()
+	h := New(c.Now, []string{"a"})
+	h.Outcome("a", "served", 0)
+	b.ReportAllocs()
+	for b.Loop() {
+		h.Outcome("a", "served", 20*time.Millisecond)
+		h.Dispatched("a", false, 0, 20*time.Millisecond)
+		h.Tokens("a", 100)
+	}
+}
