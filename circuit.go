@@ -54,6 +54,7 @@ func (h *Handler) onCircuit(ev fairqueue.CircuitEvent) {
 		dir = "shed"
 	}
 	circuitTransitions.WithLabelValues(h.Name, ev.Tier, dir).Inc()
+	h.history().Circuit(ev.At, ev.Tier, ev.Up, ev.From, ev.To, ev.Ratio)
 	callers := make([]map[string]any, 0, len(ev.Callers))
 	fields := []zap.Field{zap.String("queue", h.Name), zap.String("tier", ev.Tier), zap.String("direction", dir),
 		zap.Int("level", ev.To), zap.Float64("demand_ratio", ev.Ratio),

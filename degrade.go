@@ -78,6 +78,7 @@ func (h *Handler) onTransition(tr degrade.Transition) {
 		dir = "up"
 	}
 	degradeTransitions.WithLabelValues(h.Name, tr.Step, dir).Inc()
+	h.history().Degrade(tr.At, tr.Step, tr.Up, tr.From, tr.To, tr.Water)
 	h.logger.Info("degrade ladder transition",
 		zap.String("queue", h.Name), zap.String("step", tr.Step), zap.String("direction", dir),
 		zap.Int("from_level", tr.From), zap.Int("level", tr.To), zap.Float64("water", tr.Water))

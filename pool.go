@@ -15,6 +15,7 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/costmodel"
 	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
+	"github.com/caddy-fair-queue/caddy-fair-queue/history"
 )
 
 // tickPeriod is how often a queue expires deadlines, re-reads upstream
@@ -37,6 +38,9 @@ type sharedQueue struct {
 	// cost is the cost model learned from the served requests; it lives
 	// as long as the queue, across reloads.
 	cost *costmodel.Model
+	// hist is what the dashboard shows; like the queue, it outlives
+	// reloads.
+	hist *history.History
 
 	mu sync.Mutex
 	// owners are the handlers whose config loads have started, oldest
@@ -70,7 +74,8 @@ func newSharedQueue(name string, cfg fairqueue.Config) (*sharedQueue, error) {
 		return nil, err
 	}
 	s := &sharedQueue{name: name, q: q, cost: costmodel.New(costmodel.Config{}),
-		stop: make(chan struct{}), done: make(chan struct{})}
+		stop: make(chan struct{}), done: make(chan struct{}),
+		hist: history.New(time.Now, declaredTenants(cfg))}
 	q.SetDegradeObserver(func(tr degrade.Transition) {
 		if h := s.owner(); h != nil {
 			h.onTransition(tr)
@@ -182,6 +187,7 @@ func (s *sharedQueue) commitLocked(h *Handler) error {
 	}
 	s.owners = append(s.owners, h)
 	h.committed.Store(true)
+	s.hist.Declare(declaredTenants(h.qcfg))
 	h.applyHealth(s.q)
 	return nil
 }
@@ -210,6 +216,7 @@ func (s *sharedQueue) abandon(h *Handler) {
 			case wasOwner && len(s.owners) > 0:
 				prev := s.owners[len(s.owners)-1]
 				_ = s.q.Reconfigure(prev.qcfg)
+				s.hist.Declare(declaredTenants(prev.qcfg))
 				prev.applyHealth(s.q)
 			}
 			return
@@ -259,6 +266,7 @@ func (s *sharedQueue) tick() {
 		s.applyCostModel(h)
 	}
 	s.q.Tick()
+	s.sample()
 }
 
 // Interface guards

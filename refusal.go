@@ -12,5 +12,6 @@ import (
 // while queued, and records wait-budget refusals by moment (metrics.go).
 func (h *Handler) answerRejection(w http.ResponseWriter, repl *caddy.Replacer, a *admission, rej *fairqueue.Rejection) error {
 	observeRefusal(h.Name, a.label, rej)
+	h.historyRefusal(a.label, rej)
 	return h.answer(w, repl, a, rejectionError(rej))
 }

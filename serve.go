@@ -138,9 +138,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				used = int64(a.cost.Total())
 			}
 			observeQuotaUse(h.Name, a.label, charged, used)
+			h.history().QuotaCharged(a.label, used)
 		}
 	}()
 	observeQuotaDelay(h.Name, a.label, tk)
+	h.historyQuotaDelay(a.label, tk)
 
 	if err := tk.Wait(r.Context()); err != nil {
 		return h.notDispatched(w, repl, a, err)
@@ -170,6 +172,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	for attempt := 1; ; attempt++ {
 		wait = tk.Dispatched().Sub(tk.Enqueued())
 		observeDispatch(h.Name, a.label, tk.Boosted(), tk.ETA(), wait)
+		h.history().Dispatched(a.label, tk.Boosted(), tk.ETA(), wait)
 		// Known now: set before proxying, so the inner proxy can use them.
 		repl.Set("http.fair_queue.wait_ms", wait.Milliseconds())
 		repl.Set("http.fair_queue.cost", a.cost.Total())
@@ -305,11 +308,13 @@ func (h *Handler) actualCost(rec *usageRecorder, a *admission, failed bool) int6
 		a.usageKnown, a.usedPrompt, a.usedCompletion = !failed, prompt, u.Completion
 		actual := int64(prompt + u.Completion)
 		observeActual(h.Name, a.label, float64(actual))
+		h.history().Tokens(a.label, actual)
 		return actual
 	}
 	if failed || rec.status >= 400 {
 		return 0
 	}
+	h.history().Tokens(a.label, int64(a.cost.Total()))
 	return fairqueue.UnknownCost
 }
 
@@ -492,6 +497,7 @@ func (h *Handler) record(repl *caddy.Replacer, a *admission, outcome string, wai
 	repl.Set("http.fair_queue.cost", a.cost.Total())
 	repl.Set("http.fair_queue.outcome", outcome)
 	observeOutcome(h.Name, a.label, outcome, wait, float64(a.cost.Total()))
+	h.history().Outcome(a.label, outcome, wait)
 	if outcome != outcomeServed {
 		if c := h.logger.Check(zap.DebugLevel, "request not served"); c != nil {
 			c.Write(zap.String("tenant", a.tenant), zap.String("class", a.class),

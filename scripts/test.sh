@@ -52,5 +52,12 @@ if ! command -v npm >/dev/null; then
 fi
 (cd xcaddy-test/openai-client && npm ci --no-audit --no-fund --loglevel=error)
 
+echo "== headless Chromium for the dashboard's browser test (Debian's chromium package)"
+if ! command -v chromium >/dev/null; then
+	sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
+	$sudo apt-get install -y -qq chromium >/dev/null 2>&1 ||
+		{ $sudo apt-get update -qq && $sudo apt-get install -y -qq chromium >/dev/null; }
+fi
+
 echo "== end-to-end tests against the xcaddy-built binary"
 go test -count=1 -timeout 25m ./xcaddy-test/...

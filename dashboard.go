@@ -1,0 +1,434 @@
+package caddyfairqueue
+
+import (
+	"embed"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"path"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
+	"github.com/caddy-fair-queue/caddy-fair-queue/history"
+)
+
+func init() {
+	caddy.RegisterModule(Dashboard{})
+	httpcaddyfile.RegisterHandlerDirective("fair_queue_dashboard", parseDashboardCaddyfile)
+	// After metrics, like it a page at a path: fair_queue (before
+	// reverse_proxy) answers every request it matches, so a dashboard
+	// next to it in one route must come first.
+	httpcaddyfile.RegisterDirectiveOrder("fair_queue_dashboard", httpcaddyfile.After, "metrics")
+}
+
+// dashboardFiles is the page: HTML, script and style, no external assets.
+//
+//go:embed dashboard
+var dashboardFiles embed.FS
+
+// defaultRefresh is how often the page polls its state.
+const defaultRefresh = 3 * time.Second
+
+// Dashboard serves a live page of the fair queues' state and history:
+// per-tenant waits, outcomes, shares, quota use, boosts and ETA accuracy,
+// and the gateway's capacity, water level and transitions. Mount it where
+// you want it, behind your own authentication:
+//
+//	handle_path /fair-queue/* {
+//	    fair_queue_dashboard
+//	}
+//
+// It answers GET <base>/ (the page) and GET <base>/api/state?queue=NAME&window=5m|1h|24h
+// (the JSON the page polls).
+type Dashboard struct {
+	// Queue is the queue shown when a request names none. Default: the
+	// only live queue, or "default" when there are several.
+	Queue string `json:"queue,omitempty"`
+	// Refresh is how often the page polls. Default: 3s.
+	Refresh caddy.Duration `json:"refresh,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (Dashboard) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.fair_queue_dashboard",
+		New: func() caddy.Module { return new(Dashboard) },
+	}
+}
+
+// Provision sets defaults.
+func (d *Dashboard) Provision(caddy.Context) error {
+	if d.Refresh <= 0 {
+		d.Refresh = caddy.Duration(defaultRefresh)
+	}
+	return nil
+}
+
+// UnmarshalCaddyfile sets up the dashboard from Caddyfile tokens. Syntax:
+//
+//	fair_queue_dashboard [<matcher>] {
+//	    queue   <name>      # the queue shown when the page names none
+//	    refresh <duration>  # how often the page polls; default 3s
+//	}
+func (d *Dashboard) UnmarshalCaddyfile(disp *caddyfile.Dispenser) error {
+	disp.Next() // the directive
+	if disp.NextArg() {
+		return disp.Errf("fair_queue_dashboard takes no arguments; options go in its block (queue, refresh)")
+	}
+	seen := map[string]bool{}
+	for disp.NextBlock(0) {
+		opt := disp.Val()
+		if seen[opt] {
+			return disp.Errf("fair_queue_dashboard: %s given twice", opt)
+		}
+		seen[opt] = true
+		switch opt {
+		case "queue":
+			if !disp.NextArg() {
+				return disp.ArgErr()
+			}
+			d.Queue = disp.Val()
+		case "refresh":
+			if !disp.NextArg() {
+				return disp.ArgErr()
+			}
+			dur, err := caddy.ParseDuration(disp.Val())
+			if err != nil || dur <= 0 {
+				return disp.Errf("fair_queue_dashboard: refresh %q is not a positive duration such as 3s", disp.Val())
+			}
+			d.Refresh = caddy.Duration(dur)
+		default:
+			return disp.Errf("fair_queue_dashboard: unknown option %q; valid options are queue and refresh", opt)
+		}
+		if disp.NextArg() {
+			return disp.Errf("fair_queue_dashboard: %s takes one argument", opt)
+		}
+	}
+	return nil
+}
+
+func parseDashboardCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	d := new(Dashboard)
+	err := d.UnmarshalCaddyfile(h.Dispenser)
+	return d, err
+}
+
+// ServeHTTP answers the page, its assets and its state; anything else
+// under the dashboard's path is 404. The page refers to its assets and
+// its state by relative URLs, so it works under any base path that ends
+// in a slash.
+func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		return caddyhttp.Error(http.StatusMethodNotAllowed, fmt.Errorf("the dashboard answers GET only"))
+	}
+	hdr := w.Header()
+	hdr.Set("X-Content-Type-Options", "nosniff")
+	hdr.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; "+
+		"img-src 'self' data:; connect-src 'self'; base-uri 'none'; frame-ancestors 'none'")
+	p := r.URL.Path
+	switch {
+	case strings.HasSuffix(p, "/api/state"):
+		return d.serveState(w, r)
+	case p == "" || strings.HasSuffix(p, "/"):
+		return serveAsset(w, r, "index.html")
+	}
+	switch name := path.Base(p); name {
+	case "app.js", "style.css":
+		return serveAsset(w, r, name)
+	}
+	return caddyhttp.Error(http.StatusNotFound, fmt.Errorf("no dashboard page at %s", p))
+}
+
+// serveAsset writes one embedded file.
+func serveAsset(w http.ResponseWriter, r *http.Request, name string) error {
+	b, err := fs.ReadFile(dashboardFiles, "dashboard/"+name)
+	if err != nil {
+		return caddyhttp.Error(http.StatusInternalServerError, err)
+	}
+	ct := map[string]string{".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+		".css": "text/css; charset=utf-8"}[path.Ext(name)]
+	w.Header().Set("Content-Type", ct)
+	w.Header().Set("Cache-Control", "no-cache")
+	if r.Method == http.MethodHead {
+		return nil
+	}
+	_, err = w.Write(b)
+	return err
+}
+
+// dashState is the JSON of GET <base>/api/state: the queue's live state
+// and its history over the window. Its Tenants replace the history
+// report's, with live and configured fields added.
+type dashState struct {
+	history.Report
+	Queue  string   `json:"queue"`
+	Queues []string `json:"queues"`
+	// WindowName is the window asked for: 5m, 1h or 24h.
+	WindowName  string       `json:"window"`
+	Now         time.Time    `json:"now"`
+	RefreshMS   int64        `json:"refresh_ms"`
+	MemoryBytes int          `json:"history_memory_bytes"`
+	Gateway     dashGateway  `json:"gateway"`
+	Tenants     []dashTenant `json:"tenants"`
+	Outcomes    []string     `json:"outcome_codes"`
+	QuotaReason []string     `json:"quota_reasons"`
+}
+
+// dashTenant is one tenant row: its history over the window and its live
+// state now.
+type dashTenant struct {
+	history.TenantReport
+	Declared bool   `json:"declared"`
+	Class    string `json:"class"`
+	Tier     string `json:"tier,omitempty"`
+	Queued   int    `json:"queued"`
+	Inflight int    `json:"inflight"`
+}
+
+// dashGateway is the gateway now.
+type dashGateway struct {
+	Capacity          int         `json:"capacity"`
+	TokenCapacity     int64       `json:"token_capacity"`
+	HealthyUpstreams  int         `json:"healthy_upstreams"`
+	Queued            int         `json:"queued"`
+	Inflight          int         `json:"inflight"`
+	BoostedInflight   int         `json:"boosted_inflight"`
+	Water             float64     `json:"water"`
+	DegradeLevel      int         `json:"degrade_level"`
+	Ladder            []dashStep  `json:"ladder"`
+	Circuit           dashCircuit `json:"circuit"`
+	BoostShareMax     float64     `json:"boost_share_max"`
+	BoostBudgetHourly int         `json:"boost_budget_hourly"`
+}
+
+// dashStep is one degrade ladder step with its lines.
+type dashStep struct {
+	Name    string  `json:"name"`
+	Trigger float64 `json:"trigger"`
+	Recover float64 `json:"recover"`
+	Action  string  `json:"action"`
+	Engaged bool    `json:"engaged"`
+}
+
+// dashCircuit is the circuit breaker now.
+type dashCircuit struct {
+	Configured bool       `json:"configured"`
+	Level      int        `json:"level"`
+	Trigger    float64    `json:"trigger"`
+	Recover    float64    `json:"recover"`
+	Capacity   float64    `json:"capacity"`
+	Tierless   float64    `json:"tierless_demand"`
+	Tiers      []dashTier `json:"tiers"`
+}
+
+// dashTier is one circuit tier.
+type dashTier struct {
+	Name   string  `json:"name"`
+	Shed   bool    `json:"shed"`
+	Demand float64 `json:"demand"`
+}
+
+// serveState answers the page's poll.
+func (d *Dashboard) serveState(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	winName := q.Get("window")
+	if winName == "" {
+		winName = "5m"
+	}
+	window, err := history.ParseWindow(winName)
+	if err != nil {
+		return jsonError(w, http.StatusBadRequest, err.Error())
+	}
+	live := liveQueues()
+	s := pickQueue(live, q.Get("queue"), d.Queue)
+	if s == nil {
+		return jsonError(w, http.StatusNotFound, fmt.Sprintf("no live fair_queue named %q", q.Get("queue")))
+	}
+	st := dashboardState(s, window)
+	st.WindowName = winName
+	st.RefreshMS = time.Duration(d.Refresh).Milliseconds()
+	for _, l := range live {
+		st.Queues = append(st.Queues, l.name)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	return json.NewEncoder(w).Encode(st)
+}
+
+func jsonError(w http.ResponseWriter, status int, msg string) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	return json.NewEncoder(w).Encode(map[string]string{"error": msg})
+}
+
+// liveQueues lists the live queues by name.
+func liveQueues() []*sharedQueue {
+	var live []*sharedQueue
+	queues.Range(func(_, v any) bool {
+		if s, ok := v.(*sharedQueue); ok && s != nil {
+			live = append(live, s)
+		}
+		return true
+	})
+	sort.Slice(live, func(i, j int) bool { return live[i].name < live[j].name })
+	return live
+}
+
+// pickQueue is the queue named by the request, else the configured one,
+// else the only one, else "default"; nil when the named one is not live.
+func pickQueue(live []*sharedQueue, asked, configured string) *sharedQueue {
+	name := asked
+	if name == "" {
+		name = configured
+	}
+	if name == "" && len(live) == 1 {
+		return live[0]
+	}
+	if name == "" {
+		name = "default"
+	}
+	for _, s := range live {
+		if s.name == name {
+			return s
+		}
+	}
+	if asked == "" && configured == "" && len(live) > 0 {
+		return live[0]
+	}
+	return nil
+}
+
+// dashboardState reads one queue's live state and its history over
+// window.
+func dashboardState(s *sharedQueue, window time.Duration) dashState {
+	cfg := s.q.Config()
+	stats := s.q.Stats(true)
+	circ := s.q.Circuit()
+	level := s.q.DegradeLevel()
+
+	params := map[string]history.TenantParams{unknownTenantLabel: {Weight: cfg.Default.Weight}}
+	for name, tc := range cfg.Tenants {
+		p := history.TenantParams{Weight: tc.Weight}
+		if tc.Quota != nil {
+			qc := tc.Quota.Config()
+			p.QPS, p.TokensPerMin = qc.QPS, qc.TokensPerMin
+		}
+		params[name] = p
+	}
+	rep := s.hist.Query(window, params)
+
+	type live struct{ queued, inflight int }
+	now := map[string]*live{}
+	for _, t := range stats.Tenants {
+		label := t.Name
+		if !t.Known {
+			label = unknownTenantLabel
+		}
+		l := now[label]
+		if l == nil {
+			l = &live{}
+			now[label] = l
+		}
+		l.queued += t.Queued
+		l.inflight += t.Inflight
+	}
+	st := dashState{Report: rep, Queue: s.name, Now: time.Now().UTC(), MemoryBytes: s.hist.MemoryBytes(),
+		Outcomes: history.Outcomes[:], QuotaReason: history.QuotaReasons[:]}
+	st.Tenants = make([]dashTenant, 0, len(rep.Tenants))
+	for _, tr := range rep.Tenants {
+		tc, declared := cfg.Tenants[tr.Name]
+		if !declared {
+			tc = cfg.Default
+		}
+		dt := dashTenant{TenantReport: tr, Declared: declared, Class: tc.Class, Tier: tc.Tier}
+		if l := now[tr.Name]; l != nil {
+			dt.Queued, dt.Inflight = l.queued, l.inflight
+		}
+		st.Tenants = append(st.Tenants, dt)
+	}
+	st.Report.Tenants = nil // replaced by st.Tenants
+
+	g := dashGateway{Capacity: stats.Capacity, TokenCapacity: stats.TokenCapacity,
+		HealthyUpstreams: stats.Healthy, Queued: stats.Queued, Inflight: stats.Inflight,
+		BoostedInflight: stats.BoostedInflight, Water: stats.Water, DegradeLevel: level,
+		Ladder: []dashStep{}, BoostShareMax: cfg.Admission.BoostShareMax,
+		BoostBudgetHourly: cfg.Admission.PerTenantBoostHourly}
+	for i, step := range cfg.Degrade {
+		g.Ladder = append(g.Ladder, dashStep{Name: step.Name, Trigger: step.Trigger, Recover: step.Recover,
+			Action: step.Action.String(), Engaged: i < level})
+	}
+	g.Circuit = dashCircuit{Configured: circ.Configured, Level: circ.Level, Capacity: circ.Capacity,
+		Tierless: circ.Tierless, Tiers: []dashTier{}}
+	if cc := cfg.Circuit; cc != nil {
+		g.Circuit.Trigger, g.Circuit.Recover = cc.Trigger, cc.Recover
+		if g.Circuit.Trigger == 0 {
+			g.Circuit.Trigger = degrade.DefaultCircuitTrigger
+		}
+		if g.Circuit.Recover == 0 {
+			g.Circuit.Recover = degrade.DefaultCircuitRecover
+		}
+	}
+	for i, tier := range circ.Tiers {
+		g.Circuit.Tiers = append(g.Circuit.Tiers, dashTier{Name: tier, Shed: circ.Shed[i], Demand: circ.Demand[i]})
+	}
+	st.Gateway = g
+	return st
+}
+
+// history is the record the dashboard shows of h's queue; nil (which
+// ignores records) before h is provisioned.
+func (h *Handler) history() *history.History {
+	if h.shared == nil {
+		return nil
+	}
+	return h.shared.hist
+}
+
+// historyQuotaDelay records a request its quota made wait in its queue.
+func (h *Handler) historyQuotaDelay(label string, tk *fairqueue.Ticket) {
+	if tk.QuotaWait() > 0 {
+		h.history().QuotaLimited(label, string(tk.QuotaReason()), false)
+	}
+}
+
+// historyRefusal records a quota refusal.
+func (h *Handler) historyRefusal(label string, rej *fairqueue.Rejection) {
+	if rej.Reason == fairqueue.ReasonQuotaExceeded {
+		h.history().QuotaLimited(label, string(rej.Quota), true)
+	}
+}
+
+// declaredTenants lists cfg's declared tenants, the ones the history
+// keeps under their own names.
+func declaredTenants(cfg fairqueue.Config) []string {
+	names := make([]string, 0, len(cfg.Tenants))
+	for n := range cfg.Tenants {
+		names = append(names, n)
+	}
+	return names
+}
+
+// sample records the gateway's state in the history, on every tick.
+func (s *sharedQueue) sample() {
+	st := s.q.Stats(false)
+	s.hist.Sample(history.Sample{Capacity: st.Capacity, Healthy: st.Healthy, Water: st.Water,
+		DegradeLevel: s.q.DegradeLevel(), CircuitLevel: s.q.Circuit().Level})
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Dashboard)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Dashboard)(nil)
+	_ caddyfile.Unmarshaler       = (*Dashboard)(nil)
+)

@@ -1,0 +1,363 @@
+package history
+
+import (
+	"math"
+	"sync"
+	"time"
+)
+
+// Minutes is how many per-minute aggregates each ring holds: 24 hours.
+const Minutes = 24 * 60
+
+// Seconds is how many per-second gateway samples are kept: the five
+// minutes the shortest window shows at one-second resolution.
+const Seconds = 5 * 60
+
+// MaxTransitions bounds the remembered degrade and circuit transitions.
+const MaxTransitions = 200
+
+// UnknownTenant is the one name every undeclared tenant is counted under,
+// as in the plugin's metrics.
+const UnknownTenant = "_unknown"
+
+// Outcomes lists the outcome codes counted per tenant: served, and every
+// answer of the plugin's HTTP contract. A code not listed is counted as
+// "other".
+var Outcomes = [...]string{
+	"served",
+	"wait_budget_exceeded",
+	"queue_timeout",
+	"quota_exceeded",
+	"circuit_open",
+	"tenant_queue_full",
+	"class_throttled",
+	"server_busy",
+	"context_length_exceeded",
+	"invalid_request",
+	"request_too_large",
+	"request_timeout",
+	"unknown_tenant",
+	"proxy_error",
+	"client_gone",
+	"other",
+}
+
+const (
+	numOutcomes = len(Outcomes)
+	outServed   = 0
+	outOther    = numOutcomes - 1
+)
+
+var outcomeIndex = func() map[string]int {
+	m := make(map[string]int, numOutcomes)
+	for i, o := range Outcomes {
+		m[o] = i
+	}
+	return m
+}()
+
+// QuotaReasons are the quota meters a limit hit names.
+var QuotaReasons = [...]string{"qps", "tokens", "joint"}
+
+// Quota actions: a request its quota delayed (it waited in its queue), or
+// refused (429 quota_exceeded).
+const (
+	actionDelayed = 0
+	actionRefused = 1
+)
+
+// tenantMinute is one tenant's aggregates over one minute. Counts are
+// uint32: four billion requests of one tenant in a minute is far beyond
+// any gateway.
+type tenantMinute struct {
+	minute   int64 // unix minute this slot holds; a slot holding another is stale
+	outcomes [numOutcomes]uint32
+	wait     [NumBuckets]uint32 // served requests' waits
+	boosts   uint32
+	etaN     uint32
+	chargedN uint32 // requests charged to the tenant's quota
+	limited  [len(QuotaReasons)][2]uint32
+	waitSum  float64 // seconds
+	tokens   int64   // served tokens, actual usage (the estimate when none was reported)
+	etaRatio float64 // sum of predicted/actual wait
+	etaErr   float64 // sum of |ln(predicted/actual)|
+	chargedT int64   // tokens charged to the quota, corrected to actual usage
+}
+
+// gatewaySlot is the gateway over one minute or one second.
+type gatewaySlot struct {
+	at               int64 // unix minute or second; stale when another
+	capacity         int32 // last sample
+	healthy          int32 // last sample
+	degrade, circuit int32 // last sample
+	degradeMax       int32
+	circuitMax       int32
+	samples          int32
+	water, waterMax  float64
+}
+
+// Memory cost, asserted by TestMemoryCost (64-bit platforms).
+const (
+	// TenantMinuteBytes is one tenant's aggregates over one minute.
+	TenantMinuteBytes = 312
+	// TenantBytes is one tenant's ring: 24 hours of minutes.
+	TenantBytes = TenantMinuteBytes * Minutes
+	// gatewaySlotBytes and transitionBytes are the fixed rings' entries
+	// (a transition's step or tier name is shared with the config).
+	gatewaySlotBytes = 56
+	transitionBytes  = 88
+	// FixedBytes is what a History holds whatever its tenants: the
+	// gateway's minutes and seconds and the transitions.
+	FixedBytes = gatewaySlotBytes*(Minutes+Seconds) + transitionBytes*MaxTransitions
+)
+
+// MemoryBytes is what the history holds now: FixedBytes and one
+// TenantBytes ring per tenant that has recorded anything.
+func (h *History) MemoryBytes() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return FixedBytes + len(h.tenants)*TenantBytes
+}
+
+// Transition is one degrade ladder step or circuit tier moving.
+type Transition struct {
+	At time.Time `json:"at"`
+	// Kind is "degrade" or "circuit".
+	Kind string `json:"kind"`
+	// Name is the ladder step or the circuit tier.
+	Name string `json:"name"`
+	// Up: the step engaged or the tier was shed; else released/readmitted.
+	Up bool `json:"up"`
+	// From and To are the levels before and after (steps engaged, tiers
+	// shed).
+	From int `json:"from"`
+	To   int `json:"to"`
+	// Value is the water level (degrade) or the demand/capacity ratio
+	// (circuit) that crossed the line.
+	Value float64 `json:"value"`
+}
+
+// Sample is the gateway's state at one tick.
+type Sample struct {
+	Capacity     int
+	Healthy      int
+	Water        float64
+	DegradeLevel int
+	CircuitLevel int
+}
+
+// History is the in-memory record of one queue. The zero value is not
+// usable; call New.
+type History struct {
+	now   func() time.Time
+	start time.Time
+
+	mu       sync.Mutex
+	declared map[string]bool
+	tenants  map[string][]tenantMinute
+	minutes  [Minutes]gatewaySlot
+	seconds  [Seconds]gatewaySlot
+	trans    [MaxTransitions]Transition
+	transN   int // transitions ever recorded; the ring holds the last MaxTransitions
+}
+
+// New returns an empty history on the given clock, counting declared
+// under their own names and every other tenant under UnknownTenant.
+func New(now func() time.Time, declared []string) *History {
+	h := &History{now: now, start: now(), tenants: map[string][]tenantMinute{}}
+	h.Declare(declared)
+	return h
+}
+
+// Declare sets the tenants counted under their own names (a reload may
+// change them): rings of tenants no longer declared are dropped, so memory
+// follows the configuration in force.
+func (h *History) Declare(names []string) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.declared = make(map[string]bool, len(names))
+	for _, n := range names {
+		h.declared[n] = true
+	}
+	for n := range h.tenants {
+		if n != UnknownTenant && !h.declared[n] {
+			delete(h.tenants, n)
+		}
+	}
+}
+
+// slotLocked returns the tenant's slot for the current minute, cleared
+// if it held an older one.
+func (h *History) slotLocked(tenant string) *tenantMinute {
+	if !h.declared[tenant] {
+		tenant = UnknownTenant
+	}
+	ring := h.tenants[tenant]
+	if ring == nil {
+		ring = make([]tenantMinute, Minutes)
+		h.tenants[tenant] = ring
+	}
+	m := unixMinute(h.now())
+	s := &ring[ringIndex(m, Minutes)]
+	if s.minute != m {
+		*s = tenantMinute{minute: m}
+	}
+	return s
+}
+
+// Outcome counts one answered request of tenant: its outcome code and,
+// when served, how long it waited in the queue.
+func (h *History) Outcome(tenant, code string, wait time.Duration) {
+	if h == nil {
+		return
+	}
+	i, ok := outcomeIndex[code]
+	if !ok {
+		i = outOther
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.slotLocked(tenant)
+	s.outcomes[i]++
+	if i == outServed {
+		w := max(wait.Seconds(), 0)
+		s.wait[bucketOf(w)]++
+		s.waitSum += w
+	}
+}
+
+// Dispatched records what the wait-budget logic did for a request of
+// tenant when it was dispatched: whether it was boosted, and the wait it
+// was promised (eta) against the wait it had. A zero eta or wait (nothing
+// was predicted, or nothing waited) records no ETA accuracy.
+func (h *History) Dispatched(tenant string, boosted bool, eta, wait time.Duration) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.slotLocked(tenant)
+	if boosted {
+		s.boosts++
+	}
+	if eta > 0 && wait > 0 {
+		r := eta.Seconds() / wait.Seconds()
+		s.etaN++
+		s.etaRatio += r
+		s.etaErr += math.Abs(math.Log(r))
+	}
+}
+
+// Tokens adds the tokens a served request of tenant really used.
+func (h *History) Tokens(tenant string, tokens int64) {
+	if h == nil || tokens <= 0 {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.slotLocked(tenant).tokens += tokens
+}
+
+// QuotaLimited counts a request of tenant that its quota limited: by
+// meter reason ("qps", "tokens", "joint"; others are ignored), delayed in
+// its queue or refused.
+func (h *History) QuotaLimited(tenant, reason string, refused bool) {
+	if h == nil {
+		return
+	}
+	r := -1
+	for i, q := range QuotaReasons {
+		if q == reason {
+			r = i
+		}
+	}
+	if r < 0 {
+		return
+	}
+	a := actionDelayed
+	if refused {
+		a = actionRefused
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.slotLocked(tenant).limited[r][a]++
+}
+
+// QuotaCharged counts a completed request of tenant charged to its quota,
+// with the tokens it used.
+func (h *History) QuotaCharged(tenant string, tokens int64) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.slotLocked(tenant)
+	s.chargedN++
+	s.chargedT += max(tokens, 0)
+}
+
+// Sample records the gateway's state; the queue's tick calls it, so each
+// second and minute keeps its last state and its highest water, degrade
+// and circuit levels.
+func (h *History) Sample(g Sample) {
+	if h == nil {
+		return
+	}
+	now := h.now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	sec := now.Unix()
+	sampleInto(&h.seconds[ringIndex(sec, Seconds)], sec, g)
+	m := unixMinute(now)
+	sampleInto(&h.minutes[ringIndex(m, Minutes)], m, g)
+}
+
+func sampleInto(s *gatewaySlot, at int64, g Sample) {
+	if s.at != at {
+		*s = gatewaySlot{at: at}
+	}
+	s.capacity, s.healthy = int32(g.Capacity), int32(g.Healthy)
+	s.degrade, s.circuit = int32(g.DegradeLevel), int32(g.CircuitLevel)
+	s.water = g.Water
+	if s.samples == 0 || g.Water > s.waterMax {
+		s.waterMax = g.Water
+	}
+	s.degradeMax = max(s.degradeMax, s.degrade)
+	s.circuitMax = max(s.circuitMax, s.circuit)
+	s.samples++
+}
+
+// Degrade records a ladder transition.
+func (h *History) Degrade(at time.Time, step string, up bool, from, to int, water float64) {
+	h.transition(Transition{At: at, Kind: "degrade", Name: step, Up: up, From: from, To: to, Value: water})
+}
+
+// Circuit records a circuit transition.
+func (h *History) Circuit(at time.Time, tier string, up bool, from, to int, ratio float64) {
+	h.transition(Transition{At: at, Kind: "circuit", Name: tier, Up: up, From: from, To: to, Value: ratio})
+}
+
+func (h *History) transition(t Transition) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.trans[h.transN%MaxTransitions] = t
+	h.transN++
+}
+
+func unixMinute(t time.Time) int64 { return t.Unix() / 60 }
+
+// ringIndex maps a unix minute or second to its slot (non-negative for
+// times before 1970 too).
+func ringIndex(at int64, n int) int {
+	i := at % int64(n)
+	if i < 0 {
+		i += int64(n)
+	}
+	return int(i)
+}
