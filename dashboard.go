@@ -207,6 +207,8 @@ type dashGateway struct {
 	DegradeLevel      int         `json:"degrade_level"`
 	Ladder            []dashStep  `json:"ladder"`
 	Circuit           dashCircuit `json:"circuit"`
+	// CostModel is the learned cost model (the admin report's view).
+	CostModel costModelReport `json:"cost_model"`
 	BoostShareMax     float64     `json:"boost_share_max"`
 	BoostBudgetHourly int         `json:"boost_budget_hourly"`
 }
@@ -363,7 +365,7 @@ func dashboardState(s *sharedQueue, window time.Duration) dashState {
 		HealthyUpstreams: stats.Healthy, Queued: stats.Queued, Inflight: stats.Inflight,
 		BoostedInflight: stats.BoostedInflight, Water: stats.Water, DegradeLevel: level,
 		Ladder: []dashStep{}, BoostShareMax: cfg.Admission.BoostShareMax,
-		BoostBudgetHourly: cfg.Admission.PerTenantBoostHourly}
+		BoostBudgetHourly: cfg.Admission.PerTenantBoostHourly, CostModel: newCostModelReport(s.cost.Fit())}
 	for i, step := range cfg.Degrade {
 		g.Ladder = append(g.Ladder, dashStep{Name: step.Name, Trigger: step.Trigger, Recover: step.Recover,
 			Action: step.Action.String(), Engaged: i < level})

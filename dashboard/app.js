@@ -125,6 +125,12 @@
       setValue("jain", "jain", st.jain, () => "—");
     }
     setValue("mem", "history_memory_bytes", st.history_memory_bytes, fmt.bytes);
+    const cm = g.cost_model;
+    setValue("gw-costmodel", "gateway.cost_model.completion_token_seconds", cm.completion_token_seconds, (v) =>
+      cm.ready ? (1000 * cm.overhead_seconds).toFixed(1) + " / " + (1000 * cm.prompt_token_seconds).toFixed(3) + " / " +
+        (1000 * v).toFixed(2) + " (" + cm.r2.toFixed(3) + ")" : cm.status + " (" + cm.samples + " served)");
+    setValue("gw-tokenweight", "gateway.cost_model.token_to_qps_weight", cm.token_to_qps_weight, (v) =>
+      cm.ready ? v.toPrecision(3) : "—");
 
     // The time axis covers what the history holds (a gateway started a
     // minute ago has no 24 hours to draw), at least 30 s.

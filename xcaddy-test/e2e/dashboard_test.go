@@ -53,6 +53,10 @@ type dashState struct {
 		Ladder   []struct {
 			Name string `json:"name"`
 		} `json:"ladder"`
+		CostModel struct {
+			Ready                  bool    `json:"ready"`
+			CompletionTokenSeconds float64 `json:"completion_token_seconds"`
+		} `json:"cost_model"`
 	} `json:"gateway"`
 	Tenants []struct {
 		Name          string           `json:"name"`
@@ -126,7 +130,7 @@ const readPage = `(() => {
     return out;
   };
   const tiles = {};
-  for (const id of ["gw-capacity", "gw-healthy", "gw-queued", "gw-inflight", "gw-water", "jain"]) {
+  for (const id of ["gw-capacity", "gw-healthy", "gw-queued", "gw-inflight", "gw-water", "jain", "gw-costmodel"]) {
     const e = document.getElementById(id);
     tiles[id] = {text: e.textContent, value: e.dataset.value || ""};
   }
@@ -334,6 +338,14 @@ http://127.0.0.1:{{.Site}} {
 	expectShown(t, "capacity", view.Tiles["gw-capacity"], float64(st.Gateway.Capacity), 1, 0)
 	expectShown(t, "healthy upstreams", view.Tiles["gw-healthy"], float64(st.Gateway.Healthy), 1, 0)
 	expectShown(t, "Jain's index", view.Tiles["jain"], st.Jain, 1, 0.0005)
+	// The learned cost model (the page shows it in ms, with the others).
+	if v, err := strconv.ParseFloat(view.Tiles["gw-costmodel"].Value, 64); err != nil || v != st.Gateway.CostModel.CompletionTokenSeconds {
+		t.Errorf("cost model: page holds %q, endpoint %v", view.Tiles["gw-costmodel"].Value, st.Gateway.CostModel.CompletionTokenSeconds)
+	}
+	if st.Gateway.CostModel.Ready && !strings.Contains(view.Tiles["gw-costmodel"].Text,
+		strconv.FormatFloat(1000*st.Gateway.CostModel.CompletionTokenSeconds, 'f', 2, 64)) {
+		t.Errorf("cost model: page shows %q, endpoint %v s per output token", view.Tiles["gw-costmodel"].Text, st.Gateway.CostModel.CompletionTokenSeconds)
+	}
 	if st.Gateway.Capacity != 4 || st.Gateway.Healthy != 2 {
 		t.Errorf("endpoint: capacity %d healthy %d, want 4 (2 x 2) and 2", st.Gateway.Capacity, st.Gateway.Healthy)
 	}
