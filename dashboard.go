@@ -197,20 +197,20 @@ type dashTenant struct {
 
 // dashGateway is the gateway now.
 type dashGateway struct {
-	Capacity          int         `json:"capacity"`
-	TokenCapacity     int64       `json:"token_capacity"`
-	HealthyUpstreams  int         `json:"healthy_upstreams"`
-	Queued            int         `json:"queued"`
-	Inflight          int         `json:"inflight"`
-	BoostedInflight   int         `json:"boosted_inflight"`
-	Water             float64     `json:"water"`
-	DegradeLevel      int         `json:"degrade_level"`
-	Ladder            []dashStep  `json:"ladder"`
-	Circuit           dashCircuit `json:"circuit"`
+	Capacity         int         `json:"capacity"`
+	TokenCapacity    int64       `json:"token_capacity"`
+	HealthyUpstreams int         `json:"healthy_upstreams"`
+	Queued           int         `json:"queued"`
+	Inflight         int         `json:"inflight"`
+	BoostedInflight  int         `json:"boosted_inflight"`
+	Water            float64     `json:"water"`
+	DegradeLevel     int         `json:"degrade_level"`
+	Ladder           []dashStep  `json:"ladder"`
+	Circuit          dashCircuit `json:"circuit"`
 	// CostModel is the learned cost model (the admin report's view).
-	CostModel costModelReport `json:"cost_model"`
-	BoostShareMax     float64     `json:"boost_share_max"`
-	BoostBudgetHourly int         `json:"boost_budget_hourly"`
+	CostModel         costModelReport `json:"cost_model"`
+	BoostShareMax     float64         `json:"boost_share_max"`
+	BoostBudgetHourly int             `json:"boost_budget_hourly"`
 }
 
 // dashStep is one degrade ladder step with its lines.
