@@ -176,6 +176,8 @@ var (
 		"Configured weight of each declared tenant currently known to the queue.", []string{"queue", "tenant"}, nil)
 	descQuotaLimit = prometheus.NewDesc(fqName("quota_limit"),
 		"Each declared tenant's quota per minute, by meter: requests (qps), tokens, request-equivalents (joint).", []string{"queue", "tenant", "meter"}, nil)
+	descTenantInfo = prometheus.NewDesc(fqName("tenant_info"),
+		"1 for each declared tenant and for _unknown (the undeclared ones, default_tenant's settings), labelled with its tier (\"none\" without one) and class: join on (queue, tenant) to name a tenant's tier.", []string{"queue", "tenant", "tier", "class"}, nil)
 	descQuotaWeight = prometheus.NewDesc(fqName("quota_token_weight"),
 		"Each declared tenant's token_to_qps_weight in force: request-equivalents per token in its joint meter (learned with token_to_qps_weight auto).", []string{"queue", "tenant"}, nil)
 	descQuotaDebt = prometheus.NewDesc(fqName("quota_debt_seconds"),
@@ -185,7 +187,7 @@ var (
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDepth, descQueuedTokens, descInflight,
 		descHealthy, descCapacity, descTokenCapacity, descWater, descBoosted, descDegradeLevel, descWeight,
-		descQuotaLimit, descQuotaDebt, descQuotaWeight, descCircuitShed, descCircuitDemand, descCircuitCapacity,
+		descQuotaLimit, descQuotaDebt, descQuotaWeight, descTenantInfo, descCircuitShed, descCircuitDemand, descCircuitCapacity,
 		descUpstreamRemaining, descUpstreamExhausted, descCostModel, descCostModelR2} {
 		ch <- d
 	}
@@ -237,7 +239,18 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descQueuedTokens, float64(a.queued), name, label)
 			gauge(descInflight, float64(a.inflight), name, label)
 		}
-		for tenant, tc := range s.q.Config().Tenants {
+		qcfg := s.q.Config()
+		tierOf := func(tc fairqueue.TenantConfig) string {
+			if tc.Tier == "" {
+				return "none"
+			}
+			return tc.Tier
+		}
+		gauge(descTenantInfo, 1, name, unknownTenantLabel, tierOf(qcfg.Default), qcfg.Default.Class)
+		for tenant, tc := range qcfg.Tenants {
+			gauge(descTenantInfo, 1, name, tenant, tierOf(tc), tc.Class)
+		}
+		for tenant, tc := range qcfg.Tenants {
 			if tc.Quota == nil {
 				continue
 			}
