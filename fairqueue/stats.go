@@ -42,7 +42,6 @@ type Stats struct {
 // currently remembers, sorted by name.
 func (q *Queue) Stats(tenants bool) Stats {
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	s := Stats{Healthy: q.healthy, Capacity: q.capacity, TokenCapacity: q.tokenCap,
 		Queued: q.queued, QueuedCost: q.queuedCost, Inflight: q.inflight,
 		InflightCost: q.inflightCost, BoostedInflight: q.boostedInflight,
@@ -54,8 +53,10 @@ func (q *Queue) Stats(tenants bool) Stats {
 				Weight: t.weight, Queued: t.queued, QueuedCost: t.queuedCost,
 				Inflight: t.inflight, Served: t.served, VirtualTime: t.vt - t.credit})
 		}
-		sort.Slice(s.Tenants, func(i, j int) bool { return s.Tenants[i].Name < s.Tenants[j].Name })
 	}
+	q.mu.Unlock()
+	// O(n log n), outside the lock: dispatch waits only for the copy.
+	sort.Slice(s.Tenants, func(i, j int) bool { return s.Tenants[i].Name < s.Tenants[j].Name })
 	return s
 }
 
