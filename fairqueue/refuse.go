@@ -249,6 +249,28 @@ func (q *Queue) refuseLocked(now time.Time) {
 	}
 }
 
+// coldMargin is the share of its ETA by which a request must miss to be
+// refused while the rate is still taken from the cold start (see
+// refusalMarginLocked).
+const coldMargin = 0.03
+
+// refusalMarginLocked is the share of an ETA a refusal needs beyond the
+// deadline: coldMargin until the estimator has learned a rate and a full
+// window has passed since, when the rate is an extrapolation from the
+// first seconds of a flood that the next minutes can beat by a few
+// percent; 0 after.
+func (q *Queue) refusalMarginLocked(now time.Time) float64 {
+	a := q.adm
+	window := q.cfg.Admission.Throughput.Window
+	if window <= 0 {
+		window = budget.DefaultWindow
+	}
+	if a.learnedAt.IsZero() || now.Sub(a.learnedAt) < window {
+		return coldMargin
+	}
+	return 0
+}
+
 // refusalETALocked is the ETA a refusal of the queued tk is decided on: the
 // work ahead of it in its flow at the flow's drain rate (0: unmeasured),
 // held between the global ETAs at the refusal rate r and at the promise
@@ -260,6 +282,13 @@ func (q *Queue) refusalETALocked(now time.Time, tk *Ticket, r, promise, drain fl
 	at := tk.deadline.Sub(tk.enqueued) / decideAt
 	at -= min(at/5, decideLead)
 	if age := now.Sub(tk.enqueued); age < at-decideWindow || age >= at {
+		// Outside the decision window: at the refusal rate, less the cold
+		// margin while that rate is extrapolated from a flood's first
+		// seconds. A request missing by less waits for the window, where
+		// its flow's own drain decides, by a quarter of its budget.
+		if age < at-decideWindow {
+			return time.Duration(float64(lo) * (1 - q.refusalMarginLocked(now)))
+		}
 		return lo
 	}
 	if drain <= 0 {
