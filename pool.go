@@ -251,6 +251,9 @@ func (s *sharedQueue) tick() {
 	}()
 	if h := s.owner(); h != nil {
 		s.q.SetHealthy(h.healthyUpstreams())
+		if h.cluster != nil {
+			h.cluster.store.Poll()
+		}
 	}
 	s.q.Tick()
 }

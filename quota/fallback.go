@@ -119,6 +119,15 @@ func (f *Fallback) Degraded() bool { return f.degraded.Load() }
 // Fallbacks is the number of calls answered by the local store so far.
 func (f *Fallback) Fallbacks() uint64 { return f.fallbacks.Load() }
 
+// Poll starts a Probe when the outage's retry is due, so that a gateway
+// with no calls to make (no traffic under a quota) still finds its primary
+// back and reports it. It never waits; without a Probe it does nothing.
+func (f *Fallback) Poll() {
+	if f.probe != nil {
+		f.usePrimary()
+	}
+}
+
 // call is what a call to the primary needs to know when it returns.
 type call struct {
 	use   bool   // it went to the primary

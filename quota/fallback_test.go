@@ -443,3 +443,29 @@ func TestFallbackConcurrent(t *testing.T) {
 }
 
 var _ redis.Hook = (*roundTrips)(nil)
+
+// TestFallbackPoll: with no calls at all, Poll starts the probe once the
+// retry is due, and its success ends the outage.
+func TestFallbackPoll(t *testing.T) {
+	rig := newFallbackRig(t, 1, true)
+	f := rig.f
+	rig.mr.Close()
+	rig.charge(t, "a", MustCompile(Config{QPS: 1}), 0)
+	if err := rig.mr.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	f.Poll()
+	probeDone(t, f)
+	if !f.Degraded() {
+		t.Fatal("Poll probed before the retry was due")
+	}
+	rig.clk.Advance(DefaultFallbackRetry)
+	f.Poll()
+	probeDone(t, f)
+	if f.Degraded() {
+		t.Fatal("Poll after Retry did not find the primary back")
+	}
+	if got := rig.changes(); len(got) != 2 || !got[0] || got[1] {
+		t.Errorf("OnChange calls %v, want [true false]", got)
+	}
+}
