@@ -71,6 +71,7 @@ type Fallback struct {
 	primary Store
 	local   *Memory
 	share   float64
+	n       int64 // instances
 	retry   int64
 	clock   func() time.Time
 	probe   func(context.Context) error
@@ -94,6 +95,7 @@ func NewFallback(primary Store, local *Memory, opts FallbackOptions) *Fallback {
 		primary:  primary,
 		local:    local,
 		share:    1,
+		n:        1,
 		retry:    int64(DefaultFallbackRetry),
 		clock:    opts.Clock,
 		probe:    opts.Probe,
@@ -101,7 +103,7 @@ func NewFallback(primary Store, local *Memory, opts FallbackOptions) *Fallback {
 		onLocal:  opts.OnLocal,
 	}
 	if opts.Instances > 1 {
-		f.share = 1 / float64(opts.Instances)
+		f.share, f.n = 1/float64(opts.Instances), int64(opts.Instances)
 	}
 	if opts.Retry > 0 {
 		f.retry = int64(opts.Retry)
@@ -220,10 +222,18 @@ func (f *Fallback) localLimits(l *Limits) *Limits {
 	return l.Scale(f.share)
 }
 
-// Peek implements Store.
+// Peek implements Store. The backlog ahead is the tenant's at this
+// instance; on the shared store it counts Instances times, as the
+// tenant's backlog in the cluster when the load balancer spreads it
+// evenly (the other instances' queues are not in the store). Without it,
+// each instance would admit a wait budget's worth of the quota, together
+// Instances times what the quota can serve within the budget, and the
+// excess would expire in the queues instead of being refused at once with
+// its Retry-After. Locally the backlog counts once, against 1/Instances of
+// the limits: the same wait.
 func (f *Fallback) Peek(ctx context.Context, tenant string, l *Limits, ahead Backlog) (Decision, error) {
 	if c := f.usePrimary(); c.use {
-		d, err := f.primary.Peek(ctx, tenant, l, ahead)
+		d, err := f.primary.Peek(ctx, tenant, l, Backlog{Requests: ahead.Requests * f.n, Tokens: ahead.Tokens * f.n})
 		if f.answered(ctx, err, c) {
 			return d, err
 		}

@@ -469,3 +469,28 @@ func TestFallbackPoll(t *testing.T) {
 		t.Errorf("OnChange calls %v, want [true false]", got)
 	}
 }
+
+// TestFallbackPeekBacklog: on the shared store a Peek counts the local
+// backlog once per instance (the cluster's backlog under an even load
+// balancer); locally, once against the instance's share: the same wait.
+func TestFallbackPeekBacklog(t *testing.T) {
+	l := MustCompile(Config{TokensPerMin: 60000}) // 1000 tokens/s, no burst
+	rig := newFallbackRig(t, 3, false)
+	ahead := Backlog{Requests: 2, Tokens: 1000}
+	d, err := rig.f.Peek(bg, "a", l, ahead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allowed || d.RetryAfter != 3*time.Second {
+		t.Errorf("shared store: %+v, want a wait of 3s (1000 tokens ahead here, 3000 in the cluster)", d)
+	}
+	rig.mr.Close()
+	rig.charge(t, "b", l, 0) // starts the outage
+	d, err = rig.f.Peek(bg, "a", l, ahead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rig.f.Degraded() || d.Allowed || d.RetryAfter != 3*time.Second {
+		t.Errorf("local: degraded %v, %+v; want a wait of 3s (1000 tokens at a third of the rate)", rig.f.Degraded(), d)
+	}
+}
