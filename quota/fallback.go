@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -79,6 +80,14 @@ type Fallback struct {
 	onChange func(bool, error)
 	onLocal  func()
 
+	// rest holds, per tenant, when the primary's last answer about it
+	// (on this instance) said it would be at rest, in Unix ns of the
+	// local clock: a Peek with nothing ahead of a tenant seen at rest is
+	// answered without a round trip (see Peek).
+	restMu    sync.Mutex
+	rest      map[string]int64 // guarded by restMu
+	nextSweep int64            // guarded by restMu
+
 	degraded  atomic.Bool
 	outages   atomic.Uint64 // outages ended so far: a call's era
 	retryAt   atomic.Int64  // Unix ns: while degraded, the next retry's time
@@ -101,6 +110,7 @@ func NewFallback(primary Store, local *Memory, opts FallbackOptions) *Fallback {
 		probe:    opts.Probe,
 		onChange: opts.OnChange,
 		onLocal:  opts.OnLocal,
+		rest:     make(map[string]int64),
 	}
 	if opts.Instances > 1 {
 		f.share, f.n = 1/float64(opts.Instances), int64(opts.Instances)
@@ -213,6 +223,42 @@ func (f *Fallback) recovered() {
 	}
 }
 
+// restSweepEvery is how often, in clock time, the record of tenants seen
+// at rest drops those seen at rest that long ago: forgetting one only
+// costs its next Peek a round trip.
+const restSweepEvery = time.Minute
+
+// observe records when the primary's answer st says tenant will be at
+// rest.
+func (f *Fallback) observe(tenant string, st Status, err error) {
+	if err != nil {
+		return
+	}
+	now := f.clock().UnixNano()
+	at := now + int64(max(st.Requests.Reset, st.Tokens.Reset, st.Joint.Reset))
+	f.restMu.Lock()
+	defer f.restMu.Unlock()
+	f.rest[tenant] = at
+	if now >= f.nextSweep {
+		for k, v := range f.rest {
+			if v < now-int64(restSweepEvery) {
+				delete(f.rest, k)
+			}
+		}
+		f.nextSweep = now + int64(restSweepEvery)
+	}
+}
+
+// seenAtRest reports whether the primary's last answer about tenant said
+// it would be at rest by now.
+func (f *Fallback) seenAtRest(tenant string) bool {
+	now := f.clock().UnixNano()
+	f.restMu.Lock()
+	at, ok := f.rest[tenant]
+	f.restMu.Unlock()
+	return ok && at <= now
+}
+
 // localLimits counts a local answer and returns the limits it decides on.
 func (f *Fallback) localLimits(l *Limits) *Limits {
 	f.fallbacks.Add(1)
@@ -231,10 +277,25 @@ func (f *Fallback) localLimits(l *Limits) *Limits {
 // excess would expire in the queues instead of being refused at once with
 // its Retry-After. Locally the backlog counts once, against 1/Instances of
 // the limits: the same wait.
+//
+// A Peek with nothing ahead, for a tenant whose last answer from the
+// primary on this instance (a charge, a reconcile, a status) said it would
+// be at rest by now, is allowed without asking the primary: a tenant at
+// rest is always allowed, so the round trip would only find out whether
+// other instances charged it since. If they did, the request is queued
+// rather than refused at once, and the Charge at dispatch, which always
+// asks the primary, holds it to the quota. For a tenant under its quota,
+// this makes a request two round trips (Charge, Reconcile) instead of
+// three.
 func (f *Fallback) Peek(ctx context.Context, tenant string, l *Limits, ahead Backlog) (Decision, error) {
 	if c := f.usePrimary(); c.use {
+		if ahead == (Backlog{}) && f.seenAtRest(tenant) {
+			t := Fresh(0)
+			return Decision{Allowed: true, At: f.clock(), Status: StatusOf(&t, l, 0)}, nil
+		}
 		d, err := f.primary.Peek(ctx, tenant, l, Backlog{Requests: ahead.Requests * f.n, Tokens: ahead.Tokens * f.n})
 		if f.answered(ctx, err, c) {
+			f.observe(tenant, d.Status, err)
 			return d, err
 		}
 	}
@@ -246,6 +307,7 @@ func (f *Fallback) Charge(ctx context.Context, tenant string, l *Limits, tokens 
 	if c := f.usePrimary(); c.use {
 		d, err := f.primary.Charge(ctx, tenant, l, tokens)
 		if f.answered(ctx, err, c) {
+			f.observe(tenant, d.Status, err)
 			return d, err
 		}
 	}
@@ -257,6 +319,7 @@ func (f *Fallback) Reconcile(ctx context.Context, tenant string, l *Limits, esti
 	if c := f.usePrimary(); c.use {
 		st, err := f.primary.Reconcile(ctx, tenant, l, estimated, actual)
 		if f.answered(ctx, err, c) {
+			f.observe(tenant, st, err)
 			return st, err
 		}
 	}
@@ -268,6 +331,7 @@ func (f *Fallback) Status(ctx context.Context, tenant string, l *Limits) (Status
 	if c := f.usePrimary(); c.use {
 		st, err := f.primary.Status(ctx, tenant, l)
 		if f.answered(ctx, err, c) {
+			f.observe(tenant, st, err)
 			return st, err
 		}
 	}

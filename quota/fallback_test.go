@@ -494,3 +494,80 @@ func TestFallbackPeekBacklog(t *testing.T) {
 		t.Errorf("local: degraded %v, %+v; want a wait of 3s (1000 tokens at a third of the rate)", rig.f.Degraded(), d)
 	}
 }
+
+// TestFallbackPeekAtRest: a Peek with nothing ahead, for a tenant the
+// primary last said would be at rest by now, costs no round trip and is
+// allowed; otherwise it asks the primary. A charge another instance made
+// since is found by the Charge, which always asks.
+func TestFallbackPeekAtRest(t *testing.T) {
+	l := MustCompile(Config{QPS: 1}) // one request a second, no burst
+	mr, c := newMiniredis(t)
+	var rt roundTrips
+	c.AddHook(&rt)
+	clk := newVclock()
+	advance := func(d time.Duration) {
+		clk.Advance(d)
+		mr.SetTime(clk.Now())
+	}
+	r := NewRedis(c, RedisOptions{})
+	if err := r.Load(bg); err != nil {
+		t.Fatal(err)
+	}
+	f := NewFallback(r, NewMemory(clk.Now), FallbackOptions{Instances: 2, Clock: clk.Now})
+	other := NewFallback(NewRedis(c, RedisOptions{}), NewMemory(clk.Now), FallbackOptions{Instances: 2, Clock: clk.Now})
+	trips := func(what string, want int64, call func()) {
+		t.Helper()
+		before := rt.n.Load()
+		call()
+		if got := rt.n.Load() - before; got != want {
+			t.Errorf("%s: %d round trips, want %d", what, got, want)
+		}
+	}
+	peek := func(ahead Backlog) Decision {
+		t.Helper()
+		d, err := f.Peek(bg, "a", l, ahead)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	trips("Peek, tenant never seen", 1, func() { peek(Backlog{}) })
+	trips("Peek, seen at rest", 0, func() {
+		if d := peek(Backlog{}); !d.Allowed || d.Status.Requests.Remaining != 1 {
+			t.Errorf("at rest: %+v, want allowed with the full allowance", d)
+		}
+	})
+	trips("Peek with a backlog", 1, func() { peek(Backlog{Requests: 1}) })
+	trips("Charge", 1, func() {
+		if d, _ := f.Charge(bg, "a", l, 0); !d.Allowed {
+			t.Error("first charge refused")
+		}
+	})
+	trips("Peek, in debt", 1, func() {
+		if d := peek(Backlog{}); d.Allowed {
+			t.Error("Peek right after a charge of a second: allowed")
+		}
+	})
+	advance(time.Second)
+	trips("Peek, a second later: at rest again", 0, func() {
+		if !peek(Backlog{}).Allowed {
+			t.Error("refused at rest")
+		}
+	})
+	// Another instance charges: this one's record is stale, its Peek
+	// allows, its Charge does not.
+	if d, _ := other.Charge(bg, "a", l, 0); !d.Allowed {
+		t.Fatal("other instance's charge refused")
+	}
+	trips("Peek after another instance's charge", 0, func() {
+		if !peek(Backlog{}).Allowed {
+			t.Error("the record said at rest: want allowed without asking")
+		}
+	})
+	trips("Charge after another instance's charge", 1, func() {
+		if d, _ := f.Charge(bg, "a", l, 0); d.Allowed || d.RetryAfter != time.Second {
+			t.Errorf("Charge: %+v, want refused for the other instance's second", d)
+		}
+	})
+	trips("Peek after that refusal", 1, func() { peek(Backlog{}) })
+}
