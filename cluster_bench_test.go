@@ -58,17 +58,22 @@ func BenchmarkQuotaStore(b *testing.B) {
 	}
 	srv := &caddyhttp.Server{}
 	body := chatBody("")
-	for _, c := range cases {
+	// Loaded once, outside the sub-benchmarks, which -count runs again.
+	handlers := make([]*Handler, len(cases))
+	trips := make([]*benchRoundTrips, len(cases))
+	for i, c := range cases {
+		mod, err := ctx.LoadModuleByID("http.handlers.fair_queue", []byte(cfg("bench_store_"+c.name, c.cluster)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		handlers[i], trips[i] = mod.(*Handler), new(benchRoundTrips)
+		if handlers[i].cluster != nil {
+			handlers[i].cluster.client.AddHook(trips[i])
+		}
+	}
+	for i, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
-			mod, err := ctx.LoadModuleByID("http.handlers.fair_queue", []byte(cfg("bench_store_"+c.name, c.cluster)))
-			if err != nil {
-				b.Fatal(err)
-			}
-			h := mod.(*Handler)
-			var rt benchRoundTrips
-			if h.cluster != nil {
-				h.cluster.client.AddHook(&rt)
-			}
+			h, rt := handlers[i], trips[i]
 			next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
 			serve := func() error {
 				r, err := http.NewRequest(http.MethodPost, "http://gateway/v1/chat/completions", bytes.NewReader(body))
