@@ -50,6 +50,14 @@ type ClusterConfig struct {
 	Prefix string `json:"prefix,omitempty"`
 }
 
+// probeTenant and probeLimits are what the outage probe reads: a tenant
+// name no caller can have (tenant keys come from placeholders, which never
+// hold a NUL) and any limits.
+var (
+	probeTenant = "\x00probe"
+	probeLimits = quota.MustCompile(quota.Config{QPS: 1})
+)
+
 // defaultClusterTimeout is ClusterConfig.Timeout's default: a Redis on
 // the same network answers in about a millisecond.
 const defaultClusterTimeout = 50 * time.Millisecond
@@ -118,11 +126,20 @@ func (h *Handler) provisionCluster() error {
 	queue := h.Name
 	cs.store = quota.NewFallback(rs, quota.NewMemory(time.Now), quota.FallbackOptions{
 		Instances: c.Instances,
+		// The probe is a read of the same script the decisions run (its
+		// EVALSHA falls back to EVAL, which reloads the script a restarted
+		// Redis lost): a Redis that answers PING or SCRIPT LOAD but
+		// refuses the script (ACL, scripting off) is still down for
+		// quotas, and must not flap between the two.
 		Probe: func(ctx context.Context) error {
 			ctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
-			return rs.Load(ctx)
+			_, err := rs.Status(ctx, probeTenant, probeLimits)
+			return err
 		},
+		// A key of another type at a tenant's name is that tenant's
+		// problem, not an outage.
+		Outage: quota.RedisOutage,
 		OnChange: func(degraded bool, err error) {
 			if cs.closed.Load() {
 				return // errors of a closed client are no outage

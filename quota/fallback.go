@@ -29,7 +29,8 @@ type FallbackOptions struct {
 	// Clock reads the time for the retry schedule (time.Now when nil).
 	Clock func() time.Time
 	// Probe, when set, tells in the background whether the primary answers
-	// again (for Redis, Redis.Load, which also reloads the script a
+	// again (for Redis, a Status call: the same script as the decisions,
+	// whose EVALSHA falls back to EVAL and so reloads the script a
 	// restarted server lost): once Retry has passed, a call starts one
 	// probe and is answered locally, so no caller waits on a primary that
 	// is still down. The probe must bound its own time (a context timeout)
@@ -46,6 +47,12 @@ type FallbackOptions struct {
 	// OnLocal is called for each call answered by the local store (a
 	// metric's counter); it must not block.
 	OnLocal func()
+	// Outage tells an error of the primary that says it is unreachable or
+	// unfit (nil: every error) from one about a single tenant, such as a
+	// key of another type at its name: the call is then decided locally,
+	// but no outage starts, so that one bad key does not send every
+	// tenant to the local store and back every Retry.
+	Outage func(error) bool
 }
 
 // Fallback is a Store that decides on a shared primary (Redis) and, while
@@ -79,6 +86,7 @@ type Fallback struct {
 
 	onChange func(bool, error)
 	onLocal  func()
+	outage   func(error) bool
 
 	// rest holds, per tenant, when the primary's last answer about it
 	// (on this instance) said it would be at rest, in Unix ns of the
@@ -110,6 +118,7 @@ func NewFallback(primary Store, local *Memory, opts FallbackOptions) *Fallback {
 		probe:    opts.Probe,
 		onChange: opts.OnChange,
 		onLocal:  opts.OnLocal,
+		outage:   opts.Outage,
 		rest:     make(map[string]int64),
 	}
 	if opts.Instances > 1 {
@@ -201,6 +210,11 @@ func (f *Fallback) answered(ctx context.Context, err error, c call) bool {
 		return true // the caller's own context ended: its error stands
 	}
 	switch {
+	case f.outage != nil && !f.outage(err):
+		// The primary answered, about this tenant only.
+		if c.retry {
+			f.recovered()
+		}
 	case c.retry:
 		// The retry failed: the outage goes on, the next retry is
 		// already scheduled (usePrimary).

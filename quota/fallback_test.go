@@ -571,3 +571,37 @@ func TestFallbackPeekAtRest(t *testing.T) {
 	})
 	trips("Peek after that refusal", 1, func() { peek(Backlog{}) })
 }
+
+// TestFallbackTenantError: an error Outage says concerns one tenant (here
+// a key of another type at its name) is decided locally without starting
+// an outage: the other tenants stay on the primary, nothing is reported.
+func TestFallbackTenantError(t *testing.T) {
+	l := MustCompile(Config{QPS: 1})
+	mr, c := newMiniredis(t)
+	clk := newVclock()
+	var changes int
+	f := NewFallback(NewRedis(c, RedisOptions{}), NewMemory(clk.Now), FallbackOptions{
+		Instances: 2, Clock: clk.Now,
+		OnChange: func(bool, error) { changes++ },
+		Outage:   RedisOutage,
+	})
+	if err := mr.Set(DefaultRedisPrefix+"{bad}", "not a hash"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewRedis(c, RedisOptions{}).Charge(bg, "bad", l, 0); err == nil || RedisOutage(err) {
+		t.Fatalf("the store's error for a string key: %v, want a WRONGTYPE that is no outage", err)
+	}
+	if !RedisOutage(errors.New("dial tcp: connection refused")) || !RedisOutage(context.DeadlineExceeded) {
+		t.Error("RedisOutage: network errors must be outages")
+	}
+	d, err := f.Charge(bg, "bad", l, 0)
+	if err != nil || !d.Allowed || f.Fallbacks() != 1 {
+		t.Errorf("tenant with a bad key: %+v %v, fallbacks %d; want allowed locally", d, err, f.Fallbacks())
+	}
+	if f.Degraded() || changes != 0 {
+		t.Errorf("one tenant's bad key: degraded %v, %d reports; want no outage", f.Degraded(), changes)
+	}
+	if _, err := f.Charge(bg, "good", l, 0); err != nil || !mr.Exists(DefaultRedisPrefix+"{good}") || f.Fallbacks() != 1 {
+		t.Errorf("another tenant: %v, fallbacks %d; want it charged in redis", err, f.Fallbacks())
+	}
+}
