@@ -104,6 +104,15 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        burst_allow         <fraction>  # default 0.2
 //	    }
 //
+//	    # tenant quotas shared with the other gateways of this queue's name
+//	    # through one Redis (only quotas: slots and fair shares stay local)
+//	    cluster {
+//	        redis     <url>       # redis:// or rediss:// (TLS); {env.REDIS_URL}
+//	        instances <n>         # gateways sharing it; each keeps 1/n while Redis is down (default 1)
+//	        timeout   <duration>  # per Redis call, dial included (default 50ms)
+//	        prefix    <string>    # key prefix (default fq:quota:<queue name>:)
+//	    }
+//
 //	    # bounded boost for requests about to miss their budget
 //	    anti_starvation off
 //	    anti_starvation {
@@ -328,6 +337,9 @@ func (p *cfParser) subdirective() error {
 	case "fallback":
 		return p.fallback()
 
+	case "cluster":
+		return p.cluster()
+
 	case "reverse_proxy":
 		return p.reverseProxy()
 
@@ -335,7 +347,7 @@ func (p *cfParser) subdirective() error {
 		return d.Errf("unknown subdirective %q in fair_queue (want name, tenant_key, cost_unit, tokenizer, "+
 			"default_max_tokens, max_body, body_timeout, max_request_tokens, max_inflight, max_inflight_tokens, "+
 			"max_queue, max_queue_tokens, max_queue_bytes, class, tenant, default_tenant, handle_errors, "+
-			"quota_defaults, circuit_break, upstream_quota, fallback, anti_starvation, degrade or reverse_proxy)", sub)
+			"quota_defaults, circuit_break, upstream_quota, fallback, cluster, anti_starvation, degrade or reverse_proxy)", sub)
 	}
 	return nil
 }

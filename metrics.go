@@ -81,7 +81,7 @@ var (
 
 var collectors = []prometheus.Collector{requestsTotal, waitSeconds, estimatedTokens, actualTokens,
 	boostsTotal, etaRatio, budgetRefusals, budgetLeftRatio, degradeTransitions, quotaLimited, quotaCharged,
-	circuitTransitions, providerRefusals, fallbacks, queueCollector}
+	circuitTransitions, providerRefusals, fallbacks, queueCollector, clusterFallbacks, clusterStateCollector}
 
 // registerMetrics adds the collectors to a config's registry; registering
 // into a registry that already has them (two handlers, one config) is fine.

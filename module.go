@@ -147,6 +147,14 @@ type Handler struct {
 	// Degrade declares the ladder walked on queue water level.
 	Degrade *DegradeConfig `json:"degrade,omitempty"`
 
+	// Cluster shares the queue's tenant quotas with the other gateways
+	// whose queue of the same name names the same Redis, so that N
+	// gateways hold each tenant to its quota rather than N times it. It
+	// is the queue's, not a global option: several queues in one Caddy
+	// may use different Redis servers, or none. Upstream slots and fair
+	// shares stay per instance.
+	Cluster *ClusterConfig `json:"cluster,omitempty"`
+
 	// ProxyRaw is the reverse_proxy handler that serves dispatched requests.
 	// Its upstreams' health (active and passive checks) sets the queue's
 	// capacity. Dynamic upstreams have no health state: they count as one
@@ -171,6 +179,9 @@ type Handler struct {
 	// shared queue (sharedQueue.adopt).
 	// (A pointer: the Handler value is copied by Caddy's module registry.)
 	committed *atomic.Bool
+	// cluster is the Redis client and quota store of Cluster, which this
+	// handler owns and closes at Cleanup.
+	cluster *clusterStore
 }
 
 // ClassConfig declares a class of service.
@@ -507,6 +518,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.loadEvents(); err != nil {
 		return err
 	}
+	if err := h.provisionCluster(); err != nil {
+		return err
+	}
 
 	h.committed = new(atomic.Bool)
 	val, _, err := queues.LoadOrNew(h.Name, func() (caddy.Destructor, error) {
@@ -594,6 +608,9 @@ func subObject(m map[string]json.RawMessage, key string) (map[string]json.RawMes
 // Cleanup leaves the queue. Requests still waiting or streaming keep
 // working: nothing they wait on hangs off this config's context.
 func (h *Handler) Cleanup() error {
+	// After leaving the queue (below), so that the queue already runs on
+	// the next config's quota store, or is gone, when the client closes.
+	defer h.closeCluster()
 	if h.shared == nil || h.left {
 		return nil
 	}

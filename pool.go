@@ -264,6 +264,9 @@ func (s *sharedQueue) tick() {
 	if h := s.owner(); h != nil {
 		h.applyHealth(s.q)
 		s.applyCostModel(h)
+		if h.cluster != nil {
+			h.cluster.store.Poll()
+		}
 	}
 	s.q.Tick()
 	s.sample()

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"time"
 )
 
@@ -103,6 +104,15 @@ type Limits struct {
 	interval  [numDims]float64 // ns per unit: request, token, request-equivalent; 0 = meter off
 	weight    float64
 	tolerance int64 // ns: BurstAllow x BurstWindow
+
+	// scaled caches the last Scale result, so that a caller scaling the
+	// same Limits on every decision (Fallback) allocates once per config.
+	scaled atomic.Pointer[scaledLimits]
+}
+
+type scaledLimits struct {
+	f float64
+	l *Limits
 }
 
 // Compile validates c and returns its Limits.
@@ -110,6 +120,12 @@ func (c Config) Compile() (*Limits, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
+	return c.compile(), nil
+}
+
+// compile computes the Limits of c, which is valid or derived from a valid
+// config by Scale.
+func (c Config) compile() *Limits {
 	l := &Limits{cfg: c, weight: c.TokenToQPSWeight}
 	if c.QPS > 0 {
 		l.interval[dimQPS] = 1e9 / c.QPS
@@ -121,7 +137,35 @@ func (c Config) Compile() (*Limits, error) {
 		l.interval[dimJoint] = 1e9 / (c.QPS * c.JointCap)
 	}
 	l.tolerance = int64(math.Round(c.BurstAllow * float64(c.BurstWindow)))
-	return l, nil
+	return l
+}
+
+// Scale returns Limits whose rates (qps, tokens_per_min, and with qps the
+// joint rate) are f times l's, with the same burst window and allowance:
+// the tolerance tau stays the same time, so the burst volume scales with
+// the rates too. f is a share in (0, 1]; anything else returns l.
+//
+// N gateways deciding alone on l.Scale(1/N) together admit at most what
+// one store deciding on l would, bursts included: the local limits of a
+// cluster whose shared store is unreachable (Fallback).
+//
+// The result is cached in l for the last f asked, so a caller scaling the
+// same Limits on every decision does not allocate. The scaled rates are
+// not checked against Validate's lower bounds: a tiny rate divided among
+// instances stays a valid, smaller rate.
+func (l *Limits) Scale(f float64) *Limits {
+	if !(f > 0 && f < 1) {
+		return l
+	}
+	if c := l.scaled.Load(); c != nil && c.f == f {
+		return c.l
+	}
+	c := l.cfg
+	c.QPS *= f
+	c.TokensPerMin *= f
+	s := c.compile()
+	l.scaled.Store(&scaledLimits{f: f, l: s})
+	return s
 }
 
 // MustCompile is Compile for configs known to be valid (tests, constants);

@@ -171,4 +171,26 @@
 // would be charged twice. RedisOptions.Timeout bounds each call. Redis
 // replicates asynchronously: a failover may lose the last writes, giving
 // tenants back up to the replication lag's worth of charges.
+//
+// # Fallback
+//
+// Fallback is the store a gateway of a cluster uses: Redis while it answers,
+// and, from the first call that fails or times out, a local Memory on every
+// quota scaled by 1/instances (Limits.Scale: rates divided, the burst
+// window's time kept, so the instances' bursts add up to one). It reports
+// an outage once as it starts and once as it ends; during it no call waits
+// on Redis: a probe (a Status call) runs in the background every Retry (1 s),
+// and its success sends calls to Redis again. N instances deciding alone
+// hold a tenant to guarantee 1 at rate/N each: its quota in total when the
+// load spreads evenly, less when it does not; each outage starts every
+// instance's meters at rest, a fresh window of burst. An error about one
+// tenant (RedisOutage: a key of another type at its name) is decided
+// locally without starting an outage.
+//
+// Round trips. Charge and Reconcile always ask Redis; a Peek with nothing
+// ahead, for a tenant Redis last said (to this instance) would be at rest by
+// now, is answered without asking, and any other Peek counts the backlog
+// ahead Instances times (the cluster's, under an even load balancer): two
+// round trips per request for a tenant under its quota, three for one
+// whose requests queue behind it.
 package quota

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -106,6 +107,15 @@ func (r *Redis) Load(ctx context.Context) error {
 		return fmt.Errorf("quota: loading the redis script: %w", err)
 	}
 	return nil
+}
+
+// RedisOutage reports whether err, returned by a Redis store, may mean
+// Redis is unreachable or unfit for quotas (for FallbackOptions.Outage),
+// rather than that one tenant's key is of another type (WRONGTYPE, which
+// Redis sends from inside the script, and miniredis after its own prefix).
+func RedisOutage(err error) bool {
+	var re redis.Error
+	return !errors.As(err, &re) || !strings.Contains(re.Error(), "WRONGTYPE")
 }
 
 // Script operations (ARGV[1]).

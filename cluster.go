@@ -1,0 +1,284 @@
+package caddyfairqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
+)
+
+// ClusterConfig makes a queue's tenant quotas cluster-wide: every gateway
+// whose fair_queue of the same name names the same Redis keeps its
+// tenants' quota meters there, so N gateways behind a load balancer hold a
+// tenant to its quota, not N times it. Only quotas are shared; upstream
+// slots and fair shares stay per instance.
+//
+// Redis down or slow never fails a request: each gateway then decides
+// alone on 1/instances of every quota, logs the outage once, reports it
+// (caddy_fair_queue_cluster_redis_up 0), and goes back to Redis when it
+// answers again.
+type ClusterConfig struct {
+	// Redis is the URL of the Redis server the gateways share:
+	// redis://[[user]:password@]host:port[/db], or rediss:// for TLS.
+	// Placeholders are resolved when the config loads, so credentials can
+	// stay out of it: {env.REDIS_URL}. Required.
+	Redis string `json:"redis"`
+	// Instances is the number of gateways sharing Redis. While Redis is
+	// unreachable each decides alone on every quota divided by it, so
+	// that together they admit about the quota when the load balancer
+	// spreads a tenant evenly. Default: 1 (each keeps the whole quota).
+	Instances int `json:"instances,omitempty"`
+	// Timeout bounds each Redis call, dial included. A call past it is
+	// decided locally and starts an outage; during one, a background probe
+	// tries Redis every second and no request waits on it. Keep it a
+	// small fraction of the wait budgets: the call is made while the queue
+	// decides. Default: 50ms.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+	// Prefix starts the Redis key of every tenant's meters. Default:
+	// "fq:quota:<queue name>:", so queues of different names keep apart
+	// on one Redis. It must not contain '{' (the tenant's name, in braces
+	// after it, is the key's Redis Cluster hash tag).
+	Prefix string `json:"prefix,omitempty"`
+}
+
+// probeTenant and probeLimits are what the outage probe reads: a tenant
+// name no caller can have (tenant keys come from placeholders, which never
+// hold a NUL) and any limits.
+var (
+	probeTenant = "\x00probe"
+	probeLimits = quota.MustCompile(quota.Config{QPS: 1})
+)
+
+// defaultClusterTimeout is ClusterConfig.Timeout's default: a Redis on
+// the same network answers in about a millisecond.
+const defaultClusterTimeout = 50 * time.Millisecond
+
+// clusterStore is a handler's connection to its cluster's Redis and the
+// quota store over it. The handler owns it: the queue uses it while the
+// handler's config is in force, and the handler closes it at Cleanup, once
+// the queue runs on the next config (or is gone).
+type clusterStore struct {
+	client *redis.Client
+	store  *quota.Fallback
+	closed atomic.Bool
+}
+
+// provisionCluster validates the cluster block, connects a Redis client
+// (lazily: no connection is made until the first call) and sets the
+// queue's quota store to the Fallback over it. It touches no shared state:
+// a config that fails later only leaves a client for Cleanup to close.
+func (h *Handler) provisionCluster() error {
+	c := h.Cluster
+	if c == nil {
+		return nil
+	}
+	timeout := time.Duration(c.Timeout)
+	switch {
+	case c.Instances < 0:
+		return fmt.Errorf("cluster: instances must not be negative, got %d", c.Instances)
+	case timeout < 0:
+		return fmt.Errorf("cluster: timeout must not be negative, got %v", timeout)
+	case strings.Contains(c.Prefix, "{"):
+		return fmt.Errorf("cluster: prefix %q contains '{': the tenant's name in braces is the key's hash tag", c.Prefix)
+	case timeout == 0:
+		timeout = defaultClusterTimeout
+	}
+	url := caddy.NewReplacer().ReplaceAll(c.Redis, "")
+	if url == "" {
+		return fmt.Errorf("cluster: redis: no URL (%q is empty once its placeholders are replaced: is the variable set?)", c.Redis)
+	}
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		// The URL may carry a password: the error shows neither it nor
+		// the config's text.
+		return fmt.Errorf("cluster: redis: not a redis:// or rediss:// URL: %v", redactURLError(err, url))
+	}
+	// A Charge retried after its first attempt reached Redis would charge
+	// twice; the context's deadline must bound the socket wait; a dial or
+	// read slower than the timeout is an outage, decided locally.
+	opt.MaxRetries = -1
+	opt.ContextTimeoutEnabled = true
+	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = timeout, timeout, timeout, timeout
+	opt.DialerRetries = 1
+	client := redis.NewClient(opt)
+
+	prefix := c.Prefix
+	if prefix == "" {
+		prefix = quota.DefaultRedisPrefix + h.Name + ":"
+	}
+	if strings.Contains(prefix, "{") {
+		client.Close()
+		return fmt.Errorf("cluster: the queue's name %q contains '{', which the default key prefix cannot hold; set prefix", h.Name)
+	}
+	rs := quota.NewRedis(client, quota.RedisOptions{Prefix: prefix, Timeout: timeout})
+	cs := &clusterStore{client: client}
+	fallbacks := clusterFallbacks.WithLabelValues(h.Name)
+	logger := h.logger.Named("cluster")
+	queue := h.Name
+	cs.store = quota.NewFallback(rs, quota.NewMemory(time.Now), quota.FallbackOptions{
+		Instances: c.Instances,
+		// The probe is a read of the same script the decisions run (its
+		// EVALSHA falls back to EVAL, which reloads the script a restarted
+		// Redis lost): a Redis that answers PING or SCRIPT LOAD but
+		// refuses the script (ACL, scripting off) is still down for
+		// quotas, and must not flap between the two.
+		Probe: func(ctx context.Context) error {
+			ctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			_, err := rs.Status(ctx, probeTenant, probeLimits)
+			return err
+		},
+		// A key of another type at a tenant's name is that tenant's
+		// problem, not an outage.
+		Outage: quota.RedisOutage,
+		OnChange: func(degraded bool, err error) {
+			if cs.closed.Load() {
+				return // errors of a closed client are no outage
+			}
+			if degraded {
+				logger.Warn("redis unreachable: deciding tenant quotas locally, on 1/instances of each, until it answers",
+					zap.String("queue", queue), zap.Int("instances", max(c.Instances, 1)), zap.Error(err))
+			} else {
+				logger.Info("redis answers again: tenant quotas are cluster-wide again", zap.String("queue", queue))
+			}
+		},
+		OnLocal: fallbacks.Inc,
+	})
+	h.cluster = cs
+	h.qcfg.QuotaStore = cs.store
+	// The script in Redis beforehand makes the first decision one round
+	// trip. Redis may not be up yet: the first decision finds that out.
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := rs.Load(ctx); err != nil {
+		logger.Debug("loading the quota script", zap.String("queue", queue), zap.Error(err))
+	}
+	return nil
+}
+
+// redactURLError removes the URL, which may carry a password, from a
+// parse error's text.
+func redactURLError(err error, url string) error {
+	return errors.New(strings.ReplaceAll(err.Error(), url, "<url>"))
+}
+
+// closeCluster closes the handler's Redis client, once. It runs at
+// Cleanup, after the handler left its queue: the queue then runs on the
+// next config's store, or is gone.
+func (h *Handler) closeCluster() {
+	if cs := h.cluster; cs != nil && cs.closed.CompareAndSwap(false, true) {
+		if err := cs.client.Close(); err != nil {
+			h.logger.Debug("closing the cluster's redis client", zap.Error(err))
+		}
+	}
+}
+
+var (
+	clusterFallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+		Name: "cluster_fallback_total",
+		Help: "Quota decisions (admission, dispatch, completion, status) made on the gateway's own share because the cluster's Redis was unreachable or slow.",
+	}, []string{"queue"})
+	descClusterRedisUp = prometheus.NewDesc(fqName("cluster_redis_up"),
+		"1 while the queue's tenant quotas are decided in the cluster's Redis, 0 while Redis is unreachable and they are decided locally on 1/instances of each.", []string{"queue"}, nil)
+	clusterStateCollector = clusterCollector{}
+)
+
+// clusterCollector reports at scrape time whether each clustered queue
+// decides in Redis.
+type clusterCollector struct{}
+
+// Describe implements prometheus.Collector.
+func (clusterCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descClusterRedisUp }
+
+// Collect implements prometheus.Collector.
+func (clusterCollector) Collect(ch chan<- prometheus.Metric) {
+	queues.Range(func(_, value any) bool {
+		s, ok := value.(*sharedQueue)
+		if !ok {
+			return true
+		}
+		h := s.owner()
+		if h == nil || h.cluster == nil {
+			return true
+		}
+		up := 1.0
+		if h.cluster.store.Degraded() {
+			up = 0
+		}
+		ch <- prometheus.MustNewConstMetric(descClusterRedisUp, prometheus.GaugeValue, up, s.name)
+		return true
+	})
+}
+
+// Interface guards
+var _ prometheus.Collector = clusterCollector{}
+
+// cluster parses the cluster block: one setting per line.
+//
+//	cluster {
+//	    redis     <url>        # required; placeholders allowed: {env.REDIS_URL}
+//	    instances <n>          # default 1
+//	    timeout   <duration>   # default 50ms
+//	    prefix    <string>     # default fq:quota:<queue name>:
+//	}
+func (p *cfParser) cluster() error {
+	d := p.d
+	if args := d.RemainingArgs(); len(args) > 0 {
+		return d.Errf("cluster: unexpected argument %q (the settings go in a block: cluster { redis <url> })", args[0])
+	}
+	c := new(ClusterConfig)
+	seen := make(map[string]bool)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		key := d.Val()
+		if seen[key] {
+			return d.Errf("cluster: %s given twice", key)
+		}
+		seen[key] = true
+		switch key {
+		case "redis":
+			v, err := p.oneArg("cluster: redis")
+			if err != nil {
+				return err
+			}
+			c.Redis = v
+		case "instances":
+			if err := p.posIntArg("cluster: instances", &c.Instances); err != nil {
+				return err
+			}
+		case "timeout":
+			v, err := p.oneArg("cluster: timeout")
+			if err != nil {
+				return err
+			}
+			if c.Timeout, err = p.duration("cluster: timeout", v); err != nil {
+				return err
+			}
+		case "prefix":
+			v, err := p.oneArg("cluster: prefix")
+			if err != nil {
+				return err
+			}
+			if strings.Contains(v, "{") {
+				return d.Errf("cluster: prefix %q contains '{' (the tenant's name in braces is the key's hash tag)", v)
+			}
+			c.Prefix = v
+		default:
+			return d.Errf("cluster: unknown setting %q (want redis, instances, timeout or prefix)", key)
+		}
+	}
+	if c.Redis == "" {
+		return d.Errf("cluster: missing 'redis <url>' (e.g. redis {env.REDIS_URL})")
+	}
+	p.h.Cluster = c
+	return nil
+}

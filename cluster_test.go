@@ -1,0 +1,239 @@
+package caddyfairqueue
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+func TestClusterCaddyfile(t *testing.T) {
+	h, err := parseBlock(`fair_queue {
+		cluster {
+			redis     {env.REDIS_URL}
+			instances 3
+			timeout   20ms
+			prefix    gw:
+		}
+		reverse_proxy a:1
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := h.Cluster
+	if c == nil || c.Redis != "{env.REDIS_URL}" || c.Instances != 3 || c.Timeout != dur(20*time.Millisecond) || c.Prefix != "gw:" {
+		t.Fatalf("cluster: %+v", c)
+	}
+	for _, tc := range []struct{ input, want string }{
+		{"cluster redis://a:1", `cluster: unexpected argument "redis://a:1"`},
+		{"cluster {\n}", "cluster: missing 'redis <url>'"},
+		{"cluster {\ninstances 2\n}", "cluster: missing 'redis <url>'"},
+		{"cluster {\nredis a b\n}", "cluster: redis: want exactly one argument"},
+		{"cluster {\nredis redis://a:1\nredis redis://b:1\n}", "cluster: redis given twice"},
+		{"cluster {\nredis redis://a:1\ninstances 0\n}", `cluster: instances: "0" must be a positive integer`},
+		{"cluster {\nredis redis://a:1\ntimeout soon\n}", `cluster: timeout: "soon" is not a duration`},
+		{"cluster {\nredis redis://a:1\nprefix a{b\n}", "contains '{'"},
+		{"cluster {\nredis redis://a:1\nsync 100ms\n}", `cluster: unknown setting "sync" (want redis, instances, timeout or prefix)`},
+		{"cluster {\nredis redis://a:1\n}\ncluster {\nredis redis://a:1\n}", "cluster given twice"},
+	} {
+		_, err := parseBlock("fair_queue {\n" + tc.input + "\nreverse_proxy a:1\n}")
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want it to contain %q", tc.input, err, tc.want)
+		}
+	}
+}
+
+// clusterJSON is a fair_queue config on u whose tenant a has a quota of
+// one request a second, no burst, and a wait budget too short to wait for
+// it: a second request within the second is refused at once (429
+// quota_exceeded). cluster is the cluster object's JSON.
+func clusterJSON(name string, u *fakeUpstream, cluster string) string {
+	return fqConfig(name, u, `"tenants":{"a":{"wait_budget":"100ms","quota":{"qps":1,"burst_allow":0}}},"cluster":`+cluster)
+}
+
+// wantQuotaExceeded checks a 429 quota_exceeded answer (whose body has
+// the quota's reason besides the OpenAI error shape).
+func wantQuotaExceeded(t *testing.T, r result) {
+	t.Helper()
+	var body struct {
+		Error struct{ Code, Reason string } `json:"error"`
+	}
+	_ = json.Unmarshal(r.body, &body)
+	if r.status != http.StatusTooManyRequests || body.Error.Code != "quota_exceeded" || body.Error.Reason == "" || r.header.Get("Retry-After") == "" {
+		t.Fatalf("want 429 quota_exceeded with a reason and Retry-After, got %d %s", r.status, r.body)
+	}
+}
+
+// redisUp reads caddy_fair_queue_cluster_redis_up for queue; -1 when absent.
+func redisUp(queue string) float64 {
+	ch := make(chan prometheus.Metric, 16)
+	go func() { clusterStateCollector.Collect(ch); close(ch) }()
+	v := -1.0
+	for m := range ch {
+		var d dto.Metric
+		_ = m.Write(&d)
+		if d.GetLabel()[0].GetValue() == queue {
+			v = d.GetGauge().GetValue()
+		}
+	}
+	return v
+}
+
+func TestClusterProvision(t *testing.T) {
+	u := newFakeUpstream(t)
+	mr := miniredis.RunT(t)
+	t.Setenv("FQ_TEST_REDIS_URL", "redis://"+mr.Addr()+"/0")
+	name := queueName(t)
+	h, _ := mustLoad(t, clusterJSON(name, u, `{"redis":"{env.FQ_TEST_REDIS_URL}","instances":3}`))
+	if h.cluster == nil || h.qcfg.QuotaStore != h.cluster.store {
+		t.Fatal("cluster set, but the queue's quota store is not the cluster's")
+	}
+	o := h.cluster.client.Options()
+	// MaxRetries -1 (no retry) reads 0 once the client is built; 0 given
+	// would have read 3.
+	if o.Addr != mr.Addr() || o.MaxRetries != 0 || !o.ContextTimeoutEnabled || o.ReadTimeout != defaultClusterTimeout ||
+		o.WriteTimeout != defaultClusterTimeout || o.DialTimeout != defaultClusterTimeout || o.TLSConfig != nil {
+		t.Errorf("client options: addr %s, retries %d, context timeouts %v, timeouts %v %v %v, tls %v",
+			o.Addr, o.MaxRetries, o.ContextTimeoutEnabled, o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.TLSConfig != nil)
+	}
+	if v := redisUp(name); v != 1 {
+		t.Errorf("cluster_redis_up %v, want 1", v)
+	}
+
+	// rediss:// is TLS; nothing connects until the first call.
+	h2, _ := mustLoad(t, clusterJSON(queueName(t)+"_tls", u, `{"redis":"rediss://:secret@localhost:1","timeout":"10ms","prefix":"x:"}`))
+	if o := h2.cluster.client.Options(); o.TLSConfig == nil || o.ReadTimeout != 10*time.Millisecond {
+		t.Errorf("rediss: tls %v, read timeout %v", o.TLSConfig != nil, o.ReadTimeout)
+	}
+
+	for _, tc := range []struct{ cluster, want string }{
+		{`{"redis":"{env.FQ_TEST_UNSET}"}`, `"{env.FQ_TEST_UNSET}" is empty once its placeholders are replaced`},
+		{`{"redis":"http://:hunter2@host:1"}`, "not a redis:// or rediss:// URL"},
+		{`{"redis":"redis://a:1","instances":-1}`, "instances must not be negative"},
+		{`{"redis":"redis://a:1","timeout":"-1s"}`, "timeout must not be negative"},
+		{`{"redis":"redis://a:1","prefix":"a{"}`, "contains '{'"},
+	} {
+		ctx, cancel := configContext(t)
+		_, err := loadHandler(ctx, clusterJSON(queueName(t)+"_bad", u, tc.cluster))
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error containing %q", tc.cluster, err, tc.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("%s: the error shows the password: %v", tc.cluster, err)
+		}
+	}
+}
+
+// TestClusterQuotaShared: two gateways (two queues in this process, with
+// the same key prefix, as two Caddy instances would have) on one Redis
+// share a tenant's quota: the request one served counts on the other. Then
+// Redis goes away: no request fails for it, both decide locally (half the
+// quota each), report redis_up 0 and count fallbacks; Redis comes back and
+// they decide on it again.
+func TestClusterQuotaShared(t *testing.T) {
+	u := newFakeUpstream(t)
+	mr := miniredis.RunT(t)
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"shared:"}`, mr.Addr())
+	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
+	ha, _ := mustLoad(t, clusterJSON(nameA, u, cluster))
+	hb, _ := mustLoad(t, clusterJSON(nameB, u, cluster))
+	ga, gb := newGateway(t, ha), newGateway(t, hb)
+
+	if r := ga.post("a", chatBody("")); r.status != http.StatusOK {
+		t.Fatalf("first request: %d %s", r.status, r.body)
+	}
+	if !mr.Exists("shared:{a}") {
+		t.Fatalf("no key for tenant a in redis; keys %v", mr.Keys())
+	}
+	// The other gateway knows: the second request within the second is
+	// refused, not served as a second instance's own quota would.
+	wantQuotaExceeded(t, gb.post("a", chatBody("")))
+
+	mr.Close()
+	fallbacks := counterValue(clusterFallbacks, nameA) + counterValue(clusterFallbacks, nameB)
+	for i := range 6 {
+		g := []*gateway{ga, gb}[i%2]
+		r := g.post("a", chatBody(""))
+		if r.status != http.StatusOK && r.status != http.StatusTooManyRequests {
+			t.Fatalf("request %d with redis down: %d %s (want served or 429 quota_exceeded)", i, r.status, r.body)
+		}
+		if r.status == http.StatusTooManyRequests {
+			wantQuotaExceeded(t, r)
+		}
+	}
+	if v := redisUp(nameA); v != 0 {
+		t.Errorf("redis down: cluster_redis_up %v, want 0", v)
+	}
+	if got := counterValue(clusterFallbacks, nameA) + counterValue(clusterFallbacks, nameB); got <= fallbacks {
+		t.Errorf("redis down: cluster_fallback_total %v, want more than %v", got, fallbacks)
+	}
+	// Locally each gateway has half the quota: a request every 2 s, so
+	// of two requests sent back to back to one gateway the second is
+	// refused by its own meter.
+	ra := ga.post("a", chatBody(""))
+	wantQuotaExceeded(t, ra)
+
+	if err := mr.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	// The probe (every second, started by the queues' ticks without any
+	// request) finds it.
+	eventually(t, "redis_up 1 on both gateways", func() bool {
+		return redisUp(nameA) == 1 && redisUp(nameB) == 1
+	})
+	mr.FlushAll()
+	if r := ga.post("a", chatBody("")); r.status != http.StatusOK {
+		t.Fatalf("after redis came back (flushed): %d %s", r.status, r.body)
+	}
+	if !mr.Exists("shared:{a}") {
+		t.Error("after redis came back, the charge did not reach it")
+	}
+}
+
+// TestClusterReload: a reload that changes the cluster's Redis takes
+// effect when the new config starts; the old config's client is closed at
+// its Cleanup and the queue, shared across the reload, goes on deciding on
+// the new one.
+func TestClusterReload(t *testing.T) {
+	u := newFakeUpstream(t)
+	mr1, mr2 := miniredis.RunT(t), miniredis.RunT(t)
+	name := queueName(t)
+	h1, stop1 := mustLoad(t, clusterJSON(name, u, fmt.Sprintf(`{"redis":"redis://%s"}`, mr1.Addr())))
+	g := newGateway(t, h1)
+	if r := g.post("a", chatBody("")); r.status != http.StatusOK {
+		t.Fatalf("before the reload: %d %s", r.status, r.body)
+	}
+	if !mr1.Exists("fq:quota:" + name + ":{a}") {
+		t.Fatalf("before the reload: no key in the first redis: %v", mr1.Keys())
+	}
+
+	h2, _ := mustLoad(t, clusterJSON(name, u, fmt.Sprintf(`{"redis":"redis://%s"}`, mr2.Addr())))
+	if h2.shared != h1.shared {
+		t.Fatal("the reload did not share the queue")
+	}
+	stop1() // the old config's Cleanup
+	if !h1.cluster.closed.Load() {
+		t.Error("the old config's redis client is still open after its Cleanup")
+	}
+	if h2.cluster.closed.Load() {
+		t.Error("the new config's redis client was closed")
+	}
+	g.h.Store(h2)
+	mr1.FlushAll()
+	if r := g.post("a", chatBody("")); r.status != http.StatusOK {
+		t.Fatalf("after the reload: %d %s (the new redis has no debt for a)", r.status, r.body)
+	}
+	if !mr2.Exists("fq:quota:"+name+":{a}") || len(mr1.Keys()) != 0 {
+		t.Errorf("after the reload: keys in the new redis %v, in the old %v; want the charge in the new one only", mr2.Keys(), mr1.Keys())
+	}
+	if h2.cluster.store.Degraded() || h2.cluster.store.Fallbacks() != 0 {
+		t.Error("the new config's store fell back: it was handed the old, closed client")
+	}
+}

@@ -1,0 +1,320 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/harness"
+)
+
+// Cluster-wide tenant quotas end to end (issue 12): three gateways share
+// one redis-server, so a tenant sending round-robin over them is held to
+// its quota, not three times it; when Redis dies no request fails for it,
+// each gateway decides on a third of the quota, and when it comes back
+// they decide in Redis again.
+
+const clusterTmpl = `{
+	admin 127.0.0.1:{{.Admin}}
+	default_bind 127.0.0.1
+}
+http://127.0.0.1:{{.Site}} {
+	fair_queue {
+		max_inflight 8
+		cluster {
+			redis     {env.FQ_E2E_REDIS_URL}
+			instances 3
+			timeout   250ms
+		}
+		tenant metered weight 1 class interactive wait_budget 1s {
+			quota tokens_per_min {{.TPM}} burst_window 10s burst_allow 0.2
+		}
+		reverse_proxy {{.Upstreams}} {
+			health_uri /health
+			health_interval 200ms
+		}
+	}
+}
+`
+
+const (
+	clusterTPM     = 60000 // 1000 tokens/s
+	clusterTau     = 2.0   // s: burst_allow 0.2 x burst_window 10s
+	clusterOutput  = 190   // output tokens per request; ~200 with the prompt
+	clusterOffered = 15    // requests/s over the three gateways: ~3x the quota
+)
+
+// redisServer is a redis-server process the test starts, kills and
+// restarts on one port.
+type redisServer struct {
+	t    *testing.T
+	port int
+	dir  string
+	cmd  *exec.Cmd
+}
+
+func startRedis(t *testing.T) *redisServer {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Fatal("redis-server is not on PATH: install Debian's redis-server package (scripts/test.sh does) to run the cluster test")
+	}
+	r := &redisServer{t: t, port: harness.FreePort(t), dir: t.TempDir()}
+	r.start()
+	t.Cleanup(r.kill)
+	return r
+}
+
+// start runs redis-server without persistence (a restart forgets every
+// key, as a crashed cache does) and waits until it answers PING.
+func (r *redisServer) start() {
+	r.t.Helper()
+	r.cmd = exec.Command("redis-server", "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", r.dir)
+	logFile, err := os.OpenFile(filepath.Join(r.dir, "redis.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer logFile.Close() // the child has its own descriptor
+	r.cmd.Stdout, r.cmd.Stderr = logFile, logFile
+	if err := r.cmd.Start(); err != nil {
+		r.t.Fatalf("starting redis-server: %v", err)
+	}
+	waitFor(r.t, "redis-server to answer PING", func() (bool, string) {
+		conn, err := net.DialTimeout("tcp", r.addr(), time.Second)
+		if err != nil {
+			return false, err.Error()
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(time.Second))
+		if _, err := conn.Write([]byte("PING\r\n")); err != nil {
+			return false, err.Error()
+		}
+		line, err := bufio.NewReader(conn).ReadString('\n')
+		out, _ := os.ReadFile(filepath.Join(r.dir, "redis.log"))
+		return strings.HasPrefix(line, "+PONG"), fmt.Sprintf("%q %v; redis-server's output:\n%s", line, err, out)
+	})
+}
+
+func (r *redisServer) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port)) }
+
+// kill ends the server at once (SIGKILL: its connections drop as in a
+// crash).
+func (r *redisServer) kill() {
+	if r.cmd != nil && r.cmd.Process != nil {
+		_ = r.cmd.Process.Kill()
+		_ = r.cmd.Wait()
+		r.cmd = nil
+	}
+}
+
+// clusterResult is one answer of the load, with the phase it was sent in.
+type clusterResult struct {
+	result
+	phase string
+}
+
+func TestClusterQuota(t *testing.T) {
+	rs := startRedis(t)
+	t.Setenv("FQ_E2E_REDIS_URL", "redis://"+rs.addr())
+	fakes := startFakes(t, 2, "cluster", harness.FakeOptions{Slots: 16, TTFT: 5 * time.Millisecond, PerToken: 50 * time.Microsecond})
+	var gws []*harness.Caddy
+	var bases []string
+	for range 3 {
+		p := harness.Ports(t, "Admin", "Site")
+		c := startCaddy(t, clusterTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
+			"Upstreams": addrs(fakes...), "TPM": clusterTPM})
+		gws = append(gws, c)
+		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
+	}
+	for _, c := range gws {
+		waitMetricEq(t, c, 16, "caddy_fair_queue_capacity")
+		waitMetricEq(t, c, 1, "caddy_fair_queue_cluster_redis_up")
+	}
+
+	// Open loop: clusterOffered requests a second, round-robin over the
+	// gateways, whatever the answers.
+	cl := newClient(true)
+	defer cl.CloseIdleConnections()
+	var (
+		mu      sync.Mutex
+		phase   = "A"
+		results []clusterResult
+		wg      sync.WaitGroup
+	)
+	stop := make(chan struct{})
+	var loop sync.WaitGroup
+	loop.Go(func() {
+		tick := time.NewTicker(time.Second / clusterOffered)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			mu.Lock()
+			ph := phase
+			mu.Unlock()
+			base := bases[i%len(bases)]
+			id := fmt.Sprintf("%s-%d", ph, i)
+			wg.Go(func() {
+				r := send(context.Background(), cl, base, chatReq{Tenant: "metered", TestID: id, MaxTokens: clusterOutput, IgnoreEOS: true})
+				mu.Lock()
+				results = append(results, clusterResult{r, ph})
+				mu.Unlock()
+			})
+		}
+	})
+	setPhase := func(p string) {
+		mu.Lock()
+		phase = p
+		mu.Unlock()
+	}
+
+	// A: 12 s with Redis. The timeout is 250 ms, not the 50 ms default:
+	// on a loaded test machine a call can take longer, and each gateway
+	// would then decide alone for a second (on its third of the quota,
+	// from rest), which is the fallback at work, not the shared quota
+	// this phase measures.
+	time.Sleep(12 * time.Second)
+	for i, c := range gws {
+		if n := metric(scrape(t, c), "caddy_fair_queue_cluster_fallback_total"); n != 0 {
+			t.Errorf("gateway %d decided %v times locally while redis was up (a call over the 250ms timeout): "+
+				"the tokens below are not the shared quota's alone", i, n)
+		}
+	}
+	killed := time.Now()
+	rs.kill()
+	setPhase("B")
+	// B: 8 s without.
+	for _, c := range gws {
+		waitMetricEq(t, c, 0, "caddy_fair_queue_cluster_redis_up")
+	}
+	time.Sleep(time.Until(killed.Add(8 * time.Second)))
+	restarted := time.Now()
+	rs.start()
+	setPhase("C")
+	for _, c := range gws {
+		waitMetricEq(t, c, 1, "caddy_fair_queue_cluster_redis_up")
+	}
+	// C: 4 s with Redis again.
+	time.Sleep(4 * time.Second)
+	close(stop)
+	loop.Wait()
+	wg.Wait()
+
+	// Every answer is served or a documented refusal: 429 quota_exceeded,
+	// or 503 wait_budget_exceeded / queue_timeout when a request admitted
+	// behind the quota is overtaken by the other gateways' charges. None
+	// is an error, none a 5xx of another kind.
+	count := map[string]map[string]int{}
+	for _, r := range results {
+		code := "served"
+		switch {
+		case r.Err != nil:
+			t.Errorf("phase %s: %s", r.phase, r.result)
+			continue
+		case r.Status == http.StatusOK:
+		default:
+			var body struct {
+				Error struct{ Code string } `json:"error"`
+			}
+			_ = json.Unmarshal(r.Body, &body)
+			code = fmt.Sprintf("%d %s", r.Status, body.Error.Code)
+			switch code {
+			case "429 quota_exceeded", "503 wait_budget_exceeded", "503 queue_timeout":
+			default:
+				t.Errorf("phase %s: an answer outside the contract: %s", r.phase, r.result)
+			}
+		}
+		if count[r.phase] == nil {
+			count[r.phase] = map[string]int{}
+		}
+		count[r.phase][code]++
+	}
+	t.Logf("answers by phase: %v", count)
+
+	// Tokens the fakes served to the tenant, by dispatch time: with Redis
+	// up (before the kill) and down (between the kill and the restart).
+	recs := records(t, fakes...)
+	type span struct {
+		first, last int64
+		tokens      int
+		n           int
+	}
+	var up, down span
+	for _, r := range recs {
+		if r.Tenant != "metered" || r.Outcome != "ok" {
+			continue
+		}
+		sp := &up
+		switch at := r.ReceivedUnixNano; {
+		case at >= restarted.UnixNano():
+			continue
+		case at >= killed.UnixNano():
+			sp = &down
+		}
+		if sp.n == 0 || r.ReceivedUnixNano < sp.first {
+			sp.first = r.ReceivedUnixNano
+		}
+		sp.last = max(sp.last, r.ReceivedUnixNano)
+		sp.tokens += r.PromptTokens + r.OutputTokens
+		sp.n++
+	}
+	rate := float64(clusterTPM) / 60
+	// A greedy tenant starting at rest is charged rate x (D + tau) over
+	// the D between its first and last dispatch (within one request).
+	expect := func(s span) float64 {
+		return rate * (time.Duration(s.last-s.first).Seconds() + clusterTau)
+	}
+	ratioUp := float64(up.tokens) / expect(up)
+	t.Logf("redis up: %d requests, %d tokens over %v; quota allows %.0f: ratio %.3f",
+		up.n, up.tokens, time.Duration(up.last-up.first), expect(up), ratioUp)
+	if ratioUp < 0.95 || ratioUp > 1.05 {
+		t.Errorf("with redis up, three gateways served the tenant %d tokens, %.3f of its quota's %.0f; want within 5%%",
+			up.tokens, ratioUp, expect(up))
+	}
+	// Down: each gateway on a third of the quota, its own meter starting
+	// at rest: together about the quota again, far from three times it.
+	ratioDown := float64(down.tokens) / expect(down)
+	t.Logf("redis down: %d requests, %d tokens over %v; quota allows %.0f: ratio %.3f",
+		down.n, down.tokens, time.Duration(down.last-down.first), expect(down), ratioDown)
+	if down.n == 0 || ratioDown > 1.25 {
+		t.Errorf("with redis down, the gateways served the tenant %d tokens, %.3f of its quota's %.0f; want some, and at most 1.25x (each on its third)",
+			down.tokens, ratioDown, expect(down))
+	}
+	if count["C"]["served"] == 0 {
+		t.Error("nothing served after redis came back")
+	}
+	for i, c := range gws {
+		s := scrape(t, c)
+		if n := metric(s, "caddy_fair_queue_cluster_fallback_total"); n == 0 {
+			t.Errorf("gateway %d: cluster_fallback_total 0 after an outage of redis", i)
+		}
+		// One outage, logged once as it started and once as it ended,
+		// however many requests met it.
+		var down, back int
+		for _, e := range caddyLog(c) {
+			switch msg := e.str("msg"); {
+			case strings.HasPrefix(msg, "redis unreachable"):
+				down++
+			case strings.HasPrefix(msg, "redis answers again"):
+				back++
+			}
+		}
+		if down != 1 || back != 1 {
+			t.Errorf("gateway %d: logged %d outages and %d recoveries, want 1 and 1", i, down, back)
+		}
+	}
+}
