@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
+	"github.com/caddy-fair-queue/caddy-fair-queue/slots"
 )
 
 // ClusterConfig makes a queue's tenant quotas cluster-wide: every gateway
@@ -48,6 +49,19 @@ type ClusterConfig struct {
 	// on one Redis. It must not contain '{' (the tenant's name, in braces
 	// after it, is the key's Redis Cluster hash tag).
 	Prefix string `json:"prefix,omitempty"`
+	// ShareSlots shares the upstreams' slots (max_inflight x healthy
+	// upstreams, the same pool every gateway sees) among the gateways, so
+	// that together they never have more requests in flight on it than
+	// its slots: each holds a grant, its fair share of the pool by demand,
+	// renewed every Sync (package slots). Redis down: each takes the pool
+	// divided by Instances.
+	ShareSlots bool `json:"share_slots,omitempty"`
+	// Sync is how often a gateway renews its grant of the shared slots.
+	// Default: 100ms.
+	Sync caddy.Duration `json:"sync,omitempty"`
+	// LeaseTTL is how long a grant lives without renewal: a gateway that
+	// crashed gives its slots back within it. Default: 30s.
+	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`
 }
 
 // probeTenant and probeLimits are what the outage probe reads: a tenant
@@ -70,6 +84,12 @@ type clusterStore struct {
 	client *redis.Client
 	store  *quota.Fallback
 	closed atomic.Bool
+	// broker shares the upstream slots (share_slots), nil otherwise;
+	// instances, sync and timeout are the config's.
+	broker    *slots.Broker
+	instances int
+	sync      time.Duration
+	timeout   time.Duration
 }
 
 // provisionCluster validates the cluster block, connects a Redis client
@@ -153,6 +173,17 @@ func (h *Handler) provisionCluster() error {
 		},
 		OnLocal: fallbacks.Inc,
 	})
+	if c.ShareSlots {
+		ttl := time.Duration(c.LeaseTTL)
+		if ttl <= 0 {
+			ttl = defaultLeaseTTL
+		}
+		cs.broker = slots.NewBroker(client, prefix+"{slots}", ttl)
+		cs.instances, cs.timeout, cs.sync = max(c.Instances, 1), timeout, time.Duration(c.Sync)
+		if cs.sync <= 0 {
+			cs.sync = defaultSlotSync
+		}
+	}
 	h.cluster = cs
 	h.qcfg.QuotaStore = cs.store
 	// The script in Redis beforehand makes the first decision one round
@@ -230,6 +261,9 @@ var _ prometheus.Collector = clusterCollector{}
 //	    instances <n>          # default 1
 //	    timeout   <duration>   # default 50ms
 //	    prefix    <string>     # default fq:quota:<queue name>:
+//	    share_slots            # share the upstreams' slots among the gateways
+//	    sync      <duration>   # how often a grant of slots is renewed; default 100ms
+//	    lease_ttl <duration>   # a grant lives this long unrenewed; default 30s
 //	}
 func (p *cfParser) cluster() error {
 	d := p.d
@@ -263,6 +297,25 @@ func (p *cfParser) cluster() error {
 			if c.Timeout, err = p.duration("cluster: timeout", v); err != nil {
 				return err
 			}
+		case "share_slots":
+			if d.NextArg() {
+				return d.Errf("cluster: share_slots takes no argument")
+			}
+			c.ShareSlots = true
+		case "sync", "lease_ttl":
+			v, err := p.oneArg("cluster: " + key)
+			if err != nil {
+				return err
+			}
+			dur, err := p.duration("cluster: "+key, v)
+			if err != nil {
+				return err
+			}
+			if key == "sync" {
+				c.Sync = dur
+			} else {
+				c.LeaseTTL = dur
+			}
 		case "prefix":
 			v, err := p.oneArg("cluster: prefix")
 			if err != nil {
@@ -273,7 +326,7 @@ func (p *cfParser) cluster() error {
 			}
 			c.Prefix = v
 		default:
-			return d.Errf("cluster: unknown setting %q (want redis, instances, timeout or prefix)", key)
+			return d.Errf("cluster: unknown setting %q (want redis, instances, timeout, prefix, share_slots, sync or lease_ttl)", key)
 		}
 	}
 	if c.Redis == "" {

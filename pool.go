@@ -41,6 +41,14 @@ type sharedQueue struct {
 	// hist is what the dashboard shows; like the queue, it outlives
 	// reloads.
 	hist *history.History
+	// instance names this gateway's queue in the shared slots' pool
+	// (cluster share_slots); slotSyncAt (the ticker's) and slotSyncing
+	// pace the renewals, slotsUp says whether the last one reached Redis.
+	instance     string
+	slotSyncAt   time.Time
+	slotSyncing  atomic.Bool
+	slotsUp      atomic.Bool
+	slotsGranted atomic.Bool
 
 	mu sync.Mutex
 	// owners are the handlers whose config loads have started, oldest
@@ -75,7 +83,7 @@ func newSharedQueue(name string, cfg fairqueue.Config) (*sharedQueue, error) {
 	}
 	s := &sharedQueue{name: name, q: q, cost: costmodel.New(costmodel.Config{}),
 		stop: make(chan struct{}), done: make(chan struct{}),
-		hist: history.New(time.Now, declaredTenants(cfg))}
+		hist: history.New(time.Now, declaredTenants(cfg)), instance: newInstanceID(name)}
 	q.SetDegradeObserver(func(tr degrade.Transition) {
 		if h := s.owner(); h != nil {
 			h.onTransition(tr)
@@ -189,6 +197,7 @@ func (s *sharedQueue) commitLocked(h *Handler) error {
 	h.committed.Store(true)
 	s.hist.Declare(declaredTenants(h.qcfg))
 	h.applyHealth(s.q)
+	s.syncSlots(h, time.Now()) // a shared pool's initial share, before any request
 	return nil
 }
 
@@ -267,6 +276,7 @@ func (s *sharedQueue) tick() {
 		if h.cluster != nil {
 			h.cluster.store.Poll()
 		}
+		s.syncSlots(h, time.Now())
 	}
 	s.q.Tick()
 	s.sample()

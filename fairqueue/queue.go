@@ -71,6 +71,9 @@ type Queue struct {
 	cfg      Config
 	healthy  int
 	capacity int
+	// slotLimit, when >= 0, caps capacity: the slots this instance holds
+	// of a pool several gateways share (SetSlotLimit); -1: none.
+	slotLimit int
 	tokenCap int64
 
 	classes []*classQ
@@ -271,7 +274,7 @@ func New(cfg Config, clock Clock) (*Queue, error) {
 	if clock == nil {
 		clock = RealClock{}
 	}
-	q := &Queue{clock: clock, tenants: make(map[string]*tenant), costPromptWeight: 1,
+	q := &Queue{clock: clock, tenants: make(map[string]*tenant), costPromptWeight: 1, slotLimit: -1,
 		group: &tenant{name: "(undeclared tenants)", heldIdx: -1},
 		rng:   rand.New(rand.NewPCG(0x6661697271756575, 0x7265747279))}
 	q.group.flows = q.group.flowBuf[:0]
@@ -382,7 +385,29 @@ func (q *Queue) SetHealthy(n int) {
 func (q *Queue) setCapacityLocked(healthy int) {
 	q.healthy = healthy
 	q.capacity = q.cfg.MaxInflight * healthy
+	if q.slotLimit >= 0 {
+		q.capacity = min(q.capacity, q.slotLimit)
+	}
 	q.tokenCap = q.cfg.MaxInflightTokens * int64(healthy)
+}
+
+// SetSlotLimit caps the capacity at n slots, whatever the healthy
+// upstreams allow: the share this instance holds of an upstream pool that
+// several gateways share (n < 0: no cap). A lower cap preempts nothing: no
+// request is dispatched until the in-flight ones are below it. With the
+// capacity at 0 requests still queue (another instance holds the slots
+// for now); only no healthy upstream refuses them.
+func (q *Queue) SetSlotLimit(n int) {
+	q.mu.Lock()
+	if n < 0 {
+		n = -1
+	}
+	if n != q.slotLimit {
+		q.slotLimit = n
+		q.setCapacityLocked(q.healthy)
+		q.dispatchLocked(q.clock.Now())
+	}
+	q.unlock()
 }
 
 // SetPaused makes a class yield (paused) or compete normally. A paused
@@ -551,7 +576,7 @@ func (q *Queue) admitLocked(now time.Time, t *tenant, name string, tc TenantConf
 	if rej := q.closedLocked(); rej != nil {
 		return rej
 	}
-	if q.capacity == 0 && !(q.fb != nil && q.fb.capacity() > 0 && q.fallbackListed(name)) {
+	if q.healthy == 0 && !(q.fb != nil && q.fb.capacity() > 0 && q.fallbackListed(name)) {
 		return &Rejection{Reason: ReasonNoCapacity, RetryAfter: q.retryAfterLocked(0),
 			Detail: "no healthy upstream"}
 	}

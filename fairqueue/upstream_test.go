@@ -141,3 +141,26 @@ func TestRequeue(t *testing.T) {
 		t.Fatal("the request behind the requeued one went first")
 	}
 }
+
+// A slot limit caps the capacity below what the healthy upstreams allow;
+// at 0, requests still queue (another gateway holds the slots for now),
+// and a raised limit dispatches them at once.
+func TestSlotLimit(t *testing.T) {
+	h := newHarness(t, testConfig(4, nil), 2, 1) // 8 slots
+	h.q.SetSlotLimit(0)
+	tk := h.enqueue(Request{Tenant: "a", Cost: 10})
+	if !tk.Dispatched().IsZero() {
+		t.Fatal("dispatched with a slot limit of 0")
+	}
+	h.q.SetSlotLimit(3)
+	for i := 0; i < 5; i++ {
+		h.enqueue(Request{Tenant: "a", Cost: 10})
+	}
+	if st := h.q.Stats(false); st.Inflight != 3 || st.Capacity != 3 {
+		t.Fatalf("stats %+v, want 3 in flight at a limit of 3", st)
+	}
+	h.q.SetSlotLimit(-1)
+	if st := h.q.Stats(false); st.Inflight != 6 || st.Capacity != 8 {
+		t.Fatalf("stats %+v, want all 6 in flight without a limit (8 slots)", st)
+	}
+}

@@ -148,6 +148,14 @@ func (c *Caddy) Stop() error {
 	return c.proc.stop()
 }
 
+// Kill ends Caddy with SIGKILL, as a crash would: nothing it holds is
+// given back cleanly.
+func (c *Caddy) Kill() {
+	if c.proc != nil {
+		c.proc.kill()
+	}
+}
+
 // Adapt runs "caddy adapt" on caddyfile and returns the JSON config.
 func Adapt(t testing.TB, bin, caddyfile string) []byte {
 	t.Helper()

@@ -1,0 +1,74 @@
+package caddyfairqueue
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"os"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Defaults of the shared slots (ClusterConfig.ShareSlots).
+const (
+	defaultSlotSync = 100 * time.Millisecond
+	defaultLeaseTTL = 30 * time.Second
+)
+
+// syncSlots renews this gateway's grant of the shared slots when a Sync
+// interval has passed, off the tick (the Redis call never holds the queue
+// or delays a tick): at most one renewal in flight per queue.
+func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
+	cs := h.cluster
+	if cs == nil || cs.broker == nil {
+		s.q.SetSlotLimit(-1) // a reload may have turned sharing off
+		return
+	}
+	pool := h.MaxInflight * h.healthyUpstreams()
+	if !s.slotsGranted.Load() {
+		// Until the first grant, this gateway's share as if every
+		// gateway wanted the whole pool: never more than the pool in all.
+		s.q.SetSlotLimit(pool / cs.instances)
+	}
+	if now.Sub(s.slotSyncAt) < cs.sync || !s.slotSyncing.CompareAndSwap(false, true) {
+		return
+	}
+	s.slotSyncAt = now
+	st := s.q.Stats(false)
+	demand := min(st.Inflight+st.Queued, pool)
+	// What this gateway may have in flight until it applies the grant the
+	// call returns: up to its current capacity (it dispatches meanwhile),
+	// or more if a lower grant left requests in flight above it. Others
+	// count that, so the pool is never oversubscribed while grants move.
+	holding := max(st.Inflight, st.Capacity)
+	go func() {
+		defer s.slotSyncing.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), cs.timeout)
+		defer cancel()
+		grant, err := cs.broker.Sync(ctx, s.instance, pool, demand, holding)
+		if err != nil {
+			// Redis down or slow: this gateway's share of the pool, as
+			// if every gateway wanted it all.
+			grant = pool / cs.instances
+			if s.slotsUp.CompareAndSwap(true, false) {
+				h.logger.Warn("redis unreachable: taking 1/instances of the upstream slots until it answers",
+					zap.String("queue", s.name), zap.Int("slots", grant), zap.Error(err))
+			}
+		} else if !s.slotsUp.Swap(true) {
+			h.logger.Info("sharing the upstream slots through redis", zap.String("queue", s.name), zap.Int("grant", grant))
+		}
+		s.q.SetSlotLimit(grant)
+		s.slotsGranted.Store(true)
+	}()
+}
+
+// newInstanceID names a queue of this process in a shared pool: host, pid
+// and a random part, so a restarted gateway is a new instance (the old
+// one's grant expires).
+func newInstanceID(queue string) string {
+	host, _ := os.Hostname()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s/%d/%s/%x", host, os.Getpid(), queue, b)
+}

@@ -1,0 +1,35 @@
+// Package slots shares an upstream pool's slots among the gateways in front
+// of it, through Redis: N gateways each with the pool's full capacity would
+// send N times what its model servers can hold.
+//
+// Each gateway holds a grant: how many requests it may have in flight on
+// the pool. It renews it every sync interval with its demand (requests in
+// flight plus queued, at most the pool) and what it holds (the larger of
+// its requests in flight and its current grant: it may dispatch up to that
+// until it applies the new grant), in one
+// Lua script call on one hash (one round trip, time from Redis TIME):
+//
+//  1. Entries not renewed within their TTL are dropped: a crashed gateway's
+//     slots come back within the TTL.
+//  2. The fair share of each live gateway is the max-min fair division of
+//     the pool by demand (water-filling, equal weights), in whole slots:
+//     the remainder goes one slot each to the first gateways by name, so
+//     the shares add up to the pool.
+//  3. Its grant is its fair share, but at most what the others leave: the
+//     pool less, for each other gateway, the larger of its grant and its
+//     requests in flight.
+//
+// Guarantee: the sum over gateways of max(grant, in flight) never exceeds
+// the pool, at every script call (each call keeps it, and a gateway only
+// dispatches below its grant), so the pool's model servers never see more
+// requests than its slots, whatever the timing, up to requests that finish
+// and start inside one sync interval of a gateway that lowered its grant.
+// A gateway whose share fell keeps its requests in flight (nothing is
+// preempted) and dispatches again once below its new grant; the others'
+// grants grow as its requests complete. Shares converge to the fair
+// division within two sync intervals of every gateway.
+//
+// Redis down: a gateway then takes the pool divided by the number of
+// gateways configured (the caller's fallback), and resyncs when Redis
+// answers.
+package slots

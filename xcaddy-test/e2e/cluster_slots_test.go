@@ -1,0 +1,137 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/harness"
+)
+
+const clusterSlotsTmpl = `{
+	admin 127.0.0.1:{{.Admin}}
+	default_bind 127.0.0.1
+}
+http://127.0.0.1:{{.Site}} {
+	fair_queue {
+		max_inflight 4
+		class batch wait_budget 60s
+		cluster {
+			redis {env.FQ_E2E_REDIS_URL}
+			instances 3
+			share_slots
+			sync 100ms
+			lease_ttl 2s
+		}
+		reverse_proxy {{.Upstreams}} {
+			health_uri /health
+			health_interval 200ms
+		}
+	}
+}
+`
+
+// maxConcurrent is the most requests the fakes had at once, from their own
+// records: received to finished, less 2 ms at the end, the time a fake may
+// take to record a finish after its client has the whole response (the
+// gateway frees the slot and the next request can arrive meanwhile).
+func maxConcurrent(t *testing.T, fakes ...*harness.Fake) int {
+	type edge struct {
+		at    int64
+		delta int
+	}
+	var edges []edge
+	for _, rec := range records(t, fakes...) {
+		if rec.FinishedUnixNano == 0 {
+			continue
+		}
+		edges = append(edges, edge{rec.ReceivedUnixNano, 1}, edge{max(rec.FinishedUnixNano-2e6, rec.ReceivedUnixNano), -1})
+	}
+	sort.Slice(edges, func(i, j int) bool {
+		if edges[i].at != edges[j].at {
+			return edges[i].at < edges[j].at
+		}
+		return edges[i].delta < edges[j].delta // a finish before a start at the same instant
+	})
+	cur, peak := 0, 0
+	for _, e := range edges {
+		cur += e.delta
+		peak = max(peak, cur)
+	}
+	return peak
+}
+
+// TestClusterSharedSlots (issue 12): three gateways in front of one pool of
+// 2 fakes x 4 slots, each of which alone would fill the pool (its capacity
+// is the pool's 8): sharing the slots through Redis, the fakes never see
+// more than 8 requests at once under a flood through all three; a gateway
+// killed mid-run gives its slots back within the lease TTL and the others
+// take them.
+func TestClusterSharedSlots(t *testing.T) {
+	rs := startRedis(t)
+	t.Setenv("FQ_E2E_REDIS_URL", "redis://"+rs.addr())
+	fakes := startFakes(t, 2, "cslots", harness.FakeOptions{Slots: 4, TTFT: 10 * time.Millisecond, PerToken: 4 * time.Millisecond})
+	var gws []*harness.Caddy
+	var bases []string
+	for range 3 {
+		p := harness.Ports(t, "Admin", "Site")
+		gws = append(gws, startCaddy(t, clusterSlotsTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
+			"Upstreams": addrs(fakes...)}))
+		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
+	}
+	cl := newClient(true)
+	defer cl.CloseIdleConnections()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	served := map[int]int{}
+	flood := func(g, w int, stop <-chan struct{}) {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			r := send(ctx, cl, bases[g], chatReq{Tenant: "t", TestID: fmt.Sprintf("g%d-w%d-%d", g, w, i), MaxTokens: 40, IgnoreEOS: true})
+			if r.Err == nil && r.Status == http.StatusOK {
+				mu.Lock()
+				served[g]++
+				mu.Unlock()
+			}
+		}
+	}
+	// 8 clients per gateway: each gateway alone would fill the pool.
+	stops := []chan struct{}{make(chan struct{}), make(chan struct{}), make(chan struct{})}
+	for g := range 3 {
+		for w := range 8 {
+			wg.Go(func() { flood(g, w, stops[g]) })
+		}
+	}
+	time.Sleep(4 * time.Second) // pacing only: the flood runs
+	capacity := func(s harness.Series) float64 { return metric(s, "caddy_fair_queue_capacity") }
+	// Kill the third gateway: its grant expires within the 2 s TTL and
+	// the other two share the pool.
+	close(stops[2])
+	gws[2].Kill()
+	waitMetric(t, gws[0], "the killed gateway's slots back to the others", func(s0 harness.Series) bool {
+		return capacity(s0)+capacity(scrape(t, gws[1])) == 8
+	})
+	time.Sleep(2 * time.Second) // pacing only: the two go on
+	close(stops[0])
+	close(stops[1])
+	cancel()
+	wg.Wait()
+	peak := maxConcurrent(t, fakes...)
+	t.Logf("served per gateway %v; the fakes had at most %d requests at once", served, peak)
+	if peak > 8 {
+		t.Errorf("the fakes had %d requests at once, more than the pool's 8 slots", peak)
+	}
+	if served[0] == 0 || served[1] == 0 || served[2] == 0 {
+		t.Errorf("a gateway was never served: %v", served)
+	}
+}
