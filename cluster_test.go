@@ -39,7 +39,9 @@ func TestClusterCaddyfile(t *testing.T) {
 		{"cluster {\nredis redis://a:1\ninstances 0\n}", `cluster: instances: "0" must be a positive integer`},
 		{"cluster {\nredis redis://a:1\ntimeout soon\n}", `cluster: timeout: "soon" is not a duration`},
 		{"cluster {\nredis redis://a:1\nprefix a{b\n}", "contains '{'"},
-		{"cluster {\nredis redis://a:1\nsync 100ms\n}", `cluster: unknown setting "sync" (want redis, instances, timeout or prefix)`},
+		{"cluster {\nredis redis://a:1\nspeed 100ms\n}", `cluster: unknown setting "speed" (want redis, instances, timeout, prefix, share_slots, sync or lease_ttl)`},
+		{"cluster {\nredis redis://a:1\nshare_slots yes\n}", "share_slots takes no argument"},
+		{"cluster {\nredis redis://a:1\nlease_ttl never\n}", `cluster: lease_ttl: "never" is not a duration`},
 		{"cluster {\nredis redis://a:1\n}\ncluster {\nredis redis://a:1\n}", "cluster given twice"},
 	} {
 		_, err := parseBlock("fair_queue {\n" + tc.input + "\nreverse_proxy a:1\n}")

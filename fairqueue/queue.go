@@ -74,7 +74,7 @@ type Queue struct {
 	// slotLimit, when >= 0, caps capacity: the slots this instance holds
 	// of a pool several gateways share (SetSlotLimit); -1: none.
 	slotLimit int
-	tokenCap int64
+	tokenCap  int64
 
 	classes []*classQ
 	tenants map[string]*tenant
