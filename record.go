@@ -60,9 +60,10 @@ func (u *usageRecorder) WriteHeader(status int) {
 	}
 	if u.status == 0 && status >= 200 {
 		u.status = status
-		if u.provider && u.quota == nil {
+		if u.provider {
 			// The provider account's limits are the gateway's, not the
-			// caller's.
+			// caller's: the tenant's own (below) replace them, and a
+			// dimension its quota does not meter shows none.
 			for _, k := range rateLimitHeaders {
 				u.Header().Del(k)
 			}
@@ -137,13 +138,15 @@ func providerWait(h http.Header, status int) time.Duration {
 		}
 	}
 	if status != http.StatusTooManyRequests {
-		return d
+		// A served answer that leaves nothing pauses the account, but not
+		// for a whole quota window on one header's word.
+		return min(d, maxServedWait)
 	}
 	if ms, err := strconv.ParseFloat(h.Get("Retry-After-Ms"), 64); err == nil && ms > 0 {
-		d = max(d, time.Duration(ms*float64(time.Millisecond)))
+		d = max(d, seconds(ms/1000))
 	} else if ra := h.Get("Retry-After"); ra != "" {
 		if s, err := strconv.ParseFloat(ra, 64); err == nil && s > 0 {
-			d = max(d, time.Duration(s*float64(time.Second)))
+			d = max(d, seconds(s))
 		} else if at, err := http.ParseTime(ra); err == nil {
 			d = max(d, time.Until(at))
 		}
@@ -156,7 +159,21 @@ func providerWait(h http.Header, status int) time.Duration {
 
 // maxProviderWait bounds what a provider's header can make the gateway
 // believe: a garbled or hostile value must not stop dispatch for hours.
-const maxProviderWait = 10 * time.Minute
+// maxServedWait bounds the pause a served answer with nothing remaining
+// causes (the next request finds out whether the account is back).
+const (
+	maxProviderWait = 10 * time.Minute
+	maxServedWait   = 10 * time.Second
+)
+
+// seconds converts a number of seconds to a Duration, clamped to
+// maxProviderWait before the conversion can overflow.
+func seconds(s float64) time.Duration {
+	if !(s < maxProviderWait.Seconds()) {
+		return maxProviderWait
+	}
+	return time.Duration(s * float64(time.Second))
+}
 
 // parseWait reads a reset time: a Go duration as OpenAI sends ("6m0s",
 // "1s", "17ms") or plain seconds.
@@ -167,8 +184,8 @@ func parseWait(v string) time.Duration {
 	if d, err := time.ParseDuration(v); err == nil && d > 0 {
 		return min(d, maxProviderWait)
 	}
-	if s, err := strconv.ParseFloat(v, 64); err == nil && s > 0 && s < maxProviderWait.Seconds() {
-		return time.Duration(s * float64(time.Second))
+	if s, err := strconv.ParseFloat(v, 64); err == nil && s > 0 {
+		return seconds(s)
 	}
 	return 0
 }

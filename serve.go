@@ -171,8 +171,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	var perr error
 	for attempt := 1; ; attempt++ {
 		wait = tk.Dispatched().Sub(tk.Enqueued())
-		observeDispatch(h.Name, a.label, tk.Boosted(), tk.ETA(), wait)
-		h.history().Dispatched(a.label, tk.Boosted(), tk.ETA(), wait)
+		if attempt == 1 {
+			// A request is dispatched once, however often a provider
+			// refuses it (the wait grows; the ETA was for the first).
+			observeDispatch(h.Name, a.label, tk.Boosted(), tk.ETA(), wait)
+			h.history().Dispatched(a.label, tk.Boosted(), tk.ETA(), wait)
+		}
 		// Known now: set before proxying, so the inner proxy can use them.
 		repl.Set("http.fair_queue.wait_ms", wait.Milliseconds())
 		repl.Set("http.fair_queue.cost", a.cost.Total())
@@ -219,12 +223,20 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		providerRefusals.WithLabelValues(h.Name, a.label).Inc()
 		h.logger.Debug("provider out of quota; request requeued", zap.String("tenant", a.tenant),
 			zap.Int("attempt", attempt), zap.Duration("account_wait", rec.providerWait))
+		// Nothing was served: the tenant is charged nothing (no back-fill
+		// of the estimate), and a refund is not quota use.
+		charged = nil
 		if attempt >= maxProviderAttempts || !tk.Requeue() {
+			actual = 0
 			return h.answer(w, repl, a, &apiError{status: http.StatusServiceUnavailable, code: "server_busy",
 				message:    "The model provider is out of quota for this gateway's account. The request was not served; retry after the time in Retry-After.",
 				retryAfter: max(rec.providerWait, time.Second)})
 		}
 		if err := tk.Wait(r.Context()); err != nil {
+			// The answer is the gateway's own: not the refused attempt's.
+			for _, k := range []string{headerWaitMs, headerCost, headerMode, headerChannel} {
+				w.Header().Del(k)
+			}
 			return h.notDispatched(w, repl, a, err)
 		}
 	}

@@ -70,7 +70,10 @@ func (q *Queue) SetQuotaWeight(w float64) {
 	if tenants != nil {
 		q.cfg.Tenants = tenants
 	}
-	reweigh(&q.cfg.Default)
+	changed := reweigh(&q.cfg.Default) || tenants != nil
+	if !changed {
+		return // nothing to hand the remembered tenants: no scan
+	}
 	for _, t := range q.tenants {
 		if t.known {
 			t.cfg.Quota = q.cfg.Tenants[t.name].Quota

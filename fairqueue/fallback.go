@@ -42,8 +42,6 @@ type fallback struct {
 	slots   int      // per healthy fallback upstream
 	pool    *quota.Limits
 	healthy int
-	// inflight counts the requests the fallback serves.
-	inflight int
 	// until: the fallback provider said its account is exhausted until
 	// then; poolUntil: its account cannot take the next request until then.
 	until, poolUntil time.Time
@@ -68,7 +66,7 @@ func newFallback(cfg *Config, old *fallback) (*fallback, error) {
 		f.pool = l
 	}
 	if old != nil {
-		f.healthy, f.inflight, f.until, f.poolUntil = old.healthy, old.inflight, old.until, old.poolUntil
+		f.healthy, f.until, f.poolUntil = old.healthy, old.until, old.poolUntil
 	}
 	return f, nil
 }
@@ -83,7 +81,7 @@ func (q *Queue) fallbackListed(tenant string) bool {
 // a listed tenant now: a slot free and its account not declared exhausted.
 func (q *Queue) fallbackOpenLocked(now time.Time) bool {
 	f := q.fb
-	return f != nil && f.inflight < f.capacity() && !now.Before(f.until) && !now.Before(f.poolUntil)
+	return f != nil && q.fbInflight < f.capacity() && !now.Before(f.until) && !now.Before(f.poolUntil)
 }
 
 // primaryBlockedLocked reports whether the primary cannot serve tk now.
@@ -128,16 +126,14 @@ func (q *Queue) dispatchFallbackLocked(now time.Time) {
 		}
 		if f.pool != nil {
 			d, ok := q.fitsLocked(fallbackAccountKey, f.pool, tk.tokens)
-			if !ok {
-				f.poolUntil = d.At
+			if !ok || !q.drawLocked(tk, fallbackAccountKey, f.pool) {
+				f.poolUntil = now.Add(max(d.RetryAfter, time.Millisecond))
 				return
 			}
 		}
 		if tk.t.cfg.Quota != nil && !q.chargeQuotaLocked(now, tk) {
+			q.refundUpstreamLocked(tk)
 			continue // its tenant is held now
-		}
-		if f.pool != nil {
-			q.drawLocked(tk, fallbackAccountKey, f.pool)
 		}
 		q.takeLocked(tk, false)
 		tk.fallback = true

@@ -131,6 +131,10 @@ type Queue struct {
 	// fb the fallback channel, nil without one (fallback.go).
 	up *upstream
 	fb *fallback
+	// fbInflight counts the requests in flight on the fallback; it lives
+	// on the queue, not the fallback's config, so a reload that removes or
+	// re-adds the fallback keeps it right.
+	fbInflight int
 	// costOverhead and costPromptWeight price a request under CostLearned
 	// (SetCostModel); 0 and 1 until a model is set.
 	costOverhead, costPromptWeight float64
@@ -965,17 +969,25 @@ func (q *Queue) dispatchLoopLocked(now time.Time) (gated bool) {
 		if !expired && q.up != nil && !q.upstreamChargeLocked(now, tk) {
 			// The account cannot take the request in tag order: only
 			// reserved tenants go, on their reservations, until it can.
-			if tk = q.reservedNextLocked(); tk == nil {
+			if tk = q.reservedNextLocked(now); tk == nil {
 				return true
 			}
 			overtakes = false
+			if q.tokenCap > 0 && q.inflight > 0 && q.inflightCost+tk.tokens > q.tokenCap {
+				q.refundUpstreamLocked(tk)
+				return true
+			}
 			if tk.t.cfg.Quota != nil && !q.quotaAllowsLocked(now, tk) {
-				q.reconcileUpstreamLocked(tk, 0)
+				q.refundUpstreamLocked(tk)
 				continue
 			}
 		}
-		if !expired && q.up != nil && tk.t.cfg.Quota != nil {
-			q.chargeQuotaLocked(now, tk)
+		if !expired && q.up != nil && tk.t.cfg.Quota != nil && !q.chargeQuotaLocked(now, tk) {
+			// A shared store: the tenant's quota was used elsewhere since
+			// the Peek. Its tenant is held now; the account gets its draw
+			// back.
+			q.refundUpstreamLocked(tk)
+			continue
 		}
 		// A dispatched ticket's flow is re-keyed once, by startLocked
 		// after the charge, rather than also here for the new head.
@@ -1005,7 +1017,7 @@ func (q *Queue) startLocked(tk *Ticket, now time.Time, overtakes bool) {
 	tk.state = stateInflight
 	tk.dispatched = now
 	if tk.fallback {
-		q.fb.inflight++
+		q.fbInflight++
 	} else {
 		q.adm.cold.Start(now, float64(tk.cost))
 		q.inflight++
@@ -1265,7 +1277,7 @@ func (q *Queue) completeLocked(now time.Time, tk *Ticket, actual int64) {
 	t := tk.t
 	if tk.fallback {
 		// The fallback's completions say nothing of the primary's rate.
-		q.fb.inflight--
+		q.fbInflight--
 	} else {
 		q.adm.rate.Observe(now, float64(tk.cost), q.healthy)
 		q.adm.cold.Finish(now, tk.dispatched, float64(tk.cost))

@@ -53,7 +53,8 @@ func (q *Queue) quotaAdmitLocked(now time.Time, t *tenant, name string, l *quota
 	}
 	// It must go before its deadline less the margins: Tick expires what is
 	// within ExpiryMargin of its deadline before it dispatches.
-	if !deadline.IsZero() && !d.At.Before(deadline.Add(-max(q.cfg.Admission.Margin, q.cfg.ExpiryMargin))) {
+	// The store's time may be another clock (Redis): only the wait counts.
+	if at := now.Add(d.RetryAfter); !deadline.IsZero() && !at.Before(deadline.Add(-max(q.cfg.Admission.Margin, q.cfg.ExpiryMargin))) {
 		return 0, d.Reason, quotaRejection(d, ahead)
 	}
 	return d.RetryAfter, d.Reason, nil
@@ -80,7 +81,7 @@ func (q *Queue) chargeQuotaLocked(now time.Time, tk *Ticket) bool {
 	case err != nil:
 		return true // see quotaAdmitLocked: fail open, uncharged
 	case !d.Allowed:
-		q.holdLocked(t, d.At)
+		q.holdLocked(t, now.Add(d.RetryAfter))
 		return false
 	}
 	tk.quota, tk.quotaStatus = l, d.Status
@@ -94,7 +95,7 @@ func (q *Queue) quotaAllowsLocked(now time.Time, tk *Ticket) bool {
 	if err != nil || d.Allowed {
 		return true
 	}
-	q.holdLocked(tk.t, d.At)
+	q.holdLocked(tk.t, now.Add(d.RetryAfter))
 	return false
 }
 

@@ -158,10 +158,34 @@ func (q *Queue) fitsStrictLocked(key string, l *quota.Limits, tokens int64) (quo
 
 // drawLocked charges tk's estimate to meter key and records it on the
 // ticket for reconciliation.
-func (q *Queue) drawLocked(tk *Ticket, key string, l *quota.Limits) {
-	if _, err := q.quotaStoreLocked().Charge(context.Background(), key, l, tk.tokens); err == nil {
-		tk.upKey, tk.upLimits = key, l
+func (q *Queue) drawLocked(tk *Ticket, key string, l *quota.Limits) bool {
+	d, err := q.quotaStoreLocked().Charge(context.Background(), key, l, tk.tokens)
+	switch {
+	case err != nil:
+		return true // a store that fails lets the request go, uncharged
+	case !d.Allowed && !restedStatus(d.Status):
+		// A shared store: another gateway drew on the account since the
+		// Peek. No room after all.
+		return false
 	}
+	tk.upKey, tk.upLimits = key, l
+	return true
+}
+
+// restedStatus reports whether a meter's status shows it at rest: a
+// request larger than the burst may then go (fitsLocked).
+func restedStatus(st quota.Status) bool {
+	return st.Requests.Reset == 0 && st.Tokens.Reset == 0 && st.Joint.Reset == 0
+}
+
+// refundUpstreamLocked takes tk's whole draw back from the account: a
+// request drawn for but never sent.
+func (q *Queue) refundUpstreamLocked(tk *Ticket) {
+	if tk.upLimits == nil {
+		return
+	}
+	_, _ = q.quotaStoreLocked().Refund(context.Background(), tk.upKey, tk.upLimits, tk.tokens)
+	tk.upLimits = nil
 }
 
 // upstreamChargeLocked finds room for tk in the account: the tenant's
@@ -172,8 +196,7 @@ func (q *Queue) upstreamChargeLocked(now time.Time, tk *Ticket) bool {
 	u := q.up
 	name := tk.t.name
 	if l := u.res[name]; l != nil && tk.t.known {
-		if _, ok := q.fitsLocked(upstreamReservePfx+name, l, tk.tokens); ok {
-			q.drawLocked(tk, upstreamReservePfx+name, l)
+		if _, ok := q.fitsLocked(upstreamReservePfx+name, l, tk.tokens); ok && q.drawLocked(tk, upstreamReservePfx+name, l) {
 			return true
 		}
 	}
@@ -181,20 +204,19 @@ func (q *Queue) upstreamChargeLocked(now time.Time, tk *Ticket) bool {
 		return false
 	}
 	d, ok := q.fitsLocked(upstreamPoolKey, u.pool, tk.tokens)
-	if ok {
-		q.drawLocked(tk, upstreamPoolKey, u.pool)
+	if ok && q.drawLocked(tk, upstreamPoolKey, u.pool) {
 		return true
 	}
 	for _, r := range u.names {
 		if r == name {
 			continue
 		}
-		if _, ok := q.fitsStrictLocked(upstreamReservePfx+r, u.lend[r], tk.tokens); ok {
-			q.drawLocked(tk, upstreamReservePfx+r, u.res[r])
+		if _, ok := q.fitsStrictLocked(upstreamReservePfx+r, u.lend[r], tk.tokens); ok && q.drawLocked(tk, upstreamReservePfx+r, u.res[r]) {
 			return true
 		}
 	}
-	u.poolUntil = d.At
+	// The store's time may be another clock (Redis): only the wait counts.
+	u.poolUntil = now.Add(max(d.RetryAfter, time.Millisecond))
 	return false
 }
 
@@ -202,7 +224,7 @@ func (q *Queue) upstreamChargeLocked(now time.Time, tk *Ticket) bool {
 // reserved tenants eligible for dispatch, the head request with the
 // smallest finish tag that its reservation can take, charged to it. nil
 // when none can go. O(reserved tenants x their classes).
-func (q *Queue) reservedNextLocked() *Ticket {
+func (q *Queue) reservedNextLocked(now time.Time) *Ticket {
 	u := q.up
 	var best *Ticket
 	var bestKey flowEntry
@@ -216,6 +238,9 @@ func (q *Queue) reservedNextLocked() *Ticket {
 			if tk == nil {
 				continue
 			}
+			if !tk.deadline.IsZero() && !now.Before(tk.deadline) {
+				continue // Tick expires it
+			}
 			e := flowEntry{start: t.vt, finish: t.vt + float64(tk.cost)/t.weight, seq: f.seq}
 			if best != nil && !e.before(&bestKey) {
 				continue
@@ -225,8 +250,8 @@ func (q *Queue) reservedNextLocked() *Ticket {
 			}
 		}
 	}
-	if best != nil {
-		q.drawLocked(best, upstreamReservePfx+best.t.name, u.res[best.t.name])
+	if best != nil && !q.drawLocked(best, upstreamReservePfx+best.t.name, u.res[best.t.name]) {
+		return nil
 	}
 	return best
 }
@@ -294,13 +319,22 @@ func (tk *Ticket) Requeue() bool {
 		q.mu.Unlock()
 		return false
 	}
+	if q.closed != "" {
+		// Nobody ticks or dispatches a closed queue: the owner answers.
+		q.mu.Unlock()
+		return false
+	}
 	now := q.clock.Now()
 	t := tk.t
-	q.reconcileQuotaLocked(tk, 0)
-	tk.quota = nil
+	// Not charged to its tenant, the request itself included; the
+	// provider counted the request it refused, not its tokens.
+	if tk.quota != nil {
+		_, _ = q.quotaStoreLocked().Refund(context.Background(), t.name, tk.quota, tk.tokens)
+		tk.quota = nil
+	}
 	q.reconcileUpstreamLocked(tk, 0)
 	if tk.fallback {
-		q.fb.inflight--
+		q.fbInflight--
 		tk.fallback = false
 	} else {
 		q.adm.cold.Abandon(tk.dispatched, float64(tk.cost))

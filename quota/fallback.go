@@ -340,6 +340,18 @@ func (f *Fallback) Reconcile(ctx context.Context, tenant string, l *Limits, esti
 	return f.local.Reconcile(ctx, tenant, f.localLimits(l), estimated, actual)
 }
 
+// Refund implements Store.
+func (f *Fallback) Refund(ctx context.Context, tenant string, l *Limits, tokens int64) (Status, error) {
+	if c := f.usePrimary(); c.use {
+		st, err := f.primary.Refund(ctx, tenant, l, tokens)
+		if f.answered(ctx, err, c) {
+			f.observe(tenant, st, err)
+			return st, err
+		}
+	}
+	return f.local.Refund(ctx, tenant, f.localLimits(l), tokens)
+}
+
 // Status implements Store.
 func (f *Fallback) Status(ctx context.Context, tenant string, l *Limits) (Status, error) {
 	if c := f.usePrimary(); c.use {

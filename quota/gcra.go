@@ -192,6 +192,17 @@ func Reconcile(t *TATs, l *Limits, now, estimated, actual int64) {
 	}
 }
 
+// Refund moves every meter of t back by the increment of a request of
+// tokens, never below now (see Store.Refund).
+func Refund(t *TATs, l *Limits, now, tokens int64) {
+	for i := 0; i < numDims; i++ {
+		if l.interval[i] == 0 {
+			continue
+		}
+		t[i] = max(t[i]-l.inc(i, tokens), now)
+	}
+}
+
 // StatusOf computes the header view of t at now.
 func StatusOf(t *TATs, l *Limits, now int64) Status {
 	var s Status

@@ -114,6 +114,21 @@ func (m *Memory) Reconcile(_ context.Context, tenant string, l *Limits, estimate
 	return StatusOf(&t, l, now), nil
 }
 
+// Refund implements Store.
+func (m *Memory) Refund(_ context.Context, tenant string, l *Limits, tokens int64) (Status, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.nowLocked()
+	t := m.stateLocked(tenant, now)
+	Refund(&t, l, now, tokens)
+	if t.Rested(now) {
+		delete(m.tenants, tenant)
+	} else {
+		m.tenants[tenant] = t
+	}
+	return StatusOf(&t, l, now), nil
+}
+
 // Status implements Store.
 func (m *Memory) Status(_ context.Context, tenant string, l *Limits) (Status, error) {
 	m.mu.Lock()

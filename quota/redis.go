@@ -236,6 +236,22 @@ func (r *Redis) Reconcile(ctx context.Context, tenant string, l *Limits, estimat
 	return StatusOf(&t, l, now), nil
 }
 
+// Refund implements Store: the reconcile script with every meter's
+// increment taken back, one call.
+func (r *Redis) Refund(ctx context.Context, tenant string, l *Limits, tokens int64) (Status, error) {
+	back := func(i int) string {
+		if l.interval[i] == 0 {
+			return ""
+		}
+		return strconv.FormatInt(-l.inc(i, tokens), 10)
+	}
+	_, now, t, err := r.run(ctx, tenant, opReconcile, "0", r.margin, back(dimQPS), back(dimTokens), back(dimJoint))
+	if err != nil {
+		return Status{}, err
+	}
+	return StatusOf(&t, l, now), nil
+}
+
 // Status implements Store: one read-only script call.
 func (r *Redis) Status(ctx context.Context, tenant string, l *Limits) (Status, error) {
 	_, now, t, err := r.run(ctx, tenant, opRead)

@@ -126,6 +126,7 @@ func TestStoreTable(t *testing.T) {
 		{"joint-atomic", tableJointAtomic},
 		{"meters-off-and-reload", tableMetersOff},
 		{"concurrent-frozen-clock", tableConcurrent},
+		{"refund", tableRefund},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name+"/memory", func(t *testing.T) { tc.run(t, newMemoryHarness()) })
@@ -1212,5 +1213,34 @@ func deleteKeys(c *redis.Client, prefix string) {
 		if cursor = next; cursor == 0 {
 			return
 		}
+	}
+}
+
+// tableRefund: a refund takes a whole charge back on every meter, the
+// request included, and never below rest.
+func tableRefund(t *testing.T, h *storeHarness) {
+	l := MustCompile(seedCfg)
+	for i := 0; i < 3; i++ {
+		h.charge(t, "a", l, 1000)
+	}
+	before := h.status(t, "a", l)
+	h.charge(t, "a", l, 1000)
+	st, err := h.store.Refund(bg, "a", l, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st != before {
+		t.Fatalf("after charge + refund: %+v, want the status before the charge %+v", st, before)
+	}
+	for i := 0; i < 5; i++ {
+		if st, err = h.store.Refund(bg, "a", l, 1000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st.Requests.Reset != 0 || st.Tokens.Reset != 0 || st.Joint.Reset != 0 {
+		t.Fatalf("refunds past the charges: %+v, want at rest", st)
+	}
+	if d := h.charge(t, "a", l, 1000); !d.Allowed {
+		t.Fatal("refused at rest")
 	}
 }

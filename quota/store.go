@@ -24,6 +24,11 @@ type Store interface {
 	// Reconcile corrects a charged request's tokens at completion: extra
 	// debt when actual > estimated, a refund when actual < estimated.
 	Reconcile(ctx context.Context, tenant string, l *Limits, estimated, actual int64) (Status, error)
+	// Refund takes back a whole charge of a request of the given tokens,
+	// the request itself included, on every meter (never below rest): for
+	// a request that was charged but never served (its upstream refused
+	// it and it went back to the queue).
+	Refund(ctx context.Context, tenant string, l *Limits, tokens int64) (Status, error)
 	// Status reports the tenant's meters without changing them.
 	Status(ctx context.Context, tenant string, l *Limits) (Status, error)
 }
