@@ -42,11 +42,14 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 	// or more if a lower grant left requests in flight above it. Others
 	// count that, so the pool is never oversubscribed while grants move.
 	holding := max(st.Inflight, st.Capacity)
+	// Its claim weighs what its tenants with work weigh, so that tenants
+	// flooding through different gateways share the pool by weight.
+	weight := s.q.BackloggedWeight()
 	go func() {
 		defer s.slotSyncing.Store(false)
 		ctx, cancel := context.WithTimeout(context.Background(), cs.timeout)
 		defer cancel()
-		grant, err := cs.broker.Sync(ctx, s.instance, pool, demand, holding)
+		grant, err := cs.broker.Sync(ctx, s.instance, pool, demand, holding, weight)
 		if err != nil {
 			// Redis down or slow: this gateway's share of the pool, as
 			// if every gateway wanted it all.

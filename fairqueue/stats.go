@@ -131,3 +131,23 @@ func (q *Queue) Idle() bool {
 	defer q.mu.Unlock()
 	return q.queued == 0 && q.inflight < q.capacity
 }
+
+// BackloggedWeight is the weight of the tenants with work queued or in
+// flight: the declared ones' weights, plus the undeclared group's weight
+// once if any of them has work. It is what this queue's claim on a pool
+// shared with other gateways weighs (cluster share_slots). O(tenants)
+// under the lock: for a sync every 100 ms, not for the request path.
+func (q *Queue) BackloggedWeight() float64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	w := 0.0
+	if q.group.queued > 0 || q.group.inflight > 0 {
+		w = q.group.weight
+	}
+	for _, t := range q.tenants {
+		if t.group == nil && (t.queued > 0 || t.inflight > 0) {
+			w += t.weight
+		}
+	}
+	return w
+}

@@ -11,10 +11,14 @@
 //
 //  1. Entries not renewed within their TTL are dropped: a crashed gateway's
 //     slots come back within the TTL.
-//  2. The fair share of each live gateway is the max-min fair division of
-//     the pool by demand (water-filling, equal weights), in whole slots:
-//     the remainder goes one slot each to the first gateways by name, so
-//     the shares add up to the pool.
+//  2. The fair share of each live gateway is the weighted max-min fair
+//     division of the pool by demand (water-filling), its weight the
+//     weights of the tenants it has work for, in whole slots: the
+//     remainder goes one slot each to the first gateways by name, so the
+//     shares add up to the pool. Tenants flooding through different
+//     gateways thus share the pool by weight; a tenant with work on
+//     several gateways counts its weight on each (the local fair queue
+//     shares each gateway's grant among its own tenants).
 //  3. Its grant is its fair share, but at most what the others leave: the
 //     pool less, for each other gateway, the larger of its grant and its
 //     requests in flight.

@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -27,14 +28,19 @@ func NewBroker(client redis.UniversalClient, key string, ttl time.Duration) *Bro
 	return &Broker{client: client, key: key, ttl: ttl}
 }
 
-// Sync renews instance's entry with its demand and requests in flight and
-// returns its grant of the pool's slots: how many requests it may have in
-// flight on the pool until its next Sync. Every gateway must pass the same
-// slots (the pool's size, e.g. max_inflight x healthy upstreams). One
-// round trip.
-func (b *Broker) Sync(ctx context.Context, instance string, slots, demand, inflight int) (int, error) {
+// Sync renews instance's entry with its demand, what it holds (requests in
+// flight, or more: see doc.go) and its weight (the weights of the tenants
+// it has work for), and returns its grant of the pool's slots: how many
+// requests it may have in flight on the pool until its next Sync. Every
+// gateway must pass the same slots (the pool's size, e.g. max_inflight x
+// healthy upstreams). One round trip.
+func (b *Broker) Sync(ctx context.Context, instance string, slots, demand, inflight int, weight float64) (int, error) {
 	ttl := max(b.ttl.Milliseconds(), 1)
-	v, err := syncScript.Run(ctx, b.client, []string{b.key}, instance, max(demand, 0), max(inflight, 0), max(slots, 0), ttl).Int()
+	milli := int64(1)
+	if weight > 0 && !math.IsInf(weight, 0) {
+		milli = max(int64(math.Round(min(weight, 1e12)*1000)), 1)
+	}
+	v, err := syncScript.Run(ctx, b.client, []string{b.key}, instance, max(demand, 0), max(inflight, 0), max(slots, 0), ttl, milli).Int()
 	if err != nil {
 		return 0, fmt.Errorf("slots: %w", err)
 	}

@@ -29,7 +29,7 @@ var bg = context.Background()
 
 func sync(t *testing.T, b *testBroker, inst string, demand, inflight int) int {
 	t.Helper()
-	g, err := b.Sync(bg, inst, b.slots, demand, inflight)
+	g, err := b.Sync(bg, inst, b.slots, demand, inflight, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,5 +129,34 @@ func TestNeverOverPool(t *testing.T) {
 	}
 	if sum != pool {
 		t.Fatalf("grants %v add up to %d, want the pool %d", grant, sum, pool)
+	}
+}
+
+// Weighted: gateways whose tenants weigh 2 and 1 share a pool of 6 as 4
+// and 2 when both want it all, and a gateway wanting less than its part
+// leaves the rest to the other.
+func TestWeightedShares(t *testing.T) {
+	b, _ := newBroker(t, 6, time.Minute)
+	grant := map[string]int{}
+	w := map[string]float64{"a": 2, "b": 1}
+	for round := 0; round < 4; round++ {
+		for _, n := range []string{"a", "b"} {
+			g, err := b.Sync(bg, n, 6, 100, grant[n], w[n])
+			if err != nil {
+				t.Fatal(err)
+			}
+			grant[n] = g
+		}
+	}
+	if grant["a"] != 4 || grant["b"] != 2 {
+		t.Fatalf("grants %v, want a 4, b 2 (weights 2:1)", grant)
+	}
+	// b wants 1: a may have 5.
+	g, _ := b.Sync(bg, "b", 6, 1, 1, 1)
+	if g != 1 {
+		t.Fatalf("b wanting 1 got %d", g)
+	}
+	if g, _ = b.Sync(bg, "a", 6, 100, 4, 2); g != 5 {
+		t.Fatalf("a got %d, want the 5 b leaves", g)
 	}
 }

@@ -1,60 +1,70 @@
 -- One gateway's grant on a shared pool (see doc.go).
--- KEYS[1]: the pool's hash, instance -> "grant,inflight,demand,expiry_ms".
--- ARGV: instance, demand, inflight, slots, ttl_ms.
+-- KEYS[1]: the pool's hash, instance -> "grant,inflight,demand,weight_milli,expiry_ms".
+-- ARGV: instance, demand, inflight, slots, ttl_ms, weight_milli.
 local key = KEYS[1]
 local inst = ARGV[1]
 local demand = tonumber(ARGV[2])
 local inflight = tonumber(ARGV[3])
 local slots = tonumber(ARGV[4])
 local ttl = tonumber(ARGV[5])
+local weight = math.max(tonumber(ARGV[6]), 1)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local used = 0
-local entries = {{name = inst, d = math.min(demand, slots)}}
+local entries = {{name = inst, d = math.min(demand, slots), w = weight}}
 local all = redis.call('HGETALL', key)
 for i = 1, #all, 2 do
   local name = all[i]
   if name ~= inst then
-    local g, f, d, exp = string.match(all[i + 1], '^(%d+),(%d+),(%d+),(%d+)$')
+    local g, f, d, w, exp = string.match(all[i + 1], '^(%d+),(%d+),(%d+),(%d+),(%d+)$')
     if g and tonumber(exp) > now then
       used = used + math.max(tonumber(g), tonumber(f))
-      table.insert(entries, {name = name, d = math.min(tonumber(d), slots)})
+      table.insert(entries, {name = name, d = math.min(tonumber(d), slots), w = math.max(tonumber(w), 1)})
     else
       redis.call('HDEL', key, name)
     end
   end
 end
 
--- Max-min fair division of the pool by demand, in whole slots: the
--- gateways that want more than the level share what is left equally, the
--- remainder one slot each in name order, so the shares add up to the pool.
+-- Weighted max-min fair division of the pool by demand, in whole slots:
+-- in order of demand per weight, a gateway wanting less than its weight's
+-- part of what is left gets its demand; the rest share what is left by
+-- weight, rounded down, the remainder one slot each in name order, so the
+-- shares add up to the pool.
 table.sort(entries, function(x, y)
-  if x.d ~= y.d then return x.d < y.d end
+  local a, b = x.d * y.w, y.d * x.w
+  if a ~= b then return a < b end
   return x.name < y.name
 end)
-local left, n = slots, #entries
+local left, W, n = slots, 0, #entries
+for _, e in ipairs(entries) do W = W + e.w end
 local fair = math.min(demand, slots)
 for i = 1, n do
-  local k = n - i + 1
-  if entries[i].d * k > left then
-    local capped = {}
-    for j = i, n do table.insert(capped, entries[j].name) end
-    table.sort(capped)
-    local base = math.floor(left / k)
-    local extra = left - base * k
-    for j, name in ipairs(capped) do
+  local e = entries[i]
+  if e.d * W > e.w * left then
+    local names, shares, sum = {}, {}, 0
+    for j = i, n do
+      local s = math.floor(left * entries[j].w / W)
+      shares[entries[j].name] = s
+      sum = sum + s
+      table.insert(names, entries[j].name)
+    end
+    table.sort(names)
+    local extra = left - sum
+    for j, name in ipairs(names) do
       if name == inst then
-        fair = base
-        if j <= extra then fair = base + 1 end
+        fair = shares[name]
+        if j <= extra then fair = fair + 1 end
       end
     end
     break
   end
-  left = left - entries[i].d
+  left = left - e.d
+  W = W - e.w
 end
 
 local grant = math.max(0, math.min(fair, slots - used))
-redis.call('HSET', key, inst, grant .. ',' .. inflight .. ',' .. demand .. ',' .. (now + ttl))
+redis.call('HSET', key, inst, grant .. ',' .. inflight .. ',' .. demand .. ',' .. weight .. ',' .. (now + ttl))
 redis.call('PEXPIRE', key, ttl * 2)
 return grant
