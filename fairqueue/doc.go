@@ -121,6 +121,36 @@
 // O(1) above. It never scans the queued requests: at 100k queued it checks
 // at most 64 tails, and each refusal ends a ticket.
 //
+// # Several gateways (cluster)
+//
+// Several gateways in front of one pool each run a Queue. What they share
+// goes through the quota Store (Config.QuotaStore: tenant quotas and the
+// provider account) and through the slots each holds of the pool
+// (SetSlotLimit, from package slots): each gateway's capacity is its
+// grant, its weighted max-min fair share of the pool by demand, weighted
+// by BackloggedWeight, the weights of the tenants it has work for, renewed
+// every sync interval s. Bounds, for a gateway count N and a pool of P
+// slots:
+//
+//   - The pool: the requests in flight over all gateways never exceed P
+//     (a gateway only dispatches below its grant, and a grant is computed
+//     against what the others hold, their grants or their requests in
+//     flight, whichever is larger).
+//   - Between gateways: once demand is steady, within two sync intervals
+//     (2s) every gateway holds its weighted share, rounded to whole slots
+//     (at most one slot off, so the error is at most N/P of the pool); a
+//     gateway whose share fell keeps its requests in flight and frees
+//     slots as they complete, so the others' grants catch up within one
+//     service time plus s. Tenants that send through different gateways
+//     are therefore served by weight within that rounding; through one
+//     gateway, the WFQ above divides its grant with its usual bound.
+//   - What is not shared: virtual time. A tenant with work on several
+//     gateways counts its weight on each, so it gets up to N times its
+//     weight's share of the pool, each gateway's WFQ holding it to its
+//     weight among that gateway's tenants only. Larger s or N widen the
+//     rounding and slow the convergence; nothing in the scheduler waits
+//     on the network.
+//
 // # Guarantees
 //
 //   - Work conservation: after every state change, either capacity is full or
