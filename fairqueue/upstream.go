@@ -151,9 +151,32 @@ func (q *Queue) fitsLocked(key string, l *quota.Limits, tokens int64) (quota.Dec
 // fitsStrictLocked is fitsLocked without the exception for a meter at
 // rest: what a reservation lends must leave half its burst, whatever the
 // request's size.
+//
+// It reads the meters' standing (one read) and tests debt + the request's
+// own increment against the tolerance on each, rather than a Peek behind
+// a backlog of the request itself: a cluster store scales a backlog by
+// the gateway count (it stands for the others' queues), which the request
+// itself is not. The Decision carries the Status, and RetryAfter is how
+// long until the request fits.
 func (q *Queue) fitsStrictLocked(key string, l *quota.Limits, tokens int64) (quota.Decision, bool) {
-	d, err := q.quotaStoreLocked().Peek(context.Background(), key, l, quota.Backlog{Requests: 1, Tokens: tokens})
-	return d, err != nil || d.Allowed
+	st, err := q.quotaStoreLocked().Status(context.Background(), key, l)
+	if err != nil {
+		return quota.Decision{Allowed: true}, true
+	}
+	d := quota.Decision{Status: st, Allowed: true}
+	for _, dim := range []quota.Dimension{quota.DimQPS, quota.DimTokens, quota.DimJoint} {
+		m := st.Meter(dim)
+		if !m.Enabled {
+			continue
+		}
+		if over := m.Reset + l.Increment(dim, tokens) - l.Tolerance(); over > 0 {
+			d.Allowed = false
+			if over > d.RetryAfter {
+				d.RetryAfter, d.Reason = over, dim
+			}
+		}
+	}
+	return d, d.Allowed
 }
 
 // drawLocked charges tk's estimate to meter key and records it on the

@@ -208,3 +208,71 @@ func TestClusterWeightedTenants(t *testing.T) {
 		t.Errorf("the fakes had %d requests at once, more than the pool's 6", peak)
 	}
 }
+
+const clusterAccountTmpl = `{
+	admin 127.0.0.1:{{.Admin}}
+	default_bind 127.0.0.1
+}
+http://127.0.0.1:{{.Site}} {
+	fair_queue {
+		max_inflight 8
+		upstream_quota tpm 6000 burst 2s
+		class batch wait_budget 60s
+		cluster {
+			redis {env.FQ_E2E_REDIS_URL}
+			instances 3
+		}
+		reverse_proxy {{.Upstreams}} {
+			health_uri /health
+			health_interval 200ms
+		}
+	}
+}
+`
+
+// TestClusterProviderAccount (issue 12): three gateways in front of one
+// provider account of 6000 tokens/min draw on it together, through Redis:
+// over 8 s of a flood through all three, the tokens sent are the account's
+// rate x time + burst within 5%, not three times it.
+func TestClusterProviderAccount(t *testing.T) {
+	rs := startRedis(t)
+	t.Setenv("FQ_E2E_REDIS_URL", "redis://"+rs.addr())
+	fakes := startFakes(t, 1, "cacct", harness.FakeOptions{Slots: 16, TTFT: 5 * time.Millisecond, PerToken: 200 * time.Microsecond})
+	var bases []string
+	for range 3 {
+		p := harness.Ports(t, "Admin", "Site")
+		c := startCaddy(t, clusterAccountTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"], "Upstreams": addrs(fakes...)})
+		waitMetricEq(t, c, 1, "caddy_fair_queue_cluster_redis_up")
+		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
+	}
+	cl := newClient(true)
+	defer cl.CloseIdleConnections()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	start := time.Now()
+	for g := range 3 {
+		for w := range 4 {
+			wg.Go(func() {
+				for i := 0; ctx.Err() == nil; i++ {
+					send(ctx, cl, bases[g], chatReq{Tenant: "t", TestID: fmt.Sprintf("a%d-%d-%d", g, w, i), MaxTokens: 100, IgnoreEOS: true})
+				}
+			})
+		}
+	}
+	time.Sleep(8 * time.Second) // pacing only: the flood runs
+	cancel()
+	end := time.Now()
+	wg.Wait()
+	tokens := 0
+	for _, rec := range records(t, fakes...) {
+		if rec.ReceivedUnixNano <= end.UnixNano() && rec.Outcome == "ok" {
+			tokens += rec.PromptTokens + rec.OutputTokens
+		}
+	}
+	allowed := 6000.0/60*end.Sub(start).Seconds() + 6000.0/60*2 // rate x time + the 2 s burst
+	ratio := float64(tokens) / allowed
+	t.Logf("%d tokens sent in %v; the account allows %.0f: ratio %.3f", tokens, end.Sub(start).Round(time.Millisecond), allowed, ratio)
+	if ratio > 1.05 || ratio < 0.8 {
+		t.Errorf("the gateways sent %.3f of what the account allows, want at most 1.05 (and the account used)", ratio)
+	}
+}
