@@ -31,10 +31,10 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 		// gateway wanted the whole pool: never more than the pool in all.
 		s.q.SetSlotLimit(pool / cs.instances)
 	}
-	if now.Sub(s.slotSyncAt) < cs.sync || !s.slotSyncing.CompareAndSwap(false, true) {
+	if now.UnixNano()-s.slotSyncAt.Load() < int64(cs.sync) || !s.slotSyncing.CompareAndSwap(false, true) {
 		return
 	}
-	s.slotSyncAt = now
+	s.slotSyncAt.Store(now.UnixNano())
 	st := s.q.Stats(false)
 	demand := min(st.Inflight+st.Queued, pool)
 	// What this gateway may have in flight until it applies the grant the

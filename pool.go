@@ -42,10 +42,11 @@ type sharedQueue struct {
 	// reloads.
 	hist *history.History
 	// instance names this gateway's queue in the shared slots' pool
-	// (cluster share_slots); slotSyncAt (the ticker's) and slotSyncing
-	// pace the renewals, slotsUp says whether the last one reached Redis.
+	// (cluster share_slots); slotSyncAt (Unix ns) and slotSyncing pace
+	// the renewals (the ticker and a config taking over both start one),
+	// slotsUp says whether the last one reached Redis.
 	instance     string
-	slotSyncAt   time.Time
+	slotSyncAt   atomic.Int64
 	slotSyncing  atomic.Bool
 	slotsUp      atomic.Bool
 	slotsGranted atomic.Bool
