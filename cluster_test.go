@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
@@ -237,5 +239,40 @@ func TestClusterReload(t *testing.T) {
 	}
 	if h2.cluster.store.Degraded() || h2.cluster.store.Fallbacks() != 0 {
 		t.Error("the new config's store fell back: it was handed the old, closed client")
+	}
+}
+
+// TestClusterSharedSlotsGrants: two queues standing for two gateways share
+// one pool through Redis (share_slots): their capacities, each the pool
+// alone, settle at grants that add up to the pool at most, and the first
+// one's capacity is never the whole pool while the other holds a share.
+// Under -race, it also exercises the renewals started by the ticker and
+// by a config taking over.
+func TestClusterSharedSlotsGrants(t *testing.T) {
+	u := newFakeUpstream(t)
+	mr := miniredis.RunT(t)
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"slots:","share_slots":true,"sync":"20ms"}`, mr.Addr())
+	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
+	ha, _ := mustLoad(t, clusterJSON(nameA, u, cluster))
+	hb, _ := mustLoad(t, clusterJSON(nameB, u, cluster))
+	pool := ha.MaxInflight * ha.healthyUpstreams()
+	// Before any grant, each takes the pool divided by the instances.
+	if c := ha.shared.q.Stats(false).Capacity; c > pool/2 {
+		t.Fatalf("before its first grant a queue has %d of a pool of %d shared by 2", c, pool)
+	}
+	// Both with demand: the grants split the pool.
+	for _, h := range []*Handler{ha, hb} {
+		for range pool {
+			if _, err := h.shared.q.Enqueue(fairqueue.Request{Tenant: "x", Cost: 10}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	eventually(t, "the pool split between the two", func() bool {
+		a, b := ha.shared.q.Stats(false).Capacity, hb.shared.q.Stats(false).Capacity
+		return a+b == pool && a > 0 && b > 0
+	})
+	if !mr.Exists("slots:{slots}") {
+		t.Errorf("no pool key in redis; keys %v", mr.Keys())
 	}
 }
