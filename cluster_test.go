@@ -9,10 +9,10 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-
-	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
 func TestClusterCaddyfile(t *testing.T) {
