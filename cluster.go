@@ -178,11 +178,19 @@ func (h *Handler) provisionCluster() error {
 		if ttl <= 0 {
 			ttl = defaultLeaseTTL
 		}
-		cs.broker = slots.NewBroker(client, prefix+"{slots}", ttl)
-		cs.instances, cs.timeout, cs.sync = max(c.Instances, 1), timeout, time.Duration(c.Sync)
+		cs.instances, cs.timeout, cs.sync = c.Instances, timeout, time.Duration(c.Sync)
 		if cs.sync <= 0 {
 			cs.sync = defaultSlotSync
 		}
+		switch {
+		case c.Instances == 0:
+			client.Close()
+			return fmt.Errorf("cluster: share_slots needs instances: before its first grant and while Redis is unreachable, a gateway takes the pool divided by it")
+		case ttl < 3*cs.sync+timeout:
+			client.Close()
+			return fmt.Errorf("cluster: lease_ttl %v must be at least 3 x sync + timeout (%v): a grant that expires between renewals is not counted and the pool would be oversubscribed", ttl, 3*cs.sync+timeout)
+		}
+		cs.broker = slots.NewBroker(client, prefix+"{slots}", ttl)
 	}
 	h.cluster = cs
 	h.qcfg.QuotaStore = cs.store

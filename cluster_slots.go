@@ -50,6 +50,9 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 		ctx, cancel := context.WithTimeout(context.Background(), cs.timeout)
 		defer cancel()
 		grant, err := cs.broker.Sync(ctx, s.instance, pool, demand, holding, weight)
+		if cs.closed.Load() {
+			return // the config was replaced: its client is closed, the next one syncs
+		}
 		if err != nil {
 			// Redis down or slow: this gateway's share of the pool, as
 			// if every gateway wanted it all.

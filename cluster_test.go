@@ -243,9 +243,8 @@ func TestClusterReload(t *testing.T) {
 }
 
 // TestClusterSharedSlotsGrants: two queues standing for two gateways share
-// one pool through Redis (share_slots): their capacities, each the pool
-// alone, settle at grants that add up to the pool at most, and the first
-// one's capacity is never the whole pool while the other holds a share.
+// one pool through Redis (share_slots): idle, they split it; with demand,
+// their grants add up to the pool, each with a share.
 // Under -race, it also exercises the renewals started by the ticker and
 // by a config taking over.
 func TestClusterSharedSlotsGrants(t *testing.T) {
@@ -256,10 +255,11 @@ func TestClusterSharedSlotsGrants(t *testing.T) {
 	ha, _ := mustLoad(t, clusterJSON(nameA, u, cluster))
 	hb, _ := mustLoad(t, clusterJSON(nameB, u, cluster))
 	pool := ha.MaxInflight * ha.healthyUpstreams()
-	// Before any grant, each takes the pool divided by the instances.
-	if c := ha.shared.q.Stats(false).Capacity; c > pool/2 {
-		t.Fatalf("before its first grant a queue has %d of a pool of %d shared by 2", c, pool)
-	}
+	// Idle, the two split the spare pool.
+	eventually(t, "the idle pool split between the two", func() bool {
+		a, b := ha.shared.q.Stats(false).Capacity, hb.shared.q.Stats(false).Capacity
+		return a+b == pool && a == b
+	})
 	// Both with demand: the grants split the pool.
 	for _, h := range []*Handler{ha, hb} {
 		for range pool {
@@ -274,5 +274,23 @@ func TestClusterSharedSlotsGrants(t *testing.T) {
 	})
 	if !mr.Exists("slots:{slots}") {
 		t.Errorf("no pool key in redis; keys %v", mr.Keys())
+	}
+}
+
+// share_slots without instances, or with a lease that could expire between
+// renewals, is refused at load, naming the reason.
+func TestClusterSharedSlotsValidation(t *testing.T) {
+	u := newFakeUpstream(t)
+	mr := miniredis.RunT(t)
+	ctx, cancel := configContext(t)
+	defer cancel()
+	for _, tc := range []struct{ cluster, want string }{
+		{fmt.Sprintf(`{"redis":"redis://%s","share_slots":true}`, mr.Addr()), "share_slots needs instances"},
+		{fmt.Sprintf(`{"redis":"redis://%s","instances":2,"share_slots":true,"sync":"1s","lease_ttl":"2s"}`, mr.Addr()), "lease_ttl 2s must be at least 3 x sync + timeout"},
+	} {
+		_, err := loadHandler(ctx, clusterJSON(queueName(t), u, tc.cluster))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error containing %q", tc.cluster, err, tc.want)
+		}
 	}
 }

@@ -933,7 +933,9 @@ func (q *Queue) dispatchLocked(now time.Time) {
 	// would be filled at once: the system's capacity, not its demand. Work
 	// queued only by tenants that may not go (at their in-flight cap, held
 	// by their quota) would not fill it.
-	q.adm.rate.SetBusy(now, gated || q.inflight >= q.capacity)
+	// A capacity of 0 (a shared pool's grant, for now) serves nothing:
+	// its idle time is no busy time.
+	q.adm.rate.SetBusy(now, gated || q.capacity > 0 && q.inflight >= q.capacity)
 }
 
 // dispatchLoopLocked starts what it can and reports whether it stopped

@@ -15,7 +15,9 @@
 //     division of the pool by demand (water-filling), its weight the
 //     weights of the tenants it has work for, in whole slots: the
 //     remainder goes one slot each to the first gateways by name, so the
-//     shares add up to the pool. Tenants flooding through different
+//     shares add up to the pool. When all the demand fits, what nobody
+//     wants is shared out the same way on top of each demand, so an idle
+//     gateway holds slots for its next request. Tenants flooding through different
 //     gateways thus share the pool by weight; a tenant with work on
 //     several gateways counts its weight on each (the local fair queue
 //     shares each gateway's grant among its own tenants).
@@ -33,7 +35,10 @@
 // grants grow as its requests complete. Shares converge to the fair
 // division within two sync intervals of every gateway.
 //
-// Redis down: a gateway then takes the pool divided by the number of
-// gateways configured (the caller's fallback), and resyncs when Redis
-// answers.
+// Exceptions to the guarantee, by design: before its first grant and
+// while Redis is unreachable a gateway takes the pool divided by the
+// number of gateways configured (the caller's fallback), whatever the
+// others hold; and a gateway that stops keeps its grant counted until its
+// entry's TTL passes (it is not released), so the others wait that long
+// for its slots. Queues whose keys share a prefix share one pool.
 package slots

@@ -38,7 +38,8 @@ func (b *Broker) Sync(ctx context.Context, instance string, slots, demand, infli
 	ttl := max(b.ttl.Milliseconds(), 1)
 	milli := int64(1)
 	if weight > 0 && !math.IsInf(weight, 0) {
-		milli = max(int64(math.Round(min(weight, 1e12)*1000)), 1)
+		// At most 1e12 milli-units: Lua writes it back as an integer.
+		milli = max(int64(math.Round(min(weight, 1e9)*1000)), 1)
 	}
 	v, err := syncScript.Run(ctx, b.client, []string{b.key}, instance, max(demand, 0), max(inflight, 0), max(slots, 0), ttl, milli).Int()
 	if err != nil {

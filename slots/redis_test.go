@@ -160,3 +160,26 @@ func TestWeightedShares(t *testing.T) {
 		t.Fatalf("a got %d, want the 5 b leaves", g)
 	}
 }
+
+// What nobody demands is shared out on top of each demand: a lone idle
+// gateway holds the whole pool for its next request, two split the spare
+// by weight, and the moment one has demand the other's next sync leaves
+// it room.
+func TestIdleSlotsSharedOut(t *testing.T) {
+	b, _ := newBroker(t, 8, time.Minute)
+	if g := sync(t, b, "a", 0, 0); g != 8 {
+		t.Fatalf("a lone idle gateway got %d of an empty pool of 8", g)
+	}
+	if g := sync(t, b, "b", 0, 0); g != 0 {
+		t.Fatalf("b got %d while a holds the pool", g) // a still holds 8
+	}
+	if g := sync(t, b, "a", 0, 0); g != 4 {
+		t.Fatalf("a got %d, want half the spare", g)
+	}
+	if g := sync(t, b, "b", 6, 0); g != 4 {
+		t.Fatalf("b with demand 6 got %d while a holds 4", g)
+	}
+	if g := sync(t, b, "a", 0, 0); g != 1 {
+		t.Fatalf("a idle got %d, want 1: half of the 2 spare (8 - b's 6)", g)
+	}
+}
