@@ -214,11 +214,26 @@ func redactURLError(err error, url string) error {
 // Cleanup, after the handler left its queue: the queue then runs on the
 // next config's store, or is gone.
 func (h *Handler) closeCluster() {
-	if cs := h.cluster; cs != nil && cs.closed.CompareAndSwap(false, true) {
+	cs := h.cluster
+	if cs == nil || !cs.closed.CompareAndSwap(false, true) {
+		return
+	}
+	closeClient := func() {
 		if err := cs.client.Close(); err != nil {
 			h.logger.Debug("closing the cluster's redis client", zap.Error(err))
 		}
 	}
+	if s := h.gone; s != nil && cs.broker != nil {
+		// The queue is gone with this config (a stop, or a reload that
+		// removed it): give its slots back to the other gateways once its
+		// last requests are done, rather than after the lease's TTL.
+		go func() {
+			defer closeClient()
+			s.releaseSlots(h)
+		}()
+		return
+	}
+	closeClient()
 }
 
 var (

@@ -78,3 +78,30 @@ func newInstanceID(queue string) string {
 	_, _ = rand.Read(b[:])
 	return fmt.Sprintf("%s/%d/%s/%x", host, os.Getpid(), queue, b)
 }
+
+// releaseSlots gives a removed queue's grant back: while its last
+// requests run, it renews its entry holding just them (demand 0), then
+// deletes it. Bounded by the lease's TTL, after which the entry would
+// lapse anyway.
+func (s *sharedQueue) releaseSlots(h *Handler) {
+	cs := h.cluster
+	deadline := time.Now().Add(cs.broker.TTL())
+	for {
+		inflight := s.q.Stats(false).Inflight
+		ctx, cancel := context.WithTimeout(context.Background(), cs.timeout)
+		var err error
+		if inflight == 0 {
+			err = cs.broker.Release(ctx, s.instance)
+		} else {
+			_, err = cs.broker.Sync(ctx, s.instance, h.MaxInflight*h.healthyUpstreams(), 0, inflight, 0)
+		}
+		cancel()
+		if inflight == 0 || err != nil || time.Now().After(deadline) {
+			if err != nil {
+				h.logger.Debug("releasing the shared slots", zap.String("queue", s.name), zap.Error(err))
+			}
+			return
+		}
+		time.Sleep(cs.sync)
+	}
+}

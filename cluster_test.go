@@ -294,3 +294,22 @@ func TestClusterSharedSlotsValidation(t *testing.T) {
 		}
 	}
 }
+
+// A queue removed with its config (a stop, or a reload without it) gives
+// its shared slots back at once, not after the lease's TTL.
+func TestClusterSharedSlotsReleased(t *testing.T) {
+	u := newFakeUpstream(t)
+	mr := miniredis.RunT(t)
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"rel:","share_slots":true,"sync":"20ms","lease_ttl":"10s"}`, mr.Addr())
+	h, stop := mustLoad(t, clusterJSON(queueName(t), u, cluster))
+	instance := h.shared.instance
+	eventually(t, "the gateway's entry in the pool", func() bool {
+		fields, _ := mr.HKeys("rel:{slots}")
+		return len(fields) == 1 && fields[0] == instance
+	})
+	stop() // Cleanup: the last user leaves, the queue is gone
+	eventually(t, "the entry released", func() bool {
+		fields, _ := mr.HKeys("rel:{slots}")
+		return len(fields) == 0
+	})
+}

@@ -172,6 +172,9 @@ type Handler struct {
 	events   *caddyevents.App
 	classIdx map[string]time.Duration
 	left     bool // Cleanup ran: the handler no longer counts as a user of its queue
+	// gone is the queue this handler was the last user of, once Cleanup
+	// removed it.
+	gone *sharedQueue
 	// quotaAuto: some quota takes its token_to_qps_weight from the
 	// learned cost model (costmodel.go).
 	quotaAuto bool
@@ -619,6 +622,9 @@ func (h *Handler) Cleanup() error {
 	h.left = true
 	h.shared.abandon(h)
 	deleted, err := queues.Delete(h.Name)
+	if deleted {
+		h.gone = h.shared // its shared slots are released (closeCluster)
+	}
 	h.logger.Debug("left queue", zap.String("queue", h.Name), zap.Bool("last_user", deleted))
 	return err
 }

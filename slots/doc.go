@@ -38,7 +38,9 @@
 // Exceptions to the guarantee, by design: before its first grant and
 // while Redis is unreachable a gateway takes the pool divided by the
 // number of gateways configured (the caller's fallback), whatever the
-// others hold; and a gateway that stops keeps its grant counted until its
-// entry's TTL passes (it is not released), so the others wait that long
-// for its slots. Queues whose keys share a prefix share one pool.
+// others hold. A gateway that stops cleanly (or whose queue a reload
+// removes) renews its entry with just its last requests in flight and
+// then releases it (Release); one that crashes keeps its grant counted
+// until its entry's TTL passes. Queues whose keys share a prefix share
+// one pool.
 package slots
