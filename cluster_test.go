@@ -255,6 +255,12 @@ func TestClusterSharedSlotsGrants(t *testing.T) {
 	ha, _ := mustLoad(t, clusterJSON(nameA, u, cluster))
 	hb, _ := mustLoad(t, clusterJSON(nameB, u, cluster))
 	pool := ha.MaxInflight * ha.healthyUpstreams()
+	// Both have synced (before that each takes pool/instances, which
+	// would satisfy the checks below on its own).
+	eventually(t, "both gateways' entries in the pool", func() bool {
+		fields, _ := mr.HKeys("slots:{slots}")
+		return len(fields) == 2
+	})
 	// Idle, the two split the spare pool.
 	eventually(t, "the idle pool split between the two", func() bool {
 		a, b := ha.shared.q.Stats(false).Capacity, hb.shared.q.Stats(false).Capacity
@@ -272,9 +278,6 @@ func TestClusterSharedSlotsGrants(t *testing.T) {
 		a, b := ha.shared.q.Stats(false).Capacity, hb.shared.q.Stats(false).Capacity
 		return a+b == pool && a > 0 && b > 0
 	})
-	if !mr.Exists("slots:{slots}") {
-		t.Errorf("no pool key in redis; keys %v", mr.Keys())
-	}
 }
 
 // share_slots without instances, or with a lease that could expire between
