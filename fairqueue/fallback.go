@@ -151,31 +151,7 @@ func (q *Queue) fallbackNextLocked(now time.Time) *Ticket {
 			return tk
 		}
 	}
-	var best *Ticket
-	var bestKey flowEntry
-	for _, name := range q.fb.tenants {
-		t := q.tenants[name]
-		if t == nil || t.queued == 0 || t.out {
-			continue
-		}
-		for _, fl := range t.flows {
-			tk := fl.q.head
-			if tk == nil {
-				continue
-			}
-			if !tk.deadline.IsZero() && !now.Before(tk.deadline) {
-				continue // the primary's loop or Tick expires it
-			}
-			e := flowEntry{start: t.vt, finish: t.vt + float64(tk.cost)/t.weight, seq: fl.seq}
-			if best != nil && !e.before(&bestKey) {
-				continue
-			}
-			if q.primaryBlockedLocked(now, tk) {
-				best, bestKey = tk, e
-			}
-		}
-	}
-	return best
+	return q.bestHeadLocked(now, q.fb.tenants, func(tk *Ticket) bool { return q.primaryBlockedLocked(now, tk) })
 }
 
 // SetFallbackHealthy sets the number of healthy fallback upstreams.

@@ -1277,26 +1277,16 @@ func (q *Queue) release(tk *Ticket, actual int64) {
 
 func (q *Queue) completeLocked(now time.Time, tk *Ticket, actual int64) {
 	t := tk.t
-	if tk.fallback {
+	if !tk.fallback {
 		// The fallback's completions say nothing of the primary's rate.
-		q.fbInflight--
-	} else {
 		q.adm.rate.Observe(now, float64(tk.cost), q.healthy)
 		q.adm.cold.Finish(now, tk.dispatched, float64(tk.cost))
-		q.inflight--
-		q.inflightCost -= tk.tokens
 	}
 	q.reconcileQuotaLocked(tk, actual)
 	q.reconcileUpstreamLocked(tk, actual)
 	tk.state = stateReleased
 	tk.actual = actual
-	t.inflight--
-	if g := t.group; g != nil {
-		g.inflight--
-	}
-	if tk.boosted {
-		q.boostedInflight--
-	}
+	q.leaveSlotLocked(tk)
 	if actual >= 0 && q.cfg.CostUnit == CostLearned {
 		// actual is tokens: price them as the estimate was.
 		actual = q.learnedCostLocked(min(tk.prompt, actual), actual-min(tk.prompt, actual))
@@ -1320,6 +1310,24 @@ func (q *Queue) completeLocked(now time.Time, tk *Ticket, actual int64) {
 	q.idleCheckLocked(t, now)
 	q.emitLocked(EventReleased, tk)
 	q.dispatchLocked(now)
+}
+
+// leaveSlotLocked takes a dispatched tk off the counts of what is in
+// flight: its channel's, its tenant's and group's, and the boost budget's.
+func (q *Queue) leaveSlotLocked(tk *Ticket) {
+	if tk.fallback {
+		q.fbInflight--
+	} else {
+		q.inflight--
+		q.inflightCost -= tk.tokens
+	}
+	tk.t.inflight--
+	if g := tk.t.group; g != nil {
+		g.inflight--
+	}
+	if tk.boosted {
+		q.boostedInflight--
+	}
 }
 
 // backfillLocked applies a cost correction of d to t (credit for a refund,

@@ -144,8 +144,7 @@ func (q *Queue) fitsLocked(key string, l *quota.Limits, tokens int64) (quota.Dec
 	if ok {
 		return d, true
 	}
-	st := d.Status
-	return d, st.Requests.Reset == 0 && st.Tokens.Reset == 0 && st.Joint.Reset == 0
+	return d, restedStatus(d.Status)
 }
 
 // fitsStrictLocked is fitsLocked without the exception for a meter at
@@ -249,32 +248,39 @@ func (q *Queue) upstreamChargeLocked(now time.Time, tk *Ticket) bool {
 // when none can go. O(reserved tenants x their classes).
 func (q *Queue) reservedNextLocked(now time.Time) *Ticket {
 	u := q.up
+	best := q.bestHeadLocked(now, u.names, func(tk *Ticket) bool {
+		_, ok := q.fitsLocked(upstreamReservePfx+tk.t.name, u.res[tk.t.name], tk.tokens)
+		return ok
+	})
+	if best != nil && !q.drawLocked(best, upstreamReservePfx+best.t.name, u.res[best.t.name]) {
+		return nil
+	}
+	return best
+}
+
+// bestHeadLocked is, among the named tenants eligible for dispatch, the
+// flow head with the smallest finish tag that ok accepts, passing over
+// heads whose deadline has come (Tick expires them). ok is asked only of
+// a head that would be the best so far. O(names x classes): the lists it
+// serves (reserved tenants, the fallback's) are a few VIPs.
+func (q *Queue) bestHeadLocked(now time.Time, names []string, ok func(*Ticket) bool) *Ticket {
 	var best *Ticket
 	var bestKey flowEntry
-	for _, name := range u.names {
+	for _, name := range names {
 		t := q.tenants[name]
-		if t == nil || t.queued == 0 || t.out || !t.known {
+		if t == nil || t.queued == 0 || t.out {
 			continue
 		}
 		for _, f := range t.flows {
 			tk := f.q.head
-			if tk == nil {
+			if tk == nil || !tk.deadline.IsZero() && !now.Before(tk.deadline) {
 				continue
-			}
-			if !tk.deadline.IsZero() && !now.Before(tk.deadline) {
-				continue // Tick expires it
 			}
 			e := flowEntry{start: t.vt, finish: t.vt + float64(tk.cost)/t.weight, seq: f.seq}
-			if best != nil && !e.before(&bestKey) {
-				continue
-			}
-			if _, ok := q.fitsLocked(upstreamReservePfx+name, u.res[name], tk.tokens); ok {
+			if (best == nil || e.before(&bestKey)) && ok(tk) {
 				best, bestKey = tk, e
 			}
 		}
-	}
-	if best != nil && !q.drawLocked(best, upstreamReservePfx+best.t.name, u.res[best.t.name]) {
-		return nil
 	}
 	return best
 }
@@ -356,22 +362,11 @@ func (tk *Ticket) Requeue() bool {
 		tk.quota = nil
 	}
 	q.reconcileUpstreamLocked(tk, 0)
-	if tk.fallback {
-		q.fbInflight--
-		tk.fallback = false
-	} else {
+	if !tk.fallback {
 		q.adm.cold.Abandon(tk.dispatched, float64(tk.cost))
-		q.inflight--
-		q.inflightCost -= tk.tokens
 	}
-	t.inflight--
-	if g := t.group; g != nil {
-		g.inflight--
-	}
-	if tk.boosted {
-		q.boostedInflight--
-		tk.boosted = false
-	}
+	q.leaveSlotLocked(tk)
+	tk.fallback, tk.boosted = false, false
 	// Not charged: the service it was charged at dispatch is refunded as
 	// credit, as an over-estimate's would be.
 	d := -float64(tk.cost)

@@ -477,13 +477,9 @@ func trim(r *Request, a degrade.Action) {
 
 // Dispatched implements Env: schedule the completion.
 func (s *sim) Dispatched(id int) {
-	rec := &s.recs[id]
-	if rec.State != StateQueued {
-		s.violate("t=%v: request %d dispatched in state %d", s.now, id, rec.State)
+	if !s.dispatch(id, false) {
 		return
 	}
-	r := &s.reqs[id]
-	rec.State, rec.Dispatch, rec.Left = StateInflight, s.now, s.now
 	s.inflight++
 	if s.inflight > s.capacity {
 		s.violate("t=%v: %d in flight exceeds capacity %d", s.now, s.inflight, s.capacity)
@@ -491,6 +487,25 @@ func (s *sim) Dispatched(id int) {
 	if s.admit != nil {
 		s.checkBoost(id)
 	}
+	s.started(id)
+}
+
+// dispatch marks a queued request dispatched (to the fallback channel with
+// fallback); false, and a violation, if it was not queued.
+func (s *sim) dispatch(id int, fallback bool) bool {
+	rec := &s.recs[id]
+	if rec.State != StateQueued {
+		s.violate("t=%v: request %d dispatched in state %d", s.now, id, rec.State)
+		return false
+	}
+	rec.State, rec.Dispatch, rec.Left, rec.Fallback = StateInflight, s.now, s.now, fallback
+	return true
+}
+
+// started accounts a dispatched request's service and schedules its
+// completion, on either channel.
+func (s *sim) started(id int) {
+	r := &s.reqs[id]
 	s.served[r.Tenant] += float64(r.Estimate())
 	// Sample while the tenant still counts as backlogged: the request
 	// being dispatched was queued until this instant.
@@ -503,22 +518,14 @@ func (s *sim) Dispatched(id int) {
 // DispatchedFallback implements Env: a dispatch to the fallback channel,
 // which has its own slots.
 func (s *sim) DispatchedFallback(id int) {
-	rec := &s.recs[id]
-	if rec.State != StateQueued {
-		s.violate("t=%v: request %d dispatched in state %d", s.now, id, rec.State)
+	if !s.dispatch(id, true) {
 		return
 	}
-	r := &s.reqs[id]
-	rec.State, rec.Dispatch, rec.Left, rec.Fallback = StateInflight, s.now, s.now, true
 	s.fbInflight++
 	if s.sc.Fallback == nil || s.fbInflight > s.sc.Fallback.Slots {
 		s.violate("t=%v: %d in flight on the fallback, more than its slots", s.now, s.fbInflight)
 	}
-	s.served[r.Tenant] += float64(r.Estimate())
-	s.diff.sample(r.Tenant, s.served)
-	s.addQueued(r.Tenant, -1)
-	s.push(event{at: s.now + r.Service(), kind: evComplete, arg: id})
-	s.refill(r.Tenant)
+	s.started(id)
 }
 
 // checkBoost records whether the dispatch of id was boosted and checks the
