@@ -22,7 +22,9 @@ const (
 func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 	cs := h.cluster
 	if cs == nil || cs.broker == nil {
-		s.q.SetSlotLimit(-1) // a reload may have turned sharing off
+		if s.slotsLimited.Swap(false) {
+			s.q.SetSlotLimit(-1) // a reload turned sharing off
+		}
 		return
 	}
 	pool := h.MaxInflight * h.healthyUpstreams()
@@ -30,6 +32,7 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 		// Until the first grant, this gateway's share as if every
 		// gateway wanted the whole pool: never more than the pool in all.
 		s.q.SetSlotLimit(pool / cs.instances)
+		s.slotsLimited.Store(true)
 	}
 	if now.UnixNano()-s.slotSyncAt.Load() < int64(cs.sync) || !s.slotSyncing.CompareAndSwap(false, true) {
 		return
@@ -65,6 +68,7 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 			h.logger.Info("sharing the upstream slots through redis", zap.String("queue", s.name), zap.Int("grant", grant))
 		}
 		s.q.SetSlotLimit(grant)
+		s.slotsLimited.Store(true)
 		s.slotsGranted.Store(true)
 	}()
 }

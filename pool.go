@@ -50,6 +50,9 @@ type sharedQueue struct {
 	slotSyncing  atomic.Bool
 	slotsUp      atomic.Bool
 	slotsGranted atomic.Bool
+	// slotsLimited is set while a shared pool caps the queue's capacity,
+	// so a tick without sharing lifts the cap once, not every time.
+	slotsLimited atomic.Bool
 
 	mu sync.Mutex
 	// owners are the handlers whose config loads have started, oldest
