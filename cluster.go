@@ -244,6 +244,8 @@ var (
 	}, []string{"queue"})
 	descClusterRedisUp = prometheus.NewDesc(fqName("cluster_redis_up"),
 		"1 while the queue's tenant quotas are decided in the cluster's Redis, 0 while Redis is unreachable and they are decided locally on 1/instances of each.", []string{"queue"}, nil)
+	descClusterSlotGrant = prometheus.NewDesc(fqName("cluster_slot_grant"),
+		"With share_slots: the upstream slots this gateway's queue holds from the pool shared through Redis (its grant, renewed every sync; pool/instances before the first grant and while Redis is unreachable). Summed over the gateways it never exceeds the pool.", []string{"queue"}, nil)
 	clusterStateCollector = clusterCollector{}
 )
 
@@ -252,7 +254,10 @@ var (
 type clusterCollector struct{}
 
 // Describe implements prometheus.Collector.
-func (clusterCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descClusterRedisUp }
+func (clusterCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descClusterRedisUp
+	ch <- descClusterSlotGrant
+}
 
 // Collect implements prometheus.Collector.
 func (clusterCollector) Collect(ch chan<- prometheus.Metric) {
@@ -270,6 +275,9 @@ func (clusterCollector) Collect(ch chan<- prometheus.Metric) {
 			up = 0
 		}
 		ch <- prometheus.MustNewConstMetric(descClusterRedisUp, prometheus.GaugeValue, up, s.name)
+		if g := s.slotGrant.Load(); g >= 0 && h.cluster.broker != nil {
+			ch <- prometheus.MustNewConstMetric(descClusterSlotGrant, prometheus.GaugeValue, float64(g), s.name)
+		}
 		return true
 	})
 }

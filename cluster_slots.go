@@ -24,6 +24,7 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 	if cs == nil || cs.broker == nil {
 		if s.slotsLimited.Swap(false) {
 			s.q.SetSlotLimit(-1) // a reload turned sharing off
+			s.slotGrant.Store(-1)
 		}
 		return
 	}
@@ -32,6 +33,7 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 		// Until the first grant, this gateway's share as if every
 		// gateway wanted the whole pool: never more than the pool in all.
 		s.q.SetSlotLimit(pool / cs.instances)
+		s.slotGrant.Store(int64(pool / cs.instances))
 		s.slotsLimited.Store(true)
 	}
 	if now.UnixNano()-s.slotSyncAt.Load() < int64(cs.sync) || !s.slotSyncing.CompareAndSwap(false, true) {
@@ -68,6 +70,7 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 			h.logger.Info("sharing the upstream slots through redis", zap.String("queue", s.name), zap.Int("grant", grant))
 		}
 		s.q.SetSlotLimit(grant)
+		s.slotGrant.Store(int64(grant))
 		s.slotsLimited.Store(true)
 		s.slotsGranted.Store(true)
 	}()

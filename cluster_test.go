@@ -75,14 +75,18 @@ func wantQuotaExceeded(t *testing.T, r result) {
 }
 
 // redisUp reads caddy_fair_queue_cluster_redis_up for queue; -1 when absent.
-func redisUp(queue string) float64 {
+func redisUp(queue string) float64 { return clusterGauge(descClusterRedisUp, queue) }
+
+// clusterGauge reads the cluster collector's gauge desc for queue; -1 when
+// absent.
+func clusterGauge(desc *prometheus.Desc, queue string) float64 {
 	ch := make(chan prometheus.Metric, 16)
 	go func() { clusterStateCollector.Collect(ch); close(ch) }()
 	v := -1.0
 	for m := range ch {
 		var d dto.Metric
 		_ = m.Write(&d)
-		if d.GetLabel()[0].GetValue() == queue {
+		if m.Desc() == desc && d.GetLabel()[0].GetValue() == queue {
 			v = d.GetGauge().GetValue()
 		}
 	}
@@ -108,6 +112,9 @@ func TestClusterProvision(t *testing.T) {
 	}
 	if v := redisUp(name); v != 1 {
 		t.Errorf("cluster_redis_up %v, want 1", v)
+	}
+	if v := clusterGauge(descClusterSlotGrant, name); v != -1 {
+		t.Errorf("cluster_slot_grant %v without share_slots, want none", v)
 	}
 
 	// rediss:// is TLS; nothing connects until the first call.
@@ -278,6 +285,14 @@ func TestClusterSharedSlotsGrants(t *testing.T) {
 		a, b := ha.shared.q.Stats(false).Capacity, hb.shared.q.Stats(false).Capacity
 		return a+b == pool && a > 0 && b > 0
 	})
+	// The gauge shows each gateway's grant: the split just checked.
+	eventually(t, "cluster_slot_grant adds up to the pool", func() bool {
+		a, b := clusterGauge(descClusterSlotGrant, nameA), clusterGauge(descClusterSlotGrant, nameB)
+		return a+b == float64(pool) && a > 0 && b > 0
+	})
+	if g := clusterGauge(descClusterSlotGrant, queueName(t)+"_none"); g != -1 {
+		t.Errorf("cluster_slot_grant for a queue that does not exist: %v", g)
+	}
 }
 
 // share_slots without instances, or with a lease that could expire between

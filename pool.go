@@ -50,6 +50,9 @@ type sharedQueue struct {
 	slotSyncing  atomic.Bool
 	slotsUp      atomic.Bool
 	slotsGranted atomic.Bool
+	// slotGrant is the grant last applied (the cap on the queue's
+	// capacity), for the cluster_slot_grant gauge; -1 before the first.
+	slotGrant atomic.Int64
 	// slotsLimited is set while a shared pool caps the queue's capacity,
 	// so a tick without sharing lifts the cap once, not every time.
 	slotsLimited atomic.Bool
@@ -88,6 +91,7 @@ func newSharedQueue(name string, cfg fairqueue.Config) (*sharedQueue, error) {
 	s := &sharedQueue{name: name, q: q, cost: costmodel.New(costmodel.Config{}),
 		stop: make(chan struct{}), done: make(chan struct{}),
 		hist: history.New(time.Now, declaredTenants(cfg)), instance: newInstanceID(name)}
+	s.slotGrant.Store(-1)
 	q.SetDegradeObserver(func(tr degrade.Transition) {
 		if h := s.owner(); h != nil {
 			h.onTransition(tr)

@@ -114,6 +114,13 @@ func TestClusterSharedSlots(t *testing.T) {
 	}
 	time.Sleep(4 * time.Second) // pacing only: the flood runs
 	capacity := func(s harness.Series) float64 { return metric(s, "caddy_fair_queue_capacity") }
+	// The grants are visible: with the same demand and weight on all
+	// three, they split the pool 3/3/2 and add up to it.
+	grant := func(s harness.Series) float64 { return metric(s, "caddy_fair_queue_cluster_slot_grant") }
+	waitMetric(t, gws[0], "the three grants split the pool", func(s0 harness.Series) bool {
+		g0, g1, g2 := grant(s0), grant(scrape(t, gws[1])), grant(scrape(t, gws[2]))
+		return g0+g1+g2 == 8 && min(g0, g1, g2) >= 2
+	})
 	// Kill the third gateway: its grant expires within the 2 s TTL and
 	// the other two share the pool.
 	close(stops[2])
