@@ -1,0 +1,86 @@
+// Command fqload is the through-the-binary load test (make load): it builds
+// Caddy with the plugin via xcaddy (cached by source hash, as the end-to-end
+// tests do), starts one Caddy with a plain reverse_proxy site and a
+// fair_queue site in front of the same fast upstream, and alternates rounds
+// of small chat completions between them with vegeta. It prints each round
+// and the medians and fair/plain ratios of throughput, p50, p99 and Caddy's
+// CPU time per request (see package loadtest).
+//
+// By default it runs the rounds at max rate (a fixed number of workers,
+// each sending as soon as it is answered), then again at a fixed rate of
+// half the plain site's median max-rate throughput, where latency is not
+// dominated by the queueing of a saturated box.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"testing"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/harness"
+	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/loadtest"
+)
+
+func main() {
+	def := loadtest.DefaultOptions()
+	var o loadtest.Options
+	flag.IntVar(&o.Rounds, "rounds", def.Rounds, "rounds per site (they alternate plain, fair, plain...)")
+	flag.DurationVar(&o.Duration, "duration", def.Duration, "length of one round")
+	flag.DurationVar(&o.Warmup, "warmup", def.Warmup, "unmeasured load on each site before the first round")
+	flag.IntVar(&o.Workers, "workers", def.Workers, "requests in flight at max rate")
+	flag.IntVar(&o.Rate, "rate", 0, "requests per second for the first phase; 0: max rate")
+	flag.IntVar(&o.Tenants, "tenants", def.Tenants, "tenants the requests rotate through")
+	fixedFrac := flag.Float64("fixed-frac", 0.5, "after a max-rate phase, run a fixed-rate phase at this fraction of plain's median throughput; 0: skip")
+	caddyBin := flag.String("caddy", "", "Caddy binary with the plugin; default: build it with xcaddy from this checkout (cached)")
+	verbose := flag.Bool("v", false, "print the harness's log (builds, process output on failure)")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var logw io.Writer = io.Discard
+	if *verbose {
+		logw = os.Stderr
+	}
+	err := harness.Standalone(ctx, "fqload", logw, func(t testing.TB) {
+		bin := *caddyBin
+		if bin == "" {
+			fmt.Fprintln(os.Stderr, "fqload: building Caddy with the plugin (xcaddy, cached by source hash; minutes when cold)")
+			bin = harness.BuildCaddy(t)
+		}
+		rig := loadtest.Start(t, bin, o.MaxInflight())
+		fmt.Printf("Caddy %s (pid %d): plain %s, fair_queue %s, upstream %s\n\n",
+			bin, rig.Caddy.PID(), rig.PlainURL, rig.FairURL, rig.Upstream.Addr())
+
+		rep, err := loadtest.Run(ctx, rig, o, os.Stderr)
+		if err != nil {
+			t.Fatalf("fqload: %v", err)
+		}
+		fmt.Println()
+		rep.Print(os.Stdout)
+		if o.Rate != 0 || *fixedFrac <= 0 {
+			return
+		}
+		fixed := o
+		fixed.Rate = int(*fixedFrac * rep.Summary().Plain.Throughput)
+		if fixed.Rate < 1 {
+			t.Fatalf("fqload: plain's median throughput %.0f req/s leaves no fixed rate", rep.Summary().Plain.Throughput)
+		}
+		fixed.Warmup = 0 // the connections and caches are warm
+		fmt.Printf("\n--- fixed rate: %.2f x plain's median max-rate throughput ---\n", *fixedFrac)
+		rep, err = loadtest.Run(ctx, rig, fixed, os.Stderr)
+		if err != nil {
+			t.Fatalf("fqload: %v", err)
+		}
+		fmt.Println()
+		rep.Print(os.Stdout)
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
