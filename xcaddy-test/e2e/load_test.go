@@ -16,7 +16,8 @@ import (
 // both sites was answered 200, the fair rounds went through fair_queue (its
 // response header on every answer, its requests_total counting exactly
 // them) and the plain rounds did not, the upstream answered every request,
-// and every figure the report prints was computed.
+// and every figure the report prints was computed. A shorter control run
+// (-control) sends nothing through fair_queue.
 func TestLoadToolRuns(t *testing.T) {
 	caddyBin, _ := bins(t)
 	o := loadtest.Options{Rounds: 2, Duration: time.Second, Warmup: 200 * time.Millisecond, Workers: 4, Tenants: 3}
@@ -97,5 +98,31 @@ func TestLoadToolRuns(t *testing.T) {
 	if s.Plain.Requests != sent[loadtest.SitePlain] || s.Fair.Requests != sent[loadtest.SiteFair] {
 		t.Errorf("summary counts plain %d fair %d requests, rounds sent %d and %d",
 			s.Plain.Requests, s.Fair.Requests, sent[loadtest.SitePlain], sent[loadtest.SiteFair])
+	}
+
+	// Control mode (-control): the second site is another plain
+	// reverse_proxy, so nothing goes through fair_queue.
+	co := o
+	co.Rounds, co.Duration, co.Control = 1, 300*time.Millisecond, true
+	servedBefore = harness.Metrics(t, metricsURL).Sum("caddy_fair_queue_requests_total", "queue", loadtest.QueueName, "outcome", "served")
+	crep, err := loadtest.Run(t.Context(), rig, co, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(crep.Rounds) != 2 || crep.Rounds[0].Site != loadtest.SitePlain || crep.Rounds[1].Site != loadtest.SiteControl {
+		t.Fatalf("control run: rounds %+v, want plain then control", crep.Rounds)
+	}
+	for _, r := range crep.Rounds {
+		if r.Requests == 0 || r.OK != r.Requests || r.ViaFairQueue != 0 {
+			t.Errorf("control run, %s: %d requests, %d answered 200, %d through fair_queue; want all 200, none through it",
+				r.Site, r.Requests, r.OK, r.ViaFairQueue)
+		}
+	}
+	if cs := crep.Summary(); cs.Fair.Requests != crep.Rounds[1].Requests || cs.ThroughputRatio <= 0 {
+		t.Errorf("control summary: second site %d requests (round sent %d), throughput ratio %v",
+			cs.Fair.Requests, crep.Rounds[1].Requests, cs.ThroughputRatio)
+	}
+	if d := harness.Metrics(t, metricsURL).Sum("caddy_fair_queue_requests_total", "queue", loadtest.QueueName, "outcome", "served") - servedBefore; d != 0 {
+		t.Errorf("control run: fair_queue served %v requests, want 0", d)
 	}
 }

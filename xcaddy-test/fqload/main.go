@@ -7,9 +7,12 @@
 // CPU time per request (see package loadtest).
 //
 // By default it runs the rounds at max rate (a fixed number of workers,
-// each sending as soon as it is answered), then again at a fixed rate of
-// half the plain site's median max-rate throughput, where latency is not
-// dominated by the queueing of a saturated box.
+// each sending as soon as it is answered), then again at a fixed rate of a
+// quarter of the plain site's median max-rate throughput, where latency is
+// the request's own rather than the queueing of a saturated box (at max
+// rate with a fixed number of workers, p50 is about workers / throughput).
+// With -control a second plain site stands in for fair_queue, to see the
+// noise floor of the ratios on the machine at hand.
 package main
 
 import (
@@ -35,7 +38,8 @@ func main() {
 	flag.IntVar(&o.Workers, "workers", def.Workers, "requests in flight at max rate")
 	flag.IntVar(&o.Rate, "rate", 0, "requests per second for the first phase; 0: max rate")
 	flag.IntVar(&o.Tenants, "tenants", def.Tenants, "tenants the requests rotate through")
-	fixedFrac := flag.Float64("fixed-frac", 0.5, "after a max-rate phase, run a fixed-rate phase at this fraction of plain's median throughput; 0: skip")
+	flag.BoolVar(&o.Control, "control", false, "put a second plain reverse_proxy site in fair_queue's place: the ratios then show the noise floor")
+	fixedFrac := flag.Float64("fixed-frac", 0.25, "after a max-rate phase, run a fixed-rate phase at this fraction of plain's median throughput; 0: skip")
 	caddyBin := flag.String("caddy", "", "Caddy binary with the plugin; default: build it with xcaddy from this checkout (cached)")
 	verbose := flag.Bool("v", false, "print the harness's log (builds, process output on failure)")
 	flag.Parse()
@@ -53,8 +57,8 @@ func main() {
 			bin = harness.BuildCaddy(t)
 		}
 		rig := loadtest.Start(t, bin, o.MaxInflight())
-		fmt.Printf("Caddy %s (pid %d): plain %s, fair_queue %s, upstream %s\n\n",
-			bin, rig.Caddy.PID(), rig.PlainURL, rig.FairURL, rig.Upstream.Addr())
+		fmt.Printf("Caddy %s (pid %d): plain %s, control %s, fair_queue %s, upstream %s\n\n",
+			bin, rig.Caddy.PID(), rig.PlainURL, rig.ControlURL, rig.FairURL, rig.Upstream.Addr())
 
 		rep, err := loadtest.Run(ctx, rig, o, os.Stderr)
 		if err != nil {

@@ -55,12 +55,14 @@ type Figures struct {
 
 // Summary compares the sites.
 type Summary struct {
+	// Plain is the plain reverse_proxy site, Fair the site each pair runs
+	// second: fair_queue, or the control site in control mode.
 	Plain, Fair Figures
-	// ThroughputRatio, P50Ratio, P99Ratio and CPURatio are fair over plain
+	// ThroughputRatio, P50Ratio, P99Ratio and CPURatio are Fair over Plain
 	// of the medians (0 when plain's figure is 0).
 	ThroughputRatio, P50Ratio, P99Ratio, CPURatio float64
-	// PairThroughput, PairP50 and PairCPU are fair over plain round by
-	// round (the i-th fair round against the i-th plain round, which ran
+	// PairThroughput, PairP50 and PairCPU are Fair over Plain round by
+	// round (the i-th second-site round against the i-th plain round, which ran
 	// just before it): their spread shows how noisy the machine was.
 	PairThroughput, PairP50, PairCPU []float64
 }
@@ -69,12 +71,12 @@ type Summary struct {
 func (r *Report) Summary() Summary {
 	var s Summary
 	s.Plain = figures(r.Rounds, SitePlain)
-	s.Fair = figures(r.Rounds, SiteFair)
+	s.Fair = figures(r.Rounds, r.Options.second())
 	s.ThroughputRatio = ratio(s.Fair.Throughput, s.Plain.Throughput)
 	s.P50Ratio = ratio(float64(s.Fair.P50), float64(s.Plain.P50))
 	s.P99Ratio = ratio(float64(s.Fair.P99), float64(s.Plain.P99))
 	s.CPURatio = ratio(float64(s.Fair.CPUPerRequest), float64(s.Plain.CPUPerRequest))
-	plain, fair := roundsOf(r.Rounds, SitePlain), roundsOf(r.Rounds, SiteFair)
+	plain, fair := roundsOf(r.Rounds, SitePlain), roundsOf(r.Rounds, r.Options.second())
 	for i := range min(len(plain), len(fair)) {
 		p, f := plain[i], fair[i]
 		s.PairThroughput = append(s.PairThroughput, ratio(f.Throughput, p.Throughput))
@@ -157,9 +159,13 @@ func (r *Report) Print(w io.Writer) {
 	if o.Rate > 0 {
 		mode = fmt.Sprintf("fixed rate %d req/s", o.Rate)
 	}
-	fmt.Fprintf(w, "%s, %d workers, %d tenants, %d rounds x %s per site, alternating plain/fair (warm-up %s per site: plain %d/%d, fair %d/%d answered 200)\n",
-		mode, o.Workers, o.Tenants, o.Rounds, o.Duration, o.Warmup,
-		r.WarmupOK[SitePlain], r.Warmup[SitePlain], r.WarmupOK[SiteFair], r.Warmup[SiteFair])
+	second := o.second()
+	if o.Control {
+		fmt.Fprintln(w, "CONTROL: the second site is a plain reverse_proxy like the first; its ratios show the noise floor")
+	}
+	fmt.Fprintf(w, "%s, %d workers, %d tenants, %d rounds x %s per site, alternating plain/%s (warm-up %s per site: plain %d/%d, %s %d/%d answered 200)\n",
+		mode, o.Workers, o.Tenants, o.Rounds, o.Duration, second, o.Warmup,
+		r.WarmupOK[SitePlain], r.Warmup[SitePlain], second, r.WarmupOK[second], r.Warmup[second])
 	if r.CPUNote != "" {
 		fmt.Fprintln(w, r.CPUNote)
 	}
@@ -183,12 +189,12 @@ func (r *Report) Print(w io.Writer) {
 	for _, x := range []struct {
 		name string
 		f    Figures
-	}{{SitePlain, s.Plain}, {SiteFair, s.Fair}} {
+	}{{SitePlain, s.Plain}, {second, s.Fair}} {
 		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%d\t%d\t\n", x.name, x.f.Throughput, us(x.f.P50), us(x.f.P99), us(x.f.CPUPerRequest), x.f.Requests, x.f.Errors)
 	}
-	fmt.Fprintf(tw, "fair/plain\t%.3f\t%.3f\t%.3f\t%.3f\t\t\t\n", s.ThroughputRatio, s.P50Ratio, s.P99Ratio, s.CPURatio)
+	fmt.Fprintf(tw, "%s/plain\t%.3f\t%.3f\t%.3f\t%.3f\t\t\t\n", second, s.ThroughputRatio, s.P50Ratio, s.P99Ratio, s.CPURatio)
 	tw.Flush()
-	fmt.Fprintf(w, "\nfair/plain round by round (fair round i over the plain round just before it):\n")
+	fmt.Fprintf(w, "\n%s/plain round by round (%s round i over the plain round just before it):\n", second, second)
 	fmt.Fprintf(w, "  throughput %s  median %.3f  range %s\n", ratios(s.PairThroughput), median(slices.Clone(s.PairThroughput)), spread(s.PairThroughput))
 	fmt.Fprintf(w, "  p50        %s  median %.3f  range %s\n", ratios(s.PairP50), median(slices.Clone(s.PairP50)), spread(s.PairP50))
 	fmt.Fprintf(w, "  cpu/req    %s  median %.3f  range %s\n", ratios(s.PairCPU), median(slices.Clone(s.PairCPU)), spread(s.PairCPU))

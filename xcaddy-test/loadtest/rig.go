@@ -34,7 +34,8 @@ import (
 const QueueName = "load"
 
 // caddyfileTmpl is the Caddy under test: the same upstream behind a plain
-// reverse_proxy and behind fair_queue. max_inflight is set above the number
+// reverse_proxy, behind a second identical one (the control, see
+// Options.Control) and behind fair_queue. max_inflight is set above the number
 // of requests the load keeps in flight, so fair_queue never holds a request
 // back: what the comparison shows is its per-request cost, not queueing.
 const caddyfileTmpl = `{
@@ -43,6 +44,9 @@ const caddyfileTmpl = `{
 	persist_config off
 }
 http://127.0.0.1:{{.Plain}} {
+	reverse_proxy {{.Upstream}}
+}
+http://127.0.0.1:{{.Control}} {
 	reverse_proxy {{.Upstream}}
 }
 http://127.0.0.1:{{.Fair}} {
@@ -55,20 +59,21 @@ http://127.0.0.1:{{.Fair}} {
 }
 `
 
-// Rig is a running Caddy with the two sites and their upstream.
+// Rig is a running Caddy with the sites and their upstream.
 type Rig struct {
 	// Caddy is the process under test; its PID gives the CPU figures.
 	Caddy *harness.Caddy
 	// Upstream is the fast in-process upstream both sites proxy to.
 	Upstream *Upstream
-	// PlainURL and FairURL are the two sites' base URLs.
-	PlainURL, FairURL string
+	// PlainURL, ControlURL and FairURL are the sites' base URLs: a plain
+	// reverse_proxy, another one just like it, and fair_queue.
+	PlainURL, ControlURL, FairURL string
 	// Caddyfile is the configuration Caddy runs.
 	Caddyfile string
 }
 
 // Start starts the upstream and Caddy (the binary at caddyBin, e.g.
-// harness.BuildCaddy) with the two sites, and stops both when t ends.
+// harness.BuildCaddy) with the three sites, and stops both when t ends.
 // maxInflight is fair_queue's max_inflight: keep it above the requests the
 // load keeps in flight (Options.MaxInflight).
 func Start(t testing.TB, caddyBin string, maxInflight int) *Rig {
@@ -78,18 +83,19 @@ func Start(t testing.TB, caddyBin string, maxInflight int) *Rig {
 		t.Fatalf("loadtest: upstream: %v", err)
 	}
 	t.Cleanup(func() { up.Close() })
-	p := harness.Ports(t, "Admin", "Plain", "Fair")
+	p := harness.Ports(t, "Admin", "Plain", "Control", "Fair")
 	cf := harness.Render(t, caddyfileTmpl, map[string]any{
-		"Admin": p["Admin"], "Plain": p["Plain"], "Fair": p["Fair"],
+		"Admin": p["Admin"], "Plain": p["Plain"], "Control": p["Control"], "Fair": p["Fair"],
 		"Upstream": up.Addr(), "Queue": QueueName, "MaxInflight": maxInflight,
 	})
 	c := harness.StartCaddy(t, caddyBin, cf)
 	return &Rig{
-		Caddy:     c,
-		Upstream:  up,
-		PlainURL:  "http://127.0.0.1:" + strconv.Itoa(p["Plain"]),
-		FairURL:   "http://127.0.0.1:" + strconv.Itoa(p["Fair"]),
-		Caddyfile: cf,
+		Caddy:      c,
+		Upstream:   up,
+		PlainURL:   "http://127.0.0.1:" + strconv.Itoa(p["Plain"]),
+		ControlURL: "http://127.0.0.1:" + strconv.Itoa(p["Control"]),
+		FairURL:    "http://127.0.0.1:" + strconv.Itoa(p["Fair"]),
+		Caddyfile:  cf,
 	}
 }
 

@@ -12,10 +12,12 @@ import (
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 )
 
-// The two sites, in the order each pair of rounds runs them.
+// The sites, as Round.Site names them. Each pair of rounds runs plain
+// first, then fair (or control, in control mode).
 const (
-	SitePlain = "plain"
-	SiteFair  = "fair"
+	SitePlain   = "plain"
+	SiteFair    = "fair"
+	SiteControl = "control"
 )
 
 // waitHeader is set by fair_queue on every response it serves: its presence
@@ -42,6 +44,19 @@ type Options struct {
 	// Tenants is the number of tenants the requests rotate through (their
 	// X-Tenant-ID: t0, t1...).
 	Tenants int
+	// Control puts a second plain reverse_proxy site in fair_queue's place:
+	// the "fair/plain" ratios then compare two identical sites, and show
+	// how far the machine's noise, and running second in each pair, move
+	// them without any difference in the handler.
+	Control bool
+}
+
+// second is the site each pair runs after plain.
+func (o Options) second() string {
+	if o.Control {
+		return SiteControl
+	}
+	return SiteFair
 }
 
 // DefaultOptions is what make load runs.
@@ -102,7 +117,7 @@ type Report struct {
 }
 
 // Run sends the warm-up to each site, then o.Rounds rounds per site,
-// alternating, and returns their figures. progress (may be nil) gets one
+// alternating plain and fair (or control), and returns their figures. progress (may be nil) gets one
 // line per round as it ends. It returns an error only when it cannot run
 // at all; failed requests are counted in the rounds.
 func Run(ctx context.Context, rig *Rig, o Options, progress io.Writer) (*Report, error) {
@@ -124,6 +139,9 @@ func Run(ctx context.Context, rig *Rig, o Options, progress io.Writer) (*Report,
 	}{
 		{SitePlain, targeter(rig.PlainURL, o.Tenants), newClient(o.maxWorkers())},
 		{SiteFair, targeter(rig.FairURL, o.Tenants), newClient(o.maxWorkers())},
+	}
+	if o.Control {
+		sites[1].name, sites[1].tgt = SiteControl, targeter(rig.ControlURL, o.Tenants)
 	}
 	for _, s := range sites {
 		defer s.cl.CloseIdleConnections()
