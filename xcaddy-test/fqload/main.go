@@ -19,7 +19,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -41,16 +40,13 @@ func main() {
 	flag.BoolVar(&o.Control, "control", false, "put a second plain reverse_proxy site in fair_queue's place: the ratios then show the noise floor")
 	fixedFrac := flag.Float64("fixed-frac", 0.25, "after a max-rate phase, run a fixed-rate phase at this fraction of plain's median throughput; 0: skip")
 	caddyBin := flag.String("caddy", "", "Caddy binary with the plugin; default: build it with xcaddy from this checkout (cached)")
-	verbose := flag.Bool("v", false, "print the harness's log (builds, process output on failure)")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	var logw io.Writer = io.Discard
-	if *verbose {
-		logw = os.Stderr
-	}
-	err := harness.Standalone(ctx, "fqload", logw, func(t testing.TB) {
+	// The harness logs little when all goes well (a build starting), and
+	// the processes' output when something fails.
+	err := harness.Standalone(ctx, "fqload", os.Stderr, func(t testing.TB) {
 		bin := *caddyBin
 		if bin == "" {
 			fmt.Fprintln(os.Stderr, "fqload: building Caddy with the plugin (xcaddy, cached by source hash; minutes when cold)")
@@ -61,30 +57,34 @@ func main() {
 			bin, rig.Caddy.PID(), rig.PlainURL, rig.ControlURL, rig.FairURL, rig.Upstream.Addr())
 
 		rep, err := loadtest.Run(ctx, rig, o, os.Stderr)
-		if err != nil {
-			t.Fatalf("fqload: %v", err)
-		}
-		fmt.Println()
-		rep.Print(os.Stdout)
+		report(t, rep, err)
 		if o.Rate != 0 || *fixedFrac <= 0 {
 			return
 		}
 		fixed := o
 		fixed.Rate = int(*fixedFrac * rep.Summary().Plain.Throughput)
 		if fixed.Rate < 1 {
-			t.Fatalf("fqload: plain's median throughput %.0f req/s leaves no fixed rate", rep.Summary().Plain.Throughput)
+			t.Fatalf("plain's median throughput %.0f req/s leaves no fixed rate", rep.Summary().Plain.Throughput)
 		}
 		fixed.Warmup = 0 // the connections and caches are warm
 		fmt.Printf("\n--- fixed rate: %.2f x plain's median max-rate throughput ---\n", *fixedFrac)
 		rep, err = loadtest.Run(ctx, rig, fixed, os.Stderr)
-		if err != nil {
-			t.Fatalf("fqload: %v", err)
-		}
-		fmt.Println()
-		rep.Print(os.Stdout)
+		report(t, rep, err)
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
+	}
+}
+
+// report prints a phase's report, the rounds that ran if it was cut short
+// (an interrupt), and fails on its error.
+func report(t testing.TB, rep *loadtest.Report, err error) {
+	if rep != nil && len(rep.Rounds) > 0 {
+		fmt.Println()
+		rep.Print(os.Stdout)
+	}
+	if err != nil {
+		t.Fatal(err)
 	}
 }
