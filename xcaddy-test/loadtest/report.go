@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 )
@@ -44,13 +45,24 @@ func processCPU(pid int) (time.Duration, error) {
 	return time.Duration(ticks) * time.Second / userHZ, nil
 }
 
+// selfCPU is this process's CPU time so far, user + system.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // Figures are one site's medians over its rounds.
 type Figures struct {
 	Throughput    float64 // requests answered 200 per second
 	P50, P99      time.Duration
 	CPUPerRequest time.Duration // Caddy's CPU time per request
-	Requests      int           // sum over the rounds
-	Errors        int           // sum over the rounds
+	// ToolCPUPerRequest is the load tool's (vegeta and upstream).
+	ToolCPUPerRequest time.Duration
+	Requests          int // sum over the rounds
+	Errors            int // sum over the rounds
 }
 
 // Summary compares the sites.
@@ -98,12 +110,13 @@ func roundsOf(rs []Round, site string) []Round {
 
 func figures(rs []Round, site string) Figures {
 	var f Figures
-	var tp, p50, p99, cpu []float64
+	var tp, p50, p99, cpu, tool []float64
 	for _, r := range roundsOf(rs, site) {
 		tp = append(tp, r.Throughput)
 		p50 = append(p50, float64(r.P50))
 		p99 = append(p99, float64(r.P99))
 		cpu = append(cpu, float64(r.CPUPerRequest))
+		tool = append(tool, float64(r.ToolCPUPerRequest))
 		f.Requests += r.Requests
 		f.Errors += r.Errors
 	}
@@ -111,6 +124,7 @@ func figures(rs []Round, site string) Figures {
 	f.P50 = time.Duration(median(p50))
 	f.P99 = time.Duration(median(p99))
 	f.CPUPerRequest = time.Duration(median(cpu))
+	f.ToolCPUPerRequest = time.Duration(median(tool))
 	return f
 }
 
@@ -170,10 +184,10 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintln(w, r.CPUNote)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "round\tsite\trequests\terrors\tvia fair_queue\treq/s\tp50\tp99\tcaddy cpu/req\tcaddy cores\t")
+	fmt.Fprintln(tw, "round\tsite\trequests\terrors\tvia fair_queue\treq/s\tp50\tp99\tcaddy cpu/req\tcaddy cores\ttool cpu/req\t")
 	for _, rd := range r.Rounds {
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%.0f\t%s\t%s\t%s\t%.2f\t\n",
-			rd.Index+1, rd.Site, rd.Requests, rd.Errors, rd.ViaFairQueue, rd.Throughput, us(rd.P50), us(rd.P99), us(rd.CPUPerRequest), cores(rd))
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%.0f\t%s\t%s\t%s\t%.2f\t%s\t\n",
+			rd.Index+1, rd.Site, rd.Requests, rd.Errors, rd.ViaFairQueue, rd.Throughput, us(rd.P50), us(rd.P99), us(rd.CPUPerRequest), cores(rd), us(rd.ToolCPUPerRequest))
 	}
 	tw.Flush()
 	for _, rd := range r.Rounds {
@@ -185,14 +199,14 @@ func (r *Report) Print(w io.Writer) {
 	s := r.Summary()
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "median over rounds\treq/s\tp50\tp99\tcaddy cpu/req\trequests\terrors\t")
+	fmt.Fprintln(tw, "median over rounds\treq/s\tp50\tp99\tcaddy cpu/req\ttool cpu/req\trequests\terrors\t")
 	for _, x := range []struct {
 		name string
 		f    Figures
 	}{{SitePlain, s.Plain}, {second, s.Fair}} {
-		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%d\t%d\t\n", x.name, x.f.Throughput, us(x.f.P50), us(x.f.P99), us(x.f.CPUPerRequest), x.f.Requests, x.f.Errors)
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%d\t%d\t\n", x.name, x.f.Throughput, us(x.f.P50), us(x.f.P99), us(x.f.CPUPerRequest), us(x.f.ToolCPUPerRequest), x.f.Requests, x.f.Errors)
 	}
-	fmt.Fprintf(tw, "%s/plain\t%.3f\t%.3f\t%.3f\t%.3f\t\t\t\n", second, s.ThroughputRatio, s.P50Ratio, s.P99Ratio, s.CPURatio)
+	fmt.Fprintf(tw, "%s/plain\t%.3f\t%.3f\t%.3f\t%.3f\t\t\t\t\n", second, s.ThroughputRatio, s.P50Ratio, s.P99Ratio, s.CPURatio)
 	tw.Flush()
 	fmt.Fprintf(w, "\n%s/plain round by round (%s round i over the plain round just before it):\n", second, second)
 	fmt.Fprintf(w, "  throughput %s  median %.3f  range %s\n", ratios(s.PairThroughput), median(slices.Clone(s.PairThroughput)), spread(s.PairThroughput))

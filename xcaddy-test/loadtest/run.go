@@ -103,6 +103,11 @@ type Round struct {
 	// round, CPUPerRequest that over Requests; both 0 when /proc is not
 	// readable (not Linux).
 	CaddyCPU, CPUPerRequest time.Duration
+	// ToolCPUPerRequest is this process's CPU time per request: vegeta and
+	// the upstream (and whatever else the process runs). At max rate on a
+	// small machine they share the cores with Caddy, so the throughput
+	// ratio follows the ratio of the sums of both CPU figures.
+	ToolCPUPerRequest time.Duration
 }
 
 // Report is a run's rounds, in the order they ran.
@@ -223,6 +228,7 @@ func attack(ctx context.Context, cl *http.Client, tgt vegeta.Targeter, o Options
 		first     time.Time
 		last      time.Time
 		cpu0, err = processCPU(pid)
+		self0     = selfCPU()
 	)
 	for res := range atk.Attack(tgt, vegeta.Rate{Freq: o.Rate, Per: time.Second}, d, name) {
 		r.Requests++
@@ -245,9 +251,13 @@ func attack(ctx context.Context, cl *http.Client, tgt vegeta.Targeter, o Options
 			r.ViaFairQueue++
 		}
 	}
+	self1 := selfCPU()
 	if cpu1, err1 := processCPU(pid); err == nil && err1 == nil && r.Requests > 0 {
 		r.CaddyCPU = cpu1 - cpu0
 		r.CPUPerRequest = r.CaddyCPU / time.Duration(r.Requests)
+	}
+	if r.Requests > 0 {
+		r.ToolCPUPerRequest = (self1 - self0) / time.Duration(r.Requests)
 	}
 	r.Elapsed = last.Sub(first)
 	if r.Elapsed > 0 {
