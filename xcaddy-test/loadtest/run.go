@@ -122,9 +122,11 @@ type Report struct {
 }
 
 // Run sends the warm-up to each site, then o.Rounds rounds per site,
-// alternating plain and fair (or control), and returns their figures. progress (may be nil) gets one
-// line per round as it ends. It returns an error only when it cannot run
-// at all; failed requests are counted in the rounds.
+// alternating plain and fair (or control), and returns their figures.
+// progress (may be nil) gets one line per round as it ends. Failed
+// requests are counted in the rounds, not returned: the error is for bad
+// options, or ctx ending the run (the report then holds the rounds so far,
+// the last one cut short).
 func Run(ctx context.Context, rig *Rig, o Options, progress io.Writer) (*Report, error) {
 	if o.Rounds < 1 || o.Duration <= 0 || o.Workers < 1 || o.Tenants < 1 || o.Rate < 0 {
 		return nil, fmt.Errorf("loadtest: bad options %+v", o)
