@@ -10,7 +10,7 @@ MODULE         := github.com/caddy-fair-queue/caddy-fair-queue
 GOBIN          := $(shell go env GOPATH)/bin
 XCADDY         := $(GOBIN)/xcaddy
 
-.PHONY: run test xcaddy build fake bench sim
+.PHONY: run test xcaddy build fake bench sim load
 
 xcaddy:
 	@test -x $(XCADDY) || go install github.com/caddyserver/xcaddy/cmd/xcaddy@$(XCADDY_VERSION)
@@ -34,3 +34,12 @@ bench:
 
 sim:
 	go run ./cmd/fqsim -scenario seed000
+
+# Through the binary: one xcaddy-built Caddy (cached by source hash), a plain
+# reverse_proxy site and a fair_queue site in front of the same fast
+# upstream, alternating rounds of small requests (vegeta); prints throughput,
+# p50/p99 and Caddy CPU per request, and the fair/plain ratios. Flags, e.g.:
+# make load LOADFLAGS='-rounds 10 -duration 3s -workers 16'
+LOADFLAGS ?=
+load: xcaddy
+	go run ./xcaddy-test/fqload $(LOADFLAGS)

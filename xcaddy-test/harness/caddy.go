@@ -109,6 +109,14 @@ func (c *Caddy) AdminURL() string {
 // Logs returns everything Caddy printed so far.
 func (c *Caddy) Logs() string { return c.out.String() }
 
+// PID is the Caddy process's id, e.g. to read its CPU time from /proc; it
+// stays the same across Reload.
+func (c *Caddy) PID() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.proc.cmd.Process.Pid
+}
+
 // Reload replaces the running configuration through the admin API (POST
 // /load with Content-Type text/caddyfile), as an operator would under load.
 // It returns an error carrying the response body when Caddy refuses the new
