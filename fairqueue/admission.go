@@ -37,8 +37,11 @@ type admission struct {
 	boosts *budget.Boosts
 	// boostCost is the estimated cost waiting in the boost lane.
 	boostCost int64
-	// stamp deduplicates tenants with several flows in one ETA pass.
+	// stamp deduplicates tenants with several flows in one walk over the
+	// heaps (the tests' oracle for the work-ahead index).
 	stamp uint64
+	// ahead is the work-ahead index (ahead.go).
+	ahead aheadIndex
 	// cold bounds the rate before the estimator has a sample.
 	cold budget.ColdRate
 	// cursor is where the next early-refusal pass starts among the
@@ -86,7 +89,7 @@ type Estimate struct {
 // etaLocked predicts when a request of tenant t, class cq and cost cost,
 // with ownAhead of its tenant's cost queued before it, will be dispatched:
 // the work that tag order puts ahead of it (workAheadLocked) over the
-// measured rate. It costs O(backlogged flows).
+// measured rate. It costs O(log n) (workAheadLocked).
 func (q *Queue) etaLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost int64) Estimate {
 	// Without samples the rate is the configured prior or the rate learned
 	// before an idle spell: both are estimates the operator or the queue
@@ -105,17 +108,40 @@ func (q *Queue) etaLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost i
 // it: its tenant's own queue ahead of it, each other backlogged tenant's
 // queued cost up to the same virtual finish by weight, the boost lane, and
 // the work that frees a slot when none is free. With others false the
-// other tenants are left out: a lower bound in O(1), where the full sum
-// costs O(backlogged flows).
+// other tenants are left out: a lower bound in O(1). The full sum costs
+// O(log n) from the work-ahead index (ahead.go), plus the re-filing of the
+// tenants that changed since the previous ETA, O(log n) each.
+//
+// The other tenants counted are those with a flow in the heap of a class
+// the request does not yield to (a paused class yields to a request of an
+// unpaused one; a request of a paused class yields to all the work of the
+// tenants first met in an unpaused class), each once however many flows
+// it has; an undeclared tenant counts its fellow members inside the group
+// first, then the group as one tenant at the top level.
 func (q *Queue) workAheadLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost int64, others bool) float64 {
+	ahead, finish := q.workAheadOwnLocked(now, t, ownAhead, cost)
+	if !others {
+		return ahead
+	}
+	q.aheadSyncLocked()
+	if t.group != nil {
+		var inner float64
+		inner, finish = q.memberAheadLocked(t, cq, float64(ownAhead)+float64(cost), finish)
+		ahead += inner
+		t = t.group
+	}
+	return ahead + q.aheadOthersLocked(levelTop, t, finish, cq.paused)
+}
+
+// workAheadOwnLocked is the part of workAheadLocked that is not the other
+// tenants' (the request's own tenant, the boost lane, a slot to free), and
+// the request's virtual finish tag in its tenant's virtual time.
+func (q *Queue) workAheadOwnLocked(now time.Time, t *tenant, ownAhead, cost int64) (ahead, finish float64) {
 	a := q.adm
-	ahead := float64(ownAhead + a.boostCost)
+	ahead = float64(ownAhead + a.boostCost)
 	if q.inflight >= q.capacity || q.queued > 0 {
 		// Even first in line, a request waits for a slot to free.
 		ahead += a.slotWork(now, cost)
-	}
-	if !others {
-		return ahead
 	}
 	w := t.weight
 	start := t.vt
@@ -125,37 +151,7 @@ func (q *Queue) workAheadLocked(now time.Time, t *tenant, cq *classQ, ownAhead, 
 		}
 	}
 	start += float64(ownAhead) / w
-	finish := start + float64(cost)/w
-	a.stamp++
-	if t.group != nil {
-		// An undeclared tenant: its fellow members first, then the group
-		// as one tenant at the top level.
-		var inner float64
-		inner, finish = q.memberAheadLocked(t, cq, float64(ownAhead)+float64(cost), finish)
-		ahead += inner
-		t = t.group
-	}
-	for _, c := range q.classes {
-		if c.paused && !cq.paused {
-			continue // a paused class yields to this request
-		}
-		for i := range c.flows.e {
-			f := c.flows.flows[c.flows.e[i].id]
-			u := f.t
-			if u == t || u.stamp == a.stamp {
-				continue
-			}
-			u.stamp = a.stamp
-			if cq.paused && !c.paused {
-				ahead += float64(u.queuedWork) // yields to all of it
-				continue
-			}
-			if room := (finish - u.vt) * u.weight; room > 0 {
-				ahead += min(room, float64(u.queuedWork))
-			}
-		}
-	}
-	return ahead
+	return ahead, start + float64(cost)/w
 }
 
 // slotWork is the work whose completion frees the next slot, on average.

@@ -20,30 +20,10 @@ package fairqueue
 // work of the other members that the group dispatches first, and the
 // request's finish tag at the top level, where the group has the request's
 // own work ahead (own, including its cost) and that inner work to do
-// first. It uses the current ETA pass's stamp.
+// first. The work-ahead index must be in sync (aheadSyncLocked); O(log n).
 func (q *Queue) memberAheadLocked(t *tenant, cq *classQ, own, finish float64) (inner, topFinish float64) {
 	g := t.group
-	stamp := q.adm.stamp
-	for _, gf := range g.flows {
-		c := gf.cq
-		if c.paused && !cq.paused {
-			continue // a paused class yields to this request
-		}
-		for i := range gf.sub.e {
-			u := gf.sub.flows[gf.sub.e[i].id].t
-			if u == t || u.stamp == stamp {
-				continue
-			}
-			u.stamp = stamp
-			if cq.paused && !c.paused {
-				inner += float64(u.queuedWork)
-				continue
-			}
-			if room := (finish - u.vt) * u.weight; room > 0 {
-				inner += min(room, float64(u.queuedWork))
-			}
-		}
-	}
+	inner = q.aheadOthersLocked(levelMembers, t, finish, cq.paused)
 	start := g.vt
 	if g.queued == 0 {
 		start = max(start, q.vfloor)

@@ -1,0 +1,485 @@
+package fairqueue
+
+// The work-ahead index: what the admission ETA (workAheadLocked) needs of
+// the other tenants, in O(log n) per ETA rather than a walk over every
+// backlogged flow.
+//
+// For a request whose virtual finish tag is f, another backlogged tenant u
+// (weight w, virtual time vt, queuedWork c) is dispatched first up to
+//
+//	min(max((f - vt) w, 0), c) = w max(f - vt, 0) - w max(f - F, 0)
+//
+// where F = vt + c/w is the virtual time at which u's queue would be
+// drained (both sides are 0 below vt, grow as w(f - vt) up to F, and stay
+// at c above it). Summed over the tenants,
+//
+//	(f W1 - S1) - (f W2 - S2)
+//
+// with W1, S1 the sums of w and w vt over the tenants whose vt < f, and
+// W2, S2 the same over those whose F < f. Two treaps per set of tenants,
+// one ordered by vt and one by F, each node holding its subtree's sums of
+// w and w x key, answer that in one descent each: O(log n).
+//
+// Which tenants count, and how, is what the walk over the heaps decides
+// (see workAheadLocked): a tenant counts when one of its flows is in the
+// heap of a class the request does not yield to, once however many flows
+// it has. The index therefore files each tenant by the classes its
+// backlogged flows sit in, in the order the walk visits them (the queue's
+// classes at the top level; the group's flows for its members):
+//
+//   - tierFirst: a flow in an unpaused class, and the first flow visited is
+//     in an unpaused class;
+//   - tierLater: a flow in an unpaused class, but the first flow visited is
+//     in a paused class;
+//   - tierPaused: flows in paused classes only.
+//
+// A request of an unpaused class counts tierFirst and tierLater up to its
+// finish tag (paused classes yield to it); one of a paused class counts
+// all of tierFirst's queued work and tierLater and tierPaused up to its
+// finish tag, which is what the walk adds for each. The requesting tenant
+// itself is subtracted by its own term. With no class paused every tenant
+// is in tierFirst.
+//
+// Keeping it: each place where a tenant's virtual time, queued work, weight
+// or backlogged flows change marks the tenant (aheadTouchLocked, O(1)),
+// and an ETA first re-files the marked tenants, O(log n) each, so a
+// tenant that changed several times between two ETAs is re-filed once.
+// Each change marks at most two tenants (the tenant and its group), so the
+// upkeep is O(log n) amortised per change. A reload (weights) or a change
+// of the paused classes drops the index, as does the queue running empty;
+// the next ETA builds it again from the heaps in O(F log F) for F
+// backlogged flows, paid once per such change. The index is built only
+// when an ETA is asked for, so a queue whose requests carry no deadline
+// never pays for it; and it is dropped again when 2x its size in marks
+// pile up without an ETA, so they never cost more than a rebuild.
+//
+// Precision: keys are kept relative to the level's virtual time when the
+// index was built, and the sums are recomputed from the children on every
+// update (never added to and taken from), so rounding does not accumulate;
+// an ETA differs from the walk's by rounding of the sums only, a few ulps
+// of (f - base) x the total weight.
+
+// Tiers of the work-ahead index; tierNone, the zero value: not backlogged
+// in any heap (tiers[tierNone] stays empty).
+const (
+	tierNone int8 = iota
+	tierFirst
+	tierLater
+	tierPaused
+	numTiers
+)
+
+// Levels of the index: the top-level flow owners (declared tenants and the
+// group), and the undeclared tenants inside the group.
+const (
+	levelTop = iota
+	levelMembers
+	numLevels
+)
+
+// aheadSlot is a tenant's place in the work-ahead index, valid while epoch
+// is the index's.
+type aheadSlot struct {
+	epoch uint64
+	// qw is the queued work filed with the tenant (tierFirst's total).
+	qw int64
+	// start and finish are its nodes in the tier's vt and F treaps.
+	start, finish int32
+	tier          int8
+	dirty         bool
+}
+
+// aheadNode is one treap node; node 0 is the empty tree, all zeros.
+type aheadNode struct {
+	key, w  float64
+	sw, swk float64 // subtree sums of w and w x key
+	l, r    int32
+	prio    uint32
+}
+
+// aheadTier is one tier of one level: the roots of its two treaps and the
+// queued work filed in it.
+type aheadTier struct {
+	start, finish int32
+	qw            int64
+}
+
+// aheadLevel is one level of the index.
+type aheadLevel struct {
+	tiers [numTiers]aheadTier
+	// base is the level's virtual time when the index was built: keys
+	// are stored relative to it.
+	base float64
+}
+
+// aheadIndex is the queue's work-ahead index.
+type aheadIndex struct {
+	active bool
+	epoch  uint64
+	levels [numLevels]aheadLevel
+	nodes  []aheadNode
+	free   []int32
+	// size is the tenants filed, dirty those marked since the last ETA.
+	size  int
+	dirty []*tenant
+	rng   uint64
+}
+
+// aheadTouchLocked marks t, and the group of an undeclared t, for
+// re-filing at the next ETA: call it after anything that may change a
+// tenant's virtual time, queued work or backlogged flows. O(1).
+func (q *Queue) aheadTouchLocked(t *tenant) {
+	x := &q.adm.ahead
+	if !x.active {
+		return
+	}
+	if q.queued == 0 {
+		// Nothing is backlogged: the index is empty, and the next ETA
+		// builds it from what is queued then.
+		x.reset()
+		return
+	}
+	x.touch(t)
+	if t.group != nil {
+		x.touch(t.group)
+	}
+	if len(x.dirty) > max(1024, 2*x.size) {
+		// No ETA for a while: stop keeping the index rather than let the
+		// marks pile up; the next ETA rebuilds it.
+		x.reset()
+	}
+}
+
+func (x *aheadIndex) touch(t *tenant) {
+	s := &t.ahead
+	if s.epoch != x.epoch {
+		*s = aheadSlot{epoch: x.epoch}
+	}
+	if !s.dirty {
+		s.dirty = true
+		x.dirty = append(x.dirty, t)
+	}
+}
+
+// aheadForgetLocked takes a tenant the queue forgets out of the index.
+func (q *Queue) aheadForgetLocked(t *tenant) {
+	x := &q.adm.ahead
+	s := &t.ahead
+	if s.epoch != x.epoch {
+		return
+	}
+	if s.tier != tierNone {
+		x.unfile(levelOf(t), s)
+	}
+	*s = aheadSlot{}
+}
+
+// aheadResetLocked drops the index; the next ETA rebuilds it. Call it
+// when weights or the paused classes change.
+func (q *Queue) aheadResetLocked() { q.adm.ahead.reset() }
+
+func (x *aheadIndex) reset() {
+	if !x.active && len(x.dirty) == 0 && len(x.nodes) <= 1 {
+		return
+	}
+	x.active = false
+	x.epoch++
+	x.levels = [numLevels]aheadLevel{}
+	x.nodes = x.nodes[:0]
+	x.free = x.free[:0]
+	x.size = 0
+	clear(x.dirty)
+	x.dirty = x.dirty[:0]
+}
+
+// aheadSyncLocked brings the index up to date for an ETA: it builds it
+// from the heaps when it is not kept, and re-files the marked tenants.
+func (q *Queue) aheadSyncLocked() {
+	x := &q.adm.ahead
+	if !x.active {
+		x.reset()
+		x.active = true
+		if x.rng == 0 {
+			x.rng = 0x9e3779b97f4a7c15
+		}
+		x.nodes = append(x.nodes, aheadNode{}) // node 0: the empty tree
+		x.levels[levelTop].base = q.vfloor
+		x.levels[levelMembers].base = q.group.vfloor
+		for _, cq := range q.classes {
+			for i := range cq.flows.e {
+				f := cq.flows.flow(&cq.flows.e[i])
+				x.touch(f.t)
+				if f.sub != nil {
+					for j := range f.sub.e {
+						x.touch(f.sub.flow(&f.sub.e[j]).t)
+					}
+				}
+			}
+		}
+	}
+	for i, t := range x.dirty {
+		x.dirty[i] = nil
+		if s := &t.ahead; s.epoch == x.epoch && s.dirty {
+			q.aheadFileLocked(t)
+		}
+	}
+	x.dirty = x.dirty[:0]
+}
+
+// levelOf is the level t is filed at.
+func levelOf(t *tenant) int {
+	if t.group != nil {
+		return levelMembers
+	}
+	return levelTop
+}
+
+// aheadTierLocked is the tier t belongs in (see above).
+func (q *Queue) aheadTierLocked(t *tenant) int8 {
+	if t.queued == 0 {
+		return tierNone // no flow has a head, so none is in a heap
+	}
+	first, firstPaused, unpaused := -1, false, false
+	for _, f := range t.flows {
+		if !f.heap().contains(f.id) {
+			continue
+		}
+		if ord := q.aheadOrderLocked(f); first < 0 || ord < first {
+			first, firstPaused = ord, f.cq.paused
+		}
+		if !f.cq.paused {
+			unpaused = true
+		}
+	}
+	switch {
+	case first < 0:
+		return tierNone
+	case !unpaused:
+		return tierPaused
+	case firstPaused:
+		return tierLater
+	}
+	return tierFirst
+}
+
+// aheadOrderLocked is where the walk visits f's heap: its class's place
+// among the queue's classes, or, for a member's flow, its group flow's
+// place among the group's flows.
+func (q *Queue) aheadOrderLocked(f *flow) int {
+	if p := f.parent; p != nil {
+		for i, gf := range p.t.flows {
+			if gf == p {
+				return i
+			}
+		}
+		return len(p.t.flows)
+	}
+	for i, cq := range q.classes {
+		if cq == f.cq {
+			return i
+		}
+	}
+	return len(q.classes)
+}
+
+// aheadFileLocked files the marked t where it now belongs.
+func (q *Queue) aheadFileLocked(t *tenant) {
+	x := &q.adm.ahead
+	s := &t.ahead
+	s.dirty = false
+	lv := levelOf(t)
+	tier := q.aheadTierLocked(t)
+	if tier == tierNone {
+		if s.tier != tierNone {
+			x.unfile(lv, s)
+		}
+		return
+	}
+	vt := t.vt - x.levels[lv].base
+	fin := vt + float64(t.queuedWork)/t.weight
+	if s.tier == tier && s.qw == t.queuedWork && x.nodes[s.start].w == t.weight &&
+		x.nodes[s.start].key == vt && x.nodes[s.finish].key == fin {
+		return
+	}
+	if s.tier != tierNone {
+		x.unfile(lv, s)
+	}
+	tr := &x.levels[lv].tiers[tier]
+	s.tier, s.qw = tier, t.queuedWork
+	s.start = x.newNode(vt, t.weight)
+	tr.start = x.insert(tr.start, s.start)
+	s.finish = x.newNode(fin, t.weight)
+	tr.finish = x.insert(tr.finish, s.finish)
+	tr.qw += s.qw
+	x.size++
+}
+
+// unfile takes the tenant of slot s out of its tier at level lv.
+func (x *aheadIndex) unfile(lv int, s *aheadSlot) {
+	tr := &x.levels[lv].tiers[s.tier]
+	tr.start = x.remove(tr.start, s.start)
+	tr.finish = x.remove(tr.finish, s.finish)
+	tr.qw -= s.qw
+	x.free = append(x.free, s.start, s.finish)
+	s.tier, s.start, s.finish, s.qw = tierNone, 0, 0, 0
+	x.size--
+}
+
+// aheadOthersLocked is the work of the tenants at level lv other than self
+// that a request with virtual finish tag f, of a paused class or not, has
+// ahead of it (see above). The index must be in sync (aheadSyncLocked).
+func (q *Queue) aheadOthersLocked(lv int, self *tenant, f float64, paused bool) float64 {
+	x := &q.adm.ahead
+	l := &x.levels[lv]
+	f -= l.base
+	var sum float64
+	if paused {
+		sum = float64(l.tiers[tierFirst].qw) + x.room(&l.tiers[tierLater], f) + x.room(&l.tiers[tierPaused], f)
+	} else {
+		sum = x.room(&l.tiers[tierFirst], f) + x.room(&l.tiers[tierLater], f)
+	}
+	if s := &self.ahead; s.epoch == x.epoch && s.tier != tierNone {
+		switch {
+		case paused && s.tier == tierFirst:
+			sum -= float64(s.qw)
+		case paused || s.tier != tierPaused:
+			sum -= x.term(s, f)
+		}
+	}
+	return max(sum, 0)
+}
+
+// room is the sum over a tier's tenants of min(max((f-vt)w, 0), c).
+func (x *aheadIndex) room(tr *aheadTier, f float64) float64 {
+	if tr.start == 0 {
+		return 0
+	}
+	w1, s1 := x.below(tr.start, f)
+	w2, s2 := x.below(tr.finish, f)
+	return (f*w1 - s1) - (f*w2 - s2)
+}
+
+// term is one filed tenant's min(max((f-vt)w, 0), c).
+func (x *aheadIndex) term(s *aheadSlot, f float64) float64 {
+	a, b := &x.nodes[s.start], &x.nodes[s.finish]
+	return a.w*max(f-a.key, 0) - b.w*max(f-b.key, 0)
+}
+
+// below sums w and w x key over the nodes of the treap root whose key is
+// below f.
+func (x *aheadIndex) below(root int32, f float64) (sw, swk float64) {
+	n := x.nodes
+	for root != 0 {
+		e := &n[root]
+		if e.key < f {
+			l := &n[e.l]
+			sw += l.sw + e.w
+			swk += l.swk + e.w*e.key
+			root = e.r
+		} else {
+			root = e.l
+		}
+	}
+	return sw, swk
+}
+
+func (x *aheadIndex) newNode(key, w float64) int32 {
+	// xorshift64: the priorities need only be independent of the keys.
+	x.rng ^= x.rng << 13
+	x.rng ^= x.rng >> 7
+	x.rng ^= x.rng << 17
+	e := aheadNode{key: key, w: w, sw: w, swk: w * key, prio: uint32(x.rng >> 32)}
+	if n := len(x.free); n > 0 {
+		id := x.free[n-1]
+		x.free = x.free[:n-1]
+		x.nodes[id] = e
+		return id
+	}
+	x.nodes = append(x.nodes, e)
+	return int32(len(x.nodes) - 1)
+}
+
+// less orders nodes by key, then by id, so that equal keys are told apart.
+func (x *aheadIndex) less(a, b int32) bool {
+	ka, kb := x.nodes[a].key, x.nodes[b].key
+	return ka < kb || ka == kb && a < b
+}
+
+// pull recomputes node i's subtree sums from its children.
+func (x *aheadIndex) pull(i int32) {
+	n := x.nodes
+	e := &n[i]
+	l, r := &n[e.l], &n[e.r]
+	e.sw = l.sw + e.w + r.sw
+	e.swk = l.swk + e.w*e.key + r.swk
+}
+
+// insert adds node id to the treap root and returns the new root.
+func (x *aheadIndex) insert(root, id int32) int32 {
+	if root == 0 {
+		return id
+	}
+	n := x.nodes
+	if x.less(id, root) {
+		l := x.insert(n[root].l, id)
+		n[root].l = l
+		if n[l].prio > n[root].prio {
+			// rotate right
+			n[root].l = n[l].r
+			x.pull(root)
+			n[l].r = root
+			x.pull(l)
+			return l
+		}
+	} else {
+		r := x.insert(n[root].r, id)
+		n[root].r = r
+		if n[r].prio > n[root].prio {
+			// rotate left
+			n[root].r = n[r].l
+			x.pull(root)
+			n[r].l = root
+			x.pull(r)
+			return r
+		}
+	}
+	x.pull(root)
+	return root
+}
+
+// remove takes node id out of the treap root and returns the new root.
+func (x *aheadIndex) remove(root, id int32) int32 {
+	n := x.nodes
+	if root == id {
+		return x.merge(n[id].l, n[id].r)
+	}
+	if root == 0 {
+		panic("fairqueue: work-ahead node not in its treap")
+	}
+	if x.less(id, root) {
+		n[root].l = x.remove(n[root].l, id)
+	} else {
+		n[root].r = x.remove(n[root].r, id)
+	}
+	x.pull(root)
+	return root
+}
+
+// merge joins two treaps, every key of a before every key of b.
+func (x *aheadIndex) merge(a, b int32) int32 {
+	if a == 0 {
+		return b
+	}
+	if b == 0 {
+		return a
+	}
+	n := x.nodes
+	if n[a].prio > n[b].prio {
+		n[a].r = x.merge(n[a].r, b)
+		x.pull(a)
+		return a
+	}
+	n[b].l = x.merge(a, n[b].l)
+	x.pull(b)
+	return b
+}
