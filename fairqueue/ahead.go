@@ -161,19 +161,6 @@ func (x *aheadIndex) touch(t *tenant) {
 	}
 }
 
-// aheadForgetLocked takes a tenant the queue forgets out of the index.
-func (q *Queue) aheadForgetLocked(t *tenant) {
-	x := &q.adm.ahead
-	s := &t.ahead
-	if s.epoch != x.epoch {
-		return
-	}
-	if s.tier != tierNone {
-		x.unfile(levelOf(t), s)
-	}
-	*s = aheadSlot{}
-}
-
 // aheadResetLocked drops the index; the next ETA rebuilds it. Call it
 // when weights or the paused classes change.
 func (q *Queue) aheadResetLocked() { q.adm.ahead.reset() }
@@ -219,6 +206,8 @@ func (q *Queue) aheadSyncLocked() {
 	}
 	for i, t := range x.dirty {
 		x.dirty[i] = nil
+		// A tenant forgotten since it was marked has nothing queued: this
+		// takes it out of the index.
 		if s := &t.ahead; s.epoch == x.epoch && s.dirty {
 			q.aheadFileLocked(t)
 		}

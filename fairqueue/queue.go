@@ -1248,7 +1248,6 @@ func (q *Queue) forgetLocked(t *tenant) {
 	if !t.known {
 		q.adm.boosts.Forget(t.name)
 	}
-	q.aheadForgetLocked(t)
 	delete(q.tenants, t.name)
 	// A Go map keeps its buckets when entries are deleted: once most of the
 	// tenants seen at the peak are gone, move the rest to a fresh map, so
