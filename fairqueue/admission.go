@@ -42,6 +42,9 @@ type admission struct {
 	stamp uint64
 	// ahead is the work-ahead index (ahead.go).
 	ahead aheadIndex
+	// walkAhead, set only by tests, replaces the index with the walk over
+	// the heaps it replaced (the oracle and the benchmark's baseline).
+	walkAhead func(q *Queue, now time.Time, t *tenant, cq *classQ, ownAhead, cost int64) float64
 	// cold bounds the rate before the estimator has a sample.
 	cold budget.ColdRate
 	// cursor is where the next early-refusal pass starts among the
@@ -119,6 +122,9 @@ func (q *Queue) etaLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost i
 // it has; an undeclared tenant counts its fellow members inside the group
 // first, then the group as one tenant at the top level.
 func (q *Queue) workAheadLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost int64, others bool) float64 {
+	if w := q.adm.walkAhead; w != nil && others {
+		return w(q, now, t, cq, ownAhead, cost)
+	}
 	ahead, finish := q.workAheadOwnLocked(now, t, ownAhead, cost)
 	if !others {
 		return ahead

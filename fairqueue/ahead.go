@@ -1,5 +1,7 @@
 package fairqueue
 
+import "math"
+
 // The work-ahead index: what the admission ETA (workAheadLocked) needs of
 // the other tenants, in O(log n) per ETA rather than a walk over every
 // backlogged flow.
@@ -285,22 +287,47 @@ func (q *Queue) aheadFileLocked(t *tenant) {
 		return
 	}
 	vt := t.vt - x.levels[lv].base
-	fin := vt + float64(t.queuedWork)/t.weight
-	if s.tier == tier && s.qw == t.queuedWork && x.nodes[s.start].w == t.weight &&
-		x.nodes[s.start].key == vt && x.nodes[s.finish].key == fin {
+	qw := t.queuedWork
+	fin := vt + float64(qw)/t.weight
+	tr := &x.levels[lv].tiers[tier]
+	if s.tier == tier && x.nodes[s.start].w == t.weight {
+		// Still in its tier: move the key that changed, usually one. A
+		// dispatch moves vt and leaves F = vt + c/w where it was, up to
+		// rounding, which is not worth a move: keys within a few dozen
+		// ulps of the right one keep the sums as exact as the sums are.
+		if x.nodes[s.start].key != vt {
+			tr.start = x.rekey(tr.start, s.start, vt)
+		}
+		if d := fin - x.nodes[s.finish].key; d > finTolerance*(math.Abs(vt)+fin-vt) || -d > finTolerance*(math.Abs(vt)+fin-vt) {
+			tr.finish = x.rekey(tr.finish, s.finish, fin)
+		}
+		tr.qw += qw - s.qw
+		s.qw = qw
 		return
 	}
 	if s.tier != tierNone {
 		x.unfile(lv, s)
 	}
-	tr := &x.levels[lv].tiers[tier]
-	s.tier, s.qw = tier, t.queuedWork
+	s.tier, s.qw = tier, qw
 	s.start = x.newNode(vt, t.weight)
 	tr.start = x.insert(tr.start, s.start)
 	s.finish = x.newNode(fin, t.weight)
 	tr.finish = x.insert(tr.finish, s.finish)
-	tr.qw += s.qw
+	tr.qw += qw
 	x.size++
+}
+
+// finTolerance is how far, relative to |vt| + c/w, a tenant's filed F may
+// be from the one its state gives before it is moved: rounding noise.
+const finTolerance = 1e-14
+
+// rekey moves node id of the treap root to key and returns the new root.
+func (x *aheadIndex) rekey(root, id int32, key float64) int32 {
+	root = x.remove(root, id)
+	e := &x.nodes[id]
+	e.key, e.l, e.r = key, 0, 0
+	e.sw, e.swk = e.w, e.w*key
+	return x.insert(root, id)
 }
 
 // unfile takes the tenant of slot s out of its tier at level lv.
