@@ -9,11 +9,11 @@ import (
 
 // etaBenchQueue returns a queue with wait budgets on (fast-fail, boosts up
 // to a tenth of the slots, a rate prior so that every ETA is known from
-// the start) and n tenants, declared or not, each backlogged depth deep
-// with requests due in an hour, the capacity full. With walk the queue
+// the start) and n tenants, declared or not, each backlogged two or more
+// requests deep with requests due in due, the capacity full. With walk the queue
 // computes its ETAs by the walk over the heaps that the work-ahead index
 // replaced. ring receives the dispatched tickets, oldest first.
-func etaBenchQueue(b *testing.B, n int, declared, walk bool, ring *[]*Ticket) (*Queue, *ManualClock, []string) {
+func etaBenchQueue(b *testing.B, n int, declared, walk bool, due time.Duration, ring *[]*Ticket) (*Queue, *ManualClock, []string) {
 	b.Helper()
 	const capacity = 64
 	clk := NewManualClock(time.Unix(0, 0))
@@ -23,7 +23,9 @@ func etaBenchQueue(b *testing.B, n int, declared, walk bool, ring *[]*Ticket) (*
 		Default:     TenantConfig{Weight: 1, Class: "batch"},
 		Admission:   BudgetConfig{FastFail: true, BoostShareMax: 0.1, Margin: 50 * time.Millisecond},
 	}
-	cfg.Admission.Throughput.Prior = 1e7
+	// The prior puts every ETA well within the deadlines: the queue admits
+	// all and, re-checking, boosts none.
+	cfg.Admission.Throughput.Prior = 1e9
 	names := make([]string, n)
 	for i := range names {
 		names[i] = "tenant-" + strconv.Itoa(i)
@@ -50,7 +52,7 @@ func etaBenchQueue(b *testing.B, n int, declared, walk bool, ring *[]*Ticket) (*
 	depth := 2 + 2*capacity/n
 	for r := 0; r < depth; r++ {
 		for i := 0; i < n; i++ {
-			if _, err := q.Enqueue(etaBenchRequest(clk, names, i+r*n)); err != nil {
+			if _, err := q.Enqueue(etaBenchRequest(clk, names, i+r*n, due)); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -67,10 +69,10 @@ func (q *Queue) workAheadWalkLocked4(now time.Time, t *tenant, cq *classQ, ownAh
 	return q.workAheadWalkLocked(now, t, cq, ownAhead, cost, true)
 }
 
-func etaBenchRequest(clk *ManualClock, names []string, i int) Request {
+func etaBenchRequest(clk *ManualClock, names []string, i int, due time.Duration) Request {
 	clk.Advance(time.Microsecond)
 	return Request{Tenant: names[i%len(names)], Cost: int64(50 + (i*7919)%2000),
-		Deadline: clk.Now().Add(time.Hour)}
+		Deadline: clk.Now().Add(due)}
 }
 
 // BenchmarkAdmissionETA measures admission with wait budgets at n
@@ -86,14 +88,7 @@ func BenchmarkAdmissionETA(b *testing.B) {
 	for _, declared := range []bool{false, true} {
 		for _, n := range []int{100, 1000, 10000} {
 			for _, walk := range []bool{true, false} {
-				name := fmt.Sprintf("undeclared/tenants=%d/tree", n)
-				if declared {
-					name = fmt.Sprintf("declared/tenants=%d/tree", n)
-				}
-				if walk {
-					name = name[:len(name)-len("tree")] + "walk"
-				}
-				b.Run(name, func(b *testing.B) { benchAdmissionETA(b, n, declared, walk) })
+				b.Run(benchName(declared, n, walk), func(b *testing.B) { benchAdmissionETA(b, n, declared, walk) })
 			}
 		}
 	}
@@ -101,7 +96,7 @@ func BenchmarkAdmissionETA(b *testing.B) {
 
 func benchAdmissionETA(b *testing.B, n int, declared, walk bool) {
 	var ring []*Ticket
-	q, clk, names := etaBenchQueue(b, n, declared, walk, &ring)
+	q, clk, names := etaBenchQueue(b, n, declared, walk, time.Hour, &ring)
 	capacity := len(ring)
 	head := 0
 	b.ReportAllocs()
@@ -117,12 +112,62 @@ func benchAdmissionETA(b *testing.B, n int, declared, walk bool) {
 		if head++; head == capacity {
 			head = 0
 		}
-		if _, err := q.Enqueue(etaBenchRequest(clk, names, i)); err != nil {
+		if _, err := q.Enqueue(etaBenchRequest(clk, names, i, time.Hour)); err != nil {
 			b.Fatal(err)
 		}
 	}
 	b.StopTimer()
 	if !walk && !q.adm.ahead.active {
 		b.Fatal("the work-ahead index was not used")
+	}
+}
+
+// benchName names a sub-benchmark of BenchmarkAdmissionETA and
+// BenchmarkAdmissionRecheck.
+func benchName(declared bool, n int, walk bool) string {
+	kind, how := "undeclared", "tree"
+	if declared {
+		kind = "declared"
+	}
+	if walk {
+		how = "walk"
+	}
+	return fmt.Sprintf("%s/tenants=%d/%s", kind, n, how)
+}
+
+// BenchmarkAdmissionRecheck measures the boost re-check of one tick
+// (recheckLocked) at n backlogged tenants whose requests are all due
+// within its horizon: it re-decides maxRecheck of them, each with an ETA,
+// from the walk (before) or from the work-ahead index (tree). Every ETA
+// makes its deadline, so nothing is promoted and each tick does the same
+// work.
+func BenchmarkAdmissionRecheck(b *testing.B) {
+	for _, declared := range []bool{false, true} {
+		for _, n := range []int{100, 1000, 10000} {
+			for _, walk := range []bool{true, false} {
+				b.Run(benchName(declared, n, walk), func(b *testing.B) {
+					var ring []*Ticket
+					q, clk, _ := etaBenchQueue(b, n, declared, walk, time.Second, &ring)
+					visited := 0
+					q.mu.Lock()
+					now := clk.Now()
+					horizon := now.Add(q.boostETALocked(now, 0)*4 + q.cfg.Admission.Margin + time.Second)
+					q.deadlines.visitBefore(horizon.UnixNano(), maxRecheck, func(*Ticket) { visited++ })
+					q.mu.Unlock()
+					if visited != maxRecheck {
+						b.Fatalf("the re-check visits %d requests, want %d", visited, maxRecheck)
+					}
+					b.ReportAllocs()
+					for b.Loop() {
+						q.mu.Lock()
+						q.recheckLocked(now)
+						q.mu.Unlock()
+					}
+					if q.boost.n != 0 {
+						b.Fatalf("the re-check promoted %d requests", q.boost.n)
+					}
+				})
+			}
+		}
 	}
 }
