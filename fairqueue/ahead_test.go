@@ -251,7 +251,7 @@ func (d *aheadDriver) check(step int) {
 // queued, for every tenant and class. Between checks the index is left to
 // pile up marks, and a phase without ETAs must make it drop itself.
 func TestWorkAheadIndexMatchesWalk(t *testing.T) {
-	seeds, steps := 16, 1500
+	seeds, steps := 10, 1200
 	if testing.Short() {
 		seeds, steps = 4, 800
 	}
