@@ -42,9 +42,10 @@ type admission struct {
 	stamp uint64
 	// ahead is the work-ahead index (ahead.go).
 	ahead aheadIndex
-	// walkAhead, set only by tests, replaces the index with the walk over
-	// the heaps it replaced (the oracle and the benchmark's baseline).
-	walkAhead func(q *Queue, now time.Time, t *tenant, cq *classQ, ownAhead, cost int64) float64
+	// walkMax is the most backlogged flows for which an ETA walks them
+	// rather than keep the index (aheadWalkMax; tests and benchmarks move
+	// it: -1 always keeps the index).
+	walkMax int
 	// cold bounds the rate before the estimator has a sample.
 	cold budget.ColdRate
 	// cursor is where the next early-refusal pass starts among the
@@ -71,8 +72,9 @@ func newAdmission(cfg *BudgetConfig, old *admission) *admission {
 		return old
 	}
 	return &admission{
-		rate:   budget.NewThroughput(cfg.Throughput),
-		boosts: budget.NewBoosts(cfg.BoostShareMax, cfg.PerTenantBoostHourly),
+		rate:    budget.NewThroughput(cfg.Throughput),
+		boosts:  budget.NewBoosts(cfg.BoostShareMax, cfg.PerTenantBoostHourly),
+		walkMax: aheadWalkMax,
 	}
 }
 
@@ -113,7 +115,8 @@ func (q *Queue) etaLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost i
 // the work that frees a slot when none is free. With others false the
 // other tenants are left out: a lower bound in O(1). The full sum costs
 // O(log n) from the work-ahead index (ahead.go), plus the re-filing of the
-// tenants that changed since the previous ETA, O(log n) each.
+// tenants that changed since the previous ETA, O(log n) each; with at most
+// aheadWalkMax backlogged flows, a walk over them, which costs less.
 //
 // The other tenants counted are those with a flow in the heap of a class
 // the request does not yield to (a paused class yields to a request of an
@@ -122,21 +125,61 @@ func (q *Queue) etaLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost i
 // it has; an undeclared tenant counts its fellow members inside the group
 // first, then the group as one tenant at the top level.
 func (q *Queue) workAheadLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost int64, others bool) float64 {
-	if w := q.adm.walkAhead; w != nil && others {
-		return w(q, now, t, cq, ownAhead, cost)
-	}
 	ahead, finish := q.workAheadOwnLocked(now, t, ownAhead, cost)
 	if !others {
 		return ahead
 	}
+	own := float64(ownAhead) + float64(cost)
+	if q.aheadWalkLocked() {
+		return ahead + q.othersWalkLocked(t, cq, own, finish)
+	}
 	q.aheadSyncLocked()
 	if t.group != nil {
 		var inner float64
-		inner, finish = q.memberAheadLocked(t, cq, float64(ownAhead)+float64(cost), finish)
+		inner, finish = q.memberAheadLocked(t, cq, own, finish)
 		ahead += inner
 		t = t.group
 	}
 	return ahead + q.aheadOthersLocked(levelTop, t, finish, cq.paused)
+}
+
+// othersWalkLocked is the other tenants' part of workAheadLocked for a
+// request of t in cq with own of its tenant's work (its cost included)
+// and virtual finish tag finish, by a walk over every backlogged flow:
+// O(F). It is the work-ahead index's definition, and its oracle in tests.
+func (q *Queue) othersWalkLocked(t *tenant, cq *classQ, own, finish float64) float64 {
+	a := q.adm
+	ahead := 0.0
+	a.stamp++
+	if t.group != nil {
+		// An undeclared tenant: its fellow members first, then the group
+		// as one tenant at the top level.
+		var inner float64
+		inner, finish = q.memberAheadWalkLocked(t, cq, own, finish)
+		ahead += inner
+		t = t.group
+	}
+	for _, c := range q.classes {
+		if c.paused && !cq.paused {
+			continue // a paused class yields to this request
+		}
+		for i := range c.flows.e {
+			f := c.flows.flows[c.flows.e[i].id]
+			u := f.t
+			if u == t || u.stamp == a.stamp {
+				continue
+			}
+			u.stamp = a.stamp
+			if cq.paused && !c.paused {
+				ahead += float64(u.queuedWork) // yields to all of it
+				continue
+			}
+			if room := (finish - u.vt) * u.weight; room > 0 {
+				ahead += min(room, float64(u.queuedWork))
+			}
+		}
+	}
+	return ahead
 }
 
 // workAheadOwnLocked is the part of workAheadLocked that is not the other

@@ -499,3 +499,36 @@ func (x *aheadIndex) merge(a, b int32) int32 {
 	x.pull(b)
 	return b
 }
+
+// aheadWalkMax is the most backlogged flows for which an ETA walks them
+// (othersWalkLocked) rather than keep the index: below about a hundred
+// flows the walk costs less than the index's upkeep (BenchmarkAdmissionETA).
+const aheadWalkMax = 128
+
+// aheadWalkLocked reports whether an ETA walks the backlogged flows rather
+// than use the index: while they are at most walkMax, or, once the index
+// is kept, half that, so that each build of the index is paid for by at
+// least walkMax/2 flows' changes. Falling to half drops the index. O(number
+// of classes).
+func (q *Queue) aheadWalkLocked() bool {
+	x := &q.adm.ahead
+	limit := q.adm.walkMax
+	if x.active {
+		limit /= 2
+	}
+	if limit < 0 {
+		return false
+	}
+	n := 0
+	for _, cq := range q.classes {
+		n += cq.flows.len()
+	}
+	for _, gf := range q.group.flows {
+		n += gf.sub.len()
+	}
+	if n > limit {
+		return false
+	}
+	x.reset()
+	return true
+}

@@ -28,6 +28,9 @@ type aheadDriver struct {
 	// case: [0] any, [1] a request of a paused class, [2] an undeclared
 	// tenant's, [3] with a tenant filed in tierLater, [4] in tierPaused.
 	cover [5]int
+	// switched counts, for a queue that switches between the walk and the
+	// index, the checks that ended with the index kept [1] or not [0].
+	switched [2]int
 }
 
 var aheadClasses = []string{"a", "b", "c"}
@@ -67,6 +70,12 @@ func newAheadDriver(tb testing.TB, seed uint64) *aheadDriver {
 	q, err := New(cfg, clk)
 	if err != nil {
 		tb.Fatal(err)
+	}
+	// The index whatever the number of flows, but for every third seed,
+	// which switches between the walk and the index at 8 and 4 flows.
+	q.adm.walkMax = -1
+	if seed%3 == 0 {
+		q.adm.walkMax = 8
 	}
 	d := &aheadDriver{tb: tb, q: q, clk: clk, rng: rng, cfg: cfg}
 	q.SetObserver(func(ev Event, tk *Ticket) {
@@ -188,6 +197,13 @@ func (d *aheadDriver) reload() {
 	d.cfg = cfg
 }
 
+// workAheadWalk is workAheadLocked by the walk over the backlogged flows
+// whatever their number: the oracle.
+func workAheadWalk(q *Queue, now time.Time, t *tenant, cq *classQ, own, cost int64) float64 {
+	ahead, finish := q.workAheadOwnLocked(now, t, own, cost)
+	return ahead + q.othersWalkLocked(t, cq, float64(own)+float64(cost), finish)
+}
+
 // check compares, under the lock, the index's work ahead with the walk's
 // for every remembered tenant (up to 16) and class, at the tenant's whole queue and
 // at a random point inside it, for a random cost.
@@ -203,6 +219,15 @@ func (d *aheadDriver) check(step int) {
 			tiers[t.ahead.tier]++
 		}
 	}
+	defer func() {
+		if q.adm.walkMax >= 0 {
+			if q.adm.ahead.active {
+				d.switched[1]++
+			} else {
+				d.switched[0]++
+			}
+		}
+	}()
 	n := 0
 	for _, t := range q.tenants { // map order: a random sample
 		if n++; n > 16 {
@@ -212,8 +237,8 @@ func (d *aheadDriver) check(step int) {
 			for _, own := range []int64{t.queuedWork, d.rng.Int64N(t.queuedWork + 1)} {
 				cost := 1 + d.rng.Int64N(5000)
 				fast := q.workAheadLocked(now, t, cq, own, cost, true)
-				walk := q.workAheadWalkLocked(now, t, cq, own, cost, true)
-				if walk > q.workAheadWalkLocked(now, t, cq, own, cost, false)+0.5 {
+				walk := workAheadWalk(q, now, t, cq, own, cost)
+				if walk > q.workAheadLocked(now, t, cq, own, cost, false)+0.5 {
 					d.cover[0]++
 					if cq.paused {
 						d.cover[1]++
@@ -257,6 +282,7 @@ func TestWorkAheadIndexMatchesWalk(t *testing.T) {
 	}
 	total, pausedChecks, dropped := 0, 0, 0
 	var cover [5]int
+	var switched [2]int
 	worst := 0.0
 	for seed := range uint64(seeds) {
 		d := newAheadDriver(t, seed+1)
@@ -277,6 +303,8 @@ func TestWorkAheadIndexMatchesWalk(t *testing.T) {
 		// empty, which drops it too).
 		d.q.SetHealthy(1)
 		d.check(steps)
+		d.q.adm.walkMax = -1
+		d.check(steps) // builds the index
 		for i := 0; i < 8000 && d.q.adm.ahead.active; i++ {
 			if d.rng.IntN(3) > 0 {
 				if tk, err := d.q.Enqueue(Request{Tenant: fmt.Sprintf("burst%d", i), Cost: 1 + d.rng.Int64N(4000)}); err == nil {
@@ -304,6 +332,8 @@ func TestWorkAheadIndexMatchesWalk(t *testing.T) {
 		for i, c := range d.cover {
 			cover[i] += c
 		}
+		switched[0] += d.switched[0]
+		switched[1] += d.switched[1]
 	}
 	if pausedChecks == 0 {
 		t.Fatal("no check ran with a class paused")
@@ -314,6 +344,10 @@ func TestWorkAheadIndexMatchesWalk(t *testing.T) {
 			t.Errorf("no comparison had other tenants' work ahead of %s", what)
 		}
 	}
+	if switched[0] == 0 || switched[1] == 0 {
+		t.Errorf("the queues with a walk limit never switched: %d checks walked, %d kept the index", switched[0], switched[1])
+	}
+	t.Logf("walk limit 8: %d checks walked, %d kept the index", switched[0], switched[1])
 	t.Logf("%d comparisons (%d steps with a class paused; with others' work ahead: %v), index dropped and rebuilt %d times, worst relative difference %.3g",
 		total, pausedChecks, cover, dropped, worst)
 }

@@ -2,6 +2,7 @@ package fairqueue
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"testing"
 	"time"
@@ -10,9 +11,10 @@ import (
 // etaBenchQueue returns a queue with wait budgets on (fast-fail, boosts up
 // to a tenth of the slots, a rate prior so that every ETA is known from
 // the start) and n tenants, declared or not, each backlogged two or more
-// requests deep with requests due in due, the capacity full. With walk the queue
-// computes its ETAs by the walk over the heaps that the work-ahead index
-// replaced. ring receives the dispatched tickets, oldest first.
+// requests deep with requests due in due, the capacity full. With walk the
+// queue computes its ETAs by the walk over the backlogged flows, without
+// walk by the work-ahead index, whatever their number. ring receives the
+// dispatched tickets, oldest first.
 func etaBenchQueue(b *testing.B, n int, declared, walk bool, due time.Duration, ring *[]*Ticket) (*Queue, *ManualClock, []string) {
 	b.Helper()
 	const capacity = 64
@@ -40,8 +42,9 @@ func etaBenchQueue(b *testing.B, n int, declared, walk bool, due time.Duration, 
 	if err != nil {
 		b.Fatal(err)
 	}
+	q.adm.walkMax = -1 // the index, however few the flows
 	if walk {
-		q.adm.walkAhead = (*Queue).workAheadWalkLocked4
+		q.adm.walkMax = math.MaxInt
 	}
 	q.SetObserver(func(ev Event, tk *Ticket) {
 		if ev == EventDispatched {
@@ -61,12 +64,6 @@ func etaBenchQueue(b *testing.B, n int, declared, walk bool, due time.Duration, 
 		b.Fatalf("in flight %d, want %d", len(*ring), capacity)
 	}
 	return q, clk, names
-}
-
-// workAheadWalkLocked4 is workAheadWalkLocked with others, as the
-// walkAhead hook takes it.
-func (q *Queue) workAheadWalkLocked4(now time.Time, t *tenant, cq *classQ, ownAhead, cost int64) float64 {
-	return q.workAheadWalkLocked(now, t, cq, ownAhead, cost, true)
 }
 
 func etaBenchRequest(clk *ManualClock, names []string, i int, due time.Duration) Request {

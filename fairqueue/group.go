@@ -30,3 +30,35 @@ func (q *Queue) memberAheadLocked(t *tenant, cq *classQ, own, finish float64) (i
 	}
 	return inner, start + (own+inner)/g.weight
 }
+
+// memberAheadWalkLocked is memberAheadLocked by a walk over the group's
+// backlogged flows, O(F), for othersWalkLocked, whose stamp it uses.
+func (q *Queue) memberAheadWalkLocked(t *tenant, cq *classQ, own, finish float64) (inner, topFinish float64) {
+	g := t.group
+	stamp := q.adm.stamp
+	for _, gf := range g.flows {
+		c := gf.cq
+		if c.paused && !cq.paused {
+			continue // a paused class yields to this request
+		}
+		for i := range gf.sub.e {
+			u := gf.sub.flows[gf.sub.e[i].id].t
+			if u == t || u.stamp == stamp {
+				continue
+			}
+			u.stamp = stamp
+			if cq.paused && !c.paused {
+				inner += float64(u.queuedWork)
+				continue
+			}
+			if room := (finish - u.vt) * u.weight; room > 0 {
+				inner += min(room, float64(u.queuedWork))
+			}
+		}
+	}
+	start := g.vt
+	if g.queued == 0 {
+		start = max(start, q.vfloor)
+	}
+	return inner, start + (own+inner)/g.weight
+}
