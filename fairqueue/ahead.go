@@ -52,14 +52,18 @@ import "math"
 // the next ETA builds it again from the heaps in O(F log F) for F
 // backlogged flows, paid once per such change. The index is built only
 // when an ETA is asked for, so a queue whose requests carry no deadline
-// never pays for it; and it is dropped again when 2x its size in marks
-// pile up without an ETA, so they never cost more than a rebuild.
+// never pays for it; it is dropped again when more tenants than twice its
+// size (and 1024) are marked without an ETA, so the marks never cost more
+// than a rebuild, and while at most aheadWalkMax flows are backlogged an
+// ETA walks them instead (othersWalkLocked, which defines what the index
+// computes), cheaper than the index's upkeep at that size.
 //
 // Precision: keys are kept relative to the level's virtual time when the
 // index was built, and the sums are recomputed from the children on every
 // update (never added to and taken from), so rounding does not accumulate;
-// an ETA differs from the walk's by rounding of the sums only, a few ulps
-// of (f - base) x the total weight.
+// an ETA differs from the walk's by the rounding of the sums, a few ulps of
+// |f - base| x the total weight, and by F's tolerance (finTolerance); the
+// property test bounds the difference at 1e-9 of the work queued.
 
 // Tiers of the work-ahead index; tierNone, the zero value: not backlogged
 // in any heap (tiers[tierNone] stays empty).
@@ -194,15 +198,16 @@ func (q *Queue) aheadSyncLocked() {
 		x.nodes = append(x.nodes, aheadNode{}) // node 0: the empty tree
 		x.levels[levelTop].base = q.vfloor
 		x.levels[levelMembers].base = q.group.vfloor
+		// The tenants the walk would visit: the owners of the flows in
+		// the classes' heaps, and the members in the group flows' heaps.
 		for _, cq := range q.classes {
 			for i := range cq.flows.e {
-				f := cq.flows.flow(&cq.flows.e[i])
-				x.touch(f.t)
-				if f.sub != nil {
-					for j := range f.sub.e {
-						x.touch(f.sub.flow(&f.sub.e[j]).t)
-					}
-				}
+				x.touch(cq.flows.flow(&cq.flows.e[i]).t)
+			}
+		}
+		for _, gf := range q.group.flows {
+			for i := range gf.sub.e {
+				x.touch(gf.sub.flow(&gf.sub.e[i]).t)
 			}
 		}
 	}

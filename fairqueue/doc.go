@@ -123,10 +123,11 @@
 // weights and weighted virtual times in two treaps ordered by virtual
 // time and by the virtual time at which each tenant's queue drains, so an
 // ETA costs O(log n) for n tenants, and keeping the index O(log n) per
-// tenant that changed since the previous ETA, never a walk over the
-// flows. It is built on the first ETA, and dropped when the queue runs
-// empty, the weights or the paused classes change, or no ETA is asked for
-// while twice its size in tenants change.
+// tenant that changed since the previous ETA. It is built on the first
+// ETA, and dropped when the queue runs empty, the weights or the paused
+// classes change, or no ETA is asked for while more than twice its size
+// in tenants change. While at most 128 flows are backlogged an ETA walks
+// them instead, which then costs less.
 //
 // Cost of a pass, under the lock, with F backlogged flows and R refusals:
 // O(min(F, 64) x E + R x (E + log n)), E = O(log n) for F <= 64 flows and
