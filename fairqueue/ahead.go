@@ -133,12 +133,17 @@ type aheadIndex struct {
 
 // aheadTouchLocked marks t, and the group of an undeclared t, for
 // re-filing at the next ETA: call it after anything that may change a
-// tenant's virtual time, queued work or backlogged flows. O(1).
+// tenant's virtual time, queued work or backlogged flows. O(1), and one
+// inlined test while no index is kept.
 func (q *Queue) aheadTouchLocked(t *tenant) {
-	x := &q.adm.ahead
-	if !x.active {
-		return
+	if q.adm.ahead.active {
+		q.aheadMarkLocked(t)
 	}
+}
+
+// aheadMarkLocked is aheadTouchLocked while the index is kept.
+func (q *Queue) aheadMarkLocked(t *tenant) {
+	x := &q.adm.ahead
 	if q.queued == 0 {
 		// Nothing is backlogged: the index is empty, and the next ETA
 		// builds it from what is queued then.
