@@ -42,10 +42,7 @@ func etaBenchQueue(b *testing.B, n int, declared, walk bool, due time.Duration, 
 	if err != nil {
 		b.Fatal(err)
 	}
-	q.adm.walkMax = -1 // the index, however few the flows
-	if walk {
-		q.adm.walkMax = math.MaxInt
-	}
+	q.adm.walkMax = -1 // the index, however few the flows: a quick fill
 	q.SetObserver(func(ev Event, tk *Ticket) {
 		if ev == EventDispatched {
 			*ring = append(*ring, tk)
@@ -62,6 +59,12 @@ func etaBenchQueue(b *testing.B, n int, declared, walk bool, due time.Duration, 
 	}
 	if len(*ring) != capacity {
 		b.Fatalf("in flight %d, want %d", len(*ring), capacity)
+	}
+	if walk {
+		q.mu.Lock()
+		q.adm.walkMax = math.MaxInt
+		q.adm.ahead.reset()
+		q.mu.Unlock()
 	}
 	return q, clk, names
 }
@@ -97,8 +100,7 @@ func benchAdmissionETA(b *testing.B, n int, declared, walk bool) {
 	capacity := len(ring)
 	head := 0
 	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
+	for i := 0; b.Loop(); i++ {
 		tk := ring[head]
 		ring = ring[:capacity]
 		tk.Release(tk.cost * 3 / 4)
@@ -113,9 +115,8 @@ func benchAdmissionETA(b *testing.B, n int, declared, walk bool) {
 			b.Fatal(err)
 		}
 	}
-	b.StopTimer()
-	if !walk && !q.adm.ahead.active {
-		b.Fatal("the work-ahead index was not used")
+	if walk == q.adm.ahead.active {
+		b.Fatalf("walk %v, but the work-ahead index kept: %v", walk, q.adm.ahead.active)
 	}
 }
 
