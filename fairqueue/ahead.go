@@ -89,10 +89,11 @@ type aheadSlot struct {
 	epoch uint64
 	// qw is the queued work filed with the tenant (tierFirst's total).
 	qw int64
-	// start and finish are its nodes in the tier's vt and F treaps.
-	start, finish int32
-	tier          int8
-	dirty         bool
+	// start is its node in the tier's vt treap; start+1 its node in the
+	// F treap (nodes come in pairs, so the slot and the tenant stay small).
+	start int32
+	tier  int8
+	dirty bool
 }
 
 // aheadNode is one treap node; node 0 is the empty tree, all zeros.
@@ -124,7 +125,7 @@ type aheadIndex struct {
 	epoch  uint64
 	levels [numLevels]aheadLevel
 	nodes  []aheadNode
-	free   []int32
+	free   []int32 // the first nodes of free pairs
 	// size is the tenants filed, dirty those marked since the last ETA.
 	size  int
 	dirty []*tenant
@@ -308,8 +309,8 @@ func (q *Queue) aheadFileLocked(t *tenant) {
 		if x.nodes[s.start].key != vt {
 			tr.start = x.rekey(tr.start, s.start, vt)
 		}
-		if d := fin - x.nodes[s.finish].key; d > finTolerance*(math.Abs(vt)+fin-vt) || -d > finTolerance*(math.Abs(vt)+fin-vt) {
-			tr.finish = x.rekey(tr.finish, s.finish, fin)
+		if d := fin - x.nodes[s.start+1].key; d > finTolerance*(math.Abs(vt)+fin-vt) || -d > finTolerance*(math.Abs(vt)+fin-vt) {
+			tr.finish = x.rekey(tr.finish, s.start+1, fin)
 		}
 		tr.qw += qw - s.qw
 		s.qw = qw
@@ -319,10 +320,9 @@ func (q *Queue) aheadFileLocked(t *tenant) {
 		x.unfile(lv, s)
 	}
 	s.tier, s.qw = tier, qw
-	s.start = x.newNode(vt, t.weight)
+	s.start = x.newPair(vt, fin, t.weight)
 	tr.start = x.insert(tr.start, s.start)
-	s.finish = x.newNode(fin, t.weight)
-	tr.finish = x.insert(tr.finish, s.finish)
+	tr.finish = x.insert(tr.finish, s.start+1)
 	tr.qw += qw
 	x.size++
 }
@@ -344,10 +344,10 @@ func (x *aheadIndex) rekey(root, id int32, key float64) int32 {
 func (x *aheadIndex) unfile(lv int, s *aheadSlot) {
 	tr := &x.levels[lv].tiers[s.tier]
 	tr.start = x.remove(tr.start, s.start)
-	tr.finish = x.remove(tr.finish, s.finish)
+	tr.finish = x.remove(tr.finish, s.start+1)
 	tr.qw -= s.qw
-	x.free = append(x.free, s.start, s.finish)
-	s.tier, s.start, s.finish, s.qw = tierNone, 0, 0, 0
+	x.free = append(x.free, s.start)
+	s.tier, s.start, s.qw = tierNone, 0, 0
 	x.size--
 }
 
@@ -387,7 +387,7 @@ func (x *aheadIndex) room(tr *aheadTier, f float64) float64 {
 
 // term is one filed tenant's min(max((f-vt)w, 0), c).
 func (x *aheadIndex) term(s *aheadSlot, f float64) float64 {
-	a, b := &x.nodes[s.start], &x.nodes[s.finish]
+	a, b := &x.nodes[s.start], &x.nodes[s.start+1]
 	return a.w*max(f-a.key, 0) - b.w*max(f-b.key, 0)
 }
 
@@ -409,20 +409,26 @@ func (x *aheadIndex) below(root int32, f float64) (sw, swk float64) {
 	return sw, swk
 }
 
-func (x *aheadIndex) newNode(key, w float64) int32 {
-	// xorshift64: the priorities need only be independent of the keys.
-	x.rng ^= x.rng << 13
-	x.rng ^= x.rng >> 7
-	x.rng ^= x.rng << 17
-	e := aheadNode{key: key, w: w, sw: w, swk: w * key, prio: uint32(x.rng >> 32)}
+func (x *aheadIndex) newPair(vt, fin, w float64) int32 {
+	a := aheadNode{key: vt, w: w, sw: w, swk: w * vt, prio: x.prio()}
+	b := aheadNode{key: fin, w: w, sw: w, swk: w * fin, prio: x.prio()}
 	if n := len(x.free); n > 0 {
 		id := x.free[n-1]
 		x.free = x.free[:n-1]
-		x.nodes[id] = e
+		x.nodes[id], x.nodes[id+1] = a, b
 		return id
 	}
-	x.nodes = append(x.nodes, e)
-	return int32(len(x.nodes) - 1)
+	x.nodes = append(x.nodes, a, b)
+	return int32(len(x.nodes) - 2)
+}
+
+// prio draws a node's priority (xorshift64): priorities need only be
+// independent of the keys.
+func (x *aheadIndex) prio() uint32 {
+	x.rng ^= x.rng << 13
+	x.rng ^= x.rng >> 7
+	x.rng ^= x.rng << 17
+	return uint32(x.rng >> 32)
 }
 
 // less orders nodes by key, then by id, so that equal keys are told apart.
