@@ -370,7 +370,8 @@ func (q *Queue) promoteLocked(now time.Time, tk *Ticket) {
 // would now miss its deadline in tag order is boosted when the boost budget
 // allows and a boost would make it. Requests are visited in deadline order
 // up to a horizon, at most maxRecheck per tick, so a tick stays cheap however
-// long the queue: O(maxRecheck x log n), each ETA from the work-ahead index.
+// long the queue: O(maxRecheck x log n), each ETA from the work-ahead index
+// (or a walk over at most aheadWalkMax flows).
 func (q *Queue) recheckLocked(now time.Time) {
 	if q.cfg.Admission.BoostShareMax <= 0 || len(q.deadlines) == 0 {
 		return

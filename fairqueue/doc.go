@@ -129,11 +129,12 @@
 // in tenants change. While at most 128 flows are backlogged an ETA walks
 // them instead, which then costs less.
 //
-// Cost of a pass, under the lock, with F backlogged flows and R refusals:
-// O(min(F, 64) x E + R x (E + log n)), E = O(log n) for F <= 64 flows and
-// O(1) above (a lower bound: counting the other tenants there refuses
-// requests that would have made it). The boost re-check of a tick
-// (recheckLocked) re-decides at most 64 requests, at O(log n) each. Neither
+// Cost of a pass, under the lock, with F backlogged flows (the undeclared
+// tenants' group counted as one) and R refusals: O(min(F, 64) x E + R x
+// (E + log n)), E = O(log n) for F <= 64 flows and O(1) above (a lower
+// bound: counting the other tenants there refuses requests that would
+// have made it). The boost re-check of a tick (recheckLocked) re-decides
+// at most 64 requests, at O(log n) each. Neither
 // scans the queued requests: at 100k queued a pass checks at most 64
 // tails, and each refusal ends a ticket.
 //
