@@ -1,6 +1,9 @@
 package fairqueue
 
-import "math"
+import (
+	"math"
+	"slices"
+)
 
 // The work-ahead index: what the admission ETA (workAheadLocked) needs of
 // the other tenants, in O(log n) per ETA rather than a walk over every
@@ -216,6 +219,8 @@ func (q *Queue) aheadSyncLocked() {
 				x.touch(gf.sub.flow(&gf.sub.e[i]).t)
 			}
 		}
+		q.aheadBuildLocked()
+		return
 	}
 	for i, t := range x.dirty {
 		x.dirty[i] = nil
@@ -226,6 +231,107 @@ func (q *Queue) aheadSyncLocked() {
 		}
 	}
 	x.dirty = x.dirty[:0]
+}
+
+// aheadBuildLocked files the marked tenants into an empty index in bulk:
+// it sorts each tier's keys and builds balanced treaps from them, O(F log
+// F) for F tenants like F insertions, but several times faster (a sort of
+// keys in a flat array, no rotations), which matters when a reload or a
+// pause change drops the index under a long queue.
+func (q *Queue) aheadBuildLocked() {
+	x := &q.adm.ahead
+	var keys [numLevels][numTiers][]aheadKey
+	for i, t := range x.dirty {
+		x.dirty[i] = nil
+		s := &t.ahead
+		s.dirty = false
+		tier := q.aheadTierLocked(t)
+		if tier == tierNone {
+			continue
+		}
+		lv := levelOf(t)
+		vt := t.vt - x.levels[lv].base
+		fin := vt + float64(t.queuedWork)/t.weight
+		s.tier, s.qw = tier, t.queuedWork
+		s.start = x.newPair(vt, fin, t.weight)
+		keys[lv][tier] = append(keys[lv][tier], aheadKey{vt, s.start})
+		x.levels[lv].tiers[tier].qw += s.qw
+		x.size++
+	}
+	x.dirty = x.dirty[:0]
+	for lv := range keys {
+		for tier, ks := range keys[lv] {
+			if len(ks) == 0 {
+				continue
+			}
+			tr := &x.levels[lv].tiers[tier]
+			tr.start = x.build(ks)
+			for i := range ks {
+				ks[i] = aheadKey{x.nodes[ks[i].id+1].key, ks[i].id + 1}
+			}
+			tr.finish = x.build(ks)
+		}
+	}
+}
+
+// aheadKey is a node's key and id, sorted by aheadBuildLocked.
+type aheadKey struct {
+	key float64
+	id  int32
+}
+
+// build links the nodes of ks into a balanced treap and returns its root.
+// The priorities are drawn anew and handed out in decreasing order level
+// by level, so the heap order holds and the tree starts perfectly
+// balanced; later insertions keep it a treap.
+func (x *aheadIndex) build(ks []aheadKey) int32 {
+	slices.SortFunc(ks, func(a, b aheadKey) int {
+		switch {
+		case a.key < b.key || a.key == b.key && a.id < b.id:
+			return -1
+		case a.key == b.key && a.id == b.id:
+			return 0
+		}
+		return 1
+	})
+	prios := make([]uint32, len(ks))
+	for i := range prios {
+		prios[i] = x.prio()
+	}
+	slices.Sort(prios)
+	// Breadth first over the ranges of ks, each node the middle of its
+	// range: parents come before their children.
+	type span struct{ lo, hi, parent int32 }
+	order := make([]int32, 0, len(ks))
+	queue := []span{{0, int32(len(ks)), -1}}
+	n := x.nodes
+	for len(queue) > 0 {
+		sp := queue[0]
+		queue = queue[1:]
+		mid := (sp.lo + sp.hi) / 2
+		id := ks[mid].id
+		e := &n[id]
+		e.l, e.r = 0, 0
+		e.prio = prios[len(prios)-1-len(order)]
+		order = append(order, id)
+		if sp.parent >= 0 {
+			if p := ks[sp.parent].id; mid < sp.parent {
+				n[p].l = id
+			} else {
+				n[p].r = id
+			}
+		}
+		if sp.lo < mid {
+			queue = append(queue, span{sp.lo, mid, mid})
+		}
+		if mid+1 < sp.hi {
+			queue = append(queue, span{mid + 1, sp.hi, mid})
+		}
+	}
+	for i := len(order) - 1; i >= 0; i-- {
+		x.pull(order[i])
+	}
+	return order[0]
 }
 
 // levelOf is the level t is filed at.
