@@ -31,6 +31,9 @@ type aheadDriver struct {
 	// switched counts, for a queue that switches between the walk and the
 	// index, the checks that ended with the index kept [1] or not [0].
 	switched [2]int
+	// pauses counts the pause changes that found the index kept and
+	// re-filed the class's tenants [0] or dropped it [1].
+	pauses [2]int
 }
 
 var aheadClasses = []string{"a", "b", "c"}
@@ -163,7 +166,20 @@ func (d *aheadDriver) step(deadlines bool) {
 			d.q.Promote(tk)
 		}
 	case op < 77:
-		d.q.SetPaused(aheadClasses[d.rng.IntN(3)], d.rng.IntN(2) == 0)
+		x := &d.q.adm.ahead
+		cls, paused := aheadClasses[d.rng.IntN(3)], d.rng.IntN(2) == 0
+		d.q.mu.Lock()
+		active, epoch := x.active, x.epoch
+		changed := d.q.classLocked(cls).paused != paused
+		d.q.mu.Unlock()
+		d.q.SetPaused(cls, paused)
+		if active && changed {
+			if x.epoch == epoch {
+				d.pauses[0]++ // the class's tenants re-filed
+			} else {
+				d.pauses[1]++ // the index dropped
+			}
+		}
 	case op < 79:
 		d.reload()
 	case op < 81:
@@ -282,7 +298,7 @@ func TestWorkAheadIndexMatchesWalk(t *testing.T) {
 	}
 	total, pausedChecks, dropped := 0, 0, 0
 	var cover [5]int
-	var switched [2]int
+	var switched, pauses [2]int
 	worst := 0.0
 	for seed := range uint64(seeds) {
 		d := newAheadDriver(t, seed+1)
@@ -332,6 +348,8 @@ func TestWorkAheadIndexMatchesWalk(t *testing.T) {
 		for i, c := range d.cover {
 			cover[i] += c
 		}
+		pauses[0] += d.pauses[0]
+		pauses[1] += d.pauses[1]
 		switched[0] += d.switched[0]
 		switched[1] += d.switched[1]
 	}
@@ -347,6 +365,10 @@ func TestWorkAheadIndexMatchesWalk(t *testing.T) {
 	if switched[0] == 0 || switched[1] == 0 {
 		t.Errorf("the queues with a walk limit never switched: %d checks walked, %d kept the index", switched[0], switched[1])
 	}
+	if pauses[0] == 0 || pauses[1] == 0 {
+		t.Errorf("pause changes re-filed a class %d times and dropped the index %d times: want both", pauses[0], pauses[1])
+	}
+	t.Logf("pause changes: %d re-filed the class's tenants, %d dropped the index", pauses[0], pauses[1])
 	t.Logf("walk limit 8: %d checks walked, %d kept the index", switched[0], switched[1])
 	t.Logf("%d comparisons (%d steps with a class paused; with others' work ahead: %v), index dropped and rebuilt %d times, worst relative difference %.3g",
 		total, pausedChecks, cover, dropped, worst)

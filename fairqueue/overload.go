@@ -120,7 +120,7 @@ func (q *Queue) applyPausesLocked() {
 	for _, cq := range q.classes {
 		if p := q.ov.paused[cq.name]; p != cq.paused {
 			cq.paused = p
-			q.aheadResetLocked()
+			q.aheadPausedLocked(cq)
 		}
 	}
 	q.dispatchLocked(q.clock.Now())

@@ -423,7 +423,7 @@ func (q *Queue) SetPaused(class string, paused bool) {
 	q.mu.Lock()
 	if cq := q.classLocked(class); cq != nil && cq.paused != paused {
 		cq.paused = paused
-		q.aheadResetLocked()
+		q.aheadPausedLocked(cq)
 		q.dispatchLocked(q.clock.Now())
 	}
 	q.unlock()
