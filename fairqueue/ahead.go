@@ -222,12 +222,22 @@ func (x *aheadIndex) reset() {
 	x.active = false
 	x.epoch++
 	x.levels = [numLevels]aheadLevel{}
-	x.nodes = x.nodes[:0]
-	x.free = x.free[:0]
 	x.size = 0
 	clear(x.dirty)
+	if cap(x.nodes) > aheadKeepNodes {
+		// What a long queue needed goes with it: memory follows the
+		// backlog, and the next build allocates what it needs.
+		x.nodes, x.free, x.dirty = nil, nil, nil
+		return
+	}
+	x.nodes = x.nodes[:0]
+	x.free = x.free[:0]
 	x.dirty = x.dirty[:0]
 }
+
+// aheadKeepNodes is the most nodes whose memory the index keeps for reuse
+// once dropped (192 KiB).
+const aheadKeepNodes = 4096
 
 // aheadSyncLocked brings the index up to date for an ETA: it builds it
 // from the heaps when it is not kept, and re-files the marked tenants.
