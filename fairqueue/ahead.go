@@ -285,22 +285,34 @@ func (q *Queue) aheadSyncLocked() {
 // pause change drops the index under a long queue.
 func (q *Queue) aheadBuildLocked() {
 	x := &q.adm.ahead
+	// First the tiers, to size the arrays; then the nodes.
+	var count [numLevels][numTiers]int
+	for _, t := range x.dirty {
+		s := &t.ahead
+		s.tier = q.aheadTierLocked(t)
+		count[levelOf(t)][s.tier]++
+	}
+	x.nodes = slices.Grow(x.nodes, 2*len(x.dirty))
 	var keys [numLevels][numTiers][]aheadKey
+	for lv := range keys {
+		for tier := tierFirst; tier < numTiers; tier++ {
+			keys[lv][tier] = make([]aheadKey, 0, count[lv][tier])
+		}
+	}
 	for i, t := range x.dirty {
 		x.dirty[i] = nil
 		s := &t.ahead
 		s.dirty = false
-		tier := q.aheadTierLocked(t)
-		if tier == tierNone {
+		if s.tier == tierNone {
 			continue
 		}
 		lv := levelOf(t)
 		vt := t.vt - x.levels[lv].base
 		fin := vt + float64(t.queuedWork)/t.weight
-		s.tier, s.qw = tier, t.queuedWork
+		s.qw = t.queuedWork
 		s.start = x.newPair(vt, fin, t.weight)
-		keys[lv][tier] = append(keys[lv][tier], aheadKey{vt, s.start})
-		x.levels[lv].tiers[tier].qw += s.qw
+		keys[lv][s.tier] = append(keys[lv][s.tier], aheadKey{vt, s.start})
+		x.levels[lv].tiers[s.tier].qw += s.qw
 		x.size++
 	}
 	x.dirty = x.dirty[:0]
@@ -348,11 +360,11 @@ func (x *aheadIndex) build(ks []aheadKey) int32 {
 	// range: parents come before their children.
 	type span struct{ lo, hi, parent int32 }
 	order := make([]int32, 0, len(ks))
-	queue := []span{{0, int32(len(ks)), -1}}
+	queue := make([]span, 1, len(ks)) // each node's range is queued once
+	queue[0] = span{0, int32(len(ks)), -1}
 	n := x.nodes
-	for len(queue) > 0 {
-		sp := queue[0]
-		queue = queue[1:]
+	for head := 0; head < len(queue); head++ {
+		sp := queue[head]
 		mid := (sp.lo + sp.hi) / 2
 		id := ks[mid].id
 		e := &n[id]

@@ -169,3 +169,27 @@ func BenchmarkAdmissionRecheck(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkAdmissionIndexBuild measures building the work-ahead index
+// from scratch at n backlogged tenants, what the first ETA after a reload
+// (or after the queue ran empty) pays once, under the lock.
+func BenchmarkAdmissionIndexBuild(b *testing.B) {
+	for _, declared := range []bool{false, true} {
+		for _, n := range []int{10000, 100000} {
+			b.Run(benchName(declared, n, false), func(b *testing.B) {
+				var ring []*Ticket
+				q, _, _ := etaBenchQueue(b, n, declared, false, time.Hour, &ring)
+				q.mu.Lock()
+				defer q.mu.Unlock()
+				b.ReportAllocs()
+				for b.Loop() {
+					q.adm.ahead.reset()
+					q.aheadSyncLocked()
+				}
+				if q.adm.ahead.size < n {
+					b.Fatalf("%d tenants filed, want %d or more", q.adm.ahead.size, n)
+				}
+			})
+		}
+	}
+}
