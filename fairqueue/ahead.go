@@ -53,7 +53,7 @@ import (
 // upkeep is O(log n) amortised per change. A change of a class's pause
 // re-files the tenants with a flow in that class. A reload (weights) drops
 // the index, as does the queue running empty; the next ETA builds it again
-// from the heaps in bulk, O(F log F) for F backlogged flows (about 50 ms
+// from the heaps in bulk, O(F log F) for F backlogged flows (tens of ms
 // at 100k), paid once per such change. The index is built only
 // when an ETA is asked for, so a queue whose requests carry no deadline
 // never pays for it; it is dropped again when more tenants than twice its
