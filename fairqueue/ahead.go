@@ -54,9 +54,9 @@ import (
 // re-files the tenants with a flow in that class. A reload (weights) drops
 // the index, as does the queue running empty; the next ETA builds it again
 // from the heaps in bulk, O(F log F) for F backlogged flows (tens of ms
-// at 100k), paid once per such change. The index is built only
-// when an ETA is asked for, so a queue whose requests carry no deadline
-// never pays for it; it is dropped again when more tenants than twice its
+// at 100k, BenchmarkAdmissionIndexBuild), paid once per such change. The
+// index is built only when an ETA is asked for, so a queue whose requests
+// carry no deadline never pays for it; it is dropped again when more tenants than twice its
 // size (and 1024) are marked without an ETA, so the marks never cost more
 // than a rebuild, and while at most aheadWalkMax flows are backlogged an
 // ETA walks them instead (othersWalkLocked, which defines what the index

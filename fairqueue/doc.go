@@ -124,11 +124,11 @@
 // time and by the virtual time at which each tenant's queue drains, so an
 // ETA costs O(log n) for n tenants, and keeping the index O(log n) per
 // tenant that changed since the previous ETA. It is built on the first
-// ETA (in bulk: tens of ms at 100k backlogged tenants, once), and dropped when
-// the queue runs empty, a reload changes the weights, or no ETA is asked
-// for while more than twice its size in tenants change; pausing a class
-// re-files that class's tenants. While at most 128 flows are backlogged
-// an ETA walks them instead, which then costs less.
+// ETA (in bulk: tens of ms, once, at 100k backlogged tenants), and
+// dropped when the queue runs empty, a reload changes the weights, or no
+// ETA is asked for while more than twice its size in tenants change;
+// pausing a class re-files that class's tenants. While at most 128 flows
+// are backlogged an ETA walks them instead, which then costs less.
 //
 // Cost of a pass, under the lock, with F backlogged flows (the undeclared
 // tenants' group counted as one) and R refusals: O(min(F, 64) x E + R x
