@@ -166,6 +166,7 @@ func (q *Queue) aheadMarkLocked(t *tenant) {
 	}
 }
 
+// touch marks t; a slot of an older epoch is stale and starts empty.
 func (x *aheadIndex) touch(t *tenant) {
 	s := &t.ahead
 	if s.epoch != x.epoch {
@@ -215,6 +216,8 @@ func (q *Queue) aheadPausedLocked(cq *classQ) {
 	}
 }
 
+// reset drops the index: a new epoch makes every tenant's slot stale, so
+// nothing need visit the tenants.
 func (x *aheadIndex) reset() {
 	if !x.active && len(x.dirty) == 0 && len(x.nodes) <= 1 {
 		return
@@ -572,6 +575,7 @@ func (x *aheadIndex) below(root int32, f float64) (sw, swk float64) {
 	return sw, swk
 }
 
+// newPair allocates a tenant's two nodes, keyed vt and fin, of weight w.
 func (x *aheadIndex) newPair(vt, fin, w float64) int32 {
 	a := aheadNode{key: vt, w: w, sw: w, swk: w * vt, prio: x.prio()}
 	b := aheadNode{key: fin, w: w, sw: w, swk: w * fin, prio: x.prio()}
