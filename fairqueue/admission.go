@@ -37,8 +37,15 @@ type admission struct {
 	boosts *budget.Boosts
 	// boostCost is the estimated cost waiting in the boost lane.
 	boostCost int64
-	// stamp deduplicates tenants with several flows in one ETA pass.
+	// stamp deduplicates tenants with several flows in one walk over the
+	// heaps (the tests' oracle for the work-ahead index).
 	stamp uint64
+	// ahead is the work-ahead index (ahead.go).
+	ahead aheadIndex
+	// walkMax is the most backlogged flows for which an ETA walks them
+	// rather than keep the index (aheadWalkMax; tests and benchmarks move
+	// it: -1 always keeps the index).
+	walkMax int
 	// cold bounds the rate before the estimator has a sample.
 	cold budget.ColdRate
 	// cursor is where the next early-refusal pass starts among the
@@ -65,8 +72,9 @@ func newAdmission(cfg *BudgetConfig, old *admission) *admission {
 		return old
 	}
 	return &admission{
-		rate:   budget.NewThroughput(cfg.Throughput),
-		boosts: budget.NewBoosts(cfg.BoostShareMax, cfg.PerTenantBoostHourly),
+		rate:    budget.NewThroughput(cfg.Throughput),
+		boosts:  budget.NewBoosts(cfg.BoostShareMax, cfg.PerTenantBoostHourly),
+		walkMax: aheadWalkMax,
 	}
 }
 
@@ -86,7 +94,7 @@ type Estimate struct {
 // etaLocked predicts when a request of tenant t, class cq and cost cost,
 // with ownAhead of its tenant's cost queued before it, will be dispatched:
 // the work that tag order puts ahead of it (workAheadLocked) over the
-// measured rate. It costs O(backlogged flows).
+// measured rate. It costs O(log n) (workAheadLocked).
 func (q *Queue) etaLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost int64) Estimate {
 	// Without samples the rate is the configured prior or the rate learned
 	// before an idle spell: both are estimates the operator or the queue
@@ -105,33 +113,49 @@ func (q *Queue) etaLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost i
 // it: its tenant's own queue ahead of it, each other backlogged tenant's
 // queued cost up to the same virtual finish by weight, the boost lane, and
 // the work that frees a slot when none is free. With others false the
-// other tenants are left out: a lower bound in O(1), where the full sum
-// costs O(backlogged flows).
+// other tenants are left out: a lower bound in O(1). The full sum costs
+// O(log n) from the work-ahead index (ahead.go), plus the re-filing of the
+// tenants that changed since the previous ETA, O(log n) each; with at most
+// aheadWalkMax backlogged flows, a walk over them, which costs less.
+//
+// The other tenants counted are those with a flow in the heap of a class
+// the request does not yield to (a paused class yields to a request of an
+// unpaused one; a request of a paused class yields to all the work of the
+// tenants first met in an unpaused class), each once however many flows
+// it has; an undeclared tenant counts its fellow members inside the group
+// first, then the group as one tenant at the top level.
 func (q *Queue) workAheadLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost int64, others bool) float64 {
-	a := q.adm
-	ahead := float64(ownAhead + a.boostCost)
-	if q.inflight >= q.capacity || q.queued > 0 {
-		// Even first in line, a request waits for a slot to free.
-		ahead += a.slotWork(now, cost)
-	}
+	ahead, finish := q.workAheadOwnLocked(now, t, ownAhead, cost)
 	if !others {
 		return ahead
 	}
-	w := t.weight
-	start := t.vt
-	if t.queued == 0 {
-		if v := q.virtualTimeLocked(t); start < v {
-			start = v
-		}
+	own := float64(ownAhead) + float64(cost)
+	if q.aheadWalkLocked() {
+		return ahead + q.othersWalkLocked(t, cq, own, finish)
 	}
-	start += float64(ownAhead) / w
-	finish := start + float64(cost)/w
+	q.aheadSyncLocked()
+	if t.group != nil {
+		var inner float64
+		inner, finish = q.memberAheadLocked(t, cq, own, finish)
+		ahead += inner
+		t = t.group
+	}
+	return ahead + q.aheadOthersLocked(levelTop, t, finish, cq.paused)
+}
+
+// othersWalkLocked is the other tenants' part of workAheadLocked for a
+// request of t in cq with own of its tenant's work (its cost included)
+// and virtual finish tag finish, by a walk over every backlogged flow:
+// O(F). It is the work-ahead index's definition, and its oracle in tests.
+func (q *Queue) othersWalkLocked(t *tenant, cq *classQ, own, finish float64) float64 {
+	a := q.adm
+	ahead := 0.0
 	a.stamp++
 	if t.group != nil {
 		// An undeclared tenant: its fellow members first, then the group
 		// as one tenant at the top level.
 		var inner float64
-		inner, finish = q.memberAheadLocked(t, cq, float64(ownAhead)+float64(cost), finish)
+		inner, finish = q.memberAheadWalkLocked(t, cq, own, finish)
 		ahead += inner
 		t = t.group
 	}
@@ -156,6 +180,27 @@ func (q *Queue) workAheadLocked(now time.Time, t *tenant, cq *classQ, ownAhead, 
 		}
 	}
 	return ahead
+}
+
+// workAheadOwnLocked is the part of workAheadLocked that is not the other
+// tenants' (the request's own tenant, the boost lane, a slot to free), and
+// the request's virtual finish tag in its tenant's virtual time.
+func (q *Queue) workAheadOwnLocked(now time.Time, t *tenant, ownAhead, cost int64) (ahead, finish float64) {
+	a := q.adm
+	ahead = float64(ownAhead + a.boostCost)
+	if q.inflight >= q.capacity || q.queued > 0 {
+		// Even first in line, a request waits for a slot to free.
+		ahead += a.slotWork(now, cost)
+	}
+	w := t.weight
+	start := t.vt
+	if t.queued == 0 {
+		if v := q.virtualTimeLocked(t); start < v {
+			start = v
+		}
+	}
+	start += float64(ownAhead) / w
+	return ahead, start + float64(cost)/w
 }
 
 // slotWork is the work whose completion frees the next slot, on average.
@@ -325,7 +370,8 @@ func (q *Queue) promoteLocked(now time.Time, tk *Ticket) {
 // would now miss its deadline in tag order is boosted when the boost budget
 // allows and a boost would make it. Requests are visited in deadline order
 // up to a horizon, at most maxRecheck per tick, so a tick stays cheap however
-// long the queue.
+// long the queue: O(maxRecheck x log n), each ETA from the work-ahead index
+// (or a walk over at most aheadWalkMax flows).
 func (q *Queue) recheckLocked(now time.Time) {
 	if q.cfg.Admission.BoostShareMax <= 0 || len(q.deadlines) == 0 {
 		return

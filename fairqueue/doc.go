@@ -116,10 +116,28 @@
 // the requests in flight and the first completions), and, a quarter of
 // its budget after arrival, at the rate its flow has really drained.
 //
-// Cost of a pass, under the lock, with F backlogged flows and R refusals:
-// O(min(F, 64) x E + R x (E + log n)), E = O(F) for F <= 64 flows and
-// O(1) above. It never scans the queued requests: at 100k queued it checks
-// at most 64 tails, and each refusal ends a ticket.
+// An ETA counts the work that tag order puts ahead of the request: its
+// own tenant's, the boost lane's, and each other backlogged tenant's
+// queued work up to the request's virtual finish tag, by weight. A
+// work-ahead index (ahead.go) keeps the sums of the backlogged tenants'
+// weights and weighted virtual times in two treaps ordered by virtual
+// time and by the virtual time at which each tenant's queue drains, so an
+// ETA costs O(log n) for n tenants, and keeping the index O(log n) per
+// tenant that changed since the previous ETA. It is built on the first
+// ETA (in bulk: tens of ms, once, at 100k backlogged tenants), and
+// dropped when the queue runs empty, a reload changes the weights, or no
+// ETA is asked for while more than twice its size in tenants change;
+// pausing a class re-files that class's tenants. While at most 128 flows
+// are backlogged an ETA walks them instead, which then costs less.
+//
+// Cost of a pass, under the lock, with F backlogged flows (the undeclared
+// tenants' group counted as one) and R refusals: O(min(F, 64) x E + R x
+// (E + log n)), E = O(log n) for F <= 64 flows and O(1) above (a lower
+// bound: counting the other tenants there refuses requests that would
+// have made it). The boost re-check of a tick (recheckLocked) re-decides
+// at most 64 requests, at O(log n) each. Neither
+// scans the queued requests: at 100k queued a pass checks at most 64
+// tails, and each refusal ends a ticket.
 //
 // # Several gateways (cluster)
 //

@@ -20,8 +20,20 @@ package fairqueue
 // work of the other members that the group dispatches first, and the
 // request's finish tag at the top level, where the group has the request's
 // own work ahead (own, including its cost) and that inner work to do
-// first. It uses the current ETA pass's stamp.
+// first. The work-ahead index must be in sync (aheadSyncLocked); O(log n).
 func (q *Queue) memberAheadLocked(t *tenant, cq *classQ, own, finish float64) (inner, topFinish float64) {
+	g := t.group
+	inner = q.aheadOthersLocked(levelMembers, t, finish, cq.paused)
+	start := g.vt
+	if g.queued == 0 {
+		start = max(start, q.vfloor)
+	}
+	return inner, start + (own+inner)/g.weight
+}
+
+// memberAheadWalkLocked is memberAheadLocked by a walk over the group's
+// backlogged flows, O(F), for othersWalkLocked, whose stamp it uses.
+func (q *Queue) memberAheadWalkLocked(t *tenant, cq *classQ, own, finish float64) (inner, topFinish float64) {
 	g := t.group
 	stamp := q.adm.stamp
 	for _, gf := range g.flows {

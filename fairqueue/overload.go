@@ -118,7 +118,10 @@ func (q *Queue) observeWaterLocked(now time.Time) {
 // applyPausesLocked makes exactly the classes the ladder pauses yield.
 func (q *Queue) applyPausesLocked() {
 	for _, cq := range q.classes {
-		cq.paused = q.ov.paused[cq.name]
+		if p := q.ov.paused[cq.name]; p != cq.paused {
+			cq.paused = p
+			q.aheadPausedLocked(cq)
+		}
 	}
 	q.dispatchLocked(q.clock.Now())
 }

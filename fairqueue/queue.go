@@ -222,6 +222,8 @@ type tenant struct {
 	// (circuit.go).
 	demandAt                             int64
 	demandCost, demandReqs, demandTokens float64
+	// ahead is the tenant's place in the work-ahead index (ahead.go).
+	ahead aheadSlot
 }
 
 // flow is one tenant's FIFO of one class.
@@ -366,6 +368,7 @@ func (q *Queue) Reconfigure(cfg Config) error {
 	for _, cq := range q.classes {
 		cq.flows.rebuild()
 	}
+	q.aheadResetLocked() // weights, classes and pauses may have changed
 	q.setCapacityLocked(q.healthy)
 	q.applyPausesLocked()
 	q.unlock()
@@ -420,6 +423,7 @@ func (q *Queue) SetPaused(class string, paused bool) {
 	q.mu.Lock()
 	if cq := q.classLocked(class); cq != nil && cq.paused != paused {
 		cq.paused = paused
+		q.aheadPausedLocked(cq)
 		q.dispatchLocked(q.clock.Now())
 	}
 	q.unlock()
@@ -712,6 +716,7 @@ func (q *Queue) flowOfLocked(t *tenant, cq *classQ) *flow {
 // linkFlowLocked puts f, which has a head, into its heap, or re-keys it
 // there, and re-keys its group flow.
 func (q *Queue) linkFlowLocked(f *flow) {
+	q.aheadTouchLocked(f.t)
 	if p := f.parent; p != nil {
 		if p.sub.contains(f.id) {
 			p.sub.rekey(f)
@@ -730,6 +735,7 @@ func (q *Queue) linkFlowLocked(f *flow) {
 // unlinkFlowLocked takes f out of its heap if it is there; a group flow
 // whose last member flow leaves goes too.
 func (q *Queue) unlinkFlowLocked(f *flow) {
+	q.aheadTouchLocked(f.t)
 	p := f.parent
 	if p == nil {
 		if f.cq.flows.contains(f.id) {
@@ -788,6 +794,7 @@ func (q *Queue) countLocked(tk *Ticket, sign int) {
 	q.queuedWork += c * tk.cost
 	q.queuedBytes += c * tk.bytes
 	q.waterCost += c * min(tk.tokens, q.waterCap)
+	q.aheadTouchLocked(t)
 }
 
 // unqueueLocked takes a queued or boosted ticket out of wherever it waits.
@@ -830,6 +837,7 @@ func (q *Queue) unlinkTicketLocked(tk *Ticket, rekey bool) {
 // fixFlowsLocked re-orders t's flows after its virtual time changed, and a
 // member's group flows, whose keys read the members' heads.
 func (q *Queue) fixFlowsLocked(t *tenant) {
+	q.aheadTouchLocked(t)
 	// Nothing queued (the boost lane counts) means no flow in a heap.
 	if t.queued > 0 {
 		for _, f := range t.flows {

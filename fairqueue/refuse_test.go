@@ -172,8 +172,8 @@ func BenchmarkRefusePass(b *testing.B) {
 				MaxInflight: 64,
 				Classes:     []ClassConfig{{Name: "batch", WaitBudget: time.Hour}},
 				Default:     TenantConfig{Weight: 1, Class: "batch"},
-				// Filled with admission's ETA off (it costs O(backlogged
-				// flows) per request); the pass is switched on below.
+				// Filled with admission's ETA off (no rate yet) and fast-fail
+				// off; the pass is switched on below.
 				Admission: BudgetConfig{BoostShareMax: 0.1},
 			}
 			clk := NewManualClock(time.Unix(0, 0))
