@@ -66,6 +66,10 @@ type Observer func(ev Event, t *Ticket)
 // method takes mu itself (unlock releases it and delivers events).
 type Queue struct {
 	clock Clock
+	// statsMu lets one Stats copy the tenants at a time (stats.go);
+	// statsBetweenChunks, nil but in tests, runs between its chunks.
+	statsMu            sync.Mutex
+	statsBetweenChunks func()
 
 	mu       sync.Mutex
 	cfg      Config
@@ -78,6 +82,18 @@ type Queue struct {
 
 	classes []*classQ
 	tenants map[string]*tenant
+	// roster lists the tenants of the map in no order, each at its
+	// rosterIdx, so Stats can copy them in chunks, resuming by index
+	// between holds of the lock (stats.go).
+	roster []*tenant
+	// scan is Stats' cursor into roster while it copies (-1: no copy
+	// under way); scanMoved the tenants moved behind the cursor since.
+	scan      int
+	scanMoved []*tenant
+	// busyWeight is the summed weight of the busyN declared tenants with
+	// work queued or in flight (BackloggedWeight), kept as they change.
+	busyWeight float64
+	busyN      int
 	// tenantPeak is the most tenants remembered since tenants was made.
 	tenantPeak int
 	// group is the one top-level flow owner of all undeclared tenants
@@ -209,6 +225,10 @@ type tenant struct {
 	// vfloor is, for the group, its inner virtual time: the largest start
 	// tag dispatched among its members.
 	vfloor float64
+	// rosterIdx is the tenant's place in Queue.roster; -1 once forgotten.
+	rosterIdx int
+	// busy is set while a declared tenant counts in Queue.busyWeight.
+	busy bool
 	// idleAt orders the tenant on Queue.idle: its idleSince when it was put
 	// there.
 	idleAt             int64
@@ -278,7 +298,7 @@ func New(cfg Config, clock Clock) (*Queue, error) {
 	if clock == nil {
 		clock = RealClock{}
 	}
-	q := &Queue{clock: clock, tenants: make(map[string]*tenant), costPromptWeight: 1, slotLimit: -1,
+	q := &Queue{clock: clock, tenants: make(map[string]*tenant), costPromptWeight: 1, slotLimit: -1, scan: -1,
 		group: &tenant{name: "(undeclared tenants)", heldIdx: -1},
 		rng:   rand.New(rand.NewPCG(0x6661697271756575, 0x7265747279))}
 	q.group.flows = q.group.flowBuf[:0]
@@ -357,6 +377,7 @@ func (q *Queue) Reconfigure(cfg Config) error {
 		}
 		q.capLocked(t)
 	}
+	q.recountBusyLocked() // weights changed
 	q.unholdAllLocked()
 	// Finish tags depend on weights, so every heap is re-keyed: the
 	// members' heaps first, since a group flow's key reads its sub-heap.
@@ -541,6 +562,7 @@ func (q *Queue) newTenantLocked(name string, tc TenantConfig, known bool, now ti
 		t.vt = q.group.vfloor
 	}
 	q.tenants[name] = t
+	q.addRosterLocked(t)
 	q.tenantPeak = max(q.tenantPeak, len(q.tenants))
 	t.idleSince = now.UnixNano()
 	q.idle.push(t)
@@ -777,6 +799,7 @@ func (q *Queue) countLocked(tk *Ticket, sign int) {
 	t.queued += n
 	t.queuedCost += c * tk.tokens
 	t.queuedWork += c * tk.cost
+	q.busyLocked(t)
 	if g := t.group; g != nil {
 		g.queued += n
 		g.queuedCost += c * tk.tokens
@@ -1026,6 +1049,7 @@ func (q *Queue) startLocked(tk *Ticket, now time.Time, overtakes bool) {
 		q.inflightCost += tk.tokens
 	}
 	t.inflight++
+	q.busyLocked(t)
 	if g := t.group; g != nil {
 		g.inflight++
 		g.vfloor = max(g.vfloor, t.vt)
@@ -1241,6 +1265,7 @@ func (q *Queue) forgetLocked(t *tenant) {
 		q.adm.boosts.Forget(t.name)
 	}
 	delete(q.tenants, t.name)
+	q.removeRosterLocked(t)
 	// A Go map keeps its buckets when entries are deleted: once most of the
 	// tenants seen at the peak are gone, move the rest to a fresh map, so
 	// memory follows the live tenants. The copy costs O(remaining), paid
@@ -1322,6 +1347,7 @@ func (q *Queue) leaveSlotLocked(tk *Ticket) {
 		q.inflightCost -= tk.tokens
 	}
 	tk.t.inflight--
+	q.busyLocked(tk.t)
 	if g := tk.t.group; g != nil {
 		g.inflight--
 	}
