@@ -219,7 +219,10 @@ type tenant struct {
 	held   bool
 	out    bool
 	onIdle bool
-	cfg    TenantConfig // the settings in force, refreshed by Reconfigure
+	// busy is set while a declared tenant counts in Queue.busyWeight
+	// (here, in the padding of the hot lines, as every cycle reads it).
+	busy bool
+	cfg  TenantConfig // the settings in force, refreshed by Reconfigure
 
 	name string
 	// vfloor is, for the group, its inner virtual time: the largest start
@@ -227,8 +230,6 @@ type tenant struct {
 	vfloor float64
 	// rosterIdx is the tenant's place in Queue.roster; -1 once forgotten.
 	rosterIdx int
-	// busy is set while a declared tenant counts in Queue.busyWeight.
-	busy bool
 	// idleAt orders the tenant on Queue.idle: its idleSince when it was put
 	// there.
 	idleAt             int64
