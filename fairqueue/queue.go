@@ -205,12 +205,7 @@ type tenant struct {
 	inflight    int
 	// served is the cost charged so far (estimates, corrected by back-fill).
 	served float64
-	// stamp marks the tenant as counted in the current ETA pass.
-	stamp uint64
-	// idleSince is when the tenant last had nothing queued or in flight
-	// (Unix ns), kept up to date without touching the idle list.
-	idleSince int64
-	known     bool
+	known  bool
 	// capped is set while the tenant is at its MaxInflight, held while its
 	// quota does not allow its next request yet (until heldUntil); out is
 	// set while either is: its flows are out of the heaps, so dispatch
@@ -222,7 +217,15 @@ type tenant struct {
 	// busy is set while a declared tenant counts in Queue.busyWeight
 	// (here, in the padding of the hot lines, as every cycle reads it).
 	busy bool
-	cfg  TenantConfig // the settings in force, refreshed by Reconfigure
+	// cfg is the settings in force, refreshed by Reconfigure. Dispatch
+	// reads its MaxInflight and Quota, which fall in the third line.
+	cfg TenantConfig
+
+	// stamp marks the tenant as counted in the current ETA pass.
+	stamp uint64
+	// idleSince is when the tenant last had nothing queued or in flight
+	// (Unix ns), kept up to date without touching the idle list.
+	idleSince int64
 
 	name string
 	// vfloor is, for the group, its inner virtual time: the largest start
@@ -238,11 +241,10 @@ type tenant struct {
 	// in Queue.held, -1 when not held.
 	heldUntil int64
 	heldIdx   int
-	// demand* are the tenant's arriving cost, requests and tokens per
-	// second, decayed from demandAt (Unix ns); kept only with a circuit
-	// (circuit.go).
-	demandAt                             int64
-	demandCost, demandReqs, demandTokens float64
+	// demand is the tenant's arriving rates, kept only with a circuit
+	// (circuit.go), so a tenant without one is 320 bytes: a size class
+	// whose objects are cache-line aligned, the hot fields in three lines.
+	demand *tenantDemand
 }
 
 // flow is one tenant's FIFO of one class.
