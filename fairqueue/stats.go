@@ -96,8 +96,11 @@ func (q *Queue) Stats(tenants bool) Stats {
 		}
 		clear(q.scanMoved)
 		q.scanMoved = q.scanMoved[:0]
-		end := min(q.scan+statsChunk, len(q.roster))
-		for _, t := range q.roster[q.scan:end] {
+		// Forgets may have shrunk the roster below the cursor: what stood
+		// ahead of it then moved behind it and is in scanMoved.
+		start := min(q.scan, len(q.roster))
+		end := min(start+statsChunk, len(q.roster))
+		for _, t := range q.roster[start:end] {
 			out = append(out, t.statsLocked())
 		}
 		q.scan = end

@@ -4,7 +4,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // Stats copies the tenants in chunks, releasing the lock between them.
@@ -112,4 +115,61 @@ func TestBackloggedWeightIncremental(t *testing.T) {
 	want(1, "only x")
 	h.completeOldest()
 	want(0, "idle")
+}
+
+// Stats(true) scraped in a loop while tenants come, go and are forgotten
+// on other goroutines: every snapshot is sorted by name without
+// duplicates, and the declared tenants that stay busy throughout always
+// appear.
+func TestStatsConcurrentChurn(t *testing.T) {
+	clk := NewManualClock(t0)
+	cfg := testConfig(4, map[string]float64{"a": 2, "b": 1})
+	cfg.IdleForget = time.Second
+	q, err := New(cfg, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.SetHealthy(1)
+	// a and b keep a request queued the whole time.
+	for _, name := range []string{"a", "b"} {
+		for range 6 {
+			if _, err := q.Enqueue(Request{Tenant: name, Cost: 10}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for w := range 2 {
+		wg.Go(func() {
+			for i := 0; !stop.Load(); i++ {
+				name := "u" + strconv.Itoa(w) + "-" + strconv.Itoa(i%3000)
+				if tk, err := q.Enqueue(Request{Tenant: name, Cost: 10}); err == nil {
+					tk.Release(0)
+				}
+				if i%50 == 0 {
+					clk.Advance(100 * time.Millisecond)
+					q.Tick() // forgets the tenants idle for a second
+				}
+			}
+		})
+	}
+	for range 200 {
+		s := q.Stats(true)
+		if !slices.IsSortedFunc(s.Tenants, func(a, b TenantStats) int { return strings.Compare(a.Name, b.Name) }) {
+			t.Fatal("tenants not sorted by name")
+		}
+		seen := map[string]bool{}
+		for _, ts := range s.Tenants {
+			if seen[ts.Name] {
+				t.Fatalf("%s listed twice", ts.Name)
+			}
+			seen[ts.Name] = true
+		}
+		if !seen["a"] || !seen["b"] {
+			t.Fatal("a busy tenant is missing")
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
 }
