@@ -84,7 +84,7 @@ func (q *Queue) chargeQuotaLocked(now time.Time, tk *Ticket) bool {
 		q.holdLocked(t, now.Add(d.RetryAfter))
 		return false
 	}
-	c := tk.chargeLocked()
+	c := tk.chargeRecordLocked()
 	c.quota, c.quotaStatus = l, d.Status
 	return true
 }

@@ -109,8 +109,8 @@ type ticketCharge struct {
 	upLimits *quota.Limits
 }
 
-// chargeLocked returns tk's charge record, making it on first use.
-func (tk *Ticket) chargeLocked() *ticketCharge {
+// chargeRecordLocked returns tk's charge record, making it on first use.
+func (tk *Ticket) chargeRecordLocked() *ticketCharge {
 	if tk.ch == nil {
 		tk.ch = &ticketCharge{}
 	}

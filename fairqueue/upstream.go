@@ -190,7 +190,7 @@ func (q *Queue) drawLocked(tk *Ticket, key string, l *quota.Limits) bool {
 		// Peek. No room after all.
 		return false
 	}
-	c := tk.chargeLocked()
+	c := tk.chargeRecordLocked()
 	c.upKey, c.upLimits = key, l
 	return true
 }
