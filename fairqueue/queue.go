@@ -94,6 +94,10 @@ type Queue struct {
 	// work queued or in flight (BackloggedWeight), kept as they change.
 	busyWeight float64
 	busyN      int
+	// busyWas is the last state told to the rate estimator's SetBusy
+	// (busyTold: once at least), which dispatchLocked repeats only when
+	// it changes.
+	busyTold, busyWas bool
 	// tenantPeak is the most tenants remembered since tenants was made.
 	tenantPeak int
 	// group is the one top-level flow owner of all undeclared tenants
@@ -961,7 +965,15 @@ func (q *Queue) dispatchLocked(now time.Time) {
 	// by their quota) would not fill it.
 	// A capacity of 0 (a shared pool's grant, for now) serves nothing:
 	// its idle time is no busy time.
-	q.adm.rate.SetBusy(now, gated || q.capacity > 0 && q.inflight >= q.capacity)
+	//
+	// Told only of changes: the estimator splits busy time into buckets
+	// lazily, at its next call, so a SetBusy that changes nothing only
+	// costs its time arithmetic, twice a cycle (see BenchmarkCycle).
+	busy := gated || q.capacity > 0 && q.inflight >= q.capacity
+	if !q.busyTold || busy != q.busyWas {
+		q.adm.rate.SetBusy(now, busy)
+		q.busyTold, q.busyWas = true, busy
+	}
 }
 
 // dispatchLoopLocked starts what it can and reports whether it stopped
