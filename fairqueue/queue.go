@@ -542,7 +542,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		q.mu.Unlock()
 		return nil, budgetRejection(est, r.Deadline.Sub(now))
 	}
-	tk := &Ticket{q: q, t: t, cost: cost, tokens: tokens, bytes: max(r.Bytes, 0), class: cls,
+	tk := &Ticket{q: q, t: t, cost: cost, tokens: tokens, bytes: max(r.Bytes, 0),
 		deadline: r.Deadline, enqueued: now, dlIdx: -1, eta: max(est.ETA, quotaWait),
 		quotaWait: quotaWait, quotaReason: quotaReason, prompt: prompt}
 	q.pushFlowLocked(tk, q.flowOfLocked(t, cq))

@@ -54,7 +54,6 @@ type Ticket struct {
 	ready  chan struct{}
 	actual int64
 
-	class    string
 	bytes    int64 // Request.Bytes, counted against MaxQueueBytes while queued
 	enqueued time.Time
 	err      error
@@ -67,7 +66,7 @@ type Ticket struct {
 	quotaWait   time.Duration
 	quotaReason quota.Dimension
 	// ch is what dispatch charged the request to, nil when nothing: kept
-	// off the ticket, so that one without quotas fits the 256-byte size
+	// off the ticket, so that one without quotas fits the 240-byte size
 	// class rather than 384 (what a queued request costs in memory and in
 	// allocation, see BenchmarkMemory).
 	ch *ticketCharge
@@ -182,8 +181,10 @@ func (tk *Ticket) Release(actual int64) { tk.q.release(tk, actual) }
 // Tenant returns the tenant name.
 func (tk *Ticket) Tenant() string { return tk.t.name }
 
-// Class returns the class the request is scheduled in.
-func (tk *Ticket) Class() string { return tk.class }
+// Class returns the class the request is scheduled in: its flow's, which
+// is set before Enqueue returns the ticket and never changes, so this
+// needs no lock (and the ticket no copy of the name).
+func (tk *Ticket) Class() string { return tk.f.cq.name }
 
 // Cost returns the estimated cost charged at dispatch (1 with CostRequests).
 func (tk *Ticket) Cost() int64 { return tk.cost }
