@@ -82,31 +82,43 @@ func (q *Queue) circuitLocked(now time.Time, t *tenant, tc TenantConfig, cost, t
 // exponential average with the circuit's window as time constant, kept
 // only while a circuit is configured.
 func (t *tenant) observeDemand(now time.Time, window time.Duration, cost, tokens int64) {
+	if t.demand == nil {
+		t.demand = &tenantDemand{}
+	}
+	dm := t.demand
 	ns := now.UnixNano()
 	tau := float64(window)
-	if t.demandAt != 0 && ns > t.demandAt {
-		decay := math.Exp(-float64(ns-t.demandAt) / tau)
-		t.demandCost *= decay
-		t.demandReqs *= decay
-		t.demandTokens *= decay
+	if dm.at != 0 && ns > dm.at {
+		decay := math.Exp(-float64(ns-dm.at) / tau)
+		dm.cost *= decay
+		dm.reqs *= decay
+		dm.tokens *= decay
 	}
-	if ns > t.demandAt {
-		t.demandAt = ns
+	if ns > dm.at {
+		dm.at = ns
 	}
 	// Each arrival adds 1/tau per second of its units: a steady stream of
 	// r per second converges to r.
-	t.demandCost += float64(cost) * 1e9 / tau
-	t.demandReqs += 1e9 / tau
-	t.demandTokens += float64(tokens) * 1e9 / tau
+	dm.cost += float64(cost) * 1e9 / tau
+	dm.reqs += 1e9 / tau
+	dm.tokens += float64(tokens) * 1e9 / tau
+}
+
+// tenantDemand is a tenant's arriving cost, requests and tokens per
+// second, decayed from at (Unix ns).
+type tenantDemand struct {
+	at                 int64
+	cost, reqs, tokens float64
 }
 
 // demandAtLocked is t's arriving rates decayed to now.
 func (t *tenant) demandAtLocked(now time.Time, window time.Duration) (cost, reqs, tokens float64) {
-	if t.demandAt == 0 {
+	dm := t.demand
+	if dm == nil || dm.at == 0 {
 		return 0, 0, 0
 	}
-	d := math.Exp(-float64(max(now.UnixNano()-t.demandAt, 0)) / float64(window))
-	return t.demandCost * d, t.demandReqs * d, t.demandTokens * d
+	d := math.Exp(-float64(max(now.UnixNano()-dm.at, 0)) / float64(window))
+	return dm.cost * d, dm.reqs * d, dm.tokens * d
 }
 
 // circuitCapacityLocked is what the upstreams serve, in cost units per

@@ -92,7 +92,14 @@
 // history with it, for undeclared tenants), at most maxForgetPerTick per
 // Tick, the longest idle first, so no tick scans all tenants. Forgetting a
 // tenant whose virtual time is ahead of V drops at most one request's
-// service debt; see pruneLocked.
+// service debt; see pruneLocked. BenchmarkMemory measures the unit costs
+// (amd64): about 260 bytes a queued request (its ticket and its share of
+// the heaps, the body excluded) and 555 a remembered idle tenant (its
+// name and its share of the map included).
+//
+// Reading the tenants (Stats, for the metrics scrape and the reports)
+// never holds the lock for O(tenants): they are copied a chunk at a time
+// (see Queue.Stats), and BackloggedWeight is kept as tenants come and go.
 //
 // # Retry-After
 //

@@ -66,6 +66,10 @@ type Observer func(ev Event, t *Ticket)
 // method takes mu itself (unlock releases it and delivers events).
 type Queue struct {
 	clock Clock
+	// statsMu lets one Stats copy the tenants at a time (stats.go);
+	// statsBetweenChunks, nil but in tests, runs between its chunks.
+	statsMu            sync.Mutex
+	statsBetweenChunks func()
 
 	mu       sync.Mutex
 	cfg      Config
@@ -78,6 +82,22 @@ type Queue struct {
 
 	classes []*classQ
 	tenants map[string]*tenant
+	// roster lists the tenants of the map in no order, each at its
+	// rosterIdx, so Stats can copy them in chunks, resuming by index
+	// between holds of the lock (stats.go).
+	roster []*tenant
+	// scan is Stats' cursor into roster while it copies (-1: no copy
+	// under way); scanMoved the tenants moved behind the cursor since.
+	scan      int
+	scanMoved []*tenant
+	// busyWeight is the summed weight of the busyN declared tenants with
+	// work queued or in flight (BackloggedWeight), kept as they change.
+	busyWeight float64
+	busyN      int
+	// busyWas is the last state told to the rate estimator's SetBusy
+	// (busyTold: once at least), which dispatchLocked repeats only when
+	// it changes.
+	busyTold, busyWas bool
 	// tenantPeak is the most tenants remembered since tenants was made.
 	tenantPeak int
 	// group is the one top-level flow owner of all undeclared tenants
@@ -189,12 +209,7 @@ type tenant struct {
 	inflight    int
 	// served is the cost charged so far (estimates, corrected by back-fill).
 	served float64
-	// stamp marks the tenant as counted in the current ETA pass.
-	stamp uint64
-	// idleSince is when the tenant last had nothing queued or in flight
-	// (Unix ns), kept up to date without touching the idle list.
-	idleSince int64
-	known     bool
+	known  bool
 	// capped is set while the tenant is at its MaxInflight, held while its
 	// quota does not allow its next request yet (until heldUntil); out is
 	// set while either is: its flows are out of the heaps, so dispatch
@@ -203,12 +218,25 @@ type tenant struct {
 	held   bool
 	out    bool
 	onIdle bool
-	cfg    TenantConfig // the settings in force, refreshed by Reconfigure
+	// busy is set while a declared tenant counts in Queue.busyWeight
+	// (here, in the padding of the hot lines, as every cycle reads it).
+	busy bool
+	// cfg is the settings in force, refreshed by Reconfigure. Dispatch
+	// reads its MaxInflight and Quota, which fall in the third line.
+	cfg TenantConfig
+
+	// stamp marks the tenant as counted in the current ETA pass.
+	stamp uint64
+	// idleSince is when the tenant last had nothing queued or in flight
+	// (Unix ns), kept up to date without touching the idle list.
+	idleSince int64
 
 	name string
 	// vfloor is, for the group, its inner virtual time: the largest start
 	// tag dispatched among its members.
 	vfloor float64
+	// rosterIdx is the tenant's place in Queue.roster; -1 once forgotten.
+	rosterIdx int
 	// idleAt orders the tenant on Queue.idle: its idleSince when it was put
 	// there.
 	idleAt             int64
@@ -217,11 +245,9 @@ type tenant struct {
 	// in Queue.held, -1 when not held.
 	heldUntil int64
 	heldIdx   int
-	// demand* are the tenant's arriving cost, requests and tokens per
-	// second, decayed from demandAt (Unix ns); kept only with a circuit
+	// demand is the tenant's arriving rates, kept only with a circuit
 	// (circuit.go).
-	demandAt                             int64
-	demandCost, demandReqs, demandTokens float64
+	demand *tenantDemand
 	// ahead is the tenant's place in the work-ahead index (ahead.go).
 	ahead aheadSlot
 }
@@ -280,7 +306,7 @@ func New(cfg Config, clock Clock) (*Queue, error) {
 	if clock == nil {
 		clock = RealClock{}
 	}
-	q := &Queue{clock: clock, tenants: make(map[string]*tenant), costPromptWeight: 1, slotLimit: -1,
+	q := &Queue{clock: clock, tenants: make(map[string]*tenant), costPromptWeight: 1, slotLimit: -1, scan: -1,
 		group: &tenant{name: "(undeclared tenants)", heldIdx: -1},
 		rng:   rand.New(rand.NewPCG(0x6661697271756575, 0x7265747279))}
 	q.group.flows = q.group.flowBuf[:0]
@@ -359,6 +385,7 @@ func (q *Queue) Reconfigure(cfg Config) error {
 		}
 		q.capLocked(t)
 	}
+	q.recountBusyLocked() // weights changed
 	q.unholdAllLocked()
 	// Finish tags depend on weights, so every heap is re-keyed: the
 	// members' heaps first, since a group flow's key reads its sub-heap.
@@ -518,7 +545,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		q.mu.Unlock()
 		return nil, budgetRejection(est, r.Deadline.Sub(now))
 	}
-	tk := &Ticket{q: q, t: t, cost: cost, tokens: tokens, bytes: max(r.Bytes, 0), class: cls,
+	tk := &Ticket{q: q, t: t, cost: cost, tokens: tokens, bytes: max(r.Bytes, 0),
 		deadline: r.Deadline, enqueued: now, dlIdx: -1, eta: max(est.ETA, quotaWait),
 		quotaWait: quotaWait, quotaReason: quotaReason, prompt: prompt}
 	q.pushFlowLocked(tk, q.flowOfLocked(t, cq))
@@ -545,6 +572,7 @@ func (q *Queue) newTenantLocked(name string, tc TenantConfig, known bool, now ti
 		t.vt = q.group.vfloor
 	}
 	q.tenants[name] = t
+	q.addRosterLocked(t)
 	q.tenantPeak = max(q.tenantPeak, len(q.tenants))
 	t.idleSince = now.UnixNano()
 	q.idle.push(t)
@@ -783,6 +811,7 @@ func (q *Queue) countLocked(tk *Ticket, sign int) {
 	t.queued += n
 	t.queuedCost += c * tk.tokens
 	t.queuedWork += c * tk.cost
+	q.busyLocked(t)
 	if g := t.group; g != nil {
 		g.queued += n
 		g.queuedCost += c * tk.tokens
@@ -943,7 +972,15 @@ func (q *Queue) dispatchLocked(now time.Time) {
 	// by their quota) would not fill it.
 	// A capacity of 0 (a shared pool's grant, for now) serves nothing:
 	// its idle time is no busy time.
-	q.adm.rate.SetBusy(now, gated || q.capacity > 0 && q.inflight >= q.capacity)
+	//
+	// Told only of changes: the estimator splits busy time into buckets
+	// lazily, at its next call, so a SetBusy that changes nothing only
+	// costs its time arithmetic, twice a cycle (see BenchmarkCycle).
+	busy := gated || q.capacity > 0 && q.inflight >= q.capacity
+	if !q.busyTold || busy != q.busyWas {
+		q.adm.rate.SetBusy(now, busy)
+		q.busyTold, q.busyWas = true, busy
+	}
 }
 
 // dispatchLoopLocked starts what it can and reports whether it stopped
@@ -1034,6 +1071,7 @@ func (q *Queue) startLocked(tk *Ticket, now time.Time, overtakes bool) {
 		q.inflightCost += tk.tokens
 	}
 	t.inflight++
+	q.busyLocked(t)
 	if g := t.group; g != nil {
 		g.inflight++
 		g.vfloor = max(g.vfloor, t.vt)
@@ -1249,6 +1287,7 @@ func (q *Queue) forgetLocked(t *tenant) {
 		q.adm.boosts.Forget(t.name)
 	}
 	delete(q.tenants, t.name)
+	q.removeRosterLocked(t)
 	// A Go map keeps its buckets when entries are deleted: once most of the
 	// tenants seen at the peak are gone, move the rest to a fresh map, so
 	// memory follows the live tenants. The copy costs O(remaining), paid
@@ -1330,6 +1369,7 @@ func (q *Queue) leaveSlotLocked(tk *Ticket) {
 		q.inflightCost -= tk.tokens
 	}
 	tk.t.inflight--
+	q.busyLocked(tk.t)
 	if g := tk.t.group; g != nil {
 		g.inflight--
 	}

@@ -84,7 +84,8 @@ func (q *Queue) chargeQuotaLocked(now time.Time, tk *Ticket) bool {
 		q.holdLocked(t, now.Add(d.RetryAfter))
 		return false
 	}
-	tk.quota, tk.quotaStatus = l, d.Status
+	c := tk.chargeRecordLocked()
+	c.quota, c.quotaStatus = l, d.Status
 	return true
 }
 
@@ -101,10 +102,10 @@ func (q *Queue) quotaAllowsLocked(now time.Time, tk *Ticket) bool {
 
 // reconcileQuotaLocked corrects tk's charge with its actual tokens.
 func (q *Queue) reconcileQuotaLocked(tk *Ticket, actual int64) {
-	if tk.quota == nil || actual < 0 {
+	if tk.quotaLimits() == nil || actual < 0 {
 		return
 	}
-	_, _ = q.quotaStoreLocked().Reconcile(context.Background(), tk.t.name, tk.quota, tk.tokens, actual)
+	_, _ = q.quotaStoreLocked().Reconcile(context.Background(), tk.t.name, tk.ch.quota, tk.tokens, actual)
 	if actual < tk.tokens && tk.t.heldIdx >= 0 {
 		// The refund may end the hold sooner: the next dispatch charges
 		// again and holds to the new time if it must.

@@ -1,6 +1,10 @@
 package fairqueue
 
-import "sort"
+import (
+	"runtime"
+	"slices"
+	"strings"
+)
 
 // TenantStats is one tenant's view for metrics and reports.
 type TenantStats struct {
@@ -18,7 +22,7 @@ type TenantStats struct {
 	VirtualTime float64
 }
 
-// Stats is a consistent snapshot of the queue.
+// Stats is a snapshot of the queue (see Queue.Stats for how consistent).
 type Stats struct {
 	Healthy         int
 	Capacity        int
@@ -38,26 +42,172 @@ type Stats struct {
 	Tenants []TenantStats
 }
 
+// statsChunk is how many tenants Stats copies per hold of the queue's
+// lock: a few microseconds of copying, so a dispatch waits at most about
+// that long for a scrape, however many tenants there are.
+const statsChunk = 256
+
 // Stats returns a snapshot; with tenants, one entry per tenant the queue
-// currently remembers, sorted by name.
+// remembers, sorted by name.
+//
+// The totals (every field but Tenants) are one consistent instant. The
+// tenants are copied in chunks of statsChunk, the lock released between
+// chunks, so a scrape of 100k tenants never holds dispatch up for O(n):
+// each entry is consistent in itself and taken while its tenant was
+// remembered, every tenant remembered from the start of the copy to its
+// end appears exactly once, and one created or forgotten meanwhile may or
+// may not appear (a name forgotten and then seen again appears once, as
+// last copied). The entries may therefore sum to other totals than the
+// header's when requests move during the copy; with nothing moving
+// (the simulator, the tests on a virtual clock) they are one snapshot.
 func (q *Queue) Stats(tenants bool) Stats {
+	if !tenants {
+		q.mu.Lock()
+		s := q.statsLocked()
+		q.mu.Unlock()
+		return s
+	}
+	// One copy at a time: the cursor it leaves on the queue is its own.
+	q.statsMu.Lock()
+	defer q.statsMu.Unlock()
 	q.mu.Lock()
-	s := Stats{Healthy: q.healthy, Capacity: q.capacity, TokenCapacity: q.tokenCap,
+	n := len(q.roster)
+	q.mu.Unlock()
+	// Allocated outside the lock; grown outside it too if tenants arrive
+	// faster than the copy goes.
+	out := make([]TenantStats, 0, n+n/16+statsChunk)
+	q.mu.Lock()
+	s := q.statsLocked()
+	q.scan = 0
+	for {
+		if room := cap(out) - len(out); room < statsChunk+len(q.scanMoved) {
+			want := len(q.roster) - q.scan + len(q.scanMoved) + statsChunk
+			q.mu.Unlock()
+			out = append(make([]TenantStats, 0, len(out)+2*want), out...)
+			q.mu.Lock()
+			continue
+		}
+		// Tenants moved behind the cursor (forget's swap-remove) would
+		// be missed: they are copied here, unless forgotten since.
+		for _, t := range q.scanMoved {
+			if t.rosterIdx >= 0 {
+				out = append(out, t.statsLocked())
+			}
+		}
+		clear(q.scanMoved)
+		q.scanMoved = q.scanMoved[:0]
+		// Forgets may have shrunk the roster below the cursor: what stood
+		// ahead of it then moved behind it and is in scanMoved.
+		start := min(q.scan, len(q.roster))
+		end := min(start+statsChunk, len(q.roster))
+		for _, t := range q.roster[start:end] {
+			out = append(out, t.statsLocked())
+		}
+		q.scan = end
+		if end == len(q.roster) {
+			break
+		}
+		q.mu.Unlock()
+		// Let a dispatch waiting for the lock have it, rather than
+		// barging back in ahead of it.
+		runtime.Gosched()
+		if q.statsBetweenChunks != nil {
+			q.statsBetweenChunks()
+		}
+		q.mu.Lock()
+	}
+	q.scan = -1
+	q.mu.Unlock()
+	// O(n log n), outside the lock. Stable, so that of two entries with
+	// one name the later copy is last, and kept.
+	slices.SortStableFunc(out, func(a, b TenantStats) int { return strings.Compare(a.Name, b.Name) })
+	w := 0
+	for i := range out {
+		if i+1 < len(out) && out[i+1].Name == out[i].Name {
+			continue
+		}
+		out[w] = out[i]
+		w++
+	}
+	clear(out[w:])
+	s.Tenants = out[:w]
+	return s
+}
+
+// statsLocked is the snapshot's totals.
+func (q *Queue) statsLocked() Stats {
+	return Stats{Healthy: q.healthy, Capacity: q.capacity, TokenCapacity: q.tokenCap,
 		Queued: q.queued, QueuedCost: q.queuedCost, Inflight: q.inflight,
 		InflightCost: q.inflightCost, BoostedInflight: q.boostedInflight,
 		QueuedBytes: q.queuedBytes, Remembered: len(q.tenants), Water: q.waterLocked()}
-	if tenants {
-		s.Tenants = make([]TenantStats, 0, len(q.tenants))
-		for _, t := range q.tenants {
-			s.Tenants = append(s.Tenants, TenantStats{Name: t.name, Known: t.known,
-				Weight: t.weight, Queued: t.queued, QueuedCost: t.queuedCost,
-				Inflight: t.inflight, Served: t.served, VirtualTime: t.vt - t.credit})
+}
+
+func (t *tenant) statsLocked() TenantStats {
+	return TenantStats{Name: t.name, Known: t.known,
+		Weight: t.weight, Queued: t.queued, QueuedCost: t.queuedCost,
+		Inflight: t.inflight, Served: t.served, VirtualTime: t.vt - t.credit}
+}
+
+// addRosterLocked lists a new tenant. Appended past the cursor, it is
+// copied by a Stats under way.
+func (q *Queue) addRosterLocked(t *tenant) {
+	t.rosterIdx = len(q.roster)
+	q.roster = append(q.roster, t)
+}
+
+// removeRosterLocked unlists a forgotten tenant in O(1): the last tenant
+// takes its place. When that moves the last one from ahead of a Stats
+// copy's cursor to behind it, the copy is told (scanMoved).
+func (q *Queue) removeRosterLocked(t *tenant) {
+	i, last := t.rosterIdx, len(q.roster)-1
+	if m := q.roster[last]; i != last {
+		q.roster[i], m.rosterIdx = m, i
+		if q.scan >= 0 && i < q.scan && last >= q.scan {
+			q.scanMoved = append(q.scanMoved, m)
 		}
 	}
-	q.mu.Unlock()
-	// O(n log n), outside the lock: dispatch waits only for the copy.
-	sort.Slice(s.Tenants, func(i, j int) bool { return s.Tenants[i].Name < s.Tenants[j].Name })
-	return s
+	q.roster[last] = nil
+	q.roster = q.roster[:last]
+	t.rosterIdx = -1
+	// Like the map (see forgetLocked), give back the room of a burst of
+	// tenants once most of them are gone.
+	if c := cap(q.roster); c >= 1024 && last < c/4 {
+		q.roster = append(make([]*tenant, 0, 2*last), q.roster...)
+	}
+}
+
+// busyLocked keeps BackloggedWeight's sum as t's queued and in-flight
+// counts change: O(1), called where they do.
+func (q *Queue) busyLocked(t *tenant) {
+	if t.group != nil {
+		return // counted through the group, in BackloggedWeight
+	}
+	b := t.queued > 0 || t.inflight > 0
+	if b == t.busy {
+		return
+	}
+	t.busy = b
+	if b {
+		q.busyN++
+		q.busyWeight += t.weight
+		return
+	}
+	if q.busyN--; q.busyN == 0 {
+		q.busyWeight = 0 // no rounding left over from the additions
+	} else {
+		q.busyWeight -= t.weight
+	}
+}
+
+// recountBusyLocked recomputes BackloggedWeight's sum after weights
+// changed (a reload, which is O(tenants) anyway).
+func (q *Queue) recountBusyLocked() {
+	q.busyWeight = 0
+	for _, t := range q.roster {
+		if t.busy {
+			q.busyWeight += t.weight
+		}
+	}
 }
 
 // Water is the queue's fill level: the larger of queued requests over
@@ -135,19 +285,14 @@ func (q *Queue) Idle() bool {
 // BackloggedWeight is the weight of the tenants with work queued or in
 // flight: the declared ones' weights, plus the undeclared group's weight
 // once if any of them has work. It is what this queue's claim on a pool
-// shared with other gateways weighs (cluster share_slots). O(tenants)
-// under the lock: for a sync every 100 ms, not for the request path.
+// shared with other gateways weighs (cluster share_slots). O(1): the sum
+// is kept as tenants become busy and idle (busyLocked).
 func (q *Queue) BackloggedWeight() float64 {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	w := 0.0
+	w := q.busyWeight
 	if q.group.queued > 0 || q.group.inflight > 0 {
-		w = q.group.weight
-	}
-	for _, t := range q.tenants {
-		if t.group == nil && (t.queued > 0 || t.inflight > 0) {
-			w += t.weight
-		}
+		w += q.group.weight
 	}
 	return w
 }

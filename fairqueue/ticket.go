@@ -54,7 +54,6 @@ type Ticket struct {
 	ready  chan struct{}
 	actual int64
 
-	class    string
 	bytes    int64 // Request.Bytes, counted against MaxQueueBytes while queued
 	enqueued time.Time
 	err      error
@@ -63,16 +62,14 @@ type Ticket struct {
 	// eta is the latest predicted wait (admission, or a re-check).
 	eta time.Duration
 	// quotaWait is how long admission found the tenant's quota would hold
-	// the request; quota and quotaStatus are the limits it was charged
-	// under at dispatch (nil: not charged) and the meters after the charge.
+	// the request.
 	quotaWait   time.Duration
 	quotaReason quota.Dimension
-	quota       *quota.Limits
-	quotaStatus quota.Status
-	// upKey and upLimits are the account meter tk drew on at dispatch
-	// (upstream.go); nil limits: none.
-	upKey    string
-	upLimits *quota.Limits
+	// ch is what dispatch charged the request to, nil when nothing: kept
+	// off the ticket, so that one without quotas fits the 240-byte size
+	// class rather than 384 (what a queued request costs in memory and in
+	// allocation, see BenchmarkMemory).
+	ch *ticketCharge
 	// fallback: dispatched to the fallback channel (fallback.go).
 	fallback bool
 	// prompt is the prompt part of tokens (CostLearned).
@@ -93,7 +90,46 @@ func (tk *Ticket) QuotaReason() quota.Dimension { return tk.quotaReason }
 func (tk *Ticket) QuotaStatus() (st quota.Status, ok bool) {
 	tk.q.mu.Lock()
 	defer tk.q.mu.Unlock()
-	return tk.quotaStatus, tk.quota != nil
+	if tk.ch == nil {
+		return quota.Status{}, false
+	}
+	return tk.ch.quotaStatus, tk.ch.quota != nil
+}
+
+// ticketCharge is what a ticket's dispatch was charged to.
+type ticketCharge struct {
+	// quota and quotaStatus are the limits the tenant's quota charged it
+	// under (nil: not charged) and the meters after the charge.
+	quota       *quota.Limits
+	quotaStatus quota.Status
+	// upKey and upLimits are the account meter it drew on (upstream.go);
+	// nil limits: none.
+	upKey    string
+	upLimits *quota.Limits
+}
+
+// chargeRecordLocked returns tk's charge record, making it on first use.
+func (tk *Ticket) chargeRecordLocked() *ticketCharge {
+	if tk.ch == nil {
+		tk.ch = &ticketCharge{}
+	}
+	return tk.ch
+}
+
+// quotaLimits is the tenant quota tk was charged under, nil if none.
+func (tk *Ticket) quotaLimits() *quota.Limits {
+	if tk.ch == nil {
+		return nil
+	}
+	return tk.ch.quota
+}
+
+// upLimits is the account meter tk drew on, nil if none.
+func (tk *Ticket) upLimits() *quota.Limits {
+	if tk.ch == nil {
+		return nil
+	}
+	return tk.ch.upLimits
 }
 
 // wakeLocked signals a blocked Wait.
@@ -145,8 +181,10 @@ func (tk *Ticket) Release(actual int64) { tk.q.release(tk, actual) }
 // Tenant returns the tenant name.
 func (tk *Ticket) Tenant() string { return tk.t.name }
 
-// Class returns the class the request is scheduled in.
-func (tk *Ticket) Class() string { return tk.class }
+// Class returns the class the request is scheduled in: its flow's, which
+// is set before Enqueue returns the ticket and never changes, so this
+// needs no lock (and the ticket no copy of the name).
+func (tk *Ticket) Class() string { return tk.f.cq.name }
 
 // Cost returns the estimated cost charged at dispatch (1 with CostRequests).
 func (tk *Ticket) Cost() int64 { return tk.cost }

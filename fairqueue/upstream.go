@@ -190,7 +190,8 @@ func (q *Queue) drawLocked(tk *Ticket, key string, l *quota.Limits) bool {
 		// Peek. No room after all.
 		return false
 	}
-	tk.upKey, tk.upLimits = key, l
+	c := tk.chargeRecordLocked()
+	c.upKey, c.upLimits = key, l
 	return true
 }
 
@@ -203,11 +204,11 @@ func restedStatus(st quota.Status) bool {
 // refundUpstreamLocked takes tk's whole draw back from the account: a
 // request drawn for but never sent.
 func (q *Queue) refundUpstreamLocked(tk *Ticket) {
-	if tk.upLimits == nil {
+	if tk.upLimits() == nil {
 		return
 	}
-	_, _ = q.quotaStoreLocked().Refund(context.Background(), tk.upKey, tk.upLimits, tk.tokens)
-	tk.upLimits = nil
+	_, _ = q.quotaStoreLocked().Refund(context.Background(), tk.ch.upKey, tk.ch.upLimits, tk.tokens)
+	tk.ch.upLimits = nil
 }
 
 // upstreamChargeLocked finds room for tk in the account: the tenant's
@@ -288,11 +289,11 @@ func (q *Queue) bestHeadLocked(now time.Time, names []string, ok func(*Ticket) b
 // reconcileUpstreamLocked corrects tk's draw on the account with its
 // actual tokens (0 for a request the provider refused).
 func (q *Queue) reconcileUpstreamLocked(tk *Ticket, actual int64) {
-	if tk.upLimits == nil || actual < 0 {
+	if tk.upLimits() == nil || actual < 0 {
 		return
 	}
-	_, _ = q.quotaStoreLocked().Reconcile(context.Background(), tk.upKey, tk.upLimits, tk.tokens, actual)
-	tk.upLimits = nil
+	_, _ = q.quotaStoreLocked().Reconcile(context.Background(), tk.ch.upKey, tk.ch.upLimits, tk.tokens, actual)
+	tk.ch.upLimits = nil
 }
 
 // AccountExhausted records that the provider declared the account out of
@@ -357,9 +358,9 @@ func (tk *Ticket) Requeue() bool {
 	t := tk.t
 	// Not charged to its tenant, the request itself included; the
 	// provider counted the request it refused, not its tokens.
-	if tk.quota != nil {
-		_, _ = q.quotaStoreLocked().Refund(context.Background(), t.name, tk.quota, tk.tokens)
-		tk.quota = nil
+	if tk.quotaLimits() != nil {
+		_, _ = q.quotaStoreLocked().Refund(context.Background(), t.name, tk.ch.quota, tk.tokens)
+		tk.ch.quota = nil
 	}
 	q.reconcileUpstreamLocked(tk, 0)
 	if !tk.fallback {
