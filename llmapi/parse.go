@@ -246,11 +246,16 @@ func (t *topLevel) slot(key []byte) *[]byte {
 // Parse never modifies body, and its work is linear in len(body) whatever
 // the nesting. The Request refers to body (see Request).
 func Parse(path string, body []byte) (*Request, error) {
-	var s scan
-	return parse(&s, path, body)
+	sc := getScratch()
+	defer sc.release()
+	return parseWith(&sc.s, sc, path, body)
 }
 
-func parse(s *scan, path string, body []byte) (*Request, error) {
+func parse(s *scan, path string, body []byte) (*Request, error) { return parseWith(s, nil, path, body) }
+
+// parseWith is Parse with s as its scanner and sc (may be nil) as the
+// walk's working memory.
+func parseWith(s *scan, sc *scratch, path string, body []byte) (*Request, error) {
 	kind := KindFromPath(path)
 	if len(bytes.TrimSpace(body)) == 0 {
 		if kind == KindUnknown {
@@ -271,7 +276,14 @@ func parse(s *scan, path string, body []byte) (*Request, error) {
 		req.Inferred = req.Kind != KindUnknown
 	}
 	w := walker{s: s, r: req}
-	if err := w.parse(&top); err != nil {
+	if sc != nil {
+		w.path = sc.path[:0]
+	}
+	err := w.parse(&top)
+	if sc != nil {
+		sc.path = w.path[:0]
+	}
+	if err != nil {
 		return nil, err
 	}
 	return req, nil
