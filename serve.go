@@ -87,14 +87,7 @@ type admission struct {
 	// allocation for them (attempts after a provider's 429 make new ones).
 	rec0  usageRecorder
 	body0 bodyReader
-	// respBuf is where rec0 starts keeping a JSON response to read its
-	// usage: a small completion fits without a buffer of its own.
-	respBuf [respBufSize]byte
 }
-
-// respBufSize is the response body a request carries room for (see
-// admission.respBuf): a short chat completion with its usage.
-const respBufSize = 1024
 
 // bodyReader is the request body sent upstream: one allocation where
 // io.NopCloser(bytes.NewReader(b)) makes two. Its WriteTo (from the
@@ -212,7 +205,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			r.Body = &a.body0
 			rec = &a.rec0
 			rec.ResponseWriterWrapper.ResponseWriter, rec.counter = w, h.counter
-			rec.body = *bytes.NewBuffer(a.respBuf[:0])
 		} else {
 			// The transport may still be reading the last attempt's body:
 			// a new one, not a reset.
@@ -496,7 +488,7 @@ func (h *Handler) tenantOf(repl *caddy.Replacer) string {
 func (h *Handler) classAndBudget(r *http.Request, a *admission) *apiError {
 	tc := a.tc
 	a.class = tc.Class
-	if c := r.Header.Get(headerClass); c != "" {
+	if c := headerValue(r.Header, headerClass); c != "" {
 		cb, ok := h.classIdx[c]
 		if !ok {
 			return badRequest(fmt.Sprintf("%s: unknown class %q.", headerClass, c))
@@ -507,7 +499,7 @@ func (h *Handler) classAndBudget(r *http.Request, a *admission) *apiError {
 		a.class = c
 	}
 	var requested time.Duration
-	if v := r.Header.Get(headerWaitBudget); v != "" {
+	if v := headerValue(r.Header, headerWaitBudget); v != "" {
 		d, err := caddy.ParseDuration(v)
 		if err != nil || d <= 0 {
 			return badRequest(fmt.Sprintf("%s: %q is not a positive duration such as 2s or 500ms.", headerWaitBudget, v))

@@ -47,7 +47,12 @@ func Estimate(req *Request, c Counter, defaultMaxTokens int) Cost {
 		c = approxCounter{}
 	}
 	sc := getScratch()
-	texts := req.gatherTexts(&sc.s, sc, (req.nTexts+maxTexts-1)/maxTexts)
+	var texts []textRef
+	if req.walked && req.nTexts <= len(req.texts) {
+		texts = req.texts[:req.nTexts] // all of them, met by Parse
+	} else {
+		texts = req.gatherTexts(&sc.s, sc, (req.nTexts+maxTexts-1)/maxTexts)
+	}
 	p := promptTokens(req, texts, c, sc)
 	sc.release()
 	out := clamp(req.MaxOutput)

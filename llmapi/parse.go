@@ -73,7 +73,17 @@ type Request struct {
 	nTexts    int    // texts in the prompt
 	textBytes int64  // and their size, as they stand in the body
 	noBody    bool
+	// texts are the first texts of the prompt as the walk met them; when
+	// Parse set walked and they are all of them (nTexts <= inlineTexts),
+	// Estimate counts them without walking the body a second time.
+	texts  [inlineTexts]textRef
+	walked bool
 }
+
+// inlineTexts is how many prompt texts a Request keeps from its parse: a
+// short conversation's, for a fixed 256 bytes, which spares the common
+// request the estimate's second walk over its body.
+const inlineTexts = 8
 
 // Texts returns the prompt text, one entry per separately tokenized string
 // (message contents, names, tool calls, tool definitions), decoded from
@@ -286,6 +296,7 @@ func parseWith(s *scan, sc *scratch, path string, body []byte) (*Request, error)
 	if err != nil {
 		return nil, err
 	}
+	req.walked = true
 	return req, nil
 }
 

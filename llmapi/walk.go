@@ -755,11 +755,15 @@ func (w *walker) addJSON(raw []byte) {
 	}
 }
 
-// add counts a text, and keeps it when collecting (every every-th).
+// add counts a text, and keeps it when collecting (every every-th); the
+// first inlineTexts are kept in the Request too.
 func (w *walker) add(t textRef) {
 	r := w.r
 	if w.collect && (w.every <= 1 || r.nTexts%w.every == 0) {
 		w.texts = append(w.texts, t)
+	}
+	if r.nTexts < len(r.texts) {
+		r.texts[r.nTexts] = t
 	}
 	r.nTexts++
 	r.textBytes += int64(len(t.raw))
