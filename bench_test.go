@@ -36,54 +36,7 @@ import (
 // shared machine), with allocs/op and B/op side by side in the usual
 // columns. The goal is vs_plain_% <= 5 in parallel.
 func BenchmarkProxy(b *testing.B) {
-	up := newBenchUpstream(b)
-	body := chatBody("")
-
-	ctx, cancel := configContext(b)
-	b.Cleanup(cancel)
-	proxy := fmt.Sprintf(`{"upstreams":[{"dial":%q}]}`, up.Listener.Addr().String())
-	load := func(id, cfg string) caddyhttp.Handler {
-		mod, err := ctx.LoadModuleByID(id, json.RawMessage(cfg))
-		if err != nil {
-			b.Fatalf("%s: %v", id, err)
-		}
-		mh := mod.(caddyhttp.MiddlewareHandler)
-		return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-			return mh.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
-		})
-	}
-	fq := func(name, tokenizer string) string {
-		return fmt.Sprintf(`{"name":%q,"tokenizer":%q,"proxy":{"handler":"reverse_proxy","upstreams":[{"dial":%q}]}}`,
-			name, tokenizer, up.Listener.Addr().String())
-	}
-	// The same with a quota on the tenant that never binds (all three
-	// meters): its difference to fair_queue is what a quota costs.
-	fqQuota := fmt.Sprintf(`{"name":"bench_quota","tenants":{"acme":{"quota":{"qps":1e8,"tokens_per_min":1e12}}},`+
-		`"proxy":{"handler":"reverse_proxy","upstreams":[{"dial":%q}]}}`, up.Listener.Addr().String())
-	cases := []struct {
-		name string
-		h    caddyhttp.Handler
-	}{
-		{"plain", load("http.handlers.reverse_proxy", proxy)}, // first: the others compare to it
-		{"fair_queue", load("http.handlers.fair_queue", fq("bench_cl100k", "cl100k_base"))},
-		{"fair_queue_approx", load("http.handlers.fair_queue", fq("bench_approx", "approx"))},
-		{"fair_queue_quota", load("http.handlers.fair_queue", fqQuota)},
-	}
-	srv := &caddyhttp.Server{}
-	serve := func(h caddyhttp.Handler) error {
-		r, err := http.NewRequest(http.MethodPost, "http://gateway/v1/chat/completions", bytes.NewReader(body))
-		if err != nil {
-			return err
-		}
-		r.Header.Set("Content-Type", "application/json")
-		r.Header.Set("X-Tenant-ID", "acme")
-		w := httptest.NewRecorder()
-		r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, srv)
-		if err := h.ServeHTTP(w, r); err != nil || w.Code != http.StatusOK {
-			return fmt.Errorf("status %d, error %v, body %s", w.Code, err, w.Body)
-		}
-		return nil
-	}
+	cases, serve := proxyCases(b)
 	loops := map[string]func(b *testing.B, h caddyhttp.Handler){
 		"seq": func(b *testing.B, h caddyhttp.Handler) {
 			for b.Loop() {
@@ -132,9 +85,67 @@ func BenchmarkProxy(b *testing.B) {
 	}
 }
 
+// proxyCase is one handler of BenchmarkProxy.
+type proxyCase struct {
+	name string
+	h    caddyhttp.Handler
+}
+
+// proxyCases provisions BenchmarkProxy's handlers (plain first) and
+// returns them with serve, which makes one request through a handler as
+// Caddy's server would and checks it was served.
+func proxyCases(tb testing.TB) ([]proxyCase, func(caddyhttp.Handler) error) {
+	up := newBenchUpstream(tb)
+	body := chatBody("")
+
+	ctx, cancel := configContext(tb)
+	tb.Cleanup(cancel)
+	proxy := fmt.Sprintf(`{"upstreams":[{"dial":%q}]}`, up.Listener.Addr().String())
+	load := func(id, cfg string) caddyhttp.Handler {
+		mod, err := ctx.LoadModuleByID(id, json.RawMessage(cfg))
+		if err != nil {
+			tb.Fatalf("%s: %v", id, err)
+		}
+		mh := mod.(caddyhttp.MiddlewareHandler)
+		return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			return mh.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
+		})
+	}
+	fq := func(name, tokenizer string) string {
+		return fmt.Sprintf(`{"name":%q,"tokenizer":%q,"proxy":{"handler":"reverse_proxy","upstreams":[{"dial":%q}]}}`,
+			name, tokenizer, up.Listener.Addr().String())
+	}
+	// The same with a quota on the tenant that never binds (all three
+	// meters): its difference to fair_queue is what a quota costs.
+	fqQuota := fmt.Sprintf(`{"name":"bench_quota","tenants":{"acme":{"quota":{"qps":1e8,"tokens_per_min":1e12}}},`+
+		`"proxy":{"handler":"reverse_proxy","upstreams":[{"dial":%q}]}}`, up.Listener.Addr().String())
+	cases := []proxyCase{
+		{"plain", load("http.handlers.reverse_proxy", proxy)}, // first: the others compare to it
+		{"fair_queue", load("http.handlers.fair_queue", fq("bench_cl100k", "cl100k_base"))},
+		{"fair_queue_approx", load("http.handlers.fair_queue", fq("bench_approx", "approx"))},
+		{"fair_queue_quota", load("http.handlers.fair_queue", fqQuota)},
+	}
+	srv := &caddyhttp.Server{}
+	serve := func(h caddyhttp.Handler) error {
+		r, err := http.NewRequest(http.MethodPost, "http://gateway/v1/chat/completions", bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("X-Tenant-ID", "acme")
+		w := httptest.NewRecorder()
+		r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, srv)
+		if err := h.ServeHTTP(w, r); err != nil || w.Code != http.StatusOK {
+			return fmt.Errorf("status %d, error %v, body %s", w.Code, err, w.Body)
+		}
+		return nil
+	}
+	return cases, serve
+}
+
 // newBenchUpstream answers every request with the same small chat
 // completion, with usage, as fast as it can.
-func newBenchUpstream(b *testing.B) *httptest.Server {
+func newBenchUpstream(tb testing.TB) *httptest.Server {
 	resp := []byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m",` +
 		`"choices":[{"index":0,"message":{"role":"assistant","content":"Hello there, how are you?"},"finish_reason":"stop"}],` +
 		`"usage":{"prompt_tokens":25,"completion_tokens":7,"total_tokens":32}}`)
@@ -144,7 +155,7 @@ func newBenchUpstream(b *testing.B) *httptest.Server {
 		w.Header().Set("Content-Length", fmt.Sprint(len(resp)))
 		_, _ = w.Write(resp)
 	}))
-	b.Cleanup(s.Close)
+	tb.Cleanup(s.Close)
 	return s
 }
 
