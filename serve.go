@@ -214,9 +214,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			rec = newUsageRecorder(w, h.counter)
 		}
 		r.ContentLength = int64(len(body))
-		// A canonical key, assigned: what Header.Set does, without the
-		// canonicalization.
-		r.Header["Content-Length"] = []string{strconv.Itoa(len(body))}
+		setContentLength(r.Header, len(body))
 		rec.provider = h.UpstreamQuota != nil || h.Fallback != nil
 		if st, ok := tk.QuotaStatus(); ok {
 			// Set when the response's header is written (usageRecorder),
@@ -300,6 +298,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	h.record(repl, a, outcome, wait)
 	return perr
+}
+
+// setContentLength sets the Content-Length header to n, as Header.Set
+// would, unless it already says n: a request the server read with a
+// Content-Length (every one not chunked) keeps its header, at no
+// allocation.
+func setContentLength(h http.Header, n int) {
+	var buf [20]byte
+	v := strconv.AppendInt(buf[:0], int64(n), 10)
+	if cur := h["Content-Length"]; len(cur) == 1 && cur[0] == string(v) {
+		return
+	}
+	h["Content-Length"] = []string{string(v)}
 }
 
 // setServedHeaders sets the headers of a dispatched request's answer:
