@@ -302,7 +302,7 @@ func parseWith(s *scan, sc *scratch, path string, body []byte) (*Request, error)
 
 // validate checks that body is one JSON object.
 func validate(body []byte) error {
-	if !json.Valid(body) {
+	if !validJSON(body) {
 		// Only now pay for a decode, to learn where the error is.
 		var v struct{}
 		err := json.Unmarshal(body, &v)
