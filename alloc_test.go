@@ -7,7 +7,7 @@ import (
 // maxOverheadAllocs bounds what fair_queue adds to reverse_proxy's
 // allocations for one small served request (BenchmarkProxy's), measured as
 // the difference of the two in one process, so Caddy's own allocations
-// cancel out. Observed: 13 (admission, ticket, parsed request, prompt
+// cancel out. Observed: 14 (admission, ticket, parsed request, prompt
 // strings, body buffer and its MaxBytesReader, tenant placeholder, served
 // headers, response buffer, and the body timer that the test's recorder,
 // having no read deadline, needs); 44 before the request path was trimmed.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"strconv"
@@ -82,20 +83,12 @@ type admission struct {
 	// m caches the tenant's metric children (nil for a Handler that was
 	// not provisioned).
 	m *tenantMetrics
-	// The first attempt's response recorder and request body live here,
-	// so that a request that reaches the upstream once costs no
+	// The first attempt's response recorder and request body reader live
+	// here, so that a request that reaches the upstream once costs no
 	// allocation for them (attempts after a provider's 429 make new ones).
 	rec0  usageRecorder
-	body0 bodyReader
+	body0 bytes.Reader
 }
-
-// bodyReader is the request body sent upstream: one allocation where
-// io.NopCloser(bytes.NewReader(b)) makes two. Its WriteTo (from the
-// embedded bytes.Reader) lets the transport copy it without a buffer.
-type bodyReader struct{ bytes.Reader }
-
-// Close does nothing: the body is the gateway's, not a connection's.
-func (*bodyReader) Close() error { return nil }
 
 // ServeHTTP queues the request fairly, proxies it when dispatched, and
 // back-fills its actual cost. Every request gets exactly one answer: the
@@ -200,17 +193,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		repl.Set("http.fair_queue.cost", a.cost.Total())
 		setServedHeaders(w.Header(), wait, a.cost.Total(), a.light)
 		proxy, body := h.channelProxy(tk, a, w.Header())
+		// io.NopCloser of a *bytes.Reader, which the transport knows for
+		// a body in memory: it sends the header and a small body in one
+		// write.
 		if attempt == 1 {
 			a.body0.Reset(body)
-			r.Body = &a.body0
+			r.Body = io.NopCloser(&a.body0)
 			rec = &a.rec0
 			rec.ResponseWriterWrapper.ResponseWriter, rec.counter = w, h.counter
 		} else {
 			// The transport may still be reading the last attempt's body:
 			// a new one, not a reset.
-			br := new(bodyReader)
-			br.Reset(body)
-			r.Body = br
+			r.Body = io.NopCloser(bytes.NewReader(body))
 			rec = newUsageRecorder(w, h.counter)
 		}
 		r.ContentLength = int64(len(body))
