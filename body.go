@@ -45,14 +45,13 @@ var errReceivingFull = errors.New("request bodies being received are at max_queu
 // allocated; when it says no, the read stops with errReceivingFull.
 func readBody(w http.ResponseWriter, r *http.Request, maxBody int64, timeout time.Duration, reserve func(int64) bool) ([]byte, error) {
 	rd := http.MaxBytesReader(w, r.Body, maxBody)
-	fired := func() bool { return false }
+	var bt bodyTimer
 	if timeout > 0 {
-		var stop func()
-		stop, fired = bodyDeadline(w, r, timeout)
-		defer stop()
+		bt = startBodyTimer(w, r, timeout)
+		defer bt.stop()
 	}
 	b, err := readGrowing(rd, r.ContentLength, maxBody, reserve)
-	if err != nil && (isTimeout(err) || fired()) {
+	if err != nil && (isTimeout(err) || bt.fired()) {
 		err = errBodyTimeout
 	}
 	return b, err
@@ -78,27 +77,35 @@ func readGrowing(rd io.Reader, contentLength, maxBody int64, reserve func(int64)
 		return nil, errReceivingFull
 	}
 	b := make([]byte, 0, first)
-	var probe [512]byte
+	// Made when first needed: a body that fits its announced length
+	// never is, and an array here would be allocated for every body (it
+	// escapes through rd.Read).
+	var probe []byte
 	for {
 		var n int
 		var err error
 		if len(b) < cap(b) {
 			n, err = rd.Read(b[len(b):cap(b)])
 			b = b[:len(b)+n]
-		} else if n, err = rd.Read(probe[:]); n > 0 {
-			// Full: a little was read first, so a body that ends exactly
-			// here costs no bigger buffer.
-			want := min(4*int64(cap(b)), limit)
-			if 2*want >= limit {
-				want = limit // close enough: no extra copy for the last bytes
+		} else {
+			if probe == nil {
+				probe = make([]byte, 512)
 			}
-			want = max(want, int64(len(b)+n)) // more than announced: the reader decides
-			if !reserve(want - int64(cap(b))) {
-				return nil, errReceivingFull
+			if n, err = rd.Read(probe); n > 0 {
+				// Full: a little was read first, so a body that ends
+				// exactly here costs no bigger buffer.
+				want := min(4*int64(cap(b)), limit)
+				if 2*want >= limit {
+					want = limit // close enough: no extra copy for the last bytes
+				}
+				want = max(want, int64(len(b)+n)) // more than announced: the reader decides
+				if !reserve(want - int64(cap(b))) {
+					return nil, errReceivingFull
+				}
+				nb := make([]byte, len(b), want)
+				copy(nb, b)
+				b = append(nb, probe[:n]...)
 			}
-			nb := make([]byte, len(b), want)
-			copy(nb, b)
-			b = append(nb, probe[:n]...)
 		}
 		if err == io.EOF {
 			return b, nil
@@ -109,33 +116,84 @@ func readGrowing(rd io.Reader, contentLength, maxBody int64, reserve func(int64)
 	}
 }
 
-// bodyDeadline bounds the time to read the body. On HTTP/1 it is a read
+// bodyTimer bounds the time to read the body. On HTTP/1 it is a read
 // deadline on the connection, lifted again by stop (the server's own
 // deadlines are reset per request only when configured, and its
 // background read, which notices a client leaving, must not fail on ours);
 // after it has passed, stop leaves it, so that net/http's own drain of an
 // unread body stays bounded too. Where the connection takes no deadline,
 // the body is closed when the time is up; fired then reports the timeout,
-// which the failed read does not name.
-func bodyDeadline(w http.ResponseWriter, r *http.Request, timeout time.Duration) (stop func(), fired func() bool) {
-	rc := http.NewResponseController(w)
+// which the failed read does not name. The zero bodyTimer bounds nothing.
+//
+// A value with methods rather than closures: on the connection's path it
+// costs the request no allocation.
+type bodyTimer struct {
+	conn     readDeadliner // the connection whose read deadline was set
+	deadline time.Time
+	closer   *bodyCloser // where the connection takes no deadline
+}
+
+// readDeadliner is what http.ResponseController.SetReadDeadline looks for.
+type readDeadliner interface{ SetReadDeadline(time.Time) error }
+
+// bodyCloser closes a body whose connection takes no deadline when its
+// time is up.
+type bodyCloser struct {
+	t        *time.Timer
+	body     io.Closer
+	timedOut atomic.Bool
+}
+
+func (c *bodyCloser) fire() {
+	c.timedOut.Store(true)
+	_ = c.body.Close()
+}
+
+func startBodyTimer(w http.ResponseWriter, r *http.Request, timeout time.Duration) bodyTimer {
 	deadline := time.Now().Add(timeout)
-	if err := rc.SetReadDeadline(deadline); err == nil {
-		return func() {
-				if time.Now().Before(deadline) {
-					_ = rc.SetReadDeadline(time.Time{})
-				}
-			}, func() bool {
-				return !time.Now().Before(deadline)
-			}
+	if d := readDeadlineOf(w); d != nil && d.SetReadDeadline(deadline) == nil {
+		return bodyTimer{conn: d, deadline: deadline}
 	}
-	var timedOut atomic.Bool
-	body := r.Body
-	t := time.AfterFunc(timeout, func() {
-		timedOut.Store(true)
-		_ = body.Close()
-	})
-	return func() { t.Stop() }, timedOut.Load
+	c := &bodyCloser{body: r.Body}
+	c.t = time.AfterFunc(timeout, c.fire)
+	return bodyTimer{deadline: deadline, closer: c}
+}
+
+// readDeadlineOf finds the writer that sets the connection's read
+// deadline, unwrapping as http.ResponseController does, without its
+// allocations (the controller, and an error built when there is none).
+func readDeadlineOf(w http.ResponseWriter) readDeadliner {
+	for {
+		switch t := w.(type) {
+		case readDeadliner:
+			return t
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = t.Unwrap()
+		default:
+			return nil
+		}
+	}
+}
+
+func (b *bodyTimer) stop() {
+	switch {
+	case b.conn != nil:
+		if time.Now().Before(b.deadline) {
+			_ = b.conn.SetReadDeadline(time.Time{})
+		}
+	case b.closer != nil:
+		b.closer.t.Stop()
+	}
+}
+
+func (b *bodyTimer) fired() bool {
+	switch {
+	case b.conn != nil:
+		return !time.Now().Before(b.deadline)
+	case b.closer != nil:
+		return b.closer.timedOut.Load()
+	}
+	return false
 }
 
 func isTimeout(err error) bool {
@@ -182,7 +240,7 @@ func linger(w http.ResponseWriter, r *http.Request, flush bool) {
 	if flush && http.NewResponseController(w).Flush() != nil {
 		return
 	}
-	stop, _ := bodyDeadline(w, r, lingerTime)
-	defer stop()
+	bt := startBodyTimer(w, r, lingerTime)
+	defer bt.stop()
 	_, _ = io.CopyN(io.Discard, r.Body, lingerBytes)
 }

@@ -3,6 +3,7 @@ package caddyfairqueue
 import (
 	"errors"
 	"regexp"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -116,6 +117,112 @@ func observeDispatch(queue, tenant string, boosted bool, eta, wait time.Duration
 	if eta > 0 && wait > 0 {
 		etaRatio.WithLabelValues(queue, tenant).Observe(eta.Seconds() / wait.Seconds())
 	}
+}
+
+// metricsCache holds one handler's metric children per tenant label, so
+// that a served request updates its series without hashing its labels
+// into every vector it touches. Labels are bounded as the series are:
+// declared tenants under their names, every other tenant as
+// unknownTenantLabel. The collectors outlive config reloads and nothing
+// deletes their children, so a child cached by a handler stays the one a
+// scrape reads; a reload's new handler starts a cache of its own.
+type metricsCache struct {
+	queue string
+	mu    sync.RWMutex
+	m     map[string]*tenantMetrics
+}
+
+func newMetricsCache(queue string) *metricsCache {
+	return &metricsCache{queue: queue, m: make(map[string]*tenantMetrics)}
+}
+
+// of returns label's children; nil from a nil cache (a handler that was
+// not provisioned), whose methods fall back to the vectors.
+func (c *metricsCache) of(label string) *tenantMetrics {
+	if c == nil {
+		return nil
+	}
+	c.mu.RLock()
+	t := c.m[label]
+	c.mu.RUnlock()
+	if t != nil {
+		return t
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t = c.m[label]; t == nil {
+		t = &tenantMetrics{queue: c.queue, label: label}
+		c.m[label] = t
+	}
+	return t
+}
+
+// tenantMetrics are one (queue, tenant label)'s children in the vectors
+// the served path updates. Each is made the first time it is used, as
+// WithLabelValues would make it, so a scrape shows the same series as
+// before the cache: a tenant never boosted has no boosts_total series.
+type tenantMetrics struct {
+	queue, label string
+
+	servedOnce sync.Once
+	served     prometheus.Counter  // requests_total{outcome="served"}
+	wait       prometheus.Observer // wait_seconds
+	estimated  prometheus.Counter  // estimated_tokens_total
+
+	actualOnce sync.Once
+	actual     prometheus.Counter // actual_tokens_total
+
+	etaOnce sync.Once
+	eta     prometheus.Observer // eta_ratio
+}
+
+func (t *tenantMetrics) initServed() {
+	t.served = requestsTotal.WithLabelValues(t.queue, t.label, outcomeServed)
+	t.wait = waitSeconds.WithLabelValues(t.queue, t.label)
+	t.estimated = estimatedTokens.WithLabelValues(t.queue, t.label)
+}
+
+func (t *tenantMetrics) initActual() {
+	t.actual = actualTokens.WithLabelValues(t.queue, t.label)
+}
+
+func (t *tenantMetrics) initETA() {
+	t.eta = etaRatio.WithLabelValues(t.queue, t.label)
+}
+
+// observeOutcome is observeOutcome through the cache for the served
+// outcome; queue and tenant are t's (they name the series when t is nil).
+func (t *tenantMetrics) observeOutcome(queue, tenant, outcome string, wait time.Duration, est float64) {
+	if t == nil || outcome != outcomeServed {
+		observeOutcome(queue, tenant, outcome, wait, est)
+		return
+	}
+	t.servedOnce.Do(t.initServed)
+	t.served.Inc()
+	t.wait.Observe(wait.Seconds())
+	t.estimated.Add(est)
+}
+
+// observeDispatch is observeDispatch through the cache.
+func (t *tenantMetrics) observeDispatch(queue, tenant string, boosted bool, eta, wait time.Duration) {
+	if t == nil || boosted {
+		observeDispatch(queue, tenant, boosted, eta, wait)
+		return
+	}
+	if eta > 0 && wait > 0 {
+		t.etaOnce.Do(t.initETA)
+		t.eta.Observe(eta.Seconds() / wait.Seconds())
+	}
+}
+
+// observeActual is observeActual through the cache.
+func (t *tenantMetrics) observeActual(queue, tenant string, v float64) {
+	if t == nil {
+		observeActual(queue, tenant, v)
+		return
+	}
+	t.actualOnce.Do(t.initActual)
+	t.actual.Add(v)
 }
 
 // Moments of a wait_budget_exceeded refusal (label values).

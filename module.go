@@ -3,7 +3,9 @@ package caddyfairqueue
 import (
 	"encoding/json"
 	"fmt"
+	"net/textproto"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -171,7 +173,13 @@ type Handler struct {
 	ctx      caddy.Context
 	events   *caddyevents.App
 	classIdx map[string]time.Duration
-	left     bool // Cleanup ran: the handler no longer counts as a user of its queue
+	// tenantVar is the placeholder tenant_key consists of when it is one
+	// request header (the default), with the header's name canonical;
+	// "" for any other key, which ReplaceAll evaluates (see tenantOf).
+	tenantVar string
+	// metrics caches this handler's metric children per tenant label.
+	metrics *metricsCache
+	left    bool // Cleanup ran: the handler no longer counts as a user of its queue
 	// gone is the queue this handler was the last user of, once Cleanup
 	// removed it.
 	gone *sharedQueue
@@ -489,6 +497,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	for _, c := range h.qcfg.Classes {
 		h.classIdx[c.Name] = c.WaitBudget
 	}
+	h.tenantVar = headerPlaceholder(h.TenantKey)
+	h.metrics = newMetricsCache(h.Name)
 	if err := h.provisionDegrade(); err != nil {
 		return err
 	}
@@ -656,3 +666,27 @@ var (
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )
+
+// headerPlaceholder returns the variable of key when key is exactly one
+// request-header placeholder, "{http.request.header.X-Tenant-ID}", with
+// the header's name canonical (the replacer canonicalizes it on every
+// lookup; a canonical name costs it no copy); "" otherwise. For such a key
+// Replacer.GetString of the variable is what ReplaceAll(key, "") returns:
+// the header's values joined by commas, "" when absent.
+func headerPlaceholder(key string) string {
+	const prefix = "http.request.header."
+	if len(key) < 2 || key[0] != '{' || key[len(key)-1] != '}' {
+		return ""
+	}
+	v := key[1 : len(key)-1]
+	name, ok := strings.CutPrefix(v, prefix)
+	if !ok || name == "" {
+		return ""
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; !(c == '-' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
+			return ""
+		}
+	}
+	return prefix + textproto.CanonicalMIMEHeaderKey(name)
+}

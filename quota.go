@@ -133,23 +133,40 @@ func setRateLimitHeaders(h http.Header, st quota.Status) {
 			req.Reset = max(req.Reset, j.Reset)
 		}
 	}
-	set := func(kind string, m quota.MeterStatus) {
-		if !m.Enabled {
-			return
+	meters := [2]quota.MeterStatus{req, st.Tokens}
+	n := 0
+	for _, m := range meters {
+		if m.Enabled {
+			n += 3
 		}
-		h.Set("X-Ratelimit-Limit-"+kind, strconv.FormatInt(m.Limit, 10))
-		h.Set("X-Ratelimit-Remaining-"+kind, strconv.FormatInt(m.Remaining, 10))
-		h.Set("X-Ratelimit-Reset-"+kind, resetString(m.Reset))
 	}
-	set("Requests", req)
-	set("Tokens", st.Tokens)
+	if n == 0 {
+		return
+	}
+	// Canonical keys, assigned, and the values in one slice: what
+	// Header.Set does, for one allocation and no canonicalization.
+	vals := make([]string, 0, n)
+	for k, m := range meters {
+		if !m.Enabled {
+			continue
+		}
+		vals = append(vals, strconv.FormatInt(m.Limit, 10), strconv.FormatInt(m.Remaining, 10), resetString(m.Reset))
+		for j, key := range rateLimitKeys[k] {
+			i := len(vals) - 3 + j
+			h[key] = vals[i : i+1 : i+1]
+		}
+	}
+}
+
+// rateLimitKeys are the headers setRateLimitHeaders writes, for requests
+// and for tokens: limit, remaining, reset.
+var rateLimitKeys = [2][3]string{
+	{"X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests"},
+	{"X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens"},
 }
 
 // rateLimitHeaders are the headers setRateLimitHeaders writes.
-var rateLimitHeaders = []string{
-	"X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests",
-	"X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens",
-}
+var rateLimitHeaders = append(rateLimitKeys[0][:], rateLimitKeys[1][:]...)
 
 // resetString formats a reset time as OpenAI does ("1s", "6m0s", "17ms"),
 // to the millisecond, rounded up so that a client waiting that long finds

@@ -71,11 +71,26 @@ func (u *usageRecorder) WriteHeader(status int) {
 		if u.quota != nil {
 			setRateLimitHeaders(u.Header(), *u.quota)
 		}
-		if isEventStream(u.Header().Get("Content-Type")) {
+		if isEventStream(headerValue(u.Header(), "Content-Type")) {
 			u.stream = llmapi.NewStreamScanner(u.counter)
+		} else if cl := headerValue(u.Header(), "Content-Length"); cl != "" {
+			// Room for the whole body at once, when it is to be kept,
+			// rather than a buffer doubling as it arrives.
+			if n, err := strconv.Atoi(cl); err == nil && n > 0 && n <= maxUsageBody {
+				u.body.Grow(n)
+			}
 		}
 	}
 	u.ResponseWriterWrapper.WriteHeader(status)
+}
+
+// headerValue is h.Get(key) for a key already in canonical form, without
+// canonicalizing it again.
+func headerValue(h http.Header, key string) string {
+	if v := h[key]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // isEventStream reports whether a Content-Type is text/event-stream, with

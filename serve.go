@@ -77,6 +77,17 @@ type admission struct {
 	// it really used), for the cost model.
 	usageKnown                 bool
 	usedPrompt, usedCompletion int
+
+	// tenantVal is tenant as the placeholder holds it, boxed once.
+	tenantVal any
+	// m caches the tenant's metric children (nil for a Handler that was
+	// not provisioned).
+	m *tenantMetrics
+	// The first attempt's response recorder and request body reader live
+	// here, so that a request that reaches the upstream once costs no
+	// allocation for them (attempts after a provider's 429 make new ones).
+	rec0  usageRecorder
+	body0 bytes.Reader
 }
 
 // ServeHTTP queues the request fairly, proxies it when dispatched, and
@@ -174,27 +185,36 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if attempt == 1 {
 			// A request is dispatched once, however often a provider
 			// refuses it (the wait grows; the ETA was for the first).
-			observeDispatch(h.Name, a.label, tk.Boosted(), tk.ETA(), wait)
+			a.m.observeDispatch(h.Name, a.label, tk.Boosted(), tk.ETA(), wait)
 			h.history().Dispatched(a.label, tk.Boosted(), tk.ETA(), wait)
 		}
 		// Known now: set before proxying, so the inner proxy can use them.
 		repl.Set("http.fair_queue.wait_ms", wait.Milliseconds())
 		repl.Set("http.fair_queue.cost", a.cost.Total())
-		hdr := w.Header()
-		hdr.Set(headerWaitMs, strconv.FormatInt(wait.Milliseconds(), 10))
-		hdr.Set(headerCost, strconv.Itoa(a.cost.Total()))
-		if a.light {
-			hdr.Set(headerMode, "light")
+		setServedHeaders(w.Header(), wait, a.cost.Total(), a.light)
+		proxy, body := h.channelProxy(tk, a, w.Header())
+		// io.NopCloser of a *bytes.Reader, which the transport knows for
+		// a body in memory: it sends the header and a small body in one
+		// write.
+		if attempt == 1 {
+			a.body0.Reset(body)
+			r.Body = io.NopCloser(&a.body0)
+			rec = &a.rec0
+			rec.ResponseWriterWrapper.ResponseWriter, rec.counter = w, h.counter
+		} else {
+			// The transport may still be reading the last attempt's body:
+			// a new one, not a reset.
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			rec = newUsageRecorder(w, h.counter)
 		}
-		proxy, body := h.channelProxy(tk, a, hdr)
-		r.Body = io.NopCloser(bytes.NewReader(body))
 		r.ContentLength = int64(len(body))
-		r.Header.Set("Content-Length", strconv.Itoa(len(body)))
-		rec = newUsageRecorder(w, h.counter)
+		setContentLength(r.Header, len(body))
 		rec.provider = h.UpstreamQuota != nil || h.Fallback != nil
 		if st, ok := tk.QuotaStatus(); ok {
 			// Set when the response's header is written (usageRecorder),
-			// over whatever the upstream sent.
+			// over whatever the upstream sent. (A copy, so that st itself
+			// does not move to the heap on every request.)
+			st := st
 			rec.quota, charged = &st, a.tc.Quota
 		}
 		var saved http.Header
@@ -274,6 +294,38 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return perr
 }
 
+// setContentLength sets the Content-Length header to n, as Header.Set
+// would, unless it already says n: a request the server read with a
+// Content-Length (every one not chunked) keeps its header, at no
+// allocation.
+func setContentLength(h http.Header, n int) {
+	var buf [20]byte
+	v := strconv.AppendInt(buf[:0], int64(n), 10)
+	if cur := h["Content-Length"]; len(cur) == 1 && cur[0] == string(v) {
+		return
+	}
+	h["Content-Length"] = []string{string(v)}
+}
+
+// setServedHeaders sets the headers of a dispatched request's answer:
+// wait, cost and, in light mode, the mode. The keys are canonical and
+// their values share one slice, so this costs one allocation where
+// Header.Set costs one per header and a canonicalization each.
+func setServedHeaders(hdr http.Header, wait time.Duration, cost int, light bool) {
+	n := 2
+	if light {
+		n = 3
+	}
+	vals := make([]string, n)
+	vals[0] = strconv.FormatInt(wait.Milliseconds(), 10)
+	vals[1] = strconv.Itoa(cost)
+	hdr[headerWaitMs], hdr[headerCost] = vals[0:1:1], vals[1:2:2]
+	if light {
+		vals[2] = "light"
+		hdr[headerMode] = vals[2:3:3]
+	}
+}
+
 // maxProviderAttempts bounds how often one request is sent to a provider
 // that answers 429: past it the client gets 503 server_busy, so a provider
 // that refuses everything cannot keep a request cycling.
@@ -319,7 +371,7 @@ func (h *Handler) actualCost(rec *usageRecorder, a *admission, failed bool) int6
 		}
 		a.usageKnown, a.usedPrompt, a.usedCompletion = !failed, prompt, u.Completion
 		actual := int64(prompt + u.Completion)
-		observeActual(h.Name, a.label, float64(actual))
+		a.m.observeActual(h.Name, a.label, float64(actual))
 		h.history().Tokens(a.label, actual)
 		return actual
 	}
@@ -336,18 +388,23 @@ func (h *Handler) actualCost(rec *usageRecorder, a *admission, failed bool) int6
 // a client that sent "Expect: 100-continue" is refused before it uploads.
 func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer) (*admission, *apiError) {
 	a := &admission{arrived: time.Now(), path: r.URL.Path}
-	a.tenant = repl.ReplaceAll(h.TenantKey, "")
+	a.tenant = h.tenantOf(repl)
 	if len(a.tenant) > maxTenantLen {
 		// Tenant IDs are map keys, log fields and report rows: bound them.
 		a.tenant, a.label = a.tenant[:maxTenantLen], unknownTenantLabel
+		a.m = h.metrics.of(a.label)
 		return a, badRequest(fmt.Sprintf("The tenant ID is longer than %d bytes.", maxTenantLen))
 	}
 	// Known from here on, so the inner proxy can use it (header_up).
-	repl.Set(placeholderTenant, a.tenant)
+	a.tenantVal = a.tenant
+	repl.Set(placeholderTenant, a.tenantVal)
 	tc, known := h.qcfg.Tenant(a.tenant)
 	a.tc, a.label = tc, a.tenant
 	if !known {
 		a.label = unknownTenantLabel
+	}
+	a.m = h.metrics.of(a.label)
+	if !known {
 		if h.RejectUnknownTenants {
 			msg := fmt.Sprintf("Tenant %q is not known to this gateway; ask its operator to add it.", a.tenant)
 			if a.tenant == "" {
@@ -420,12 +477,23 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 	return a, nil
 }
 
+// tenantOf evaluates tenant_key. The usual key, one request-header
+// placeholder, is looked up directly (see Handler.tenantVar): what
+// ReplaceAll returns for it, without parsing the key on every request.
+func (h *Handler) tenantOf(repl *caddy.Replacer) string {
+	if h.tenantVar != "" {
+		v, _ := repl.GetString(h.tenantVar)
+		return v
+	}
+	return repl.ReplaceAll(h.TenantKey, "")
+}
+
 // classAndBudget applies the request's class and wait-budget headers, which
 // may only lower what its tenant gets.
 func (h *Handler) classAndBudget(r *http.Request, a *admission) *apiError {
 	tc := a.tc
 	a.class = tc.Class
-	if c := r.Header.Get(headerClass); c != "" {
+	if c := headerValue(r.Header, headerClass); c != "" {
 		cb, ok := h.classIdx[c]
 		if !ok {
 			return badRequest(fmt.Sprintf("%s: unknown class %q.", headerClass, c))
@@ -436,7 +504,7 @@ func (h *Handler) classAndBudget(r *http.Request, a *admission) *apiError {
 		a.class = c
 	}
 	var requested time.Duration
-	if v := r.Header.Get(headerWaitBudget); v != "" {
+	if v := headerValue(r.Header, headerWaitBudget); v != "" {
 		d, err := caddy.ParseDuration(v)
 		if err != nil || d <= 0 {
 			return badRequest(fmt.Sprintf("%s: %q is not a positive duration such as 2s or 500ms.", headerWaitBudget, v))
@@ -479,6 +547,20 @@ func badRequest(msg string) *apiError {
 	return &apiError{status: http.StatusBadRequest, code: outcomeInvalid, message: msg}
 }
 
+// outcomeValue is outcome as a placeholder value: the common outcomes are
+// boxed once, at compile time, rather than on every request.
+func outcomeValue(outcome string) any {
+	switch outcome {
+	case outcomeServed:
+		return outcomeServed
+	case outcomeClientGone:
+		return outcomeClientGone
+	case outcomeProxyError:
+		return outcomeProxyError
+	}
+	return outcome
+}
+
 // answer records a gateway error and writes it in the OpenAI shape; with
 // handle_errors it returns it to Caddy instead (Retry-After set, and the
 // code, message and retry in placeholders), for the site's handle_errors
@@ -504,11 +586,14 @@ func (h *Handler) answer(w http.ResponseWriter, repl *caddy.Replacer, a *admissi
 
 // record sets the access-log placeholders, logs and counts the outcome.
 func (h *Handler) record(repl *caddy.Replacer, a *admission, outcome string, wait time.Duration) {
-	repl.Set(placeholderTenant, a.tenant)
+	if a.tenantVal == nil {
+		a.tenantVal = a.tenant
+	}
+	repl.Set(placeholderTenant, a.tenantVal)
 	repl.Set("http.fair_queue.wait_ms", wait.Milliseconds())
 	repl.Set("http.fair_queue.cost", a.cost.Total())
-	repl.Set("http.fair_queue.outcome", outcome)
-	observeOutcome(h.Name, a.label, outcome, wait, float64(a.cost.Total()))
+	repl.Set("http.fair_queue.outcome", outcomeValue(outcome))
+	a.m.observeOutcome(h.Name, a.label, outcome, wait, float64(a.cost.Total()))
 	h.history().Outcome(a.label, outcome, wait)
 	if outcome != outcomeServed {
 		if c := h.logger.Check(zap.DebugLevel, "request not served"); c != nil {

@@ -25,6 +25,7 @@ func BenchmarkEstimate(b *testing.B) {
 	for _, name := range CounterNames() {
 		c := mustCounter(b, name)
 		b.Run(name, func(b *testing.B) {
+			b.Run("small", func(b *testing.B) { run(b, c, smallChatBody) })
 			b.Run("8k", func(b *testing.B) { run(b, c, body8k) })
 			b.Run("100k_bounded", func(b *testing.B) { run(b, c, body100k) })
 			if name != Approx {
@@ -34,8 +35,15 @@ func BenchmarkEstimate(b *testing.B) {
 	}
 }
 
+// smallChatBody is the request of the gateway's BenchmarkProxy: two short
+// messages and a cap, the common case whose allocations the request path
+// pays on every request.
+const smallChatBody = `{"model":"m","messages":[{"role":"system","content":"You are a helpful assistant."},` +
+	`{"role":"user","content":"Say hello in five words."}],"max_tokens":32}`
+
 func BenchmarkParse(b *testing.B) {
 	for name, tc := range map[string]struct{ path, body string }{
+		"chat_small": {"/v1/chat/completions", smallChatBody},
 		"chat_8k":    {"/v1/chat/completions", bigChatBody(8000)},
 		"chat_tools": {"/v1/chat/completions", chatToolsBody},
 		"anthropic":  {"/v1/messages", anthropicBody},

@@ -345,68 +345,98 @@ type approxCounter struct{}
 func (approxCounter) Name() string { return Approx }
 
 func (approxCounter) Count(s string) int {
-	// Quarter tokens, to stay in integers.
-	var q int
-	var letters, digits, punct, spaces int
-	var breaks bool // the whitespace run has more than plain spaces
-	flush := func() {
-		if letters > 0 {
-			q += 4 + 4*((letters-1)/8)
-		}
-		if digits > 0 {
-			q += 4 * ((digits + 2) / 3)
-		}
-		if punct > 0 {
-			q += 4 * ((punct + 1) / 2)
-		}
-		if spaces > 1 || breaks {
-			q += 4
-		}
-		letters, digits, punct, spaces, breaks = 0, 0, 0, 0, false
-	}
+	// Quarter tokens, to stay in integers. The text is a sequence of runs
+	// of one kind (letters, digits, punctuation, whitespace), each charged
+	// when it ends (runCost); a CJK character or another non-ASCII symbol
+	// ends the run before it and is charged on its own. The run's state is
+	// a few locals, so the loop over ASCII text is a table lookup a byte.
+	var q, n int
+	run, breaks := uint8(runNone), false
 	for i := 0; i < len(s); {
-		r, size := rune(s[i]), 1
-		if r >= utf8.RuneSelf {
-			r, size = utf8.DecodeRuneInString(s[i:])
-		}
-		i += size
-		switch c := classOf(r); {
-		case c == classLetter && size > 1 && isCJK(r):
-			flush()
-			q += 5
-		case c == classLetter:
-			if letters == 0 {
-				flush()
+		if c := s[i]; c < utf8.RuneSelf {
+			i++
+			k := asciiRun[c]
+			if k != run {
+				q += runCost(run, n, breaks)
+				run, n, breaks = k, 0, false
 			}
-			letters++
-			if size > 1 {
-				q += 4
-			}
-		case c == classNumber:
-			if digits == 0 {
-				flush()
-			}
-			digits++
-		case c == classSpace:
-			if spaces == 0 {
-				flush()
-			}
-			spaces++
-			if r != ' ' {
+			n++
+			if k == runSpace && c != ' ' {
 				breaks = true
 			}
-		case r < utf8.RuneSelf:
-			if punct == 0 {
-				flush()
-			}
-			punct++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		i += size
+		k := uint8(runNone)
+		switch c := classOf(r); {
+		case c == classLetter && isCJK(r):
+			q += 5
+		case c == classLetter:
+			k = runLetter
+			q += 4
+		case c == classNumber:
+			k = runDigit
+		case c == classSpace:
+			k = runSpace
 		default:
-			flush()
 			q += 4
 		}
+		if k != run || k == runNone {
+			q += runCost(run, n, breaks)
+			run, n, breaks = k, 0, false
+		}
+		if k != runNone {
+			n++
+			breaks = breaks || k == runSpace // a space that is not ' '
+		}
 	}
-	flush()
-	return (q + 3) / 4
+	return (q + runCost(run, n, breaks) + 3) / 4
+}
+
+// Kinds of run the approx counter charges.
+const (
+	runNone = iota
+	runLetter
+	runDigit
+	runPunct
+	runSpace
+)
+
+// asciiRun is the kind of run each ASCII character belongs to.
+var asciiRun = func() (t [utf8.RuneSelf]uint8) {
+	for i, c := range asciiClass {
+		switch c {
+		case classLetter:
+			t[i] = runLetter
+		case classNumber:
+			t[i] = runDigit
+		case classSpace:
+			t[i] = runSpace
+		default:
+			t[i] = runPunct
+		}
+	}
+	return t
+}()
+
+// runCost is what a run of n characters of a kind costs, in quarter
+// tokens: a word piece per 8 letters, one per 3 digits or 2 punctuation
+// marks, and one for whitespace beyond a single plain space.
+func runCost(kind uint8, n int, breaks bool) int {
+	switch kind {
+	case runLetter:
+		return 4 + 4*((n-1)/8)
+	case runDigit:
+		return 4 * ((n + 2) / 3)
+	case runPunct:
+		return 4 * ((n + 1) / 2)
+	case runSpace:
+		if n > 1 || breaks {
+			return 4
+		}
+	}
+	return 0
 }
 
 func isCJK(r rune) bool {

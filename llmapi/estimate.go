@@ -46,8 +46,15 @@ func Estimate(req *Request, c Counter, defaultMaxTokens int) Cost {
 	if c == nil {
 		c = approxCounter{}
 	}
-	var s scan
-	p := promptTokens(req, req.walkTexts(&s, (req.nTexts+maxTexts-1)/maxTexts), c)
+	sc := getScratch()
+	var texts []textRef
+	if req.walked && req.nTexts <= len(req.texts) {
+		texts = req.texts[:req.nTexts] // all of them, met by Parse
+	} else {
+		texts = req.gatherTexts(&sc.s, sc, (req.nTexts+maxTexts-1)/maxTexts)
+	}
+	p := promptTokens(req, texts, c, sc)
+	sc.release()
 	out := clamp(req.MaxOutput)
 	if out == 0 {
 		out = clamp(defaultMaxTokens)
@@ -61,8 +68,8 @@ func Estimate(req *Request, c Counter, defaultMaxTokens int) Cost {
 
 // promptTokens is the prompt cost of the counts in r and of texts, which
 // are r's texts or, when there are fewer, a sample of them: their count is
-// then scaled up by bytes.
-func promptTokens(r *Request, texts []textRef, c Counter) int64 {
+// then scaled up by bytes. sc (may be nil) holds the strings counted.
+func promptTokens(r *Request, texts []textRef, c Counter, sc *scratch) int64 {
 	p := clamp(r.TokenIDs) + clamp(r.Images)*ImageTokens + clamp(r.Names) + clamp(r.Messages)*MessageOverhead
 	if r.Messages > 0 {
 		p += ReplyPriming
@@ -70,7 +77,14 @@ func promptTokens(r *Request, texts []textRef, c Counter) int64 {
 	if len(texts) == 0 {
 		return p
 	}
-	n := clamp(countTexts(c, textStrings(texts)))
+	var strs []string
+	if sc != nil {
+		sc.strs = appendTextStrings(sc.strs[:0], texts)
+		strs = sc.strs
+	} else {
+		strs = textStrings(texts)
+	}
+	n := clamp(countTexts(c, strs))
 	if len(texts) < r.nTexts {
 		var sampled int64
 		for _, t := range texts {

@@ -137,3 +137,56 @@ func bigChatBody(tokens int) string {
 	}
 	return `{"model":"gpt-4o","stream":true,"max_tokens":1024,"messages":[` + strings.Join(msgs, ",") + `]}`
 }
+
+// TestEstimateInlineTexts: the texts a Request keeps from its parse are
+// the ones a second walk gathers, in order, so Estimate counts the same
+// with them as without; a prompt of more texts than a Request keeps is
+// walked again.
+func TestEstimateInlineTexts(t *testing.T) {
+	many := `{"model":"m","messages":[` + strings.Repeat(`{"role":"user","content":"hi there"},`, inlineTexts) +
+		`{"role":"user","content":"last"}]}`
+	for _, tc := range []struct{ name, path, body string }{
+		{"small", "/v1/chat/completions", smallChatBody},
+		{"tools", "/v1/chat/completions", chatToolsBody},
+		{"anthropic", "/v1/messages", anthropicBody},
+		{"responses", "/v1/responses", responsesBody},
+		{"inferred", "/custom", chatToolsBody},
+		{"more_than_inline", "/v1/chat/completions", many},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := Parse(tc.path, []byte(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !req.walked {
+				t.Fatal("Parse did not mark the request walked")
+			}
+			var s scan
+			walked := req.walkTexts(&s, 1)
+			if len(walked) != req.nTexts {
+				t.Fatalf("walk gathered %d texts, parse counted %d", len(walked), req.nTexts)
+			}
+			if req.nTexts <= inlineTexts {
+				for i, w := range walked {
+					if got := req.texts[i]; string(got.raw) != string(w.raw) || got.compact != w.compact {
+						t.Errorf("text %d: kept %q (compact %v), walk has %q (compact %v)", i, got.raw, got.compact, w.raw, w.compact)
+					}
+				}
+			} else if tc.name == "small" || tc.name == "responses" {
+				t.Fatalf("%d texts: the case does not test what it names", req.nTexts)
+			}
+			if tc.name == "more_than_inline" && req.nTexts <= inlineTexts {
+				t.Fatalf("%d texts: the case does not test what it names", req.nTexts)
+			}
+			for _, name := range CounterNames() {
+				c := mustCounter(t, name)
+				got := Estimate(req, c, 100)
+				rewalk := *req
+				rewalk.walked = false
+				if want := Estimate(&rewalk, c, 100); got != want {
+					t.Errorf("%s: estimate %+v with the parse's texts, %+v walking again", name, got, want)
+				}
+			}
+		})
+	}
+}

@@ -263,7 +263,7 @@ func trimMessages(s *scan, top *topLevel, anthropic bool, limit int, c Counter) 
 		return nil, nil
 	}
 
-	budget := limit - saturate(promptTokens(fixed.r, fixed.texts, c))
+	budget := limit - saturate(promptTokens(fixed.r, fixed.texts, c, nil))
 	if fixed.r.Messages == 0 {
 		budget -= ReplyPriming // Estimate adds it only when there are messages
 	}

@@ -73,7 +73,17 @@ type Request struct {
 	nTexts    int    // texts in the prompt
 	textBytes int64  // and their size, as they stand in the body
 	noBody    bool
+	// texts are the first texts of the prompt as the walk met them; when
+	// Parse set walked and they are all of them (nTexts <= inlineTexts),
+	// Estimate counts them without walking the body a second time.
+	texts  [inlineTexts]textRef
+	walked bool
 }
+
+// inlineTexts is how many prompt texts a Request keeps from its parse: a
+// short conversation's, for a fixed 256 bytes, which spares the common
+// request the estimate's second walk over its body.
+const inlineTexts = 8
 
 // Texts returns the prompt text, one entry per separately tokenized string
 // (message contents, names, tool calls, tool definitions), decoded from
@@ -246,11 +256,16 @@ func (t *topLevel) slot(key []byte) *[]byte {
 // Parse never modifies body, and its work is linear in len(body) whatever
 // the nesting. The Request refers to body (see Request).
 func Parse(path string, body []byte) (*Request, error) {
-	var s scan
-	return parse(&s, path, body)
+	sc := getScratch()
+	defer sc.release()
+	return parseWith(&sc.s, sc, path, body)
 }
 
-func parse(s *scan, path string, body []byte) (*Request, error) {
+func parse(s *scan, path string, body []byte) (*Request, error) { return parseWith(s, nil, path, body) }
+
+// parseWith is Parse with s as its scanner and sc (may be nil) as the
+// walk's working memory.
+func parseWith(s *scan, sc *scratch, path string, body []byte) (*Request, error) {
 	kind := KindFromPath(path)
 	if len(bytes.TrimSpace(body)) == 0 {
 		if kind == KindUnknown {
@@ -271,15 +286,23 @@ func parse(s *scan, path string, body []byte) (*Request, error) {
 		req.Inferred = req.Kind != KindUnknown
 	}
 	w := walker{s: s, r: req}
-	if err := w.parse(&top); err != nil {
+	if sc != nil {
+		w.path = sc.path[:0]
+	}
+	err := w.parse(&top)
+	if sc != nil {
+		sc.path = w.path[:0]
+	}
+	if err != nil {
 		return nil, err
 	}
+	req.walked = true
 	return req, nil
 }
 
 // validate checks that body is one JSON object.
 func validate(body []byte) error {
-	if !json.Valid(body) {
+	if !validJSON(body) {
 		// Only now pay for a decode, to learn where the error is.
 		var v struct{}
 		err := json.Unmarshal(body, &v)

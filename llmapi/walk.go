@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"strings"
+	"sync"
 )
 
 // textRef is one separately tokenized piece of prompt text, as it stands
@@ -18,9 +19,13 @@ type textRef struct {
 // textStrings returns the texts to tokenize. They share one allocation,
 // which the caller drops once counted: a prompt of a million one-letter
 // strings costs one buffer, not a million strings.
-func textStrings(texts []textRef) []string {
+func textStrings(texts []textRef) []string { return appendTextStrings(nil, texts) }
+
+// appendTextStrings is textStrings appending to dst, so that the request
+// path can reuse a pooled slice (see scratch).
+func appendTextStrings(dst []string, texts []textRef) []string {
 	if len(texts) == 0 {
-		return nil
+		return dst
 	}
 	size := 0
 	for _, t := range texts {
@@ -29,8 +34,12 @@ func textStrings(texts []textRef) []string {
 	var all strings.Builder
 	all.Grow(size)
 	var scratch bytes.Buffer
-	ends := make([]int, len(texts))
-	for i, t := range texts {
+	var endsBuf [16]int
+	ends := endsBuf[:0]
+	if len(texts) > len(endsBuf) {
+		ends = make([]int, 0, len(texts))
+	}
+	for _, t := range texts {
 		switch {
 		case t.compact:
 			scratch.Reset()
@@ -40,15 +49,58 @@ func textStrings(texts []textRef) []string {
 		default:
 			all.Write(stringBytes(t.raw))
 		}
-		ends[i] = all.Len()
+		ends = append(ends, all.Len())
 	}
 	joined := all.String() // no copy
-	out := make([]string, len(texts))
 	start := 0
-	for i, e := range ends {
-		out[i], start = joined[start:e], e
+	for _, e := range ends {
+		dst, start = append(dst, joined[start:e]), e
 	}
-	return out
+	return dst
+}
+
+// scratch is the working memory of one walk over a body: the scanner, the
+// walk's path, the texts it gathers and their strings. It is pooled, so
+// that parsing and estimating a request allocate only what they return
+// (the Request) and the texts' one buffer; release drops every reference
+// into the body, and memory a large body made it grow is not kept.
+type scratch struct {
+	s     scan
+	req   Request // the throwaway counts of a collecting walk
+	path  []seg
+	texts []textRef
+	strs  []string
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+func getScratch() *scratch { return scratchPool.Get().(*scratch) }
+
+// Bounds on what a pooled scratch keeps: a body that needed more gets
+// fresh memory next time rather than pinning its peak in the pool.
+const (
+	maxPooledTexts = 1 << 10
+	maxPooledPath  = 64
+	maxPooledKey   = 4 << 10
+)
+
+func (sc *scratch) release() {
+	clear(sc.texts)
+	clear(sc.strs)
+	clear(sc.path)
+	sc.req = Request{}
+	sc.s.n = 0
+	if cap(sc.s.kbuf) > maxPooledKey {
+		sc.s.kbuf = nil
+	}
+	sc.texts, sc.strs, sc.path = sc.texts[:0], sc.strs[:0], sc.path[:0]
+	if cap(sc.texts) > maxPooledTexts {
+		sc.texts, sc.strs = nil, nil
+	}
+	if cap(sc.path) > maxPooledPath {
+		sc.path = nil
+	}
+	scratchPool.Put(sc)
 }
 
 // walker interprets a body's members for one kind of API. Parse runs it to
@@ -114,6 +166,13 @@ const maxTexts = 1 << 16
 // walkTexts walks r's body again and returns its prompt texts, every
 // every-th of them (0 or 1: all).
 func (r *Request) walkTexts(s *scan, every int) []textRef {
+	var sc scratch
+	return r.gatherTexts(s, &sc, every)
+}
+
+// gatherTexts is walkTexts with its working memory in sc, whose texts it
+// returns (sc.s is not used: s may be another scanner).
+func (r *Request) gatherTexts(s *scan, sc *scratch, every int) []textRef {
 	if r == nil || r.body == nil || r.Kind == KindUnknown {
 		return nil
 	}
@@ -121,8 +180,11 @@ func (r *Request) walkTexts(s *scan, every int) []textRef {
 	if readTop(s, r.body, &top) != nil {
 		return nil
 	}
-	w := walker{s: s, r: &Request{Kind: r.Kind}, collect: true, every: every}
-	if w.parse(&top) != nil {
+	sc.req = Request{Kind: r.Kind}
+	w := walker{s: s, r: &sc.req, collect: true, every: every, texts: sc.texts[:0], path: sc.path[:0]}
+	err := w.parse(&top)
+	sc.texts, sc.path = w.texts, w.path[:0]
+	if err != nil {
 		return nil
 	}
 	return w.texts
@@ -693,11 +755,15 @@ func (w *walker) addJSON(raw []byte) {
 	}
 }
 
-// add counts a text, and keeps it when collecting (every every-th).
+// add counts a text, and keeps it when collecting (every every-th); the
+// first inlineTexts are kept in the Request too.
 func (w *walker) add(t textRef) {
 	r := w.r
 	if w.collect && (w.every <= 1 || r.nTexts%w.every == 0) {
 		w.texts = append(w.texts, t)
+	}
+	if r.nTexts < len(r.texts) {
+		r.texts[r.nTexts] = t
 	}
 	r.nTexts++
 	r.textBytes += int64(len(t.raw))
