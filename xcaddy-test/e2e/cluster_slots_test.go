@@ -283,3 +283,105 @@ func TestClusterProviderAccount(t *testing.T) {
 		t.Errorf("the gateways sent %.3f of what the account allows, want at most 1.05 (and the account used)", ratio)
 	}
 }
+
+// clusterReleaseTmpl is clusterSlotsTmpl for two gateways with a lease far
+// longer than the test: a grant that came back did so because its gateway
+// gave it back, not because it lapsed.
+const clusterReleaseTmpl = `{
+	admin 127.0.0.1:{{.Admin}}
+	default_bind 127.0.0.1
+}
+http://127.0.0.1:{{.Site}} {
+	fair_queue {
+		max_inflight 4
+		class batch wait_budget 60s
+		cluster {
+			redis {env.FQ_E2E_REDIS_URL}
+			instances 2
+			share_slots
+			sync 100ms
+			lease_ttl 60s
+		}
+		reverse_proxy {{.Upstreams}} {
+			health_uri /health
+			health_interval 200ms
+		}
+	}
+}
+`
+
+// TestClusterSharedSlotsReleasedOnStop (issue 12): a gateway stopped the
+// usual way (SIGTERM) gives its grant of the shared slots back as it goes,
+// so the gateway left takes the whole pool within seconds, not after the
+// 60 s lease. (Requests the stopped gateway's clients send as it stops
+// may fail; they are not counted.)
+func TestClusterSharedSlotsReleasedOnStop(t *testing.T) {
+	rs := startRedis(t)
+	t.Setenv("FQ_E2E_REDIS_URL", "redis://"+rs.addr())
+	fakes := startFakes(t, 2, "crel", harness.FakeOptions{Slots: 4, TTFT: 10 * time.Millisecond, PerToken: 4 * time.Millisecond})
+	var gws []*harness.Caddy
+	var bases []string
+	for range 2 {
+		p := harness.Ports(t, "Admin", "Site")
+		gws = append(gws, startCaddy(t, clusterReleaseTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
+			"Upstreams": addrs(fakes...)}))
+		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
+	}
+	cl := newClient(true)
+	defer cl.CloseIdleConnections()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	failed := map[int]int{}
+	stops := []chan struct{}{make(chan struct{}), make(chan struct{})}
+	for g := range 2 {
+		for w := range 8 {
+			wg.Go(func() {
+				for i := 0; ; i++ {
+					select {
+					case <-stops[g]:
+						return
+					default:
+					}
+					r := send(ctx, cl, bases[g], chatReq{Tenant: "t", TestID: fmt.Sprintf("r%d-%d-%d", g, w, i), MaxTokens: 40, IgnoreEOS: true})
+					if ctx.Err() == nil && (r.Err != nil || r.Status != http.StatusOK) {
+						mu.Lock()
+						failed[g]++
+						mu.Unlock()
+					}
+				}
+			})
+		}
+	}
+	grant := func(s harness.Series) float64 { return metric(s, "caddy_fair_queue_cluster_slot_grant") }
+	waitMetric(t, gws[0], "both gateways hold part of the pool", func(s0 harness.Series) bool {
+		g0, g1 := grant(s0), grant(scrape(t, gws[1]))
+		return g0+g1 == 8 && g0 >= 3 && g1 >= 3
+	})
+	// Stop the second gateway while its clients are still sending: the
+	// requests it holds finish, then it releases its entry.
+	close(stops[1])
+	if err := gws[1].Stop(); err != nil {
+		t.Errorf("stopping the second gateway: %v", err)
+	}
+	stopped := time.Now()
+	deadline := stopped.Add(5 * time.Second)
+	for grant(scrape(t, gws[0])) != 8 {
+		if time.Now().After(deadline) {
+			t.Fatalf("5 s after the stop the gateway left holds %v of the 8 slots (lease 60 s): the stopped one did not give its grant back", grant(scrape(t, gws[0])))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("the whole pool back %v after the stop returned", time.Since(stopped).Round(10*time.Millisecond))
+	waitMetricEq(t, gws[0], 8, "caddy_fair_queue_capacity")
+	close(stops[0])
+	cancel()
+	wg.Wait()
+	if failed[0] != 0 {
+		t.Errorf("%d requests through the gateway left failed", failed[0])
+	}
+	if peak := maxConcurrent(t, fakes...); peak > 8 {
+		t.Errorf("the fakes had %d requests at once, more than the pool's 8 slots", peak)
+	}
+}
