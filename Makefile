@@ -30,7 +30,7 @@ test: xcaddy
 	./scripts/test.sh
 
 bench:
-	go test -run '^$$' -bench . -benchmem ./fairqueue/ ./budget/ ./degrade/ ./llmapi/ ./quota/ .
+	go test -run '^$$' -bench . -benchmem ./fairqueue/... ./budget/ ./degrade/ ./llmapi/ ./quota/ ./slots/ ./costmodel/ ./history/ .
 
 sim:
 	go run ./cmd/fqsim -scenario seed000

@@ -367,7 +367,7 @@ func BenchmarkDashboardState(b *testing.B) {
 	}
 	// The queue's own history runs on the real clock; a copy of its
 	// shared state carries the filled one.
-	s := &sharedQueue{name: name, q: h.shared.q, hist: hist}
+	s := &sharedQueue{name: name, q: h.shared.q, hist: hist, cost: h.shared.cost}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {

@@ -31,6 +31,9 @@ go test -race -count=1 ./fairqueue/... ./budget/ ./degrade/ ./llmapi/ ./quota/ .
 echo "== without the race detector: the accuracy tests and full-size runs it makes too slow"
 go test -count=1 ./llmapi/ ./fairqueue/simulator/
 
+echo "== every benchmark once, so that none rots (make bench measures them)"
+go test -count=1 -run '^$' -bench . -benchtime 1x ./fairqueue/... ./budget/ ./degrade/ ./llmapi/ ./quota/ ./slots/ ./costmodel/ ./history/ .
+
 # A count of inputs, not a duration: with -fuzztime 20s the coordinator's
 # deadline can fire while a worker is mid-input on a stalled shared machine,
 # and Go reports "context deadline exceeded" as a failure of the target.
