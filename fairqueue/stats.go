@@ -80,10 +80,13 @@ func (q *Queue) Stats(tenants bool) Stats {
 	s := q.statsLocked()
 	q.scan = 0
 	for {
-		if room := cap(out) - len(out); room < statsChunk+len(q.scanMoved) {
-			want := len(q.roster) - q.scan + len(q.scanMoved) + statsChunk
+		if need := statsChunk + len(q.scanMoved); cap(out)-len(out) < need {
+			// Forgets may have shrunk the roster below the cursor, so what
+			// is left ahead of it counts for 0, not less; and the new room
+			// is at least the need, or the loop would grow for ever.
+			want := max(len(q.roster)-q.scan, 0) + need
 			q.mu.Unlock()
-			out = append(make([]TenantStats, 0, len(out)+2*want), out...)
+			out = append(make([]TenantStats, 0, len(out)+max(2*want, need)), out...)
 			q.mu.Lock()
 			continue
 		}

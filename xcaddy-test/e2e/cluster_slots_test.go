@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -65,6 +66,19 @@ func maxConcurrent(t *testing.T, fakes ...*harness.Fake) int {
 	return peak
 }
 
+// waitFirstGrants waits until every gateway has had its first grant from
+// Redis. Before it, a gateway takes pool/instances whatever the others
+// hold (the documented start-up exception), so a flood started earlier
+// could oversubscribe the pool for the first sync interval.
+func waitFirstGrants(t *testing.T, gws ...*harness.Caddy) {
+	t.Helper()
+	for i, c := range gws {
+		waitFor(t, fmt.Sprintf("gateway %d's first grant of the shared slots", i), func() (bool, string) {
+			return strings.Contains(c.Logs(), "sharing the upstream slots through redis"), "no grant logged yet"
+		})
+	}
+}
+
 // TestClusterSharedSlots (issue 12): three gateways in front of one pool of
 // 2 fakes x 4 slots, each of which alone would fill the pool (its capacity
 // is the pool's 8): sharing the slots through Redis, the fakes never see
@@ -83,6 +97,7 @@ func TestClusterSharedSlots(t *testing.T) {
 			"Upstreams": addrs(fakes...)}))
 		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
 	}
+	waitFirstGrants(t, gws...)
 	cl := newClient(true)
 	defer cl.CloseIdleConnections()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -327,6 +342,7 @@ func TestClusterSharedSlotsReleasedOnStop(t *testing.T) {
 			"Upstreams": addrs(fakes...)}))
 		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
 	}
+	waitFirstGrants(t, gws...)
 	cl := newClient(true)
 	defer cl.CloseIdleConnections()
 	ctx, cancel := context.WithCancel(context.Background())
