@@ -185,7 +185,7 @@ func (h *Handler) provisionCluster() error {
 		switch {
 		case c.Instances == 0:
 			client.Close()
-			return fmt.Errorf("cluster: share_slots needs instances: before its first grant and while Redis is unreachable, a gateway takes the pool divided by it")
+			return fmt.Errorf("cluster: share_slots needs instances: while Redis is unreachable, a gateway takes the pool divided by it")
 		case ttl < 3*cs.sync+timeout:
 			client.Close()
 			return fmt.Errorf("cluster: lease_ttl %v must be at least 3 x sync + timeout (%v): a grant that expires between renewals is not counted and the pool would be oversubscribed", ttl, 3*cs.sync+timeout)
@@ -227,6 +227,14 @@ func (h *Handler) closeCluster() {
 		// The queue is gone with this config (a stop, or a reload that
 		// removed it): give its slots back to the other gateways once its
 		// last requests are done, rather than after the lease's TTL.
+		if s.q.Stats(false).Inflight == 0 {
+			// Nothing left to finish, as at a stop (the servers have
+			// drained): release now, one call bounded by the timeout, so
+			// that the process cannot exit before the release is sent.
+			s.releaseSlots(h)
+			closeClient()
+			return
+		}
 		go func() {
 			defer closeClient()
 			s.releaseSlots(h)
@@ -245,7 +253,7 @@ var (
 	descClusterRedisUp = prometheus.NewDesc(fqName("cluster_redis_up"),
 		"1 while the queue's tenant quotas are decided in the cluster's Redis, 0 while Redis is unreachable and they are decided locally on 1/instances of each.", []string{"queue"}, nil)
 	descClusterSlotGrant = prometheus.NewDesc(fqName("cluster_slot_grant"),
-		"With share_slots: the upstream slots this gateway's queue holds from the pool shared through Redis (its grant, renewed every sync; pool/instances before the first grant and while Redis is unreachable). Summed over the gateways it never exceeds the pool.", []string{"queue"}, nil)
+		"With share_slots: the upstream slots this gateway's queue holds from the pool shared through Redis (its grant, renewed every sync; 0 before the first grant, pool/instances while Redis is unreachable). Summed over the gateways it never exceeds the pool.", []string{"queue"}, nil)
 	clusterStateCollector = clusterCollector{}
 )
 

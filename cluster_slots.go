@@ -30,10 +30,12 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 	}
 	pool := h.MaxInflight * h.healthyUpstreams()
 	if !s.slotsGranted.Load() {
-		// Until the first grant, this gateway's share as if every
-		// gateway wanted the whole pool: never more than the pool in all.
-		s.q.SetSlotLimit(pool / cs.instances)
-		s.slotGrant.Store(int64(pool / cs.instances))
+		// No slot until the first grant (one Redis call away): the
+		// others may hold the whole pool, so any share taken before
+		// asking could oversubscribe it. Requests wait that call; if it
+		// fails, the outage share (pool/instances) applies.
+		s.q.SetSlotLimit(0)
+		s.slotGrant.Store(0)
 		s.slotsLimited.Store(true)
 	}
 	if now.UnixNano()-s.slotSyncAt.Load() < int64(cs.sync) || !s.slotSyncing.CompareAndSwap(false, true) {

@@ -262,8 +262,8 @@ func TestClusterSharedSlotsGrants(t *testing.T) {
 	ha, _ := mustLoad(t, clusterJSON(nameA, u, cluster))
 	hb, _ := mustLoad(t, clusterJSON(nameB, u, cluster))
 	pool := ha.MaxInflight * ha.healthyUpstreams()
-	// Both have synced (before that each takes pool/instances, which
-	// would satisfy the checks below on its own).
+	// Both have synced: both entries are in the pool (before its first
+	// grant a gateway holds no slot).
 	eventually(t, "both gateways' entries in the pool", func() bool {
 		fields, _ := mr.HKeys("slots:{slots}")
 		return len(fields) == 2
@@ -292,6 +292,43 @@ func TestClusterSharedSlotsGrants(t *testing.T) {
 	})
 	if g := clusterGauge(descClusterSlotGrant, queueName(t)+"_none"); g != -1 {
 		t.Errorf("cluster_slot_grant for a queue that does not exist: %v", g)
+	}
+}
+
+// A gateway that joins while another holds the whole pool dispatches
+// nothing until its first grant, rather than taking pool/instances on top:
+// the two never hold more than the pool, from the joiner's first moment.
+func TestClusterSharedSlotsJoinHoldsNothingBeforeGrant(t *testing.T) {
+	u := newFakeUpstream(t)
+	mr := miniredis.RunT(t)
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"join:","share_slots":true,"sync":"20ms"}`, mr.Addr())
+	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
+	ha, _ := mustLoad(t, clusterJSON(nameA, u, cluster))
+	pool := ha.MaxInflight * ha.healthyUpstreams()
+	// Alone and busy, A takes the whole pool.
+	for range 2 * pool {
+		if _, err := ha.shared.q.Enqueue(fairqueue.Request{Tenant: "x", Cost: 10}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "A holding the whole pool", func() bool {
+		return ha.shared.q.Stats(false).Inflight == pool
+	})
+	hb, _ := mustLoad(t, clusterJSON(nameB, u, cluster))
+	for range pool {
+		if _, err := hb.shared.q.Enqueue(fairqueue.Request{Tenant: "y", Cost: 10}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A's requests never complete here, so B's grant stays 0: anything
+	// B dispatches would be over the pool.
+	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if n := hb.shared.q.Stats(false).Inflight; n > 0 {
+			t.Fatalf("B dispatched %d requests while A held the whole pool of %d", n, pool)
+		}
+	}
+	if g := clusterGauge(descClusterSlotGrant, nameB); g != 0 {
+		t.Errorf("B's cluster_slot_grant %v, want 0", g)
 	}
 }
 

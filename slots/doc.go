@@ -35,10 +35,10 @@
 // grants grow as its requests complete. Shares converge to the fair
 // division within two sync intervals of every gateway.
 //
-// Exceptions to the guarantee, by design: before its first grant and
-// while Redis is unreachable a gateway takes the pool divided by the
-// number of gateways configured (the caller's fallback), whatever the
-// others hold. A gateway that stops cleanly (or whose queue a reload
+// Exceptions to the guarantee, by design: while Redis is unreachable a
+// gateway takes the pool divided by the number of gateways configured
+// (the caller's fallback), whatever the others hold. (Before its first
+// grant the caller dispatches nothing: the others may hold the pool.) A gateway that stops cleanly (or whose queue a reload
 // removes) renews its entry with just its last requests in flight and
 // then releases it (Release); one that crashes keeps its grant counted
 // until its entry's TTL passes. Queues whose keys share a prefix share

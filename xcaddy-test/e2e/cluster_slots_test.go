@@ -67,9 +67,9 @@ func maxConcurrent(t *testing.T, fakes ...*harness.Fake) int {
 }
 
 // waitFirstGrants waits until every gateway has had its first grant from
-// Redis. Before it, a gateway takes pool/instances whatever the others
-// hold (the documented start-up exception), so a flood started earlier
-// could oversubscribe the pool for the first sync interval.
+// Redis, so that the split the tests check starts from grants rather than
+// from a gateway's first moments (it dispatches nothing before its first
+// grant).
 func waitFirstGrants(t *testing.T, gws ...*harness.Caddy) {
 	t.Helper()
 	for i, c := range gws {
