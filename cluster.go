@@ -227,18 +227,18 @@ func (h *Handler) closeCluster() {
 		// The queue is gone with this config (a stop, or a reload that
 		// removed it): give its slots back to the other gateways once its
 		// last requests are done, rather than after the lease's TTL.
+		release := func() {
+			s.releaseSlots(h)
+			closeClient()
+		}
 		if s.q.Stats(false).Inflight == 0 {
 			// Nothing left to finish, as at a stop (the servers have
 			// drained): release now, one call bounded by the timeout, so
 			// that the process cannot exit before the release is sent.
-			s.releaseSlots(h)
-			closeClient()
-			return
+			release()
+		} else {
+			go release()
 		}
-		go func() {
-			defer closeClient()
-			s.releaseSlots(h)
-		}()
 		return
 	}
 	closeClient()

@@ -27,18 +27,7 @@ func revStatsShrink(t *testing.T, keep int) {
 		h.enqueue(Request{Tenant: "t" + strconv.Itoa(i), Cost: 1}).Release(0)
 	}
 	q := h.q
-	fired := false
-	q.statsBetweenChunks = func() {
-		q.mu.Lock()
-		scan := q.scan
-		q.mu.Unlock()
-		if fired || scan < 15*statsChunk {
-			return
-		}
-		fired = true
-		for i := range 1000 {
-			h.enqueue(Request{Tenant: "new" + strconv.Itoa(i), Cost: 1}).Release(0)
-		}
+	fired := churnLateInStats(h, func() {
 		q.mu.Lock()
 		for range 800 {
 			q.forgetLocked(q.roster[1]) // behind the cursor: the last moves there
@@ -47,18 +36,9 @@ func revStatsShrink(t *testing.T, keep int) {
 			q.forgetLocked(q.roster[len(q.roster)-1])
 		}
 		q.mu.Unlock()
-	}
-	var s Stats
-	func() {
-		defer func() {
-			if v := recover(); v != nil {
-				t.Fatalf("Stats panicked: %v", v)
-			}
-		}()
-		s = q.Stats(true)
-	}()
-	q.statsBetweenChunks = nil
-	if !fired {
+	})
+	s := statsNoPanic(t, q)
+	if !*fired {
 		t.Fatal("the churn never ran")
 	}
 	if len(s.Tenants) == 0 {
@@ -86,29 +66,47 @@ func TestRevStatsReloadDuringScrape(t *testing.T) {
 		h.enqueue(Request{Tenant: "d" + strconv.Itoa(i), Cost: 1}).Release(0)
 	}
 	q := h.q
-	fired := false
+	fired := churnLateInStats(h, func() {
+		if err := q.Reconfigure(testConfig(1, nil)); err != nil {
+			t.Error(err)
+		}
+	})
+	s := statsNoPanic(t, q)
+	if !*fired || len(s.Tenants) < 1000 {
+		t.Fatalf("fired %v, %d tenants listed", *fired, len(s.Tenants))
+	}
+}
+
+// churnLateInStats has the next Stats copy run churn once between two
+// chunks, when its cursor has passed 15 of them, after 1000 new tenants
+// arrived; it reports whether that happened.
+func churnLateInStats(h *harness, churn func()) *bool {
+	q := h.q
+	fired := new(bool)
 	q.statsBetweenChunks = func() {
 		q.mu.Lock()
 		scan := q.scan
 		q.mu.Unlock()
-		if fired || scan < 15*statsChunk {
+		if *fired || scan < 15*statsChunk {
 			return
 		}
-		fired = true
+		*fired = true
 		for i := range 1000 {
 			h.enqueue(Request{Tenant: "new" + strconv.Itoa(i), Cost: 1}).Release(0)
 		}
-		if err := q.Reconfigure(testConfig(1, nil)); err != nil {
-			t.Error(err)
-		}
+		churn()
 	}
+	return fired
+}
+
+// statsNoPanic is q.Stats(true), failing the test if it panics.
+func statsNoPanic(t *testing.T, q *Queue) Stats {
+	t.Helper()
 	defer func() {
+		q.statsBetweenChunks = nil
 		if v := recover(); v != nil {
 			t.Fatalf("Stats panicked: %v", v)
 		}
 	}()
-	s := q.Stats(true)
-	if !fired || len(s.Tenants) < 1000 {
-		t.Fatalf("fired %v, %d tenants listed", fired, len(s.Tenants))
-	}
+	return q.Stats(true)
 }

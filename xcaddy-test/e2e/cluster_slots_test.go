@@ -23,10 +23,10 @@ http://127.0.0.1:{{.Site}} {
 		class batch wait_budget 60s
 		cluster {
 			redis {env.FQ_E2E_REDIS_URL}
-			instances 3
+			instances {{.Instances}}
 			share_slots
 			sync 100ms
-			lease_ttl 2s
+			lease_ttl {{.LeaseTTL}}
 		}
 		reverse_proxy {{.Upstreams}} {
 			health_uri /health
@@ -79,6 +79,82 @@ func waitFirstGrants(t *testing.T, gws ...*harness.Caddy) {
 	}
 }
 
+// startSlotGateways starts n gateways (clusterSlotsTmpl, instances n)
+// sharing the pool of fakes through one Redis, and waits for every one's
+// first grant; it returns them and their base URLs.
+func startSlotGateways(t *testing.T, n int, leaseTTL string, fakes []*harness.Fake) ([]*harness.Caddy, []string) {
+	t.Helper()
+	var gws []*harness.Caddy
+	var bases []string
+	for range n {
+		p := harness.Ports(t, "Admin", "Site")
+		gws = append(gws, startCaddy(t, clusterSlotsTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
+			"Upstreams": addrs(fakes...), "Instances": n, "LeaseTTL": leaseTTL}))
+		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
+	}
+	waitFirstGrants(t, gws...)
+	return gws, bases
+}
+
+// slotFlood is 8 clients per gateway (each gateway alone would fill the
+// pool), counting per gateway the requests served and those that failed
+// while the flood ran.
+type slotFlood struct {
+	cancel         context.CancelFunc
+	wg             sync.WaitGroup
+	mu             sync.Mutex
+	served, failed map[int]int
+	stops          []chan struct{}
+	stopped        []sync.Once
+}
+
+func startSlotFlood(t *testing.T, bases []string) *slotFlood {
+	cl := newClient(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	f := &slotFlood{cancel: cancel, served: map[int]int{}, failed: map[int]int{},
+		stopped: make([]sync.Once, len(bases))}
+	for g, base := range bases {
+		stop := make(chan struct{})
+		f.stops = append(f.stops, stop)
+		for w := range 8 {
+			f.wg.Go(func() {
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					r := send(ctx, cl, base, chatReq{Tenant: "t", TestID: fmt.Sprintf("g%d-w%d-%d", g, w, i), MaxTokens: 40, IgnoreEOS: true})
+					f.mu.Lock()
+					if r.Err == nil && r.Status == http.StatusOK {
+						f.served[g]++
+					} else if ctx.Err() == nil {
+						f.failed[g]++
+					}
+					f.mu.Unlock()
+				}
+			})
+		}
+	}
+	t.Cleanup(func() {
+		f.end()
+		cl.CloseIdleConnections()
+	})
+	return f
+}
+
+// stop ends gateway g's clients after their requests in flight.
+func (f *slotFlood) stop(g int) { f.stopped[g].Do(func() { close(f.stops[g]) }) }
+
+// end stops every client and waits for them; the counts are final after.
+func (f *slotFlood) end() {
+	for g := range f.stops {
+		f.stop(g)
+	}
+	f.cancel()
+	f.wg.Wait()
+}
+
 // TestClusterSharedSlots (issue 12): three gateways in front of one pool of
 // 2 fakes x 4 slots, each of which alone would fill the pool (its capacity
 // is the pool's 8): sharing the slots through Redis, the fakes never see
@@ -89,44 +165,8 @@ func TestClusterSharedSlots(t *testing.T) {
 	rs := startRedis(t)
 	t.Setenv("FQ_E2E_REDIS_URL", "redis://"+rs.addr())
 	fakes := startFakes(t, 2, "cslots", harness.FakeOptions{Slots: 4, TTFT: 10 * time.Millisecond, PerToken: 4 * time.Millisecond})
-	var gws []*harness.Caddy
-	var bases []string
-	for range 3 {
-		p := harness.Ports(t, "Admin", "Site")
-		gws = append(gws, startCaddy(t, clusterSlotsTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
-			"Upstreams": addrs(fakes...)}))
-		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
-	}
-	waitFirstGrants(t, gws...)
-	cl := newClient(true)
-	defer cl.CloseIdleConnections()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	served := map[int]int{}
-	flood := func(g, w int, stop <-chan struct{}) {
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			r := send(ctx, cl, bases[g], chatReq{Tenant: "t", TestID: fmt.Sprintf("g%d-w%d-%d", g, w, i), MaxTokens: 40, IgnoreEOS: true})
-			if r.Err == nil && r.Status == http.StatusOK {
-				mu.Lock()
-				served[g]++
-				mu.Unlock()
-			}
-		}
-	}
-	// 8 clients per gateway: each gateway alone would fill the pool.
-	stops := []chan struct{}{make(chan struct{}), make(chan struct{}), make(chan struct{})}
-	for g := range 3 {
-		for w := range 8 {
-			wg.Go(func() { flood(g, w, stops[g]) })
-		}
-	}
+	gws, bases := startSlotGateways(t, 3, "2s", fakes)
+	flood := startSlotFlood(t, bases)
 	time.Sleep(4 * time.Second) // pacing only: the flood runs
 	capacity := func(s harness.Series) float64 { return metric(s, "caddy_fair_queue_capacity") }
 	// The grants are visible: with the same demand and weight on all
@@ -138,16 +178,14 @@ func TestClusterSharedSlots(t *testing.T) {
 	})
 	// Kill the third gateway: its grant expires within the 2 s TTL and
 	// the other two share the pool.
-	close(stops[2])
+	flood.stop(2)
 	gws[2].Kill()
 	waitMetric(t, gws[0], "the killed gateway's slots back to the others", func(s0 harness.Series) bool {
 		return capacity(s0)+capacity(scrape(t, gws[1])) == 8
 	})
 	time.Sleep(2 * time.Second) // pacing only: the two go on
-	close(stops[0])
-	close(stops[1])
-	cancel()
-	wg.Wait()
+	flood.end()
+	served := flood.served
 	peak := maxConcurrent(t, fakes...)
 	t.Logf("served per gateway %v; the fakes had at most %d requests at once", served, peak)
 	if peak > 8 {
@@ -299,32 +337,6 @@ func TestClusterProviderAccount(t *testing.T) {
 	}
 }
 
-// clusterReleaseTmpl is clusterSlotsTmpl for two gateways with a lease far
-// longer than the test: a grant that came back did so because its gateway
-// gave it back, not because it lapsed.
-const clusterReleaseTmpl = `{
-	admin 127.0.0.1:{{.Admin}}
-	default_bind 127.0.0.1
-}
-http://127.0.0.1:{{.Site}} {
-	fair_queue {
-		max_inflight 4
-		class batch wait_budget 60s
-		cluster {
-			redis {env.FQ_E2E_REDIS_URL}
-			instances 2
-			share_slots
-			sync 100ms
-			lease_ttl 60s
-		}
-		reverse_proxy {{.Upstreams}} {
-			health_uri /health
-			health_interval 200ms
-		}
-	}
-}
-`
-
 // TestClusterSharedSlotsReleasedOnStop (issue 12): a gateway stopped the
 // usual way (SIGTERM) gives its grant of the shared slots back as it goes,
 // so the gateway left takes the whole pool within seconds, not after the
@@ -334,42 +346,10 @@ func TestClusterSharedSlotsReleasedOnStop(t *testing.T) {
 	rs := startRedis(t)
 	t.Setenv("FQ_E2E_REDIS_URL", "redis://"+rs.addr())
 	fakes := startFakes(t, 2, "crel", harness.FakeOptions{Slots: 4, TTFT: 10 * time.Millisecond, PerToken: 4 * time.Millisecond})
-	var gws []*harness.Caddy
-	var bases []string
-	for range 2 {
-		p := harness.Ports(t, "Admin", "Site")
-		gws = append(gws, startCaddy(t, clusterReleaseTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
-			"Upstreams": addrs(fakes...)}))
-		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
-	}
-	waitFirstGrants(t, gws...)
-	cl := newClient(true)
-	defer cl.CloseIdleConnections()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	failed := map[int]int{}
-	stops := []chan struct{}{make(chan struct{}), make(chan struct{})}
-	for g := range 2 {
-		for w := range 8 {
-			wg.Go(func() {
-				for i := 0; ; i++ {
-					select {
-					case <-stops[g]:
-						return
-					default:
-					}
-					r := send(ctx, cl, bases[g], chatReq{Tenant: "t", TestID: fmt.Sprintf("r%d-%d-%d", g, w, i), MaxTokens: 40, IgnoreEOS: true})
-					if ctx.Err() == nil && (r.Err != nil || r.Status != http.StatusOK) {
-						mu.Lock()
-						failed[g]++
-						mu.Unlock()
-					}
-				}
-			})
-		}
-	}
+	// A lease far longer than the test: a grant that comes back does so
+	// because its gateway gave it back, not because it lapsed.
+	gws, bases := startSlotGateways(t, 2, "60s", fakes)
+	flood := startSlotFlood(t, bases)
 	grant := func(s harness.Series) float64 { return metric(s, "caddy_fair_queue_cluster_slot_grant") }
 	waitMetric(t, gws[0], "both gateways hold part of the pool", func(s0 harness.Series) bool {
 		g0, g1 := grant(s0), grant(scrape(t, gws[1]))
@@ -377,7 +357,7 @@ func TestClusterSharedSlotsReleasedOnStop(t *testing.T) {
 	})
 	// Stop the second gateway while its clients are still sending: the
 	// requests it holds finish, then it releases its entry.
-	close(stops[1])
+	flood.stop(1)
 	if err := gws[1].Stop(); err != nil {
 		t.Errorf("stopping the second gateway: %v", err)
 	}
@@ -391,11 +371,9 @@ func TestClusterSharedSlotsReleasedOnStop(t *testing.T) {
 	}
 	t.Logf("the whole pool back %v after the stop returned", time.Since(stopped).Round(10*time.Millisecond))
 	waitMetricEq(t, gws[0], 8, "caddy_fair_queue_capacity")
-	close(stops[0])
-	cancel()
-	wg.Wait()
-	if failed[0] != 0 {
-		t.Errorf("%d requests through the gateway left failed", failed[0])
+	flood.end()
+	if n := flood.failed[0]; n != 0 {
+		t.Errorf("%d requests through the gateway left failed", n)
 	}
 	if peak := maxConcurrent(t, fakes...); peak > 8 {
 		t.Errorf("the fakes had %d requests at once, more than the pool's 8 slots", peak)
