@@ -30,7 +30,7 @@ test: xcaddy
 	./scripts/test.sh
 
 bench:
-	go test -run '^$$' -bench . -benchmem ./fairqueue/... ./budget/ ./degrade/ ./llmapi/ ./quota/ ./slots/ ./costmodel/ ./history/ .
+	go test -run '^$$' -bench . -benchmem ./fairqueue/... ./budget/ ./degrade/ ./llmapi/ ./quota/ ./slots/ ./shares/ ./costmodel/ ./history/ .
 
 sim:
 	go run ./cmd/fqsim -scenario seed000

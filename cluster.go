@@ -14,14 +14,15 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
+	"github.com/caddy-fair-queue/caddy-fair-queue/shares"
 	"github.com/caddy-fair-queue/caddy-fair-queue/slots"
 )
 
 // ClusterConfig makes a queue's tenant quotas cluster-wide: every gateway
 // whose fair_queue of the same name names the same Redis keeps its
 // tenants' quota meters there, so N gateways behind a load balancer hold a
-// tenant to its quota, not N times it. Only quotas are shared; upstream
-// slots and fair shares stay per instance.
+// tenant to its quota, not N times it. With ShareSlots the upstreams'
+// slots are shared too, and with ShareFairness the tenants' virtual time.
 //
 // Redis down or slow never fails a request: each gateway then decides
 // alone on 1/instances of every quota, logs the outage once, reports it
@@ -56,12 +57,21 @@ type ClusterConfig struct {
 	// renewed every Sync (package slots). Redis down: each takes the pool
 	// divided by Instances.
 	ShareSlots bool `json:"share_slots,omitempty"`
-	// Sync is how often a gateway renews its grant of the shared slots.
-	// Default: 100ms.
+	// Sync is how often a gateway renews its grant of the shared slots
+	// and exchanges its tenants' service (share_fairness). Default: 100ms.
 	Sync caddy.Duration `json:"sync,omitempty"`
 	// LeaseTTL is how long a grant lives without renewal: a gateway that
-	// crashed gives its slots back within it. Default: 30s.
+	// crashed gives its slots back within it. The stream of shared
+	// service expires when no gateway wrote to it for as long. Default: 30s.
 	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`
+	// ShareFairness shares the tenants' virtual time among the gateways:
+	// every Sync each sends the cost it charged each tenant since its
+	// last sync and charges each tenant that has requests queued with
+	// what the others served it meanwhile (package shares, one Redis
+	// stream). A tenant sending through several gateways then gets its
+	// weight's share of the cluster, not of each gateway; see README for
+	// the bound. Redis down: each gateway is fair on its own.
+	ShareFairness bool `json:"share_fairness,omitempty"`
 }
 
 // probeTenant and probeLimits are what the outage probe reads: a tenant
@@ -86,7 +96,13 @@ type clusterStore struct {
 	closed atomic.Bool
 	// broker shares the upstream slots (share_slots), nil otherwise;
 	// instances, sync and timeout are the config's.
-	broker    *slots.Broker
+	broker *slots.Broker
+	// sharesKey is the stream of served cost (share_fairness), "" without;
+	// shares is this gateway's end of it, made at the first sync (it is
+	// named after the queue's instance) and used by one sync at a time.
+	sharesKey string
+	shares    *shares.Exchange
+	ttl       time.Duration
 	instances int
 	sync      time.Duration
 	timeout   time.Duration
@@ -173,15 +189,18 @@ func (h *Handler) provisionCluster() error {
 		},
 		OnLocal: fallbacks.Inc,
 	})
+	ttl := time.Duration(c.LeaseTTL)
+	if ttl <= 0 {
+		ttl = defaultLeaseTTL
+	}
+	cs.instances, cs.timeout, cs.sync, cs.ttl = c.Instances, timeout, time.Duration(c.Sync), ttl
+	if cs.sync <= 0 {
+		cs.sync = defaultSlotSync
+	}
+	if c.ShareFairness {
+		cs.sharesKey = prefix + "{shares}"
+	}
 	if c.ShareSlots {
-		ttl := time.Duration(c.LeaseTTL)
-		if ttl <= 0 {
-			ttl = defaultLeaseTTL
-		}
-		cs.instances, cs.timeout, cs.sync = c.Instances, timeout, time.Duration(c.Sync)
-		if cs.sync <= 0 {
-			cs.sync = defaultSlotSync
-		}
 		switch {
 		case c.Instances == 0:
 			client.Close()
@@ -250,6 +269,16 @@ var (
 		Name: "cluster_fallback_total",
 		Help: "Quota decisions (admission, dispatch, completion, status) made on the gateway's own share because the cluster's Redis was unreachable or slow.",
 	}, []string{"queue"})
+	clusterShared = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+		Name: "cluster_shared_entries_total",
+		Help: "With share_fairness: entries of the tenants' service (one tenant's cost in one sync interval) this gateway sent to the other gateways (direction=sent), read from theirs (received), and charged to a tenant with requests queued here (applied).",
+	}, []string{"queue", "direction"})
+	clusterShareFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+		Name: "cluster_share_failures_total",
+		Help: "With share_fairness: syncs of the tenants' service with the cluster's Redis that failed (Redis unreachable or slow); their service is not shared, and each gateway is fair on its own until Redis answers.",
+	}, []string{"queue"})
 	descClusterRedisUp = prometheus.NewDesc(fqName("cluster_redis_up"),
 		"1 while the queue's tenant quotas are decided in the cluster's Redis, 0 while Redis is unreachable and they are decided locally on 1/instances of each.", []string{"queue"}, nil)
 	descClusterSlotGrant = prometheus.NewDesc(fqName("cluster_slot_grant"),
@@ -303,6 +332,7 @@ var _ prometheus.Collector = clusterCollector{}
 //	    share_slots            # share the upstreams' slots among the gateways
 //	    sync      <duration>   # how often a grant of slots is renewed; default 100ms
 //	    lease_ttl <duration>   # a grant lives this long unrenewed; default 30s
+//	    share_fairness         # share the tenants' virtual time among the gateways
 //	}
 func (p *cfParser) cluster() error {
 	d := p.d
@@ -336,11 +366,15 @@ func (p *cfParser) cluster() error {
 			if c.Timeout, err = p.duration("cluster: timeout", v); err != nil {
 				return err
 			}
-		case "share_slots":
+		case "share_slots", "share_fairness":
 			if d.NextArg() {
-				return d.Errf("cluster: share_slots takes no argument")
+				return d.Errf("cluster: %s takes no argument", key)
 			}
-			c.ShareSlots = true
+			if key == "share_slots" {
+				c.ShareSlots = true
+			} else {
+				c.ShareFairness = true
+			}
 		case "sync", "lease_ttl":
 			v, err := p.oneArg("cluster: " + key)
 			if err != nil {
@@ -365,7 +399,7 @@ func (p *cfParser) cluster() error {
 			}
 			c.Prefix = v
 		default:
-			return d.Errf("cluster: unknown setting %q (want redis, instances, timeout, prefix, share_slots, sync or lease_ttl)", key)
+			return d.Errf("cluster: unknown setting %q (want redis, instances, timeout, prefix, share_slots, share_fairness, sync or lease_ttl)", key)
 		}
 	}
 	if c.Redis == "" {

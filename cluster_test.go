@@ -41,7 +41,7 @@ func TestClusterCaddyfile(t *testing.T) {
 		{"cluster {\nredis redis://a:1\ninstances 0\n}", `cluster: instances: "0" must be a positive integer`},
 		{"cluster {\nredis redis://a:1\ntimeout soon\n}", `cluster: timeout: "soon" is not a duration`},
 		{"cluster {\nredis redis://a:1\nprefix a{b\n}", "contains '{'"},
-		{"cluster {\nredis redis://a:1\nspeed 100ms\n}", `cluster: unknown setting "speed" (want redis, instances, timeout, prefix, share_slots, sync or lease_ttl)`},
+		{"cluster {\nredis redis://a:1\nspeed 100ms\n}", `cluster: unknown setting "speed" (want redis, instances, timeout, prefix, share_slots, share_fairness, sync or lease_ttl)`},
 		{"cluster {\nredis redis://a:1\nshare_slots yes\n}", "share_slots takes no argument"},
 		{"cluster {\nredis redis://a:1\nlease_ttl never\n}", `cluster: lease_ttl: "never" is not a duration`},
 		{"cluster {\nredis redis://a:1\n}\ncluster {\nredis redis://a:1\n}", "cluster given twice"},
@@ -366,5 +366,65 @@ func TestClusterSharedSlotsReleased(t *testing.T) {
 	eventually(t, "the entry released", func() bool {
 		fields, _ := mr.HKeys("rel:{slots}")
 		return len(fields) == 0
+	})
+}
+
+// TestClusterShareFairness: two queues standing for two gateways share
+// their tenants' service (share_fairness): what A serves tenant a is
+// charged to a on B, where a has requests queued, and only there.
+func TestClusterShareFairness(t *testing.T) {
+	u := newFakeUpstream(t)
+	mr := miniredis.RunT(t)
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","prefix":"fair:","share_fairness":true,"sync":"20ms"}`, mr.Addr())
+	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
+	ha, _ := mustLoad(t, fqConfig(nameA, u, `"max_inflight":1,"cluster":`+cluster))
+	hb, _ := mustLoad(t, fqConfig(nameB, u, `"max_inflight":1,"cluster":`+cluster))
+	eventually(t, "both gateways syncing", func() bool {
+		return ha.shared.sharesUp.Load() && hb.shared.sharesUp.Load()
+	})
+	vt := func(h *Handler, tenant string) float64 {
+		for _, ts := range h.shared.q.Stats(true).Tenants {
+			if ts.Name == tenant {
+				return ts.VirtualTime
+			}
+		}
+		return -1
+	}
+	capB := hb.shared.q.Stats(false).Capacity
+	for range capB + 2 {
+		if _, err := hb.shared.q.Enqueue(fairqueue.Request{Tenant: "b", Cost: 10}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := hb.shared.q.Enqueue(fairqueue.Request{Tenant: "a", Cost: 10}); err != nil {
+		t.Fatal(err)
+	}
+	before := vt(hb, "a")
+	// A serves a 1000 (one slot: c waits behind it).
+	for _, r := range []fairqueue.Request{{Tenant: "a", Cost: 1000}, {Tenant: "c", Cost: 500}} {
+		if _, err := ha.shared.q.Enqueue(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "a charged on B what A served it", func() bool {
+		return vt(hb, "a") >= before+1000
+	})
+	if got := vt(hb, "a"); got != before+1000 {
+		t.Errorf("a's virtual time on B moved by %v, want 1000 (weight 1)", got-before)
+	}
+	eventually(t, "the entries counted", func() bool {
+		return counterValue(clusterShared, nameA, "sent") == 1 && counterValue(clusterShared, nameB, "received") == 1 &&
+			counterValue(clusterShared, nameB, "applied") == 1
+	})
+	// B's own service goes the other way; a has nothing queued on A (its
+	// one request is in flight there): nothing applied.
+	eventually(t, "B's entries read by A", func() bool { return counterValue(clusterShared, nameA, "received") >= 1 })
+	if got := counterValue(clusterShared, nameA, "applied"); got != 0 {
+		t.Errorf("A applied %v entries, want 0: none of B's tenants has requests queued on A", got)
+	}
+	// Redis gone: syncs fail, counted, and nothing else changes.
+	mr.Close()
+	eventually(t, "a failed sync counted", func() bool {
+		return counterValue(clusterShareFailures, nameA) > 0 && !ha.shared.sharesUp.Load()
 	})
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 	"github.com/caddy-fair-queue/caddy-fair-queue/history"
+	"github.com/caddy-fair-queue/caddy-fair-queue/shares"
 )
 
 // tickPeriod is how often a queue expires deadlines, re-reads upstream
@@ -56,6 +57,15 @@ type sharedQueue struct {
 	// slotsLimited is set while a shared pool caps the queue's capacity,
 	// so a tick without sharing lifts the cap once, not every time.
 	slotsLimited atomic.Bool
+	// shareSyncAt and shareSyncing pace the exchanges of the tenants'
+	// service (share_fairness), sharesUp says whether the last reached
+	// Redis; the buffers belong to the exchange in flight.
+	shareSyncAt  atomic.Int64
+	shareSyncing atomic.Bool
+	sharesUp     atomic.Bool
+	shareTaken   []fairqueue.Served
+	shareMine    []shares.Served
+	shareTheirs  []shares.Served
 
 	mu sync.Mutex
 	// owners are the handlers whose config loads have started, oldest
@@ -285,6 +295,7 @@ func (s *sharedQueue) tick() {
 			h.cluster.store.Poll()
 		}
 		s.syncSlots(h, time.Now())
+		s.syncShares(h, time.Now())
 	}
 	s.q.Tick()
 	s.sample()

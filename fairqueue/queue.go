@@ -100,6 +100,11 @@ type Queue struct {
 	busyTold, busyWas bool
 	// tenantPeak is the most tenants remembered since tenants was made.
 	tenantPeak int
+	// shareServed is set once TakeServed is called (a gateway sharing its
+	// tenants' service); shareDirty lists the tenants charged since
+	// (shared.go).
+	shareServed bool
+	shareDirty  []*tenant
 	// group is the one top-level flow owner of all undeclared tenants
 	// (Config.Default): they share its weight and compete inside it.
 	group     *tenant
@@ -250,6 +255,10 @@ type tenant struct {
 	demand *tenantDemand
 	// ahead is the tenant's place in the work-ahead index (ahead.go).
 	ahead aheadSlot
+	// shareDelta is the cost charged since the last TakeServed, and
+	// shareListed says the tenant is on Queue.shareDirty (shared.go).
+	shareDelta  float64
+	shareListed bool
 }
 
 // flow is one tenant's FIFO of one class.
@@ -1082,6 +1091,7 @@ func (q *Queue) startLocked(tk *Ticket, now time.Time, overtakes bool) {
 	}
 	t.vt += t.chargeLocked(float64(tk.cost) / t.weight)
 	t.served += float64(tk.cost)
+	q.noteServedLocked(t, float64(tk.cost))
 	q.capLocked(t)
 	q.fixFlowsLocked(t)
 	tk.wakeLocked()
@@ -1345,6 +1355,7 @@ func (q *Queue) completeLocked(now time.Time, tk *Ticket, actual int64) {
 		// estimate, and the small newcomer would lose its next-slot turn.
 		d := float64(actual - tk.cost)
 		t.served += d
+		q.noteServedLocked(t, d)
 		moved := t.backfillLocked(d)
 		if g := t.group; g != nil && g.backfillLocked(d) {
 			moved = true

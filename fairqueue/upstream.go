@@ -372,6 +372,7 @@ func (tk *Ticket) Requeue() bool {
 	// credit, as an over-estimate's would be.
 	d := -float64(tk.cost)
 	t.served += d
+	q.noteServedLocked(t, d)
 	t.backfillLocked(d)
 	if g := t.group; g != nil {
 		g.backfillLocked(d)

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"sort"
 	"strings"
@@ -377,5 +378,104 @@ func TestClusterSharedSlotsReleasedOnStop(t *testing.T) {
 	}
 	if peak := maxConcurrent(t, fakes...); peak > 8 {
 		t.Errorf("the fakes had %d requests at once, more than the pool's 8 slots", peak)
+	}
+}
+
+const clusterFairnessTmpl = `{
+	admin 127.0.0.1:{{.Admin}}
+	default_bind 127.0.0.1
+}
+http://127.0.0.1:{{.Site}} {
+	fair_queue {
+		max_inflight 3
+		tenant wide weight 1 class batch
+		tenant narrow weight 1 class batch
+		class batch wait_budget 60s
+		cluster {
+			redis {env.FQ_E2E_REDIS_URL}
+			instances 2
+			share_slots
+			{{if .Share}}share_fairness{{end}}
+			sync 100ms
+		}
+		reverse_proxy {{.Upstreams}} {
+			health_uri /health
+			health_interval 200ms
+		}
+	}
+}
+`
+
+// TestClusterSharedFairness (issue 12): tenant wide floods through both
+// gateways, tenant narrow through the second only, equal weights, one
+// pool of 6 slots. The first gateway claims 2 of them (one tenant's
+// weight), the second 4. Each gateway alone divides its slots among its
+// own tenants, so wide gets 2 + 2 against narrow's 2: 2:1. Sharing the
+// tenants' virtual time (share_fairness), the second gateway sees wide
+// ahead by what the first served it and gives narrow the difference:
+// 3:3, asserted 1:1 within 5%; and the run without it is asserted 2:1
+// within 5%, so that the test shows what sharing changes.
+func TestClusterSharedFairness(t *testing.T) {
+	rs := startRedis(t)
+	t.Setenv("FQ_E2E_REDIS_URL", "redis://"+rs.addr())
+	for _, tc := range []struct {
+		share bool
+		want  float64
+	}{{false, 2}, {true, 1}} {
+		t.Run(fmt.Sprintf("share_fairness=%v", tc.share), func(t *testing.T) {
+			fakes := startFakes(t, 2, fmt.Sprintf("cfair%v", tc.share), harness.FakeOptions{Slots: 3, TTFT: 10 * time.Millisecond, PerToken: 4 * time.Millisecond})
+			var bases []string
+			var gws []*harness.Caddy
+			for range 2 {
+				p := harness.Ports(t, "Admin", "Site")
+				c := startCaddy(t, clusterFairnessTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
+					"Upstreams": addrs(fakes...), "Share": tc.share})
+				gws = append(gws, c)
+				bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
+			}
+			cl := newClient(true)
+			defer cl.CloseIdleConnections()
+			ctx, cancel := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			flood := func(g int, tenant string, workers int) {
+				for w := range workers {
+					wg.Go(func() {
+						for i := 0; ctx.Err() == nil; i++ {
+							send(ctx, cl, bases[g], chatReq{Tenant: tenant, TestID: fmt.Sprintf("%s-%d-%d-%d", tenant, g, w, i),
+								MaxTokens: 40, IgnoreEOS: true})
+						}
+					})
+				}
+			}
+			flood(0, "wide", 8)
+			flood(1, "wide", 8)
+			flood(1, "narrow", 8)
+			start := time.Now()
+			time.Sleep(13 * time.Second) // pacing only: the floods run (10 s measured)
+			cancel()
+			wg.Wait()
+			from := start.Add(3 * time.Second).UnixNano()
+			done := map[string]int{}
+			for _, rec := range records(t, fakes...) {
+				if rec.FinishedUnixNano >= from && rec.Outcome == "ok" {
+					done[rec.Tenant]++
+				}
+			}
+			ratio := float64(done["wide"]) / float64(max(done["narrow"], 1))
+			t.Logf("completed from 3 s on: %v, wide:narrow %.3f", done, ratio)
+			if math.Abs(ratio-tc.want)/tc.want > 0.05 {
+				t.Errorf("wide:narrow = %.3f, want %v within 5%%", ratio, tc.want)
+			}
+			if peak := maxConcurrent(t, fakes...); peak > 6 {
+				t.Errorf("the fakes had %d requests at once, more than the pool's 6", peak)
+			}
+			if tc.share {
+				// The second gateway charged wide what the first served it.
+				s := scrape(t, gws[1])
+				if got := metric(s, "caddy_fair_queue_cluster_shared_entries_total", "direction", "applied"); got < 10 {
+					t.Errorf("cluster_shared_entries_total{direction=applied} on the second gateway = %v, want the first's service applied", got)
+				}
+			}
+		})
 	}
 }

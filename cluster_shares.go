@@ -1,0 +1,68 @@
+package caddyfairqueue
+
+import (
+	"context"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
+	"github.com/caddy-fair-queue/caddy-fair-queue/shares"
+)
+
+// syncShares exchanges the tenants' service with the other gateways
+// (share_fairness) when a Sync interval has passed: what this queue
+// charged each tenant since its last sync goes to the stream, and what
+// the others charged is applied to the tenants queued here. Like the
+// slots' renewal it runs off the tick, at most one call in flight per
+// queue; a failed call drops its interval (nothing is charged twice).
+func (s *sharedQueue) syncShares(h *Handler, now time.Time) {
+	cs := h.cluster
+	if cs == nil || cs.sharesKey == "" {
+		return
+	}
+	if now.UnixNano()-s.shareSyncAt.Load() < int64(cs.sync) || !s.shareSyncing.CompareAndSwap(false, true) {
+		return
+	}
+	s.shareSyncAt.Store(now.UnixNano())
+	// The buffers belong to the call in flight until it clears
+	// shareSyncing.
+	taken := s.q.TakeServed(s.shareTaken[:0])
+	mine := s.shareMine[:0]
+	for _, x := range taken {
+		mine = append(mine, shares.Served{Tenant: x.Tenant, Cost: x.Cost})
+	}
+	go func() {
+		defer s.shareSyncing.Store(false)
+		if cs.shares == nil {
+			cs.shares = shares.New(cs.client, cs.sharesKey, s.instance, cs.ttl)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), cs.timeout)
+		defer cancel()
+		theirs, err := cs.shares.Swap(ctx, mine, s.shareTheirs[:0])
+		s.shareTaken, s.shareMine, s.shareTheirs = taken, mine, theirs
+		if cs.closed.Load() {
+			return // the config was replaced: its client is closed
+		}
+		if err != nil {
+			clusterShareFailures.WithLabelValues(s.name).Inc()
+			if s.sharesUp.CompareAndSwap(true, false) {
+				h.logger.Warn("redis unreachable: the tenants' service is not shared with the other gateways until it answers",
+					zap.String("queue", s.name), zap.Error(err))
+			}
+			return
+		}
+		if !s.sharesUp.Swap(true) {
+			h.logger.Info("sharing the tenants' virtual time through redis", zap.String("queue", s.name))
+		}
+		apply := taken[:0]
+		for _, x := range theirs {
+			apply = append(apply, fairqueue.Served{Tenant: x.Tenant, Cost: x.Cost})
+		}
+		applied := s.q.ChargeRemote(apply)
+		s.shareTaken = apply
+		clusterShared.WithLabelValues(s.name, "sent").Add(float64(len(mine)))
+		clusterShared.WithLabelValues(s.name, "received").Add(float64(len(theirs)))
+		clusterShared.WithLabelValues(s.name, "applied").Add(float64(applied))
+	}()
+}

@@ -1,0 +1,74 @@
+package fairqueue
+
+// Shared virtual time: gateways in front of one pool exchange the cost
+// they charged each tenant (package shares, through Redis), and each
+// applies what the others charged to its own copy of the tenant, so that
+// a tenant served heavily through one gateway is behind on the others.
+// See doc.go, "Several gateways", for the bound.
+
+// Served is cost charged to a tenant: what one gateway reports of its own
+// service (TakeServed) and applies of the others' (ChargeRemote).
+type Served struct {
+	Tenant string
+	// Cost is in the queue's cost units: estimates at dispatch, corrected
+	// (either sign) when the usage is known, as the tenant's own virtual
+	// time was.
+	Cost float64
+}
+
+// TakeServed appends to dst the cost charged to each tenant since the
+// previous call, and clears it. The first call starts the bookkeeping (a
+// queue that never shares pays nothing for it), so it returns nothing.
+// O(tenants charged since the previous call).
+func (q *Queue) TakeServed(dst []Served) []Served {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.shareServed = true
+	for _, t := range q.shareDirty {
+		if t.shareDelta != 0 {
+			dst = append(dst, Served{Tenant: t.name, Cost: t.shareDelta})
+		}
+		t.shareDelta, t.shareListed = 0, false
+	}
+	clear(q.shareDirty)
+	q.shareDirty = q.shareDirty[:0]
+	return dst
+}
+
+// noteServedLocked records a charge of d to t for TakeServed.
+func (q *Queue) noteServedLocked(t *tenant, d float64) {
+	if !q.shareServed {
+		return
+	}
+	if !t.shareListed {
+		t.shareListed = true
+		q.shareDirty = append(q.shareDirty, t)
+	}
+	t.shareDelta += d
+}
+
+// ChargeRemote applies what other gateways charged: each tenant that has
+// requests queued here has its virtual time moved as by a back-fill of
+// that cost (a positive cost moves it, net of any credit; a negative one
+// is credit), so that its next requests here take their turn behind what
+// it was served elsewhere. A tenant with nothing queued here is left
+// alone: like a tenant returning from idle, it starts at the queue's
+// virtual time when it next sends, with no debt for what it did meanwhile
+// elsewhere (what it is served there while it also waits here counts). It
+// reports how many tenants it charged. O(k log n) for k entries.
+func (q *Queue) ChargeRemote(served []Served) int {
+	q.mu.Lock()
+	defer q.unlock()
+	n := 0
+	for _, s := range served {
+		t := q.tenants[s.Tenant]
+		if t == nil || t.queued == 0 || s.Cost == 0 || s.Cost != s.Cost {
+			continue
+		}
+		n++
+		if t.backfillLocked(s.Cost) {
+			q.fixFlowsLocked(t)
+		}
+	}
+	return n
+}

@@ -1,0 +1,183 @@
+package fairqueue
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"testing"
+)
+
+// twoGateways runs tenant a through gateways g1 (2 slots, a alone) and
+// g2 (4 slots, a and b), both flooded, equal weights and costs, for
+// rounds rounds: each round every request in flight completes and the
+// queues refill; with share set, the gateways exchange what they served
+// after every round (the sync interval is one service time). It returns
+// the requests each tenant was served over both gateways after a warm-up.
+func twoGateways(t *testing.T, rounds int, share bool) map[string]float64 {
+	t.Helper()
+	cfg := testConfig(1, map[string]float64{"a": 1, "b": 1})
+	g1 := newHarness(t, cfg, 2, 1)
+	g2 := newHarness(t, cfg, 4, 2)
+	if share {
+		g1.q.TakeServed(nil)
+		g2.q.TakeServed(nil)
+	}
+	cost := func(string) int64 { return 100 }
+	got := map[string]float64{}
+	var buf []Served
+	for r := range rounds {
+		g1.backlog([]string{"a"}, 20, cost)
+		g2.backlog([]string{"a", "b"}, 20, cost)
+		for _, h := range []*harness{g1, g2} {
+			for range len(h.inflight) {
+				tk := h.completeOldest()
+				if r >= rounds/5 {
+					got[tk.Tenant()]++
+				}
+			}
+		}
+		if share {
+			buf = g1.q.TakeServed(buf[:0])
+			g2.q.ChargeRemote(buf)
+			buf = g2.q.TakeServed(buf[:0])
+			g1.q.ChargeRemote(buf)
+		}
+		g1.checkConservation()
+		g2.checkConservation()
+	}
+	g1.drain(2)
+	g2.drain(4)
+	return got
+}
+
+// TestSharedVirtualTime: a tenant flooding two gateways and one flooding
+// only the second, equal weights, 6 slots in all. Alone, each gateway's
+// WFQ gives a its share of each gateway: 2 + 2 of 6 slots against b's 2,
+// so 2:1. Sharing what each served, the second gateway sees a ahead by
+// what the first served it and gives b the difference: 3:3, within 1%
+// (the rounding of one slot over a round, averaged over 400 rounds).
+func TestSharedVirtualTime(t *testing.T) {
+	alone := twoGateways(t, 500, false)
+	if r := alone["a"] / alone["b"]; math.Abs(r-2) > 0.02 {
+		t.Errorf("without sharing a:b = %.3f, want 2 (a's weight counts on each gateway)", r)
+	}
+	shared := twoGateways(t, 500, true)
+	r := shared["a"] / shared["b"]
+	t.Logf("served a:b, 6 slots: alone %.0f:%.0f = %.3f; sharing %.0f:%.0f = %.3f",
+		alone["a"], alone["b"], alone["a"]/alone["b"], shared["a"], shared["b"], r)
+	if math.Abs(r-1) > 0.01 {
+		t.Errorf("sharing, a:b = %.4f, want 1 within 1%%", r)
+	}
+}
+
+// TestChargeRemoteIdleTenant: what a tenant was served elsewhere while it
+// had nothing queued here is no debt here: its next request takes its
+// turn at once, as a tenant back from idle does. Charged while it waits
+// here, it goes behind by that cost over its weight.
+func TestChargeRemoteIdleTenant(t *testing.T) {
+	h := newHarness(t, testConfig(1, map[string]float64{"a": 1, "b": 1}), 1, 1)
+	h.q.TakeServed(nil)
+	cost := func(string) int64 { return 100 }
+	h.backlog([]string{"b"}, 5, cost)
+	if n := h.q.ChargeRemote([]Served{{Tenant: "a", Cost: 1e6}, {Tenant: "nobody", Cost: 1}}); n != 0 {
+		t.Fatalf("ChargeRemote charged %d tenants with nothing queued, want 0", n)
+	}
+	h.enqueue(Request{Tenant: "a", Cost: 100})
+	h.completeOldest() // b's first, dispatched when it came
+	if got := h.inflight[0].Tenant(); got != "a" {
+		t.Fatalf("after b's first request, %s was dispatched, want a (back from idle, no debt)", got)
+	}
+	// Now charged while queued here: b goes first for that cost.
+	h.enqueue(Request{Tenant: "a", Cost: 100})
+	if n := h.q.ChargeRemote([]Served{{Tenant: "a", Cost: 300}}); n != 1 {
+		t.Fatalf("ChargeRemote charged %d tenants, want a", n)
+	}
+	var order []string
+	for len(h.inflight) > 0 {
+		h.completeOldest()
+		if len(h.inflight) > 0 {
+			order = append(order, h.inflight[0].Tenant())
+		}
+	}
+	// b's six requests have start tags 0, 100, ..., 500 (the first was
+	// dispatched on arrival); a's first took its turn at 100, so its
+	// second would start at 200, between b's, but for the 300 charged
+	// elsewhere: at 500, after every b of a tag below.
+	want := []string{"b", "b", "b", "b", "a", "b"}
+	if len(order) != len(want) {
+		t.Fatalf("order %v, want %v", order, want)
+	}
+	for i := range want {
+		if order[i] != want[i] {
+			t.Fatalf("order %v, want %v", order, want)
+		}
+	}
+	h.drain(1)
+}
+
+// TestTakeServed: estimates at dispatch, corrections at completion, net
+// per tenant, once; nothing before the first call.
+func TestTakeServed(t *testing.T) {
+	h := newHarness(t, testConfig(2, map[string]float64{"a": 1}), 1, 1)
+	h.enqueue(Request{Tenant: "a", Cost: 100})
+	if got := h.q.TakeServed(nil); len(got) != 0 {
+		t.Fatalf("first TakeServed = %v, want nothing (bookkeeping starts with it)", got)
+	}
+	h.actual = func(*Ticket) int64 { return 40 }
+	h.completeOldest() // -60 on the 100 charged before the first call
+	h.enqueue(Request{Tenant: "a", Cost: 100})
+	h.enqueue(Request{Tenant: "x", Cost: 50})
+	got := h.q.TakeServed(nil)
+	sum := map[string]float64{}
+	for _, s := range got {
+		sum[s.Tenant] += s.Cost
+	}
+	if len(got) != 2 || sum["a"] != 40 || sum["x"] != 50 {
+		t.Fatalf("TakeServed = %v, want a 40 (-60+100) and x 50", got)
+	}
+	if got := h.q.TakeServed(nil); len(got) != 0 {
+		t.Fatalf("second TakeServed = %v, want nothing", got)
+	}
+	h.drain(1)
+}
+
+// BenchmarkShareSync: one sync interval at 10k backlogged tenants: 64
+// completions, re-enqueues and dispatches, then, with sharing on, the
+// sync's work under the queue lock (TakeServed of the 64 tenants charged,
+// ChargeRemote of 64 tenants the other gateways served). The difference
+// between on and off is what sharing costs per interval.
+func BenchmarkShareSync(b *testing.B) {
+	for _, on := range []bool{false, true} {
+		b.Run(fmt.Sprintf("share=%v", on), func(b *testing.B) {
+			h := newHarness(b, testConfig(64, nil), 1, 1)
+			h.keepOrder = false
+			if on {
+				h.q.TakeServed(nil)
+			}
+			names := make([]string, 10000)
+			for i := range names {
+				names[i] = "t" + strconv.Itoa(i)
+			}
+			h.backlog(names, 2, func(string) int64 { return 100 })
+			remote := make([]Served, 64)
+			var buf []Served
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				for range 64 {
+					tk := h.completeOldest()
+					h.enqueue(Request{Tenant: tk.Tenant(), Cost: 100})
+				}
+				if !on {
+					continue
+				}
+				for j := range remote {
+					remote[j] = Served{Tenant: names[(i*64+j*157)%len(names)], Cost: 100}
+				}
+				i++
+				buf = h.q.TakeServed(buf[:0])
+				h.q.ChargeRemote(remote)
+			}
+		})
+	}
+}

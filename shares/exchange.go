@@ -1,0 +1,106 @@
+package shares
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Served is one tenant's cost in one gateway's entry.
+type Served struct {
+	Tenant string
+	Cost   float64
+}
+
+const (
+	// MaxLen caps the stream. With N gateways syncing every 100 ms it
+	// holds 1000/N seconds of entries: far more than any gateway lags
+	// between two calls.
+	MaxLen = 10000
+	// ReadMax is the most entries one Swap reads.
+	ReadMax = 1000
+	// entryMax is the most tenants in one stream entry; a gateway that
+	// charged more within one interval writes several.
+	entryMax = 2000
+)
+
+// gatewayField names the writer in an entry: a field no tenant can have
+// (tenant names come from placeholders, which never hold a NUL).
+const gatewayField = "\x00gateway"
+
+// Exchange is one gateway's end of the stream. It is not safe for
+// concurrent use: call Swap from one goroutine at a time.
+type Exchange struct {
+	client   redis.UniversalClient
+	key      string
+	ttl      time.Duration
+	instance string
+	// last is the ID of the last entry read; "" before the first Swap.
+	last string
+	args []any
+}
+
+// New returns instance's end of the stream at key; the stream expires ttl
+// after the last write of any gateway.
+func New(client redis.UniversalClient, key, instance string, ttl time.Duration) *Exchange {
+	return &Exchange{client: client, key: key, ttl: ttl, instance: instance}
+}
+
+// Swap appends mine (this gateway's served cost since its previous call)
+// and returns, appended to theirs, what the other gateways appended since
+// the last entry this gateway read. One round trip. On an error nothing
+// is known to be read, and mine may or may not have been written: the
+// caller drops it rather than risk charging it twice.
+func (x *Exchange) Swap(ctx context.Context, mine []Served, theirs []Served) ([]Served, error) {
+	pipe := x.client.TxPipeline()
+	for len(mine) > 0 {
+		n := min(len(mine), entryMax)
+		x.args = append(x.args[:0], gatewayField, x.instance)
+		for _, s := range mine[:n] {
+			x.args = append(x.args, s.Tenant, strconv.FormatFloat(s.Cost, 'g', -1, 64))
+		}
+		pipe.XAdd(ctx, &redis.XAddArgs{Stream: x.key, MaxLen: MaxLen, Approx: true, Values: x.args})
+		mine = mine[n:]
+	}
+	pipe.PExpire(ctx, x.key, x.ttl)
+	var read *redis.XMessageSliceCmd
+	if x.last == "" {
+		read = pipe.XRevRangeN(ctx, x.key, "+", "-", 1)
+	} else {
+		read = pipe.XRangeN(ctx, x.key, "("+x.last, "+", ReadMax)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return theirs, fmt.Errorf("shares: %w", err)
+	}
+	msgs := read.Val()
+	if x.last == "" {
+		// The first call starts after the newest entry, its own included.
+		x.last = "0-0"
+		if len(msgs) > 0 {
+			x.last = msgs[0].ID
+		}
+		return theirs, nil
+	}
+	for _, m := range msgs {
+		x.last = m.ID
+		if m.Values[gatewayField] == x.instance {
+			continue
+		}
+		for k, v := range m.Values {
+			if k == gatewayField {
+				continue
+			}
+			s, _ := v.(string)
+			c, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+			if err != nil {
+				continue // not written by Swap: ignored
+			}
+			theirs = append(theirs, Served{Tenant: k, Cost: c})
+		}
+	}
+	return theirs, nil
+}

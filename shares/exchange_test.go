@@ -1,0 +1,194 @@
+package shares
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+var bg = context.Background()
+
+func miniClient(t *testing.T) (*redis.Client, *miniredis.Miniredis) {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { c.Close() })
+	return c, mr
+}
+
+// realClient is a client on the redis-server at $REDIS_ADDR, which the
+// test script starts.
+func realClient(t *testing.T) *redis.Client {
+	t.Helper()
+	addr := os.Getenv("REDIS_ADDR")
+	if addr == "" {
+		t.Skip("REDIS_ADDR not set: no redis-server to test against")
+	}
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { c.Close() })
+	if err := c.Ping(bg).Err(); err != nil {
+		t.Fatalf("REDIS_ADDR=%s: %v", addr, err)
+	}
+	return c
+}
+
+func swap(t *testing.T, x *Exchange, mine ...Served) []Served {
+	t.Helper()
+	got, err := x.Swap(bg, mine, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(got, func(a, b Served) int {
+		if a.Tenant < b.Tenant {
+			return -1
+		}
+		if a.Tenant > b.Tenant {
+			return 1
+		}
+		return 0
+	})
+	return got
+}
+
+func testSwap(t *testing.T, c redis.UniversalClient, key string) {
+	a := New(c, key, "gw-a", time.Minute)
+	b := New(c, key, "gw-b", time.Minute)
+	// a's first call writes, reads nothing; b joins after: a's first
+	// entry is history to it.
+	if got := swap(t, a, Served{"t1", 100}); len(got) != 0 {
+		t.Fatalf("a's first swap read %v, want nothing", got)
+	}
+	if got := swap(t, b); len(got) != 0 {
+		t.Fatalf("b's first swap read %v, want nothing (service before it joined)", got)
+	}
+	if got := swap(t, a, Served{"t1", 50}, Served{"g", -20.5}); len(got) != 0 {
+		t.Fatalf("a read %v, want nothing: its own entries are skipped", got)
+	}
+	swap(t, b, Served{"t2", 7})
+	got := swap(t, b, Served{"t2", 1})
+	want := []Served{}
+	if !slices.Equal(got, want) {
+		t.Fatalf("b read %v on its second swap, want nothing new", got)
+	}
+	got = swap(t, a)
+	if want := []Served{{"t2", 7}, {"t2", 1}}; len(got) != 2 || got[0].Cost+got[1].Cost != 8 {
+		t.Fatalf("a read %v, want b's two entries %v", got, want)
+	}
+	// Entries between b's previous read and now: a's second.
+	c2 := New(c, key, "gw-c", time.Minute)
+	swap(t, c2)
+	swap(t, a, Served{"t3", 3})
+	got = swap(t, b)
+	if want := []Served{{"t3", 3}}; !slices.Equal(got, want) {
+		t.Fatalf("b read %v, want %v", got, want)
+	}
+	if got := swap(t, c2); !slices.Equal(got, []Served{{"t3", 3}}) {
+		t.Fatalf("c read %v, want a's last entry only", got)
+	}
+	// A tenant named like nothing special, and many in one interval:
+	// split into entries, every one read.
+	var many []Served
+	for i := range 2*entryMax + 5 {
+		many = append(many, Served{fmt.Sprintf("m%05d", i), 1})
+	}
+	swap(t, a, many...)
+	got = swap(t, b)
+	if len(got) != len(many) {
+		t.Fatalf("b read %d tenants, want %d", len(got), len(many))
+	}
+	if ttl := c.PTTL(bg, key).Val(); ttl <= 0 || ttl > time.Minute {
+		t.Errorf("stream TTL %v, want within the exchange's minute", ttl)
+	}
+}
+
+func TestSwapMiniredis(t *testing.T) {
+	c, _ := miniClient(t)
+	testSwap(t, c, "fq:shares:{q}")
+}
+
+func TestSwapRealRedis(t *testing.T) {
+	c := realClient(t)
+	key := fmt.Sprintf("fq:test:shares:{%d}", time.Now().UnixNano())
+	t.Cleanup(func() { c.Del(bg, key) })
+	testSwap(t, c, key)
+}
+
+// The stream is capped: a gateway that lags more than MaxLen entries
+// loses the oldest, never reads one twice, and catches up.
+func TestSwapLagged(t *testing.T) {
+	c, _ := miniClient(t)
+	a := New(c, "k", "a", time.Minute)
+	b := New(c, "k", "b", time.Minute)
+	swap(t, a)
+	swap(t, b)
+	pipe := c.Pipeline()
+	for range MaxLen + 50 {
+		pipe.XAdd(bg, &redis.XAddArgs{Stream: "k", MaxLen: MaxLen, Approx: true, Values: []any{gatewayField, "a", "t", "1"}})
+	}
+	if _, err := pipe.Exec(bg); err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for range 20 {
+		for _, s := range swap(t, b) {
+			total += s.Cost
+		}
+	}
+	if total > MaxLen+50 || total < ReadMax {
+		t.Fatalf("b read %v of %d entries, want at most all and at least one read's worth", total, MaxLen+50)
+	}
+	if got := swap(t, b); len(got) != 0 {
+		t.Fatalf("caught up, b read %v more", got)
+	}
+}
+
+// Redis down: an error, nothing read, and the next call after it returns
+// works.
+func TestSwapRedisDown(t *testing.T) {
+	c, mr := miniClient(t)
+	a := New(c, "k", "a", time.Minute)
+	b := New(c, "k", "b", time.Minute)
+	swap(t, a)
+	swap(t, b)
+	mr.SetError("LOADING")
+	if _, err := b.Swap(bg, []Served{{"t", 1}}, nil); err == nil {
+		t.Fatal("Swap with Redis failing: no error")
+	}
+	mr.SetError("")
+	swap(t, a, Served{"t", 2})
+	if got := swap(t, b); !slices.Equal(got, []Served{{"t", 2}}) {
+		t.Fatalf("after the outage b read %v, want a's entry", got)
+	}
+}
+
+// BenchmarkSwap: one sync of a gateway that charged 64 tenants, reading
+// the entry of one other gateway, against miniredis (the round trip on
+// a real Redis is what the e2e measures).
+func BenchmarkSwap(b *testing.B) {
+	mr := miniredis.RunT(b)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer c.Close()
+	x := New(c, "k", "a", time.Minute)
+	y := New(c, "k", "b", time.Minute)
+	var mine []Served
+	for i := range 64 {
+		mine = append(mine, Served{fmt.Sprintf("tenant-%d", i), 100})
+	}
+	var buf []Served
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := y.Swap(bg, mine, nil); err != nil {
+			b.Fatal(err)
+		}
+		var err error
+		if buf, err = x.Swap(bg, nil, buf[:0]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
