@@ -19,8 +19,12 @@ import (
 func (s *sharedQueue) syncShares(h *Handler, now time.Time) {
 	cs := h.cluster
 	if cs == nil || cs.sharesKey == "" {
+		if s.sharing.Swap(false) {
+			s.q.StopServed() // a reload turned sharing off
+		}
 		return
 	}
+	s.sharing.Store(true)
 	if now.UnixNano()-s.shareSyncAt.Load() < int64(cs.sync) || !s.shareSyncing.CompareAndSwap(false, true) {
 		return
 	}

@@ -22,6 +22,7 @@ func TestClusterCaddyfile(t *testing.T) {
 			instances 3
 			timeout   20ms
 			prefix    gw:
+			share_fairness
 		}
 		reverse_proxy a:1
 	}`)
@@ -29,13 +30,15 @@ func TestClusterCaddyfile(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := h.Cluster
-	if c == nil || c.Redis != "{env.REDIS_URL}" || c.Instances != 3 || c.Timeout != dur(20*time.Millisecond) || c.Prefix != "gw:" {
+	if c == nil || c.Redis != "{env.REDIS_URL}" || c.Instances != 3 || c.Timeout != dur(20*time.Millisecond) || c.Prefix != "gw:" ||
+		!c.ShareFairness || c.ShareSlots {
 		t.Fatalf("cluster: %+v", c)
 	}
 	for _, tc := range []struct{ input, want string }{
 		{"cluster redis://a:1", `cluster: unexpected argument "redis://a:1"`},
 		{"cluster {\n}", "cluster: missing 'redis <url>'"},
 		{"cluster {\ninstances 2\n}", "cluster: missing 'redis <url>'"},
+		{"cluster {\nredis redis://a:1\nshare_fairness yes\n}", "cluster: share_fairness takes no argument"},
 		{"cluster {\nredis a b\n}", "cluster: redis: want exactly one argument"},
 		{"cluster {\nredis redis://a:1\nredis redis://b:1\n}", "cluster: redis given twice"},
 		{"cluster {\nredis redis://a:1\ninstances 0\n}", `cluster: instances: "0" must be a positive integer`},

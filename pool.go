@@ -58,10 +58,12 @@ type sharedQueue struct {
 	// so a tick without sharing lifts the cap once, not every time.
 	slotsLimited atomic.Bool
 	// shareSyncAt and shareSyncing pace the exchanges of the tenants'
-	// service (share_fairness), sharesUp says whether the last reached
-	// Redis; the buffers belong to the exchange in flight.
+	// service (share_fairness), sharing is set while a config shares it,
+	// sharesUp says whether the last exchange reached Redis; the buffers
+	// belong to the exchange in flight.
 	shareSyncAt  atomic.Int64
 	shareSyncing atomic.Bool
+	sharing      atomic.Bool
 	sharesUp     atomic.Bool
 	shareTaken   []fairqueue.Served
 	shareMine    []shares.Served

@@ -169,10 +169,37 @@
 //     service time plus s. Tenants that send through different gateways
 //     are therefore served by weight within that rounding; through one
 //     gateway, the WFQ above divides its grant with its usual bound.
-//   - What is not shared: virtual time. A tenant with work on several
-//     gateways counts its weight on each, so it gets up to N times its
-//     weight's share of the pool, each gateway's WFQ holding it to its
-//     weight among that gateway's tenants only. Larger s or N widen the
+//   - Virtual time, with sharing (TakeServed, ChargeRemote; package
+//     shares): every s each gateway reports the cost it charged each
+//     tenant since its last report and charges each tenant queued here
+//     what the others charged it, as a back-fill of that cost (its
+//     virtual time moves by cost/weight, net of credit). A tenant with
+//     work on several gateways is then served by its weight across the
+//     cluster, not on each: on a gateway where it competes, its start
+//     tags run ahead by what the others served it, so its competitors
+//     there take the difference. The lag is one sync interval plus a
+//     round trip: at any moment a tenant is charged here for all the
+//     others' service up to at most s + RTT ago, that is at most its
+//     service rate elsewhere x (s + RTT) of cost, which bounds the excess
+//     it can take here, on top of the single-gateway bound, before the
+//     charge lands. With N gateways each charge is read by N-1 others,
+//     once each; what a tenant is served elsewhere while it has nothing
+//     queued here is no debt here (as for a tenant back from idle), and
+//     a gateway that misses entries (Redis down, or further behind than
+//     the stream holds) is fair on its own meanwhile, never charging
+//     twice. The correction acts only where the tenant competes: a
+//     gateway where it is alone serves it whatever it is charged (work
+//     conservation), and the grants still claim its weight on every
+//     gateway where it has work. So a tenant alone on k gateways and
+//     competing on others holds the k grants it claims there whatever
+//     sharing says; it gets its cluster-wide share exactly when those
+//     grants are below it (one tenant of equal weight on two gateways,
+//     another on the second only: grants P/3 and 2P/3, served P/2 each,
+//     TestSharedVirtualTime and the e2e TestClusterSharedFairness), and
+//     those k grants otherwise. Without sharing, a tenant with work on several gateways
+//     counts its weight on each, so it gets up to N times its weight's
+//     share of the pool, each gateway's WFQ holding it to its weight
+//     among that gateway's tenants only. Larger s or N widen the
 //     rounding and slow the convergence; nothing in the scheduler waits
 //     on the network.
 //

@@ -35,6 +35,20 @@ func (q *Queue) TakeServed(dst []Served) []Served {
 	return dst
 }
 
+// StopServed ends the bookkeeping TakeServed started (a reload turned
+// sharing off) and drops what was not taken, so that sharing turned on
+// again later does not send stale service.
+func (q *Queue) StopServed() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.shareServed = false
+	for _, t := range q.shareDirty {
+		t.shareDelta, t.shareListed = 0, false
+	}
+	clear(q.shareDirty)
+	q.shareDirty = q.shareDirty[:0]
+}
+
 // noteServedLocked records a charge of d to t for TakeServed.
 func (q *Queue) noteServedLocked(t *tenant, d float64) {
 	if !q.shareServed {

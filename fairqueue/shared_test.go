@@ -181,3 +181,22 @@ func BenchmarkShareSync(b *testing.B) {
 		})
 	}
 }
+
+// TestStopServed: sharing turned off drops what was not taken, and turned
+// on again starts afresh.
+func TestStopServed(t *testing.T) {
+	h := newHarness(t, testConfig(2, nil), 1, 1)
+	h.q.TakeServed(nil)
+	h.enqueue(Request{Tenant: "a", Cost: 100})
+	h.q.StopServed()
+	h.enqueue(Request{Tenant: "b", Cost: 100})
+	if got := h.q.TakeServed(nil); len(got) != 0 {
+		t.Fatalf("TakeServed after StopServed = %v, want nothing (restarted)", got)
+	}
+	h.completeOldest()
+	h.enqueue(Request{Tenant: "c", Cost: 100})
+	if got := h.q.TakeServed(nil); len(got) != 1 || got[0].Tenant != "c" {
+		t.Fatalf("TakeServed = %v, want c's 100 only", got)
+	}
+	h.drain(1)
+}
