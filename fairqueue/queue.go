@@ -105,6 +105,7 @@ type Queue struct {
 	// (shared.go).
 	shareServed bool
 	shareDirty  []*tenant
+	shareNames  map[string]int
 	// group is the one top-level flow owner of all undeclared tenants
 	// (Config.Default): they share its weight and compete inside it.
 	group     *tenant
@@ -256,8 +257,11 @@ type tenant struct {
 	// ahead is the tenant's place in the work-ahead index (ahead.go).
 	ahead aheadSlot
 	// shareDelta is the cost charged since the last TakeServed, and
-	// shareListed says the tenant is on Queue.shareDirty (shared.go).
+	// shareListed says the tenant is on Queue.shareDirty; remoteDebt is
+	// the cost ChargeRemote charged since the tenant last came back from
+	// idle, the most a remote refund may give back (shared.go).
 	shareDelta  float64
+	remoteDebt  float64
 	shareListed bool
 }
 
@@ -315,7 +319,7 @@ func New(cfg Config, clock Clock) (*Queue, error) {
 	if clock == nil {
 		clock = RealClock{}
 	}
-	q := &Queue{clock: clock, tenants: make(map[string]*tenant), costPromptWeight: 1, slotLimit: -1, scan: -1,
+	q := &Queue{clock: clock, tenants: make(map[string]*tenant), shareNames: make(map[string]int), costPromptWeight: 1, slotLimit: -1, scan: -1,
 		group: &tenant{name: "(undeclared tenants)", heldIdx: -1},
 		rng:   rand.New(rand.NewPCG(0x6661697271756575, 0x7265747279))}
 	q.group.flows = q.group.flowBuf[:0]
@@ -600,12 +604,14 @@ func (q *Queue) liftLocked(t *tenant) {
 
 func (q *Queue) liftIdleLocked(t *tenant) {
 	if g := t.group; g != nil && g.queued == 0 {
+		g.remoteDebt = 0
 		if v := max(g.vt-g.credit, q.vfloor); v != g.vt || g.credit != 0 {
 			g.vt, g.credit = v, 0
 			q.fixFlowsLocked(g)
 		}
 	}
 	if t.queued == 0 {
+		t.remoteDebt = 0
 		if v := max(t.vt-t.credit, q.virtualTimeLocked(t)); v != t.vt || t.credit != 0 {
 			t.vt, t.credit = v, 0
 			q.fixFlowsLocked(t)

@@ -1,5 +1,7 @@
 package fairqueue
 
+import "math"
+
 // Shared virtual time: gateways in front of one pool exchange the cost
 // they charged each tenant (package shares, through Redis), and each
 // applies what the others charged to its own copy of the tenant, so that
@@ -17,22 +19,45 @@ type Served struct {
 }
 
 // TakeServed appends to dst the cost charged to each tenant since the
-// previous call, and clears it. The first call starts the bookkeeping (a
-// queue that never shares pays nothing for it), so it returns nothing.
-// O(tenants charged since the previous call).
+// previous call, one entry per name, and clears it. The first call starts
+// the bookkeeping (a queue that never shares pays nothing for it), so it
+// returns nothing. O(tenants charged since the previous call).
 func (q *Queue) TakeServed(dst []Served) []Served {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.shareServed = true
+	start := len(dst)
 	for _, t := range q.shareDirty {
 		if t.shareDelta != 0 {
 			dst = append(dst, Served{Tenant: t.name, Cost: t.shareDelta})
 		}
 		t.shareDelta, t.shareListed = 0, false
 	}
+	if len(q.shareDirty) > 1 {
+		// A tenant forgotten and seen again within one interval is listed
+		// twice (two *tenant): one entry per name, or a reader keeping
+		// the last field of a name would drop a charge.
+		dst = mergeByName(dst, start, q.shareNames)
+	}
 	clear(q.shareDirty)
 	q.shareDirty = q.shareDirty[:0]
 	return dst
+}
+
+// mergeByName sums the entries of dst[start:] that share a name into the
+// first of them, keeping their order; names is a scratch map.
+func mergeByName(dst []Served, start int, names map[string]int) []Served {
+	clear(names)
+	out := dst[:start]
+	for _, s := range dst[start:] {
+		if i, ok := names[s.Tenant]; ok {
+			out[i].Cost += s.Cost
+			continue
+		}
+		names[s.Tenant] = len(out)
+		out = append(out, s)
+	}
+	return out
 }
 
 // StopServed ends the bookkeeping TakeServed started (a reload turned
@@ -62,25 +87,47 @@ func (q *Queue) noteServedLocked(t *tenant, d float64) {
 }
 
 // ChargeRemote applies what other gateways charged: each tenant that has
-// requests queued here has its virtual time moved as by a back-fill of
-// that cost (a positive cost moves it, net of any credit; a negative one
-// is credit), so that its next requests here take their turn behind what
-// it was served elsewhere. A tenant with nothing queued here is left
-// alone: like a tenant returning from idle, it starts at the queue's
-// virtual time when it next sends, with no debt for what it did meanwhile
-// elsewhere (what it is served there while it also waits here counts). It
-// reports how many tenants it charged. O(k log n) for k entries.
+// requests queued here has its virtual time (and, for an undeclared
+// tenant, its group's) moved as by a back-fill of that cost (net of any
+// credit), so that its next requests here take their turn behind what it
+// was served elsewhere. A negative cost (a refund for an over-estimate
+// elsewhere) gives back at most what ChargeRemote charged the tenant
+// since it last came back from idle (remoteDebt): a refund of a charge
+// this queue never applied is no credit here. A tenant with nothing queued
+// here is left alone: like a tenant returning from idle, it starts at the
+// queue's virtual time when it next sends, with no debt for what it did
+// meanwhile elsewhere (what it is served there while it also waits here
+// counts). It reports how many entries it applied. O(k log n) for k
+// entries.
 func (q *Queue) ChargeRemote(served []Served) int {
 	q.mu.Lock()
 	defer q.unlock()
 	n := 0
 	for _, s := range served {
 		t := q.tenants[s.Tenant]
-		if t == nil || t.queued == 0 || s.Cost == 0 || s.Cost != s.Cost {
+		if t == nil || t.queued == 0 || s.Cost == 0 || math.IsNaN(s.Cost) || math.IsInf(s.Cost, 0) {
 			continue
 		}
+		d := s.Cost
+		if d < 0 {
+			d = -min(-d, t.remoteDebt)
+			if d == 0 {
+				continue
+			}
+		}
+		t.remoteDebt += d
 		n++
-		if t.backfillLocked(s.Cost) {
+		moved := t.backfillLocked(d)
+		if g := t.group; g != nil && g.queued > 0 {
+			if d < 0 {
+				d = -min(-d, g.remoteDebt)
+			}
+			g.remoteDebt += d
+			if d != 0 && g.backfillLocked(d) {
+				moved = true
+			}
+		}
+		if moved {
 			q.fixFlowsLocked(t)
 		}
 	}

@@ -200,3 +200,61 @@ func TestStopServed(t *testing.T) {
 	}
 	h.drain(1)
 }
+
+// Review: a remote refund gives back at most what was charged here
+// since the tenant came back from idle; an undeclared tenant's group is
+// charged too; a name listed twice (forgotten and seen again) is one
+// entry.
+func TestChargeRemoteRefundsAndGroup(t *testing.T) {
+	h := newHarness(t, testConfig(1, map[string]float64{"a": 1}), 1, 1)
+	h.enqueue(Request{Tenant: "b", Cost: 100}) // holds the slot
+	h.enqueue(Request{Tenant: "a", Cost: 100})
+	vt := func(name string) float64 {
+		for _, ts := range h.q.Stats(true).Tenants {
+			if ts.Name == name {
+				return ts.VirtualTime
+			}
+		}
+		return math.NaN()
+	}
+	a0 := vt("a")
+	// A refund of a charge never applied here: no credit.
+	h.q.ChargeRemote([]Served{{Tenant: "a", Cost: -500}})
+	if got := vt("a"); got != a0 {
+		t.Fatalf("a refund of nothing charged moved a's virtual time %v -> %v", a0, got)
+	}
+	// Charged 300, refunded 500: back where it was, not below.
+	h.q.ChargeRemote([]Served{{Tenant: "a", Cost: 300}})
+	if got := vt("a"); got != a0+300 {
+		t.Fatalf("a charged 300: virtual time %v, want %v", got, a0+300)
+	}
+	h.q.ChargeRemote([]Served{{Tenant: "a", Cost: -500}, {Tenant: "a", Cost: math.Inf(1)}, {Tenant: "a", Cost: math.NaN()}})
+	if got := vt("a"); got != a0 {
+		t.Fatalf("a refunded: virtual time %v, want %v (credit capped at the 300 charged)", got, a0)
+	}
+	// An undeclared tenant: its group moves as its own virtual time does.
+	h.enqueue(Request{Tenant: "u", Cost: 100})
+	groupVT := func() float64 {
+		h.q.mu.Lock()
+		defer h.q.mu.Unlock()
+		return h.q.group.vt - h.q.group.credit
+	}
+	g0, u0 := groupVT(), vt("u")
+	h.q.ChargeRemote([]Served{{Tenant: "u", Cost: 200}})
+	if g, u := groupVT(), vt("u"); g != g0+200 || u != u0+200 {
+		t.Fatalf("u charged 200: group %v -> %v, u %v -> %v; want both +200", g0, g, u0, u)
+	}
+	h.drain(1)
+
+	// Two *tenant of one name on the dirty list: one entry, summed.
+	q := h.q
+	q.TakeServed(nil)
+	q.mu.Lock()
+	x1 := &tenant{name: "x", shareDelta: 5, shareListed: true}
+	x2 := &tenant{name: "x", shareDelta: 7, shareListed: true}
+	q.shareDirty = append(q.shareDirty, x1, x2)
+	q.mu.Unlock()
+	if got := q.TakeServed(nil); len(got) != 1 || got[0] != (Served{Tenant: "x", Cost: 12}) {
+		t.Fatalf("TakeServed = %v, want one entry x 12", got)
+	}
+}

@@ -10,6 +10,10 @@
 // read, skipping its own. What it reads is what the others served in the
 // meantime, each entry once.
 //
+// An entry's fields are "g" (the writer) and "t:" + each tenant's name, so
+// no tenant name can pass for the writer. Reads use exclusive ranges
+// ("(" + ID), which need Redis 6.2 or later.
+//
 // The stream is capped (MaxLen, trimmed approximately) and expires when
 // no gateway has written for its TTL. A gateway that falls further behind
 // than the cap, or misses entries while Redis is unreachable, loses them:

@@ -28,9 +28,13 @@ const (
 	entryMax = 2000
 )
 
-// gatewayField names the writer in an entry: a field no tenant can have
-// (tenant names come from placeholders, which never hold a NUL).
-const gatewayField = "\x00gateway"
+// An entry's fields: gatewayField names its writer, and each tenant's
+// field is its name after tenantPrefix, so no tenant name, whatever its
+// bytes, can pass for the writer.
+const (
+	gatewayField = "g"
+	tenantPrefix = "t:"
+)
 
 // Exchange is one gateway's end of the stream. It is not safe for
 // concurrent use: call Swap from one goroutine at a time.
@@ -61,7 +65,7 @@ func (x *Exchange) Swap(ctx context.Context, mine []Served, theirs []Served) ([]
 		n := min(len(mine), entryMax)
 		x.args = append(x.args[:0], gatewayField, x.instance)
 		for _, s := range mine[:n] {
-			x.args = append(x.args, s.Tenant, strconv.FormatFloat(s.Cost, 'g', -1, 64))
+			x.args = append(x.args, tenantPrefix+s.Tenant, strconv.FormatFloat(s.Cost, 'g', -1, 64))
 		}
 		pipe.XAdd(ctx, &redis.XAddArgs{Stream: x.key, MaxLen: MaxLen, Approx: true, Values: x.args})
 		mine = mine[n:]
@@ -91,7 +95,8 @@ func (x *Exchange) Swap(ctx context.Context, mine []Served, theirs []Served) ([]
 			continue
 		}
 		for k, v := range m.Values {
-			if k == gatewayField {
+			tenant, ok := strings.CutPrefix(k, tenantPrefix)
+			if !ok {
 				continue
 			}
 			s, _ := v.(string)
@@ -99,7 +104,7 @@ func (x *Exchange) Swap(ctx context.Context, mine []Served, theirs []Served) ([]
 			if err != nil {
 				continue // not written by Swap: ignored
 			}
-			theirs = append(theirs, Served{Tenant: k, Cost: c})
+			theirs = append(theirs, Served{Tenant: tenant, Cost: c})
 		}
 	}
 	return theirs, nil

@@ -67,13 +67,16 @@ func testSwap(t *testing.T, c redis.UniversalClient, key string) {
 	if got := swap(t, b); len(got) != 0 {
 		t.Fatalf("b's first swap read %v, want nothing (service before it joined)", got)
 	}
-	if got := swap(t, a, Served{"t1", 50}, Served{"g", -20.5}); len(got) != 0 {
+	if got := swap(t, a, Served{"t1", 50}, Served{"g", -20.5}, Served{"t:x", 1}); len(got) != 0 {
 		t.Fatalf("a read %v, want nothing: its own entries are skipped", got)
 	}
-	swap(t, b, Served{"t2", 7})
-	got := swap(t, b, Served{"t2", 1})
-	want := []Served{}
-	if !slices.Equal(got, want) {
+	// Tenants named like the entry's own fields are tenants all the same.
+	got := swap(t, b, Served{"t2", 7})
+	if want := []Served{{"g", -20.5}, {"t1", 50}, {"t:x", 1}}; !slices.Equal(got, want) {
+		t.Fatalf("b read %v, want %v", got, want)
+	}
+	got = swap(t, b, Served{"t2", 1})
+	if want := []Served{}; !slices.Equal(got, want) {
 		t.Fatalf("b read %v on its second swap, want nothing new", got)
 	}
 	got = swap(t, a)
@@ -129,7 +132,7 @@ func TestSwapLagged(t *testing.T) {
 	swap(t, b)
 	pipe := c.Pipeline()
 	for range MaxLen + 50 {
-		pipe.XAdd(bg, &redis.XAddArgs{Stream: "k", MaxLen: MaxLen, Approx: true, Values: []any{gatewayField, "a", "t", "1"}})
+		pipe.XAdd(bg, &redis.XAddArgs{Stream: "k", MaxLen: MaxLen, Approx: true, Values: []any{gatewayField, "a", tenantPrefix + "t", "1"}})
 	}
 	if _, err := pipe.Exec(bg); err != nil {
 		t.Fatal(err)
