@@ -105,6 +105,9 @@ func rejectionError(rej *fairqueue.Rejection) *apiError {
 	case fairqueue.ReasonQuotaExceeded:
 		e.status, e.code, e.reason, e.quota = http.StatusTooManyRequests, "quota_exceeded", string(rej.Quota), rej.QuotaStatus
 		e.message = "Your " + quotaWhat(rej.Quota) + " quota does not allow this request within its wait budget (" + rej.Detail + "). It was not queued; retry after the time in Retry-After."
+		if rej.WhileQueued {
+			e.message = "Your " + quotaWhat(rej.Quota) + " quota does not allow this request within its wait budget (" + rej.Detail + "). It was taken out of the queue and not sent upstream; retry after the time in Retry-After."
+		}
 	case fairqueue.ReasonCircuitOpen:
 		e.status, e.code = http.StatusTooManyRequests, "circuit_open"
 		e.message = "The gateway is overloaded and sheds your tier of service for now (" + rej.Detail + "). It was not queued; retry after the time in Retry-After."

@@ -106,6 +106,8 @@ type Queue struct {
 	shareServed bool
 	shareDirty  []*tenant
 	shareNames  map[string]int
+	// holdNotes are the quota holds set since the last refuseHeldLocked.
+	holdNotes []holdNote
 	// group is the one top-level flow owner of all undeclared tenants
 	// (Config.Default): they share its weight and compete inside it.
 	group     *tenant
@@ -981,6 +983,7 @@ func (q *Queue) nextLocked() (*Ticket, bool) {
 func (q *Queue) dispatchLocked(now time.Time) {
 	gated := q.dispatchLoopLocked(now)
 	q.dispatchFallbackLocked(now)
+	q.refuseHeldLocked(now)
 	// The throughput estimator counts completions only while a free slot
 	// would be filled at once: the system's capacity, not its demand. Work
 	// queued only by tenants that may not go (at their in-flight cap, held

@@ -81,7 +81,7 @@ func (q *Queue) chargeQuotaLocked(now time.Time, tk *Ticket) bool {
 	case err != nil:
 		return true // see quotaAdmitLocked: fail open, uncharged
 	case !d.Allowed:
-		q.holdLocked(t, now.Add(d.RetryAfter))
+		q.holdLocked(t, now, d)
 		return false
 	}
 	c := tk.chargeRecordLocked()
@@ -96,7 +96,7 @@ func (q *Queue) quotaAllowsLocked(now time.Time, tk *Ticket) bool {
 	if err != nil || d.Allowed {
 		return true
 	}
-	q.holdLocked(tk.t, now.Add(d.RetryAfter))
+	q.holdLocked(tk.t, now, d)
 	return false
 }
 
@@ -113,8 +113,13 @@ func (q *Queue) reconcileQuotaLocked(tk *Ticket, actual int64) {
 	}
 }
 
-// holdLocked makes t ineligible until at.
-func (q *Queue) holdLocked(t *tenant, at time.Time) {
+// holdLocked makes t ineligible until its quota allows its next request,
+// as decision d says, and notes the hold for refuseHeldLocked.
+func (q *Queue) holdLocked(t *tenant, now time.Time, d quota.Decision) {
+	at := now.Add(d.RetryAfter)
+	if q.cfg.Admission.FastFail {
+		q.holdNotes = append(q.holdNotes, holdNote{t: t, at: at.UnixNano(), d: d})
+	}
 	t.heldUntil = at.UnixNano()
 	if t.heldIdx < 0 {
 		heap.Push(&q.held, t)
@@ -122,6 +127,53 @@ func (q *Queue) holdLocked(t *tenant, at time.Time) {
 		heap.Fix(&q.held, t.heldIdx)
 	}
 	q.relinkLocked(t)
+}
+
+// holdNote is a hold just set, for refuseHeldLocked.
+type holdNote struct {
+	t  *tenant
+	at int64 // heldUntil when noted
+	d  quota.Decision
+}
+
+// refuseHeldLocked answers at once, with the quota's refusal (429
+// quota_exceeded, Retry-After to the end of the hold), the queued requests
+// of each tenant held since its last call that the hold leaves no time
+// for: the heads of its flows whose deadline, less the margins, comes
+// before the quota allows the tenant's next request. Nothing of the
+// tenant can start before then, so they would wait out their budget for a
+// queue_timeout. This happens when the quota was spent by others after the
+// request was admitted: the other gateways of a cluster, charging the same
+// tenant's meters in Redis. As at admission, the quota's time is taken as
+// exact; a refund for an over-estimate in flight may end a hold sooner.
+// Run after the dispatch loop, never inside it: O(notes + refusals).
+func (q *Queue) refuseHeldLocked(now time.Time) {
+	if len(q.holdNotes) == 0 {
+		return
+	}
+	margin := max(q.cfg.Admission.Margin, q.cfg.ExpiryMargin)
+	for i := range q.holdNotes {
+		n := &q.holdNotes[i]
+		t := n.t
+		if t.heldIdx < 0 || t.heldUntil != n.at {
+			continue // the hold ended or moved since
+		}
+		at := time.Unix(0, n.at)
+		for _, f := range t.flows {
+			for tk := f.q.head; tk != nil && !tk.deadline.IsZero() && !at.Before(tk.deadline.Add(-margin)); tk = f.q.head {
+				d := n.d
+				d.RetryAfter = at.Sub(now)
+				rej := quotaRejection(d, quota.Backlog{})
+				rej.WhileQueued = true
+				rej.Detail = fmt.Sprintf("%s quota: while this request was queued, the quota was spent (by this tenant's requests elsewhere in the cluster or ahead of it here); its next request may start in %v, after this one's wait budget ends",
+					d.Reason, d.RetryAfter.Round(time.Millisecond))
+				q.unqueueLocked(tk)
+				q.finishLocked(now, tk, stateExpired, rej)
+			}
+		}
+	}
+	clear(q.holdNotes)
+	q.holdNotes = q.holdNotes[:0]
 }
 
 // unholdDueLocked ends the holds that are due at now: O(1) when none is.

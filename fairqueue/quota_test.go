@@ -194,3 +194,51 @@ func TestSetQuotaWeight(t *testing.T) {
 		t.Fatalf("the stored meter was lost: %+v", st.Joint)
 	}
 }
+
+// A request admitted to wait for its quota whose quota is then spent
+// elsewhere (another gateway charging the same meters in a shared store)
+// is refused at once when its tenant is held past its deadline, with the
+// quota's 429 and the hold's end as Retry-After, not left to wait out its
+// budget for a queue_timeout.
+func TestQuotaHeldPastDeadlineRefusedAtOnce(t *testing.T) {
+	cfg := quotaConfig(quota.Config{QPS: 1})
+	cfg.Admission.FastFail = true
+	clk := NewManualClock(t0)
+	cfg.QuotaStore = quota.NewMemory(clk.Now)
+	a := newHarness(t, cfg, 1, 1)
+	b := newHarness(t, cfg, 1, 2)
+	set := func(d time.Duration) {
+		clk.Set(t0.Add(d))
+		a.clk.Set(t0.Add(d))
+		b.clk.Set(t0.Add(d))
+	}
+	b.enqueue(Request{Tenant: "a", Cost: 10}) // dispatched at 0: next at 1 s
+	// Fits at admission: allowed at 1 s, before its deadline less the 0.5 s
+	// expiry margin (1.1 s).
+	late := b.enqueue(Request{Tenant: "a", Cost: 10, Deadline: t0.Add(1600 * time.Millisecond)})
+	keep := b.enqueue(Request{Tenant: "a", Cost: 10, Deadline: t0.Add(5 * time.Second)})
+	if late.Err() != nil || dispatchedCount(b, "a") != 1 {
+		t.Fatalf("admission: err %v, %d dispatched; want queued behind the first", late.Err(), dispatchedCount(b, "a"))
+	}
+	// At 1 s the other gateway takes the quota first; b's next chance is 2 s.
+	set(time.Second)
+	a.enqueue(Request{Tenant: "a", Cost: 10})
+	if dispatchedCount(a, "a") != 1 {
+		t.Fatal("the other gateway did not dispatch at 1 s")
+	}
+	b.q.Tick()
+	var rej *Rejection
+	if !errors.As(late.Err(), &rej) || rej.Reason != ReasonQuotaExceeded || rej.RetryAfter != time.Second || rej.Quota != quota.DimQPS || !rej.WhileQueued {
+		t.Fatalf("the request held past its deadline: err %v, want quota_exceeded (qps) with Retry-After 1s at once", late.Err())
+	}
+	if keep.Err() != nil {
+		t.Fatalf("the request whose deadline the hold leaves time for was refused: %v", keep.Err())
+	}
+	set(2 * time.Second)
+	b.q.Tick()
+	if dispatchedCount(b, "a") != 2 {
+		t.Fatalf("b dispatched %d of a at 2 s, want the kept request too", dispatchedCount(b, "a"))
+	}
+	a.drain(1)
+	b.drain(1)
+}

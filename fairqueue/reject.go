@@ -78,8 +78,10 @@ type Rejection struct {
 	Detail string
 	// WhileQueued is set on a ReasonBudgetExceeded refusal of a request
 	// that had been admitted and was refused from the queue once its ETA
-	// showed it could no longer start in time (early refusal); clear for a
-	// refusal at admission.
+	// showed it could no longer start in time (early refusal), and on a
+	// ReasonQuotaExceeded refusal of one whose tenant's quota hold ends
+	// after its deadline (refuseHeldLocked); clear for a refusal at
+	// admission.
 	WhileQueued bool
 	// BudgetLeft is, on a ReasonBudgetExceeded refusal, the fraction of the
 	// request's wait budget still left when it was refused: 1 at admission,
