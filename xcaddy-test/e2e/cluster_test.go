@@ -214,10 +214,14 @@ func TestClusterQuota(t *testing.T) {
 	loop.Wait()
 	wg.Wait()
 
-	// Every answer is served or a documented refusal: 429 quota_exceeded,
-	// or 503 wait_budget_exceeded / queue_timeout when a request admitted
-	// behind the quota is overtaken by the other gateways' charges. None
-	// is an error, none a 5xx of another kind.
+	// Every answer is served or a documented refusal: 429 quota_exceeded
+	// (at admission, or while queued when a request admitted behind the
+	// quota is overtaken by the other gateways' charges and its tenant is
+	// held past its deadline), or 503 wait_budget_exceeded. None is an
+	// error, none a 5xx of another kind, and none a queue_timeout: a
+	// request the quota cannot serve in time is told so when that is
+	// known, not after waiting out its budget (26 to 32 of 180 were before
+	// quota holds refused; 0 in every run since).
 	count := map[string]map[string]int{}
 	for _, r := range results {
 		code := "served"
@@ -233,7 +237,7 @@ func TestClusterQuota(t *testing.T) {
 			_ = json.Unmarshal(r.Body, &body)
 			code = fmt.Sprintf("%d %s", r.Status, body.Error.Code)
 			switch code {
-			case "429 quota_exceeded", "503 wait_budget_exceeded", "503 queue_timeout":
+			case "429 quota_exceeded", "503 wait_budget_exceeded":
 			default:
 				t.Errorf("phase %s: an answer outside the contract: %s", r.phase, r.result)
 			}

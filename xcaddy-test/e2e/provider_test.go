@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -219,5 +220,56 @@ func TestProviderFallback(t *testing.T) {
 	}
 	if n := metric(scrape(t, c), "caddy_fair_queue_fallbacks_total", "tenant", "vip"); n != 5 {
 		t.Errorf("fallbacks_total vip = %v, want 5", n)
+	}
+}
+
+// TestProviderRemainingZeroPauses: a served answer that says the account
+// has nothing left (x-ratelimit-remaining-requests: 0) pauses the account
+// for its reset time, at most 10 s, so the next request waits for the
+// account instead of drawing the provider's 429. The gateway believes the
+// account allows 100x what the provider does, so only the header can
+// hold it back.
+func TestProviderRemainingZeroPauses(t *testing.T) {
+	fakes := startFakes(t, 1, "p0left", harness.FakeOptions{Slots: 16, TTFT: 5 * time.Millisecond, PerToken: 100 * time.Microsecond,
+		Args: []string{"-rpm=10"}})
+	p := harness.Ports(t, "Admin", "Site")
+	c := startCaddy(t, providerTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"], "TPM": 1000000,
+		"Upstreams": addrs(fakes...)})
+	waitMetricEq(t, c, 16, "caddy_fair_queue_capacity")
+	base := fmt.Sprintf("http://127.0.0.1:%d", p["Site"])
+	cl := newClient(true)
+	defer cl.CloseIdleConnections()
+	req := func(i int) result {
+		return send(context.Background(), cl, base, chatReq{Tenant: "batch", TestID: fmt.Sprintf("z-%d", i), MaxTokens: 10,
+			IgnoreEOS: true, Header: map[string]string{"X-Wait-Budget": "20s"}})
+	}
+	// The account's bucket holds 10 requests: the tenth answer leaves 0,
+	// with a reset of about a minute.
+	for i := range 10 {
+		if r := req(i); r.Err != nil || r.Status != http.StatusOK {
+			t.Fatalf("request %d of the bucket: %v", i, r)
+		}
+	}
+	s := scrape(t, c)
+	if paused := metric(s, "caddy_fair_queue_upstream_exhausted_seconds"); paused < 5 || paused > 10 {
+		t.Errorf("upstream_exhausted_seconds = %v after the answer leaving nothing, want the reset capped at 10 s", paused)
+	}
+	sent := time.Now()
+	r := req(10)
+	if r.Err != nil || r.Status != http.StatusOK {
+		t.Fatalf("the request after the bucket emptied: %v, want served once the pause ends", r)
+	}
+	ms, _ := strconv.Atoi(r.Header.Get("X-Fair-Queue-Wait-Ms"))
+	t.Logf("the next request waited %d ms in the queue (answered after %v)", ms, time.Since(sent).Round(time.Millisecond))
+	// The pause is the reset (about 60 s) capped at 10 s, counted from the
+	// tenth answer; the request was sent right after it.
+	if ms < 8000 {
+		t.Errorf("the next request waited %d ms, want the pause (about 10 s): it went to the provider before the account was back", ms)
+	}
+	if st := fakes[0].Stats(); st.RateLimited != 0 {
+		t.Errorf("the provider answered 429 %d times: the gateway did not pause on remaining 0", st.RateLimited)
+	}
+	if n := metric(scrape(t, c), "caddy_fair_queue_provider_refusals_total"); n != 0 {
+		t.Errorf("provider_refusals_total = %v, want 0", n)
 	}
 }
