@@ -120,8 +120,15 @@ func proxyCases(tb testing.TB) ([]proxyCase, func(caddyhttp.Handler) error) {
 	// meters): its difference to fair_queue is what a quota costs.
 	fqQuota := fmt.Sprintf(`{"name":"bench_quota","tenants":{"acme":{"quota":{"qps":1e8,"tokens_per_min":1e12}}},`+
 		`"proxy":{"handler":"reverse_proxy","upstreams":[{"dial":%q}]}}`, up.Listener.Addr().String())
+	// plain with the transport settings fair_queue gives its inner proxy by
+	// default (read_timeout, module.go): Caddy then sets a deadline around
+	// each read of the upstream connection, a cost of the setting, not of
+	// the queue. Compare fair_queue with both.
+	proxyRT := fmt.Sprintf(`{"upstreams":[{"dial":%q}],"transport":{"protocol":"http","read_timeout":%q}}`,
+		up.Listener.Addr().String(), defaultReadTimeout.String())
 	cases := []proxyCase{
 		{"plain", load("http.handlers.reverse_proxy", proxy)}, // first: the others compare to it
+		{"plain_read_timeout", load("http.handlers.reverse_proxy", proxyRT)},
 		{"fair_queue", load("http.handlers.fair_queue", fq("bench_cl100k", "cl100k_base"))},
 		{"fair_queue_approx", load("http.handlers.fair_queue", fq("bench_approx", "approx"))},
 		{"fair_queue_quota", load("http.handlers.fair_queue", fqQuota)},
