@@ -3,7 +3,7 @@
 // fair queue can charge a tenant for what the others served it (shared
 // virtual time; fairqueue.Queue.ChargeRemote).
 //
-// Every sync interval a gateway calls Swap once: in one MULTI/EXEC round
+// Every sync interval a gateway calls Swap once: in one pipelined round
 // trip it appends one stream entry with the cost it charged each tenant
 // since its previous call (estimates at dispatch, corrections when the
 // usage is known), and reads the entries appended after the last one it

@@ -60,7 +60,11 @@ func New(client redis.UniversalClient, key, instance string, ttl time.Duration) 
 // is known to be read, and mine may or may not have been written: the
 // caller drops it rather than risk charging it twice.
 func (x *Exchange) Swap(ctx context.Context, mine []Served, theirs []Served) ([]Served, error) {
-	pipe := x.client.TxPipeline()
+	// A plain pipeline, not MULTI/EXEC: nothing here needs the commands
+	// together (a read after the own entry skips it by its writer), and a
+	// transaction whose MULTI is refused (a Redis still loading its data)
+	// leaves replies unread on the connection.
+	pipe := x.client.Pipeline()
 	for len(mine) > 0 {
 		n := min(len(mine), entryMax)
 		x.args = append(x.args[:0], gatewayField, x.instance)

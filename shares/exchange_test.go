@@ -122,14 +122,21 @@ func TestSwapRealRedis(t *testing.T) {
 	testSwap(t, c, key)
 }
 
+// joinedPair is two gateways' ends of stream "k" on miniredis, both past
+// their first call.
+func joinedPair(t *testing.T) (c *redis.Client, mr *miniredis.Miniredis, a, b *Exchange) {
+	t.Helper()
+	c, mr = miniClient(t)
+	a, b = New(c, "k", "a", time.Minute), New(c, "k", "b", time.Minute)
+	swap(t, a)
+	swap(t, b)
+	return c, mr, a, b
+}
+
 // The stream is capped: a gateway that lags more than MaxLen entries
 // loses the oldest, never reads one twice, and catches up.
 func TestSwapLagged(t *testing.T) {
-	c, _ := miniClient(t)
-	a := New(c, "k", "a", time.Minute)
-	b := New(c, "k", "b", time.Minute)
-	swap(t, a)
-	swap(t, b)
+	c, _, _, b := joinedPair(t)
 	pipe := c.Pipeline()
 	for range MaxLen + 50 {
 		pipe.XAdd(bg, &redis.XAddArgs{Stream: "k", MaxLen: MaxLen, Approx: true, Values: []any{gatewayField, "a", tenantPrefix + "t", "1"}})
@@ -154,11 +161,7 @@ func TestSwapLagged(t *testing.T) {
 // Redis down: an error, nothing read, and the next call after it returns
 // works.
 func TestSwapRedisDown(t *testing.T) {
-	c, mr := miniClient(t)
-	a := New(c, "k", "a", time.Minute)
-	b := New(c, "k", "b", time.Minute)
-	swap(t, a)
-	swap(t, b)
+	_, mr, a, b := joinedPair(t)
 	mr.SetError("LOADING")
 	if _, err := b.Swap(bg, []Served{{"t", 1}}, nil); err == nil {
 		t.Fatal("Swap with Redis failing: no error")

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
 	"sort"
@@ -197,20 +198,24 @@ func TestClusterSharedSlots(t *testing.T) {
 	}
 }
 
-const clusterWeightsTmpl = `{
+// clusterTwoTenantsTmpl is a gateway of two sharing a pool of slots (2
+// fakes x 3) through Redis, with two declared tenants A and B of weights
+// WA and WB; Share adds share_fairness.
+const clusterTwoTenantsTmpl = `{
 	admin 127.0.0.1:{{.Admin}}
 	default_bind 127.0.0.1
 }
 http://127.0.0.1:{{.Site}} {
 	fair_queue {
 		max_inflight 3
-		tenant heavy weight 2 class batch
-		tenant light weight 1 class batch
+		tenant {{.A}} weight {{.WA}} class batch
+		tenant {{.B}} weight {{.WB}} class batch
 		class batch wait_budget 60s
 		cluster {
 			redis {env.FQ_E2E_REDIS_URL}
 			instances 2
 			share_slots
+			{{if .Share}}share_fairness{{end}}
 			sync 100ms
 		}
 		reverse_proxy {{.Upstreams}} {
@@ -221,38 +226,50 @@ http://127.0.0.1:{{.Site}} {
 }
 `
 
-// TestClusterWeightedTenants (issue 12): two tenants of weights 2 and 1
-// flood through different gateways sharing a pool of 6 slots: each
-// gateway's claim weighs its tenants' weights, so the pool serves them 2:1
-// (within 5%), not 1:1 as two gateways of equal demand would split it.
-func TestClusterWeightedTenants(t *testing.T) {
+// tenantFlood is workers clients sending tenant's requests back to back
+// through gateway gw.
+type tenantFlood struct {
+	tenant      string
+	gw, workers int
+}
+
+// clusterFloodRun starts two gateways (clusterTwoTenantsTmpl with data)
+// on a pool of 6 slots and a Redis of their own, runs floods for 13 s,
+// and returns the requests each tenant completed from 3 s on (the grants
+// settle within a few syncs; over 10 s one request is under 1% of either
+// count), and the gateways. The fakes never hold more than the pool.
+func clusterFloodRun(t *testing.T, prefix string, data map[string]any, floods ...tenantFlood) (map[string]int, []*harness.Caddy) {
+	t.Helper()
 	rs := startRedis(t)
 	t.Setenv("FQ_E2E_REDIS_URL", "redis://"+rs.addr())
-	fakes := startFakes(t, 2, "cweights", harness.FakeOptions{Slots: 3, TTFT: 10 * time.Millisecond, PerToken: 4 * time.Millisecond})
+	fakes := startFakes(t, 2, prefix, harness.FakeOptions{Slots: 3, TTFT: 10 * time.Millisecond, PerToken: 4 * time.Millisecond})
 	var bases []string
+	var gws []*harness.Caddy
 	for range 2 {
 		p := harness.Ports(t, "Admin", "Site")
-		startCaddy(t, clusterWeightsTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"], "Upstreams": addrs(fakes...)})
+		d := map[string]any{"Admin": p["Admin"], "Site": p["Site"], "Upstreams": addrs(fakes...)}
+		maps.Copy(d, data)
+		gws = append(gws, startCaddy(t, clusterTwoTenantsTmpl, d))
 		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
 	}
 	cl := newClient(true)
 	defer cl.CloseIdleConnections()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for g, tenant := range []string{"heavy", "light"} {
-		for w := range 12 {
+	for _, f := range floods {
+		for w := range f.workers {
 			wg.Go(func() {
 				for i := 0; ctx.Err() == nil; i++ {
-					send(ctx, cl, bases[g], chatReq{Tenant: tenant, TestID: fmt.Sprintf("%s-%d-%d", tenant, w, i), MaxTokens: 40, IgnoreEOS: true})
+					send(ctx, cl, bases[f.gw], chatReq{Tenant: f.tenant, TestID: fmt.Sprintf("%s-%d-%d-%d", f.tenant, f.gw, w, i),
+						MaxTokens: 40, IgnoreEOS: true})
 				}
 			})
 		}
 	}
 	start := time.Now()
-	time.Sleep(13 * time.Second) // pacing only: the floods run (10 s measured: one request is under 1% of either count)
+	time.Sleep(13 * time.Second) // pacing only: the floods run
 	cancel()
 	wg.Wait()
-	// Requests finished from 3 s on (the grants settle within a few syncs).
 	from := start.Add(3 * time.Second).UnixNano()
 	done := map[string]int{}
 	for _, rec := range records(t, fakes...) {
@@ -260,13 +277,23 @@ func TestClusterWeightedTenants(t *testing.T) {
 			done[rec.Tenant]++
 		}
 	}
+	if peak := maxConcurrent(t, fakes...); peak > 6 {
+		t.Errorf("the fakes had %d requests at once, more than the pool's 6", peak)
+	}
+	return done, gws
+}
+
+// TestClusterWeightedTenants (issue 12): two tenants of weights 2 and 1
+// flood through different gateways sharing a pool of 6 slots: each
+// gateway's claim weighs its tenants' weights, so the pool serves them 2:1
+// (within 5%), not 1:1 as two gateways of equal demand would split it.
+func TestClusterWeightedTenants(t *testing.T) {
+	done, _ := clusterFloodRun(t, "cweights", map[string]any{"A": "heavy", "WA": 2, "B": "light", "WB": 1, "Share": false},
+		tenantFlood{"heavy", 0, 12}, tenantFlood{"light", 1, 12})
 	ratio := float64(done["heavy"]) / float64(max(done["light"], 1))
 	t.Logf("completed from 3 s on: %v, ratio %.3f", done, ratio)
 	if ratio < 1.9 || ratio > 2.1 {
 		t.Errorf("heavy:light = %.3f, want 2 within 5%% (weights 2:1 through different gateways)", ratio)
-	}
-	if peak := maxConcurrent(t, fakes...); peak > 6 {
-		t.Errorf("the fakes had %d requests at once, more than the pool's 6", peak)
 	}
 }
 
@@ -381,31 +408,6 @@ func TestClusterSharedSlotsReleasedOnStop(t *testing.T) {
 	}
 }
 
-const clusterFairnessTmpl = `{
-	admin 127.0.0.1:{{.Admin}}
-	default_bind 127.0.0.1
-}
-http://127.0.0.1:{{.Site}} {
-	fair_queue {
-		max_inflight 3
-		tenant wide weight 1 class batch
-		tenant narrow weight 1 class batch
-		class batch wait_budget 60s
-		cluster {
-			redis {env.FQ_E2E_REDIS_URL}
-			instances 2
-			share_slots
-			{{if .Share}}share_fairness{{end}}
-			sync 100ms
-		}
-		reverse_proxy {{.Upstreams}} {
-			health_uri /health
-			health_interval 200ms
-		}
-	}
-}
-`
-
 // TestClusterSharedFairness (issue 12): tenant wide floods through both
 // gateways, tenant narrow through the second only, equal weights, one
 // pool of 6 slots. The first gateway claims 2 of them (one tenant's
@@ -416,58 +418,18 @@ http://127.0.0.1:{{.Site}} {
 // 3:3, asserted 1:1 within 5%; and the run without it is asserted 2:1
 // within 5%, so that the test shows what sharing changes.
 func TestClusterSharedFairness(t *testing.T) {
-	rs := startRedis(t)
-	t.Setenv("FQ_E2E_REDIS_URL", "redis://"+rs.addr())
 	for _, tc := range []struct {
 		share bool
 		want  float64
 	}{{false, 2}, {true, 1}} {
 		t.Run(fmt.Sprintf("share_fairness=%v", tc.share), func(t *testing.T) {
-			fakes := startFakes(t, 2, fmt.Sprintf("cfair%v", tc.share), harness.FakeOptions{Slots: 3, TTFT: 10 * time.Millisecond, PerToken: 4 * time.Millisecond})
-			var bases []string
-			var gws []*harness.Caddy
-			for range 2 {
-				p := harness.Ports(t, "Admin", "Site")
-				c := startCaddy(t, clusterFairnessTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
-					"Upstreams": addrs(fakes...), "Share": tc.share})
-				gws = append(gws, c)
-				bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
-			}
-			cl := newClient(true)
-			defer cl.CloseIdleConnections()
-			ctx, cancel := context.WithCancel(context.Background())
-			var wg sync.WaitGroup
-			flood := func(g int, tenant string, workers int) {
-				for w := range workers {
-					wg.Go(func() {
-						for i := 0; ctx.Err() == nil; i++ {
-							send(ctx, cl, bases[g], chatReq{Tenant: tenant, TestID: fmt.Sprintf("%s-%d-%d-%d", tenant, g, w, i),
-								MaxTokens: 40, IgnoreEOS: true})
-						}
-					})
-				}
-			}
-			flood(0, "wide", 8)
-			flood(1, "wide", 8)
-			flood(1, "narrow", 8)
-			start := time.Now()
-			time.Sleep(13 * time.Second) // pacing only: the floods run (10 s measured)
-			cancel()
-			wg.Wait()
-			from := start.Add(3 * time.Second).UnixNano()
-			done := map[string]int{}
-			for _, rec := range records(t, fakes...) {
-				if rec.FinishedUnixNano >= from && rec.Outcome == "ok" {
-					done[rec.Tenant]++
-				}
-			}
+			done, gws := clusterFloodRun(t, fmt.Sprintf("cfair%v", tc.share),
+				map[string]any{"A": "wide", "WA": 1, "B": "narrow", "WB": 1, "Share": tc.share},
+				tenantFlood{"wide", 0, 8}, tenantFlood{"wide", 1, 8}, tenantFlood{"narrow", 1, 8})
 			ratio := float64(done["wide"]) / float64(max(done["narrow"], 1))
 			t.Logf("completed from 3 s on: %v, wide:narrow %.3f", done, ratio)
 			if math.Abs(ratio-tc.want)/tc.want > 0.05 {
 				t.Errorf("wide:narrow = %.3f, want %v within 5%%", ratio, tc.want)
-			}
-			if peak := maxConcurrent(t, fakes...); peak > 6 {
-				t.Errorf("the fakes had %d requests at once, more than the pool's 6", peak)
 			}
 			if tc.share {
 				// The second gateway charged wide what the first served it.
