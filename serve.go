@@ -152,12 +152,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			h.history().QuotaCharged(a.label, used)
 		}
 	}()
-	observeQuotaDelay(h.Name, a.label, tk)
-	h.historyQuotaDelay(a.label, tk)
-
 	if err := tk.Wait(r.Context()); err != nil {
 		return h.notDispatched(w, repl, a, err)
 	}
+	// Counted once it went: a request admitted to wait for its quota and
+	// then refused (its quota spent elsewhere meanwhile) counts as refused
+	// only.
+	observeQuotaDelay(h.Name, a.label, tk)
+	h.historyQuotaDelay(a.label, tk)
 	// The body is of known length (set per attempt below): a chunked
 	// client request would otherwise still go upstream chunked, without
 	// its Content-Length.

@@ -1336,6 +1336,12 @@ func (q *Queue) release(tk *Ticket, actual int64) {
 		// free token capacity; what follows it may fit.
 		q.dispatchLocked(now)
 	case stateInflight:
+		if d, ok := q.deferReconcileLocked(tk, actual); ok {
+			q.completeLocked(now, tk, actual)
+			q.unlock()
+			q.reconcileDeferred(d)
+			return
+		}
 		q.completeLocked(now, tk, actual)
 	}
 	q.unlock()

@@ -113,6 +113,69 @@ func (q *Queue) reconcileQuotaLocked(tk *Ticket, actual int64) {
 	}
 }
 
+// Completions reconcile with a shared store (Config.QuotaStore set: the
+// cluster's Redis) after the queue's lock is released: a round trip there
+// must not hold every other decision of the queue, and a completion's
+// correction decides nothing by itself. The charge at dispatch stays under
+// the lock: it decides. What a refund makes possible sooner (a tenant's
+// hold, an account's wait for room) is re-checked once it has landed; the
+// in-process store, answering in nanoseconds, reconciles under the lock
+// as before.
+type deferredReconcile struct {
+	store          quota.Store
+	t              *tenant
+	quota          *quota.Limits // the tenant's quota charged, nil if none
+	upKey          string
+	up             *quota.Limits // the account drawn on, nil if none
+	tokens, actual int64
+}
+
+// deferReconcileLocked takes tk's reconciliations off tk when they are to
+// run after the lock (a shared store); completeLocked then finds nothing
+// to reconcile.
+func (q *Queue) deferReconcileLocked(tk *Ticket, actual int64) (deferredReconcile, bool) {
+	if q.cfg.QuotaStore == nil || actual < 0 || (tk.quotaLimits() == nil && tk.upLimits() == nil) {
+		return deferredReconcile{}, false
+	}
+	d := deferredReconcile{store: q.cfg.QuotaStore, t: tk.t, quota: tk.quotaLimits(), up: tk.upLimits(),
+		tokens: tk.tokens, actual: actual}
+	if d.up != nil {
+		d.upKey = tk.ch.upKey
+		tk.ch.upLimits = nil
+	}
+	tk.ch.quota = nil
+	return d, true
+}
+
+// reconcileDeferred makes d's store calls without the lock; after a
+// refund it ends the tenant's hold and the accounts' waits for room (the
+// next dispatch finds out whether they must wait again) and dispatches.
+func (q *Queue) reconcileDeferred(d deferredReconcile) {
+	if d.quota != nil {
+		_, _ = d.store.Reconcile(context.Background(), d.t.name, d.quota, d.tokens, d.actual)
+	}
+	if d.up != nil {
+		_, _ = d.store.Reconcile(context.Background(), d.upKey, d.up, d.tokens, d.actual)
+	}
+	if d.actual >= d.tokens {
+		return
+	}
+	q.mu.Lock()
+	if d.quota != nil && d.t.heldIdx >= 0 {
+		q.unholdLocked(d.t)
+	}
+	if d.up != nil {
+		if q.up != nil {
+			q.up.poolUntil = time.Time{}
+		}
+		if q.fb != nil {
+			q.fb.poolUntil = time.Time{}
+		}
+	}
+	q.dispatchLocked(q.clock.Now())
+	q.unlock()
+}
+
 // holdLocked makes t ineligible until its quota allows its next request,
 // as decision d says, and notes the hold for refuseHeldLocked.
 func (q *Queue) holdLocked(t *tenant, now time.Time, d quota.Decision) {
@@ -159,17 +222,30 @@ func (q *Queue) refuseHeldLocked(now time.Time) {
 			continue // the hold ended or moved since
 		}
 		at := time.Unix(0, n.at)
+		late := func(tk *Ticket) bool { return !tk.deadline.IsZero() && !at.Before(tk.deadline.Add(-margin)) }
+		refuse := func(tk *Ticket) {
+			d := n.d
+			d.RetryAfter = at.Sub(now)
+			rej := quotaRejection(d, quota.Backlog{})
+			rej.WhileQueued = true
+			rej.Detail = fmt.Sprintf("%s quota: while this request was queued, the quota was spent (by this tenant's requests elsewhere in the cluster or ahead of it here); its next request may start in %v, after this one's wait budget ends",
+				d.Reason, d.RetryAfter.Round(time.Millisecond))
+			q.unqueueLocked(tk)
+			q.finishLocked(now, tk, stateExpired, rej)
+		}
 		for _, f := range t.flows {
-			for tk := f.q.head; tk != nil && !tk.deadline.IsZero() && !at.Before(tk.deadline.Add(-margin)); tk = f.q.head {
-				d := n.d
-				d.RetryAfter = at.Sub(now)
-				rej := quotaRejection(d, quota.Backlog{})
-				rej.WhileQueued = true
-				rej.Detail = fmt.Sprintf("%s quota: while this request was queued, the quota was spent (by this tenant's requests elsewhere in the cluster or ahead of it here); its next request may start in %v, after this one's wait budget ends",
-					d.Reason, d.RetryAfter.Round(time.Millisecond))
-				q.unqueueLocked(tk)
-				q.finishLocked(now, tk, stateExpired, rej)
+			for tk := f.q.head; tk != nil && late(tk); tk = f.q.head {
+				refuse(tk)
 			}
+		}
+		// Promoted ones wait in the boost lane, out of their flows (the
+		// boost budget keeps it short).
+		for tk := q.boost.head; tk != nil; {
+			next := tk.next
+			if tk.t == t && late(tk) {
+				refuse(tk)
+			}
+			tk = next
 		}
 	}
 	clear(q.holdNotes)

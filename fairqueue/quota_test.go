@@ -1,6 +1,7 @@
 package fairqueue
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -238,6 +239,86 @@ func TestQuotaHeldPastDeadlineRefusedAtOnce(t *testing.T) {
 	b.q.Tick()
 	if dispatchedCount(b, "a") != 2 {
 		t.Fatalf("b dispatched %d of a at 2 s, want the kept request too", dispatchedCount(b, "a"))
+	}
+	a.drain(1)
+	b.drain(1)
+}
+
+// lockProbeStore is a Memory that records whether the queue's lock was
+// held when Reconcile was called.
+type lockProbeStore struct {
+	*quota.Memory
+	q          *Queue
+	reconciles int
+	underLock  int
+}
+
+func (s *lockProbeStore) Reconcile(ctx context.Context, tenant string, l *quota.Limits, estimated, actual int64) (quota.Status, error) {
+	s.reconciles++
+	if s.q.mu.TryLock() {
+		s.q.mu.Unlock()
+	} else {
+		s.underLock++
+	}
+	return s.Memory.Reconcile(ctx, tenant, l, estimated, actual)
+}
+
+// With a shared store (Redis), a completion reconciles after the queue's
+// lock is released, and the refund still ends the tenant's hold: its next
+// request, held on the estimate, goes as soon as the refund lands.
+func TestSharedStoreReconcilesOffLock(t *testing.T) {
+	cfg := quotaConfig(quota.Config{TokensPerMin: 600}) // 10 tokens a second
+	var clk *ManualClock                                // the harness's, once it exists
+	store := &lockProbeStore{Memory: quota.NewMemory(func() time.Time {
+		if clk == nil {
+			return t0
+		}
+		return clk.Now()
+	})}
+	cfg.QuotaStore = store
+	h := newHarness(t, cfg, 1, 1)
+	clk, store.q = h.clk, h.q
+	h.enqueue(Request{Tenant: "a", Cost: 600}) // the minute's tokens
+	held := h.enqueue(Request{Tenant: "a", Cost: 10})
+	if dispatchedCount(h, "a") != 1 {
+		t.Fatalf("%d of a dispatched, want the first only (the second waits a minute for tokens)", dispatchedCount(h, "a"))
+	}
+	// It used 10 of its 600: with 590 back, the next 10 may go 1 s after
+	// the first, not a minute.
+	h.clk.Set(t0.Add(time.Second))
+	h.actual = func(*Ticket) int64 { return 10 }
+	h.completeOldest()
+	if store.reconciles != 1 || store.underLock != 0 {
+		t.Errorf("%d reconciles, %d of them under the queue's lock; want 1, none", store.reconciles, store.underLock)
+	}
+	if held.Dispatched().IsZero() {
+		t.Fatal("the refund did not end the hold: the second request still waits")
+	}
+	h.drain(1)
+}
+
+// Review: a held tenant's request waiting in the boost lane (promoted
+// near its deadline) is refused at once too, not left to expire.
+func TestQuotaHeldRefusesBoosted(t *testing.T) {
+	cfg := quotaConfig(quota.Config{QPS: 1})
+	cfg.Admission.FastFail = true
+	clk := NewManualClock(t0)
+	cfg.QuotaStore = quota.NewMemory(clk.Now)
+	a := newHarness(t, cfg, 1, 1)
+	b := newHarness(t, cfg, 1, 2)
+	b.enqueue(Request{Tenant: "a", Cost: 10}) // dispatched at 0: next at 1 s
+	late := b.enqueue(Request{Tenant: "a", Cost: 10, Deadline: t0.Add(1600 * time.Millisecond)})
+	if !b.q.Promote(late) {
+		t.Fatal("Promote: the request was not queued")
+	}
+	clk.Set(t0.Add(time.Second))
+	a.clk.Set(t0.Add(time.Second))
+	b.clk.Set(t0.Add(time.Second))
+	a.enqueue(Request{Tenant: "a", Cost: 10}) // the other gateway spends the quota
+	b.q.Tick()
+	var rej *Rejection
+	if !errors.As(late.Err(), &rej) || rej.Reason != ReasonQuotaExceeded || !rej.WhileQueued {
+		t.Fatalf("the boosted request held past its deadline: err %v, want quota_exceeded while queued at once", late.Err())
 	}
 	a.drain(1)
 	b.drain(1)
