@@ -72,7 +72,7 @@ func maxConcurrent(t *testing.T, fakes ...*harness.Fake) int {
 // Redis, so that the split the tests check starts from grants rather than
 // from a gateway's first moments (it dispatches nothing before its first
 // grant).
-func waitFirstGrants(t *testing.T, gws ...*harness.Caddy) {
+func waitFirstGrants(t testing.TB, gws ...*harness.Caddy) {
 	t.Helper()
 	for i, c := range gws {
 		waitFor(t, fmt.Sprintf("gateway %d's first grant of the shared slots", i), func() (bool, string) {

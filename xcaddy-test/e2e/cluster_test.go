@@ -58,13 +58,13 @@ const (
 // redisServer is a redis-server process the test starts, kills and
 // restarts on one port.
 type redisServer struct {
-	t    *testing.T
+	t    testing.TB
 	port int
 	dir  string
 	cmd  *exec.Cmd
 }
 
-func startRedis(t *testing.T) *redisServer {
+func startRedis(t testing.TB) *redisServer {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatal("redis-server is not on PATH: install Debian's redis-server package (scripts/test.sh does) to run the cluster test")

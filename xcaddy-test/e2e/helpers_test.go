@@ -40,7 +40,7 @@ var (
 
 // bins builds (or finds in the harness's cache) the Caddy binary with the
 // plugin and the fakellm binary.
-func bins(t *testing.T) (caddy, fake string) {
+func bins(t testing.TB) (caddy, fake string) {
 	t.Helper()
 	// BuildCaddy/BuildFake hash the sources on every call; once per process
 	// is enough. A failure inside Once fails this test; later tests see the
@@ -369,7 +369,7 @@ func fairQueueSeries(s harness.Series) string {
 }
 
 // waitFor polls cond until it reports true; detail says what it saw last.
-func waitFor(t *testing.T, what string, cond func() (bool, string)) {
+func waitFor(t testing.TB, what string, cond func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(pollTimeout)
 	for {
@@ -387,7 +387,7 @@ func waitFor(t *testing.T, what string, cond func() (bool, string)) {
 // --- fakes ---
 
 // startFakes starts n fakes with the same options, named prefix1..n.
-func startFakes(t *testing.T, n int, prefix string, opts harness.FakeOptions) []*harness.Fake {
+func startFakes(t testing.TB, n int, prefix string, opts harness.FakeOptions) []*harness.Fake {
 	t.Helper()
 	_, fbin := bins(t)
 	fakes := make([]*harness.Fake, n)
@@ -448,7 +448,7 @@ func addrs(fakes ...*harness.Fake) string {
 }
 
 // startCaddy renders a Caddyfile template and starts Caddy with it.
-func startCaddy(t *testing.T, tmpl string, data map[string]any) *harness.Caddy {
+func startCaddy(t testing.TB, tmpl string, data map[string]any) *harness.Caddy {
 	t.Helper()
 	cbin, _ := bins(t)
 	return harness.StartCaddy(t, cbin, harness.Render(t, tmpl, data))

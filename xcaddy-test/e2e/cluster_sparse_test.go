@@ -1,0 +1,136 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/harness"
+)
+
+// sparseSenders realtime clients send sparseEach requests each: 400
+// samples a run, so that a P95 is read to within about 10%.
+const (
+	sparseSenders = 4
+	sparseEach    = 100
+)
+
+const clusterSparseTmpl = `{
+	admin 127.0.0.1:{{.Admin}}
+	default_bind 127.0.0.1
+}
+http://127.0.0.1:{{.Site}} {
+	fair_queue {
+		max_inflight 4
+		class realtime wait_budget 5s
+		class batch wait_budget 120s
+		tenant rt weight 70 class realtime
+		tenant bulk weight 10 class batch
+		{{if gt .Instances 1}}cluster {
+			redis {env.FQ_E2E_REDIS_URL}
+			instances {{.Instances}}
+			share_slots
+			sync {{.Sync}}
+		}{{end}}
+		reverse_proxy {{.Upstreams}} {
+			health_uri /health
+			health_interval 200ms
+		}
+	}
+}
+`
+
+// sparseWaits floods a pool of 8 slots (2 fakes x 4) through n gateways
+// with a batch tenant and returns the waits of a sparse realtime tenant
+// sending one short request every 400 ms, round-robin over them.
+func sparseWaits(t testing.TB, n int, syncEvery string) []time.Duration {
+	fakes := startFakes(t, 2, fmt.Sprintf("sparse%d", n), harness.FakeOptions{Slots: 4, TTFT: 20 * time.Millisecond, PerToken: 20 * time.Millisecond})
+	var gws []*harness.Caddy
+	var bases []string
+	for range n {
+		p := harness.Ports(t, "Admin", "Site")
+		gws = append(gws, startCaddy(t, clusterSparseTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
+			"Upstreams": addrs(fakes...), "Instances": n, "Sync": syncEvery}))
+		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
+	}
+	if n > 1 {
+		waitFirstGrants(t, gws...)
+	}
+	cl := newClient(true)
+	defer cl.CloseIdleConnections()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for w := range 24 {
+		wg.Go(func() {
+			for i := 0; ctx.Err() == nil; i++ {
+				// 50 to 150 tokens: completions spread out rather than
+				// marching in step.
+				send(ctx, cl, bases[w%n], chatReq{Tenant: "bulk", TestID: fmt.Sprintf("bulk-%d-%d", w, i),
+					MaxTokens: 50 + rand.IntN(101), IgnoreEOS: true})
+			}
+		})
+	}
+	time.Sleep(3 * time.Second) // pacing only: the flood fills the pool
+	var (
+		mu    sync.Mutex
+		waits []time.Duration
+		rt    sync.WaitGroup
+	)
+	for s := range sparseSenders {
+		rt.Go(func() {
+			for i := range sparseEach {
+				r := send(context.Background(), cl, bases[(s+i)%n], chatReq{Tenant: "rt", TestID: fmt.Sprintf("rt-%d-%d", s, i),
+					MaxTokens: 5, IgnoreEOS: true})
+				if r.Err != nil || r.Status != http.StatusOK {
+					t.Errorf("rt-%d-%d: %v", s, i, r)
+					continue
+				}
+				ms, _ := strconv.Atoi(r.Header.Get("X-Fair-Queue-Wait-Ms"))
+				mu.Lock()
+				waits = append(waits, time.Duration(ms)*time.Millisecond)
+				mu.Unlock()
+				time.Sleep(time.Duration(100+rand.IntN(400)) * time.Millisecond) // not in step with the flood
+			}
+		})
+	}
+	rt.Wait()
+	cancel()
+	wg.Wait()
+	slices.Sort(waits)
+	return waits
+}
+
+// BenchmarkClusterSparseRealtime measures issue 12's "a sparse realtime
+// tenant's P95 wait within 1.5x of the single-instance run under the same
+// flood", which is not met and so not asserted: a batch tenant floods a
+// pool of 8 slots (2 fakes x 4, generations of 1 to 3 s) with 24 clients
+// through one gateway, then through three sharing the pool
+// (share_slots), while sparseSenders realtime clients (weight 70 against
+// 10) send short requests with random gaps; it reports each run's P50
+// and P95 wait and their ratios. About three minutes; run it alone:
+//
+//	go test -run '^$' -bench ClusterSparseRealtime -benchtime 1x ./xcaddy-test/e2e/
+//
+// Observed: P95 ratio 1.53, 1.75 and 1.87 with four realtime clients; 1.16 to
+// 1.34 with one (60 requests a run, too few for a stable P95).
+func BenchmarkClusterSparseRealtime(b *testing.B) {
+	for range b.N {
+		rs := startRedis(b)
+		b.Setenv("FQ_E2E_REDIS_URL", "redis://"+rs.addr())
+		p95 := func(w []time.Duration) time.Duration { return w[min(len(w)-1, len(w)*95/100)] }
+		one := sparseWaits(b, 1, "100ms")
+		three := sparseWaits(b, 3, "100ms")
+		b.Logf("one gateway:    p50 %v p95 %v max %v", one[len(one)/2], p95(one), one[len(one)-1])
+		b.Logf("three gateways: p50 %v p95 %v max %v", three[len(three)/2], p95(three), three[len(three)-1])
+		b.ReportMetric(float64(p95(one).Milliseconds()), "p95-one-ms")
+		b.ReportMetric(float64(p95(three).Milliseconds()), "p95-three-ms")
+		b.ReportMetric(float64(p95(three))/float64(p95(one)), "p95-ratio")
+		b.ReportMetric(float64(three[len(three)/2])/float64(max(one[len(one)/2], 1)), "p50-ratio")
+	}
+}
