@@ -6,7 +6,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 	"github.com/caddy-fair-queue/caddy-fair-queue/shares"
 )
 
@@ -31,11 +30,7 @@ func (s *sharedQueue) syncShares(h *Handler, now time.Time) {
 	s.shareSyncAt.Store(now.UnixNano())
 	// The buffers belong to the call in flight until it clears
 	// shareSyncing.
-	taken := s.q.TakeServed(s.shareTaken[:0])
-	mine := s.shareMine[:0]
-	for _, x := range taken {
-		mine = append(mine, shares.Served{Tenant: x.Tenant, Cost: x.Cost})
-	}
+	mine := s.q.TakeServed(s.shareMine[:0])
 	go func() {
 		defer s.shareSyncing.Store(false)
 		if cs.shares == nil {
@@ -44,7 +39,7 @@ func (s *sharedQueue) syncShares(h *Handler, now time.Time) {
 		ctx, cancel := context.WithTimeout(context.Background(), cs.timeout)
 		defer cancel()
 		theirs, err := cs.shares.Swap(ctx, mine, s.shareTheirs[:0])
-		s.shareTaken, s.shareMine, s.shareTheirs = taken, mine, theirs
+		s.shareMine, s.shareTheirs = mine, theirs
 		if cs.closed.Load() {
 			return // the config was replaced: its client is closed
 		}
@@ -59,12 +54,7 @@ func (s *sharedQueue) syncShares(h *Handler, now time.Time) {
 		if !s.sharesUp.Swap(true) {
 			h.logger.Info("sharing the tenants' virtual time through redis", zap.String("queue", s.name))
 		}
-		apply := taken[:0]
-		for _, x := range theirs {
-			apply = append(apply, fairqueue.Served{Tenant: x.Tenant, Cost: x.Cost})
-		}
-		applied := s.q.ChargeRemote(apply)
-		s.shareTaken = apply
+		applied := s.q.ChargeRemote(theirs)
 		clusterShared.WithLabelValues(s.name, "sent").Add(float64(len(mine)))
 		clusterShared.WithLabelValues(s.name, "received").Add(float64(len(theirs)))
 		clusterShared.WithLabelValues(s.name, "applied").Add(float64(applied))

@@ -65,7 +65,6 @@ type sharedQueue struct {
 	shareSyncing atomic.Bool
 	sharing      atomic.Bool
 	sharesUp     atomic.Bool
-	shareTaken   []fairqueue.Served
 	shareMine    []shares.Served
 	shareTheirs  []shares.Served
 

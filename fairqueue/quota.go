@@ -106,10 +106,8 @@ func (q *Queue) reconcileQuotaLocked(tk *Ticket, actual int64) {
 		return
 	}
 	_, _ = q.quotaStoreLocked().Reconcile(context.Background(), tk.t.name, tk.ch.quota, tk.tokens, actual)
-	if actual < tk.tokens && tk.t.heldIdx >= 0 {
-		// The refund may end the hold sooner: the next dispatch charges
-		// again and holds to the new time if it must.
-		q.unholdLocked(tk.t)
+	if actual < tk.tokens {
+		q.refundedLocked(tk.t)
 	}
 }
 
@@ -117,10 +115,9 @@ func (q *Queue) reconcileQuotaLocked(tk *Ticket, actual int64) {
 // cluster's Redis) after the queue's lock is released: a round trip there
 // must not hold every other decision of the queue, and a completion's
 // correction decides nothing by itself. The charge at dispatch stays under
-// the lock: it decides. What a refund makes possible sooner (a tenant's
-// hold, an account's wait for room) is re-checked once it has landed; the
-// in-process store, answering in nanoseconds, reconciles under the lock
-// as before.
+// the lock: it decides. A refund ends the tenant's hold once it has
+// landed (refundedLocked). The in-process store, answering in
+// nanoseconds, reconciles under the lock as before.
 type deferredReconcile struct {
 	store          quota.Store
 	t              *tenant
@@ -147,9 +144,8 @@ func (q *Queue) deferReconcileLocked(tk *Ticket, actual int64) (deferredReconcil
 	return d, true
 }
 
-// reconcileDeferred makes d's store calls without the lock; after a
-// refund it ends the tenant's hold and the accounts' waits for room (the
-// next dispatch finds out whether they must wait again) and dispatches.
+// reconcileDeferred makes d's store calls without the lock, then, after a
+// refund, ends what it may end sooner (refundedLocked) and dispatches.
 func (q *Queue) reconcileDeferred(d deferredReconcile) {
 	if d.quota != nil {
 		_, _ = d.store.Reconcile(context.Background(), d.t.name, d.quota, d.tokens, d.actual)
@@ -161,19 +157,21 @@ func (q *Queue) reconcileDeferred(d deferredReconcile) {
 		return
 	}
 	q.mu.Lock()
-	if d.quota != nil && d.t.heldIdx >= 0 {
-		q.unholdLocked(d.t)
-	}
-	if d.up != nil {
-		if q.up != nil {
-			q.up.poolUntil = time.Time{}
-		}
-		if q.fb != nil {
-			q.fb.poolUntil = time.Time{}
-		}
+	if d.quota != nil {
+		q.refundedLocked(d.t)
 	}
 	q.dispatchLocked(q.clock.Now())
 	q.unlock()
+}
+
+// refundedLocked ends what a refund to t's quota may end sooner: its
+// hold. The next dispatch charges again and holds to the new time if it
+// must. (An account's wait for room is left to run out: ending it early
+// could let the primary take what its fallback was serving.)
+func (q *Queue) refundedLocked(t *tenant) {
+	if t.heldIdx >= 0 {
+		q.unholdLocked(t)
+	}
 }
 
 // holdLocked makes t ineligible until its quota allows its next request,

@@ -196,23 +196,30 @@ func TestSetQuotaWeight(t *testing.T) {
 	}
 }
 
+// twoGatewaysOneQuota is two queues with fast-fail (gateways a and b)
+// whose tenant "a" has a quota of 1 request a second kept in one store
+// they share, as the cluster's Redis would be; set moves all their clocks.
+func twoGatewaysOneQuota(t *testing.T) (a, b *harness, set func(time.Duration)) {
+	t.Helper()
+	cfg := quotaConfig(quota.Config{QPS: 1})
+	cfg.Admission.FastFail = true
+	clk := NewManualClock(t0)
+	cfg.QuotaStore = quota.NewMemory(clk.Now)
+	a, b = newHarness(t, cfg, 1, 1), newHarness(t, cfg, 1, 2)
+	return a, b, func(d time.Duration) {
+		clk.Set(t0.Add(d))
+		a.clk.Set(t0.Add(d))
+		b.clk.Set(t0.Add(d))
+	}
+}
+
 // A request admitted to wait for its quota whose quota is then spent
 // elsewhere (another gateway charging the same meters in a shared store)
 // is refused at once when its tenant is held past its deadline, with the
 // quota's 429 and the hold's end as Retry-After, not left to wait out its
 // budget for a queue_timeout.
 func TestQuotaHeldPastDeadlineRefusedAtOnce(t *testing.T) {
-	cfg := quotaConfig(quota.Config{QPS: 1})
-	cfg.Admission.FastFail = true
-	clk := NewManualClock(t0)
-	cfg.QuotaStore = quota.NewMemory(clk.Now)
-	a := newHarness(t, cfg, 1, 1)
-	b := newHarness(t, cfg, 1, 2)
-	set := func(d time.Duration) {
-		clk.Set(t0.Add(d))
-		a.clk.Set(t0.Add(d))
-		b.clk.Set(t0.Add(d))
-	}
+	a, b, set := twoGatewaysOneQuota(t)
 	b.enqueue(Request{Tenant: "a", Cost: 10}) // dispatched at 0: next at 1 s
 	// Fits at admission: allowed at 1 s, before its deadline less the 0.5 s
 	// expiry margin (1.1 s).
@@ -300,20 +307,13 @@ func TestSharedStoreReconcilesOffLock(t *testing.T) {
 // Review: a held tenant's request waiting in the boost lane (promoted
 // near its deadline) is refused at once too, not left to expire.
 func TestQuotaHeldRefusesBoosted(t *testing.T) {
-	cfg := quotaConfig(quota.Config{QPS: 1})
-	cfg.Admission.FastFail = true
-	clk := NewManualClock(t0)
-	cfg.QuotaStore = quota.NewMemory(clk.Now)
-	a := newHarness(t, cfg, 1, 1)
-	b := newHarness(t, cfg, 1, 2)
+	a, b, set := twoGatewaysOneQuota(t)
 	b.enqueue(Request{Tenant: "a", Cost: 10}) // dispatched at 0: next at 1 s
 	late := b.enqueue(Request{Tenant: "a", Cost: 10, Deadline: t0.Add(1600 * time.Millisecond)})
 	if !b.q.Promote(late) {
 		t.Fatal("Promote: the request was not queued")
 	}
-	clk.Set(t0.Add(time.Second))
-	a.clk.Set(t0.Add(time.Second))
-	b.clk.Set(t0.Add(time.Second))
+	set(time.Second)
 	a.enqueue(Request{Tenant: "a", Cost: 10}) // the other gateway spends the quota
 	b.q.Tick()
 	var rej *Rejection

@@ -1,6 +1,10 @@
 package fairqueue
 
-import "math"
+import (
+	"math"
+
+	sharestream "github.com/caddy-fair-queue/caddy-fair-queue/shares"
+)
 
 // Shared virtual time: gateways in front of one pool exchange the cost
 // they charged each tenant (package shares, through Redis), and each
@@ -9,14 +13,11 @@ import "math"
 // See doc.go, "Several gateways", for the bound.
 
 // Served is cost charged to a tenant: what one gateway reports of its own
-// service (TakeServed) and applies of the others' (ChargeRemote).
-type Served struct {
-	Tenant string
-	// Cost is in the queue's cost units: estimates at dispatch, corrected
-	// (either sign) when the usage is known, as the tenant's own virtual
-	// time was.
-	Cost float64
-}
+// service (TakeServed) and applies of the others' (ChargeRemote). The
+// cost is in the queue's cost units: estimates at dispatch, corrected
+// (either sign) when the usage is known, as the tenant's own virtual time
+// was. It is package shares' entry, which carries it between gateways.
+type Served = sharestream.Served
 
 // TakeServed appends to dst the cost charged to each tenant since the
 // previous call, one entry per name, and clears it. The first call starts
@@ -26,14 +27,21 @@ func (q *Queue) TakeServed(dst []Served) []Served {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.shareServed = true
+	return q.drainServedLocked(dst, true)
+}
+
+// drainServedLocked clears the service noted since the last call,
+// appending it to dst when keep (TakeServed) and dropping it otherwise
+// (StopServed).
+func (q *Queue) drainServedLocked(dst []Served, keep bool) []Served {
 	start := len(dst)
 	for _, t := range q.shareDirty {
-		if t.shareDelta != 0 {
+		if keep && t.shareDelta != 0 {
 			dst = append(dst, Served{Tenant: t.name, Cost: t.shareDelta})
 		}
 		t.shareDelta, t.shareListed = 0, false
 	}
-	if len(q.shareDirty) > 1 {
+	if keep && len(q.shareDirty) > 1 {
 		// A tenant forgotten and seen again within one interval is listed
 		// twice (two *tenant): one entry per name, or a reader keeping
 		// the last field of a name would drop a charge.
@@ -67,11 +75,7 @@ func (q *Queue) StopServed() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.shareServed = false
-	for _, t := range q.shareDirty {
-		t.shareDelta, t.shareListed = 0, false
-	}
-	clear(q.shareDirty)
-	q.shareDirty = q.shareDirty[:0]
+	q.drainServedLocked(nil, false)
 }
 
 // noteServedLocked records a charge of d to t for TakeServed.
@@ -108,22 +112,14 @@ func (q *Queue) ChargeRemote(served []Served) int {
 		if t == nil || t.queued == 0 || s.Cost == 0 || math.IsNaN(s.Cost) || math.IsInf(s.Cost, 0) {
 			continue
 		}
-		d := s.Cost
-		if d < 0 {
-			d = -min(-d, t.remoteDebt)
-			if d == 0 {
-				continue
-			}
+		d := t.remoteChargeLocked(s.Cost)
+		if d == 0 {
+			continue
 		}
-		t.remoteDebt += d
 		n++
 		moved := t.backfillLocked(d)
 		if g := t.group; g != nil && g.queued > 0 {
-			if d < 0 {
-				d = -min(-d, g.remoteDebt)
-			}
-			g.remoteDebt += d
-			if d != 0 && g.backfillLocked(d) {
+			if gd := g.remoteChargeLocked(d); gd != 0 && g.backfillLocked(gd) {
 				moved = true
 			}
 		}
@@ -132,4 +128,15 @@ func (q *Queue) ChargeRemote(served []Served) int {
 		}
 	}
 	return n
+}
+
+// remoteChargeLocked records a charge of d from other gateways on t and
+// returns what of it applies: all of a cost, and of a refund at most what
+// was charged since t came back from idle (remoteDebt).
+func (t *tenant) remoteChargeLocked(d float64) float64 {
+	if d < 0 {
+		d = -min(-d, t.remoteDebt)
+	}
+	t.remoteDebt += d
+	return d
 }
