@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -97,6 +98,10 @@ type clusterStore struct {
 	// broker shares the upstream slots (share_slots), nil otherwise;
 	// instances, sync and timeout are the config's.
 	broker *slots.Broker
+	// moves is the subscription to the pool's announcements (made at the
+	// first sync, closed with the client).
+	moves     *redis.PubSub
+	movesOnce sync.Once
 	// sharesKey is the stream of served cost (share_fairness), "" without;
 	// shares is this gateway's end of it, made at the first sync (it is
 	// named after the queue's instance) and used by one sync at a time.
@@ -237,6 +242,14 @@ func (h *Handler) closeCluster() {
 	if cs == nil || !cs.closed.CompareAndSwap(false, true) {
 		return
 	}
+	// The once is spent here if no sync made the subscription: none can
+	// be made on a closing client.
+	cs.movesOnce.Do(func() {})
+	if cs.moves != nil {
+		if err := cs.moves.Close(); err != nil {
+			h.logger.Debug("closing the cluster's subscription", zap.Error(err))
+		}
+	}
 	closeClient := func() {
 		if err := cs.client.Close(); err != nil {
 			h.logger.Debug("closing the cluster's redis client", zap.Error(err))
@@ -274,6 +287,11 @@ var (
 		Name: "cluster_shared_entries_total",
 		Help: "With share_fairness: entries of the tenants' service (one tenant's cost in one sync interval) this gateway sent to the other gateways (direction=sent), read from theirs (received), and charged to a tenant with requests queued here (applied).",
 	}, []string{"queue", "direction"})
+	clusterSlotMoves = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+		Name: "cluster_slot_moves_total",
+		Help: "With share_slots: announcements between the gateways sharing the pool, which make them renew their grants at once rather than at the next sync: kind=claim (a gateway's backlogged weight grew, so the others' shares fell) or freed (a gateway gave slots back, which one owed slots may take); direction=sent or received.",
+	}, []string{"queue", "kind", "direction"})
 	clusterShareFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
 		Name: "cluster_share_failures_total",

@@ -4,10 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"math"
 	"os"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/slots"
 )
 
 // Defaults of the shared slots (ClusterConfig.ShareSlots).
@@ -18,7 +22,8 @@ const (
 
 // syncSlots renews this gateway's grant of the shared slots when a Sync
 // interval has passed, off the tick (the Redis call never holds the queue
-// or delays a tick): at most one renewal in flight per queue.
+// or delays a tick). Between intervals, the gateways' announcements
+// renew it (followMoves).
 func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 	cs := h.cluster
 	if cs == nil || cs.broker == nil {
@@ -28,7 +33,6 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 		}
 		return
 	}
-	pool := h.MaxInflight * h.healthyUpstreams()
 	if !s.slotsGranted.Load() {
 		// No slot until the first grant (one Redis call away): the
 		// others may hold the whole pool, so any share taken before
@@ -38,10 +42,102 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 		s.slotGrant.Store(0)
 		s.slotsLimited.Store(true)
 	}
-	if now.UnixNano()-s.slotSyncAt.Load() < int64(cs.sync) || !s.slotSyncing.CompareAndSwap(false, true) {
+	cs.movesOnce.Do(func() {
+		cs.moves = cs.broker.Subscribe(context.Background())
+		go s.followMoves(cs.moves.Channel())
+	})
+	if now.UnixNano()-s.slotSyncAt.Load() < int64(cs.sync) {
 		return
 	}
-	s.slotSyncAt.Store(now.UnixNano())
+	s.startSlotSync()
+}
+
+// Between sync intervals a grant moves on events (slots' doc, "Moves"):
+// the other gateways' announcements (followMoves), a tenant new to the
+// backlog (slotsQueued), a completion above the grant (slotsReleased) and
+// a lower grant leaving slots unfilled (syncSlotsOnce).
+
+// followMoves renews the grant on the announcements of the other
+// gateways, until the subscription is closed (closeCluster).
+func (s *sharedQueue) followMoves(ch <-chan *redis.Message) {
+	for m := range ch {
+		mv, ok := slots.ParseMove(m.Payload)
+		if !ok || mv.Instance == s.instance {
+			continue
+		}
+		kind := "freed"
+		if mv.Claim {
+			kind = "claim"
+		}
+		clusterSlotMoves.WithLabelValues(s.name, kind, "received").Inc()
+		// A release may arrive before this gateway's renewal in flight
+		// has learnt it is owed (its claim set the release off): that
+		// renewal then runs once more.
+		if mv.Claim || s.slotsOwed.Load() || s.slotSyncing.Load() {
+			s.kickSlots()
+		}
+	}
+}
+
+// kickSlots renews the grant now, not at the next interval.
+func (s *sharedQueue) kickSlots() {
+	if s.slotOwner() != nil {
+		s.startSlotSync()
+	}
+}
+
+// slotOwner is the handler whose config renews the grant: the queue's
+// owner while its config shares the slots and its client is open.
+func (s *sharedQueue) slotOwner() *Handler {
+	if h := s.owner(); h != nil && h.cluster != nil && h.cluster.broker != nil && !h.cluster.closed.Load() {
+		return h
+	}
+	return nil
+}
+
+// slotsQueued is told that a request was queued: a tenant new to the
+// gateway raises its weight, which the others must hear of now.
+func (s *sharedQueue) slotsQueued() {
+	if s.slotsLimited.Load() && s.q.BackloggedWeight() > math.Float64frombits(s.slotWeight.Load()) {
+		s.kickSlots()
+	}
+}
+
+// slotsReleased is told that a request ended: above its grant, the
+// gateway gives the slot back now.
+func (s *sharedQueue) slotsReleased() {
+	if s.slotsOver.Load() {
+		s.kickSlots()
+	}
+}
+
+// startSlotSync runs a renewal unless one is in flight; then that one
+// runs once more when it is done, so no kick is lost. Each renewal is made
+// by the config in force when it starts (a reload may replace it).
+func (s *sharedQueue) startSlotSync() {
+	if !s.slotSyncing.CompareAndSwap(false, true) {
+		s.slotKicked.Store(true)
+		return
+	}
+	go func() {
+		for {
+			s.slotKicked.Store(false)
+			if h := s.slotOwner(); h != nil {
+				s.syncSlotsOnce(h)
+			}
+			s.slotSyncing.Store(false)
+			if !s.slotKicked.Load() || !s.slotSyncing.CompareAndSwap(false, true) {
+				return
+			}
+		}
+	}()
+}
+
+// syncSlotsOnce renews the grant (one script call) and applies it.
+func (s *sharedQueue) syncSlotsOnce(h *Handler) {
+	cs := h.cluster
+	s.slotSyncAt.Store(time.Now().UnixNano())
+	pool := h.MaxInflight * h.healthyUpstreams()
 	st := s.q.Stats(false)
 	demand := min(st.Inflight+st.Queued, pool)
 	// What this gateway may have in flight until it applies the grant the
@@ -52,30 +148,50 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 	// Its claim weighs what its tenants with work weigh, so that tenants
 	// flooding through different gateways share the pool by weight.
 	weight := s.q.BackloggedWeight()
-	go func() {
-		defer s.slotSyncing.Store(false)
-		ctx, cancel := context.WithTimeout(context.Background(), cs.timeout)
-		defer cancel()
-		grant, err := cs.broker.Sync(ctx, s.instance, pool, demand, holding, weight)
-		if cs.closed.Load() {
-			return // the config was replaced: its client is closed, the next one syncs
+	loads := make([]slots.Load, 0, len(h.proxy.Upstreams))
+	for _, u := range h.proxy.Upstreams {
+		loads = append(loads, slots.Load{Upstream: u.Dial, Inflight: u.NumRequests()})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cs.timeout)
+	defer cancel()
+	g, err := cs.broker.Sync(ctx, s.instance, pool, demand, holding, weight, loads...)
+	if cs.closed.Load() {
+		return // the config was replaced: its client is closed, the next one syncs
+	}
+	if err != nil {
+		// Redis down or slow: this gateway's share of the pool, as
+		// if every gateway wanted it all.
+		g = slots.Grant{Slots: pool / cs.instances, Fair: pool / cs.instances}
+		if s.slotsUp.CompareAndSwap(true, false) {
+			h.logger.Warn("redis unreachable: taking 1/instances of the upstream slots until it answers",
+				zap.String("queue", s.name), zap.Int("slots", g.Slots), zap.Error(err))
 		}
-		if err != nil {
-			// Redis down or slow: this gateway's share of the pool, as
-			// if every gateway wanted it all.
-			grant = pool / cs.instances
-			if s.slotsUp.CompareAndSwap(true, false) {
-				h.logger.Warn("redis unreachable: taking 1/instances of the upstream slots until it answers",
-					zap.String("queue", s.name), zap.Int("slots", grant), zap.Error(err))
-			}
-		} else if !s.slotsUp.Swap(true) {
-			h.logger.Info("sharing the upstream slots through redis", zap.String("queue", s.name), zap.Int("grant", grant))
+	} else if !s.slotsUp.Swap(true) {
+		h.logger.Info("sharing the upstream slots through redis", zap.String("queue", s.name), zap.Int("grant", g.Slots))
+	}
+	if g.Announced != "" {
+		clusterSlotMoves.WithLabelValues(s.name, g.Announced, "sent").Inc()
+	}
+	s.slotWeight.Store(math.Float64bits(weight))
+	if g.Others != nil {
+		s.slotOthers.Store(&g.Others)
+	} else {
+		s.slotOthers.Store(nil) // Redis down: each gateway balances its own
+	}
+	s.slotsOwed.Store(err == nil && g.Fair > g.Slots && demand > g.Slots)
+	s.slotsOver.Store(err == nil && st.Inflight > g.Slots)
+	s.q.SetSlotLimit(g.Slots)
+	s.slotGrant.Store(int64(g.Slots))
+	s.slotsLimited.Store(true)
+	s.slotsGranted.Store(true)
+	if err == nil {
+		// The call counted what this gateway could dispatch until now; a
+		// lower grant just applied frees slots it had not filled: say so
+		// at once (the next call announces them), not at the next sync.
+		if now := s.q.Stats(false); max(now.Inflight, now.Capacity) < holding {
+			s.slotKicked.Store(true)
 		}
-		s.q.SetSlotLimit(grant)
-		s.slotGrant.Store(int64(grant))
-		s.slotsLimited.Store(true)
-		s.slotsGranted.Store(true)
-	}()
+	}
 }
 
 // newInstanceID names a queue of this process in a shared pool: host, pid

@@ -1,14 +1,17 @@
 package caddyfairqueue
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -430,4 +433,131 @@ func TestClusterShareFairness(t *testing.T) {
 	eventually(t, "a failed sync counted", func() bool {
 		return counterValue(clusterShareFailures, nameA) > 0 && !ha.shared.sharesUp.Load()
 	})
+}
+
+// TestClusterSharedSlotsHandoff: a slot freed on one gateway goes to a
+// request queued on another at once, through the announcements, not at the
+// next sync (10s here, far longer than the test waits). B takes the pool
+// of one slot when its tenant queues (B's claim, A's release); a heavier
+// tenant queuing on A then wins that slot the moment B's request ends (A's
+// claim lowers B's grant, B gives the slot back as its request completes,
+// A owed it takes it), and the two never hold more than the pool.
+func TestClusterSharedSlotsHandoff(t *testing.T) {
+	u := newFakeUpstream(t)
+	mr := miniredis.RunT(t)
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"handoff:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
+	cfg := func(name string) string {
+		return fqConfig(name, u, `"max_inflight":1,`+noFastFail+
+			`,"tenants":{"bulk":{"weight":1,"class":"batch"},"rt":{"weight":9,"class":"interactive"}},"cluster":`+cluster)
+	}
+	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
+	ha, stopA := mustLoad(t, cfg(nameA))
+	hb, stopB := mustLoad(t, cfg(nameB))
+	eventually(t, "both gateways' first grants", func() bool {
+		return ha.shared.slotsGranted.Load() && hb.shared.slotsGranted.Load()
+	})
+	ga, gb := newGateway(t, ha), newGateway(t, hb)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel) // a failure leaves no request waiting its budget
+	within := func(what string, ch <-chan struct{}) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(3 * time.Second):
+			t.Fatalf("%s: not within 3s (the sync interval is 10s)", what)
+		}
+	}
+	bulkArrived, releaseBulk := u.hold("bulk")
+	bulk := gb.async(gb.newRequest(ctx, "bulk", chatBody(""), "X-Test-Hold", "bulk"))
+	within("B's request dispatched", bulkArrived)
+
+	rtArrived, releaseRT := u.hold("rt")
+	start := time.Now()
+	rt := ga.async(ga.newRequest(ctx, "rt", chatBody(""), "X-Test-Hold", "rt"))
+	eventually(t, "A's request queued and A owed the slot", func() bool {
+		return ha.shared.q.Stats(false).Queued == 1 && ha.shared.slotsOwed.Load() && hb.shared.slotsOver.Load()
+	})
+	select {
+	case <-rtArrived:
+		t.Fatal("A dispatched while B held the pool's only slot")
+	default:
+	}
+	releaseBulk()
+	within("A's request dispatched once B's completed", rtArrived)
+	if n := hb.shared.q.Stats(false).Inflight; n != 0 {
+		t.Errorf("B has %d requests in flight while A holds the pool's only slot", n)
+	}
+	releaseRT()
+	wantOK(t, <-bulk)
+	wantOK(t, <-rt)
+	if el := time.Since(start); el > 5*time.Second {
+		t.Errorf("the handoff took %v", el)
+	}
+	for _, k := range []struct{ queue, kind, direction string }{
+		{nameA, "claim", "sent"}, {nameB, "claim", "received"},
+		{nameB, "freed", "sent"}, {nameA, "freed", "received"},
+	} {
+		if v := counterValue(clusterSlotMoves, k.queue, k.kind, k.direction); v < 1 {
+			t.Errorf("cluster_slot_moves_total{queue=%s,kind=%s,direction=%s} = %v, want at least 1", k.queue, k.kind, k.direction, v)
+		}
+	}
+	// Stopped, the gateways leave no subscription behind.
+	stopA()
+	stopB()
+	eventually(t, "the subscriptions' goroutines gone", func() bool {
+		buf := make([]byte, 1<<20)
+		return !strings.Contains(string(buf[:runtime.Stack(buf, true)]), "followMoves")
+	})
+}
+
+// With share_slots the inner proxy's default policy is
+// fair_queue_least_conn: it counts the other gateways' requests in flight
+// on each upstream (reported at the last renewal) besides this gateway's,
+// so the gateways together fill the upstreams evenly; without the report
+// it is least_conn.
+func TestClusterLeastConn(t *testing.T) {
+	u1, u2 := newFakeUpstream(t), newFakeUpstream(t)
+	mr := miniredis.RunT(t)
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"lc:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
+	proxy := fmt.Sprintf(`{"handler":"reverse_proxy","upstreams":[{"dial":%q},{"dial":%q}]}`, u1.dial(), u2.dial())
+	h, _ := mustLoad(t, fmt.Sprintf(`{"name":%q,"tokenizer":"approx","proxy":%s,"cluster":%s}`, queueName(t), proxy, cluster))
+	p, ok := h.proxy.LoadBalancing.SelectionPolicy.(*ClusterLeastConn)
+	if !ok {
+		t.Fatalf("selection policy %T with share_slots, want *ClusterLeastConn", h.proxy.LoadBalancing.SelectionPolicy)
+	}
+	ups := h.proxy.Upstreams
+	eventually(t, "the first renewal's report of the others", func() bool {
+		m := h.shared.slotOthers.Load()
+		return m != nil && len(*m) == 2
+	})
+	for _, c := range []struct {
+		others map[string]int
+		want   *fakeUpstream
+	}{
+		{map[string]int{u1.dial(): 3, u2.dial(): 1}, u2},
+		{map[string]int{u1.dial(): 0, u2.dial(): 2}, u1},
+	} {
+		h.shared.slotOthers.Store(&c.others)
+		for range 20 {
+			if got := p.Select(ups, nil, nil); got == nil || got.Dial != c.want.dial() {
+				t.Fatalf("others %v: picked %v, want %s", c.others, got, c.want.dial())
+			}
+		}
+	}
+	// Unknown (Redis down): this gateway's own counts alone, ties at random.
+	// (With a 10s sync nothing renews the report meanwhile.)
+	h.shared.slotOthers.Store(nil)
+	seen := map[string]bool{}
+	for range 200 {
+		seen[p.Select(ups, nil, nil).Dial] = true
+	}
+	if len(seen) != 2 {
+		t.Errorf("without a report picked %v, want both upstreams (a tie)", seen)
+	}
+
+	// Without share_slots: least_conn.
+	hl, _ := mustLoad(t, fqConfig(queueName(t)+"_plain", u1, ""))
+	if _, ok := hl.proxy.LoadBalancing.SelectionPolicy.(*reverseproxy.LeastConnSelection); !ok {
+		t.Errorf("selection policy %T without share_slots, want least_conn", hl.proxy.LoadBalancing.SelectionPolicy)
+	}
 }

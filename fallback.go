@@ -64,7 +64,7 @@ func (h *Handler) provisionFallback(ctx caddy.Context) error {
 	if fb.MaxInflight < 0 {
 		return fmt.Errorf("fallback: max_inflight must not be negative")
 	}
-	raw, err := proxyDefaults(fb.ProxyRaw)
+	raw, err := proxyDefaults(fb.ProxyRaw, "least_conn")
 	if err != nil {
 		return fmt.Errorf("fallback proxy: %v", err)
 	}

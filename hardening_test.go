@@ -57,7 +57,7 @@ func TestProxyDefaults(t *testing.T) {
 		{`{"transport":{"protocol":"fastcgi"}}`,
 			`{"load_balancing":{"selection_policy":{"policy":"least_conn"}},"transport":{"protocol":"fastcgi"}}`},
 	} {
-		got, err := proxyDefaults(json.RawMessage(tc.in))
+		got, err := proxyDefaults(json.RawMessage(tc.in), "least_conn")
 		if err != nil {
 			t.Fatalf("%s: %v", tc.in, err)
 		}

@@ -510,7 +510,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.ProxyRaw == nil {
 		return fmt.Errorf("fair_queue needs a reverse_proxy to dispatch to")
 	}
-	if h.ProxyRaw, err = proxyDefaults(h.ProxyRaw); err != nil {
+	policy := "least_conn"
+	if h.Cluster != nil && h.Cluster.ShareSlots {
+		policy = "fair_queue_least_conn"
+	}
+	if h.ProxyRaw, err = proxyDefaults(h.ProxyRaw, policy); err != nil {
 		return fmt.Errorf("proxy: %v", err)
 	}
 	mod, err := ctx.LoadModule(h, "ProxyRaw")
@@ -543,6 +547,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.shared = val.(*sharedQueue)
+	if p, ok := h.proxy.LoadBalancing.SelectionPolicy.(*ClusterLeastConn); ok {
+		p.others = &h.shared.slotOthers
+	}
 	if err := h.shared.adopt(h); err != nil {
 		_, _ = queues.Delete(h.Name)
 		h.shared = nil
@@ -554,7 +561,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 // proxyDefaults gives the inner proxy what a queue in front of it needs,
 // unless the config says otherwise:
 //
-//   - the least_conn selection policy. Capacity is max_inflight summed over
+//   - the least_conn selection policy (policy; fair_queue_least_conn with
+//     share_slots, which counts the other gateways' requests too).
+//     Capacity is max_inflight summed over
 //     the healthy upstreams, so dispatched requests must spread by load:
 //     with Caddy's default (random), two requests can land on one full
 //     upstream while another has a free slot, and wait in the model
@@ -563,7 +572,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 //     upstream may stay silent, before its response headers or between two
 //     reads of a stream. Without it a model server that hangs holds a
 //     dispatch slot, and the queue's capacity, forever.
-func proxyDefaults(raw json.RawMessage) (json.RawMessage, error) {
+func proxyDefaults(raw json.RawMessage, policy string) (json.RawMessage, error) {
 	var proxy map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &proxy); err != nil {
 		return nil, err
@@ -573,7 +582,7 @@ func proxyDefaults(raw json.RawMessage) (json.RawMessage, error) {
 		return nil, err
 	}
 	if _, ok := lb["selection_policy"]; !ok {
-		lb["selection_policy"] = json.RawMessage(`{"policy":"least_conn"}`)
+		lb["selection_policy"] = json.RawMessage(`{"policy":` + strconv.Quote(policy) + `}`)
 		if proxy["load_balancing"], err = json.Marshal(lb); err != nil {
 			return nil, err
 		}

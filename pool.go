@@ -51,6 +51,18 @@ type sharedQueue struct {
 	slotSyncing  atomic.Bool
 	slotsUp      atomic.Bool
 	slotsGranted atomic.Bool
+	// slotKicked asks the renewal in flight for one more; slotsOwed is
+	// set while the others hold slots of this gateway's fair share and it
+	// has requests for them, slotsOver while it has more requests in
+	// flight than its grant; slotWeight is the weight (float64 bits) of
+	// the last renewal (see followMoves).
+	slotKicked atomic.Bool
+	slotsOwed  atomic.Bool
+	slotsOver  atomic.Bool
+	slotWeight atomic.Uint64
+	// slotOthers is what the other gateways had in flight on each
+	// upstream at the last renewal (ClusterLeastConn); nil when unknown.
+	slotOthers atomic.Pointer[map[string]int]
 	// slotGrant is the grant last applied (the cap on the queue's
 	// capacity), for the cluster_slot_grant gauge; -1 before the first.
 	slotGrant atomic.Int64

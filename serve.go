@@ -138,11 +138,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		return caddyhttp.Error(http.StatusInternalServerError, err)
 	}
+	h.shared.slotsQueued()
 	// Whatever happens from here on, the slot is freed exactly once.
 	actual := fairqueue.UnknownCost
 	var charged *quota.Limits // the quota the request was charged to
 	defer func() {
 		tk.Release(actual)
+		h.shared.slotsReleased()
 		if charged != nil {
 			used := actual
 			if used < 0 {

@@ -153,9 +153,12 @@
 // provider account) and through the slots each holds of the pool
 // (SetSlotLimit, from package slots): each gateway's capacity is its
 // grant, its weighted max-min fair share of the pool by demand, weighted
-// by BackloggedWeight, the weights of the tenants it has work for, renewed
-// every sync interval s. Bounds, for a gateway count N and a pool of P
-// slots:
+// by BackloggedWeight, the weights of the tenants it has requests queued
+// for, renewed every sync interval s and at once on the events that move
+// slots (package slots: a tenant backlogged anew claims, a gateway above
+// its grant gives a slot back as each request completes, a gateway owed
+// slots takes them as they are given back). Bounds, for a gateway count N
+// and a pool of P slots:
 //
 //   - The pool: the requests in flight over all gateways never exceed P
 //     (a gateway only dispatches below its grant, and a grant is computed
@@ -165,8 +168,15 @@
 //     (2s) every gateway holds its weighted share, rounded to whole slots
 //     (at most one slot off, so the error is at most N/P of the pool); a
 //     gateway whose share fell keeps its requests in flight and frees
-//     slots as they complete, so the others' grants catch up within one
-//     service time plus s. Tenants that send through different gateways
+//     slots as they complete, each to a gateway owed one within two round
+//     trips to Redis, so the others' grants catch up within one service
+//     time plus those round trips. A request of a tenant backlogged anew
+//     on one gateway thus waits for the pool's next free slot, as it would
+//     on a single gateway with the whole pool, plus about three round
+//     trips (its claim, the release, the owed gateway's renewal); in
+//     weight it outranks the other gateways' tenants as it would the
+//     tenants it meets in one queue, up to the rounding to whole slots.
+//     Tenants that send through different gateways
 //     are therefore served by weight within that rounding; through one
 //     gateway, the WFQ above divides its grant with its usual bound.
 //   - Virtual time, with sharing (TakeServed, ChargeRemote; package

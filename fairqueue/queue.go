@@ -91,7 +91,7 @@ type Queue struct {
 	scan      int
 	scanMoved []*tenant
 	// busyWeight is the summed weight of the busyN declared tenants with
-	// work queued or in flight (BackloggedWeight), kept as they change.
+	// requests queued (BackloggedWeight), kept as they change.
 	busyWeight float64
 	busyN      int
 	// busyWas is the last state told to the rate estimator's SetBusy

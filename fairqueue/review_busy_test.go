@@ -10,11 +10,11 @@ func bruteBackloggedWeight(q *Queue) float64 {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	w := 0.0
-	if q.group.queued > 0 || q.group.inflight > 0 {
+	if q.group.queued > 0 {
 		w = q.group.weight
 	}
 	for _, t := range q.tenants {
-		if t.group == nil && (t.queued > 0 || t.inflight > 0) {
+		if t.group == nil && t.queued > 0 {
 			w += t.weight
 		}
 	}

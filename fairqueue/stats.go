@@ -179,13 +179,13 @@ func (q *Queue) removeRosterLocked(t *tenant) {
 	}
 }
 
-// busyLocked keeps BackloggedWeight's sum as t's queued and in-flight
-// counts change: O(1), called where they do.
+// busyLocked keeps BackloggedWeight's sum as t's queued count changes:
+// O(1), called where it (or the in-flight count) does.
 func (q *Queue) busyLocked(t *tenant) {
 	if t.group != nil {
 		return // counted through the group, in BackloggedWeight
 	}
-	b := t.queued > 0 || t.inflight > 0
+	b := t.queued > 0
 	if b == t.busy {
 		return
 	}
@@ -285,16 +285,21 @@ func (q *Queue) Idle() bool {
 	return q.queued == 0 && q.inflight < q.capacity
 }
 
-// BackloggedWeight is the weight of the tenants with work queued or in
-// flight: the declared ones' weights, plus the undeclared group's weight
-// once if any of them has work. It is what this queue's claim on a pool
-// shared with other gateways weighs (cluster share_slots). O(1): the sum
-// is kept as tenants become busy and idle (busyLocked).
+// BackloggedWeight is the weight of the backlogged tenants, those with
+// requests queued: the declared ones' weights, plus the undeclared
+// group's weight once if any of them has a request queued. It is what
+// this queue's claim on more of a pool shared with other gateways weighs
+// (cluster share_slots). Requests in flight do not count: they hold their
+// slots already (the claim's demand counts them), and counting them would
+// let a sparse tenant's request in flight on one gateway win that
+// gateway's other tenants the slots a sparse request queued on another
+// gateway is waiting for. O(1): the sum is kept as tenants become
+// backlogged and not (busyLocked).
 func (q *Queue) BackloggedWeight() float64 {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	w := q.busyWeight
-	if q.group.queued > 0 || q.group.inflight > 0 {
+	if q.group.queued > 0 {
 		w += q.group.weight
 	}
 	return w

@@ -165,17 +165,18 @@ func TestSlotLimit(t *testing.T) {
 	}
 }
 
-// BackloggedWeight counts the declared tenants with work and the
-// undeclared group once.
+// BackloggedWeight counts the declared tenants with requests queued and
+// the undeclared group once; a request in flight does not count.
 func TestBackloggedWeight(t *testing.T) {
 	h := newHarness(t, testConfig(1, map[string]float64{"a": 3, "b": 2}), 1, 1)
 	if w := h.q.BackloggedWeight(); w != 0 {
 		t.Fatalf("idle: %v", w)
 	}
+	h.enqueue(Request{Tenant: "b", Cost: 1}) // in flight
 	h.enqueue(Request{Tenant: "a", Cost: 1})
 	h.enqueue(Request{Tenant: "x", Cost: 1})
 	h.enqueue(Request{Tenant: "y", Cost: 1})
 	if w := h.q.BackloggedWeight(); w != 3+1 {
-		t.Fatalf("a and two undeclared: %v, want 4 (3 + the group's 1)", w)
+		t.Fatalf("a and two undeclared queued, b in flight: %v, want 4 (3 + the group's 1)", w)
 	}
 }

@@ -13,14 +13,18 @@
 //     slots come back within the TTL.
 //  2. The fair share of each live gateway is the weighted max-min fair
 //     division of the pool by demand (water-filling), its weight the
-//     weights of the tenants it has work for, in whole slots: the
-//     remainder goes one slot each to the first gateways by name, so the
-//     shares add up to the pool. When all the demand fits, what nobody
-//     wants is shared out the same way on top of each demand, so an idle
-//     gateway holds slots for its next request. Tenants flooding through different
-//     gateways thus share the pool by weight; a tenant with work on
-//     several gateways counts its weight on each (the local fair queue
-//     shares each gateway's grant among its own tenants).
+//     weights of the tenants it has requests queued for, in whole slots:
+//     the remainder goes one slot each to the largest fractions (ties by
+//     name), so the shares add up to the pool. When all the demand fits,
+//     what nobody wants is shared out the same way on top of each demand,
+//     so an idle gateway holds slots for its next request. Tenants
+//     flooding through different gateways thus share the pool by weight;
+//     a tenant with work on several gateways counts its weight on each
+//     (the local fair queue shares each gateway's grant among its own
+//     tenants). Requests in flight weigh nothing: they hold their slots
+//     already, and weighing them would let a sparse tenant's request in
+//     flight on one gateway win that gateway's other tenants the slots a
+//     sparse request queued on another is waiting for.
 //  3. Its grant is its fair share, but at most what the others leave: the
 //     pool less, for each other gateway, the larger of its grant and its
 //     requests in flight.
@@ -43,4 +47,21 @@
 // then releases it (Release); one that crashes keeps its grant counted
 // until its entry's TTL passes. Queues whose keys share a prefix share
 // one pool.
+//
+// Moves. A grant changes when its gateway renews, so a renewal every sync
+// interval alone would keep a slot freed on one gateway from a request
+// waiting on another for up to three intervals (the claim reaching the
+// others, the slot's release reaching Redis, the owed gateway asking). A
+// renewal therefore announces, on the pub/sub channel <key>:moves and in
+// the same script call, a claim when the gateway's weight grew and a
+// release when it holds fewer slots than before; every gateway renews on
+// a claim, a gateway owed slots (Grant.Fair above Grant.Slots) on a
+// release. The caller renews at once when a request is queued by a
+// tenant new to its backlog, when a request completes while it has more
+// in flight than its grant, and when a lower grant left slots unfilled.
+// A request queued anew thus waits for the pool's next free slot
+// wherever it frees, plus about three round trips. Announcements are an
+// optimisation: one lost (Redis restarting, a subscription reconnecting)
+// delays the move to the next renewal, and the guarantee above never
+// depends on them.
 package slots

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -17,15 +18,67 @@ var syncScript = redis.NewScript(syncLua)
 
 // Broker keeps one pool's grants in Redis.
 type Broker struct {
-	client redis.UniversalClient
-	key    string
-	ttl    time.Duration
+	client  redis.UniversalClient
+	key     string
+	upKey   string
+	channel string
+	ttl     time.Duration
 }
 
 // NewBroker returns a broker for the pool at key (one Redis hash; put a
 // hash tag in it for Redis Cluster). Entries live ttl without renewal.
+// Syncs announce claims and freed slots on the channel key+":moves"
+// (Subscribe).
 func NewBroker(client redis.UniversalClient, key string, ttl time.Duration) *Broker {
-	return &Broker{client: client, key: key, ttl: ttl}
+	return &Broker{client: client, key: key, upKey: key + ":up", channel: key + ":moves", ttl: ttl}
+}
+
+// Grant is what a Sync returns.
+type Grant struct {
+	// Slots is how many requests the gateway may have in flight on the
+	// pool until its next Sync.
+	Slots int
+	// Fair is its fair share of the pool; above Slots while the others
+	// still hold slots that are its due (they free them as their requests
+	// complete, and announce it: Move).
+	Fair int
+	// Announced is what the call announced to the other gateways: "claim",
+	// "freed" or "" (see Move).
+	Announced string
+	// Others is, for each upstream the Sync named, the requests the other
+	// live gateways had in flight on it at their last Sync.
+	Others map[string]int
+}
+
+// Load is a gateway's requests in flight on one upstream of the pool.
+type Load struct {
+	Upstream string // its name, the same on every gateway (its address)
+	Inflight int
+}
+
+// Move is an announcement on the broker's channel.
+type Move struct {
+	// Claim: the gateway's weight grew, so the others' fair shares fell:
+	// they should renew now, lowering their grants, rather than at their
+	// next sync. Otherwise it freed slots that a gateway owed some
+	// (Grant.Fair above Grant.Slots) may take.
+	Claim    bool
+	Instance string
+}
+
+// ParseMove reads a message of the broker's channel.
+func ParseMove(payload string) (Move, bool) {
+	kind, inst, ok := strings.Cut(payload, " ")
+	if !ok || (kind != "claim" && kind != "freed") {
+		return Move{}, false
+	}
+	return Move{Claim: kind == "claim", Instance: inst}, true
+}
+
+// Subscribe listens to the moves of the pool's gateways; the caller reads
+// ps.Channel() and closes ps.
+func (b *Broker) Subscribe(ctx context.Context) *redis.PubSub {
+	return b.client.Subscribe(ctx, b.channel)
 }
 
 // Sync renews instance's entry with its demand, what it holds (requests in
@@ -33,19 +86,53 @@ func NewBroker(client redis.UniversalClient, key string, ttl time.Duration) *Bro
 // it has work for), and returns its grant of the pool's slots: how many
 // requests it may have in flight on the pool until its next Sync. Every
 // gateway must pass the same slots (the pool's size, e.g. max_inflight x
-// healthy upstreams). One round trip.
-func (b *Broker) Sync(ctx context.Context, instance string, slots, demand, inflight int, weight float64) (int, error) {
+// healthy upstreams). One round trip. A sync that raises the gateway's
+// weight, or lowers what it holds, is announced (Move) in the same call.
+// With loads, the gateway's requests in flight on each upstream, the
+// grant's Others says what the other gateways have on them.
+func (b *Broker) Sync(ctx context.Context, instance string, slots, demand, inflight int, weight float64, loads ...Load) (Grant, error) {
 	ttl := max(b.ttl.Milliseconds(), 1)
 	milli := int64(1)
 	if weight > 0 && !math.IsInf(weight, 0) {
 		// At most 1e12 milli-units: Lua writes it back as an integer.
 		milli = max(int64(math.Round(min(weight, 1e9)*1000)), 1)
 	}
-	v, err := syncScript.Run(ctx, b.client, []string{b.key}, instance, max(demand, 0), max(inflight, 0), max(slots, 0), ttl, milli).Int()
-	if err != nil {
-		return 0, fmt.Errorf("slots: %w", err)
+	args := make([]any, 0, 7+2*len(loads))
+	args = append(args, instance, max(demand, 0), max(inflight, 0), max(slots, 0), ttl, milli, b.channel)
+	for _, l := range loads {
+		args = append(args, l.Upstream, max(l.Inflight, 0))
 	}
-	return v, nil
+	v, err := syncScript.Run(ctx, b.client, []string{b.key, b.upKey}, args...).Slice()
+	if err != nil {
+		return Grant{}, fmt.Errorf("slots: %w", err)
+	}
+	if len(v) != 3+2*len(loads) {
+		return Grant{}, fmt.Errorf("slots: the sync script returned %d values, want %d", len(v), 3+2*len(loads))
+	}
+	n := make([]int64, 3)
+	for i := range n {
+		x, ok := v[i].(int64)
+		if !ok {
+			return Grant{}, fmt.Errorf("slots: the sync script returned %T at %d, want an integer", v[i], i)
+		}
+		n[i] = x
+	}
+	g := Grant{Slots: int(n[0]), Fair: int(n[1])}
+	switch n[2] {
+	case 1:
+		g.Announced = "claim"
+	case 2:
+		g.Announced = "freed"
+	}
+	if len(loads) > 0 {
+		g.Others = make(map[string]int, len(loads))
+		for i := 3; i+1 < len(v); i += 2 {
+			u, _ := v[i].(string)
+			c, _ := v[i+1].(int64)
+			g.Others[u] = int(c)
+		}
+	}
+	return g, nil
 }
 
 // TTL is how long an entry lives without renewal.
@@ -54,5 +141,8 @@ func (b *Broker) TTL() time.Duration { return b.ttl }
 // Release drops instance's entry (a gateway stopping cleanly), so its
 // slots come back at once rather than after the TTL.
 func (b *Broker) Release(ctx context.Context, instance string) error {
-	return b.client.HDel(ctx, b.key, instance).Err()
+	if err := b.client.HDel(ctx, b.key, instance).Err(); err != nil {
+		return err
+	}
+	return b.client.HDel(ctx, b.upKey, instance).Err()
 }

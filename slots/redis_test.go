@@ -33,7 +33,7 @@ func sync(t *testing.T, b *testBroker, inst string, demand, inflight int) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return g
+	return g.Slots
 }
 
 // Two gateways both wanting the whole pool converge to half each, and at
@@ -145,7 +145,7 @@ func TestWeightedShares(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			grant[n] = g
+			grant[n] = g.Slots
 		}
 	}
 	if grant["a"] != 4 || grant["b"] != 2 {
@@ -153,11 +153,11 @@ func TestWeightedShares(t *testing.T) {
 	}
 	// b wants 1: a may have 5.
 	g, _ := b.Sync(bg, "b", 6, 1, 1, 1)
-	if g != 1 {
-		t.Fatalf("b wanting 1 got %d", g)
+	if g.Slots != 1 {
+		t.Fatalf("b wanting 1 got %d", g.Slots)
 	}
-	if g, _ = b.Sync(bg, "a", 6, 100, 4, 2); g != 5 {
-		t.Fatalf("a got %d, want the 5 b leaves", g)
+	if g, _ = b.Sync(bg, "a", 6, 100, 4, 2); g.Slots != 5 {
+		t.Fatalf("a got %d, want the 5 b leaves", g.Slots)
 	}
 }
 
@@ -181,5 +181,131 @@ func TestIdleSlotsSharedOut(t *testing.T) {
 	}
 	if g := sync(t, b, "a", 0, 0); g != 1 {
 		t.Fatalf("a idle got %d, want 1: half of the 2 spare (8 - b's 6)", g)
+	}
+}
+
+// A sync announces what others should act on at once: a weight that grew
+// (their fair shares fell) and slots freed (a gateway owed some may take
+// them); a sync that changes neither says nothing. Grant.Fair shows a
+// gateway owed slots that the others still hold.
+func TestMovesAnnounced(t *testing.T) {
+	b, _ := newBroker(t, 8, time.Minute)
+	ps := b.Subscribe(bg)
+	t.Cleanup(func() { ps.Close() })
+	if _, err := ps.Receive(bg); err != nil { // the subscription's confirmation
+		t.Fatal(err)
+	}
+	ch := ps.Channel()
+	next := func() (Move, bool) {
+		select {
+		case m := <-ch:
+			mv, ok := ParseMove(m.Payload)
+			if !ok {
+				t.Fatalf("unparsable move %q", m.Payload)
+			}
+			return mv, true
+		case <-time.After(100 * time.Millisecond):
+			return Move{}, false
+		}
+	}
+	sy := func(inst string, demand, holding int, w float64) Grant {
+		t.Helper()
+		g, err := b.Sync(bg, inst, 8, demand, holding, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	sy("a", 20, 0, 1)
+	sy("b", 20, 0, 1)
+	sy("a", 20, 8, 1) // a holds the pool, b waits for it
+	if g := sy("b", 20, 0, 1); g.Slots != 0 || g.Fair != 4 {
+		t.Fatalf("b: %+v, want 0 slots of a fair 4", g)
+	}
+	if mv, ok := next(); ok {
+		t.Fatalf("announced %+v with no weight up and nothing freed", mv)
+	}
+	// a completes one request: it holds 7, and says so.
+	if g := sy("a", 20, 7, 1); g.Announced != "freed" {
+		t.Fatalf("a's sync announced %q, want freed", g.Announced)
+	}
+	if mv, ok := next(); !ok || mv.Claim || mv.Instance != "a" {
+		t.Fatalf("after a freed a slot: %+v (%v), want freed by a", mv, ok)
+	}
+	if g := sy("b", 20, 0, 1); g.Slots != 1 {
+		t.Fatalf("b took %d slots, want the 1 a freed", g.Slots)
+	}
+	// A heavy tenant queues on b: its claim goes out, and a's fair share
+	// falls to what the weights give.
+	if g := sy("b", 20, 1, 9); g.Announced != "claim" {
+		t.Fatalf("b's sync announced %q, want claim", g.Announced)
+	}
+	if mv, ok := next(); !ok || !mv.Claim || mv.Instance != "b" {
+		t.Fatalf("after b's weight grew: %+v (%v), want b's claim", mv, ok)
+	}
+	if g := sy("a", 20, 7, 1); g.Fair != 1 || g.Slots != 1 {
+		t.Fatalf("a after b's claim: %+v, want a fair and granted 1", g)
+	}
+	if _, ok := ParseMove("moved a"); ok {
+		t.Fatal("ParseMove accepted an unknown kind")
+	}
+}
+
+// The slot left over by rounding goes to the largest fraction, not to the
+// first name: a gateway whose tenants outweigh the other's gets a pool of
+// one, whatever the names.
+func TestRemainderToLargestFraction(t *testing.T) {
+	b, _ := newBroker(t, 1, time.Minute)
+	if _, err := b.Sync(bg, "a", 1, 1, 1, 1); err != nil { // a holds the slot
+		t.Fatal(err)
+	}
+	if g, _ := b.Sync(bg, "z", 1, 1, 0, 9); g.Fair != 1 || g.Slots != 0 {
+		t.Fatalf("z, weight 9 against 1: %+v, want a fair share of 1, held by a", g)
+	}
+	if g, _ := b.Sync(bg, "a", 1, 1, 1, 1); g.Fair != 0 || g.Slots != 0 {
+		t.Fatalf("a, weight 1 against 9: %+v, want nothing", g)
+	}
+}
+
+// A sync with loads learns what the other live gateways have in flight on
+// each upstream, so that a gateway spreads its requests by the cluster's
+// load; a gateway whose entry lapsed or was released no longer counts.
+func TestUpstreamLoadsShared(t *testing.T) {
+	b, mr := newBroker(t, 8, 2*time.Second)
+	sy := func(inst string, loads ...Load) Grant {
+		t.Helper()
+		g, err := b.Sync(bg, inst, 8, 8, 4, 1, loads...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	sy("a", Load{"u1:80", 3}, Load{"u2:80", 1})
+	sy("c", Load{"u1:80", 1}, Load{"u2:80", 0})
+	g := sy("b", Load{"u1:80", 0}, Load{"u2:80", 2}, Load{"u3:80", 0})
+	want := map[string]int{"u1:80": 4, "u2:80": 1, "u3:80": 0}
+	if len(g.Others) != len(want) {
+		t.Fatalf("others %v, want %v", g.Others, want)
+	}
+	for u, n := range want {
+		if g.Others[u] != n {
+			t.Fatalf("others %v, want %v", g.Others, want)
+		}
+	}
+	if err := b.Release(bg, "c"); err != nil {
+		t.Fatal(err)
+	}
+	if g = sy("b", Load{"u1:80", 0}); g.Others["u1:80"] != 3 {
+		t.Fatalf("after c released: others %v, want u1:80 3 (a's)", g.Others)
+	}
+	mr.SetTime(time.Date(2026, 11, 30, 0, 0, 3, 0, time.UTC)) // a's entry lapses
+	if g = sy("b", Load{"u1:80", 0}); g.Others["u1:80"] != 0 {
+		t.Fatalf("after a lapsed: others %v, want none", g.Others)
+	}
+	if fields, _ := mr.HKeys("fq:slots:{pool}:up"); len(fields) != 1 || fields[0] != "b" {
+		t.Fatalf("upstream loads kept for %v, want b's alone", fields)
+	}
+	if g = sy("b"); g.Others != nil {
+		t.Fatalf("a sync without loads got others %v", g.Others)
 	}
 }

@@ -1,6 +1,15 @@
 -- One gateway's grant on a shared pool (see doc.go).
 -- KEYS[1]: the pool's hash, instance -> "grant,inflight,demand,weight_milli,expiry_ms".
--- ARGV: instance, demand, inflight, slots, ttl_ms, weight_milli.
+-- KEYS[2]: the upstreams' hash, instance -> "<upstream> <in flight> ..."
+-- (what each gateway has in flight on each upstream of the pool).
+-- ARGV: instance, demand, inflight, slots, ttl_ms, weight_milli, channel,
+-- then pairs: upstream, this gateway's requests in flight on it.
+-- Returns {grant, fair share, 0 | 1 claimed | 2 freed, then for each
+-- upstream given, the name and the other live gateways' requests in
+-- flight on it}. Publishes on the channel "claim <instance>"
+-- when this gateway's weight grew (the others should lower their grants
+-- now, not at their next sync), or "freed <instance>" when it holds fewer
+-- slots than before (a gateway owed slots may take them now).
 local key = KEYS[1]
 local inst = ARGV[1]
 local demand = tonumber(ARGV[2])
@@ -8,21 +17,32 @@ local inflight = tonumber(ARGV[3])
 local slots = tonumber(ARGV[4])
 local ttl = tonumber(ARGV[5])
 local weight = math.max(tonumber(ARGV[6]), 1)
+local channel = ARGV[7]
+local upkey = KEYS[2]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local used = 0
+local live = {}
 local entries = {{name = inst, d = math.min(demand, slots), w = weight}}
 local all = redis.call('HGETALL', key)
+local held, had_w = nil, nil -- this gateway's entry before this call
 for i = 1, #all, 2 do
   local name = all[i]
-  if name ~= inst then
+  if name == inst then
+    local g, f, _, w = string.match(all[i + 1], '^(%d+),(%d+),(%d+),(%d+),(%d+)$')
+    if g then
+      held, had_w = math.max(tonumber(g), tonumber(f)), tonumber(w)
+    end
+  else
     local g, f, d, w, exp = string.match(all[i + 1], '^(%d+),(%d+),(%d+),(%d+),(%d+)$')
     if g and tonumber(exp) > now then
       used = used + math.max(tonumber(g), tonumber(f))
+      live[name] = true
       table.insert(entries, {name = name, d = math.min(tonumber(d), slots), w = math.max(tonumber(w), 1)})
     else
       redis.call('HDEL', key, name)
+      redis.call('HDEL', upkey, name)
     end
   end
 end
@@ -30,10 +50,12 @@ end
 -- Weighted max-min fair division of the pool by demand, in whole slots:
 -- in order of demand per weight, a gateway wanting less than its weight's
 -- part of what is left gets its demand; the rest share what is left by
--- weight, rounded down, the remainder one slot each in name order, so the
--- shares add up to the pool. When all the demand fits, what nobody wants
--- is shared out the same way on top of each demand, so an idle gateway
--- holds slots for the next request rather than waiting a sync for them.
+-- weight, rounded down, the remainder one slot each to the largest
+-- fractions (ties in name order), so the shares add up to the pool and a
+-- gateway whose tenants outweigh the others' gets the last slot. When all
+-- the demand fits, what nobody wants is shared out the same way on top of
+-- each demand, so an idle gateway holds slots for the next request rather
+-- than waiting a sync for them.
 local left, W, n, D = slots, 0, #entries, 0
 for _, e in ipairs(entries) do
   W = W + e.w
@@ -41,23 +63,26 @@ for _, e in ipairs(entries) do
 end
 local function share_out(group, amount, weight)
   -- group: entries to share amount by weight; returns this gateway's part.
-  local names, parts, sum = {}, {}, 0
+  local parts, rest, sum = {}, {}, 0
   for _, e in ipairs(group) do
-    local s = math.floor(amount * e.w / weight)
+    local exact = amount * e.w / weight
+    local s = math.floor(exact)
     parts[e.name] = s
     sum = sum + s
-    table.insert(names, e.name)
+    table.insert(rest, {name = e.name, r = exact - s})
   end
-  table.sort(names)
-  local extra = amount - sum
-  for j, name in ipairs(names) do
-    if name == inst then
-      local s = parts[name]
-      if j <= extra then s = s + 1 end
-      return s
-    end
+  local mine = parts[inst]
+  if mine == nil then
+    return nil -- this gateway is not in the group: its demand stands
   end
-  return nil -- this gateway is not in the group: its demand stands
+  table.sort(rest, function(x, y)
+    if x.r ~= y.r then return x.r > y.r end
+    return x.name < y.name
+  end)
+  for j = 1, amount - sum do
+    if rest[j].name == inst then return mine + 1 end
+  end
+  return mine
 end
 local fair = math.min(demand, slots)
 if D <= slots then
@@ -84,4 +109,37 @@ end
 local grant = math.max(0, math.min(fair, slots - used))
 redis.call('HSET', key, inst, string.format('%d,%d,%d,%d,%d', grant, inflight, demand, weight, now + ttl))
 redis.call('PEXPIRE', key, ttl * 2)
-return grant
+local moved = 0
+if channel ~= '' and n > 1 then
+  if had_w and weight > had_w then
+    redis.call('PUBLISH', channel, 'claim ' .. inst)
+    moved = 1
+  elseif held and math.max(grant, inflight) < held then
+    redis.call('PUBLISH', channel, 'freed ' .. inst)
+    moved = 2
+  end
+end
+-- The upstreams' loads: the others' requests in flight on each of this
+-- gateway's upstreams (a gateway spreads its requests over the upstreams
+-- by the cluster's load, not its own alone).
+local out = {grant, fair, moved}
+if #ARGV >= 9 then
+  local others = {}
+  local ups = redis.call('HGETALL', upkey)
+  for i = 1, #ups, 2 do
+    if live[ups[i]] then
+      for u, c in string.gmatch(ups[i + 1], '(%S+) (%d+)') do
+        others[u] = (others[u] or 0) + tonumber(c)
+      end
+    end
+  end
+  local parts = {}
+  for i = 8, #ARGV - 1, 2 do
+    table.insert(parts, ARGV[i] .. ' ' .. ARGV[i + 1])
+    table.insert(out, ARGV[i])
+    table.insert(out, others[ARGV[i]] or 0)
+  end
+  redis.call('HSET', upkey, inst, table.concat(parts, ' '))
+  redis.call('PEXPIRE', upkey, ttl * 2)
+end
+return out
