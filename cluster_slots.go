@@ -43,8 +43,10 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 		s.slotsLimited.Store(true)
 	}
 	cs.movesOnce.Do(func() {
+		// Made here without a connection (this may run under the
+		// queue's lock: commitLocked); the goroutine dials.
 		cs.moves = cs.broker.Subscribe(context.Background())
-		go s.followMoves(cs.moves.Channel())
+		go s.followMoves(cs.moves, cs.broker.Channel())
 	})
 	if now.UnixNano()-s.slotSyncAt.Load() < int64(cs.sync) {
 		return
@@ -59,8 +61,11 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 
 // followMoves renews the grant on the announcements of the other
 // gateways, until the subscription is closed (closeCluster).
-func (s *sharedQueue) followMoves(ch <-chan *redis.Message) {
-	for m := range ch {
+func (s *sharedQueue) followMoves(ps *redis.PubSub, channel string) {
+	// An error here (Redis down) is retried by the channel's reader,
+	// which resubscribes as it reconnects.
+	_ = ps.Subscribe(context.Background(), channel)
+	for m := range ps.Channel() {
 		mv, ok := slots.ParseMove(m.Payload)
 		if !ok || mv.Instance == s.instance {
 			continue
@@ -115,8 +120,10 @@ func (s *sharedQueue) slotsReleased() {
 // runs once more when it is done, so no kick is lost. Each renewal is made
 // by the config in force when it starts (a reload may replace it).
 func (s *sharedQueue) startSlotSync() {
+	// Asked before trying: a renewal ending meanwhile sees it and runs
+	// again, or this call starts one.
+	s.slotKicked.Store(true)
 	if !s.slotSyncing.CompareAndSwap(false, true) {
-		s.slotKicked.Store(true)
 		return
 	}
 	go func() {
@@ -148,15 +155,24 @@ func (s *sharedQueue) syncSlotsOnce(h *Handler) {
 	// Its claim weighs what its tenants with work weigh, so that tenants
 	// flooding through different gateways share the pool by weight.
 	weight := s.q.BackloggedWeight()
-	loads := make([]slots.Load, 0, len(h.proxy.Upstreams))
-	for _, u := range h.proxy.Upstreams {
-		loads = append(loads, slots.Load{Upstream: u.Dial, Inflight: u.NumRequests()})
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), cs.timeout)
 	defer cancel()
-	g, err := cs.broker.Sync(ctx, s.instance, pool, demand, holding, weight, loads...)
+	g, err := cs.broker.Sync(ctx, s.instance, pool, demand, holding, weight, slotLoads(h)...)
 	if cs.closed.Load() {
 		return // the config was replaced: its client is closed, the next one syncs
+	}
+	now := time.Now().UnixNano()
+	if err == nil && (g.Fresh || !s.slotsUp.Load()) && s.slotsGranted.Load() {
+		// Back from an outage, or Redis lost the pool (a restart) or
+		// this entry lapsed, while this gateway held slots: the others
+		// hold slots Redis does not count yet (their outage shares, or
+		// grants it forgot) until they renew, within a sync interval or
+		// two. Until then no gateway takes more than it held before, so
+		// that together they stay within the pool, as they were.
+		s.slotRestoreUntil.Store(now + int64(restoreWindow(cs)))
+	}
+	if err == nil && now < s.slotRestoreUntil.Load() {
+		g.Slots = min(g.Slots, int(max(s.slotGrant.Load(), 0)))
 	}
 	if err != nil {
 		// Redis down or slow: this gateway's share of the pool, as
@@ -178,20 +194,39 @@ func (s *sharedQueue) syncSlotsOnce(h *Handler) {
 	} else {
 		s.slotOthers.Store(nil) // Redis down: each gateway balances its own
 	}
-	s.slotsOwed.Store(err == nil && g.Fair > g.Slots && demand > g.Slots)
-	s.slotsOver.Store(err == nil && st.Inflight > g.Slots)
 	s.q.SetSlotLimit(g.Slots)
 	s.slotGrant.Store(int64(g.Slots))
 	s.slotsLimited.Store(true)
 	s.slotsGranted.Store(true)
-	if err == nil {
+	// Read after applying the grant: requests dispatched during the call
+	// count.
+	after := s.q.Stats(false)
+	s.slotsOwed.Store(err == nil && g.Fair > g.Slots && min(after.Inflight+after.Queued, pool) > g.Slots)
+	s.slotsOver.Store(err == nil && after.Inflight > g.Slots)
+	if err == nil && max(after.Inflight, after.Capacity) < holding {
 		// The call counted what this gateway could dispatch until now; a
 		// lower grant just applied frees slots it had not filled: say so
 		// at once (the next call announces them), not at the next sync.
-		if now := s.q.Stats(false); max(now.Inflight, now.Capacity) < holding {
-			s.slotKicked.Store(true)
-		}
+		s.slotKicked.Store(true)
 	}
+}
+
+// restoreWindow is how long a gateway keeps to what it held after Redis
+// lost the pool or after an outage: long enough for every other live
+// gateway to renew once (its interval, on the tick, and a call as slow as
+// the timeout allows), twice over.
+func restoreWindow(cs *clusterStore) time.Duration {
+	return 2 * (max(cs.sync, tickPeriod) + tickPeriod + cs.timeout)
+}
+
+// slotLoads is what this gateway has in flight on each upstream of the
+// pool (ClusterLeastConn on the other gateways counts it).
+func slotLoads(h *Handler) []slots.Load {
+	loads := make([]slots.Load, 0, len(h.proxy.Upstreams))
+	for _, u := range h.proxy.Upstreams {
+		loads = append(loads, slots.Load{Upstream: u.Dial, Inflight: u.NumRequests()})
+	}
+	return loads
 }
 
 // newInstanceID names a queue of this process in a shared pool: host, pid
@@ -218,7 +253,7 @@ func (s *sharedQueue) releaseSlots(h *Handler) {
 		if inflight == 0 {
 			err = cs.broker.Release(ctx, s.instance)
 		} else {
-			_, err = cs.broker.Sync(ctx, s.instance, h.MaxInflight*h.healthyUpstreams(), 0, inflight, 0)
+			_, err = cs.broker.Sync(ctx, s.instance, h.MaxInflight*h.healthyUpstreams(), 0, inflight, 0, slotLoads(h)...)
 		}
 		cancel()
 		if inflight == 0 || err != nil || time.Now().After(deadline) {

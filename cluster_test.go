@@ -396,6 +396,13 @@ func TestClusterShareFairness(t *testing.T) {
 		}
 		return -1
 	}
+	// Counters are per queue name, kept across runs of the test (-count).
+	count := func(name, dir string) func() float64 {
+		base := counterValue(clusterShared, name, dir)
+		return func() float64 { return counterValue(clusterShared, name, dir) - base }
+	}
+	sentA, receivedB, appliedB := count(nameA, "sent"), count(nameB, "received"), count(nameB, "applied")
+	receivedA, appliedA := count(nameA, "received"), count(nameA, "applied")
 	capB := hb.shared.q.Stats(false).Capacity
 	for range capB + 2 {
 		if _, err := hb.shared.q.Enqueue(fairqueue.Request{Tenant: "b", Cost: 10}); err != nil {
@@ -419,13 +426,12 @@ func TestClusterShareFairness(t *testing.T) {
 		t.Errorf("a's virtual time on B moved by %v, want 1000 (weight 1)", got-before)
 	}
 	eventually(t, "the entries counted", func() bool {
-		return counterValue(clusterShared, nameA, "sent") == 1 && counterValue(clusterShared, nameB, "received") == 1 &&
-			counterValue(clusterShared, nameB, "applied") == 1
+		return sentA() == 1 && receivedB() == 1 && appliedB() == 1
 	})
 	// B's own service goes the other way; a has nothing queued on A (its
 	// one request is in flight there): nothing applied.
-	eventually(t, "B's entries read by A", func() bool { return counterValue(clusterShared, nameA, "received") >= 1 })
-	if got := counterValue(clusterShared, nameA, "applied"); got != 0 {
+	eventually(t, "B's entries read by A", func() bool { return receivedA() >= 1 })
+	if got := appliedA(); got != 0 {
 		t.Errorf("A applied %v entries, want 0: none of B's tenants has requests queued on A", got)
 	}
 	// Redis gone: syncs fail, counted, and nothing else changes.
@@ -559,5 +565,50 @@ func TestClusterLeastConn(t *testing.T) {
 	hl, _ := mustLoad(t, fqConfig(queueName(t)+"_plain", u1, ""))
 	if _, ok := hl.proxy.LoadBalancing.SelectionPolicy.(*reverseproxy.LeastConnSelection); !ok {
 		t.Errorf("selection policy %T without share_slots, want least_conn", hl.proxy.LoadBalancing.SelectionPolicy)
+	}
+}
+
+// TestClusterSharedSlotsRedisLost: when Redis loses the pool (a restart
+// without persistence), the first gateway to renew finds it empty; it must
+// not take the pool the others still hold. Each gateway takes no more than
+// it held before until the others have renewed.
+func TestClusterSharedSlotsRedisLost(t *testing.T) {
+	u := newFakeUpstream(t)
+	mr := miniredis.RunT(t)
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"lost:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
+	cfg := func(name string) string { return fqConfig(name, u, `"max_inflight":4,"cluster":`+cluster) }
+	ha, _ := mustLoad(t, cfg(queueName(t)+"_a"))
+	hb, _ := mustLoad(t, cfg(queueName(t)+"_b"))
+	// With a 10s sync, renewals come from kicks alone.
+	eventually(t, "the idle pool of 4 split 2/2", func() bool {
+		ha.shared.kickSlots()
+		hb.shared.kickSlots()
+		return ha.shared.q.Stats(false).Capacity == 2 && hb.shared.q.Stats(false).Capacity == 2
+	})
+	for _, h := range []*Handler{ha, hb} {
+		for range 8 {
+			if _, err := h.shared.q.Enqueue(fairqueue.Request{Tenant: "x", Cost: 10}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	eventually(t, "the pool of 4 split 2/2 and filled", func() bool {
+		ha.shared.kickSlots()
+		hb.shared.kickSlots()
+		a, b := ha.shared.q.Stats(false), hb.shared.q.Stats(false)
+		return a.Capacity == 2 && b.Capacity == 2 && a.Inflight == 2 && b.Inflight == 2
+	})
+	eventually(t, "no renewal in flight", func() bool {
+		return !ha.shared.slotSyncing.Load() && !hb.shared.slotSyncing.Load()
+	})
+	mr.FlushAll()
+	ha.shared.kickSlots()
+	eventually(t, "A's entry back in the pool", func() bool {
+		fields, _ := mr.HKeys("lost:{slots}")
+		return len(fields) == 1 && fields[0] == ha.shared.instance
+	})
+	eventually(t, "A's renewal applied", func() bool { return !ha.shared.slotSyncing.Load() })
+	if a := ha.shared.q.Stats(false); a.Capacity != 2 || a.Inflight != 2 {
+		t.Fatalf("A alone in the lost pool: capacity %d, %d in flight; want 2 and 2 (B still holds 2 of 4)", a.Capacity, a.Inflight)
 	}
 }

@@ -60,6 +60,9 @@ type sharedQueue struct {
 	slotsOwed  atomic.Bool
 	slotsOver  atomic.Bool
 	slotWeight atomic.Uint64
+	// slotRestoreUntil (Unix ns) ends the renewals capped at the last
+	// grant after Redis lost the pool (syncSlotsOnce).
+	slotRestoreUntil atomic.Int64
 	// slotOthers is what the other gateways had in flight on each
 	// upstream at the last renewal (ClusterLeastConn); nil when unknown.
 	slotOthers atomic.Pointer[map[string]int]

@@ -42,7 +42,12 @@
 // Exceptions to the guarantee, by design: while Redis is unreachable a
 // gateway takes the pool divided by the number of gateways configured
 // (the caller's fallback), whatever the others hold. (Before its first
-// grant the caller dispatches nothing: the others may hold the pool.) A gateway that stops cleanly (or whose queue a reload
+// grant the caller dispatches nothing: the others may hold the pool.)
+// Redis losing the pool (a restart without persistence) or an outage
+// ending leaves the others holding slots Redis does not count until they
+// renew; the caller bridges it (Grant.Fresh): for a restore window long
+// enough for every live gateway to renew, twice, a gateway takes no more
+// than it held before. A gateway that stops cleanly (or whose queue a reload
 // removes) renews its entry with just its last requests in flight and
 // then releases it (Release); one that crashes keeps its grant counted
 // until its entry's TTL passes. Queues whose keys share a prefix share
@@ -53,10 +58,12 @@
 // waiting on another for up to three intervals (the claim reaching the
 // others, the slot's release reaching Redis, the owed gateway asking). A
 // renewal therefore announces, on the pub/sub channel <key>:moves and in
-// the same script call, a claim when the gateway's weight grew and a
-// release when it holds fewer slots than before; every gateway renews on
-// a claim, a gateway owed slots (Grant.Fair above Grant.Slots) on a
-// release. The caller renews at once when a request is queued by a
+// the same script call, a claim when the gateway's weight grew and it is
+// owed slots (Grant.Fair above Grant.Slots, and demand above the grant),
+// and a release when it holds fewer slots than before (Release announces
+// one too); every gateway renews on a claim, a gateway owed slots on a
+// release. A gateway owed slots without its weight growing (its demand
+// grew) claims them at its next renewal. The caller renews at once when a request is queued by a
 // tenant new to its backlog, when a request completes while it has more
 // in flight than its grant, and when a lower grant left slots unfilled.
 // A request queued anew thus waits for the pool's next free slot

@@ -48,6 +48,11 @@ type Grant struct {
 	// Others is, for each upstream the Sync named, the requests the other
 	// live gateways had in flight on it at their last Sync.
 	Others map[string]int
+	// Fresh reports that the pool held no entry of the gateway before
+	// this call: its first, or Redis lost the pool (a restart) or the
+	// entry lapsed. The others may then hold slots Redis does not know of
+	// yet (see doc.go).
+	Fresh bool
 }
 
 // Load is a gateway's requests in flight on one upstream of the pool.
@@ -75,11 +80,15 @@ func ParseMove(payload string) (Move, bool) {
 	return Move{Claim: kind == "claim", Instance: inst}, true
 }
 
-// Subscribe listens to the moves of the pool's gateways; the caller reads
-// ps.Channel() and closes ps.
+// Subscribe returns a subscription, not yet connected, for the moves of
+// the pool's gateways: the caller subscribes it to Channel, reads its
+// Channel() and closes it.
 func (b *Broker) Subscribe(ctx context.Context) *redis.PubSub {
-	return b.client.Subscribe(ctx, b.channel)
+	return b.client.Subscribe(ctx)
 }
+
+// Channel is the pub/sub channel the moves are announced on.
+func (b *Broker) Channel() string { return b.channel }
 
 // Sync renews instance's entry with its demand, what it holds (requests in
 // flight, or more: see doc.go) and its weight (the weights of the tenants
@@ -106,10 +115,10 @@ func (b *Broker) Sync(ctx context.Context, instance string, slots, demand, infli
 	if err != nil {
 		return Grant{}, fmt.Errorf("slots: %w", err)
 	}
-	if len(v) != 3+2*len(loads) {
-		return Grant{}, fmt.Errorf("slots: the sync script returned %d values, want %d", len(v), 3+2*len(loads))
+	if len(v) != 4+2*len(loads) {
+		return Grant{}, fmt.Errorf("slots: the sync script returned %d values, want %d", len(v), 4+2*len(loads))
 	}
-	n := make([]int64, 3)
+	n := make([]int64, 4)
 	for i := range n {
 		x, ok := v[i].(int64)
 		if !ok {
@@ -117,7 +126,7 @@ func (b *Broker) Sync(ctx context.Context, instance string, slots, demand, infli
 		}
 		n[i] = x
 	}
-	g := Grant{Slots: int(n[0]), Fair: int(n[1])}
+	g := Grant{Slots: int(n[0]), Fair: int(n[1]), Fresh: n[3] == 1}
 	switch n[2] {
 	case 1:
 		g.Announced = "claim"
@@ -126,7 +135,7 @@ func (b *Broker) Sync(ctx context.Context, instance string, slots, demand, infli
 	}
 	if len(loads) > 0 {
 		g.Others = make(map[string]int, len(loads))
-		for i := 3; i+1 < len(v); i += 2 {
+		for i := 4; i+1 < len(v); i += 2 {
 			u, _ := v[i].(string)
 			c, _ := v[i+1].(int64)
 			g.Others[u] = int(c)
@@ -141,8 +150,13 @@ func (b *Broker) TTL() time.Duration { return b.ttl }
 // Release drops instance's entry (a gateway stopping cleanly), so its
 // slots come back at once rather than after the TTL.
 func (b *Broker) Release(ctx context.Context, instance string) error {
-	if err := b.client.HDel(ctx, b.key, instance).Err(); err != nil {
-		return err
-	}
-	return b.client.HDel(ctx, b.upKey, instance).Err()
+	// One round trip; the release is announced, so that a gateway owed
+	// slots takes them now.
+	_, err := b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.HDel(ctx, b.key, instance)
+		p.HDel(ctx, b.upKey, instance)
+		p.Publish(ctx, b.channel, "freed "+instance)
+		return nil
+	})
+	return err
 }

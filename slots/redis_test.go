@@ -192,6 +192,9 @@ func TestMovesAnnounced(t *testing.T) {
 	b, _ := newBroker(t, 8, time.Minute)
 	ps := b.Subscribe(bg)
 	t.Cleanup(func() { ps.Close() })
+	if err := ps.Subscribe(bg, b.Channel()); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := ps.Receive(bg); err != nil { // the subscription's confirmation
 		t.Fatal(err)
 	}
@@ -245,6 +248,18 @@ func TestMovesAnnounced(t *testing.T) {
 	}
 	if g := sy("a", 20, 7, 1); g.Fair != 1 || g.Slots != 1 {
 		t.Fatalf("a after b's claim: %+v, want a fair and granted 1", g)
+	}
+	// A weight that grows where the grant covers the demand claims
+	// nothing.
+	if g := sy("a", 1, 1, 1); g.Announced != "freed" {
+		t.Fatalf("a down to 1: announced %q, want freed", g.Announced)
+	}
+	next()
+	if g := sy("a", 1, 1, 50); g.Announced != "" || g.Slots < 1 {
+		t.Fatalf("a's weight up with its demand of 1 granted: %+v, want no announcement", g)
+	}
+	if mv, ok := next(); ok {
+		t.Fatalf("announced %+v with no gateway owed", mv)
 	}
 	if _, ok := ParseMove("moved a"); ok {
 		t.Fatal("ParseMove accepted an unknown kind")
@@ -307,5 +322,20 @@ func TestUpstreamLoadsShared(t *testing.T) {
 	}
 	if g = sy("b"); g.Others != nil {
 		t.Fatalf("a sync without loads got others %v", g.Others)
+	}
+}
+
+// Fresh tells a gateway that the pool held no entry of its own: its first
+// call, and after Redis lost the pool (a restart without persistence).
+func TestFresh(t *testing.T) {
+	b, mr := newBroker(t, 8, time.Minute)
+	for i, want := range []bool{true, false} {
+		if g, err := b.Sync(bg, "a", 8, 1, 0, 1); err != nil || g.Fresh != want {
+			t.Fatalf("call %d: %+v %v, want Fresh %v", i, g, err, want)
+		}
+	}
+	mr.FlushAll()
+	if g, err := b.Sync(bg, "a", 8, 1, 0, 1); err != nil || !g.Fresh {
+		t.Fatalf("after the pool was lost: %+v %v, want Fresh", g, err)
 	}
 }

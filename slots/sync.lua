@@ -4,11 +4,12 @@
 -- (what each gateway has in flight on each upstream of the pool).
 -- ARGV: instance, demand, inflight, slots, ttl_ms, weight_milli, channel,
 -- then pairs: upstream, this gateway's requests in flight on it.
--- Returns {grant, fair share, 0 | 1 claimed | 2 freed, then for each
--- upstream given, the name and the other live gateways' requests in
--- flight on it}. Publishes on the channel "claim <instance>"
--- when this gateway's weight grew (the others should lower their grants
--- now, not at their next sync), or "freed <instance>" when it holds fewer
+-- Returns {grant, fair share, 0 | 1 claimed | 2 freed, 1 if this
+-- gateway had no entry (its first call, or Redis lost it) else 0, then
+-- for each upstream given, the name and the other live gateways' requests
+-- in flight on it}. Publishes on the channel "claim <instance>"
+-- when this gateway's weight grew and it is owed slots (the others should
+-- lower their grants now, not at their next sync), or "freed <instance>" when it holds fewer
 -- slots than before (a gateway owed slots may take them now).
 local key = KEYS[1]
 local inst = ARGV[1]
@@ -109,9 +110,11 @@ end
 local grant = math.max(0, math.min(fair, slots - used))
 redis.call('HSET', key, inst, string.format('%d,%d,%d,%d,%d', grant, inflight, demand, weight, now + ttl))
 redis.call('PEXPIRE', key, ttl * 2)
+-- A claim only from a gateway owed slots: a weight that grew where the
+-- grant already covers the demand moves nothing.
 local moved = 0
 if channel ~= '' and n > 1 then
-  if had_w and weight > had_w then
+  if had_w and weight > had_w and fair > grant and demand > grant then
     redis.call('PUBLISH', channel, 'claim ' .. inst)
     moved = 1
   elseif held and math.max(grant, inflight) < held then
@@ -122,7 +125,9 @@ end
 -- The upstreams' loads: the others' requests in flight on each of this
 -- gateway's upstreams (a gateway spreads its requests over the upstreams
 -- by the cluster's load, not its own alone).
-local out = {grant, fair, moved}
+local fresh = 0
+if held == nil then fresh = 1 end
+local out = {grant, fair, moved, fresh}
 if #ARGV >= 9 then
   local others = {}
   local ups = redis.call('HGETALL', upkey)

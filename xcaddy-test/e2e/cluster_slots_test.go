@@ -157,6 +157,110 @@ func (f *slotFlood) end() {
 	f.wg.Wait()
 }
 
+// clusterRestartTmpl is clusterSlotsTmpl with the tenants' service shared
+// too and a tenant of weight 9, whose requests claim slots.
+const clusterRestartTmpl = `{
+	admin 127.0.0.1:{{.Admin}}
+	default_bind 127.0.0.1
+}
+http://127.0.0.1:{{.Site}} {
+	fair_queue {
+		max_inflight 4
+		class batch wait_budget 60s
+		tenant rt weight 9 class interactive
+		cluster {
+			redis {env.FQ_E2E_REDIS_URL}
+			instances 3
+			share_slots
+			share_fairness
+			sync 100ms
+			lease_ttl 2s
+		}
+		reverse_proxy {{.Upstreams}} {
+			health_uri /health
+			health_interval 200ms
+		}
+	}
+}
+`
+
+// TestClusterSharedSlotsRedisRestart (issue 12): Redis killed in the
+// middle of a flood through three gateways sharing the pool and their
+// tenants' service, then restarted empty. No request fails because of it;
+// while it is down each gateway takes pool/instances (2 of 8); once it
+// answers the grants come from Redis again, add up to the pool, and the
+// announcements flow again (the subscriptions reconnect); and the fakes
+// never see more than the pool's 8 requests at once, through the outage
+// and the restart (a gateway finding the pool forgotten takes no more
+// than it held until the others have renewed).
+func TestClusterSharedSlotsRedisRestart(t *testing.T) {
+	rs := startRedis(t)
+	t.Setenv("FQ_E2E_REDIS_URL", "redis://"+rs.addr())
+	fakes := startFakes(t, 2, "crestart", harness.FakeOptions{Slots: 4, TTFT: 10 * time.Millisecond, PerToken: 4 * time.Millisecond})
+	var gws []*harness.Caddy
+	var bases []string
+	for range 3 {
+		p := harness.Ports(t, "Admin", "Site")
+		gws = append(gws, startCaddy(t, clusterRestartTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
+			"Upstreams": addrs(fakes...)}))
+		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
+	}
+	waitFirstGrants(t, gws...)
+	flood := startSlotFlood(t, bases)
+	grants := func() []float64 {
+		var g []float64
+		for _, c := range gws {
+			g = append(g, metric(scrape(t, c), "caddy_fair_queue_cluster_slot_grant"))
+		}
+		return g
+	}
+	sum := func(g []float64) float64 { return g[0] + g[1] + g[2] }
+	time.Sleep(2 * time.Second) // pacing only: the flood runs on Redis
+	rs.kill()
+	for _, c := range gws {
+		waitMetricEq(t, c, 2, "caddy_fair_queue_cluster_slot_grant")
+	}
+	time.Sleep(2 * time.Second) // pacing only: the flood runs without Redis
+	rs.start()
+	waitFor(t, "the grants from Redis again, adding up to the pool", func() (bool, string) {
+		g := grants()
+		return sum(g) == 8, fmt.Sprintf("grants %v", g)
+	})
+	for i, c := range gws {
+		if n := strings.Count(c.Logs(), "sharing the upstream slots through redis"); n < 2 {
+			t.Errorf("gateway %d logged going back to Redis %d times, want 2 (start, restart)", i, n)
+		}
+	}
+	// The announcements flow again: requests of rt, queued behind the
+	// flood on gateway 0, claim slots, and the others hear of it.
+	claims := func(c *harness.Caddy) float64 {
+		return metric(scrape(t, c), "caddy_fair_queue_cluster_slot_moves_total", "kind", "claim", "direction", "received")
+	}
+	before := claims(gws[1])
+	cl := newClient(true)
+	defer cl.CloseIdleConnections()
+	waitFor(t, "gateway 1 hearing gateway 0's claims after the restart", func() (bool, string) {
+		r := send(context.Background(), cl, bases[0], chatReq{Tenant: "rt", TestID: "rt-after-restart", MaxTokens: 5, IgnoreEOS: true})
+		if r.Err != nil || r.Status != http.StatusOK {
+			t.Errorf("rt: %v", r)
+		}
+		n := claims(gws[1])
+		return n > before, fmt.Sprintf("claims received %v (before %v)", n, before)
+	})
+	time.Sleep(time.Second) // pacing only
+	flood.end()
+	peak := maxConcurrent(t, fakes...)
+	t.Logf("served per gateway %v, failed %v; the fakes had at most %d requests at once", flood.served, flood.failed, peak)
+	for g, n := range flood.failed {
+		if n > 0 {
+			t.Errorf("gateway %d: %d requests failed across the Redis restart", g, n)
+		}
+	}
+	if peak > 8 {
+		t.Errorf("the fakes had %d requests at once, more than the pool's 8 slots", peak)
+	}
+}
+
 // TestClusterSharedSlots (issue 12): three gateways in front of one pool of
 // 2 fakes x 4 slots, each of which alone would fill the pool (its capacity
 // is the pool's 8): sharing the slots through Redis, the fakes never see
