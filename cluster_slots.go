@@ -109,9 +109,11 @@ func (s *sharedQueue) slotsQueued() {
 }
 
 // slotsReleased is told that a request ended: above its grant, the
-// gateway gives the slot back now.
+// gateway gives the slot back now. During a renewal it may be above the
+// grant that renewal is applying without knowing yet: that renewal then
+// runs once more.
 func (s *sharedQueue) slotsReleased() {
-	if s.slotsOver.Load() {
+	if s.slotsOver.Load() || s.slotSyncing.Load() {
 		s.kickSlots()
 	}
 }
