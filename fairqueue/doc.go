@@ -177,8 +177,18 @@
 //     weight it outranks the other gateways' tenants as it would the
 //     tenants it meets in one queue, up to the rounding to whole slots.
 //     Tenants that send through different gateways
-//     are therefore served by weight within that rounding; through one
-//     gateway, the WFQ above divides its grant with its usual bound.
+//     are therefore served by weight within that rounding, while they
+//     are backlogged; through one gateway, the WFQ above divides its
+//     grant with its usual bound. A tenant's requests in flight count in
+//     its gateway's demand but not its weight, so the requests in flight
+//     of a tenant with no backlog are held within its gateway's share:
+//     on a gateway where a tenant keeps k requests in flight without a
+//     backlog beside a flooding tenant, the flooder gets k slots less
+//     than a single queue would give it (one queue would take those k
+//     from the whole pool). Counting them in the weight instead, as
+//     before, erred the other way, and let a sparse tenant's request in
+//     flight win its gateway's flooder the slots a sparse request queued
+//     on another gateway waits for.
 //   - Virtual time, with sharing (TakeServed, ChargeRemote; package
 //     shares): every s each gateway reports the cost it charged each
 //     tenant since its last report and charges each tenant queued here
