@@ -192,9 +192,9 @@ func (s *sharedQueue) syncSlotsOnce(h *Handler) {
 	}
 	s.slotWeight.Store(math.Float64bits(weight))
 	if g.Others != nil {
-		s.slotOthers.Store(&g.Others)
+		s.slotView.Store(&upstreamView{others: g.Others, targets: g.Targets})
 	} else {
-		s.slotOthers.Store(nil) // Redis down: each gateway balances its own
+		s.slotView.Store(nil) // Redis down: each gateway balances its own
 	}
 	s.q.SetSlotLimit(g.Slots)
 	s.slotGrant.Store(int64(g.Slots))
@@ -222,11 +222,16 @@ func restoreWindow(cs *clusterStore) time.Duration {
 }
 
 // slotLoads is what this gateway has in flight on each upstream of the
-// pool (ClusterLeastConn on the other gateways counts it).
+// pool and what each holds (the others' ClusterLeastConn count the
+// former; the targets are made of both).
 func slotLoads(h *Handler) []slots.Load {
 	loads := make([]slots.Load, 0, len(h.proxy.Upstreams))
 	for _, u := range h.proxy.Upstreams {
-		loads = append(loads, slots.Load{Upstream: u.Dial, Inflight: u.NumRequests()})
+		l := slots.Load{Upstream: u.Dial, Inflight: u.NumRequests()}
+		if u.Healthy() {
+			l.Slots = h.MaxInflight
+		}
+		loads = append(loads, l)
 	}
 	return loads
 }

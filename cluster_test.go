@@ -517,10 +517,10 @@ func TestClusterSharedSlotsHandoff(t *testing.T) {
 }
 
 // With share_slots the inner proxy's default policy is
-// fair_queue_least_conn: it counts the other gateways' requests in flight
-// on each upstream (reported at the last renewal) besides this gateway's,
-// so the gateways together fill the upstreams evenly; without the report
-// it is least_conn.
+// fair_queue_least_conn: it places requests below the gateway's targets
+// (from the last renewal) first, then by the requests in flight
+// cluster-wide (the others' as reported), so the gateways together fill
+// the upstreams evenly; without the report it is least_conn.
 func TestClusterLeastConn(t *testing.T) {
 	u1, u2 := newFakeUpstream(t), newFakeUpstream(t)
 	mr := miniredis.RunT(t)
@@ -533,17 +533,22 @@ func TestClusterLeastConn(t *testing.T) {
 	}
 	ups := h.proxy.Upstreams
 	eventually(t, "the first renewal's report of the others", func() bool {
-		m := h.shared.slotOthers.Load()
-		return m != nil && len(*m) == 2
+		v := h.shared.slotView.Load()
+		return v != nil && len(v.others) == 2 && len(v.targets) == 2
 	})
 	for _, c := range []struct {
-		others map[string]int
-		want   *fakeUpstream
+		others, targets map[string]int
+		want            *fakeUpstream
 	}{
-		{map[string]int{u1.dial(): 3, u2.dial(): 1}, u2},
-		{map[string]int{u1.dial(): 0, u2.dial(): 2}, u1},
+		{map[string]int{u1.dial(): 3, u2.dial(): 1}, nil, u2},
+		{map[string]int{u1.dial(): 0, u2.dial(): 2}, nil, u1},
+		// Places below the target come first, whatever the loads.
+		{map[string]int{u1.dial(): 0, u2.dial(): 3}, map[string]int{u1.dial(): 0, u2.dial(): 1}, u2},
+		{map[string]int{u1.dial(): 3, u2.dial(): 0}, map[string]int{u1.dial(): 2, u2.dial(): 0}, u1},
+		// No place left anywhere: the fewest in flight cluster-wide.
+		{map[string]int{u1.dial(): 3, u2.dial(): 1}, map[string]int{u1.dial(): 0, u2.dial(): 0}, u2},
 	} {
-		h.shared.slotOthers.Store(&c.others)
+		h.shared.slotView.Store(&upstreamView{others: c.others, targets: c.targets})
 		for range 20 {
 			if got := p.Select(ups, nil, nil); got == nil || got.Dial != c.want.dial() {
 				t.Fatalf("others %v: picked %v, want %s", c.others, got, c.want.dial())
@@ -552,7 +557,7 @@ func TestClusterLeastConn(t *testing.T) {
 	}
 	// Unknown (Redis down): this gateway's own counts alone, ties at random.
 	// (With a 10s sync nothing renews the report meanwhile.)
-	h.shared.slotOthers.Store(nil)
+	h.shared.slotView.Store(nil)
 	seen := map[string]bool{}
 	for range 200 {
 		seen[p.Select(ups, nil, nil).Dial] = true

@@ -548,7 +548,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.shared = val.(*sharedQueue)
 	if p, ok := h.proxy.LoadBalancing.SelectionPolicy.(*ClusterLeastConn); ok {
-		p.others = &h.shared.slotOthers
+		p.view = &h.shared.slotView
 	}
 	if err := h.shared.adopt(h); err != nil {
 		_, _ = queues.Delete(h.Name)

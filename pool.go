@@ -63,9 +63,9 @@ type sharedQueue struct {
 	// slotRestoreUntil (Unix ns) ends the renewals capped at the last
 	// grant after Redis lost the pool (syncSlotsOnce).
 	slotRestoreUntil atomic.Int64
-	// slotOthers is what the other gateways had in flight on each
-	// upstream at the last renewal (ClusterLeastConn); nil when unknown.
-	slotOthers atomic.Pointer[map[string]int]
+	// slotView is what the last renewal said of each upstream
+	// (ClusterLeastConn); nil when unknown.
+	slotView atomic.Pointer[upstreamView]
 	// slotGrant is the grant last applied (the cap on the queue's
 	// capacity), for the cluster_slot_grant gauge; -1 before the first.
 	slotGrant atomic.Int64

@@ -14,19 +14,30 @@ func init() {
 	caddy.RegisterModule(ClusterLeastConn{})
 }
 
-// ClusterLeastConn is least_conn across the gateways sharing a pool
-// (cluster share_slots): it picks the available upstream with the fewest
-// requests in flight counting, besides this gateway's own, those the other
-// gateways reported at their last renewal of the pool's grants. Each
-// gateway balancing only its own requests spreads the pool's unevenly:
-// three gateways each with one request on upstream A and none on B send A
-// three while B idles, and A's model server queues them. fair_queue puts
-// it in its reverse_proxy when share_slots is on and no selection policy
-// is set; elsewhere, or while Redis is unreachable, it is least_conn.
+// ClusterLeastConn places a gateway's requests on the upstreams of a pool
+// shared with other gateways (cluster share_slots). Each gateway balancing
+// only its own requests spreads the pool's unevenly: three gateways each
+// with one request on upstream A and none on B send A three while B
+// idles, and A's model server queues them. At every renewal of its grant
+// a gateway learns its targets, where to place its grant so that, with
+// the others' targets, no upstream gets more than its slots (package
+// slots), and the other gateways' requests in flight on each upstream.
+// It picks the available upstream with the most places left below its
+// target, then the fewest requests in flight cluster-wide (its own now,
+// the others' at their last renewal), then at random. fair_queue puts it
+// in its reverse_proxy when share_slots is on and no selection policy is
+// set; elsewhere, or while Redis is unreachable, it is least_conn.
 type ClusterLeastConn struct {
-	// others is the queue's view of the other gateways' requests in
-	// flight per upstream (by dial address), set by fair_queue.
-	others *atomic.Pointer[map[string]int]
+	// view is the queue's last renewal's view of the upstreams, set by
+	// fair_queue.
+	view *atomic.Pointer[upstreamView]
+}
+
+// upstreamView is what a renewal of the grant says of each upstream, by
+// dial address.
+type upstreamView struct {
+	others  map[string]int // the other gateways' requests in flight
+	targets map[string]int // where this gateway places its grant
 }
 
 // CaddyModule returns the Caddy module information.
@@ -37,28 +48,33 @@ func (ClusterLeastConn) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Select picks the available upstream with the fewest requests in flight
-// cluster-wide, a random one among ties.
+// Select picks the available upstream with the most places left below
+// its target, then the fewest requests in flight cluster-wide, a random
+// one among ties.
 func (p *ClusterLeastConn) Select(pool reverseproxy.UpstreamPool, _ *http.Request, _ http.ResponseWriter) *reverseproxy.Upstream {
-	var others map[string]int
-	if p.others != nil {
-		if m := p.others.Load(); m != nil {
-			others = *m
+	var v upstreamView
+	if p.view != nil {
+		if cur := p.view.Load(); cur != nil {
+			v = *cur
 		}
 	}
 	var best *reverseproxy.Upstream
-	least, ties := -1, 0
+	bestRoom, bestLoad, ties := 0, 0, 0
 	for _, u := range pool {
 		if !u.Available() {
 			continue
 		}
-		n := u.NumRequests() + others[u.Dial]
-		if least < 0 || n < least {
-			least, ties = n, 0
+		mine := u.NumRequests()
+		room, load := 0, mine+v.others[u.Dial]
+		if v.targets != nil {
+			room = max(v.targets[u.Dial]-mine, 0)
 		}
-		if n == least {
+		switch {
+		case best == nil || room > bestRoom || (room == bestRoom && load < bestLoad):
+			best, bestRoom, bestLoad, ties = u, room, load, 1
+		case room == bestRoom && load == bestLoad:
 			// Reservoir sampling: each tie equally likely.
-			if ties++; ties == 1 || rand.IntN(ties) == 0 {
+			if ties++; rand.IntN(ties) == 0 {
 				best = u
 			}
 		}

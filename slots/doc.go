@@ -71,4 +71,18 @@
 // optimisation: one lost (Redis restarting, a subscription reconnecting)
 // delays the move to the next renewal, and the guarantee above never
 // depends on them.
+//
+// Upstreams. A gateway's grant is a count over the pool; where its
+// requests go is its reverse proxy's choice, and gateways each balancing
+// their own requests pile onto one model server while another idles. A
+// renewal given the gateway's requests in flight on each upstream and the
+// upstream's slots (Load) therefore also returns its targets: its
+// requests in flight where they are, then the rest of its grant one slot
+// at a time where the most room is left, room being the upstream's slots
+// less what the other live gateways hold there (the larger of their
+// targets and their requests in flight). Made each against the others',
+// the targets never hold an upstream past its slots (TestTargetsNeverOverUpstream);
+// the caller places its requests below them first
+// (fair_queue_least_conn), and the pool's bound above holds whatever it
+// places.
 package slots

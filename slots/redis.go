@@ -48,6 +48,11 @@ type Grant struct {
 	// Others is, for each upstream the Sync named, the requests the other
 	// live gateways had in flight on it at their last Sync.
 	Others map[string]int
+	// Targets is, for each upstream the Sync named, how many of the
+	// gateway's requests it should have on it: its grant placed where the
+	// others leave room (see sync.lua), so that the gateways together
+	// put no more on an upstream than its slots.
+	Targets map[string]int
 	// Fresh reports that the pool held no entry of the gateway before
 	// this call: its first, or Redis lost the pool (a restart) or the
 	// entry lapsed. The others may then hold slots Redis does not know of
@@ -59,6 +64,8 @@ type Grant struct {
 type Load struct {
 	Upstream string // its name, the same on every gateway (its address)
 	Inflight int
+	// Slots is what the upstream holds (max_inflight), 0 while unhealthy.
+	Slots int
 }
 
 // Move is an announcement on the broker's channel.
@@ -106,17 +113,17 @@ func (b *Broker) Sync(ctx context.Context, instance string, slots, demand, infli
 		// At most 1e12 milli-units: Lua writes it back as an integer.
 		milli = max(int64(math.Round(min(weight, 1e9)*1000)), 1)
 	}
-	args := make([]any, 0, 7+2*len(loads))
+	args := make([]any, 0, 7+3*len(loads))
 	args = append(args, instance, max(demand, 0), max(inflight, 0), max(slots, 0), ttl, milli, b.channel)
 	for _, l := range loads {
-		args = append(args, l.Upstream, max(l.Inflight, 0))
+		args = append(args, l.Upstream, max(l.Inflight, 0), max(l.Slots, 0))
 	}
 	v, err := syncScript.Run(ctx, b.client, []string{b.key, b.upKey}, args...).Slice()
 	if err != nil {
 		return Grant{}, fmt.Errorf("slots: %w", err)
 	}
-	if len(v) != 4+2*len(loads) {
-		return Grant{}, fmt.Errorf("slots: the sync script returned %d values, want %d", len(v), 4+2*len(loads))
+	if len(v) != 4+3*len(loads) {
+		return Grant{}, fmt.Errorf("slots: the sync script returned %d values, want %d", len(v), 4+3*len(loads))
 	}
 	n := make([]int64, 4)
 	for i := range n {
@@ -135,10 +142,12 @@ func (b *Broker) Sync(ctx context.Context, instance string, slots, demand, infli
 	}
 	if len(loads) > 0 {
 		g.Others = make(map[string]int, len(loads))
-		for i := 4; i+1 < len(v); i += 2 {
+		g.Targets = make(map[string]int, len(loads))
+		for i := 4; i+2 < len(v); i += 3 {
 			u, _ := v[i].(string)
 			c, _ := v[i+1].(int64)
-			g.Others[u] = int(c)
+			t, _ := v[i+2].(int64)
+			g.Others[u], g.Targets[u] = int(c), int(t)
 		}
 	}
 	return g, nil

@@ -2,6 +2,7 @@ package slots
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -295,9 +296,9 @@ func TestUpstreamLoadsShared(t *testing.T) {
 		}
 		return g
 	}
-	sy("a", Load{"u1:80", 3}, Load{"u2:80", 1})
-	sy("c", Load{"u1:80", 1}, Load{"u2:80", 0})
-	g := sy("b", Load{"u1:80", 0}, Load{"u2:80", 2}, Load{"u3:80", 0})
+	sy("a", Load{"u1:80", 3, 4}, Load{"u2:80", 1, 4})
+	sy("c", Load{"u1:80", 1, 4}, Load{"u2:80", 0, 4})
+	g := sy("b", Load{"u1:80", 0, 4}, Load{"u2:80", 2, 4}, Load{"u3:80", 0, 4})
 	want := map[string]int{"u1:80": 4, "u2:80": 1, "u3:80": 0}
 	if len(g.Others) != len(want) {
 		t.Fatalf("others %v, want %v", g.Others, want)
@@ -310,11 +311,11 @@ func TestUpstreamLoadsShared(t *testing.T) {
 	if err := b.Release(bg, "c"); err != nil {
 		t.Fatal(err)
 	}
-	if g = sy("b", Load{"u1:80", 0}); g.Others["u1:80"] != 3 {
+	if g = sy("b", Load{"u1:80", 0, 4}); g.Others["u1:80"] != 3 {
 		t.Fatalf("after c released: others %v, want u1:80 3 (a's)", g.Others)
 	}
 	mr.SetTime(time.Date(2026, 11, 30, 0, 0, 3, 0, time.UTC)) // a's entry lapses
-	if g = sy("b", Load{"u1:80", 0}); g.Others["u1:80"] != 0 {
+	if g = sy("b", Load{"u1:80", 0, 4}); g.Others["u1:80"] != 0 {
 		t.Fatalf("after a lapsed: others %v, want none", g.Others)
 	}
 	if fields, _ := mr.HKeys("fq:slots:{pool}:up"); len(fields) != 1 || fields[0] != "b" {
@@ -337,5 +338,66 @@ func TestFresh(t *testing.T) {
 	mr.FlushAll()
 	if g, err := b.Sync(bg, "a", 8, 1, 0, 1); err != nil || !g.Fresh {
 		t.Fatalf("after the pool was lost: %+v %v, want Fresh", g, err)
+	}
+}
+
+// Targets place each gateway's grant where the others leave room: over
+// random renewals of three gateways, each keeping its requests in flight
+// on each upstream within its last target (as fair_queue_least_conn
+// places them), no upstream is ever held past its slots by all of them
+// together, and a gateway with the pool to itself spreads it evenly.
+func TestTargetsNeverOverUpstream(t *testing.T) {
+	const ups, per = 3, 4 // three upstreams of 4 slots: a pool of 12
+	b, mr := newBroker(t, ups*per, time.Minute)
+	names := []string{"a", "b", "c"}
+	target := map[string][]int{}
+	inflight := map[string][]int{}
+	for _, n := range names {
+		target[n], inflight[n] = make([]int, ups), make([]int, ups)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for step := range 3000 {
+		n := names[rng.IntN(len(names))]
+		loads := make([]Load, ups)
+		total := 0
+		for u := range ups {
+			// Requests complete, and new ones go within the target.
+			inflight[n][u] = rng.IntN(max(target[n][u], inflight[n][u]) + 1)
+			total += inflight[n][u]
+			loads[u] = Load{Upstream: fmt.Sprintf("u%d", u), Inflight: inflight[n][u], Slots: per}
+		}
+		g, err := b.Sync(bg, n, ups*per, 20, total, float64(1+rng.IntN(3)), loads...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		free := 0 // placements beyond the requests in flight
+		for u := range ups {
+			target[n][u] = g.Targets[fmt.Sprintf("u%d", u)]
+			free += max(target[n][u]-inflight[n][u], 0)
+		}
+		if free > max(g.Slots-total, 0) {
+			t.Fatalf("step %d: %s's targets %v leave %d places beside %d in flight, past its grant %d", step, n, target[n], free, total, g.Slots)
+		}
+		// Every upstream: the gateways' holds (target or in flight) within its slots.
+		for u := range ups {
+			held := 0
+			for _, m := range names {
+				held += max(target[m][u], inflight[m][u])
+			}
+			if held > per {
+				t.Fatalf("step %d: upstream u%d held %d > %d slots (targets %v, in flight %v)", step, u, held, per, target, inflight)
+			}
+		}
+	}
+	// Alone with the pool: its grant spread over the three upstreams.
+	mr.FlushAll()
+	g, err := b.Sync(bg, "z", ups*per, 6, 0, 1, Load{"u0", 0, per}, Load{"u1", 0, per}, Load{"u2", 0, per})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for u, n := range g.Targets {
+		if n < 2 {
+			t.Fatalf("targets %v for a grant of %d over 3 empty upstreams, want at least 2 each (%s)", g.Targets, g.Slots, u)
+		}
 	}
 }

@@ -1,13 +1,15 @@
 -- One gateway's grant on a shared pool (see doc.go).
 -- KEYS[1]: the pool's hash, instance -> "grant,inflight,demand,weight_milli,expiry_ms".
--- KEYS[2]: the upstreams' hash, instance -> "<upstream> <in flight> ..."
--- (what each gateway has in flight on each upstream of the pool).
+-- KEYS[2]: the upstreams' hash, instance -> "<upstream> <in flight>
+-- <target> ..." (each gateway's requests in flight on each upstream of the
+-- pool, and where it places its grant).
 -- ARGV: instance, demand, inflight, slots, ttl_ms, weight_milli, channel,
--- then pairs: upstream, this gateway's requests in flight on it.
+-- then triples: upstream, this gateway's requests in flight on it, its
+-- slots (0 when unhealthy).
 -- Returns {grant, fair share, 0 | 1 claimed | 2 freed, 1 if this
 -- gateway had no entry (its first call, or Redis lost it) else 0, then
--- for each upstream given, the name and the other live gateways' requests
--- in flight on it}. Publishes on the channel "claim <instance>"
+-- for each upstream given, the name, the other live gateways' requests in
+-- flight on it and this gateway's target on it}. Publishes on the channel "claim <instance>"
 -- when this gateway's weight grew and it is owed slots (the others should
 -- lower their grants now, not at their next sync), or "freed <instance>" when it holds fewer
 -- slots than before (a gateway owed slots may take them now).
@@ -122,27 +124,55 @@ if channel ~= '' and n > 1 then
     moved = 2
   end
 end
--- The upstreams' loads: the others' requests in flight on each of this
--- gateway's upstreams (a gateway spreads its requests over the upstreams
--- by the cluster's load, not its own alone).
+-- The upstreams: the others' requests in flight on each of this
+-- gateway's upstreams, and its targets, where it should place its grant:
+-- its requests in flight where they are (up to the room the others
+-- leave), then the rest of the grant one slot at a time where the most
+-- room is left, room being the upstream's slots less what the others hold
+-- on it (the larger of their targets and their requests in flight). The
+-- gateways' targets, each made against the others', never put more on an
+-- upstream than its slots, so gateways placing their requests by them do
+-- not pile onto one model server between renewals.
 local fresh = 0
 if held == nil then fresh = 1 end
 local out = {grant, fair, moved, fresh}
-if #ARGV >= 9 then
-  local others = {}
+if #ARGV >= 10 then
+  local others, taken = {}, {}
   local ups = redis.call('HGETALL', upkey)
   for i = 1, #ups, 2 do
     if live[ups[i]] then
-      for u, c in string.gmatch(ups[i + 1], '(%S+) (%d+)') do
-        others[u] = (others[u] or 0) + tonumber(c)
+      for u, f, g in string.gmatch(ups[i + 1], '(%S+) (%d+) (%d+)') do
+        f, g = tonumber(f), tonumber(g)
+        others[u] = (others[u] or 0) + f
+        taken[u] = (taken[u] or 0) + math.max(f, g)
       end
     end
   end
+  local list, left = {}, grant
+  for i = 8, #ARGV - 2, 3 do
+    local u, f, c = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+    local room = math.max(c - (taken[u] or 0), 0)
+    -- Every request in flight counts against the grant, where it is.
+    left = left - f
+    table.insert(list, {u = u, f = f, room = room, g = math.min(f, room)})
+  end
+  while left > 0 do
+    local best = nil
+    for _, e in ipairs(list) do
+      if e.room > e.g and (best == nil or e.room - e.g > best.room - best.g) then
+        best = e
+      end
+    end
+    if best == nil then break end
+    best.g = best.g + 1
+    left = left - 1
+  end
   local parts = {}
-  for i = 8, #ARGV - 1, 2 do
-    table.insert(parts, ARGV[i] .. ' ' .. ARGV[i + 1])
-    table.insert(out, ARGV[i])
-    table.insert(out, others[ARGV[i]] or 0)
+  for _, e in ipairs(list) do
+    table.insert(parts, e.u .. ' ' .. e.f .. ' ' .. e.g)
+    table.insert(out, e.u)
+    table.insert(out, others[e.u] or 0)
+    table.insert(out, e.g)
   end
   redis.call('HSET', upkey, inst, table.concat(parts, ' '))
   redis.call('PEXPIRE', upkey, ttl * 2)
