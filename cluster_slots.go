@@ -64,7 +64,12 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 func (s *sharedQueue) followMoves(ps *redis.PubSub, channel string) {
 	// An error here (Redis down) is retried by the channel's reader,
 	// which resubscribes as it reconnects.
-	_ = ps.Subscribe(context.Background(), channel)
+	ctx := context.Background()
+	if err := ps.Subscribe(ctx, channel); err == nil {
+		if _, err := ps.Receive(ctx); err == nil { // Redis's confirmation
+			s.slotsListening.Store(true)
+		}
+	}
 	for m := range ps.Channel() {
 		mv, ok := slots.ParseMove(m.Payload)
 		if !ok || mv.Instance == s.instance {

@@ -57,9 +57,12 @@ type sharedQueue struct {
 	// flight than its grant; slotWeight is the weight (float64 bits) of
 	// the last renewal (see followMoves).
 	slotKicked atomic.Bool
-	slotsOwed  atomic.Bool
-	slotsOver  atomic.Bool
-	slotWeight atomic.Uint64
+	// slotsListening is set once the subscription to the moves is
+	// confirmed (until then a move waits for the next renewal).
+	slotsListening atomic.Bool
+	slotsOwed      atomic.Bool
+	slotsOver      atomic.Bool
+	slotWeight     atomic.Uint64
 	// slotRestoreUntil (Unix ns) ends the renewals capped at the last
 	// grant after Redis lost the pool (syncSlotsOnce).
 	slotRestoreUntil atomic.Int64
