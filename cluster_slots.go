@@ -75,15 +75,11 @@ func (s *sharedQueue) followMoves(ps *redis.PubSub, channel string) {
 		if !ok || mv.Instance == s.instance {
 			continue
 		}
-		kind := "freed"
-		if mv.Claim {
-			kind = "claim"
-		}
-		clusterSlotMoves.WithLabelValues(s.name, kind, "received").Inc()
+		clusterSlotMoves.WithLabelValues(s.name, mv.Kind, "received").Inc()
 		// A release may arrive before this gateway's renewal in flight
 		// has learnt it is owed (its claim set the release off): that
 		// renewal then runs once more.
-		if mv.Claim || s.slotsOwed.Load() || s.slotSyncing.Load() {
+		if mv.Kind == slots.Claim || s.slotsOwed.Load() || s.slotSyncing.Load() {
 			s.kickSlots()
 		}
 	}

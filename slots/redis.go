@@ -42,8 +42,8 @@ type Grant struct {
 	// still hold slots that are its due (they free them as their requests
 	// complete, and announce it: Move).
 	Fair int
-	// Announced is what the call announced to the other gateways: "claim",
-	// "freed" or "" (see Move).
+	// Announced is what the call announced to the other gateways, Claim
+	// or Freed; "" when nothing (see Move).
 	Announced string
 	// Others is, for each upstream the Sync named, the requests the other
 	// live gateways had in flight on it at their last Sync.
@@ -68,23 +68,30 @@ type Load struct {
 	Slots int
 }
 
+// The kinds of Move, as sync.lua publishes them.
+const (
+	// Claim: the gateway's weight grew and it is owed slots, so the
+	// others' fair shares fell: they should renew now, lowering their
+	// grants, rather than at their next sync.
+	Claim = "claim"
+	// Freed: the gateway holds fewer slots than before, which a gateway
+	// owed some (Grant.Fair above Grant.Slots) may take.
+	Freed = "freed"
+)
+
 // Move is an announcement on the broker's channel.
 type Move struct {
-	// Claim: the gateway's weight grew, so the others' fair shares fell:
-	// they should renew now, lowering their grants, rather than at their
-	// next sync. Otherwise it freed slots that a gateway owed some
-	// (Grant.Fair above Grant.Slots) may take.
-	Claim    bool
+	Kind     string // Claim or Freed
 	Instance string
 }
 
 // ParseMove reads a message of the broker's channel.
 func ParseMove(payload string) (Move, bool) {
 	kind, inst, ok := strings.Cut(payload, " ")
-	if !ok || (kind != "claim" && kind != "freed") {
+	if !ok || (kind != Claim && kind != Freed) {
 		return Move{}, false
 	}
-	return Move{Claim: kind == "claim", Instance: inst}, true
+	return Move{Kind: kind, Instance: inst}, true
 }
 
 // Subscribe returns a subscription, not yet connected, for the moves of
@@ -136,9 +143,9 @@ func (b *Broker) Sync(ctx context.Context, instance string, slots, demand, infli
 	g := Grant{Slots: int(n[0]), Fair: int(n[1]), Fresh: n[3] == 1}
 	switch n[2] {
 	case 1:
-		g.Announced = "claim"
+		g.Announced = Claim
 	case 2:
-		g.Announced = "freed"
+		g.Announced = Freed
 	}
 	if len(loads) > 0 {
 		g.Others = make(map[string]int, len(loads))
@@ -164,7 +171,7 @@ func (b *Broker) Release(ctx context.Context, instance string) error {
 	_, err := b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.HDel(ctx, b.key, instance)
 		p.HDel(ctx, b.upKey, instance)
-		p.Publish(ctx, b.channel, "freed "+instance)
+		p.Publish(ctx, b.channel, Freed+" "+instance)
 		return nil
 	})
 	return err

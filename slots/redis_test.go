@@ -233,7 +233,7 @@ func TestMovesAnnounced(t *testing.T) {
 	if g := sy("a", 20, 7, 1); g.Announced != "freed" {
 		t.Fatalf("a's sync announced %q, want freed", g.Announced)
 	}
-	if mv, ok := next(); !ok || mv.Claim || mv.Instance != "a" {
+	if mv, ok := next(); !ok || mv.Kind != Freed || mv.Instance != "a" {
 		t.Fatalf("after a freed a slot: %+v (%v), want freed by a", mv, ok)
 	}
 	if g := sy("b", 20, 0, 1); g.Slots != 1 {
@@ -244,7 +244,7 @@ func TestMovesAnnounced(t *testing.T) {
 	if g := sy("b", 20, 1, 9); g.Announced != "claim" {
 		t.Fatalf("b's sync announced %q, want claim", g.Announced)
 	}
-	if mv, ok := next(); !ok || !mv.Claim || mv.Instance != "b" {
+	if mv, ok := next(); !ok || mv.Kind != Claim || mv.Instance != "b" {
 		t.Fatalf("after b's weight grew: %+v (%v), want b's claim", mv, ok)
 	}
 	if g := sy("a", 20, 7, 1); g.Fair != 1 || g.Slots != 1 {

@@ -15,6 +15,9 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/harness"
 )
 
+// clusterSlotsTmpl: gateways sharing a pool's slots (and, with .Fairness,
+// their tenants' service); tenant rt, of weight 9, claims slots when its
+// requests queue.
 const clusterSlotsTmpl = `{
 	admin 127.0.0.1:{{.Admin}}
 	default_bind 127.0.0.1
@@ -23,10 +26,12 @@ http://127.0.0.1:{{.Site}} {
 	fair_queue {
 		max_inflight 4
 		class batch wait_budget 60s
+		tenant rt weight 9 class interactive
 		cluster {
 			redis {env.FQ_E2E_REDIS_URL}
 			instances {{.Instances}}
 			share_slots
+			{{if .Fairness}}share_fairness{{end}}
 			sync 100ms
 			lease_ttl {{.LeaseTTL}}
 		}
@@ -82,16 +87,17 @@ func waitFirstGrants(t testing.TB, gws ...*harness.Caddy) {
 }
 
 // startSlotGateways starts n gateways (clusterSlotsTmpl, instances n)
-// sharing the pool of fakes through one Redis, and waits for every one's
-// first grant; it returns them and their base URLs.
-func startSlotGateways(t *testing.T, n int, leaseTTL string, fakes []*harness.Fake) ([]*harness.Caddy, []string) {
+// sharing the pool of fakes through one Redis, with fairness their
+// tenants' service too, and waits for every one's first grant; it returns
+// them and their base URLs.
+func startSlotGateways(t *testing.T, n int, leaseTTL string, fairness bool, fakes []*harness.Fake) ([]*harness.Caddy, []string) {
 	t.Helper()
 	var gws []*harness.Caddy
 	var bases []string
 	for range n {
 		p := harness.Ports(t, "Admin", "Site")
 		gws = append(gws, startCaddy(t, clusterSlotsTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
-			"Upstreams": addrs(fakes...), "Instances": n, "LeaseTTL": leaseTTL}))
+			"Upstreams": addrs(fakes...), "Instances": n, "LeaseTTL": leaseTTL, "Fairness": fairness}))
 		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
 	}
 	waitFirstGrants(t, gws...)
@@ -157,33 +163,6 @@ func (f *slotFlood) end() {
 	f.wg.Wait()
 }
 
-// clusterRestartTmpl is clusterSlotsTmpl with the tenants' service shared
-// too and a tenant of weight 9, whose requests claim slots.
-const clusterRestartTmpl = `{
-	admin 127.0.0.1:{{.Admin}}
-	default_bind 127.0.0.1
-}
-http://127.0.0.1:{{.Site}} {
-	fair_queue {
-		max_inflight 4
-		class batch wait_budget 60s
-		tenant rt weight 9 class interactive
-		cluster {
-			redis {env.FQ_E2E_REDIS_URL}
-			instances 3
-			share_slots
-			share_fairness
-			sync 100ms
-			lease_ttl 2s
-		}
-		reverse_proxy {{.Upstreams}} {
-			health_uri /health
-			health_interval 200ms
-		}
-	}
-}
-`
-
 // TestClusterSharedSlotsRedisRestart (issue 12): Redis killed in the
 // middle of a flood through three gateways sharing the pool and their
 // tenants' service, then restarted empty. No request fails because of it;
@@ -197,15 +176,7 @@ func TestClusterSharedSlotsRedisRestart(t *testing.T) {
 	rs := startRedis(t)
 	t.Setenv("FQ_E2E_REDIS_URL", "redis://"+rs.addr())
 	fakes := startFakes(t, 2, "crestart", harness.FakeOptions{Slots: 4, TTFT: 10 * time.Millisecond, PerToken: 4 * time.Millisecond})
-	var gws []*harness.Caddy
-	var bases []string
-	for range 3 {
-		p := harness.Ports(t, "Admin", "Site")
-		gws = append(gws, startCaddy(t, clusterRestartTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
-			"Upstreams": addrs(fakes...)}))
-		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
-	}
-	waitFirstGrants(t, gws...)
+	gws, bases := startSlotGateways(t, 3, "2s", true, fakes)
 	flood := startSlotFlood(t, bases)
 	grants := func() []float64 {
 		var g []float64
@@ -271,7 +242,7 @@ func TestClusterSharedSlots(t *testing.T) {
 	rs := startRedis(t)
 	t.Setenv("FQ_E2E_REDIS_URL", "redis://"+rs.addr())
 	fakes := startFakes(t, 2, "cslots", harness.FakeOptions{Slots: 4, TTFT: 10 * time.Millisecond, PerToken: 4 * time.Millisecond})
-	gws, bases := startSlotGateways(t, 3, "2s", fakes)
+	gws, bases := startSlotGateways(t, 3, "2s", false, fakes)
 	flood := startSlotFlood(t, bases)
 	time.Sleep(4 * time.Second) // pacing only: the flood runs
 	capacity := func(s harness.Series) float64 { return metric(s, "caddy_fair_queue_capacity") }
@@ -480,7 +451,7 @@ func TestClusterSharedSlotsReleasedOnStop(t *testing.T) {
 	fakes := startFakes(t, 2, "crel", harness.FakeOptions{Slots: 4, TTFT: 10 * time.Millisecond, PerToken: 4 * time.Millisecond})
 	// A lease far longer than the test: a grant that comes back does so
 	// because its gateway gave it back, not because it lapsed.
-	gws, bases := startSlotGateways(t, 2, "60s", fakes)
+	gws, bases := startSlotGateways(t, 2, "60s", false, fakes)
 	flood := startSlotFlood(t, bases)
 	grant := func(s harness.Series) float64 { return metric(s, "caddy_fair_queue_cluster_slot_grant") }
 	waitMetric(t, gws[0], "both gateways hold part of the pool", func(s0 harness.Series) bool {
