@@ -328,7 +328,7 @@ func (q *Queue) boostPlanLocked(now time.Time, t *tenant, cq *classQ, cost int64
 	work := float64(a.boostCost) + a.slotWork(now, cost)
 	for _, f := range t.flows {
 		if f.cq == cq && ownDueFirst(f, nil, deadline) {
-			work += float64(f.queuedWork)
+			work += float64(f.queuedWork())
 			later = true
 		}
 	}
@@ -425,5 +425,5 @@ const maxRecheck = 64
 func (q *Queue) aheadInFlow(tk *Ticket) int64 {
 	f := tk.f
 	ahead := max(0, tk.mark-f.out)
-	return ahead + tk.t.queuedWork - f.queuedWork
+	return ahead + tk.t.queuedWork - f.queuedWork()
 }

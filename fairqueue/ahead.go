@@ -434,7 +434,7 @@ func (q *Queue) aheadTierLocked(t *tenant) int8 {
 // among the queue's classes, or, for a member's flow, its group flow's
 // place among the group's flows.
 func (q *Queue) aheadOrderLocked(f *flow) int {
-	if p := f.parent; p != nil {
+	if p := f.parent(); p != nil {
 		for i, gf := range p.t.flows {
 			if gf == p {
 				return i

@@ -64,7 +64,7 @@ func newCircuit(cfg *Config, old *degrade.Circuit) (*degrade.Circuit, error) {
 
 // circuitLocked counts a request's demand and refuses it if its tier is
 // shed.
-func (q *Queue) circuitLocked(now time.Time, t *tenant, tc TenantConfig, cost, tokens int64) *Rejection {
+func (q *Queue) circuitLocked(now time.Time, t *tenant, tc *TenantConfig, cost, tokens int64) *Rejection {
 	c := q.circuit
 	c.Arrive(now, tc.Tier, float64(cost))
 	if t != nil {

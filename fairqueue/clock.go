@@ -48,3 +48,11 @@ func (c *ManualClock) Advance(d time.Duration) {
 	c.now = c.now.Add(d)
 	c.mu.Unlock()
 }
+
+// since returns t as nanoseconds from the queue's epoch, the form a ticket
+// keeps its times in (8 bytes, not time.Time's 24). The difference is taken
+// on the monotonic clock when both readings carry one, as Time.Sub does.
+func (q *Queue) since(t time.Time) int64 { return int64(t.Sub(q.epoch)) }
+
+// at returns the time off nanoseconds after the queue's epoch.
+func (q *Queue) at(off int64) time.Time { return q.epoch.Add(time.Duration(off)) }

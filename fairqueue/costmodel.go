@@ -33,7 +33,7 @@ func (q *Queue) learnedCostLocked(prompt, completion int64) int64 {
 // from the learned cost model (TenantConfig.QuotaAutoWeight): their limits
 // are recompiled with w, for the next decisions; stored meters are kept.
 // A weight within 1% of the one in force changes nothing. O(declared
-// tenants + remembered tenants), on the handler's tick.
+// tenants), on the handler's tick.
 func (q *Queue) SetQuotaWeight(w float64) {
 	if !(w > 0) || math.IsInf(w, 0) {
 		return
@@ -70,15 +70,13 @@ func (q *Queue) SetQuotaWeight(w float64) {
 	if tenants != nil {
 		q.cfg.Tenants = tenants
 	}
-	changed := reweigh(&q.cfg.Default) || tenants != nil
-	if !changed {
-		return // nothing to hand the remembered tenants: no scan
+	if reweigh(&q.cfg.Default) {
+		q.undeclared.Quota = q.cfg.Default.Quota
 	}
-	for _, t := range q.tenants {
-		if t.known {
-			t.cfg.Quota = q.cfg.Tenants[t.name].Quota
-		} else {
-			t.cfg.Quota = q.cfg.Default.Quota
+	if tenants != nil {
+		// The remembered tenants point at these: no scan of them.
+		for name, tc := range q.declared {
+			tc.Quota = tenants[name].Quota
 		}
 	}
 }

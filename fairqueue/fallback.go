@@ -89,7 +89,7 @@ func (q *Queue) primaryBlockedLocked(now time.Time, tk *Ticket) bool {
 	if q.healthy == 0 {
 		return true
 	}
-	if !tk.deadline.IsZero() && 2*now.Sub(tk.enqueued) >= tk.deadline.Sub(tk.enqueued) {
+	if enq := q.at(tk.enqueued); !tk.deadline.IsZero() && 2*now.Sub(enq) >= tk.deadline.Sub(enq) {
 		return true // half its budget gone: its primary ETA misses
 	}
 	u := q.up

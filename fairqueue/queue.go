@@ -82,6 +82,13 @@ type Queue struct {
 
 	classes []*classQ
 	tenants map[string]*tenant
+	// epoch is the clock's reading when the queue was made: tickets keep
+	// their times as nanoseconds from it (Queue.at).
+	epoch time.Time
+	// declared and undeclared are the tenant settings the tenants point
+	// to (tenant.cfg), made from cfg by Reconfigure.
+	declared   map[string]*TenantConfig
+	undeclared *TenantConfig
 	// roster lists the tenants of the map in no order, each at its
 	// rosterIdx, so Stats can copy them in chunks, resuming by index
 	// between holds of the lock (stats.go).
@@ -127,8 +134,9 @@ type Queue struct {
 	inflight        int
 	inflightCost    int64
 	boostedInflight int
-	// queuedBytes is Request.Bytes summed over queued requests.
-	queuedBytes int64
+	// queuedBytes is Request.Bytes summed over queued requests, and
+	// groupBytes over those of undeclared tenants (the group's byte cap).
+	queuedBytes, groupBytes int64
 	// waterCost is the token term of the water level: each queued request
 	// counted up to waterCap (see waterLocked).
 	waterCost int64
@@ -188,36 +196,37 @@ type classQ struct {
 	name   string
 	paused bool
 	flows  flowHeap
+	// group is the undeclared tenants' group flow of this class, nil until
+	// one of them queues in it.
+	group *flow
 }
 
 type tenant struct {
-	// The fields are laid out by use: the first three cache lines hold what
-	// every enqueue, dispatch and completion reads or writes; the rest is
-	// touched when the tenant comes and goes.
+	// The fields are laid out by use: the first cache line holds what an
+	// enqueue reads and writes, the second what a dispatch adds; the rest
+	// is touched when the tenant comes and goes. With 100k tenants each
+	// line touched is a cache miss per request (see BenchmarkCycle), and
+	// the size (256 bytes, a size class whose objects are line-aligned)
+	// keeps the lines aligned.
 
-	weight float64
-	// vt is the tenant's virtual time: service received / weight. It never
-	// goes backwards while the tenant is backlogged: a refund for an
-	// over-estimate is kept in credit and taken off the tenant's next charges.
-	vt     float64
-	credit float64
-	flows  []*flow
-	// flowBuf backs flows for the usual one or two classes, so that
-	// finding a tenant's flows reads the tenant's own memory.
-	flowBuf [2]*flow
 	// group is the group an undeclared tenant schedules inside; nil for a
 	// declared tenant and for the group itself. A tenant keeps the placement
 	// it was created with until it is idle (see Enqueue).
-	group      *tenant
+	group *tenant
+	// cfg is the settings in force, refreshed by Reconfigure: the queue's
+	// own copy of the tenant's entry, or the one all undeclared tenants
+	// share (Queue.declared, Queue.undeclared), so that reading them
+	// costs no cache line of the tenant's own.
+	cfg *TenantConfig
+	// flowBuf backs flows for the usual single class, so that finding the
+	// tenant's flow reads this line (flowOfLocked). Flows are never taken
+	// from a tenant, so flowBuf[0] stays its first.
+	flowBuf    [1]*flow
 	queued     int
+	inflight   int
 	queuedCost int64
 	queuedWork int64 // queuedCost in cost units
-	// queuedBytes is kept for the undeclared group only (its byte cap).
-	queuedBytes int64
-	inflight    int
-	// served is the cost charged so far (estimates, corrected by back-fill).
-	served float64
-	known  bool
+	known      bool
 	// capped is set while the tenant is at its MaxInflight, held while its
 	// quota does not allow its next request yet (until heldUntil); out is
 	// set while either is: its flows are out of the heaps, so dispatch
@@ -226,72 +235,82 @@ type tenant struct {
 	held   bool
 	out    bool
 	onIdle bool
-	// busy is set while a declared tenant counts in Queue.busyWeight
-	// (here, in the padding of the hot lines, as every cycle reads it).
+	// busy is set while a declared tenant counts in Queue.busyWeight.
 	busy bool
-	// cfg is the settings in force, refreshed by Reconfigure. Dispatch
-	// reads its MaxInflight and Quota, which fall in the third line.
-	cfg TenantConfig
+	// shareListed says the tenant is on Queue.shareDirty (shared.go).
+	shareListed bool
 
+	weight float64
+	// vt is the tenant's virtual time: service received / weight. It never
+	// goes backwards while the tenant is backlogged: a refund for an
+	// over-estimate is kept in credit and taken off the tenant's next charges.
+	vt     float64
+	credit float64
+	// served is the cost charged so far (estimates, corrected by back-fill).
+	served float64
+	flows  []*flow
 	// stamp marks the tenant as counted in the current ETA pass.
 	stamp uint64
+
 	// idleSince is when the tenant last had nothing queued or in flight
 	// (Unix ns), kept up to date without touching the idle list.
 	idleSince int64
-
-	name string
+	name      string
 	// vfloor is, for the group, its inner virtual time: the largest start
 	// tag dispatched among its members.
 	vfloor float64
 	// rosterIdx is the tenant's place in Queue.roster; -1 once forgotten.
-	rosterIdx int
+	rosterIdx int32
+	// heldIdx is the tenant's place in Queue.held, -1 when not held.
+	heldIdx int32
 	// idleAt orders the tenant on Queue.idle: its idleSince when it was put
 	// there.
 	idleAt             int64
 	idlePrev, idleNext *tenant
-	// heldUntil (Unix ns) ends a quota hold; heldIdx is the tenant's place
-	// in Queue.held, -1 when not held.
+	// heldUntil (Unix ns) ends a quota hold.
 	heldUntil int64
-	heldIdx   int
 	// demand is the tenant's arriving rates, kept only with a circuit
 	// (circuit.go).
 	demand *tenantDemand
 	// ahead is the tenant's place in the work-ahead index (ahead.go).
 	ahead aheadSlot
-	// shareDelta is the cost charged since the last TakeServed, and
-	// shareListed says the tenant is on Queue.shareDirty; remoteDebt is
-	// the cost ChargeRemote charged since the tenant last came back from
-	// idle, the most a remote refund may give back (shared.go).
-	shareDelta  float64
-	remoteDebt  float64
-	shareListed bool
+	// shareDelta is the cost charged since the last TakeServed; remoteDebt
+	// is the cost ChargeRemote charged since the tenant last came back
+	// from idle, the most a remote refund may give back (shared.go).
+	shareDelta float64
+	remoteDebt float64
 }
 
 // flow is one tenant's FIFO of one class.
 type flow struct {
-	// What the heap key (entry) reads comes first, in one cache line.
-	t *tenant
+	// What enqueue and dispatch read and write comes first, in one cache
+	// line: with 100k tenants each line is a miss (see BenchmarkCycle).
+	t  *tenant
+	q  ticketList
+	cq *classQ
+	// in and out count the cost that ever entered and left the flow; a
+	// ticket's mark is in when it entered, so mark-out is the cost still
+	// ahead of it, and in-out the cost queued.
+	in, out int64
+	id      int32 // slot in the heap it sits in: cq.flows, or the group flow's sub
+	// group: this is the undeclared tenants' group flow of cq, whose
+	// sub-heap orders its members' flows.
+	group bool
+
 	// sub is, for a group flow, the heap of its members' backlogged flows;
 	// the group flow's head is the head of the sub-heap's top flow.
-	sub *flowHeap
-	q   ticketList
-	seq uint64
-	id  int32 // slot in the heap it sits in: cq.flows, or parent.sub
-	cq  *classQ
-	// parent is, for an undeclared tenant's flow, the group's flow of the
-	// same class, whose sub-heap orders the members' flows.
-	parent *flow
-	// in and out count the cost that ever entered and left the flow, and
-	// queuedCost what is in it; a ticket's mark is in when it entered, so
-	// mark-out is the cost still ahead of it.
-	in, out, queuedCost int64
-	queuedWork          int64     // queuedCost in cost units
-	drain               flowDrain // early refusal's drain rate (refuse.go)
+	sub   *flowHeap
+	seq   uint64
+	drain flowDrain // early refusal's drain rate (refuse.go)
+	_     [24]byte  // to 192 bytes, a size class whose objects are line-aligned
 }
+
+// queuedWork is the cost queued in f.
+func (f *flow) queuedWork() int64 { return f.in - f.out }
 
 // head returns the request the flow would dispatch next, nil when none.
 func (f *flow) head() *Ticket {
-	if f.sub != nil {
+	if f.group {
 		if f.sub.len() == 0 {
 			return nil
 		}
@@ -303,14 +322,29 @@ func (f *flow) head() *Ticket {
 // entry returns the flow's heap key: the start and finish tags of its head
 // request in its owner's virtual time. The flow must have a head.
 func (f *flow) entry() flowEntry {
-	return flowEntry{start: f.t.vt, finish: f.t.vt + float64(f.head().cost)/f.t.weight,
-		seq: f.seq, id: f.id}
+	start, finish := f.tags()
+	return flowEntry{start: start, finish: finish, seq: f.seq, id: f.id}
+}
+
+// tags returns the start and finish tags of entry.
+func (f *flow) tags() (start, finish float64) {
+	return f.t.vt, f.t.vt + float64(f.head().cost)/f.t.weight
+}
+
+// parent returns, for an undeclared tenant's flow, the group's flow of the
+// same class, whose sub-heap orders the members' flows; nil otherwise. A
+// tenant keeps its placement, in or out of the group, for its life.
+func (f *flow) parent() *flow {
+	if f.t.group != nil {
+		return f.cq.group
+	}
+	return nil
 }
 
 // heap returns the heap f sits in when backlogged.
 func (f *flow) heap() *flowHeap {
-	if f.parent != nil {
-		return f.parent.sub
+	if p := f.parent(); p != nil {
+		return p.sub
 	}
 	return &f.cq.flows
 }
@@ -321,7 +355,7 @@ func New(cfg Config, clock Clock) (*Queue, error) {
 	if clock == nil {
 		clock = RealClock{}
 	}
-	q := &Queue{clock: clock, tenants: make(map[string]*tenant), shareNames: make(map[string]int), costPromptWeight: 1, slotLimit: -1, scan: -1,
+	q := &Queue{clock: clock, epoch: clock.Now(), tenants: make(map[string]*tenant), shareNames: make(map[string]int), costPromptWeight: 1, slotLimit: -1, scan: -1,
 		group: &tenant{name: "(undeclared tenants)", heldIdx: -1},
 		rng:   rand.New(rand.NewPCG(0x6661697271756575, 0x7265747279))}
 	q.group.flows = q.group.flowBuf[:0]
@@ -390,9 +424,10 @@ func (q *Queue) Reconfigure(cfg Config) error {
 			q.classes = append(q.classes, &classQ{name: cl.Name})
 		}
 	}
-	q.group.weight, q.group.cfg = cfg.Default.Weight, cfg.Default
+	q.setTenantConfigsLocked()
+	q.group.weight, q.group.cfg = cfg.Default.Weight, q.undeclared
 	for _, t := range q.tenants {
-		tc, known := cfg.Tenant(t.name)
+		tc, known := q.tenantConfigLocked(t.name)
 		t.weight, t.known, t.cfg = tc.Weight, known, tc
 		if t.misplaced() && t.queued == 0 && t.inflight == 0 {
 			q.forgetLocked(t)
@@ -489,17 +524,41 @@ func (t *tenant) misplaced() bool { return (t.group != nil) == t.known }
 // cls, or the tenant's class when cls is empty or unknown. A known tenant
 // carries its settings (Reconfigure keeps them current), so the hot path
 // looks up no config map.
-func (q *Queue) settingsLocked(t *tenant, name, cls string) (TenantConfig, bool, string) {
-	tc, known := q.cfg.Default, false
+func (q *Queue) settingsLocked(t *tenant, name, cls string) (*TenantConfig, bool, string) {
+	var tc *TenantConfig
+	var known bool
 	if t != nil {
 		tc, known = t.cfg, t.known
 	} else {
-		tc, known = q.cfg.Tenant(name)
+		tc, known = q.tenantConfigLocked(name)
 	}
 	if cls == "" || q.classLocked(cls) == nil {
 		cls = tc.Class
 	}
 	return tc, known, cls
+}
+
+// tenantConfigLocked returns the settings of tenant name and whether it is
+// declared.
+func (q *Queue) tenantConfigLocked(name string) (*TenantConfig, bool) {
+	if tc, ok := q.declared[name]; ok {
+		return tc, true
+	}
+	return q.undeclared, false
+}
+
+// setTenantConfigsLocked makes the queue's own copies of q.cfg's tenant
+// settings, which the tenants point to. A reload makes new ones and points
+// every tenant at them; only SetQuotaWeight changes them in place.
+func (q *Queue) setTenantConfigsLocked() {
+	q.undeclared = new(TenantConfig)
+	*q.undeclared = q.cfg.Default
+	buf := make([]TenantConfig, 0, len(q.cfg.Tenants))
+	q.declared = make(map[string]*TenantConfig, len(q.cfg.Tenants))
+	for name, tc := range q.cfg.Tenants {
+		buf = append(buf, tc)
+		q.declared[name] = &buf[len(buf)-1]
+	}
 }
 
 // Enqueue admits r or refuses it with a *Rejection. An admitted request may
@@ -561,8 +620,11 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		return nil, budgetRejection(est, r.Deadline.Sub(now))
 	}
 	tk := &Ticket{q: q, t: t, cost: cost, tokens: tokens, bytes: max(r.Bytes, 0),
-		deadline: r.Deadline, enqueued: now, dlIdx: -1, eta: max(est.ETA, quotaWait),
-		quotaWait: quotaWait, quotaReason: quotaReason, prompt: prompt}
+		deadline: r.Deadline, enqueued: q.since(now), dlIdx: -1, eta: max(est.ETA, quotaWait),
+		prompt: prompt}
+	if quotaWait > 0 {
+		tk.delay = &quotaDelay{wait: quotaWait, reason: quotaReason}
+	}
 	q.pushFlowLocked(tk, q.flowOfLocked(t, cq))
 	if !r.Deadline.IsZero() {
 		q.deadlines.push(tk)
@@ -579,7 +641,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 // a declared tenant owns top-level flows, an undeclared one schedules
 // inside the group. It starts idle (on the idle list) until its request is
 // queued, so a tenant refused after this point is still forgotten.
-func (q *Queue) newTenantLocked(name string, tc TenantConfig, known bool, now time.Time) *tenant {
+func (q *Queue) newTenantLocked(name string, tc *TenantConfig, known bool, now time.Time) *tenant {
 	t := &tenant{name: name, weight: tc.Weight, known: known, cfg: tc, heldIdx: -1}
 	t.flows = t.flowBuf[:0]
 	if !known {
@@ -625,7 +687,7 @@ func (q *Queue) liftIdleLocked(t *tenant) {
 // capacity, size, the tenant's and the group's queue, the global queue in
 // requests, tokens and bytes. t is nil for a tenant the queue does not
 // remember.
-func (q *Queue) admitLocked(now time.Time, t *tenant, name string, tc TenantConfig, known bool, tokens, bytes int64) *Rejection {
+func (q *Queue) admitLocked(now time.Time, t *tenant, name string, tc *TenantConfig, known bool, tokens, bytes int64) *Rejection {
 	if rej := q.closedLocked(); rej != nil {
 		return rej
 	}
@@ -676,7 +738,7 @@ func (q *Queue) tooLargeLocked(tokens int64) *Rejection {
 // tenantFullLocked applies the tenant's own queue cap and, for an
 // undeclared tenant, the group's cap (Default.MaxQueue) and the
 // per-undeclared-tenant cap.
-func (q *Queue) tenantFullLocked(now time.Time, t *tenant, tc TenantConfig, known bool, tokens, bytes int64) *Rejection {
+func (q *Queue) tenantFullLocked(now time.Time, t *tenant, tc *TenantConfig, known bool, tokens, bytes int64) *Rejection {
 	own := tc.MaxQueue
 	if !known {
 		own = q.cfg.DefaultPerTenantMaxQueue
@@ -696,7 +758,7 @@ func (q *Queue) tenantFullLocked(now time.Time, t *tenant, tc TenantConfig, know
 // their share of MaxQueueBytes and MaxQueueTokens, so that undeclared
 // traffic (one tenant ID or many) cannot fill the byte or token room the
 // declared tenants queue in either.
-func (q *Queue) groupFullLocked(now time.Time, tc TenantConfig, tokens, bytes int64) *Rejection {
+func (q *Queue) groupFullLocked(now time.Time, tc *TenantConfig, tokens, bytes int64) *Rejection {
 	g := q.group
 	if tc.MaxQueue <= 0 {
 		return nil
@@ -712,8 +774,8 @@ func (q *Queue) groupFullLocked(now time.Time, tc TenantConfig, tokens, bytes in
 	if q.cfg.MaxQueue > 0 {
 		share = min(float64(tc.MaxQueue)/float64(q.cfg.MaxQueue), 1)
 	}
-	if limit := int64(share * float64(q.cfg.MaxQueueBytes)); limit > 0 && g.queued > 0 && g.queuedBytes+bytes > limit {
-		return full("bytes", g.queuedBytes, limit)
+	if limit := int64(share * float64(q.cfg.MaxQueueBytes)); limit > 0 && g.queued > 0 && q.groupBytes+bytes > limit {
+		return full("bytes", q.groupBytes, limit)
 	}
 	if limit := int64(share * float64(q.cfg.MaxQueueTokens)); limit > 0 && g.queued > 0 && g.queuedCost+tokens > limit {
 		return full("tokens", g.queuedCost, limit)
@@ -738,6 +800,9 @@ func (q *Queue) virtualTimeLocked(t *tenant) float64 {
 // flowOfLocked returns t's flow of class cq, creating it (and, for an
 // undeclared tenant, the group's flow of that class).
 func (q *Queue) flowOfLocked(t *tenant, cq *classQ) *flow {
+	if f := t.flowBuf[0]; f != nil && f.cq == cq {
+		return f
+	}
 	for _, f := range t.flows {
 		if f.cq == cq {
 			return f
@@ -746,11 +811,10 @@ func (q *Queue) flowOfLocked(t *tenant, cq *classQ) *flow {
 	q.flowSeq++
 	f := &flow{t: t, cq: cq, seq: q.flowSeq}
 	if t.group != nil {
-		f.parent = q.flowOfLocked(t.group, cq)
-		f.id = f.parent.sub.newID(f)
+		f.id = q.flowOfLocked(t.group, cq).sub.newID(f)
 	} else {
 		if t == q.group {
-			f.sub = &flowHeap{}
+			f.sub, f.group, cq.group = &flowHeap{}, true, f
 		}
 		f.id = cq.flows.newID(f)
 	}
@@ -762,7 +826,7 @@ func (q *Queue) flowOfLocked(t *tenant, cq *classQ) *flow {
 // there, and re-keys its group flow.
 func (q *Queue) linkFlowLocked(f *flow) {
 	q.aheadTouchLocked(f.t)
-	if p := f.parent; p != nil {
+	if p := f.parent(); p != nil {
 		if p.sub.contains(f.id) {
 			p.sub.rekey(f)
 		} else {
@@ -781,7 +845,7 @@ func (q *Queue) linkFlowLocked(f *flow) {
 // whose last member flow leaves goes too.
 func (q *Queue) unlinkFlowLocked(f *flow) {
 	q.aheadTouchLocked(f.t)
-	p := f.parent
+	p := f.parent()
 	if p == nil {
 		if f.cq.flows.contains(f.id) {
 			f.cq.flows.remove(f)
@@ -807,10 +871,8 @@ func (q *Queue) pushFlowLocked(tk *Ticket, f *flow) {
 	tk.state = stateQueued
 	tk.mark = f.in
 	f.in += tk.cost
-	f.queuedCost += tk.tokens
-	f.queuedWork += tk.cost
 	f.q.pushBack(tk)
-	if f.q.n == 1 {
+	if f.q.head == tk {
 		f.drain = flowDrain{} // backlogged anew: an idle gap is no drain
 		if !tk.t.out {
 			q.linkFlowLocked(f)
@@ -833,7 +895,7 @@ func (q *Queue) countLocked(tk *Ticket, sign int) {
 		g.queued += n
 		g.queuedCost += c * tk.tokens
 		g.queuedWork += c * tk.cost
-		g.queuedBytes += c * tk.bytes
+		q.groupBytes += c * tk.bytes
 	}
 	q.queued += n
 	q.queuedCost += c * tk.tokens
@@ -866,8 +928,6 @@ func (q *Queue) unlinkTicketLocked(tk *Ticket, rekey bool) {
 		wasHead := f.q.head == tk
 		f.q.remove(tk)
 		f.out += tk.cost
-		f.queuedCost -= tk.tokens
-		f.queuedWork -= tk.cost
 		switch {
 		case f.q.head == nil:
 			q.unlinkFlowLocked(f)
@@ -1080,7 +1140,7 @@ func (q *Queue) startLocked(tk *Ticket, now time.Time, overtakes bool) {
 		q.boostedInflight++
 	}
 	tk.state = stateInflight
-	tk.dispatched = now
+	tk.dispatched = q.since(now)
 	if tk.fallback {
 		q.fbInflight++
 	} else {
@@ -1300,7 +1360,7 @@ func (q *Queue) forgetLocked(t *tenant) {
 		q.idle.remove(t)
 	}
 	if t.heldIdx >= 0 {
-		heap.Remove(&q.held, t.heldIdx)
+		heap.Remove(&q.held, int(t.heldIdx))
 	}
 	if !t.known {
 		q.adm.boosts.Forget(t.name)
@@ -1352,7 +1412,7 @@ func (q *Queue) completeLocked(now time.Time, tk *Ticket, actual int64) {
 	if !tk.fallback {
 		// The fallback's completions say nothing of the primary's rate.
 		q.adm.rate.Observe(now, float64(tk.cost), q.healthy)
-		q.adm.cold.Finish(now, tk.dispatched, float64(tk.cost))
+		q.adm.cold.Finish(now, tk.dispatchedLocked(), float64(tk.cost))
 	}
 	q.reconcileQuotaLocked(tk, actual)
 	q.reconcileUpstreamLocked(tk, actual)

@@ -185,7 +185,7 @@ func (q *Queue) holdLocked(t *tenant, now time.Time, d quota.Decision) {
 	if t.heldIdx < 0 {
 		heap.Push(&q.held, t)
 	} else {
-		heap.Fix(&q.held, t.heldIdx)
+		heap.Fix(&q.held, int(t.heldIdx))
 	}
 	q.relinkLocked(t)
 }
@@ -258,7 +258,7 @@ func (q *Queue) unholdDueLocked(now time.Time) {
 }
 
 func (q *Queue) unholdLocked(t *tenant) {
-	heap.Remove(&q.held, t.heldIdx)
+	heap.Remove(&q.held, int(t.heldIdx))
 	q.relinkLocked(t)
 }
 
@@ -293,12 +293,12 @@ func (h holdHeap) Len() int           { return len(h) }
 func (h holdHeap) Less(i, j int) bool { return h[i].heldUntil < h[j].heldUntil }
 func (h holdHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].heldIdx, h[j].heldIdx = i, j
+	h[i].heldIdx, h[j].heldIdx = int32(i), int32(j)
 }
 
 func (h *holdHeap) Push(x any) {
 	t := x.(*tenant)
-	t.heldIdx = len(*h)
+	t.heldIdx = int32(len(*h))
 	*h = append(*h, t)
 }
 

@@ -290,9 +290,10 @@ func (q *Queue) refusalETALocked(now time.Time, tk *Ticket, r, promise, drain fl
 	own := q.aheadInFlow(tk)
 	work := q.workAheadLocked(now, tk.t, tk.f.cq, own, tk.cost, exact)
 	lo := budget.ETA(work, r)
-	at := tk.deadline.Sub(tk.enqueued) / decideAt
+	enq := q.at(tk.enqueued)
+	at := tk.deadline.Sub(enq) / decideAt
 	at -= min(at/5, decideLead)
-	if age := now.Sub(tk.enqueued); age < at-decideWindow || age >= at {
+	if age := now.Sub(enq); age < at-decideWindow || age >= at {
 		// Outside the decision window: at the refusal rate, less the cold
 		// margin while that rate is extrapolated from a flood's first
 		// seconds. A request missing by less waits for the window, where
@@ -331,7 +332,7 @@ func (q *Queue) refusalETALocked(now time.Time, tk *Ticket, r, promise, drain fl
 // so each lookup stays O(1).
 func (q *Queue) flowAtLocked(k int) *flow {
 	f := q.topFlowAtLocked(k)
-	if f != nil && f.sub != nil {
+	if f != nil && f.group {
 		if f.sub.len() == 0 {
 			return nil
 		}
@@ -399,7 +400,7 @@ func (q *Queue) boostSavesLocked(now time.Time, tk *Ticket, r float64) bool {
 func (q *Queue) refuseQueuedLocked(now time.Time, tk *Ticket, eta time.Duration) {
 	left := tk.deadline.Sub(now)
 	frac := 0.0
-	if total := tk.deadline.Sub(tk.enqueued); total > 0 && left > 0 {
+	if total := tk.deadline.Sub(q.at(tk.enqueued)); total > 0 && left > 0 {
 		frac = min(float64(left)/float64(total), 1)
 	}
 	f := tk.f

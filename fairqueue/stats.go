@@ -154,7 +154,7 @@ func (t *tenant) statsLocked() TenantStats {
 // addRosterLocked lists a new tenant. Appended past the cursor, it is
 // copied by a Stats under way.
 func (q *Queue) addRosterLocked(t *tenant) {
-	t.rosterIdx = len(q.roster)
+	t.rosterIdx = int32(len(q.roster))
 	q.roster = append(q.roster, t)
 }
 
@@ -162,9 +162,9 @@ func (q *Queue) addRosterLocked(t *tenant) {
 // takes its place. When that moves the last one from ahead of a Stats
 // copy's cursor to behind it, the copy is told (scanMoved).
 func (q *Queue) removeRosterLocked(t *tenant) {
-	i, last := t.rosterIdx, len(q.roster)-1
+	i, last := int(t.rosterIdx), len(q.roster)-1
 	if m := q.roster[last]; i != last {
-		q.roster[i], m.rosterIdx = m, i
+		q.roster[i], m.rosterIdx = m, int32(i)
 		if q.scan >= 0 && i < q.scan && last >= q.scan {
 			q.scanMoved = append(q.scanMoved, m)
 		}

@@ -364,7 +364,7 @@ func (tk *Ticket) Requeue() bool {
 	}
 	q.reconcileUpstreamLocked(tk, 0)
 	if !tk.fallback {
-		q.adm.cold.Abandon(tk.dispatched, float64(tk.cost))
+		q.adm.cold.Abandon(tk.dispatchedLocked(), float64(tk.cost))
 	}
 	q.leaveSlotLocked(tk)
 	tk.fallback, tk.boosted = false, false
@@ -378,12 +378,10 @@ func (tk *Ticket) Requeue() bool {
 		g.backfillLocked(d)
 	}
 	q.capLocked(t)
-	tk.state, tk.ready, tk.dispatched = stateQueued, nil, time.Time{}
+	tk.state, tk.ready, tk.dispatched = stateQueued, nil, 0
 	f := tk.f
 	f.out -= tk.cost
 	tk.mark = f.out
-	f.queuedCost += tk.tokens
-	f.queuedWork += tk.cost
 	f.q.pushFront(tk)
 	if !t.out {
 		q.linkFlowLocked(f)
