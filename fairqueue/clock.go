@@ -5,7 +5,10 @@ import (
 	"time"
 )
 
-// Clock is the only source of time for the scheduler.
+// Clock is the only source of time for the scheduler. Its readings must
+// stay within about 292 years of its reading when the queue was made (what
+// a time.Duration spans): tickets keep their times as offsets from that
+// reading (Queue.since).
 type Clock interface {
 	Now() time.Time
 }
@@ -51,7 +54,11 @@ func (c *ManualClock) Advance(d time.Duration) {
 
 // since returns t as nanoseconds from the queue's epoch, the form a ticket
 // keeps its times in (8 bytes, not time.Time's 24). The difference is taken
-// on the monotonic clock when both readings carry one, as Time.Sub does.
+// on the monotonic clock when both readings carry one, as Time.Sub does,
+// and is clamped ±292 years away (see Clock). A time given back by at is
+// the epoch plus that difference: with RealClock, the wall reading then
+// follows the monotonic clock across a step of the wall clock, which is
+// what the waits and deadlines computed from it want.
 func (q *Queue) since(t time.Time) int64 { return int64(t.Sub(q.epoch)) }
 
 // at returns the time off nanoseconds after the queue's epoch.

@@ -1,3 +1,5 @@
+//go:build amd64 || arm64
+
 package fairqueue
 
 import (
@@ -10,7 +12,7 @@ import (
 // step reads sit together, and each struct's size is a Go size class whose
 // objects start on a 64-byte line (128, 192, 256), so that the lines stay
 // where the layout puts them. A field added in the wrong place fails here,
-// not silently in a benchmark.
+// not silently in a benchmark. The sizes are those of 64-bit pointers.
 func TestHotLayout(t *testing.T) {
 	const line = 64
 	for _, c := range []struct {

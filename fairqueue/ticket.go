@@ -217,7 +217,8 @@ func (tk *Ticket) Tokens() int64 { return tk.tokens }
 // Deadline returns the dispatch deadline (zero if none).
 func (tk *Ticket) Deadline() time.Time { return tk.deadline }
 
-// Enqueued returns the admission time.
+// Enqueued returns the admission time (the queue's epoch plus the time
+// since, see Queue.since).
 func (tk *Ticket) Enqueued() time.Time { return tk.q.at(tk.enqueued) }
 
 // Dispatched returns the dispatch time, zero if never dispatched.
