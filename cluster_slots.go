@@ -102,7 +102,8 @@ func (s *sharedQueue) slotOwner() *Handler {
 }
 
 // slotsQueued is told that a request was queued: a tenant new to the
-// gateway raises its weight, which the others must hear of now.
+// gateway raises its weight, which the others must hear of now. It reads
+// two atomics (BackloggedWeight takes no lock).
 func (s *sharedQueue) slotsQueued() {
 	if s.slotsLimited.Load() && s.q.BackloggedWeight() > math.Float64frombits(s.slotWeight.Load()) {
 		s.kickSlots()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
@@ -101,6 +102,10 @@ type Queue struct {
 	// requests queued (BackloggedWeight), kept as they change.
 	busyWeight float64
 	busyN      int
+	// backlogged is BackloggedWeight's value (float64 bits), stored each
+	// time it changes so that it is read without the lock (the request
+	// path asks it for every queued request with share_slots).
+	backlogged atomic.Uint64
 	// busyWas is the last state told to the rate estimator's SetBusy
 	// (busyTold: once at least), which dispatchLocked repeats only when
 	// it changes.
@@ -893,6 +898,9 @@ func (q *Queue) countLocked(tk *Ticket, sign int) {
 	q.busyLocked(t)
 	if g := t.group; g != nil {
 		g.queued += n
+		if (g.queued == 0) != (g.queued == n) {
+			q.publishBackloggedLocked() // the group became backlogged or not
+		}
 		g.queuedCost += c * tk.tokens
 		g.queuedWork += c * tk.cost
 		q.groupBytes += c * tk.bytes

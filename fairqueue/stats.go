@@ -1,6 +1,7 @@
 package fairqueue
 
 import (
+	"math"
 	"runtime"
 	"slices"
 	"strings"
@@ -190,16 +191,17 @@ func (q *Queue) busyLocked(t *tenant) {
 		return
 	}
 	t.busy = b
-	if b {
+	switch {
+	case b:
 		q.busyN++
 		q.busyWeight += t.weight
-		return
-	}
-	if q.busyN--; q.busyN == 0 {
-		q.busyWeight = 0 // no rounding left over from the additions
-	} else {
+	case q.busyN == 1:
+		q.busyN, q.busyWeight = 0, 0 // no rounding left over from the additions
+	default:
+		q.busyN--
 		q.busyWeight -= t.weight
 	}
+	q.publishBackloggedLocked()
 }
 
 // recountBusyLocked recomputes BackloggedWeight's sum after weights
@@ -211,6 +213,16 @@ func (q *Queue) recountBusyLocked() {
 			q.busyWeight += t.weight
 		}
 	}
+	q.publishBackloggedLocked()
+}
+
+// publishBackloggedLocked stores BackloggedWeight's value after a change.
+func (q *Queue) publishBackloggedLocked() {
+	w := q.busyWeight
+	if q.group.queued > 0 {
+		w += q.group.weight
+	}
+	q.backlogged.Store(math.Float64bits(w))
 }
 
 // Water is the queue's fill level: the larger of queued requests over
@@ -293,14 +305,9 @@ func (q *Queue) Idle() bool {
 // slots already (the claim's demand counts them), and counting them would
 // let a sparse tenant's request in flight on one gateway win that
 // gateway's other tenants the slots a sparse request queued on another
-// gateway is waiting for. O(1): the sum is kept as tenants become
-// backlogged and not (busyLocked).
+// gateway is waiting for. O(1) and without the queue's lock: the sum is
+// kept as tenants become backlogged and not (busyLocked), and published
+// each time it changes.
 func (q *Queue) BackloggedWeight() float64 {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	w := q.busyWeight
-	if q.group.queued > 0 {
-		w += q.group.weight
-	}
-	return w
+	return math.Float64frombits(q.backlogged.Load())
 }
