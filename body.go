@@ -44,7 +44,13 @@ var errReceivingFull = errors.New("request bodies being received are at max_queu
 // reserve (may be nil) is asked for every byte of buffer before it is
 // allocated; when it says no, the read stops with errReceivingFull.
 func readBody(w http.ResponseWriter, r *http.Request, maxBody int64, timeout time.Duration, reserve func(int64) bool) ([]byte, error) {
-	rd := http.MaxBytesReader(w, r.Body, maxBody)
+	rd := r.Body
+	if r.ProtoMajor != 1 || r.ContentLength < 0 || r.ContentLength > maxBody {
+		// HTTP/1's body reader stops at an announced Content-Length;
+		// everything else (chunked, h2, h3) is bounded here, and the
+		// connection is closed after a body over the limit.
+		rd = http.MaxBytesReader(w, r.Body, maxBody)
+	}
 	var bt bodyTimer
 	if timeout > 0 {
 		bt = startBodyTimer(w, r, timeout)

@@ -41,6 +41,14 @@ type usageRecorder struct {
 	stream       *llmapi.StreamScanner
 	body         bytes.Buffer
 	tooBig       bool
+	// want is the response's Content-Length when it is to be kept (0:
+	// unknown). A body that arrives in one write of that length, as a
+	// short answer does, is read for its usage in place (parsed), and
+	// never copied.
+	want   int
+	parsed bool
+	used   llmapi.Usage
+	usedOK bool
 }
 
 func newUsageRecorder(w http.ResponseWriter, c llmapi.Counter) *usageRecorder {
@@ -74,10 +82,8 @@ func (u *usageRecorder) WriteHeader(status int) {
 		if isEventStream(headerValue(u.Header(), "Content-Type")) {
 			u.stream = llmapi.NewStreamScanner(u.counter)
 		} else if cl := headerValue(u.Header(), "Content-Length"); cl != "" {
-			// Room for the whole body at once, when it is to be kept,
-			// rather than a buffer doubling as it arrives.
 			if n, err := strconv.Atoi(cl); err == nil && n > 0 && n <= maxUsageBody {
-				u.body.Grow(n)
+				u.want = n
 			}
 		}
 	}
@@ -114,7 +120,21 @@ func (u *usageRecorder) Write(p []byte) (int, error) {
 	switch {
 	case u.stream != nil:
 		_, _ = u.stream.Write(p[:n])
+	case u.parsed:
+		// More than the Content-Length announced: the server's own
+		// check fails the response; its usage is not to be trusted.
+		u.parsed, u.tooBig = false, true
+	case n == u.want && u.body.Len() == 0 && !u.tooBig:
+		// p is the proxy's copy buffer, reused after this returns:
+		// read it now.
+		u.used, u.usedOK = llmapi.ParseUsage(p[:n])
+		u.parsed = true
 	case !u.tooBig && u.body.Len()+n <= maxUsageBody:
+		if u.body.Cap() == 0 && u.want > 0 {
+			// Room for the whole body at once rather than a buffer
+			// doubling as it arrives.
+			u.body.Grow(u.want)
+		}
 		u.body.Write(p[:n])
 	default:
 		u.tooBig = true
@@ -213,6 +233,9 @@ func (u *usageRecorder) usage() (llmapi.Usage, bool) {
 	}
 	if u.stream != nil {
 		return u.stream.Result()
+	}
+	if u.parsed {
+		return u.used, u.usedOK
 	}
 	if u.tooBig || u.body.Len() == 0 {
 		return llmapi.Usage{}, false

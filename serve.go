@@ -73,6 +73,11 @@ type admission struct {
 	path     string
 	arrived  time.Time
 	deadline time.Time
+	// placed: the wait_ms and cost placeholders hold placedWait and the
+	// cost (set before proxying), so record need not box and set them
+	// again.
+	placed     bool
+	placedWait time.Duration
 	// usageKnown is set once a served response's usage is known (tokens
 	// it really used), for the cost model.
 	usageKnown                 bool
@@ -88,6 +93,9 @@ type admission struct {
 	// allocation for them (attempts after a provider's 429 make new ones).
 	rec0  usageRecorder
 	body0 bytes.Reader
+	// req0 is the parsed body, in the same allocation (req points to it,
+	// or to light mode's reparse).
+	req0 llmapi.Request
 }
 
 // ServeHTTP queues the request fairly, proxies it when dispatched, and
@@ -195,6 +203,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// Known now: set before proxying, so the inner proxy can use them.
 		repl.Set("http.fair_queue.wait_ms", wait.Milliseconds())
 		repl.Set("http.fair_queue.cost", a.cost.Total())
+		a.placed, a.placedWait = true, wait
 		setServedHeaders(w.Header(), wait, a.cost.Total(), a.light)
 		proxy, body := h.channelProxy(tk, a, w.Header())
 		// io.NopCloser of a *bytes.Reader, which the transport knows for
@@ -455,10 +464,10 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 		a.deadline = a.arrived.Add(a.budget)
 	}
 	a.body = body
-	req, err := llmapi.Parse(r.URL.Path, body)
-	if err != nil {
+	if err := llmapi.ParseTo(&a.req0, r.URL.Path, body); err != nil {
 		return a, badRequest(err.Error())
 	}
+	req := &a.req0
 	a.req = req
 	est := h.estimator()
 	a.cost = llmapi.Estimate(req, est, h.DefaultMaxTokens)
@@ -591,11 +600,14 @@ func (h *Handler) answer(w http.ResponseWriter, repl *caddy.Replacer, a *admissi
 // record sets the access-log placeholders, logs and counts the outcome.
 func (h *Handler) record(repl *caddy.Replacer, a *admission, outcome string, wait time.Duration) {
 	if a.tenantVal == nil {
+		// Refused before admit set it (see admit).
 		a.tenantVal = a.tenant
+		repl.Set(placeholderTenant, a.tenantVal)
 	}
-	repl.Set(placeholderTenant, a.tenantVal)
-	repl.Set("http.fair_queue.wait_ms", wait.Milliseconds())
-	repl.Set("http.fair_queue.cost", a.cost.Total())
+	if !a.placed || wait != a.placedWait {
+		repl.Set("http.fair_queue.wait_ms", wait.Milliseconds())
+		repl.Set("http.fair_queue.cost", a.cost.Total())
+	}
 	repl.Set("http.fair_queue.outcome", outcomeValue(outcome))
 	a.m.observeOutcome(h.Name, a.label, outcome, wait, float64(a.cost.Total()))
 	h.history().Outcome(a.label, outcome, wait)

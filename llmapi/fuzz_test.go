@@ -240,10 +240,19 @@ func FuzzScan(f *testing.F) {
 			return
 		}
 		var keys []string
-		s.eachMember(b, func(k, _, _ []byte) bool {
+		last := map[string][]byte{}
+		s.eachMember(b, func(k, _, v []byte) bool {
 			keys = append(keys, string(k))
+			last[string(k)] = v
 			return true
 		})
+		// member, which walks without eachMember's closures, finds the
+		// same last value of every key.
+		for k, v := range last {
+			if got := s.member(b, k); !bytes.Equal(got, v) {
+				t.Fatalf("member(%q) = %q, eachMember's last is %q", k, got, v)
+			}
+		}
 		dec := json.NewDecoder(bytes.NewReader(b))
 		var want []string
 		if _, err := dec.Token(); err != nil {

@@ -43,23 +43,26 @@ func (s *scan) skipWS(b []byte, i int) int {
 }
 
 // stringEnd returns the index just past the string starting at b[i] == '"',
-// or -1. It steps byte by byte for a few bytes, which is all most strings
-// (keys, roles, types) have, then jumps from quote to quote and counts the
+// or -1. It looks eight bytes at a time for the next quote or backslash
+// over the first 32 bytes, which is all most strings (keys, roles, types)
+// have, then jumps from quote to quote with bytes.IndexByte and counts the
 // backslashes before each: a quote preceded by an odd number of them is
-// escaped. After an escaped quote it steps byte by byte again, so that a
+// escaped. After an escaped quote it looks word by word again, so that a
 // string dense with them does not cost a jump per quote.
 func (s *scan) stringEnd(b []byte, i int) int {
 	j := i + 1
 	for {
 		// b[j] starts a character.
-		for lim := min(len(b), j+32); j < lim; j++ {
-			switch b[j] {
-			case '\\':
-				j++
-			case '"':
+		for lim := min(len(b), j+32); j < lim; {
+			j = quoteOrEscape(b, j, lim)
+			if j >= lim {
+				break
+			}
+			if b[j] == '"' {
 				s.n += j + 1 - i
 				return j + 1
 			}
+			j += 2 // a backslash and the character it escapes
 		}
 		if j >= len(b) {
 			s.n += len(b) - i
@@ -270,15 +273,41 @@ func (s *scan) eachMember(b []byte, f func(key, rawKey, value []byte) bool) bool
 }
 
 // member returns the raw value of the last member named key of the object
-// in b (JSON's last-wins rule), or nil.
+// in b (JSON's last-wins rule), or nil. It is eachMember's walk without
+// its closures, and it decodes a key only when it could be key written
+// with escapes: it runs on every response and every stream chunk.
 func (s *scan) member(b []byte, key string) []byte {
 	var v []byte
-	s.eachMember(b, func(k, _, val []byte) bool {
-		if string(k) == key {
-			v = val
+	i := s.skipWS(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return nil
+	}
+	i = s.skipWS(b, i+1)
+	for i < len(b) && b[i] == '"' {
+		ke := s.stringEnd(b, i)
+		if ke < 0 {
+			return v
 		}
-		return true
-	})
+		k := b[i+1 : ke-1]
+		i = s.skipWS(b, ke)
+		if i >= len(b) || b[i] != ':' {
+			return v
+		}
+		i = s.skipWS(b, i+1)
+		e := s.valueEnd(b, i)
+		if e < 0 {
+			return v
+		}
+		// A raw key of key's length is key only as it stands; an escape
+		// makes a raw key longer than what it decodes to.
+		if len(k) == len(key) && string(k) == key || len(k) > len(key) && string(s.key(k)) == key {
+			v = b[i:e]
+		}
+		if i = s.skipWS(b, e); i >= len(b) || b[i] != ',' {
+			return v
+		}
+		i = s.skipWS(b, i+1)
+	}
 	return v
 }
 

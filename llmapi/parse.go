@@ -256,31 +256,50 @@ func (t *topLevel) slot(key []byte) *[]byte {
 // Parse never modifies body, and its work is linear in len(body) whatever
 // the nesting. The Request refers to body (see Request).
 func Parse(path string, body []byte) (*Request, error) {
-	sc := getScratch()
-	defer sc.release()
-	return parseWith(&sc.s, sc, path, body)
+	req := new(Request)
+	if err := ParseTo(req, path, body); err != nil {
+		return nil, err
+	}
+	return req, nil
 }
 
-func parse(s *scan, path string, body []byte) (*Request, error) { return parseWith(s, nil, path, body) }
+// ParseTo is Parse into a Request the caller holds, which it overwrites
+// whole: one that lives inside a larger per-request struct costs no
+// allocation of its own. On an error *req is left zero.
+func ParseTo(req *Request, path string, body []byte) error {
+	sc := getScratch()
+	defer sc.release()
+	return parseWith(&sc.s, sc, req, path, body)
+}
 
-// parseWith is Parse with s as its scanner and sc (may be nil) as the
+func parse(s *scan, path string, body []byte) (*Request, error) {
+	req := new(Request)
+	if err := parseWith(s, nil, req, path, body); err != nil {
+		return nil, err
+	}
+	return req, nil
+}
+
+// parseWith is ParseTo with s as its scanner and sc (may be nil) as the
 // walk's working memory.
-func parseWith(s *scan, sc *scratch, path string, body []byte) (*Request, error) {
+func parseWith(s *scan, sc *scratch, req *Request, path string, body []byte) error {
+	*req = Request{}
 	kind := KindFromPath(path)
 	if len(bytes.TrimSpace(body)) == 0 {
 		if kind == KindUnknown {
-			return &Request{noBody: true, Choices: 1}, nil
+			*req = Request{noBody: true, Choices: 1}
+			return nil
 		}
-		return nil, &BodyError{Msg: "request body is empty; expected a JSON object", Offset: -1}
+		return &BodyError{Msg: "request body is empty; expected a JSON object", Offset: -1}
 	}
 	if err := validate(body); err != nil {
-		return nil, err
+		return err
 	}
 	var top topLevel
 	if err := readTop(s, body, &top); err != nil {
-		return nil, err
+		return err
 	}
-	req := &Request{Kind: kind, Choices: 1, body: body}
+	*req = Request{Kind: kind, Choices: 1, body: body}
 	if kind == KindUnknown {
 		req.Kind = inferKind(&top)
 		req.Inferred = req.Kind != KindUnknown
@@ -294,10 +313,11 @@ func parseWith(s *scan, sc *scratch, path string, body []byte) (*Request, error)
 		sc.path = w.path[:0]
 	}
 	if err != nil {
-		return nil, err
+		*req = Request{}
+		return err
 	}
 	req.walked = true
-	return req, nil
+	return nil
 }
 
 // validate checks that body is one JSON object.

@@ -122,12 +122,11 @@ var stringByte = func() (t [256]bool) {
 // validString returns the index past the string at b[i] == '"', or -1.
 func validString(b []byte, i int) int {
 	for j := i + 1; j < len(b); {
-		c := b[j]
-		if !stringByte[c] {
-			j++
-			continue
+		j = stringSpecial(b, j)
+		if j >= len(b) {
+			break
 		}
-		switch c {
+		switch b[j] {
 		case '"':
 			return j + 1
 		case '\\':

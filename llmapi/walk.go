@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"sync"
+	"unsafe"
 )
 
 // textRef is one separately tokenized piece of prompt text, as it stands
@@ -16,9 +17,11 @@ type textRef struct {
 	compact bool
 }
 
-// textStrings returns the texts to tokenize. They share one allocation,
-// which the caller drops once counted: a prompt of a million one-letter
-// strings costs one buffer, not a million strings.
+// textStrings returns the texts to tokenize. A text without escapes is
+// its bytes in the body, not a copy (the body is not modified while its
+// Request is in use, see Request); the others are decoded into one shared
+// allocation, which the caller drops once counted: a prompt of a million
+// escaped one-letter strings costs one buffer, not a million strings.
 func textStrings(texts []textRef) []string { return appendTextStrings(nil, texts) }
 
 // appendTextStrings is textStrings appending to dst, so that the request
@@ -29,16 +32,24 @@ func appendTextStrings(dst []string, texts []textRef) []string {
 	}
 	size := 0
 	for _, t := range texts {
-		size += len(t.raw)
+		if t.compact || bytes.IndexByte(t.raw, '\\') >= 0 {
+			size += len(t.raw)
+		}
+	}
+	if size == 0 {
+		// The common case: nothing to decode, nothing to copy.
+		for _, t := range texts {
+			dst = append(dst, bodyString(stringBytes(t.raw)))
+		}
+		return dst
 	}
 	var all strings.Builder
 	all.Grow(size)
 	var scratch bytes.Buffer
-	var endsBuf [16]int
+	// The decoded texts' places in dst and ends in all.
+	type decoded struct{ at, end int }
+	var endsBuf [16]decoded
 	ends := endsBuf[:0]
-	if len(texts) > len(endsBuf) {
-		ends = make([]int, 0, len(texts))
-	}
 	for _, t := range texts {
 		switch {
 		case t.compact:
@@ -46,17 +57,33 @@ func appendTextStrings(dst []string, texts []textRef) []string {
 			if json.Compact(&scratch, t.raw) == nil {
 				all.Write(scratch.Bytes())
 			}
-		default:
+		case bytes.IndexByte(t.raw, '\\') >= 0:
 			all.Write(stringBytes(t.raw))
+		default:
+			dst = append(dst, bodyString(stringBytes(t.raw)))
+			continue
 		}
-		ends = append(ends, all.Len())
+		// Decoded: its end in all, for now (all may still move as it
+		// grows past a compacted value's estimate).
+		dst = append(dst, "")
+		ends = append(ends, decoded{len(dst) - 1, all.Len()})
 	}
 	joined := all.String() // no copy
 	start := 0
-	for _, e := range ends {
-		dst, start = append(dst, joined[start:e]), e
+	for _, d := range ends {
+		dst[d.at], start = joined[start:d.end], d.end
 	}
 	return dst
+}
+
+// bodyString is b as a string without a copy: b is a piece of a request
+// body, which nobody modifies while its Request is in use, and the
+// counters neither modify nor keep what they are given.
+func bodyString(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
 }
 
 // scratch is the working memory of one walk over a body: the scanner, the

@@ -1,0 +1,50 @@
+package llmapi
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+// TestSWAR holds the word-at-a-time searches to their byte-by-byte
+// definitions, on every start and end of random strings dense with the
+// bytes they look for and with bytes that differ from them by one bit (the
+// borrow of the word test may flag a byte above a real match, never
+// below).
+func TestSWAR(t *testing.T) {
+	alphabet := []byte{'"', '\\', 0x1f, 0x20, 0x00, 0x7f, 0x80, 0xff, '"' ^ 1, '\\' ^ 1, 'a', '"' | 0x80, 0x21, 0x01}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 2000 {
+		b := make([]byte, rng.IntN(40))
+		for i := range b {
+			if rng.IntN(3) == 0 {
+				b[i] = alphabet[rng.IntN(len(alphabet))]
+			} else {
+				b[i] = byte('a' + rng.IntN(26))
+			}
+		}
+		for j := 0; j <= len(b); j++ {
+			for lim := j; lim <= len(b); lim++ {
+				want := lim
+				for k := j; k < lim; k++ {
+					if b[k] == '"' || b[k] == '\\' {
+						want = k
+						break
+					}
+				}
+				if got := quoteOrEscape(b, j, lim); got != want {
+					t.Fatalf("quoteOrEscape(%q, %d, %d) = %d, want %d", b, j, lim, got, want)
+				}
+			}
+			want := len(b)
+			for k := j; k < len(b); k++ {
+				if stringByte[b[k]] {
+					want = k
+					break
+				}
+			}
+			if got := stringSpecial(b, j); got != want {
+				t.Fatalf("stringSpecial(%q, %d) = %d, want %d", b, j, got, want)
+			}
+		}
+	}
+}
