@@ -10,7 +10,7 @@ MODULE         := github.com/caddy-fair-queue/caddy-fair-queue
 GOBIN          := $(shell go env GOPATH)/bin
 XCADDY         := $(GOBIN)/xcaddy
 
-.PHONY: run test xcaddy build fake bench bench-cluster sim load
+.PHONY: run test xcaddy build fake bench bench-instructions bench-cluster sim load
 
 xcaddy:
 	@test -x $(XCADDY) || go install github.com/caddyserver/xcaddy/cmd/xcaddy@$(XCADDY_VERSION)
@@ -31,6 +31,12 @@ test: xcaddy
 
 bench:
 	go test -run '^$$' -bench . -benchmem ./fairqueue/... ./budget/ ./degrade/ ./llmapi/ ./quota/ ./slots/ ./shares/ ./costmodel/ ./history/ .
+
+# Instructions per request through reverse_proxy alone and through
+# fair_queue (BenchmarkProxyInMemory under cachegrind): the same count on
+# every run, however busy the machine. Installs valgrind (Debian) if missing.
+bench-instructions:
+	./scripts/instructions.sh
 
 sim:
 	go run ./cmd/fqsim -scenario seed000

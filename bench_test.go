@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
@@ -90,49 +91,67 @@ func BenchmarkProxy(b *testing.B) {
 type proxyCase struct {
 	name string
 	h    caddyhttp.Handler
+	mod  caddy.Module // as provisioned
 }
 
 // proxyCases provisions BenchmarkProxy's handlers (plain first) and
 // returns them with serve, which makes one request through a handler as
 // Caddy's server would and checks it was served.
 func proxyCases(tb testing.TB) ([]proxyCase, func(caddyhttp.Handler) error) {
-	up := newBenchUpstream(tb)
+	return proxyCasesIn(tb, false)
+}
+
+// proxyCasesIn is proxyCases with the upstream in memory (memTransport)
+// when inMemory, where the plain_read_timeout case, a setting of the
+// network transport, has no meaning and is left out.
+func proxyCasesIn(tb testing.TB, inMemory bool) ([]proxyCase, func(caddyhttp.Handler) error) {
 	body := chatBody("")
+	// upstream is the reverse_proxy fields that say where requests go.
+	var upstream string
+	if inMemory {
+		upstream = `"upstreams":[{"dial":"localhost:9"}],"transport":{"protocol":"fq_bench_memory"}`
+	} else {
+		up := newBenchUpstream(tb)
+		upstream = fmt.Sprintf(`"upstreams":[{"dial":%q}]`, up.Listener.Addr().String())
+	}
 
 	ctx, cancel := configContext(tb)
 	tb.Cleanup(cancel)
-	proxy := fmt.Sprintf(`{"upstreams":[{"dial":%q}]}`, up.Listener.Addr().String())
-	load := func(id, cfg string) caddyhttp.Handler {
+	load := func(name, id, cfg string) proxyCase {
 		mod, err := ctx.LoadModuleByID(id, json.RawMessage(cfg))
 		if err != nil {
 			tb.Fatalf("%s: %v", id, err)
 		}
 		mh := mod.(caddyhttp.MiddlewareHandler)
-		return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return proxyCase{name, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 			return mh.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
-		})
+		}), mod.(caddy.Module)}
 	}
 	fq := func(name, tokenizer string) string {
-		return fmt.Sprintf(`{"name":%q,"tokenizer":%q,"proxy":{"handler":"reverse_proxy","upstreams":[{"dial":%q}]}}`,
-			name, tokenizer, up.Listener.Addr().String())
+		return fmt.Sprintf(`{"name":%q,"tokenizer":%q,"proxy":{"handler":"reverse_proxy",%s}}`, name, tokenizer, upstream)
 	}
 	// The same with a quota on the tenant that never binds (all three
 	// meters): its difference to fair_queue is what a quota costs.
 	fqQuota := fmt.Sprintf(`{"name":"bench_quota","tenants":{"acme":{"quota":{"qps":1e8,"tokens_per_min":1e12}}},`+
-		`"proxy":{"handler":"reverse_proxy","upstreams":[{"dial":%q}]}}`, up.Listener.Addr().String())
-	// plain with the transport settings fair_queue gives its inner proxy by
-	// default (read_timeout, module.go): Caddy then sets a deadline around
-	// each read of the upstream connection, a cost of the setting, not of
-	// the queue. Compare fair_queue with both.
-	proxyRT := fmt.Sprintf(`{"upstreams":[{"dial":%q}],"transport":{"protocol":"http","read_timeout":%q}}`,
-		up.Listener.Addr().String(), defaultReadTimeout.String())
-	cases := []proxyCase{
-		{"plain", load("http.handlers.reverse_proxy", proxy)}, // first: the others compare to it
-		{"plain_read_timeout", load("http.handlers.reverse_proxy", proxyRT)},
-		{"fair_queue", load("http.handlers.fair_queue", fq("bench_cl100k", "cl100k_base"))},
-		{"fair_queue_approx", load("http.handlers.fair_queue", fq("bench_approx", "approx"))},
-		{"fair_queue_quota", load("http.handlers.fair_queue", fqQuota)},
+		`"proxy":{"handler":"reverse_proxy",%s}}`, upstream)
+	suffix := ""
+	if inMemory {
+		suffix = "_mem" // queue names are process-wide
 	}
+	cases := []proxyCase{load("plain", "http.handlers.reverse_proxy", "{"+upstream+"}")} // first: the others compare to it
+	if !inMemory {
+		// plain with the transport settings fair_queue gives its inner
+		// proxy by default (read_timeout, module.go): Caddy then sets a
+		// deadline around each read of the upstream connection, a cost of
+		// the setting, not of the queue. Compare fair_queue with both.
+		cases = append(cases, load("plain_read_timeout", "http.handlers.reverse_proxy",
+			fmt.Sprintf(`{%s,"transport":{"protocol":"http","read_timeout":%q}}`, upstream, defaultReadTimeout.String())))
+	}
+	cases = append(cases,
+		load("fair_queue", "http.handlers.fair_queue", fq("bench_cl100k"+suffix, "cl100k_base")),
+		load("fair_queue_approx", "http.handlers.fair_queue", fq("bench_approx"+suffix, "approx")),
+		load("fair_queue_quota", "http.handlers.fair_queue", strings.Replace(fqQuota, "bench_quota", "bench_quota"+suffix, 1)),
+	)
 	srv := &caddyhttp.Server{}
 	serve := func(h caddyhttp.Handler) error {
 		r, err := http.NewRequest(http.MethodPost, "http://gateway/v1/chat/completions", bytes.NewReader(body))
@@ -153,12 +172,16 @@ func proxyCases(tb testing.TB) ([]proxyCase, func(caddyhttp.Handler) error) {
 	return cases, serve
 }
 
+// benchResponse is the benchmarks' upstream's answer: a small chat
+// completion with usage.
+var benchResponse = []byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m",` +
+	`"choices":[{"index":0,"message":{"role":"assistant","content":"Hello there, how are you?"},"finish_reason":"stop"}],` +
+	`"usage":{"prompt_tokens":25,"completion_tokens":7,"total_tokens":32}}`)
+
 // newBenchUpstream answers every request with the same small chat
 // completion, with usage, as fast as it can.
 func newBenchUpstream(tb testing.TB) *httptest.Server {
-	resp := []byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m",` +
-		`"choices":[{"index":0,"message":{"role":"assistant","content":"Hello there, how are you?"},"finish_reason":"stop"}],` +
-		`"usage":{"prompt_tokens":25,"completion_tokens":7,"total_tokens":32}}`)
+	resp := benchResponse
 	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")

@@ -174,6 +174,38 @@ type tenantMetrics struct {
 
 	etaOnce sync.Once
 	eta     prometheus.Observer // eta_ratio
+
+	quotaOnce sync.Once
+	charged   [3]prometheus.Counter // quota_charged_total, by quotaDims
+}
+
+// quotaDims are the dimensions of quota_charged_total's children in
+// tenantMetrics.charged.
+var quotaDims = [3]quota.Dimension{quota.DimQPS, quota.DimTokens, quota.DimJoint}
+
+func (t *tenantMetrics) initQuota() {
+	for i, d := range quotaDims {
+		t.charged[i] = quotaCharged.WithLabelValues(t.queue, t.label, string(d))
+	}
+}
+
+// observeQuotaUse is observeQuotaUse through the cache.
+func (t *tenantMetrics) observeQuotaUse(queue, tenant string, l *quota.Limits, tokens int64) {
+	if t == nil || l == nil {
+		observeQuotaUse(queue, tenant, l, tokens)
+		return
+	}
+	t.quotaOnce.Do(t.initQuota)
+	c := l.Config()
+	if c.QPS > 0 {
+		t.charged[0].Inc()
+	}
+	if c.TokensPerMin > 0 {
+		t.charged[1].Add(float64(tokens))
+	}
+	if l.Enabled(quota.DimJoint) {
+		t.charged[2].Add(1 + float64(tokens)*c.TokenToQPSWeight)
+	}
 }
 
 func (t *tenantMetrics) initServed() {

@@ -158,7 +158,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			if used < 0 {
 				used = int64(a.cost.Total())
 			}
-			observeQuotaUse(h.Name, a.label, charged, used)
+			a.m.observeQuotaUse(h.Name, a.label, charged, used)
 			h.history().QuotaCharged(a.label, used)
 		}
 	}()

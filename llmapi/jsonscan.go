@@ -2,6 +2,8 @@ package llmapi
 
 import (
 	"bytes"
+	"encoding/binary"
+	"math/bits"
 	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -43,14 +45,35 @@ func (s *scan) skipWS(b []byte, i int) int {
 }
 
 // stringEnd returns the index just past the string starting at b[i] == '"',
-// or -1. It looks eight bytes at a time for the next quote or backslash
-// over the first 32 bytes, which is all most strings (keys, roles, types)
-// have, then jumps from quote to quote with bytes.IndexByte and counts the
-// backslashes before each: a quote preceded by an odd number of them is
-// escaped. After an escaped quote it looks word by word again, so that a
-// string dense with them does not cost a jump per quote.
+// or -1. Most strings (keys, roles, types, short texts) end within a word
+// or two without an escape: it looks for the closing quote eight bytes at a
+// time, and leaves a string with an escape, or longer than 64 bytes, to
+// stringEndFrom.
 func (s *scan) stringEnd(b []byte, i int) int {
 	j := i + 1
+	for j+8 <= len(b) && j-i <= 64 {
+		x := binary.LittleEndian.Uint64(b[j:])
+		if m := hasByte(x, '"') | hasByte(x, '\\'); m != 0 {
+			k := j + bits.TrailingZeros64(m)>>3
+			if b[k] == '"' {
+				s.n += k + 1 - i
+				return k + 1
+			}
+			return s.stringEndFrom(b, i, k)
+		}
+		j += 8
+	}
+	return s.stringEndFrom(b, i, j)
+}
+
+// stringEndFrom is stringEnd for the string starting at b[i], carried on
+// from b[j], where a character starts. It looks word by word for the next
+// quote or backslash over 32 bytes, then jumps from quote to quote with
+// bytes.IndexByte and counts the backslashes before each: a quote preceded
+// by an odd number of them is escaped. After an escaped quote it looks
+// word by word again, so that a string dense with them does not cost a
+// jump per quote.
+func (s *scan) stringEndFrom(b []byte, i, j int) int {
 	for {
 		// b[j] starts a character.
 		for lim := min(len(b), j+32); j < lim; {
