@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"sync/atomic"
 	"time"
 )
 
@@ -37,13 +36,15 @@ var errBodyTimeout = errors.New("request body not complete within body_timeout")
 // already hold what the gateway allows (max_queue_bytes).
 var errReceivingFull = errors.New("request bodies being received are at max_queue_bytes")
 
-// readBody reads the whole body within timeout, growing its buffer as bytes
-// arrive: it never preallocates more than bodyPrealloc however large the
-// announced Content-Length, and it stops at maxBody (a *http.MaxBytesError).
+// readBody reads the whole body by deadline (none when zero), growing
+// its buffer as bytes arrive: it never preallocates more than bodyPrealloc
+// however large the announced Content-Length, and it stops at maxBody (a
+// *http.MaxBytesError). watch is the request's place in the body watch
+// (bodywatch.go).
 //
 // reserve (may be nil) is asked for every byte of buffer before it is
 // allocated; when it says no, the read stops with errReceivingFull.
-func readBody(w http.ResponseWriter, r *http.Request, maxBody int64, timeout time.Duration, reserve func(int64) bool) ([]byte, error) {
+func readBody(w http.ResponseWriter, r *http.Request, maxBody int64, deadline time.Time, watch *bodyRead, reserve func(int64) bool) ([]byte, error) {
 	rd := r.Body
 	if r.ProtoMajor != 1 || r.ContentLength < 0 || r.ContentLength > maxBody {
 		// HTTP/1's body reader stops at an announced Content-Length;
@@ -51,13 +52,12 @@ func readBody(w http.ResponseWriter, r *http.Request, maxBody int64, timeout tim
 		// connection is closed after a body over the limit.
 		rd = http.MaxBytesReader(w, r.Body, maxBody)
 	}
-	var bt bodyTimer
-	if timeout > 0 {
-		bt = startBodyTimer(w, r, timeout)
-		defer bt.stop()
+	if !deadline.IsZero() {
+		watch.watch(w, r, deadline)
+		defer watch.done()
 	}
 	b, err := readGrowing(rd, r.ContentLength, maxBody, reserve)
-	if err != nil && (isTimeout(err) || bt.fired()) {
+	if err != nil && (isTimeout(err) || watch.timedOut()) {
 		err = errBodyTimeout
 	}
 	return b, err
@@ -122,86 +122,6 @@ func readGrowing(rd io.Reader, contentLength, maxBody int64, reserve func(int64)
 	}
 }
 
-// bodyTimer bounds the time to read the body. On HTTP/1 it is a read
-// deadline on the connection, lifted again by stop (the server's own
-// deadlines are reset per request only when configured, and its
-// background read, which notices a client leaving, must not fail on ours);
-// after it has passed, stop leaves it, so that net/http's own drain of an
-// unread body stays bounded too. Where the connection takes no deadline,
-// the body is closed when the time is up; fired then reports the timeout,
-// which the failed read does not name. The zero bodyTimer bounds nothing.
-//
-// A value with methods rather than closures: on the connection's path it
-// costs the request no allocation.
-type bodyTimer struct {
-	conn     readDeadliner // the connection whose read deadline was set
-	deadline time.Time
-	closer   *bodyCloser // where the connection takes no deadline
-}
-
-// readDeadliner is what http.ResponseController.SetReadDeadline looks for.
-type readDeadliner interface{ SetReadDeadline(time.Time) error }
-
-// bodyCloser closes a body whose connection takes no deadline when its
-// time is up.
-type bodyCloser struct {
-	t        *time.Timer
-	body     io.Closer
-	timedOut atomic.Bool
-}
-
-func (c *bodyCloser) fire() {
-	c.timedOut.Store(true)
-	_ = c.body.Close()
-}
-
-func startBodyTimer(w http.ResponseWriter, r *http.Request, timeout time.Duration) bodyTimer {
-	deadline := time.Now().Add(timeout)
-	if d := readDeadlineOf(w); d != nil && d.SetReadDeadline(deadline) == nil {
-		return bodyTimer{conn: d, deadline: deadline}
-	}
-	c := &bodyCloser{body: r.Body}
-	c.t = time.AfterFunc(timeout, c.fire)
-	return bodyTimer{deadline: deadline, closer: c}
-}
-
-// readDeadlineOf finds the writer that sets the connection's read
-// deadline, unwrapping as http.ResponseController does, without its
-// allocations (the controller, and an error built when there is none).
-func readDeadlineOf(w http.ResponseWriter) readDeadliner {
-	for {
-		switch t := w.(type) {
-		case readDeadliner:
-			return t
-		case interface{ Unwrap() http.ResponseWriter }:
-			w = t.Unwrap()
-		default:
-			return nil
-		}
-	}
-}
-
-func (b *bodyTimer) stop() {
-	switch {
-	case b.conn != nil:
-		if time.Now().Before(b.deadline) {
-			_ = b.conn.SetReadDeadline(time.Time{})
-		}
-	case b.closer != nil:
-		b.closer.t.Stop()
-	}
-}
-
-func (b *bodyTimer) fired() bool {
-	switch {
-	case b.conn != nil:
-		return !time.Now().Before(b.deadline)
-	case b.closer != nil:
-		return b.closer.timedOut.Load()
-	}
-	return false
-}
-
 func isTimeout(err error) bool {
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		return true
@@ -246,7 +166,8 @@ func linger(w http.ResponseWriter, r *http.Request, flush bool) {
 	if flush && http.NewResponseController(w).Flush() != nil {
 		return
 	}
-	bt := startBodyTimer(w, r, lingerTime)
-	defer bt.stop()
+	var watch bodyRead
+	watch.watch(w, r, time.Now().Add(lingerTime))
+	defer watch.done()
 	_, _ = io.CopyN(io.Discard, r.Body, lingerBytes)
 }

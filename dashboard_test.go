@@ -360,8 +360,7 @@ func BenchmarkDashboardState(b *testing.B) {
 	for m := range history.Minutes {
 		clock = clock.Add(time.Minute)
 		for i, tn := range append(tenants, "someone") {
-			hist.Outcome(tn, "served", time.Duration(m%100+i)*time.Millisecond)
-			hist.Tokens(tn, 100)
+			hist.Outcome(tn, "served", time.Duration(m%100+i)*time.Millisecond, 100)
 		}
 		hist.Sample(history.Sample{Capacity: 16, Healthy: 1, Water: 0.1})
 	}

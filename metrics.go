@@ -128,12 +128,15 @@ func observeDispatch(queue, tenant string, boosted bool, eta, wait time.Duration
 // scrape reads; a reload's new handler starts a cache of its own.
 type metricsCache struct {
 	queue string
-	mu    sync.RWMutex
-	m     map[string]*tenantMetrics
+	// m maps a label to its *tenantMetrics. A sync.Map, whose keys are
+	// written once and then only read: the request path finds its
+	// tenant's children without a lock or any write to memory the other
+	// cores read.
+	m sync.Map
 }
 
 func newMetricsCache(queue string) *metricsCache {
-	return &metricsCache{queue: queue, m: make(map[string]*tenantMetrics)}
+	return &metricsCache{queue: queue}
 }
 
 // of returns label's children; nil from a nil cache (a handler that was
@@ -142,19 +145,11 @@ func (c *metricsCache) of(label string) *tenantMetrics {
 	if c == nil {
 		return nil
 	}
-	c.mu.RLock()
-	t := c.m[label]
-	c.mu.RUnlock()
-	if t != nil {
-		return t
+	if t, ok := c.m.Load(label); ok {
+		return t.(*tenantMetrics)
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if t = c.m[label]; t == nil {
-		t = &tenantMetrics{queue: c.queue, label: label}
-		c.m[label] = t
-	}
-	return t
+	t, _ := c.m.LoadOrStore(label, &tenantMetrics{queue: c.queue, label: label})
+	return t.(*tenantMetrics)
 }
 
 // tenantMetrics are one (queue, tenant label)'s children in the vectors

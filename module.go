@@ -173,10 +173,11 @@ type Handler struct {
 	ctx      caddy.Context
 	events   *caddyevents.App
 	classIdx map[string]time.Duration
-	// tenantVar is the placeholder tenant_key consists of when it is one
-	// request header (the default), with the header's name canonical;
-	// "" for any other key, which ReplaceAll evaluates (see tenantOf).
-	tenantVar string
+	// tenantHeader is the request header tenant_key consists of when it
+	// is one request-header placeholder (the default), its name
+	// canonical; "" for any other key, which ReplaceAll evaluates (see
+	// tenantOf).
+	tenantHeader string
 	// metrics caches this handler's metric children per tenant label.
 	metrics *metricsCache
 	left    bool // Cleanup ran: the handler no longer counts as a user of its queue
@@ -497,7 +498,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	for _, c := range h.qcfg.Classes {
 		h.classIdx[c.Name] = c.WaitBudget
 	}
-	h.tenantVar = headerPlaceholder(h.TenantKey)
+	h.tenantHeader = headerPlaceholder(h.TenantKey)
 	h.metrics = newMetricsCache(h.Name)
 	if err := h.provisionDegrade(); err != nil {
 		return err
@@ -676,12 +677,12 @@ var (
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )
 
-// headerPlaceholder returns the variable of key when key is exactly one
-// request-header placeholder, "{http.request.header.X-Tenant-ID}", with
-// the header's name canonical (the replacer canonicalizes it on every
-// lookup; a canonical name costs it no copy); "" otherwise. For such a key
-// Replacer.GetString of the variable is what ReplaceAll(key, "") returns:
-// the header's values joined by commas, "" when absent.
+// headerPlaceholder returns the header's canonical name when key is
+// exactly one request-header placeholder, such as
+// "{http.request.header.X-Tenant-ID}"; "" otherwise. For such a key,
+// ReplaceAll(key, "") is the header's values joined by commas, "" when
+// absent (Caddy's http replacer), which tenantOf reads from the request
+// itself.
 func headerPlaceholder(key string) string {
 	const prefix = "http.request.header."
 	if len(key) < 2 || key[0] != '{' || key[len(key)-1] != '}' {
@@ -697,5 +698,5 @@ func headerPlaceholder(key string) string {
 			return ""
 		}
 	}
-	return prefix + textproto.CanonicalMIMEHeaderKey(name)
+	return textproto.CanonicalMIMEHeaderKey(name)
 }

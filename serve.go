@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -55,10 +56,6 @@ const (
 // maxTenantLen bounds a tenant ID.
 const maxTenantLen = 256
 
-// placeholderTenant is set as soon as the tenant is known, so the inner
-// proxy can pass it on (header_up X-Tenant {http.fair_queue.tenant}).
-const placeholderTenant = "http.fair_queue.tenant"
-
 // admission is everything known about a request before it is queued.
 type admission struct {
 	tenant   string
@@ -73,18 +70,19 @@ type admission struct {
 	path     string
 	arrived  time.Time
 	deadline time.Time
-	// placed: the wait_ms and cost placeholders hold placedWait and the
-	// cost (set before proxying), so record need not box and set them
-	// again.
-	placed     bool
-	placedWait time.Duration
+	// What the wait_ms and outcome placeholders show (placeholders.go),
+	// once known.
+	phWaitKnown bool
+	phWait      time.Duration
+	phOutcome   string
 	// usageKnown is set once a served response's usage is known (tokens
 	// it really used), for the cost model.
 	usageKnown                 bool
 	usedPrompt, usedCompletion int
+	// used is the tokens the answer counts as served (the history's):
+	// the usage, or the estimate of an answer that reported none.
+	used int64
 
-	// tenantVal is tenant as the placeholder holds it, boxed once.
-	tenantVal any
 	// m caches the tenant's metric children (nil for a Handler that was
 	// not provisioned).
 	m *tenantMetrics
@@ -96,6 +94,8 @@ type admission struct {
 	// req0 is the parsed body, in the same allocation (req points to it,
 	// or to light mode's reparse).
 	req0 llmapi.Request
+	// watch bounds the time to receive the body (bodywatch.go).
+	watch bodyRead
 }
 
 // ServeHTTP queues the request fairly, proxies it when dispatched, and
@@ -187,7 +187,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				outcome = outcomeClientGone
 			}
 			actual = h.actualCost(rec, a, true)
-			h.record(repl, a, outcome, wait)
+			h.record(a, outcome, wait)
 			panic(v)
 		}
 	}()
@@ -201,9 +201,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			h.history().Dispatched(a.label, tk.Boosted(), tk.ETA(), wait)
 		}
 		// Known now: set before proxying, so the inner proxy can use them.
-		repl.Set("http.fair_queue.wait_ms", wait.Milliseconds())
-		repl.Set("http.fair_queue.cost", a.cost.Total())
-		a.placed, a.placedWait = true, wait
+		a.phWaitKnown, a.phWait = true, wait
 		setServedHeaders(w.Header(), wait, a.cost.Total(), a.light)
 		proxy, body := h.channelProxy(tk, a, w.Header())
 		// io.NopCloser of a *bytes.Reader, which the transport knows for
@@ -303,7 +301,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			retryAfter: time.Second, quota: rec.quota}).write(w)
 		perr = nil
 	}
-	h.record(repl, a, outcome, wait)
+	h.record(a, outcome, wait)
 	return perr
 }
 
@@ -355,7 +353,7 @@ func (h *Handler) notDispatched(w http.ResponseWriter, repl *caddy.Replacer, a *
 	// the upstream never saw the request. 499 (as reverse_proxy uses) is
 	// for the access log.
 	w.WriteHeader(statusClientClosed)
-	h.record(repl, a, outcomeClientGone, time.Since(a.arrived))
+	h.record(a, outcomeClientGone, time.Since(a.arrived))
 	return nil
 }
 
@@ -385,13 +383,13 @@ func (h *Handler) actualCost(rec *usageRecorder, a *admission, failed bool) int6
 		a.usageKnown, a.usedPrompt, a.usedCompletion = !failed, prompt, u.Completion
 		actual := int64(prompt + u.Completion)
 		a.m.observeActual(h.Name, a.label, float64(actual))
-		h.history().Tokens(a.label, actual)
+		a.used = actual
 		return actual
 	}
 	if failed || rec.status >= 400 {
 		return 0
 	}
-	h.history().Tokens(a.label, int64(a.cost.Total()))
+	a.used = int64(a.cost.Total())
 	return fairqueue.UnknownCost
 }
 
@@ -401,16 +399,15 @@ func (h *Handler) actualCost(rec *usageRecorder, a *admission, failed bool) int6
 // a client that sent "Expect: 100-continue" is refused before it uploads.
 func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer) (*admission, *apiError) {
 	a := &admission{arrived: time.Now(), path: r.URL.Path}
-	a.tenant = h.tenantOf(repl)
+	a.tenant = h.tenantOf(r, repl)
+	// Known from here on, so the inner proxy can use it (header_up).
+	repl.Map(a.placeholder)
 	if len(a.tenant) > maxTenantLen {
 		// Tenant IDs are map keys, log fields and report rows: bound them.
 		a.tenant, a.label = a.tenant[:maxTenantLen], unknownTenantLabel
 		a.m = h.metrics.of(a.label)
 		return a, badRequest(fmt.Sprintf("The tenant ID is longer than %d bytes.", maxTenantLen))
 	}
-	// Known from here on, so the inner proxy can use it (header_up).
-	a.tenantVal = a.tenant
-	repl.Set(placeholderTenant, a.tenantVal)
 	tc, known := h.qcfg.Tenant(a.tenant)
 	a.tc, a.label = tc, a.tenant
 	if !known {
@@ -448,7 +445,11 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 		held += n
 		return true
 	}
-	body, err := readBody(w, r, h.MaxBody, time.Duration(h.BodyTimeout), reserve)
+	var deadline time.Time
+	if h.BodyTimeout > 0 {
+		deadline = a.arrived.Add(time.Duration(h.BodyTimeout))
+	}
+	body, err := readBody(w, r, h.MaxBody, deadline, &a.watch, reserve)
 	h.shared.reading.Add(-held)
 	if err != nil {
 		if r.Context().Err() != nil && !errors.Is(err, errBodyTimeout) {
@@ -491,12 +492,20 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 }
 
 // tenantOf evaluates tenant_key. The usual key, one request-header
-// placeholder, is looked up directly (see Handler.tenantVar): what
-// ReplaceAll returns for it, without parsing the key on every request.
-func (h *Handler) tenantOf(repl *caddy.Replacer) string {
-	if h.tenantVar != "" {
-		v, _ := repl.GetString(h.tenantVar)
-		return v
+// placeholder, is read from the request's header (see
+// Handler.tenantHeader): what ReplaceAll returns for it, without parsing
+// the key, walking the replacer's providers and boxing the value on every
+// request.
+func (h *Handler) tenantOf(r *http.Request, repl *caddy.Replacer) string {
+	if h.tenantHeader != "" {
+		switch v := r.Header[h.tenantHeader]; len(v) {
+		case 0:
+			return ""
+		case 1:
+			return v[0]
+		default:
+			return strings.Join(v, ",")
+		}
 	}
 	return repl.ReplaceAll(h.TenantKey, "")
 }
@@ -579,7 +588,7 @@ func outcomeValue(outcome string) any {
 // code, message and retry in placeholders), for the site's handle_errors
 // routes to render.
 func (h *Handler) answer(w http.ResponseWriter, repl *caddy.Replacer, a *admission, e *apiError) error {
-	h.record(repl, a, e.code, time.Since(a.arrived))
+	h.record(a, e.code, time.Since(a.arrived))
 	h.quotaStanding(a, e)
 	if !h.HandleErrors {
 		e.write(w)
@@ -597,20 +606,12 @@ func (h *Handler) answer(w http.ResponseWriter, repl *caddy.Replacer, a *admissi
 	return caddyhttp.Error(e.status, errors.New(e.code+": "+e.message))
 }
 
-// record sets the access-log placeholders, logs and counts the outcome.
-func (h *Handler) record(repl *caddy.Replacer, a *admission, outcome string, wait time.Duration) {
-	if a.tenantVal == nil {
-		// Refused before admit set it (see admit).
-		a.tenantVal = a.tenant
-		repl.Set(placeholderTenant, a.tenantVal)
-	}
-	if !a.placed || wait != a.placedWait {
-		repl.Set("http.fair_queue.wait_ms", wait.Milliseconds())
-		repl.Set("http.fair_queue.cost", a.cost.Total())
-	}
-	repl.Set("http.fair_queue.outcome", outcomeValue(outcome))
+// record gives the access-log placeholders their values, logs and counts
+// the outcome.
+func (h *Handler) record(a *admission, outcome string, wait time.Duration) {
+	a.phWaitKnown, a.phWait, a.phOutcome = true, wait, outcome
 	a.m.observeOutcome(h.Name, a.label, outcome, wait, float64(a.cost.Total()))
-	h.history().Outcome(a.label, outcome, wait)
+	h.history().Outcome(a.label, outcome, wait, a.used)
 	if outcome != outcomeServed {
 		if c := h.logger.Check(zap.DebugLevel, "request not served"); c != nil {
 			c.Write(zap.String("tenant", a.tenant), zap.String("class", a.class),

@@ -208,9 +208,11 @@ func (h *History) slotLocked(tenant string) *tenantMinute {
 	return s
 }
 
-// Outcome counts one answered request of tenant: its outcome code and,
-// when served, how long it waited in the queue.
-func (h *History) Outcome(tenant, code string, wait time.Duration) {
+// Outcome counts one answered request of tenant: its outcome code, the
+// tokens it really used (0 when none were served) and, when served, how
+// long it waited in the queue. One call per answer: the request path takes
+// the history's lock once for both.
+func (h *History) Outcome(tenant, code string, wait time.Duration, tokens int64) {
 	if h == nil {
 		return
 	}
@@ -226,6 +228,9 @@ func (h *History) Outcome(tenant, code string, wait time.Duration) {
 		w := max(wait.Seconds(), 0)
 		s.wait[bucketOf(w)]++
 		s.waitSum += w
+	}
+	if tokens > 0 {
+		s.tokens += tokens
 	}
 }
 
@@ -249,16 +254,6 @@ func (h *History) Dispatched(tenant string, boosted bool, eta, wait time.Duratio
 		s.etaRatio += r
 		s.etaErr += math.Abs(math.Log(r))
 	}
-}
-
-// Tokens adds the tokens a served request of tenant really used.
-func (h *History) Tokens(tenant string, tokens int64) {
-	if h == nil || tokens <= 0 {
-		return
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.slotLocked(tenant).tokens += tokens
 }
 
 // QuotaLimited counts a request of tenant that its quota limited: by
