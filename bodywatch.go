@@ -45,7 +45,6 @@ type bodyShard struct {
 // in the request's admission: watching costs the request no allocation.
 type bodyRead struct {
 	prev, next *bodyRead
-	listed     bool
 	deadline   time.Time
 	// conn is the writer that sets the connection's read deadline; body is
 	// closed instead where the connection takes none (a recorder in tests,
@@ -55,7 +54,8 @@ type bodyRead struct {
 	// fired is set when the deadline passed while the body was being
 	// read: the read that failed then failed for the timeout, which the
 	// closed body's error does not say.
-	fired atomic.Bool
+	fired  atomic.Bool
+	listed bool
 }
 
 // readDeadliner is what http.ResponseController.SetReadDeadline looks for.

@@ -66,22 +66,21 @@ type admission struct {
 	body     []byte
 	req      *llmapi.Request
 	cost     llmapi.Cost
-	light    bool
 	path     string
 	arrived  time.Time
 	deadline time.Time
 	// What the wait_ms and outcome placeholders show (placeholders.go),
-	// once known.
-	phWaitKnown bool
-	phWait      time.Duration
-	phOutcome   string
-	// usageKnown is set once a served response's usage is known (tokens
-	// it really used), for the cost model.
-	usageKnown                 bool
+	// once known (phWaitKnown).
+	phWait    time.Duration
+	phOutcome string
+	// usedPrompt and usedCompletion are a served response's usage, once
+	// known (usageKnown), for the cost model.
 	usedPrompt, usedCompletion int
 	// used is the tokens the answer counts as served (the history's):
 	// the usage, or the estimate of an answer that reported none.
 	used int64
+	// Together, so that the flags share one word.
+	light, phWaitKnown, usageKnown bool
 
 	// m caches the tenant's metric children (nil for a Handler that was
 	// not provisioned).
