@@ -40,14 +40,7 @@ func TestBodyWatch(t *testing.T) {
 		defer conn.Close()
 		// 100 bytes announced, 10 sent: the rest never comes.
 		fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")
-		select {
-		case err := <-got:
-			if !errors.Is(err, errBodyTimeout) {
-				t.Fatalf("stalled body: %v, want errBodyTimeout", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("a stalled body was never ended")
-		}
+		wantBodyTimeout(t, got)
 	})
 
 	t.Run("no connection deadline", func(t *testing.T) {
@@ -63,14 +56,7 @@ func TestBodyWatch(t *testing.T) {
 		if _, err := pw.Write([]byte("0123456789")); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case err := <-done:
-			if !errors.Is(err, errBodyTimeout) {
-				t.Fatalf("stalled body: %v, want errBodyTimeout", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("a stalled body was never ended")
-		}
+		wantBodyTimeout(t, done)
 	})
 
 	t.Run("in time", func(t *testing.T) {
@@ -111,6 +97,19 @@ func TestBodyWatch(t *testing.T) {
 		t.Fatal("a body is still watched after its read ended")
 	}
 	goleak.VerifyNone(t, ignore)
+}
+
+// wantBodyTimeout waits for a stalled read's error: errBodyTimeout.
+func wantBodyTimeout(t *testing.T, got <-chan error) {
+	t.Helper()
+	select {
+	case err := <-got:
+		if !errors.Is(err, errBodyTimeout) {
+			t.Fatalf("stalled body: %v, want errBodyTimeout", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a stalled body was never ended")
+	}
 }
 
 // TestBodyWatchKeepsOthers: ending one late body leaves the others being
