@@ -190,15 +190,20 @@ func (h *History) Declare(names []string) {
 }
 
 // slotLocked returns the tenant's slot for the current minute, cleared
-// if it held an older one.
+// if it held an older one. Rings exist for declared tenants and
+// UnknownTenant only (Declare drops the others), so a ring found is the
+// tenant's own: one map lookup per record, for the common case.
 func (h *History) slotLocked(tenant string) *tenantMinute {
-	if !h.declared[tenant] {
-		tenant = UnknownTenant
-	}
 	ring := h.tenants[tenant]
 	if ring == nil {
-		ring = make([]tenantMinute, Minutes)
-		h.tenants[tenant] = ring
+		if !h.declared[tenant] {
+			tenant = UnknownTenant
+			ring = h.tenants[tenant]
+		}
+		if ring == nil {
+			ring = make([]tenantMinute, Minutes)
+			h.tenants[tenant] = ring
+		}
 	}
 	m := unixMinute(h.now())
 	s := &ring[ringIndex(m, Minutes)]
