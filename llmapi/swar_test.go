@@ -48,3 +48,33 @@ func TestSWAR(t *testing.T) {
 		}
 	}
 }
+
+// TestStringSpecialPairs: every pair of byte values, side by side at every
+// place in a word and across two words, among bytes stringSpecial must
+// not stop at: the merged word tests flag exactly the first byte
+// stringByte marks.
+func TestStringSpecialPairs(t *testing.T) {
+	for _, fill := range []byte{'a', 0x21, 0x23, 0x7f, 0xff} {
+		b := make([]byte, 24)
+		for p := 0; p+1 < 16; p++ {
+			for c0 := range 256 {
+				for c1 := range 256 {
+					for i := range b {
+						b[i] = fill
+					}
+					b[p], b[p+1] = byte(c0), byte(c1)
+					want := len(b)
+					switch {
+					case stringByte[c0]:
+						want = p
+					case stringByte[c1]:
+						want = p + 1
+					}
+					if got := stringSpecial(b, 0); got != want {
+						t.Fatalf("stringSpecial(%q) = %d, want %d", b, got, want)
+					}
+				}
+			}
+		}
+	}
+}
