@@ -349,62 +349,96 @@ func (approxCounter) Count(s string) int {
 	// of one kind (letters, digits, punctuation, whitespace), each charged
 	// when it ends (runCost); a CJK character or another non-ASCII symbol
 	// ends the run before it and is charged on its own. The run's state is
-	// a few locals, so the loop over ASCII text is a table lookup a byte.
+	// three integers (see runSpace), passed between asciiRuns, which takes
+	// ASCII a stretch of bytes of one kind at a time, and approxRune.
 	var q, n int
-	run, breaks := uint8(runNone), false
-	for i := 0; i < len(s); {
-		if c := s[i]; c < utf8.RuneSelf {
-			i++
-			k := asciiRun[c]
-			if k != run {
-				q += runCost(run, n, breaks)
-				run, n, breaks = k, 0, false
-			}
-			n++
-			if k == runSpace && c != ' ' {
-				breaks = true
-			}
-			continue
+	run := uint8(runNone)
+	for i := 0; ; {
+		var m int
+		m, q, run, n = asciiRuns(s[i:], q, run, n)
+		if i += m; i >= len(s) {
+			break
 		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		i += size
-		k := uint8(runNone)
-		switch c := classOf(r); {
-		case c == classLetter && isCJK(r):
-			q += 5
-		case c == classLetter:
-			k = runLetter
-			q += 4
-		case c == classNumber:
-			k = runDigit
-		case c == classSpace:
-			k = runSpace
-		default:
-			q += 4
-		}
-		if k != run || k == runNone {
-			q += runCost(run, n, breaks)
-			run, n, breaks = k, 0, false
-		}
-		if k != runNone {
-			n++
-			breaks = breaks || k == runSpace // a space that is not ' '
-		}
+		m, q, run, n = approxRune(s[i:], q, run, n)
+		i += m
 	}
-	return (q + runCost(run, n, breaks) + 3) / 4
+	return (q + runCost(run, n) + 3) / 4
+}
+
+// asciiRuns is approxCounter.Count's loop over the ASCII that s starts
+// with: it returns how many bytes it took and the run state after them.
+// Its loop over a word is a table lookup and a compare a byte, the run's
+// bookkeeping once a word; it calls nothing, so that its state stays in
+// registers.
+func asciiRuns(s string, q int, run uint8, n int) (int, int, uint8, int) {
+	i := 0
+	for i < len(s) {
+		k := byteRun[s[i]]
+		if k == runNone {
+			break
+		}
+		j := i + 1
+		for j < len(s) && byteRun[s[j]] == k {
+			j++
+		}
+		if k&^runBreaks != run&^runBreaks {
+			q += runCost(run, n)
+			run, n = k, 0
+		}
+		run |= k & runBreaks
+		n += j - i
+		i = j
+	}
+	return i, q, run, n
+}
+
+// approxRune is approxCounter.Count's step over the character s starts
+// with, one that is not ASCII, from the run state (q, run, n) to the state
+// after it.
+func approxRune(s string, q int, run uint8, n int) (int, int, uint8, int) {
+	r, size := utf8.DecodeRuneInString(s)
+	k := uint8(runNone)
+	switch c := classOf(r); {
+	case c == classLetter && isCJK(r):
+		q += 5
+	case c == classLetter:
+		k = runLetter
+		q += 4
+	case c == classNumber:
+		k = runDigit
+	case c == classSpace:
+		k = runSpace | runBreaks // a space that is not ' '
+	default:
+		q += 4
+	}
+	if k&^runBreaks != run&^runBreaks || k == runNone {
+		q += runCost(run, n)
+		run, n = k, 0
+	}
+	if k != runNone {
+		run |= k & runBreaks
+		n++
+	}
+	return size, q, run, n
 }
 
 // Kinds of run the approx counter charges.
 const (
-	runNone = iota
-	runLetter
-	runDigit
-	runPunct
-	runSpace
+	runNone   = 0
+	runLetter = 2
+	runDigit  = 4
+	runPunct  = 6
+	// runSpace is whitespace; with runBreaks set, it holds whitespace
+	// other than a plain space, which costs a token however short the
+	// run (see runCost).
+	runSpace  = 8
+	runBreaks = 1
 )
 
-// asciiRun is the kind of run each ASCII character belongs to.
-var asciiRun = func() (t [utf8.RuneSelf]uint8) {
+// byteRun is the kind of run each ASCII byte belongs to, with runBreaks
+// set for the whitespace that is not a plain space, and runNone, which no
+// ASCII byte has, for the bytes of multi-byte characters.
+var byteRun = func() (t [256]uint8) {
 	for i, c := range asciiClass {
 		switch c {
 		case classLetter:
@@ -413,6 +447,9 @@ var asciiRun = func() (t [utf8.RuneSelf]uint8) {
 			t[i] = runDigit
 		case classSpace:
 			t[i] = runSpace
+			if i != ' ' {
+				t[i] |= runBreaks
+			}
 		default:
 			t[i] = runPunct
 		}
@@ -422,8 +459,16 @@ var asciiRun = func() (t [utf8.RuneSelf]uint8) {
 
 // runCost is what a run of n characters of a kind costs, in quarter
 // tokens: a word piece per 8 letters, one per 3 digits or 2 punctuation
-// marks, and one for whitespace beyond a single plain space.
-func runCost(kind uint8, n int, breaks bool) int {
+// marks, and one for whitespace beyond a single plain space. Short runs,
+// most of them, cost what shortRunCost says.
+func runCost(kind uint8, n int) int {
+	if n < len(shortRunCost[0]) {
+		return int(shortRunCost[kind&15][n])
+	}
+	return longRunCost(kind, n)
+}
+
+func longRunCost(kind uint8, n int) int {
 	switch kind {
 	case runLetter:
 		return 4 + 4*((n-1)/8)
@@ -431,13 +476,24 @@ func runCost(kind uint8, n int, breaks bool) int {
 		return 4 * ((n + 2) / 3)
 	case runPunct:
 		return 4 * ((n + 1) / 2)
-	case runSpace:
-		if n > 1 || breaks {
+	case runSpace, runSpace | runBreaks:
+		if n > 1 || kind&runBreaks != 0 {
 			return 4
 		}
 	}
 	return 0
 }
+
+// shortRunCost is longRunCost for runs of fewer than 16 characters, by
+// kind (the kinds fit in 4 bits, which spares runCost a bounds check).
+var shortRunCost = func() (t [16][16]uint8) {
+	for k := range t {
+		for n := 1; n < len(t[k]); n++ {
+			t[k][n] = uint8(longRunCost(uint8(k), n))
+		}
+	}
+	return t
+}()
 
 func isCJK(r rune) bool {
 	return unicode.In(r, unicode.Han, unicode.Hiragana, unicode.Katakana, unicode.Hangul)
