@@ -476,13 +476,27 @@ func decodeUsage(s *scan, raw []byte) (prompt, completion int, ok bool) {
 	return prompt, completion, prompt >= 0 || completion >= 0
 }
 
+// hasExponent reports whether v holds an e or E, with no call: token
+// counts are a few digits.
+func hasExponent(v []byte) bool {
+	for _, c := range v {
+		if c|0x20 == 'e' {
+			return true
+		}
+	}
+	return false
+}
+
 // tokenCount reads a JSON number as a token count, clamped to [0, 2^31-1];
 // some servers write counts as 12.0, so a fraction is truncated.
 func tokenCount(v []byte) (int, bool) {
+	if n, ok := smallInt(v); ok {
+		return min(n, 1<<31-1), true
+	}
 	if len(v) == 0 || (v[0] != '-' && (v[0] < '0' || v[0] > '9')) {
 		return 0, false
 	}
-	if bytes.ContainsAny(v, "eE") {
+	if hasExponent(v) {
 		f, err := strconv.ParseFloat(string(v), 64)
 		if err != nil {
 			return 0, false

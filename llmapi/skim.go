@@ -1,0 +1,350 @@
+package llmapi
+
+import (
+	"encoding/binary"
+	"math/bits"
+)
+
+// Skimming: ParseUsage's reading of a response, which runs once per
+// non-streamed response. It reads as scan.member and decodeUsage read
+// (they stay the StreamScanner's, whose work the fuzz target counts), with
+// the same leniency on what is not JSON, but without their closures and
+// their counting: a response's bytes are mostly the strings of its
+// choices, stepped over a word at a time, and the brackets between them,
+// found by a table lookup a byte. TestSkimMatchesScan and FuzzParseUsage
+// hold the two to the same result on every input.
+
+// Classes of the bytes a skimmed container holds (see skimValue); 0 for
+// the bytes that do not matter there.
+const (
+	skimQuote = 1 + iota
+	skimOpen
+	skimClose
+)
+
+var skimClass = func() (t [256]uint8) {
+	t['"'] = skimQuote
+	t['{'], t['['] = skimOpen, skimOpen
+	t['}'], t[']'] = skimClose, skimClose
+	return t
+}()
+
+// skimDelim marks the bytes that end a value that is neither a string nor
+// a container (see scan.valueEndDepth).
+var skimDelim = func() (t [256]bool) {
+	for _, c := range []byte(",}] \t\n\r") {
+		t[c] = true
+	}
+	return t
+}()
+
+// skimString is scan.stringEnd: the index just past the string starting
+// at b[i] == '"', where a backslash escapes whatever byte follows it, or
+// -1. Its test of the first word is small enough to be inlined: most
+// strings of a response are keys and short values that end in it.
+func skimString(b []byte, i int) int {
+	e, _ := skimStringEsc(b, i)
+	return e
+}
+
+// skimStringEsc is skimString that also reports whether the string may
+// hold an escape: it does not when it ends within its first word.
+func skimStringEsc(b []byte, i int) (end int, esc bool) {
+	j := i + 1
+	if j >= 0 && j+8 <= len(b) {
+		x := binary.LittleEndian.Uint64(b[j : j+8])
+		q, e := x^(swarLSB*'"'), x^(swarLSB*'\\')
+		if m := ((q-swarLSB)&^q | (e-swarLSB)&^e) & swarMSB; m == 0 {
+			j += 8
+		} else if j += bits.TrailingZeros64(m) >> 3; b[j] == '"' {
+			return j + 1, false
+		}
+	}
+	return skimStringFrom(b, j), true
+}
+
+// skimStringFrom is skimString carried on from b[j], where a character
+// starts.
+func skimStringFrom(b []byte, j int) int {
+	for {
+		for j >= 0 && j+8 <= len(b) {
+			x := binary.LittleEndian.Uint64(b[j : j+8])
+			q, e := x^(swarLSB*'"'), x^(swarLSB*'\\')
+			if m := ((q-swarLSB)&^q | (e-swarLSB)&^e) & swarMSB; m != 0 {
+				j += bits.TrailingZeros64(m) >> 3
+				goto found
+			}
+			j += 8
+		}
+		for j < len(b) && b[j] != '"' && b[j] != '\\' {
+			j++
+		}
+		if j >= len(b) {
+			return -1
+		}
+	found:
+		if b[j] == '"' {
+			return j + 1
+		}
+		j += 2 // a backslash and the byte it escapes
+		if j > len(b) {
+			return -1
+		}
+	}
+}
+
+// skimValue is scan.valueEnd: the index just past the value starting at
+// b[i], or -1. A container ends where its brackets, of either kind,
+// balance.
+func skimValue(b []byte, i int) int {
+	if i >= len(b) {
+		return -1
+	}
+	switch b[i] {
+	case '"':
+		return skimString(b, i)
+	case '{', '[':
+		return skimContainer(b, i)
+	}
+	j := i
+	for j < len(b) && !skimDelim[b[j]] {
+		j++
+	}
+	if j == i {
+		return -1
+	}
+	return j
+}
+
+// skimContainer is skimValue for the array or object at b[i]. Between
+// strings it looks at each byte's class; a string's end it looks for a
+// word at a time, in place: a response's strings are short and many, and
+// a call per string would cost as much as its bytes.
+func skimContainer(b []byte, i int) int {
+	depth := 0
+	for j := i; j < len(b); j++ {
+		switch skimClass[b[j]] {
+		case 0:
+			continue
+		case skimOpen:
+			depth++
+			continue
+		case skimClose:
+			if depth--; depth == 0 {
+				return j + 1
+			}
+			continue
+		}
+		// A string: j moves to its closing quote.
+		j++
+	words:
+		for j >= 0 && j+8 <= len(b) {
+			x := binary.LittleEndian.Uint64(b[j : j+8])
+			q, e := x^(swarLSB*'"'), x^(swarLSB*'\\')
+			if m := ((q-swarLSB)&^q | (e-swarLSB)&^e) & swarMSB; m != 0 {
+				if j += bits.TrailingZeros64(m) >> 3; b[j] == '"' {
+					break words
+				}
+				j += 2 // a backslash and the byte it escapes
+				continue
+			}
+			j += 8
+		}
+		if j+8 > len(b) {
+			if j = skimStringFrom(b, j); j < 0 {
+				return -1
+			}
+			j-- // the closing quote
+		}
+	}
+	return -1
+}
+
+// isKey reports whether the raw key k (between its quotes) is key, which
+// has no escapes. A raw key of key's length is key only as it stands; an
+// escape makes a raw key longer than what it decodes to.
+func isKey(k []byte, key string) bool {
+	return len(k) == len(key) && string(k) == key ||
+		len(k) > len(key) && (k[0] == key[0] || k[0] == '\\') && escaped(k) && string(appendUnquoted(nil, k)) == key
+}
+
+// skimLastUsage is decodeUsage(scan.member(b, "usage")), which ParseUsage
+// reads, in one pass: a usage member is decoded where it stands, and only
+// one that skimUsageAt refuses is stepped over again, to find where it
+// ends.
+func skimLastUsage(b []byte) (prompt, completion int, ok bool) {
+	prompt, completion = -1, -1 // decodeUsage(nil)
+	i := skipJSONSpace(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return
+	}
+	i = skipJSONSpace(b, i+1)
+	for i < len(b) && b[i] == '"' {
+		ke := skimString(b, i)
+		if ke < 0 {
+			return
+		}
+		k := i + 1 // the raw key is b[k:ke-1]
+		i = skipJSONSpace(b, ke)
+		if i >= len(b) || b[i] != ':' {
+			return
+		}
+		i = skipJSONSpace(b, i+1)
+		if n := ke - 1 - k; n == len("usage") && string(b[k:ke-1]) == "usage" ||
+			n > len("usage") && (b[k] == 'u' || b[k] == '\\') && isKey(b[k:ke-1], "usage") {
+			p, c, uok, e := skimUsageAt(b, i)
+			if e < 0 {
+				e = skimValue(b, i)
+			}
+			if e < 0 {
+				return
+			}
+			prompt, completion, ok, i = p, c, uok, e
+		} else if i = skimValue(b, i); i < 0 {
+			return prompt, completion, ok
+		}
+		if i = skipJSONSpace(b, i); i >= len(b) || b[i] != ',' {
+			return
+		}
+		i = skipJSONSpace(b, i+1)
+	}
+	return
+}
+
+// skimUsageAt is decodeUsage for the value at b[i], without a scan, and
+// also returns where that value ends when it is an object decodeUsage
+// accepts as well formed,
+// -1 otherwise. The end is skimValue's: its brackets balance there, unless
+// a member's value that is neither a string nor a container holds a quote
+// or a bracket, which skimValue would count (then end is -1 too).
+func skimUsageAt(b []byte, i int) (prompt, completion int, ok bool, end int) {
+	if i >= len(b) || b[i] != '{' {
+		return -1, -1, false, -1
+	}
+	pt, ct, it, ot, cache := -1, -1, -1, -1, -1
+	odd := false // a value holds what skimValue would count
+	// scan.object, member by member, as eachMember calls decodeUsage's
+	// function: an object that is not well formed counts for nothing.
+	i = skipJSONSpace(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return -1, -1, false, i + 1
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return -1, -1, false, -1
+		}
+		ke, esc := skimStringEsc(b, i)
+		if ke < 0 {
+			return -1, -1, false, -1
+		}
+		k := b[i+1 : ke-1]
+		i = skipJSONSpace(b, ke)
+		if i >= len(b) || b[i] != ':' {
+			return -1, -1, false, -1
+		}
+		i = skipJSONSpace(b, i+1)
+		if i >= len(b) {
+			return -1, -1, false, -1
+		}
+		var e int
+		switch b[i] {
+		case '"':
+			e = skimString(b, i)
+		case '{', '[':
+			e = skimContainer(b, i)
+		default:
+			// skimValue's loop, which also notes what it would count.
+			for e = i; e < len(b) && !skimDelim[b[e]]; e++ {
+				odd = odd || skimClass[b[e]] != 0
+			}
+			if e == i {
+				e = -1
+			}
+		}
+		if e < 0 {
+			return -1, -1, false, -1
+		}
+		if n, isNum := tokenCount(b[i:e]); isNum {
+			f := usageField(k)
+			if f < 0 && esc && escaped(k) {
+				f = usageField(appendUnquoted(nil, k))
+			}
+			switch f {
+			case usagePrompt:
+				pt = n
+			case usageCompletion:
+				ct = n
+			case usageInput:
+				it = n
+			case usageOutput:
+				ot = n
+			case usageCache:
+				cache = max(cache, 0) + n
+			}
+		}
+		i = skipJSONSpace(b, e)
+		if i >= len(b) {
+			return -1, -1, false, -1
+		}
+		if b[i] == '}' {
+			end = i + 1
+			if odd {
+				end = -1
+			}
+			break
+		}
+		if b[i] != ',' {
+			return -1, -1, false, -1
+		}
+		i = skipJSONSpace(b, i+1)
+	}
+	prompt, completion = pt, ct
+	if prompt < 0 {
+		prompt = it
+	}
+	if completion < 0 {
+		completion = ot
+	}
+	// Anthropic's input_tokens leaves out cached tokens; the prompt the
+	// estimate counted includes them.
+	if cache >= 0 {
+		prompt = max(prompt, 0) + cache
+	}
+	return prompt, completion, prompt >= 0 || completion >= 0, end
+}
+
+// escaped reports whether the raw key k holds an escape: short keys, with
+// no call.
+func escaped(k []byte) bool {
+	for _, c := range k {
+		if c == '\\' {
+			return true
+		}
+	}
+	return false
+}
+
+// The members of a usage object that count.
+const (
+	usagePrompt = iota
+	usageCompletion
+	usageInput
+	usageOutput
+	usageCache // Anthropic's cache reads and writes
+)
+
+func usageField(k []byte) int {
+	switch string(k) {
+	case "prompt_tokens":
+		return usagePrompt
+	case "completion_tokens":
+		return usageCompletion
+	case "input_tokens":
+		return usageInput
+	case "output_tokens":
+		return usageOutput
+	case "cache_creation_input_tokens", "cache_read_input_tokens":
+		return usageCache
+	}
+	return -1
+}
