@@ -2,7 +2,6 @@ package llmapi
 
 import (
 	"bytes"
-	"encoding/binary"
 	"math/bits"
 )
 
@@ -698,7 +697,7 @@ func fields(obj []byte, depth int, a, b string, vals [][]byte) bool {
 // and esc reports whether the name holds an escape.
 func name(b []byte, i int) (end, n int, w uint64, esc bool) {
 	if i >= 0 && i+10 <= len(b) {
-		x := binary.LittleEndian.Uint64(b[i+1 : i+9])
+		x := load64(b, i+1)
 		q := x ^ (swarLSB * 0x02)
 		e := x ^ (swarLSB * '\\')
 		if m := ((q-swarLSB*0x21)&^q | (e-swarLSB)&^e) & swarMSB; m != 0 {
@@ -767,7 +766,7 @@ func scanString(b []byte, i int) int {
 	j := i + 1
 	for {
 		for j >= 0 && j+8 <= len(b) {
-			x := binary.LittleEndian.Uint64(b[j : j+8])
+			x := load64(b, j)
 			q := x ^ (swarLSB * 0x02)
 			e := x ^ (swarLSB * '\\')
 			if m := ((q-swarLSB*0x21)&^q | (e-swarLSB)&^e) & swarMSB; m != 0 {

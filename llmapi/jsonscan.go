@@ -2,7 +2,6 @@ package llmapi
 
 import (
 	"bytes"
-	"encoding/binary"
 	"math/bits"
 	"strconv"
 	"unicode/utf16"
@@ -52,7 +51,7 @@ func (s *scan) skipWS(b []byte, i int) int {
 func (s *scan) stringEnd(b []byte, i int) int {
 	j := i + 1
 	for j+8 <= len(b) && j-i <= 64 {
-		x := binary.LittleEndian.Uint64(b[j:])
+		x := load64(b, j)
 		if m := hasByte(x, '"') | hasByte(x, '\\'); m != 0 {
 			k := j + bits.TrailingZeros64(m)>>3
 			if b[k] == '"' {

@@ -1,7 +1,6 @@
 package llmapi
 
 import (
-	"encoding/binary"
 	"math/bits"
 )
 
@@ -32,7 +31,7 @@ func hasLess(x uint64, n byte) uint64 { return (x - swarLSB*uint64(n)) & ^x & sw
 // (lim <= len(b)), or lim if there is none.
 func quoteOrEscape(b []byte, j, lim int) int {
 	for ; j+8 <= lim; j += 8 {
-		x := binary.LittleEndian.Uint64(b[j:])
+		x := load64(b, j)
 		if m := hasByte(x, '"') | hasByte(x, '\\'); m != 0 {
 			return j + bits.TrailingZeros64(m)>>3
 		}
@@ -54,7 +53,7 @@ func quoteOrEscape(b []byte, j, lim int) int {
 // AND with swarMSB that each would make.
 func stringSpecial(b []byte, j int) int {
 	for j >= 0 && j+8 <= len(b) {
-		x := binary.LittleEndian.Uint64(b[j : j+8])
+		x := load64(b, j)
 		q := x ^ (swarLSB * 0x02)
 		e := x ^ (swarLSB * '\\')
 		if m := ((q-swarLSB*0x21)&^q | (e-swarLSB)&^e) & swarMSB; m != 0 {

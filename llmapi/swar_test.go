@@ -1,6 +1,7 @@
 package llmapi
 
 import (
+	"encoding/binary"
 	"math/rand/v2"
 	"testing"
 )
@@ -75,6 +76,22 @@ func TestStringSpecialPairs(t *testing.T) {
 					}
 				}
 			}
+		}
+	}
+}
+
+// TestLoad64: the word load is binary.LittleEndian's at every offset.
+func TestLoad64(t *testing.T) {
+	b := make([]byte, 40)
+	for i := range b {
+		b[i] = byte(i*37 + 11)
+	}
+	for j := 0; j+8 <= len(b); j++ {
+		if got, want := load64(b, j), binary.LittleEndian.Uint64(b[j:]); got != want {
+			t.Fatalf("load64(b, %d) = %#x, want %#x", j, got, want)
+		}
+		if got, want := stringWord(string(b), j), binary.LittleEndian.Uint64(b[j:]); got != want {
+			t.Fatalf("stringWord(b, %d) = %#x, want %#x", j, got, want)
 		}
 	}
 }
