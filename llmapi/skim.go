@@ -1,9 +1,6 @@
 package llmapi
 
-import (
-	"encoding/binary"
-	"math/bits"
-)
+import "math/bits"
 
 // Skimming: ParseUsage's reading of a response, which runs once per
 // non-streamed response. It reads as scan.member and decodeUsage read
@@ -52,7 +49,7 @@ func skimString(b []byte, i int) int {
 func skimStringEsc(b []byte, i int) (end int, esc bool) {
 	j := i + 1
 	if j >= 0 && j+8 <= len(b) {
-		x := binary.LittleEndian.Uint64(b[j : j+8])
+		x := load64(b, j)
 		q, e := x^(swarLSB*'"'), x^(swarLSB*'\\')
 		if m := ((q-swarLSB)&^q | (e-swarLSB)&^e) & swarMSB; m == 0 {
 			j += 8
@@ -63,12 +60,32 @@ func skimStringEsc(b []byte, i int) (end int, esc bool) {
 	return skimStringFrom(b, j), true
 }
 
+// wordEnd returns the index just past the quote that closes a string
+// whose characters start at b[j] (j > 0), when that quote comes in the 8
+// bytes from b[j] with no backslash before it (a key or a short value); 0
+// otherwise. It is small enough to be inlined, which a call per string
+// would cost as much as.
+func wordEnd(b []byte, j int) int {
+	if j+8 > len(b) {
+		return 0
+	}
+	x := load64(b, j)
+	q := x ^ (swarLSB * '"')
+	mq := (q - swarLSB) &^ q
+	e := x ^ (swarLSB * '\\')
+	// The lowest flag is exact: it is the first quote when mq has it.
+	if low := (mq | (e-swarLSB)&^e) & swarMSB; low&-low&mq != 0 {
+		return j + bits.TrailingZeros64(low)>>3 + 1
+	}
+	return 0
+}
+
 // skimStringFrom is skimString carried on from b[j], where a character
 // starts.
 func skimStringFrom(b []byte, j int) int {
 	for {
 		for j >= 0 && j+8 <= len(b) {
-			x := binary.LittleEndian.Uint64(b[j : j+8])
+			x := load64(b, j)
 			q, e := x^(swarLSB*'"'), x^(swarLSB*'\\')
 			if m := ((q-swarLSB)&^q | (e-swarLSB)&^e) & swarMSB; m != 0 {
 				j += bits.TrailingZeros64(m) >> 3
@@ -139,7 +156,7 @@ func skimContainer(b []byte, i int) int {
 		j++
 	words:
 		for j >= 0 && j+8 <= len(b) {
-			x := binary.LittleEndian.Uint64(b[j : j+8])
+			x := load64(b, j)
 			q, e := x^(swarLSB*'"'), x^(swarLSB*'\\')
 			if m := ((q-swarLSB)&^q | (e-swarLSB)&^e) & swarMSB; m != 0 {
 				if j += bits.TrailingZeros64(m) >> 3; b[j] == '"' {
@@ -180,9 +197,11 @@ func skimLastUsage(b []byte) (prompt, completion int, ok bool) {
 	}
 	i = skipJSONSpace(b, i+1)
 	for i < len(b) && b[i] == '"' {
-		ke := skimString(b, i)
-		if ke < 0 {
-			return
+		ke := wordEnd(b, i+1)
+		if ke == 0 {
+			if ke = skimString(b, i); ke < 0 {
+				return
+			}
 		}
 		k := i + 1 // the raw key is b[k:ke-1]
 		i = skipJSONSpace(b, ke)
@@ -190,7 +209,7 @@ func skimLastUsage(b []byte) (prompt, completion int, ok bool) {
 			return
 		}
 		i = skipJSONSpace(b, i+1)
-		if n := ke - 1 - k; n == len("usage") && string(b[k:ke-1]) == "usage" ||
+		if n := ke - 1 - k; n == len("usage") && string(b[k:ke]) == `usage"` ||
 			n > len("usage") && (b[k] == 'u' || b[k] == '\\') && isKey(b[k:ke-1], "usage") {
 			p, c, uok, e := skimUsageAt(b, i)
 			if e < 0 {
@@ -200,6 +219,8 @@ func skimLastUsage(b []byte) (prompt, completion int, ok bool) {
 				return
 			}
 			prompt, completion, ok, i = p, c, uok, e
+		} else if e := wordEnd(b, i+1); e > 0 && b[i] == '"' {
+			i = e
 		} else if i = skimValue(b, i); i < 0 {
 			return prompt, completion, ok
 		}
@@ -233,11 +254,17 @@ func skimUsageAt(b []byte, i int) (prompt, completion int, ok bool, end int) {
 		if i >= len(b) || b[i] != '"' {
 			return -1, -1, false, -1
 		}
-		ke, esc := skimStringEsc(b, i)
-		if ke < 0 {
-			return -1, -1, false, -1
+		f, ke := knownUsageField(b, i)
+		esc := false
+		if ke == 0 {
+			if ke, esc = skimStringEsc(b, i); ke < 0 {
+				return -1, -1, false, -1
+			}
+			f = usageField(b[i+1 : ke-1])
+			if f < 0 && esc && escaped(b[i+1:ke-1]) {
+				f = usageField(appendUnquoted(nil, b[i+1:ke-1]))
+			}
 		}
-		k := b[i+1 : ke-1]
 		i = skipJSONSpace(b, ke)
 		if i >= len(b) || b[i] != ':' {
 			return -1, -1, false, -1
@@ -265,10 +292,6 @@ func skimUsageAt(b []byte, i int) (prompt, completion int, ok bool, end int) {
 			return -1, -1, false, -1
 		}
 		if n, isNum := tokenCount(b[i:e]); isNum {
-			f := usageField(k)
-			if f < 0 && esc && escaped(k) {
-				f = usageField(appendUnquoted(nil, k))
-			}
 			switch f {
 			case usagePrompt:
 				pt = n
@@ -332,6 +355,66 @@ const (
 	usageOutput
 	usageCache // Anthropic's cache reads and writes
 )
+
+// usageNames are the names a usage object holds, as they are written.
+var usageNames = [...]struct {
+	name  string
+	field int
+}{
+	{`prompt_tokens"`, usagePrompt}, {`completion_tokens"`, usageCompletion},
+	{`total_tokens"`, -1}, {`input_tokens"`, usageInput}, {`output_tokens"`, usageOutput},
+	{`cache_creation_input_tokens"`, usageCache}, {`cache_read_input_tokens"`, usageCache},
+}
+
+// knownUsageField recognizes the member name at b[i] == '"' when it is
+// one of usageNames as written, by its first word and a compare of the
+// rest, instead of looking for its closing quote: it returns the name's
+// usageField and the index past the quote, or 0 for any other name.
+func knownUsageField(b []byte, i int) (field, end int) {
+	if i+9 > len(b) {
+		return -1, 0
+	}
+	k := usageNameIndex(load64(b, i+1))
+	if k < 0 {
+		return -1, 0
+	}
+	n := usageNames[k].name
+	if end = i + 1 + len(n); end > len(b) || string(b[i+1:end]) != n {
+		return -1, 0
+	}
+	return usageNames[k].field, end
+}
+
+// usageNameIndex is the index in usageNames of the name whose first 8
+// bytes are w, or -1.
+func usageNameIndex(w uint64) int {
+	const (
+		promptT  = 'p' | 'r'<<8 | 'o'<<16 | 'm'<<24 | 'p'<<32 | 't'<<40 | '_'<<48 | 't'<<56
+		completi = 'c' | 'o'<<8 | 'm'<<16 | 'p'<<24 | 'l'<<32 | 'e'<<40 | 't'<<48 | 'i'<<56
+		totalTo  = 't' | 'o'<<8 | 't'<<16 | 'a'<<24 | 'l'<<32 | '_'<<40 | 't'<<48 | 'o'<<56
+		inputTok = 'i' | 'n'<<8 | 'p'<<16 | 'u'<<24 | 't'<<32 | '_'<<40 | 't'<<48 | 'o'<<56
+		outputT  = 'o' | 'u'<<8 | 't'<<16 | 'p'<<24 | 'u'<<32 | 't'<<40 | '_'<<48 | 't'<<56
+		cacheCr  = 'c' | 'a'<<8 | 'c'<<16 | 'h'<<24 | 'e'<<32 | '_'<<40 | 'c'<<48 | 'r'<<56
+		cacheRe  = 'c' | 'a'<<8 | 'c'<<16 | 'h'<<24 | 'e'<<32 | '_'<<40 | 'r'<<48 | 'e'<<56
+	)
+	switch w {
+	case promptT:
+		return 0
+	case completi:
+		return 1
+	case totalTo:
+		return 2
+	case inputTok:
+		return 3
+	case outputT:
+		return 4
+	case cacheCr:
+		return 5
+	case cacheRe:
+		return 6
+	}
+	return -1
+}
 
 func usageField(k []byte) int {
 	switch string(k) {
