@@ -125,7 +125,7 @@ func (r *Request) plainTexts(dst []string) ([]string, bool) {
 		return nil, false
 	}
 	for _, t := range r.texts[:r.nTexts] {
-		if t.compact || bytes.IndexByte(t.raw, '\\') >= 0 {
+		if t.compact || !t.plain && bytes.IndexByte(t.raw, '\\') >= 0 {
 			return nil, false
 		}
 		dst = append(dst, bodyString(t.raw[1:len(t.raw)-1]))

@@ -160,15 +160,27 @@ func (f *fastParser) run() bool {
 		if i >= len(b) || b[i] != '"' {
 			return false
 		}
-		ke, n, w, esc := name(b, i)
-		if ke < 0 || esc {
-			return false
-		}
+		var ke int
 		var slot *[]byte
-		if n >= 0 {
-			slot = f.top.slotWord(w)
-		} else {
-			slot = f.top.slot(b[i+1 : ke-1])
+		switch x := nameWord(b, i); {
+		case x&(1<<48-1) == quotedModel:
+			ke, slot = i+7, &f.top.Model
+		case x == nameMessages && i+10 <= len(b) && b[i+9] == '"':
+			ke, slot = i+10, &f.top.Messages
+		case x == nameMaxToke && i+12 <= len(b) && load64(b, i+4) == quotedTokens:
+			ke, slot = i+12, &f.top.MaxTokens
+		default:
+			var n int
+			var w uint64
+			var esc bool
+			if ke, n, w, esc = name(b, i); ke < 0 || esc {
+				return false
+			}
+			if n >= 0 {
+				slot = f.top.slotWord(w)
+			} else {
+				slot = f.top.slot(b[i+1 : ke-1])
+			}
 		}
 		i = skipJSONSpace(b, ke)
 		if i >= len(b) || b[i] != ':' {
@@ -296,29 +308,37 @@ func (f *fastParser) message(i int, anthropic bool) (end int, ok bool) {
 			if i >= len(b) || b[i] != '"' {
 				return -1, false
 			}
-			ke, n, w, esc := name(b, i)
-			if ke < 0 {
-				return -1, false
-			}
 			k := msgFields
-			switch {
-			case esc:
-				ok = false // keys are compared decoded: the walker's job
-			case n >= 0:
-				switch w {
-				case nameRole:
-					k = msgRole
-				case nameContent:
-					k = msgContent
-				case nameName:
-					k = msgName
-				}
+			var ke int
+			switch x := nameWord(b, i); {
+			case x&(1<<40-1) == quotedRole:
+				k, ke = msgRole, i+6
+			case x == quotedContent:
+				k, ke = msgContent, i+9
 			default:
-				switch string(b[i+1 : ke-1]) {
-				case "tool_calls":
-					k = msgToolCalls
-				case "function_call":
-					k = msgFunctionCall
+				ke2, n, w, esc := name(b, i)
+				if ke = ke2; ke < 0 {
+					return -1, false
+				}
+				switch {
+				case esc:
+					ok = false // keys are compared decoded: the walker's job
+				case n >= 0:
+					switch w {
+					case nameRole:
+						k = msgRole
+					case nameContent:
+						k = msgContent
+					case nameName:
+						k = msgName
+					}
+				default:
+					switch string(b[i+1 : ke-1]) {
+					case "tool_calls":
+						k = msgToolCalls
+					case "function_call":
+						k = msgFunctionCall
+					}
 				}
 			}
 			i = skipJSONSpace(b, ke)
@@ -407,9 +427,9 @@ func (f *fastParser) content(i, depth int, anthropic bool) (end int, ok bool) {
 	case 'n':
 		return validLiteral(b, i, "null"), true
 	case '"':
-		e := scanString(b, i)
-		if e > 0 {
-			f.req.addText(b[i:e])
+		e, esc := scanStringEsc(b, i)
+		if e > 0 && e-i > 2 {
+			f.req.keep(textRef{raw: b[i:e], plain: !esc})
 		}
 		return e, true
 	case '[':
@@ -696,20 +716,31 @@ func fields(obj []byte, depth int, a, b string, vals [][]byte) bool {
 // the names apart (see the name* constants). For other names n is -1,
 // and esc reports whether the name holds an escape.
 func name(b []byte, i int) (end, n int, w uint64, esc bool) {
-	if i >= 0 && i+10 <= len(b) {
-		x := load64(b, i+1)
-		q := x ^ (swarLSB * 0x02)
-		e := x ^ (swarLSB * '\\')
-		if m := ((q-swarLSB*0x21)&^q | (e-swarLSB)&^e) & swarMSB; m != 0 {
-			if k := bits.TrailingZeros64(m) >> 3; b[i+1+k] == '"' {
-				return i + 2 + k, k, x & (1<<(8*k) - 1), false
-			}
-		} else if b[i+9] == '"' {
-			return i + 10, 8, x, false
-		}
+	if end = shortString(b, i); end > 0 {
+		n = end - i - 2
+		return end, n, load64(b, i+1) & (1<<(8*n) - 1), false
 	}
 	end = scanString(b, i)
 	return end, -1, 0, end > 0 && bytes.IndexByte(b[i:end], '\\') >= 0
+}
+
+// shortString returns the index past the string at b[i] == '"' when it
+// is at most 8 bytes without an escape, 0 when it is not (it may still
+// be a string; see scanString). It tests one word, as stringSpecial does,
+// and is small enough to be inlined: most keys and many values are such
+// strings, for which a call would cost as much as the test.
+func shortString(b []byte, i int) int {
+	if i+10 > len(b) {
+		return 0
+	}
+	x := load64(b, i+1)
+	c, e := x^(swarLSB*0x02), x^(swarLSB*'\\')
+	// The first quote, backslash or control character, or b[i+9].
+	k := i + 1 + bits.TrailingZeros64(((c-swarLSB*0x21)&^c|(e-swarLSB)&^e)&swarMSB)>>3
+	if b[k] == '"' {
+		return k + 1
+	}
+	return 0
 }
 
 // The member names the pass matches as words (see name): each is its
@@ -734,6 +765,28 @@ const (
 	nameMessages = 'm' | 'e'<<8 | 's'<<16 | 's'<<24 | 'a'<<32 | 'g'<<40 | 'e'<<48 | 's'<<56
 	nameThinking = 't' | 'h'<<8 | 'i'<<16 | 'n'<<24 | 'k'<<32 | 'i'<<40 | 'n'<<48 | 'g'<<56
 )
+
+// The names, each with its closing quote, that the pass looks for first
+// where it expects them, by one compare of the word after the opening
+// quote (see nameWord): the members of the gateway's usual chat request.
+// nameMaxToke and quotedTokens are the two overlapping words of
+// max_tokens".
+const (
+	quotedRole    = nameRole | '"'<<32
+	quotedModel   = nameModel | '"'<<40
+	quotedContent = nameContent | '"'<<56
+	nameMaxToke   = 'm' | 'a'<<8 | 'x'<<16 | '_'<<24 | 't'<<32 | 'o'<<40 | 'k'<<48 | 'e'<<56
+	quotedTokens  = '_' | 't'<<8 | 'o'<<16 | 'k'<<24 | 'e'<<32 | 'n'<<40 | 's'<<48 | '"'<<56
+)
+
+// nameWord is the word after the quote at b[i] that opens a member name,
+// or 0, which no name's bytes are, when the body ends before it.
+func nameWord(b []byte, i int) uint64 {
+	if i+9 > len(b) {
+		return 0
+	}
+	return load64(b, i+1)
+}
 
 // slotWord is topLevel.slot for a name read as a word.
 func (t *topLevel) slotWord(w uint64) *[]byte {
@@ -763,9 +816,16 @@ func (t *topLevel) slotWord(w uint64) *[]byte {
 // scanString is validString with its word test inline: it returns the
 // index past the string at b[i] == '"', or -1.
 func scanString(b []byte, i int) int {
-	j := i + 1
+	e, _ := scanStringEsc(b, i)
+	return e
+}
+
+// scanStringEsc is scanString that also reports whether the string holds
+// an escape.
+func scanStringEsc(b []byte, i int) (end int, esc bool) {
+	j := i + 1 // > 0: a load64 needs no more than j+8 <= len(b)
 	for {
-		for j >= 0 && j+8 <= len(b) {
+		for j+8 <= len(b) {
 			x := load64(b, j)
 			q := x ^ (swarLSB * 0x02)
 			e := x ^ (swarLSB * '\\')
@@ -778,34 +838,35 @@ func scanString(b []byte, i int) int {
 		for ; j < len(b) && !stringByte[b[j]]; j++ {
 		}
 		if j >= len(b) {
-			return -1
+			return -1, esc
 		}
 	special:
 		switch b[j] {
 		case '"':
-			return j + 1
+			return j + 1, esc
 		case '\\':
+			esc = true
 			if j+1 >= len(b) {
-				return -1
+				return -1, esc
 			}
 			switch b[j+1] {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 				j += 2
 			case 'u':
 				if j+6 > len(b) {
-					return -1
+					return -1, esc
 				}
 				for _, h := range b[j+2 : j+6] {
 					if !(h >= '0' && h <= '9' || h >= 'a' && h <= 'f' || h >= 'A' && h <= 'F') {
-						return -1
+						return -1, esc
 					}
 				}
 				j += 6
 			default:
-				return -1
+				return -1, esc
 			}
 		default:
-			return -1 // a control character
+			return -1, esc // a control character
 		}
 	}
 }
@@ -817,6 +878,9 @@ func scanString(b []byte, i int) int {
 func skipValue(b []byte, i, depth int) int {
 	switch c := b[i]; {
 	case c == '"':
+		if e := shortString(b, i); e > 0 {
+			return e
+		}
 		return scanString(b, i)
 	case c == '{' || c == '[':
 	case c == '-' || c >= '0' && c <= '9':

@@ -1,6 +1,7 @@
 package llmapi
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -51,12 +52,17 @@ func sameError(a, b error) bool {
 }
 
 // sameRequest compares every field, and the kept texts as far as they
-// count (a speculative walk leaves stale entries beyond nTexts).
+// count (a speculative walk leaves stale entries beyond nTexts); a text
+// parseFast knows to be plain must be.
 func sameRequest(a, b *Request) bool {
 	x, y := *a, *b
 	n := min(x.nTexts, len(x.texts))
-	if !reflect.DeepEqual(x.texts[:n], y.texts[:n]) {
-		return false
+	for i, t := range x.texts[:n] {
+		u := y.texts[i]
+		if string(t.raw) != string(u.raw) || &t.raw[0] != &u.raw[0] || t.compact != u.compact ||
+			(t.plain || u.plain) && bytes.IndexByte(t.raw, '\\') >= 0 {
+			return false
+		}
 	}
 	x.texts, y.texts = [inlineTexts]textRef{}, [inlineTexts]textRef{}
 	return reflect.DeepEqual(x, y)

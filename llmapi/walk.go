@@ -15,6 +15,7 @@ import (
 type textRef struct {
 	raw     []byte
 	compact bool
+	plain   bool // a string known to hold no escapes
 }
 
 // textStrings returns the texts to tokenize. A text without escapes is
