@@ -197,20 +197,38 @@ func skimLastUsage(b []byte) (prompt, completion int, ok bool) {
 	}
 	i = skipJSONSpace(b, i+1)
 	for i < len(b) && b[i] == '"' {
-		ke := wordEnd(b, i+1)
-		if ke == 0 {
-			if ke = skimString(b, i); ke < 0 {
-				return
+		// The members of a chat completion, recognized with their
+		// closing quote by one compare each (see nameWord); any other
+		// name is looked for, and compared with usage, as it stands.
+		var ke int
+		usage := false
+		switch x := nameWord(b, i); {
+		case x&(1<<24-1) == quotedID:
+			ke = i + 4
+		case x&(1<<56-1) == quotedObject:
+			ke = i + 8
+		case x == quotedCreated:
+			ke = i + 9
+		case x&(1<<48-1) == quotedModel:
+			ke = i + 7
+		case x == quotedChoices:
+			ke = i + 9
+		case x&(1<<48-1) == quotedUsage:
+			ke, usage = i+7, true
+		default:
+			if ke = wordEnd(b, i+1); ke == 0 {
+				if ke = skimString(b, i); ke < 0 {
+					return
+				}
 			}
+			usage = isKey(b[i+1:ke-1], "usage")
 		}
-		k := i + 1 // the raw key is b[k:ke-1]
 		i = skipJSONSpace(b, ke)
 		if i >= len(b) || b[i] != ':' {
 			return
 		}
 		i = skipJSONSpace(b, i+1)
-		if n := ke - 1 - k; n == len("usage") && string(b[k:ke]) == `usage"` ||
-			n > len("usage") && (b[k] == 'u' || b[k] == '\\') && isKey(b[k:ke-1], "usage") {
+		if usage {
 			p, c, uok, e := skimUsageAt(b, i)
 			if e < 0 {
 				e = skimValue(b, i)
@@ -273,25 +291,41 @@ func skimUsageAt(b []byte, i int) (prompt, completion int, ok bool, end int) {
 		if i >= len(b) {
 			return -1, -1, false, -1
 		}
-		var e int
+		// The value's end, as skimValue finds it, and the count it holds,
+		// as tokenCount reads it: strings and containers hold none.
+		var e, n int
+		isNum := false
 		switch b[i] {
 		case '"':
 			e = skimString(b, i)
 		case '{', '[':
 			e = skimContainer(b, i)
 		default:
-			// skimValue's loop, which also notes what it would count.
+			// skimValue's loop, which also notes what it would count,
+			// and reads plain digits as smallInt does.
+			digits, v := true, 0
 			for e = i; e < len(b) && !skimDelim[b[e]]; e++ {
-				odd = odd || skimClass[b[e]] != 0
+				c := b[e]
+				odd = odd || skimClass[c] != 0
+				if d := int(c) - '0'; d >= 0 && d <= 9 {
+					v = v*10 + d
+				} else {
+					digits = false
+				}
 			}
-			if e == i {
+			switch {
+			case e == i:
 				e = -1
+			case digits && e-i <= 15:
+				n, isNum = min(v, 1<<31-1), true
+			default:
+				n, isNum = tokenCount(b[i:e])
 			}
 		}
 		if e < 0 {
 			return -1, -1, false, -1
 		}
-		if n, isNum := tokenCount(b[i:e]); isNum {
+		if isNum {
 			switch f {
 			case usagePrompt:
 				pt = n
@@ -347,6 +381,16 @@ func escaped(k []byte) bool {
 	return false
 }
 
+// The names of a chat completion's members, each with its closing quote,
+// as little-endian words (see nameWord).
+const (
+	quotedID      = 'i' | 'd'<<8 | '"'<<16
+	quotedObject  = 'o' | 'b'<<8 | 'j'<<16 | 'e'<<24 | 'c'<<32 | 't'<<40 | '"'<<48
+	quotedCreated = 'c' | 'r'<<8 | 'e'<<16 | 'a'<<24 | 't'<<32 | 'e'<<40 | 'd'<<48 | '"'<<56
+	quotedChoices = 'c' | 'h'<<8 | 'o'<<16 | 'i'<<24 | 'c'<<32 | 'e'<<40 | 's'<<48 | '"'<<56
+	quotedUsage   = 'u' | 's'<<8 | 'a'<<16 | 'g'<<24 | 'e'<<32 | '"'<<40
+)
+
 // The members of a usage object that count.
 const (
 	usagePrompt = iota
@@ -356,64 +400,44 @@ const (
 	usageCache // Anthropic's cache reads and writes
 )
 
-// usageNames are the names a usage object holds, as they are written.
-var usageNames = [...]struct {
-	name  string
-	field int
-}{
-	{`prompt_tokens"`, usagePrompt}, {`completion_tokens"`, usageCompletion},
-	{`total_tokens"`, -1}, {`input_tokens"`, usageInput}, {`output_tokens"`, usageOutput},
-	{`cache_creation_input_tokens"`, usageCache}, {`cache_read_input_tokens"`, usageCache},
-}
-
 // knownUsageField recognizes the member name at b[i] == '"' when it is
-// one of usageNames as written, by its first word and a compare of the
-// rest, instead of looking for its closing quote: it returns the name's
-// usageField and the index past the quote, or 0 for any other name.
+// one of OpenAI's token counts as written, by compares of its words,
+// instead of looking for its closing quote: it returns the name's
+// usageField and the index past the quote, or 0 for any other name. All
+// of them end in _tokens", their last word (quotedTokens).
 func knownUsageField(b []byte, i int) (field, end int) {
-	if i+9 > len(b) {
-		return -1, 0
-	}
-	k := usageNameIndex(load64(b, i+1))
-	if k < 0 {
-		return -1, 0
-	}
-	n := usageNames[k].name
-	if end = i + 1 + len(n); end > len(b) || string(b[i+1:end]) != n {
-		return -1, 0
-	}
-	return usageNames[k].field, end
-}
-
-// usageNameIndex is the index in usageNames of the name whose first 8
-// bytes are w, or -1.
-func usageNameIndex(w uint64) int {
 	const (
 		promptT  = 'p' | 'r'<<8 | 'o'<<16 | 'm'<<24 | 'p'<<32 | 't'<<40 | '_'<<48 | 't'<<56
 		completi = 'c' | 'o'<<8 | 'm'<<16 | 'p'<<24 | 'l'<<32 | 'e'<<40 | 't'<<48 | 'i'<<56
+		mpletion = 'm' | 'p'<<8 | 'l'<<16 | 'e'<<24 | 't'<<32 | 'i'<<40 | 'o'<<48 | 'n'<<56
 		totalTo  = 't' | 'o'<<8 | 't'<<16 | 'a'<<24 | 'l'<<32 | '_'<<40 | 't'<<48 | 'o'<<56
 		inputTok = 'i' | 'n'<<8 | 'p'<<16 | 'u'<<24 | 't'<<32 | '_'<<40 | 't'<<48 | 'o'<<56
 		outputT  = 'o' | 'u'<<8 | 't'<<16 | 'p'<<24 | 'u'<<32 | 't'<<40 | '_'<<48 | 't'<<56
-		cacheCr  = 'c' | 'a'<<8 | 'c'<<16 | 'h'<<24 | 'e'<<32 | '_'<<40 | 'c'<<48 | 'r'<<56
-		cacheRe  = 'c' | 'a'<<8 | 'c'<<16 | 'h'<<24 | 'e'<<32 | '_'<<40 | 'r'<<48 | 'e'<<56
 	)
-	switch w {
-	case promptT:
-		return 0
-	case completi:
-		return 1
-	case totalTo:
-		return 2
-	case inputTok:
-		return 3
-	case outputT:
-		return 4
-	case cacheCr:
-		return 5
-	case cacheRe:
-		return 6
+	if i+19 > len(b) { // the longest name, and what follows it
+		return -1, 0
 	}
-	return -1
+	switch load64(b, i+1) {
+	case promptT:
+		field, end = usagePrompt, i+len(`"prompt_tokens"`)
+	case outputT:
+		field, end = usageOutput, i+len(`"output_tokens"`)
+	case inputTok:
+		field, end = usageInput, i+len(`"input_tokens"`)
+	case totalTo:
+		field, end = -1, i+len(`"total_tokens"`)
+	case completi:
+		if load64(b, i+3) != mpletion {
+			return -1, 0
+		}
+		field, end = usageCompletion, i+len(`"completion_tokens"`)
+	default:
+		return -1, 0
+	}
+	if load64(b, end-8) != quotedTokens {
+		return -1, 0
+	}
+	return field, end
 }
 
 func usageField(k []byte) int {
