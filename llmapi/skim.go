@@ -84,7 +84,7 @@ func wordEnd(b []byte, j int) int {
 // starts.
 func skimStringFrom(b []byte, j int) int {
 	for {
-		for j >= 0 && j+8 <= len(b) {
+		for j+8 <= len(b) { // j > 0: it follows a quote
 			x := load64(b, j)
 			q, e := x^(swarLSB*'"'), x^(swarLSB*'\\')
 			if m := ((q-swarLSB)&^q | (e-swarLSB)&^e) & swarMSB; m != 0 {
@@ -139,23 +139,43 @@ func skimValue(b []byte, i int) int {
 // a call per string would cost as much as its bytes.
 func skimContainer(b []byte, i int) int {
 	depth := 0
+	run := 0 // bytes that do not matter, in a row
 	for j := i; j < len(b); j++ {
 		switch skimClass[b[j]] {
 		case 0:
+			if run++; run < 4 || j+9 > len(b) {
+				continue
+			}
+			// A run of bytes that do not matter (the numbers of an
+			// embedding): a word at a time to the next quote or
+			// bracket. OR-ing 0x26 into a byte maps the four brackets,
+			// and only them, Y, _, y and DEL, to 0x7f; the loop steps
+			// over those few as it steps over any other byte.
+			for j+9 <= len(b) {
+				x := load64(b, j+1)
+				q, o := x^(swarLSB*'"'), x|swarLSB*0x26^swarLSB*0x7f
+				if m := ((q-swarLSB)&^q | (o-swarLSB)&^o) & swarMSB; m != 0 {
+					j += bits.TrailingZeros64(m) >> 3 // the byte before it
+					break
+				}
+				j += 8
+			}
 			continue
 		case skimOpen:
-			depth++
+			depth, run = depth+1, 0
 			continue
 		case skimClose:
 			if depth--; depth == 0 {
 				return j + 1
 			}
+			run = 0
 			continue
 		}
 		// A string: j moves to its closing quote.
+		run = 0
 		j++
 	words:
-		for j >= 0 && j+8 <= len(b) {
+		for j+8 <= len(b) { // j > i >= 0
 			x := load64(b, j)
 			q, e := x^(swarLSB*'"'), x^(swarLSB*'\\')
 			if m := ((q-swarLSB)&^q | (e-swarLSB)&^e) & swarMSB; m != 0 {
@@ -237,10 +257,8 @@ func skimLastUsage(b []byte) (prompt, completion int, ok bool) {
 				return
 			}
 			prompt, completion, ok, i = p, c, uok, e
-		} else if e := wordEnd(b, i+1); e > 0 && b[i] == '"' {
-			i = e
-		} else if i = skimValue(b, i); i < 0 {
-			return prompt, completion, ok
+		} else if i = skimOther(b, i); i < 0 {
+			return
 		}
 		if i = skipJSONSpace(b, i); i >= len(b) || b[i] != ',' {
 			return
@@ -248,6 +266,31 @@ func skimLastUsage(b []byte) (prompt, completion int, ok bool) {
 		i = skipJSONSpace(b, i+1)
 	}
 	return
+}
+
+// skimOther is skimValue for a member's value, with a short string's end
+// found in place and a long one's without the calls in between.
+func skimOther(b []byte, i int) int {
+	if i >= len(b) {
+		return -1
+	}
+	switch b[i] {
+	case '"':
+		if e := wordEnd(b, i+1); e > 0 {
+			return e
+		}
+		return skimStringFrom(b, i+1)
+	case '{', '[':
+		return skimContainer(b, i)
+	}
+	j := i
+	for j < len(b) && !skimDelim[b[j]] {
+		j++
+	}
+	if j == i {
+		return -1
+	}
+	return j
 }
 
 // skimUsageAt is decodeUsage for the value at b[i], without a scan, and
