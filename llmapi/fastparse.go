@@ -1,9 +1,6 @@
 package llmapi
 
-import (
-	"bytes"
-	"math/bits"
-)
+import "math/bits"
 
 // The request path's parser. Parse's reference path (parseSlow) reads a
 // body three times: validJSON checks it, readTop steps over every member
@@ -55,7 +52,8 @@ type fastParser struct {
 	kind Kind
 	// back counts the bytes read a second time (a message's tool calls,
 	// read after the message), for scan.n: the pass itself reads each
-	// byte once.
+	// byte once, but for the first word of a string longer than a word,
+	// which shortString reads before scanString does.
 	back int
 	top  topLevel
 	// msgsDone and sysDone: the messages and Anthropic's system prompt
@@ -720,8 +718,8 @@ func name(b []byte, i int) (end, n int, w uint64, esc bool) {
 		n = end - i - 2
 		return end, n, load64(b, i+1) & (1<<(8*n) - 1), false
 	}
-	end = scanString(b, i)
-	return end, -1, 0, end > 0 && bytes.IndexByte(b[i:end], '\\') >= 0
+	end, esc = scanStringEsc(b, i)
+	return end, -1, 0, esc
 }
 
 // shortString returns the index past the string at b[i] == '"' when it
