@@ -123,3 +123,18 @@ func BenchmarkApproxCount(b *testing.B) {
 		})
 	}
 }
+
+// FuzzApproxCount: the counter's automaton counts any text as the
+// reference does.
+func FuzzApproxCount(f *testing.F) {
+	en, zh := testdataText()
+	for _, s := range []string{"", "You are a helpful assistant. Say hello in five words.", "a  b\tc\n\nd", "x123456789y", "...!!??", "é中日本\u3000\u00a0ß😀\xff\xe4\xb8",
+		"abcdefghijklmnopqrstuvwxyz abc", en[:300], zh[:300]} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := (approxCounter{}).Count(s), referenceApproxCount(s); got != want {
+			t.Fatalf("%q: %d tokens, reference %d", s, got, want)
+		}
+	})
+}

@@ -137,7 +137,41 @@ func BenchmarkLightMode(b *testing.B) {
 	}
 }
 
+// smallChatResponse is the upstream's answer in the gateway's
+// BenchmarkProxy: a short completion, whose usage ParseUsage reads on
+// every non-streamed response.
+const smallChatResponse = `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m",` +
+	`"choices":[{"index":0,"message":{"role":"assistant","content":"Hello there, how are you?"},"finish_reason":"stop"}],` +
+	`"usage":{"prompt_tokens":25,"completion_tokens":7,"total_tokens":32}}`
+
+// BenchmarkParseEstimate is what the gateway does with every request body:
+// parse it into a Request it holds, then estimate its cost approximately.
+func BenchmarkParseEstimate(b *testing.B) {
+	c := mustCounter(b, Approx)
+	for _, tc := range []struct{ name, path, body string }{
+		{"chat_small", "/v1/chat/completions", smallChatBody},
+		{"chat_8k", "/v1/chat/completions", bigChatBody(8000)},
+		{"anthropic", "/v1/messages", anthropicBody},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			body := []byte(tc.body)
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			var req Request
+			var cost Cost
+			for b.Loop() {
+				if err := ParseTo(&req, tc.path, body); err != nil {
+					b.Fatal(err)
+				}
+				cost = Estimate(&req, c, 1024)
+			}
+			b.ReportMetric(float64(cost.Prompt), "prompt-tokens")
+		})
+	}
+}
+
 func BenchmarkParseUsage(b *testing.B) {
+	b.Run("chat_small", func(b *testing.B) { benchParseUsage(b, []byte(smallChatResponse)) })
 	// An embeddings response: large, with usage at the end.
 	var sb strings.Builder
 	sb.WriteString(`{"object":"list","data":[`)
@@ -155,7 +189,10 @@ func BenchmarkParseUsage(b *testing.B) {
 		sb.WriteString(`]}`)
 	}
 	sb.WriteString(`],"model":"text-embedding-3-small","usage":{"prompt_tokens":512,"total_tokens":512}}`)
-	body := []byte(sb.String())
+	b.Run("embeddings", func(b *testing.B) { benchParseUsage(b, []byte(sb.String())) })
+}
+
+func benchParseUsage(b *testing.B, body []byte) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {

@@ -346,98 +346,187 @@ func (approxCounter) Name() string { return Approx }
 
 func (approxCounter) Count(s string) int {
 	// Quarter tokens, to stay in integers. The text is a sequence of runs
-	// of one kind (letters, digits, punctuation, whitespace), each charged
-	// when it ends (runCost); a CJK character or another non-ASCII symbol
-	// ends the run before it and is charged on its own. The run's state is
-	// a few locals, so the loop over ASCII text is a table lookup a byte.
-	var q, n int
-	run, breaks := uint8(runNone), false
+	// of one kind (letters, digits, punctuation, whitespace); a CJK
+	// character or another non-ASCII symbol ends the run before it and is
+	// charged on its own. A run's tokens are charged as it grows, at the
+	// characters that start a new one (see approxStates), so that the
+	// state is one small number and each ASCII byte one lookup in
+	// approxStep, with no branch on what the byte is.
+	q, row := 0, uint32(stNone)<<7 // row: the state's row in approxStep
 	for i := 0; i < len(s); {
-		if c := s[i]; c < utf8.RuneSelf {
+		if i+8 <= len(s) {
+			if x := stringWord(s, i); x&swarMSB == 0 {
+				// Eight ASCII bytes: their steps unrolled, with no
+				// test of what each is.
+				var q8 int
+				row, q8 = approxSteps(row, x)
+				q += q8
+				i += 8
+				continue
+			}
+		}
+		c := s[i]
+		if c < utf8.RuneSelf {
+			row, q = approxByte(row, uint32(c), q)
 			i++
-			k := asciiRun[c]
-			if k != run {
-				q += runCost(run, n, breaks)
-				run, n, breaks = k, 0, false
-			}
-			n++
-			if k == runSpace && c != ' ' {
-				breaks = true
-			}
 			continue
 		}
+		st := uint8(row >> 7)
 		r, size := utf8.DecodeRuneInString(s[i:])
 		i += size
-		k := uint8(runNone)
 		switch c := classOf(r); {
 		case c == classLetter && isCJK(r):
 			q += 5
+			st = stNone
 		case c == classLetter:
-			k = runLetter
+			// A letter run, plus a token for the letter.
 			q += 4
+			t := approxNext[st&15][runLetter]
+			q += int(t >> 4)
+			st = t & 15
 		case c == classNumber:
-			k = runDigit
+			t := approxNext[st&15][runDigit]
+			q += int(t >> 4)
+			st = t & 15
 		case c == classSpace:
-			k = runSpace
+			t := approxNext[st&15][runBreak] // a space that is not ' '
+			q += int(t >> 4)
+			st = t & 15
 		default:
 			q += 4
+			st = stNone
 		}
-		if k != run || k == runNone {
-			q += runCost(run, n, breaks)
-			run, n, breaks = k, 0, false
-		}
-		if k != runNone {
-			n++
-			breaks = breaks || k == runSpace // a space that is not ' '
-		}
+		row = uint32(st) << 7
 	}
-	return (q + runCost(run, n, breaks) + 3) / 4
+	return (q + 3) / 4
 }
 
-// Kinds of run the approx counter charges.
+// approxByte is the approx counter's step over the ASCII byte c, from the
+// state whose row is row, charging q.
+func approxByte(row, c uint32, q int) (uint32, int) {
+	t := approxStep[(row|c)&(uint32(len(approxStep))-1)]
+	return t & stRows, q + int(t&7)
+}
+
+// approxSteps is approxByte over the eight ASCII bytes of x, the first the
+// lowest, and returns their charge.
+func approxSteps(row uint32, x uint64) (uint32, int) {
+	q := 0
+	row, q = approxByte(row, uint32(x)&0x7f, q)
+	row, q = approxByte(row, uint32(x>>8)&0x7f, q)
+	row, q = approxByte(row, uint32(x>>16)&0x7f, q)
+	row, q = approxByte(row, uint32(x>>24)&0x7f, q)
+	row, q = approxByte(row, uint32(x>>32)&0x7f, q)
+	row, q = approxByte(row, uint32(x>>40)&0x7f, q)
+	row, q = approxByte(row, uint32(x>>48)&0x7f, q)
+	row, q = approxByte(row, uint32(x>>56), q)
+	return row, q
+}
+
+// stringWord is s[i:i+8] as a little-endian word, in one load.
+func stringWord(s string, i int) uint64 {
+	s = s[i : i+8]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
+}
+
+// Kinds of character the approx counter's runs are made of, as classOf
+// sees ASCII, with the whitespace that is not a plain space apart.
 const (
-	runNone = iota
-	runLetter
+	runLetter = iota
 	runDigit
 	runPunct
-	runSpace
+	runSpace // ' '
+	runBreak // any other whitespace
+	runKinds
 )
 
-// asciiRun is the kind of run each ASCII character belongs to.
-var asciiRun = func() (t [utf8.RuneSelf]uint8) {
-	for i, c := range asciiClass {
-		switch c {
-		case classLetter:
-			t[i] = runLetter
-		case classNumber:
-			t[i] = runDigit
-		case classSpace:
-			t[i] = runSpace
-		default:
-			t[i] = runPunct
+// The approx counter's states: no run (at the start, and after a
+// character charged on its own), or a run of one kind with how far it has
+// come. A run of n letters costs a token per started 8 (common words are
+// one token, longer ones split), of digits one per started 3, of
+// punctuation one per started 2, and a run of whitespace one if it is
+// more than a single plain space; each is charged at the character that
+// starts it: the 1st, 9th, 17th letter, the 1st, 4th digit, the 1st, 3rd
+// mark, the 2nd space or the first that is not ' '. stLetter+k is a
+// letter run whose next letter is its k-th modulo 8, and so on.
+const (
+	stNone   = 0
+	stLetter = 1  // to 8
+	stDigit  = 9  // to 11
+	stPunct  = 12 // and 13
+	stSpace  = 14 // a single plain space, not charged
+	stSpaces = 15 // charged
+)
+
+// approxNext is the approx counter's step: for a state and a kind of
+// character, the next state in the low 4 bits, and above them what the
+// character is charged, in quarter tokens (0 or 4).
+var approxNext = func() (t [16][runKinds]uint8) {
+	const charge = 4 << 4
+	for st := range 16 {
+		for k := range runKinds {
+			var next, cost int
+			switch {
+			case k == runLetter && st >= stLetter && st < stLetter+8:
+				next = stLetter + (st-stLetter+1)%8
+				if st == stLetter {
+					cost = charge
+				}
+			case k == runLetter:
+				next, cost = stLetter+1, charge
+			case k == runDigit && st >= stDigit && st < stDigit+3:
+				next = stDigit + (st-stDigit+1)%3
+				if st == stDigit {
+					cost = charge
+				}
+			case k == runDigit:
+				next, cost = stDigit+1, charge
+			case k == runPunct && (st == stPunct || st == stPunct+1):
+				next = stPunct + (st-stPunct+1)%2
+				if st == stPunct {
+					cost = charge
+				}
+			case k == runPunct:
+				next, cost = stPunct+1, charge
+			case st == stSpaces:
+				next = stSpaces
+			case st == stSpace || k == runBreak:
+				next, cost = stSpaces, charge
+			default: // a plain space after anything but whitespace
+				next = stSpace
+			}
+			t[st][k] = uint8(next | cost)
 		}
 	}
 	return t
 }()
 
-// runCost is what a run of n characters of a kind costs, in quarter
-// tokens: a word piece per 8 letters, one per 3 digits or 2 punctuation
-// marks, and one for whitespace beyond a single plain space.
-func runCost(kind uint8, n int, breaks bool) int {
-	switch kind {
-	case runLetter:
-		return 4 + 4*((n-1)/8)
-	case runDigit:
-		return 4 * ((n + 2) / 3)
-	case runPunct:
-		return 4 * ((n + 1) / 2)
-	case runSpace:
-		if n > 1 || breaks {
-			return 4
+// approxStep is approxNext for each ASCII byte, in one array that the
+// state's row and the byte index without a bounds check: at state<<7 | c,
+// the next state's row (stRows) and, in the low 3 bits, the charge.
+var approxStep = func() (t [16 << 7]uint32) {
+	for c, class := range asciiClass {
+		k := runPunct
+		switch {
+		case class == classLetter:
+			k = runLetter
+		case class == classNumber:
+			k = runDigit
+		case c == ' ':
+			k = runSpace
+		case class == classSpace:
+			k = runBreak
+		}
+		for st := range 16 {
+			n := approxNext[st][k]
+			t[st<<7|c] = uint32(n&15)<<7 | uint32(n>>4)
 		}
 	}
-	return 0
-}
+	return t
+}()
+
+const stRows = 15 << 7
 
 func isCJK(r rune) bool {
 	return unicode.In(r, unicode.Han, unicode.Hiragana, unicode.Katakana, unicode.Hangul)

@@ -1,6 +1,9 @@
 package llmapi
 
-import "math"
+import (
+	"bytes"
+	"math"
+)
 
 // CostLimit is where token counts saturate: an output cap beyond it (1e15,
 // 1e300), a cap multiplied by n, a prompt of countless images, and the
@@ -46,15 +49,22 @@ func Estimate(req *Request, c Counter, defaultMaxTokens int) Cost {
 	if c == nil {
 		c = approxCounter{}
 	}
-	sc := getScratch()
-	var texts []textRef
-	if req.walked && req.nTexts <= len(req.texts) {
-		texts = req.texts[:req.nTexts] // all of them, met by Parse
+	var p int64
+	var plain [inlineTexts]string
+	if strs, ok := req.plainTexts(plain[:0]); ok {
+		// The common request: no walk, no decoding, nothing pooled.
+		p = promptCost(req, len(strs), strs, c)
 	} else {
-		texts = req.gatherTexts(&sc.s, sc, (req.nTexts+maxTexts-1)/maxTexts)
+		sc := getScratch()
+		var texts []textRef
+		if req.walked && req.nTexts <= len(req.texts) {
+			texts = req.texts[:req.nTexts] // all of them, met by Parse
+		} else {
+			texts = req.gatherTexts(&sc.s, sc, (req.nTexts+maxTexts-1)/maxTexts)
+		}
+		p = promptTokens(req, texts, c, sc)
+		sc.release()
 	}
-	p := promptTokens(req, texts, c, sc)
-	sc.release()
 	out := clamp(req.MaxOutput)
 	if out == 0 {
 		out = clamp(defaultMaxTokens)
@@ -93,4 +103,32 @@ func promptTokens(r *Request, texts []textRef, c Counter, sc *scratch) int64 {
 		n = int64(min(float64(n)*float64(r.textBytes)/float64(max(sampled, 1)), CostLimit))
 	}
 	return p + n
+}
+
+// promptCost is promptTokens for all of r's texts, as strs.
+func promptCost(r *Request, n int, strs []string, c Counter) int64 {
+	p := clamp(r.TokenIDs) + clamp(r.Images)*ImageTokens + clamp(r.Names) + clamp(r.Messages)*MessageOverhead
+	if r.Messages > 0 {
+		p += ReplyPriming
+	}
+	if n == 0 {
+		return p
+	}
+	return p + clamp(countTexts(c, strs))
+}
+
+// plainTexts appends to dst the strings of r's texts, when Parse kept all
+// of them and none needs decoding: each is its bytes in the body, as
+// appendTextStrings would give it.
+func (r *Request) plainTexts(dst []string) ([]string, bool) {
+	if !r.walked || r.nTexts > len(r.texts) {
+		return nil, false
+	}
+	for _, t := range r.texts[:r.nTexts] {
+		if t.compact || !t.plain && bytes.IndexByte(t.raw, '\\') >= 0 {
+			return nil, false
+		}
+		dst = append(dst, bodyString(t.raw[1:len(t.raw)-1]))
+	}
+	return dst, true
 }

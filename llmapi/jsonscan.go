@@ -2,7 +2,6 @@ package llmapi
 
 import (
 	"bytes"
-	"encoding/binary"
 	"math/bits"
 	"strconv"
 	"unicode/utf16"
@@ -52,7 +51,7 @@ func (s *scan) skipWS(b []byte, i int) int {
 func (s *scan) stringEnd(b []byte, i int) int {
 	j := i + 1
 	for j+8 <= len(b) && j-i <= 64 {
-		x := binary.LittleEndian.Uint64(b[j:])
+		x := load64(b, j)
 		if m := hasByte(x, '"') | hasByte(x, '\\'); m != 0 {
 			k := j + bits.TrailingZeros64(m)>>3
 			if b[k] == '"' {
@@ -476,13 +475,27 @@ func decodeUsage(s *scan, raw []byte) (prompt, completion int, ok bool) {
 	return prompt, completion, prompt >= 0 || completion >= 0
 }
 
+// hasExponent reports whether v holds an e or E, with no call: token
+// counts are a few digits.
+func hasExponent(v []byte) bool {
+	for _, c := range v {
+		if c|0x20 == 'e' {
+			return true
+		}
+	}
+	return false
+}
+
 // tokenCount reads a JSON number as a token count, clamped to [0, 2^31-1];
 // some servers write counts as 12.0, so a fraction is truncated.
 func tokenCount(v []byte) (int, bool) {
+	if n, ok := smallInt(v); ok {
+		return min(n, 1<<31-1), true
+	}
 	if len(v) == 0 || (v[0] != '-' && (v[0] < '0' || v[0] > '9')) {
 		return 0, false
 	}
-	if bytes.ContainsAny(v, "eE") {
+	if hasExponent(v) {
 		f, err := strconv.ParseFloat(string(v), 64)
 		if err != nil {
 			return 0, false

@@ -39,7 +39,9 @@ func KindFromPath(path string) Kind {
 	if i := strings.IndexByte(path, '?'); i >= 0 {
 		path = path[:i]
 	}
-	path = strings.TrimRight(path, "/")
+	for len(path) > 0 && path[len(path)-1] == '/' {
+		path = path[:len(path)-1]
+	}
 	switch {
 	case strings.HasSuffix(path, "/chat/completions"):
 		return KindChat

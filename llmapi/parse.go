@@ -267,9 +267,12 @@ func Parse(path string, body []byte) (*Request, error) {
 // whole: one that lives inside a larger per-request struct costs no
 // allocation of its own. On an error *req is left zero.
 func ParseTo(req *Request, path string, body []byte) error {
+	if done, err := parseFast(nil, nil, req, path, body); done {
+		return err
+	}
 	sc := getScratch()
 	defer sc.release()
-	return parseWith(&sc.s, sc, req, path, body)
+	return parseSlow(&sc.s, sc, req, path, body)
 }
 
 func parse(s *scan, path string, body []byte) (*Request, error) {
@@ -283,6 +286,16 @@ func parse(s *scan, path string, body []byte) (*Request, error) {
 // parseWith is ParseTo with s as its scanner and sc (may be nil) as the
 // walk's working memory.
 func parseWith(s *scan, sc *scratch, req *Request, path string, body []byte) error {
+	if done, err := parseFast(s, sc, req, path, body); done {
+		return err
+	}
+	return parseSlow(s, sc, req, path, body)
+}
+
+// parseSlow is parseWith without parseFast: the reference that parseFast
+// answers for when it can (see fastparse.go), and what answers for every
+// body it cannot.
+func parseSlow(s *scan, sc *scratch, req *Request, path string, body []byte) error {
 	*req = Request{}
 	kind := KindFromPath(path)
 	if len(bytes.TrimSpace(body)) == 0 {
@@ -492,6 +505,9 @@ func getBool(raw []byte, field string) (bool, error) {
 // cap is as good as none, and saturating keeps all cost arithmetic far
 // from overflow.
 func getInt(raw []byte, field string) (int, error) {
+	if n, ok := smallInt(raw); ok {
+		return min(n, CostLimit), nil
+	}
 	switch t := rawType(raw); {
 	case t == 0 || t == 'n':
 		return 0, nil
@@ -511,6 +527,9 @@ func getInt(raw []byte, field string) (int, error) {
 // getChoices reads n or best_of: 1 when absent, else an integer from 1 to
 // MaxChoices.
 func getChoices(raw []byte, field string) (int, error) {
+	if n, ok := smallInt(raw); ok && n >= 1 && n <= MaxChoices {
+		return n, nil
+	}
 	switch t := rawType(raw); {
 	case t == 0 || t == 'n':
 		return 1, nil
@@ -525,6 +544,23 @@ func getChoices(raw []byte, field string) (int, error) {
 		return 0, fieldError(field, "must be a positive integer, got %s", clip(bytes.TrimSpace(raw)))
 	}
 	return 0, fieldError(field, "must be a positive integer, got %s", typeName(raw))
+}
+
+// smallInt reads raw when it is nothing but up to 15 digits: the integer
+// that strconv.ParseFloat reads exactly, without its cost on every
+// request's max_tokens.
+func smallInt(raw []byte) (int, bool) {
+	if len(raw) == 0 || len(raw) > 15 {
+		return 0, false
+	}
+	n := 0
+	for _, c := range raw {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, true
 }
 
 // clip shortens a number quoted in an error message: a client that sends

@@ -1,7 +1,6 @@
 package llmapi
 
 import (
-	"encoding/binary"
 	"math/bits"
 )
 
@@ -32,7 +31,7 @@ func hasLess(x uint64, n byte) uint64 { return (x - swarLSB*uint64(n)) & ^x & sw
 // (lim <= len(b)), or lim if there is none.
 func quoteOrEscape(b []byte, j, lim int) int {
 	for ; j+8 <= lim; j += 8 {
-		x := binary.LittleEndian.Uint64(b[j:])
+		x := load64(b, j)
 		if m := hasByte(x, '"') | hasByte(x, '\\'); m != 0 {
 			return j + bits.TrailingZeros64(m)>>3
 		}
@@ -47,12 +46,20 @@ func quoteOrEscape(b []byte, j, lim int) int {
 
 // stringSpecial returns the index of the first byte in b[j:] that a JSON
 // string cannot hold as it is (see stringByte), or len(b).
+//
+// It makes two tests of a word, not three: flipping bit 1 maps the quote
+// (0x22) to 0x20 and the control characters onto themselves, so that
+// "below 0x21" catches both. Both tests' masks are merged before the one
+// AND with swarMSB that each would make.
 func stringSpecial(b []byte, j int) int {
-	for ; j+8 <= len(b); j += 8 {
-		x := binary.LittleEndian.Uint64(b[j:])
-		if m := hasByte(x, '"') | hasByte(x, '\\') | hasLess(x, 0x20); m != 0 {
+	for j >= 0 && j+8 <= len(b) {
+		x := load64(b, j)
+		q := x ^ (swarLSB * 0x02)
+		e := x ^ (swarLSB * '\\')
+		if m := ((q-swarLSB*0x21)&^q | (e-swarLSB)&^e) & swarMSB; m != 0 {
 			return j + bits.TrailingZeros64(m)>>3
 		}
+		j += 8
 	}
 	for ; j < len(b); j++ {
 		if stringByte[b[j]] {

@@ -1,6 +1,7 @@
 package llmapi
 
 import (
+	"encoding/binary"
 	"math/rand/v2"
 	"testing"
 )
@@ -45,6 +46,52 @@ func TestSWAR(t *testing.T) {
 			if got := stringSpecial(b, j); got != want {
 				t.Fatalf("stringSpecial(%q, %d) = %d, want %d", b, j, got, want)
 			}
+		}
+	}
+}
+
+// TestStringSpecialPairs: every pair of byte values, side by side at every
+// place in a word and across two words, among bytes stringSpecial must
+// not stop at: the merged word tests flag exactly the first byte
+// stringByte marks.
+func TestStringSpecialPairs(t *testing.T) {
+	for _, fill := range []byte{'a', 0x21, 0x23, 0x7f, 0xff} {
+		b := make([]byte, 24)
+		for p := 0; p+1 < 16; p++ {
+			for c0 := range 256 {
+				for c1 := range 256 {
+					for i := range b {
+						b[i] = fill
+					}
+					b[p], b[p+1] = byte(c0), byte(c1)
+					want := len(b)
+					switch {
+					case stringByte[c0]:
+						want = p
+					case stringByte[c1]:
+						want = p + 1
+					}
+					if got := stringSpecial(b, 0); got != want {
+						t.Fatalf("stringSpecial(%q) = %d, want %d", b, got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestLoad64: the word load is binary.LittleEndian's at every offset.
+func TestLoad64(t *testing.T) {
+	b := make([]byte, 40)
+	for i := range b {
+		b[i] = byte(i*37 + 11)
+	}
+	for j := 0; j+8 <= len(b); j++ {
+		if got, want := load64(b, j), binary.LittleEndian.Uint64(b[j:]); got != want {
+			t.Fatalf("load64(b, %d) = %#x, want %#x", j, got, want)
+		}
+		if got, want := stringWord(string(b), j), binary.LittleEndian.Uint64(b[j:]); got != want {
+			t.Fatalf("stringWord(b, %d) = %#x, want %#x", j, got, want)
 		}
 	}
 }

@@ -20,11 +20,10 @@ func (u Usage) Total() int { return u.Prompt + u.Completion }
 // writes are added to the prompt, as the estimate counted them). It reports
 // false when there is none, as in error bodies.
 //
-// It walks the top level without decoding the rest, so that a large
-// embeddings response costs a byte scan rather than a full decode.
+// It skims the top level without decoding the rest (see skim.go), so that
+// a large embeddings response costs a byte scan rather than a full decode.
 func ParseUsage(body []byte) (Usage, bool) {
-	var sc scan
-	p, c, ok := decodeUsage(&sc, sc.member(body, "usage"))
+	p, c, ok := skimLastUsage(body)
 	if !ok {
 		return Usage{}, false
 	}

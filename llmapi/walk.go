@@ -15,6 +15,7 @@ import (
 type textRef struct {
 	raw     []byte
 	compact bool
+	plain   bool // a string known to hold no escapes
 }
 
 // textStrings returns the texts to tokenize. A text without escapes is
@@ -147,6 +148,9 @@ type walker struct {
 	every   int // when collecting, keep every every-th text (0 or 1: all)
 	texts   []textRef
 	path    []seg // where the walk is, for error messages
+	// prewalked: parseFast added the messages and the system prompt to
+	// r already.
+	prewalked bool
 }
 
 func (w *walker) push(name string) { w.path = append(w.path, seg{name: name}) }
@@ -218,10 +222,20 @@ func (r *Request) gatherTexts(s *scan, sc *scratch, every int) []textRef {
 }
 
 func (w *walker) parse(top *topLevel) error {
-	r := w.r
-	if r.Kind == KindUnknown {
+	if w.r.Kind == KindUnknown {
 		return nil
 	}
+	if err := w.settings(top); err != nil {
+		return err
+	}
+	return w.prompt(top)
+}
+
+// settings reads the members that are not prompt: the model, streaming,
+// the output cap and the number of choices. Only stream_options needs
+// w.s and w.path.
+func (w *walker) settings(top *topLevel) error {
+	r := w.r
 	var err error
 	if r.Model, err = getString(top.Model, "model"); err != nil {
 		return err
@@ -271,8 +285,12 @@ func (w *walker) parse(top *topLevel) error {
 			r.Choices = max(n, best)
 		}
 	}
+	return nil
+}
 
-	switch r.Kind {
+// prompt adds the prompt's texts and counts, in the API's order.
+func (w *walker) prompt(top *topLevel) error {
+	switch w.r.Kind {
 	case KindChat:
 		if err := w.addMessages(top.Messages, false); err != nil {
 			return err
@@ -356,6 +374,9 @@ const (
 var messageFields = []string{"role", "content", "name", "tool_calls", "function_call"}
 
 func (w *walker) addMessages(raw []byte, anthropic bool) error {
+	if w.prewalked {
+		return nil
+	}
 	switch rawType(raw) {
 	case 0, 'n':
 		return nil
@@ -612,6 +633,9 @@ func (w *walker) part(b []byte, anthropic bool) (int, error) {
 }
 
 func (w *walker) addSystem(raw []byte) error {
+	if w.prewalked {
+		return nil
+	}
 	switch rawType(raw) {
 	case 0, 'n':
 		return nil
@@ -782,6 +806,13 @@ func (w *walker) addJSON(raw []byte) {
 	}
 }
 
+// addJSON is walker.addJSON outside a walk.
+func (r *Request) addJSON(raw []byte) {
+	if present(raw) {
+		r.keep(textRef{raw: raw, compact: true})
+	}
+}
+
 // add counts a text, and keeps it when collecting (every every-th); the
 // first inlineTexts are kept in the Request too.
 func (w *walker) add(t textRef) {
@@ -789,6 +820,11 @@ func (w *walker) add(t textRef) {
 	if w.collect && (w.every <= 1 || r.nTexts%w.every == 0) {
 		w.texts = append(w.texts, t)
 	}
+	r.keep(t)
+}
+
+// keep counts a text, and keeps it among the first.
+func (r *Request) keep(t textRef) {
 	if r.nTexts < len(r.texts) {
 		r.texts[r.nTexts] = t
 	}
