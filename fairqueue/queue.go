@@ -596,7 +596,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	if rej == nil {
 		rej = q.admitLocked(now, t, r.Tenant, tc, known, tokens, max(r.Bytes, 0))
 	}
-	if rej == nil {
+	if rej == nil && q.ov.throttle != nil {
 		rej = q.throttleLocked(now, cls, tokens)
 	}
 	var quotaWait time.Duration
@@ -616,7 +616,12 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	}
 	q.liftLocked(t)
 	cq := q.classLocked(cls)
-	decision, est := q.decideLocked(now, t, cq, cost, r.Deadline)
+	// Without a deadline, or starting at once, there is nothing to decide
+	// (decideLocked's first test, here where it is inlined).
+	decision, est := budget.Wait, Estimate{Known: true}
+	if !r.Deadline.IsZero() && !q.startsAtOnceLocked() {
+		decision, est = q.decideLocked(now, t, cq, cost, r.Deadline)
+	}
 	if decision == budget.Reject && q.fb != nil && q.fb.capacity() > 0 && q.fallbackListed(r.Tenant) {
 		decision = budget.Wait // the fallback takes it if the primary cannot
 	}
@@ -972,13 +977,15 @@ func (q *Queue) fixFlowsLocked(t *tenant) {
 // capLocked makes t ineligible for dispatch while it is at its in-flight
 // cap (its flows leave the heaps) and eligible again below it.
 func (q *Queue) capLocked(t *tenant) {
-	if m := t.cfg.MaxInflight; m > 0 || t.capped {
-		q.setCappedLocked(t, m > 0 && t.inflight >= m)
+	if t.cfg.MaxInflight > 0 || t.capped {
+		q.recapLocked(t)
 	}
 }
 
-func (q *Queue) setCappedLocked(t *tenant, at bool) {
-	if at != t.capped {
+// recapLocked is capLocked for a tenant with a cap or capped.
+func (q *Queue) recapLocked(t *tenant) {
+	m := t.cfg.MaxInflight
+	if at := m > 0 && t.inflight >= m; at != t.capped {
 		t.capped = at
 		q.relinkLocked(t)
 	}
@@ -1049,9 +1056,21 @@ func (q *Queue) nextLocked() (*Ticket, bool) {
 // dispatchLocked starts requests while capacity allows: the work-conserving
 // loop every state change ends with.
 func (q *Queue) dispatchLocked(now time.Time) {
-	gated := q.dispatchLoopLocked(now)
-	q.dispatchFallbackLocked(now)
-	q.refuseHeldLocked(now)
+	q.dispatchDoneLocked(now, q.dispatchLoopLocked(now))
+}
+
+// dispatchDoneLocked is what dispatchLocked does once the primary's loop
+// stopped, gated telling whether it stopped at the token gate.
+func (q *Queue) dispatchDoneLocked(now time.Time, gated bool) {
+	// The calls below do nothing without a fallback or a hold just set:
+	// tested here, so that they cost no call then (dispatch ends every
+	// state change).
+	if q.fb != nil {
+		q.dispatchFallbackLocked(now)
+	}
+	if len(q.holdNotes) > 0 {
+		q.refuseHeldLocked(now)
+	}
 	// The throughput estimator counts completions only while a free slot
 	// would be filled at once: the system's capacity, not its demand. Work
 	// queued only by tenants that may not go (at their in-flight cap, held
@@ -1072,7 +1091,9 @@ func (q *Queue) dispatchLocked(now time.Time) {
 // dispatchLoopLocked starts what it can and reports whether it stopped
 // with a slot free and an eligible request waiting (the token gate).
 func (q *Queue) dispatchLoopLocked(now time.Time) (gated bool) {
-	q.unholdDueLocked(now)
+	if len(q.held) > 0 {
+		q.unholdDueLocked(now)
+	}
 	if q.up != nil && !now.Before(q.up.until) && !q.up.until.IsZero() {
 		q.up.until = time.Time{}
 	}
@@ -1237,7 +1258,12 @@ func (q *Queue) unlock() {
 		q.events, q.spare = q.spare[:0], nil
 		q.mu.Unlock()
 		q.deliver(obs, evs)
-		clear(evs)
+		// A batch is an event or two: dropping its tickets one by one
+		// costs less than clearing it with a call into the runtime
+		// (which a loop zeroing whole entries compiles to).
+		for i := range evs {
+			evs[i].t = nil
+		}
 		q.mu.Lock()
 		q.spare = evs[:0]
 	}
@@ -1404,11 +1430,15 @@ func (q *Queue) release(tk *Ticket, actual int64) {
 		// free token capacity; what follows it may fit.
 		q.dispatchLocked(now)
 	case stateInflight:
-		if d, ok := q.deferReconcileLocked(tk, actual); ok {
-			q.completeLocked(now, tk, actual)
-			q.unlock()
-			q.reconcileDeferred(d)
-			return
+		// Only a shared store's reconciliations wait for the lock to go
+		// (deferReconcileLocked); the in-process one's run under it.
+		if q.cfg.QuotaStore != nil {
+			if d, ok := q.deferReconcileLocked(tk, actual); ok {
+				q.completeLocked(now, tk, actual)
+				q.unlock()
+				q.reconcileDeferred(d)
+				return
+			}
 		}
 		q.completeLocked(now, tk, actual)
 	}
@@ -1422,8 +1452,11 @@ func (q *Queue) completeLocked(now time.Time, tk *Ticket, actual int64) {
 		q.adm.rate.Observe(now, float64(tk.cost), q.healthy)
 		q.adm.cold.Finish(now, tk.dispatchedLocked(), float64(tk.cost))
 	}
-	q.reconcileQuotaLocked(tk, actual)
-	q.reconcileUpstreamLocked(tk, actual)
+	if tk.ch != nil {
+		// Both correct what dispatch charged, which tk.ch records.
+		q.reconcileQuotaLocked(tk, actual)
+		q.reconcileUpstreamLocked(tk, actual)
+	}
 	tk.state = stateReleased
 	tk.actual = actual
 	q.leaveSlotLocked(tk)
