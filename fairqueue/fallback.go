@@ -137,7 +137,7 @@ func (q *Queue) dispatchFallbackLocked(now time.Time) {
 		}
 		q.takeLocked(tk, false)
 		tk.fallback = true
-		q.startLocked(tk, now, false)
+		q.startLocked(tk, now, q.since(now), false)
 	}
 }
 
