@@ -168,8 +168,9 @@ func (q *Queue) SetFallbackHealthy(n int) {
 // channel (valid once Wait returned nil).
 func (tk *Ticket) Fallback() bool {
 	tk.q.mu.Lock()
-	defer tk.q.mu.Unlock()
-	return tk.fallback
+	f := tk.fallback
+	tk.q.mu.Unlock()
+	return f
 }
 
 // AccountExhausted records that the provider behind the channel tk was

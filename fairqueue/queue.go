@@ -92,6 +92,9 @@ type Queue struct {
 	// epoch is the clock's reading when the queue was made: tickets keep
 	// their times as nanoseconds from it (Queue.at).
 	epoch time.Time
+	// atOff and atTime are atLocked's last conversion.
+	atOff  int64
+	atTime time.Time
 	// declared and undeclared are the tenant settings the tenants point
 	// to (tenant.cfg), made from cfg by Reconfigure.
 	declared   map[string]*TenantConfig
@@ -370,6 +373,7 @@ func New(cfg Config, clock Clock) (*Queue, error) {
 		group: &tenant{name: "(undeclared tenants)", heldIdx: -1},
 		rng:   rand.New(rand.NewPCG(0x6661697271756575, 0x7265747279))}
 	q.group.flows = q.group.flowBuf[:0]
+	q.atTime = q.at(0)
 	if err := q.Reconfigure(cfg); err != nil {
 		return nil, err
 	}
@@ -738,18 +742,22 @@ func (q *Queue) liftLocked(t *tenant) {
 }
 
 func (q *Queue) liftIdleLocked(t *tenant) {
+	// A tenant (or the group) with nothing queued has no flow in a heap,
+	// and its virtual time is in no other flow's key: re-keying
+	// (fixFlowsLocked) would leave every heap as it is, so only the
+	// work-ahead index hears of the change.
 	if g := t.group; g != nil && g.queued == 0 {
 		g.remoteDebt = 0
 		if v := max(g.vt-g.credit, q.vfloor); v != g.vt || g.credit != 0 {
 			g.vt, g.credit = v, 0
-			q.fixFlowsLocked(g)
+			q.aheadTouchLocked(g)
 		}
 	}
 	if t.queued == 0 {
 		t.remoteDebt = 0
 		if v := max(t.vt-t.credit, q.virtualTimeLocked(t)); v != t.vt || t.credit != 0 {
 			t.vt, t.credit = v, 0
-			q.fixFlowsLocked(t)
+			q.aheadTouchLocked(t)
 		}
 	}
 }
