@@ -1141,7 +1141,13 @@ func (q *Queue) nextLocked() (*Ticket, bool) {
 // dispatchLocked starts requests while capacity allows: the work-conserving
 // loop every state change ends with.
 func (q *Queue) dispatchLocked(now time.Time) {
-	q.dispatchDoneLocked(now, q.dispatchLoopLocked(now))
+	// With every slot taken, no hold to end and no account, the loop has
+	// nothing to do: an enqueue into a full queue skips the call.
+	gated := false
+	if q.inflight < q.capacity || len(q.held) > 0 || q.up != nil {
+		gated = q.dispatchLoopLocked(now)
+	}
+	q.dispatchDoneLocked(now, gated)
 }
 
 // dispatchDoneLocked is what dispatchLocked does once the primary's loop
