@@ -236,6 +236,10 @@ func (q *Queue) boostRoomLocked() bool {
 	return q.boostedInflight < q.adm.boosts.Limit(q.capacity)
 }
 
+// startsAtOnceLocked reports whether a request admitted now is dispatched
+// at once, whatever its tag: a slot is free and nothing waits.
+func (q *Queue) startsAtOnceLocked() bool { return q.inflight < q.capacity && q.queued == 0 }
+
 // decideLocked is the admission decision for a new request with a deadline.
 // Once the estimator has learned a rate from its own measurements, the
 // decision is made at the promise rate, a low quantile, refusal included.
@@ -245,7 +249,7 @@ func (q *Queue) boostRoomLocked() bool {
 // refused from the queue as soon as the measurement shows it cannot make
 // it (refuseLocked).
 func (q *Queue) decideLocked(now time.Time, t *tenant, cq *classQ, cost int64, deadline time.Time) (budget.Decision, Estimate) {
-	if deadline.IsZero() || (q.inflight < q.capacity && q.queued == 0) {
+	if deadline.IsZero() || q.startsAtOnceLocked() {
 		return budget.Wait, Estimate{Known: true}
 	}
 	own := t.queuedWork

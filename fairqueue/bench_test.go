@@ -1,6 +1,7 @@
 package fairqueue
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"testing"
@@ -203,6 +204,53 @@ func BenchmarkEnqueueIdle(b *testing.B) {
 	}
 	b.StopTimer()
 	stop()
+}
+
+// BenchmarkIdleRequest is the queue's part of a request on a gateway with
+// slots to spare, call for call as the handler makes them: PrecheckRequest
+// before the body is read, Enqueue with the request's deadline (it starts
+// at once), Wait, the ticket's accessors the handler reads, and Release
+// with the actual cost, the observer set as the metrics set it.
+func BenchmarkIdleRequest(b *testing.B) {
+	q, clk := benchQueue(b, 64)
+	events := 0
+	q.SetObserver(func(ev Event, tk *Ticket) { events++ })
+	names := make([]string, 100)
+	for i := range names {
+		names[i] = "tenant-" + strconv.Itoa(i)
+	}
+	deadline := clk.Now().Add(time.Minute) // the clock does not move
+	ctx := context.Background()
+	b.ReportAllocs()
+	stop := startCPU(b)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		name := names[i%len(names)]
+		if rej := q.PrecheckRequest(Request{Tenant: name, Class: "batch", Bytes: 2000}); rej != nil {
+			b.Fatal(rej)
+		}
+		tk, err := q.Enqueue(Request{Tenant: name, Class: "batch", Cost: 500, Prompt: 400,
+			Deadline: deadline, Bytes: 2000})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := tk.Wait(ctx); err != nil {
+			b.Fatal(err)
+		}
+		_ = tk.QuotaWait()
+		if tk.Dispatched().Sub(tk.Enqueued()) != 0 || tk.Boosted() || tk.ETA() != 0 {
+			b.Fatal("not dispatched at once")
+		}
+		if _, ok := tk.QuotaStatus(); ok {
+			b.Fatal("charged to a quota")
+		}
+		tk.Release(450)
+	}
+	b.StopTimer()
+	stop()
+	if events != 2*b.N {
+		b.Fatalf("%d events for %d requests", events, b.N)
+	}
 }
 
 // BenchmarkMemory reports the heap bytes one queued request holds (its

@@ -63,3 +63,14 @@ func (q *Queue) since(t time.Time) int64 { return int64(t.Sub(q.epoch)) }
 
 // at returns the time off nanoseconds after the queue's epoch.
 func (q *Queue) at(off int64) time.Time { return q.epoch.Add(time.Duration(off)) }
+
+// atLocked is at, remembering its last answer: a request's dispatch time
+// is asked for by its handler (Ticket.Dispatched) and again when it
+// completes (the cold-start bound), and each conversion is a
+// time.Time.Add.
+func (q *Queue) atLocked(off int64) time.Time {
+	if off != q.atOff {
+		q.atOff, q.atTime = off, q.at(off)
+	}
+	return q.atTime
+}

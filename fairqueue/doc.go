@@ -93,8 +93,8 @@
 // Tick, the longest idle first, so no tick scans all tenants. Forgetting a
 // tenant whose virtual time is ahead of V drops at most one request's
 // service debt; see pruneLocked. BenchmarkMemory measures the unit costs
-// (amd64): about 260 bytes a queued request (its ticket and its share of
-// the heaps, the body excluded) and 555 a remembered idle tenant (its
+// (amd64): about 210 bytes a queued request (its ticket and its share of
+// the heaps, the body excluded) and 490 a remembered idle tenant (its
 // name and its share of the map included).
 //
 // Reading the tenants (Stats, for the metrics scrape and the reports)

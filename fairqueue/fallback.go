@@ -137,7 +137,7 @@ func (q *Queue) dispatchFallbackLocked(now time.Time) {
 		}
 		q.takeLocked(tk, false)
 		tk.fallback = true
-		q.startLocked(tk, now, false)
+		q.startLocked(tk, now, q.since(now), false)
 	}
 }
 
@@ -168,8 +168,9 @@ func (q *Queue) SetFallbackHealthy(n int) {
 // channel (valid once Wait returned nil).
 func (tk *Ticket) Fallback() bool {
 	tk.q.mu.Lock()
-	defer tk.q.mu.Unlock()
-	return tk.fallback
+	f := tk.fallback
+	tk.q.mu.Unlock()
+	return f
 }
 
 // AccountExhausted records that the provider behind the channel tk was

@@ -101,11 +101,20 @@ type flowEntry struct {
 }
 
 func (a *flowEntry) before(b *flowEntry) bool {
+	// What "if a.finish != b.finish { return a.finish < b.finish }", and
+	// the same for start, say (NaN included), written so that a smaller
+	// finish tag, the usual case, is decided by one comparison.
+	if a.finish < b.finish {
+		return true
+	}
 	if a.finish != b.finish {
-		return a.finish < b.finish
+		return false
+	}
+	if a.start < b.start {
+		return true
 	}
 	if a.start != b.start {
-		return a.start < b.start
+		return false
 	}
 	return a.seq < b.seq
 }
@@ -233,14 +242,19 @@ func (h *flowHeap) rebuild() {
 	}
 }
 
+// fix restores order after the entry at i changed. An entry that now
+// comes before its parent goes up; any other goes down (down leaves one
+// that belongs at i where it is).
 func (h *flowHeap) fix(i int) {
-	if !h.down(i) {
+	if i > 0 && h.e[i].before(&h.e[(i-1)/flowArity]) {
 		h.up(i)
+		return
 	}
+	h.down(i)
 }
 
-// up and down move a hole rather than swapping at every level: each level
-// writes one entry and one position.
+// up moves a hole rather than swapping at every level: each level writes
+// one entry and one position.
 func (h *flowHeap) up(j0 int) {
 	e := h.e
 	x := e[j0]
@@ -260,8 +274,18 @@ func (h *flowHeap) up(j0 int) {
 	}
 }
 
+// down moves the entry at i0 down to its place, given that the subtrees
+// below it are in order, and reports whether it moved. It walks a hole
+// down the path of least children to a leaf without comparing them with
+// the entry, then moves the entry up from there (Floyd's bottom-up
+// sift): what down mostly sifts is a re-keyed or popped top, whose new
+// key is among the largest, so it belongs at or next to the bottom, and
+// the walk saves a comparison per level. The path is the one the classic sift follows and the
+// entries along it are in order, so every entry ends where the classic
+// sift puts it: the layout, which the early-refusal sweep and the ETA
+// walks visit in order, is the same.
 func (h *flowHeap) down(i0 int) bool {
-	e := h.e
+	e, pos := h.e, h.pos
 	n := len(e)
 	x := e[i0]
 	i := i0
@@ -271,23 +295,40 @@ func (h *flowHeap) down(i0 int) bool {
 			break
 		}
 		j := first
-		last := min(first+flowArity, n)
-		for c := first + 1; c < last; c++ {
-			if e[c].before(&e[j]) {
-				j = c
+		if first+flowArity <= n {
+			g := e[first : first+flowArity : first+flowArity]
+			k := 0
+			if g[1].before(&g[0]) {
+				k = 1
+			}
+			if g[2].before(&g[k]) {
+				k = 2
+			}
+			if g[3].before(&g[k]) {
+				k = 3
+			}
+			j += k
+		} else {
+			for c := first + 1; c < n; c++ {
+				if e[c].before(&e[j]) {
+					j = c
+				}
 			}
 		}
-		if !e[j].before(&x) {
-			break
-		}
 		e[i] = e[j]
-		h.pos[e[i].id] = int32(i)
+		pos[e[i].id] = int32(i)
 		i = j
 	}
-	if i == i0 {
-		return false
+	for i > i0 {
+		p := (i - 1) / flowArity
+		if !x.before(&e[p]) {
+			break
+		}
+		e[i] = e[p]
+		pos[e[i].id] = int32(i)
+		i = p
 	}
 	e[i] = x
-	h.pos[x.id] = int32(i)
-	return true
+	pos[x.id] = int32(i)
+	return i != i0
 }

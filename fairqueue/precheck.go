@@ -20,16 +20,18 @@ func (q *Queue) Precheck(tenant, class string, tokens int64) *Rejection {
 // MaxQueueBytes as Enqueue will count them. Deadline is not looked at.
 func (q *Queue) PrecheckRequest(r Request) *Rejection {
 	tenant, class, tokens := r.Tenant, r.Class, r.Cost
-	now := q.clock.Now()
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	t := q.tenants[tenant]
+	// The time is needed only to refuse or to peek at a throttle: read on
+	// demand, so that a request the queue takes costs no clock reading here.
+	var clk clockReading
+	t := q.tenantLocked(tenant)
 	tc, known, class := q.settingsLocked(t, tenant, class)
-	if rej := q.admitLocked(now, t, r.Tenant, tc, known, max(tokens, 1), max(r.Bytes, 0)); rej != nil {
+	if rej := q.admitLocked(&clk, t, r.Tenant, tc, known, max(tokens, 1), max(r.Bytes, 0)); rej != nil {
 		return rej
 	}
 	if thr := q.ov.throttle[class]; thr != nil {
-		if ok, wait := thr.Peek(now, int(min(max(tokens, 1), 1<<31-1))); !ok {
+		if ok, wait := thr.Peek(clk.now(q), int(min(max(tokens, 1), 1<<31-1))); !ok {
 			return throttleRejection(class, thr, wait)
 		}
 	}

@@ -83,9 +83,18 @@ type Queue struct {
 
 	classes []*classQ
 	tenants map[string]*tenant
+	// lastName and lastTenant are the tenant tenantLocked found last
+	// (nil: none): the handler asks for the same tenant twice a request,
+	// in PrecheckRequest and then Enqueue, with the same string, which
+	// compares equal at once.
+	lastName   string
+	lastTenant *tenant
 	// epoch is the clock's reading when the queue was made: tickets keep
 	// their times as nanoseconds from it (Queue.at).
 	epoch time.Time
+	// atOff and atTime are atLocked's last conversion.
+	atOff  int64
+	atTime time.Time
 	// declared and undeclared are the tenant settings the tenants point
 	// to (tenant.cfg), made from cfg by Reconfigure.
 	declared   map[string]*TenantConfig
@@ -364,6 +373,7 @@ func New(cfg Config, clock Clock) (*Queue, error) {
 		group: &tenant{name: "(undeclared tenants)", heldIdx: -1},
 		rng:   rand.New(rand.NewPCG(0x6661697271756575, 0x7265747279))}
 	q.group.flows = q.group.flowBuf[:0]
+	q.atTime = q.at(0)
 	if err := q.Reconfigure(cfg); err != nil {
 		return nil, err
 	}
@@ -574,7 +584,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	q.mu.Lock()
 	// A known tenant carries its settings, so the hot path does one map
 	// lookup, not one in the config and one in the state.
-	t := q.tenants[r.Tenant]
+	t := q.tenantLocked(r.Tenant)
 	if t != nil && t.queued == 0 && t.inflight == 0 && t.misplaced() {
 		q.forgetLocked(t)
 		t = nil
@@ -594,9 +604,9 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		rej = q.circuitLocked(now, t, tc, cost, tokens)
 	}
 	if rej == nil {
-		rej = q.admitLocked(now, t, r.Tenant, tc, known, tokens, max(r.Bytes, 0))
+		rej = q.admitLocked(&clockReading{t: now, read: true}, t, r.Tenant, tc, known, tokens, max(r.Bytes, 0))
 	}
-	if rej == nil {
+	if rej == nil && q.ov.throttle != nil {
 		rej = q.throttleLocked(now, cls, tokens)
 	}
 	var quotaWait time.Duration
@@ -616,13 +626,23 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	}
 	q.liftLocked(t)
 	cq := q.classLocked(cls)
-	decision, est := q.decideLocked(now, t, cq, cost, r.Deadline)
+	// Without a deadline, or starting at once, there is nothing to decide
+	// (decideLocked's first test, here where it is inlined).
+	decision, est := budget.Wait, Estimate{Known: true}
+	if !r.Deadline.IsZero() && !q.startsAtOnceLocked() {
+		decision, est = q.decideLocked(now, t, cq, cost, r.Deadline)
+	}
 	if decision == budget.Reject && q.fb != nil && q.fb.capacity() > 0 && q.fallbackListed(r.Tenant) {
 		decision = budget.Wait // the fallback takes it if the primary cannot
 	}
 	if decision == budget.Reject {
 		q.mu.Unlock()
 		return nil, budgetRejection(est, r.Deadline.Sub(now))
+	}
+	if q.queued == 0 && q.startsNowLocked(t, tokens, r.Deadline, now) {
+		tk := q.startIdleLocked(&r, t, q.flowOfLocked(t, cq), cost, tokens, prompt, now)
+		q.unlock()
+		return tk, nil
 	}
 	tk := &Ticket{q: q, t: t, cost: cost, tokens: tokens, bytes: max(r.Bytes, 0),
 		deadline: r.Deadline, enqueued: q.since(now), dlIdx: -1, eta: max(est.ETA, quotaWait),
@@ -642,6 +662,55 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	return tk, nil
 }
 
+// startsNowLocked reports whether a request of t for tokens, with
+// deadline, admitted now goes at once with nothing to decide on its way
+// (the caller tests q.queued first, inlined): a slot is free, nothing
+// waits (so it is the first in tag order), its
+// tenant is eligible, its deadline is ahead, and neither the token gate, a
+// quota, the provider account nor a quota hold due now has a say. This is
+// the idle path every request of a gateway with spare slots takes.
+func (q *Queue) startsNowLocked(t *tenant, tokens int64, deadline, now time.Time) bool {
+	return q.queued == 0 && q.inflight < q.capacity && !t.out && t.cfg.Quota == nil &&
+		q.up == nil && len(q.held) == 0 &&
+		(q.tokenCap <= 0 || q.inflight == 0 || q.inflightCost+tokens <= q.tokenCap) &&
+		(deadline.IsZero() || now.Before(deadline))
+}
+
+// startIdleLocked makes the ticket of r, of tenant t in flow f, for
+// which startsNowLocked holds, and dispatches it, leaving what queueing it
+// (pushFlowLocked, the deadline heap) and dispatching it (dispatchLocked)
+// would leave, without the round trip through the heaps: the flow's intake
+// and outflow both count it, its drain measure starts again (it was
+// backlogged, for no time), and the work-ahead index is touched while
+// nothing is queued, which drops it. The heaps, the deadline heap, the
+// queued counts and the backlogged weight would come back to where they
+// are. Out of Enqueue's line, which a queue with a backlog runs through.
+func (q *Queue) startIdleLocked(r *Request, t *tenant, f *flow, cost, tokens, prompt int64, now time.Time) *Ticket {
+	at := q.since(now)
+	tk := &Ticket{q: q, t: t, f: f, cost: cost, tokens: tokens, bytes: max(r.Bytes, 0),
+		deadline: r.Deadline, enqueued: at, dlIdx: -1, mark: f.in, prompt: prompt}
+	q.aheadTouchLocked(t)
+	f.in += cost
+	f.out += cost
+	f.drain = flowDrain{}
+	q.startLocked(tk, now, at, false)
+	q.dispatchDoneLocked(now, false)
+	return tk
+}
+
+// tenantLocked returns the state of tenant name, nil when the queue does
+// not remember it.
+func (q *Queue) tenantLocked(name string) *tenant {
+	if t := q.lastTenant; t != nil && q.lastName == name {
+		return t
+	}
+	t := q.tenants[name]
+	if t != nil {
+		q.lastName, q.lastTenant = name, t
+	}
+	return t
+}
+
 // newTenantLocked creates the state of a tenant about to queue a request:
 // a declared tenant owns top-level flows, an undeclared one schedules
 // inside the group. It starts idle (on the idle list) until its request is
@@ -654,6 +723,7 @@ func (q *Queue) newTenantLocked(name string, tc *TenantConfig, known bool, now t
 		t.vt = q.group.vfloor
 	}
 	q.tenants[name] = t
+	q.lastName, q.lastTenant = name, t
 	q.addRosterLocked(t)
 	q.tenantPeak = max(q.tenantPeak, len(q.tenants))
 	t.idleSince = now.UnixNano()
@@ -672,27 +742,47 @@ func (q *Queue) liftLocked(t *tenant) {
 }
 
 func (q *Queue) liftIdleLocked(t *tenant) {
+	// A tenant (or the group) with nothing queued has no flow in a heap,
+	// and its virtual time is in no other flow's key: re-keying
+	// (fixFlowsLocked) would leave every heap as it is, so only the
+	// work-ahead index hears of the change.
 	if g := t.group; g != nil && g.queued == 0 {
 		g.remoteDebt = 0
 		if v := max(g.vt-g.credit, q.vfloor); v != g.vt || g.credit != 0 {
 			g.vt, g.credit = v, 0
-			q.fixFlowsLocked(g)
+			q.aheadTouchLocked(g)
 		}
 	}
 	if t.queued == 0 {
 		t.remoteDebt = 0
 		if v := max(t.vt-t.credit, q.virtualTimeLocked(t)); v != t.vt || t.credit != 0 {
 			t.vt, t.credit = v, 0
-			q.fixFlowsLocked(t)
+			q.aheadTouchLocked(t)
 		}
 	}
+}
+
+// clockReading is the queue's clock read once, when first needed: the
+// admission checks need the time only to refuse, so PrecheckRequest,
+// which mostly refuses nothing, reads no clock for them.
+type clockReading struct {
+	t    time.Time
+	read bool
+}
+
+// now returns the reading, taking it from q's clock on first use.
+func (c *clockReading) now(q *Queue) time.Time {
+	if !c.read {
+		c.t, c.read = q.clock.Now(), true
+	}
+	return c.t
 }
 
 // admitLocked applies the caps that do not depend on the request's class:
 // capacity, size, the tenant's and the group's queue, the global queue in
 // requests, tokens and bytes. t is nil for a tenant the queue does not
 // remember.
-func (q *Queue) admitLocked(now time.Time, t *tenant, name string, tc *TenantConfig, known bool, tokens, bytes int64) *Rejection {
+func (q *Queue) admitLocked(clk *clockReading, t *tenant, name string, tc *TenantConfig, known bool, tokens, bytes int64) *Rejection {
 	if rej := q.closedLocked(); rej != nil {
 		return rej
 	}
@@ -706,20 +796,20 @@ func (q *Queue) admitLocked(now time.Time, t *tenant, name string, tc *TenantCon
 		}
 	}
 	if tc.MaxQueue > 0 || (!known && q.cfg.DefaultPerTenantMaxQueue > 0) {
-		if rej := q.tenantFullLocked(now, t, tc, known, tokens, bytes); rej != nil {
+		if rej := q.tenantFullLocked(clk, t, tc, known, tokens, bytes); rej != nil {
 			return rej
 		}
 	}
 	if q.cfg.MaxQueue > 0 && q.queued >= q.cfg.MaxQueue {
-		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(now, q.queuedWork),
+		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(clk.now(q), q.queuedWork),
 			Detail: fmt.Sprintf("%d requests queued (limit %d)", q.queued, q.cfg.MaxQueue)}
 	}
 	if q.cfg.MaxQueueTokens > 0 && q.queuedCost+tokens > q.cfg.MaxQueueTokens {
-		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(now, q.queuedWork),
+		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(clk.now(q), q.queuedWork),
 			Detail: fmt.Sprintf("%d tokens queued (limit %d)", q.queuedCost, q.cfg.MaxQueueTokens)}
 	}
 	if q.cfg.MaxQueueBytes > 0 && q.queuedBytes+bytes > q.cfg.MaxQueueBytes {
-		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(now, q.queuedWork),
+		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(clk.now(q), q.queuedWork),
 			Detail: fmt.Sprintf("%d bytes queued (limit %d)", q.queuedBytes, q.cfg.MaxQueueBytes)}
 	}
 	return nil
@@ -743,16 +833,16 @@ func (q *Queue) tooLargeLocked(tokens int64) *Rejection {
 // tenantFullLocked applies the tenant's own queue cap and, for an
 // undeclared tenant, the group's cap (Default.MaxQueue) and the
 // per-undeclared-tenant cap.
-func (q *Queue) tenantFullLocked(now time.Time, t *tenant, tc *TenantConfig, known bool, tokens, bytes int64) *Rejection {
+func (q *Queue) tenantFullLocked(clk *clockReading, t *tenant, tc *TenantConfig, known bool, tokens, bytes int64) *Rejection {
 	own := tc.MaxQueue
 	if !known {
 		own = q.cfg.DefaultPerTenantMaxQueue
-		if rej := q.groupFullLocked(now, tc, tokens, bytes); rej != nil {
+		if rej := q.groupFullLocked(clk, tc, tokens, bytes); rej != nil {
 			return rej
 		}
 	}
 	if own > 0 && t != nil && t.queued >= own {
-		return &Rejection{Reason: ReasonTenantQueueFull, RetryAfter: q.drainRetryLocked(now, t.queuedWork),
+		return &Rejection{Reason: ReasonTenantQueueFull, RetryAfter: q.drainRetryLocked(clk.now(q), t.queuedWork),
 			Detail: fmt.Sprintf("tenant has %d requests queued (limit %d)", t.queued, own)}
 	}
 	return nil
@@ -763,13 +853,13 @@ func (q *Queue) tenantFullLocked(now time.Time, t *tenant, tc *TenantConfig, kno
 // their share of MaxQueueBytes and MaxQueueTokens, so that undeclared
 // traffic (one tenant ID or many) cannot fill the byte or token room the
 // declared tenants queue in either.
-func (q *Queue) groupFullLocked(now time.Time, tc *TenantConfig, tokens, bytes int64) *Rejection {
+func (q *Queue) groupFullLocked(clk *clockReading, tc *TenantConfig, tokens, bytes int64) *Rejection {
 	g := q.group
 	if tc.MaxQueue <= 0 {
 		return nil
 	}
 	full := func(what string, have, limit int64) *Rejection {
-		return &Rejection{Reason: ReasonTenantQueueFull, RetryAfter: q.drainRetryLocked(now, g.queuedWork),
+		return &Rejection{Reason: ReasonTenantQueueFull, RetryAfter: q.drainRetryLocked(clk.now(q), g.queuedWork),
 			Detail: fmt.Sprintf("undeclared tenants together have %d %s queued (limit %d)", have, what, limit)}
 	}
 	if g.queued >= tc.MaxQueue {
@@ -972,13 +1062,15 @@ func (q *Queue) fixFlowsLocked(t *tenant) {
 // capLocked makes t ineligible for dispatch while it is at its in-flight
 // cap (its flows leave the heaps) and eligible again below it.
 func (q *Queue) capLocked(t *tenant) {
-	if m := t.cfg.MaxInflight; m > 0 || t.capped {
-		q.setCappedLocked(t, m > 0 && t.inflight >= m)
+	if t.cfg.MaxInflight > 0 || t.capped {
+		q.recapLocked(t)
 	}
 }
 
-func (q *Queue) setCappedLocked(t *tenant, at bool) {
-	if at != t.capped {
+// recapLocked is capLocked for a tenant with a cap or capped.
+func (q *Queue) recapLocked(t *tenant) {
+	m := t.cfg.MaxInflight
+	if at := m > 0 && t.inflight >= m; at != t.capped {
 		t.capped = at
 		q.relinkLocked(t)
 	}
@@ -1049,9 +1141,27 @@ func (q *Queue) nextLocked() (*Ticket, bool) {
 // dispatchLocked starts requests while capacity allows: the work-conserving
 // loop every state change ends with.
 func (q *Queue) dispatchLocked(now time.Time) {
-	gated := q.dispatchLoopLocked(now)
-	q.dispatchFallbackLocked(now)
-	q.refuseHeldLocked(now)
+	// With every slot taken, no hold to end and no account, the loop has
+	// nothing to do: an enqueue into a full queue skips the call.
+	gated := false
+	if q.inflight < q.capacity || len(q.held) > 0 || q.up != nil {
+		gated = q.dispatchLoopLocked(now)
+	}
+	q.dispatchDoneLocked(now, gated)
+}
+
+// dispatchDoneLocked is what dispatchLocked does once the primary's loop
+// stopped, gated telling whether it stopped at the token gate.
+func (q *Queue) dispatchDoneLocked(now time.Time, gated bool) {
+	// The calls below do nothing without a fallback or a hold just set:
+	// tested here, so that they cost no call then (dispatch ends every
+	// state change).
+	if q.fb != nil {
+		q.dispatchFallbackLocked(now)
+	}
+	if len(q.holdNotes) > 0 {
+		q.refuseHeldLocked(now)
+	}
 	// The throughput estimator counts completions only while a free slot
 	// would be filled at once: the system's capacity, not its demand. Work
 	// queued only by tenants that may not go (at their in-flight cap, held
@@ -1072,13 +1182,18 @@ func (q *Queue) dispatchLocked(now time.Time) {
 // dispatchLoopLocked starts what it can and reports whether it stopped
 // with a slot free and an eligible request waiting (the token gate).
 func (q *Queue) dispatchLoopLocked(now time.Time) (gated bool) {
-	q.unholdDueLocked(now)
+	if len(q.held) > 0 {
+		q.unholdDueLocked(now)
+	}
 	if q.up != nil && !now.Before(q.up.until) && !q.up.until.IsZero() {
 		q.up.until = time.Time{}
 	}
 	for q.inflight < q.capacity {
 		if q.up != nil && now.Before(q.up.until) {
 			return q.queued > 0 // the provider said: nothing until then
+		}
+		if q.queued == 0 {
+			return false // what nextLocked would find: nothing
 		}
 		tk, overtakes := q.nextLocked()
 		if tk == nil {
@@ -1130,7 +1245,7 @@ func (q *Queue) dispatchLoopLocked(now time.Time) (gated bool) {
 			q.finishLocked(now, tk, stateExpired, q.timeoutLocked(now))
 			continue
 		}
-		q.startLocked(tk, now, overtakes)
+		q.startLocked(tk, now, q.since(now), overtakes)
 	}
 	return false
 }
@@ -1141,14 +1256,16 @@ func (q *Queue) timeoutLocked(now time.Time) *Rejection {
 		Detail: "wait budget ran out while queued"}
 }
 
-func (q *Queue) startLocked(tk *Ticket, now time.Time, overtakes bool) {
+// startLocked dispatches tk at now; at is since(now), the callers' to
+// compute (the idle path has it already).
+func (q *Queue) startLocked(tk *Ticket, now time.Time, at int64, overtakes bool) {
 	t := tk.t
 	if overtakes {
 		tk.boosted = true
 		q.boostedInflight++
 	}
 	tk.state = stateInflight
-	tk.dispatched = q.since(now)
+	tk.dispatched = at
 	if tk.fallback {
 		q.fbInflight++
 	} else {
@@ -1237,7 +1354,12 @@ func (q *Queue) unlock() {
 		q.events, q.spare = q.spare[:0], nil
 		q.mu.Unlock()
 		q.deliver(obs, evs)
-		clear(evs)
+		// A batch is an event or two: dropping its tickets one by one
+		// costs less than clearing it with a call into the runtime
+		// (which a loop zeroing whole entries compiles to).
+		for i := range evs {
+			evs[i].t = nil
+		}
 		q.mu.Lock()
 		q.spare = evs[:0]
 	}
@@ -1374,6 +1496,9 @@ func (q *Queue) forgetLocked(t *tenant) {
 		q.adm.boosts.Forget(t.name)
 	}
 	delete(q.tenants, t.name)
+	if q.lastTenant == t {
+		q.lastName, q.lastTenant = "", nil
+	}
 	q.removeRosterLocked(t)
 	// A Go map keeps its buckets when entries are deleted: once most of the
 	// tenants seen at the peak are gone, move the rest to a fresh map, so
@@ -1404,11 +1529,15 @@ func (q *Queue) release(tk *Ticket, actual int64) {
 		// free token capacity; what follows it may fit.
 		q.dispatchLocked(now)
 	case stateInflight:
-		if d, ok := q.deferReconcileLocked(tk, actual); ok {
-			q.completeLocked(now, tk, actual)
-			q.unlock()
-			q.reconcileDeferred(d)
-			return
+		// Only a shared store's reconciliations wait for the lock to go
+		// (deferReconcileLocked); the in-process one's run under it.
+		if q.cfg.QuotaStore != nil {
+			if d, ok := q.deferReconcileLocked(tk, actual); ok {
+				q.completeLocked(now, tk, actual)
+				q.unlock()
+				q.reconcileDeferred(d)
+				return
+			}
 		}
 		q.completeLocked(now, tk, actual)
 	}
@@ -1422,8 +1551,11 @@ func (q *Queue) completeLocked(now time.Time, tk *Ticket, actual int64) {
 		q.adm.rate.Observe(now, float64(tk.cost), q.healthy)
 		q.adm.cold.Finish(now, tk.dispatchedLocked(), float64(tk.cost))
 	}
-	q.reconcileQuotaLocked(tk, actual)
-	q.reconcileUpstreamLocked(tk, actual)
+	if tk.ch != nil {
+		// Both correct what dispatch charged, which tk.ch records.
+		q.reconcileQuotaLocked(tk, actual)
+		q.reconcileUpstreamLocked(tk, actual)
+	}
 	tk.state = stateReleased
 	tk.actual = actual
 	q.leaveSlotLocked(tk)

@@ -183,13 +183,19 @@ func (q *Queue) removeRosterLocked(t *tenant) {
 // busyLocked keeps BackloggedWeight's sum as t's queued count changes:
 // O(1), called where it (or the in-flight count) does.
 func (q *Queue) busyLocked(t *tenant) {
-	if t.group != nil {
-		return // counted through the group, in BackloggedWeight
+	// An undeclared tenant counts through the group, in BackloggedWeight.
+	if t.group == nil && (t.queued > 0) != t.busy {
+		q.setBusyLocked(t)
 	}
-	b := t.queued > 0
-	if b == t.busy {
-		return
-	}
+}
+
+// setBusyLocked is busyLocked for a declared tenant that became
+// backlogged (t.queued > 0) or stopped being backlogged. Kept out of line
+// so that busyLocked, called on every count change, inlines to its test.
+//
+//go:noinline
+func (q *Queue) setBusyLocked(t *tenant) {
+	b := !t.busy
 	t.busy = b
 	switch {
 	case b:

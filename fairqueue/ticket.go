@@ -109,12 +109,14 @@ func (tk *Ticket) QuotaReason() quota.Dimension {
 // response; ok is false when it was not charged (no quota, or not
 // dispatched). Call it after Wait returned nil.
 func (tk *Ticket) QuotaStatus() (st quota.Status, ok bool) {
+	// The accessors read fields, which cannot panic: they unlock without a
+	// defer (the handler calls several a request).
 	tk.q.mu.Lock()
-	defer tk.q.mu.Unlock()
-	if tk.ch == nil {
-		return quota.Status{}, false
+	if c := tk.ch; c != nil {
+		st, ok = c.quotaStatus, c.quota != nil
 	}
-	return tk.ch.quotaStatus, tk.ch.quota != nil
+	tk.q.mu.Unlock()
+	return st, ok
 }
 
 // ticketCharge is what a ticket's dispatch was charged to.
@@ -224,8 +226,9 @@ func (tk *Ticket) Enqueued() time.Time { return tk.q.at(tk.enqueued) }
 // Dispatched returns the dispatch time, zero if never dispatched.
 func (tk *Ticket) Dispatched() time.Time {
 	tk.q.mu.Lock()
-	defer tk.q.mu.Unlock()
-	return tk.dispatchedLocked()
+	t := tk.dispatchedLocked()
+	tk.q.mu.Unlock()
+	return t
 }
 
 // dispatchedLocked is Dispatched.
@@ -233,29 +236,32 @@ func (tk *Ticket) dispatchedLocked() time.Time {
 	if tk.state != stateInflight && tk.state != stateReleased {
 		return time.Time{}
 	}
-	return tk.q.at(tk.dispatched)
+	return tk.q.atLocked(tk.dispatched)
 }
 
 // Boosted reports whether the ticket was dispatched from the boost lane.
 func (tk *Ticket) Boosted() bool {
 	tk.q.mu.Lock()
-	defer tk.q.mu.Unlock()
-	return tk.boosted
+	b := tk.boosted
+	tk.q.mu.Unlock()
+	return b
 }
 
 // ETA returns the wait predicted for the ticket at admission or at its
 // latest re-check; 0 when the queue could not predict it.
 func (tk *Ticket) ETA() time.Duration {
 	tk.q.mu.Lock()
-	defer tk.q.mu.Unlock()
-	return tk.eta
+	eta := tk.eta
+	tk.q.mu.Unlock()
+	return eta
 }
 
 // Err returns why the ticket ended without dispatch, or nil.
 func (tk *Ticket) Err() error {
 	tk.q.mu.Lock()
-	defer tk.q.mu.Unlock()
-	return tk.err
+	err := tk.err
+	tk.q.mu.Unlock()
+	return err
 }
 
 // ticketList is an intrusive doubly linked FIFO: removal from the middle
