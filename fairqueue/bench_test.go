@@ -12,7 +12,7 @@ import (
 
 // benchQueue returns a queue with capacity slots in one upstream, no token
 // cap and no queue caps, on a virtual clock.
-func benchQueue(b *testing.B, capacity int) (*Queue, *ManualClock) {
+func benchQueue(b testing.TB, capacity int) (*Queue, *ManualClock) {
 	b.Helper()
 	cfg := Config{
 		MaxInflight: capacity,

@@ -23,7 +23,7 @@ type cycleRig struct {
 
 const rigCapacity = 64
 
-func newCycleRig(b *testing.B, n int) *cycleRig {
+func newCycleRig(b testing.TB, n int) *cycleRig {
 	q, clk := benchQueue(b, rigCapacity)
 	r := &cycleRig{q: q, clk: clk, names: make([]string, n), ring: make([]*Ticket, 0, 2*rigCapacity)}
 	for i := range r.names {
@@ -54,7 +54,7 @@ func (r *cycleRig) request(i int) Request {
 
 // cycle releases the oldest in-flight ticket, which dispatches the next
 // request in tag order, and enqueues one more.
-func (r *cycleRig) cycle(b *testing.B) {
+func (r *cycleRig) cycle(b testing.TB) {
 	tk := r.ring[r.head]
 	r.ring = r.ring[:rigCapacity]
 	tk.Release(tk.cost * 3 / 4)
@@ -133,6 +133,20 @@ func BenchmarkStats(b *testing.B) {
 	for range b.N {
 		if s := r.q.Stats(true); len(s.Tenants) != 100000 {
 			b.Fatalf("%d tenants", len(s.Tenants))
+		}
+	}
+}
+
+// TestCycleAllocs holds the scheduling cycle to issue 14's one allocation
+// (the new request's ticket) at 10 and 100k tenants, in the rig of
+// BenchmarkScrapeDispatch: deadlines on every request, completions that
+// correct the estimate. Allocations are counted, not timed, so the bound
+// is exact on any machine.
+func TestCycleAllocs(t *testing.T) {
+	for _, n := range []int{10, 100000} {
+		r := newCycleRig(t, n)
+		if allocs := testing.AllocsPerRun(2000, func() { r.cycle(t) }); allocs > 1 {
+			t.Errorf("%d tenants: %.2f allocations a cycle, want at most 1", n, allocs)
 		}
 	}
 }
