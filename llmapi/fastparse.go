@@ -370,18 +370,15 @@ func (f *fastParser) message(i int, anthropic bool) (end int, ok bool) {
 					m[k] = b[v:i]
 				}
 			}
-			i = skipJSONSpace(b, i)
-			if i >= len(b) {
-				return -1, false
-			}
-			if b[i] == ',' {
-				i = skipJSONSpace(b, i+1)
+			var more bool
+			if i, more = afterMember(b, i); more {
+				i = skipJSONSpace(b, i)
 				continue
 			}
-			if b[i] != '}' {
+			if i < 0 {
 				return -1, false
 			}
-			end = i + 1
+			end = i
 			break
 		}
 	}
@@ -532,18 +529,15 @@ func (f *fastParser) part(i, depth int, anthropic bool) (end int, ok bool) {
 					v[j] = b[vi:i]
 				}
 			}
-			i = skipJSONSpace(b, i)
-			if i >= len(b) {
-				return -1, false
-			}
-			if b[i] == ',' {
-				i = skipJSONSpace(b, i+1)
+			var more bool
+			if i, more = afterMember(b, i); more {
+				i = skipJSONSpace(b, i)
 				continue
 			}
-			if b[i] != '}' {
+			if i < 0 {
 				return -1, false
 			}
-			end = i + 1
+			end = i
 			break
 		}
 	}
@@ -973,4 +967,16 @@ func skipValue(b []byte, i, depth int) int {
 			break
 		}
 	}
+}
+
+// afterMember steps over what follows an object member's value at b[i]:
+// past a comma, and true; past the object's closing brace, and false;
+// else -1.
+func afterMember(b []byte, i int) (int, bool) {
+	// Small enough to inline, which the loops it ends need: the white
+	// space after a comma is the caller's to skip.
+	if i = skipJSONSpace(b, i); i < len(b) && (b[i] == ',' || b[i] == '}') {
+		return i + 1, b[i] == ','
+	}
+	return -1, false
 }

@@ -460,6 +460,14 @@ func decodeUsage(s *scan, raw []byte) (prompt, completion int, ok bool) {
 	if !walked {
 		return -1, -1, false
 	}
+	return combineUsage(pt, ct, it, ot, cache)
+}
+
+// combineUsage makes a usage object's token counts (-1: absent) into the
+// prompt and completion an answer reports: OpenAI's prompt_tokens and
+// completion_tokens, else Anthropic's input_tokens and output_tokens; ok
+// when either is known.
+func combineUsage(pt, ct, it, ot, cache int) (prompt, completion int, ok bool) {
 	prompt, completion = pt, ct
 	if prompt < 0 {
 		prompt = it

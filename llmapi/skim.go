@@ -123,6 +123,12 @@ func skimValue(b []byte, i int) int {
 	case '{', '[':
 		return skimContainer(b, i)
 	}
+	return skimScalar(b, i)
+}
+
+// skimScalar is skimValue for a number or literal at b[i]: it ends at the
+// first delimiter; -1 when there is none to skim.
+func skimScalar(b []byte, i int) int {
 	j := i
 	for j < len(b) && !skimDelim[b[j]] {
 		j++
@@ -283,14 +289,7 @@ func skimOther(b []byte, i int) int {
 	case '{', '[':
 		return skimContainer(b, i)
 	}
-	j := i
-	for j < len(b) && !skimDelim[b[j]] {
-		j++
-	}
-	if j == i {
-		return -1
-	}
-	return j
+	return skimScalar(b, i)
 }
 
 // skimUsageAt is decodeUsage for the value at b[i], without a scan, and
@@ -398,19 +397,8 @@ func skimUsageAt(b []byte, i int) (prompt, completion int, ok bool, end int) {
 		}
 		i = skipJSONSpace(b, i+1)
 	}
-	prompt, completion = pt, ct
-	if prompt < 0 {
-		prompt = it
-	}
-	if completion < 0 {
-		completion = ot
-	}
-	// Anthropic's input_tokens leaves out cached tokens; the prompt the
-	// estimate counted includes them.
-	if cache >= 0 {
-		prompt = max(prompt, 0) + cache
-	}
-	return prompt, completion, prompt >= 0 || completion >= 0, end
+	prompt, completion, ok = combineUsage(pt, ct, it, ot, cache)
+	return prompt, completion, ok, end
 }
 
 // escaped reports whether the raw key k holds an escape: short keys, with
