@@ -112,14 +112,18 @@ func skimStringFrom(b []byte, j int) int {
 
 // skimValue is scan.valueEnd: the index just past the value starting at
 // b[i], or -1. A container ends where its brackets, of either kind,
-// balance.
+// balance; a short string's end is found in place (wordEnd), a long one's
+// without the calls in between.
 func skimValue(b []byte, i int) int {
 	if i >= len(b) {
 		return -1
 	}
 	switch b[i] {
 	case '"':
-		return skimString(b, i)
+		if e := wordEnd(b, i+1); e > 0 {
+			return e
+		}
+		return skimStringFrom(b, i+1)
 	case '{', '[':
 		return skimContainer(b, i)
 	}
@@ -263,7 +267,7 @@ func skimLastUsage(b []byte) (prompt, completion int, ok bool) {
 				return
 			}
 			prompt, completion, ok, i = p, c, uok, e
-		} else if i = skimOther(b, i); i < 0 {
+		} else if i = skimValue(b, i); i < 0 {
 			return
 		}
 		if i = skipJSONSpace(b, i); i >= len(b) || b[i] != ',' {
@@ -272,24 +276,6 @@ func skimLastUsage(b []byte) (prompt, completion int, ok bool) {
 		i = skipJSONSpace(b, i+1)
 	}
 	return
-}
-
-// skimOther is skimValue for a member's value, with a short string's end
-// found in place and a long one's without the calls in between.
-func skimOther(b []byte, i int) int {
-	if i >= len(b) {
-		return -1
-	}
-	switch b[i] {
-	case '"':
-		if e := wordEnd(b, i+1); e > 0 {
-			return e
-		}
-		return skimStringFrom(b, i+1)
-	case '{', '[':
-		return skimContainer(b, i)
-	}
-	return skimScalar(b, i)
 }
 
 // skimUsageAt is decodeUsage for the value at b[i], without a scan, and
