@@ -247,11 +247,9 @@ func (q *Queue) startsAtOnceLocked() bool { return q.inflight < q.capacity && q.
 // miss even at the refusal rate (refusalRateLocked), the most the
 // upstreams can plausibly do. A request between the two is admitted, and
 // refused from the queue as soon as the measurement shows it cannot make
-// it (refuseLocked).
+// it (refuseLocked). The caller (Enqueue) has found that there is
+// something to decide: a deadline, and no slot to start in at once.
 func (q *Queue) decideLocked(now time.Time, t *tenant, cq *classQ, cost int64, deadline time.Time) (budget.Decision, Estimate) {
-	if deadline.IsZero() || q.startsAtOnceLocked() {
-		return budget.Wait, Estimate{Known: true}
-	}
 	own := t.queuedWork
 	est := q.etaLocked(now, t, cq, own, cost)
 	if !est.Known {

@@ -626,8 +626,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	}
 	q.liftLocked(t)
 	cq := q.classLocked(cls)
-	// Without a deadline, or starting at once, there is nothing to decide
-	// (decideLocked's first test, here where it is inlined).
+	// Without a deadline, or starting at once, there is nothing to decide.
 	decision, est := budget.Wait, Estimate{Known: true}
 	if !r.Deadline.IsZero() && !q.startsAtOnceLocked() {
 		decision, est = q.decideLocked(now, t, cq, cost, r.Deadline)
@@ -664,13 +663,14 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 
 // startsNowLocked reports whether a request of t for tokens, with
 // deadline, admitted now goes at once with nothing to decide on its way
-// (the caller tests q.queued first, inlined): a slot is free, nothing
-// waits (so it is the first in tag order), its
-// tenant is eligible, its deadline is ahead, and neither the token gate, a
-// quota, the provider account nor a quota hold due now has a say. This is
-// the idle path every request of a gateway with spare slots takes.
+// when nothing waits (the caller's test, inlined there, so that a queue
+// with a backlog makes no call): a slot is free, so it is the first in tag
+// order; its tenant is eligible, its deadline is ahead, and neither the
+// token gate, a quota, the provider account nor a quota hold due now has a
+// say. This is the idle path every request of a gateway with spare slots
+// takes.
 func (q *Queue) startsNowLocked(t *tenant, tokens int64, deadline, now time.Time) bool {
-	return q.queued == 0 && q.inflight < q.capacity && !t.out && t.cfg.Quota == nil &&
+	return q.inflight < q.capacity && !t.out && t.cfg.Quota == nil &&
 		q.up == nil && len(q.held) == 0 &&
 		(q.tokenCap <= 0 || q.inflight == 0 || q.inflightCost+tokens <= q.tokenCap) &&
 		(deadline.IsZero() || now.Before(deadline))
