@@ -14,7 +14,9 @@ import (
 // rusage reads, few enough that a side never runs alone for long.
 const interleaveBatch = 64
 
-var benchInterleaveWith = "fair_queue"
+// interleaveWith is the case of proxyCases that BenchmarkProxyInterleaved
+// puts beside plain.
+const interleaveWith = "fair_queue"
 
 // BenchmarkProxyInterleaved is BenchmarkProxy's comparison made so that
 // the machine's drift cancels: reverse_proxy alone and fair_queue take
@@ -33,7 +35,7 @@ func BenchmarkProxyInterleaved(b *testing.B) {
 		switch c.name {
 		case "plain":
 			plain = c.h
-		case benchInterleaveWith:
+		case interleaveWith:
 			fair = c.h
 		}
 	}
