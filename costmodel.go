@@ -18,11 +18,11 @@ import (
 // raw tokens.
 
 // observeCost feeds a served request to its queue's cost model.
-func (h *Handler) observeCost(a *admission, tk *fairqueue.Ticket) {
-	if !a.usageKnown || tk.Fallback() {
+func (h *Handler) observeCost(a *admission, d fairqueue.DispatchInfo) {
+	if !a.usageKnown || d.Fallback {
 		return
 	}
-	h.shared.cost.Observe(int64(a.usedPrompt), int64(a.usedCompletion), time.Since(tk.Dispatched()))
+	h.shared.cost.Observe(int64(a.usedPrompt), int64(a.usedCompletion), time.Since(d.Dispatched))
 }
 
 // applyCostModel gives the queue the fitted price, on the tick, when the

@@ -116,12 +116,13 @@ func (h *Handler) fallbackBody(a *admission) []byte {
 	return out
 }
 
-// channelProxy is the proxy and body a dispatched request goes with.
-func (h *Handler) channelProxy(tk *fairqueue.Ticket, a *admission, hdr http.Header) (*reverseproxy.Handler, []byte) {
+// channelProxy is the proxy and body a dispatched request goes with:
+// the fallback's when the queue dispatched it there (fallback).
+func (h *Handler) channelProxy(a *admission, fallback bool, hdr http.Header) (*reverseproxy.Handler, []byte) {
 	if h.Fallback == nil {
 		return h.proxy, a.body
 	}
-	if tk.Fallback() {
+	if fallback {
 		hdr.Set(headerChannel, "fallback")
 		fallbacks.WithLabelValues(h.Name, a.label).Inc()
 		return h.Fallback.proxy, h.fallbackBody(a)

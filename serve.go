@@ -191,18 +191,20 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 	}()
 	var perr error
+	var info fairqueue.DispatchInfo // of the latest dispatch
 	for attempt := 1; ; attempt++ {
-		wait = tk.Dispatched().Sub(tk.Enqueued())
+		info = tk.Info()
+		wait = info.Wait
 		if attempt == 1 {
 			// A request is dispatched once, however often a provider
 			// refuses it (the wait grows; the ETA was for the first).
-			a.m.observeDispatch(h.Name, a.label, tk.Boosted(), tk.ETA(), wait)
-			h.history().Dispatched(a.label, tk.Boosted(), tk.ETA(), wait)
+			a.m.observeDispatch(h.Name, a.label, info.Boosted, info.ETA, wait)
+			h.history().Dispatched(a.label, info.Boosted, info.ETA, wait)
 		}
 		// Known now: set before proxying, so the inner proxy can use them.
 		a.phWaitKnown, a.phWait = true, wait
 		setServedHeaders(w.Header(), wait, a.cost.Total(), a.light)
-		proxy, body := h.channelProxy(tk, a, w.Header())
+		proxy, body := h.channelProxy(a, info.Fallback, w.Header())
 		// io.NopCloser of a *bytes.Reader, which the transport knows for
 		// a body in memory: it sends the header and a small body in one
 		// write.
@@ -220,11 +222,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		r.ContentLength = int64(len(body))
 		setContentLength(r.Header, len(body))
 		rec.provider = h.UpstreamQuota != nil || h.Fallback != nil
-		if st, ok := tk.QuotaStatus(); ok {
+		if info.Quota {
 			// Set when the response's header is written (usageRecorder),
-			// over whatever the upstream sent. (A copy, so that st itself
-			// does not move to the heap on every request.)
-			st := st
+			// over whatever the upstream sent.
+			st, _ := tk.QuotaStatus()
 			rec.quota, charged = &st, a.tc.Quota
 		}
 		var saved http.Header
@@ -276,7 +277,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	actual = h.actualCost(rec, a, perr != nil)
 	if perr == nil && rec.status >= 200 && rec.status < 300 {
-		h.observeCost(a, tk)
+		h.observeCost(a, info)
 	}
 	switch {
 	case perr == nil && rec.status == statusClientClosed:

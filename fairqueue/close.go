@@ -29,6 +29,7 @@ func (q *Queue) Close(detail string) {
 		q.unqueueLocked(tk)
 		q.finishLocked(now, tk, stateCancelled, q.closedLocked())
 	}
+	q.noteIdleLocked()
 	q.unlock()
 }
 

@@ -291,6 +291,17 @@ func (tr *tracer) tm(t time.Time) string {
 
 func (tr *tracer) ticket(tk *Ticket) string {
 	st, ok := tk.QuotaStatus()
+	// Info says in one read what the accessors say one by one, wherever
+	// the trace looks at a ticket: zero before dispatch and after one
+	// that never came.
+	want := DispatchInfo{}
+	if d := tk.Dispatched(); !d.IsZero() {
+		want = DispatchInfo{Dispatched: d, Wait: d.Sub(tk.Enqueued()), ETA: tk.ETA(),
+			Boosted: tk.Boosted(), Fallback: tk.Fallback(), Quota: ok}
+	}
+	if got := tk.Info(); got != want {
+		tr.tb.Fatalf("ticket #%d: Info() = %+v, the accessors say %+v", tr.id(tk), got, want)
+	}
 	return fmt.Sprintf("#%d %s/%s cost=%d tok=%d dl=%s enq=%s disp=%s eta=%d boost=%v fb=%v qw=%d qr=%s qs=%v/%+v err=%s",
 		tr.id(tk), tk.Tenant(), tk.Class(), tk.Cost(), tk.Tokens(), tr.tm(tk.Deadline()), tr.tm(tk.Enqueued()),
 		tr.tm(tk.Dispatched()), tk.ETA(), tk.Boosted(), tk.Fallback(), tk.QuotaWait(), tk.QuotaReason(), ok, st, errString(tk.Err()))

@@ -109,6 +109,7 @@ func (q *Queue) observeWaterLocked(now time.Time) {
 		return
 	}
 	o.derive()
+	q.lightOn.Store(o.light != nil)
 	q.applyPausesLocked()
 	if q.degradeObserver != nil {
 		q.transitions = append(q.transitions, trs...)
@@ -147,9 +148,14 @@ func throttleRejection(cls string, thr *degrade.Throttle, wait time.Duration) *R
 // LightMode reports whether requests of class cls are to be trimmed now, and
 // to which limits (degrade action light_mode).
 func (q *Queue) LightMode(cls string) (degrade.Action, bool) {
+	// The handler asks for every request; nearly always no step trims
+	// anything, and the answer then needs no lock.
+	if !q.lightOn.Load() {
+		return degrade.Action{}, false
+	}
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	a, ok := q.ov.light[cls]
+	q.mu.Unlock()
 	return a, ok
 }
 

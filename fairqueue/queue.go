@@ -115,6 +115,13 @@ type Queue struct {
 	// time it changes so that it is read without the lock (the request
 	// path asks it for every queued request with share_slots).
 	backlogged atomic.Uint64
+	// lightOn is whether some degrade step trims a class now (ov.light
+	// is not empty), stored as it changes, so that LightMode, asked for
+	// every request, needs the lock only then.
+	lightOn atomic.Bool
+	// idleNow is Idle's answer: nothing queued and a slot free, stored by
+	// every dispatch (dispatchDoneLocked).
+	idleNow atomic.Bool
 	// busyWas is the last state told to the rate estimator's SetBusy
 	// (busyTold: once at least), which dispatchLocked repeats only when
 	// it changes.
@@ -429,6 +436,7 @@ func (q *Queue) Reconfigure(cfg Config) error {
 		return err
 	}
 	q.cfg, q.ov, q.circuit, q.up, q.fb = cfg, ov, circuit, up, fb
+	q.lightOn.Store(ov.light != nil)
 	q.adm = newAdmission(&cfg.Admission, q.adm)
 	if c := waterCap(&cfg); c != q.waterCap {
 		q.waterCap = c
@@ -1173,9 +1181,19 @@ func (q *Queue) dispatchDoneLocked(now time.Time, gated bool) {
 	// lazily, at its next call, so a SetBusy that changes nothing only
 	// costs its time arithmetic, twice a cycle (see BenchmarkCycle).
 	busy := gated || q.capacity > 0 && q.inflight >= q.capacity
+	q.noteIdleLocked()
 	if !q.busyTold || busy != q.busyWas {
 		q.adm.rate.SetBusy(now, busy)
 		q.busyTold, q.busyWas = true, busy
+	}
+}
+
+// noteIdleLocked stores Idle's answer, for every change of what is queued,
+// in flight or the capacity: dispatch ends each of them, and Close, which
+// empties the queue without one, calls it too.
+func (q *Queue) noteIdleLocked() {
+	if idle := q.queued == 0 && q.inflight < q.capacity; idle != q.idleNow.Load() {
+		q.idleNow.Store(idle)
 	}
 }
 

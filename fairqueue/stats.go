@@ -296,12 +296,10 @@ func (q *Queue) recountWaterLocked() {
 }
 
 // Idle reports whether a request enqueued now would be dispatched at once:
-// nothing waits and a slot is free.
-func (q *Queue) Idle() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.queued == 0 && q.inflight < q.capacity
-}
+// nothing waits and a slot is free. The handler asks for every request,
+// so it reads, without the lock, what the latest change left
+// (noteIdleLocked).
+func (q *Queue) Idle() bool { return q.idleNow.Load() }
 
 // BackloggedWeight is the weight of the backlogged tenants, those with
 // requests queued: the declared ones' weights, plus the undeclared

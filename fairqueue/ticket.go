@@ -256,6 +256,36 @@ func (tk *Ticket) ETA() time.Duration {
 	return eta
 }
 
+// DispatchInfo is what the owner of a dispatched ticket reads of its
+// dispatch, as Ticket.Info returns it.
+type DispatchInfo struct {
+	// Dispatched is the dispatch time, Wait the time since admission.
+	Dispatched time.Time
+	Wait       time.Duration
+	// ETA is as Ticket.ETA.
+	ETA time.Duration
+	// Boosted and Fallback are as Ticket.Boosted and Ticket.Fallback.
+	Boosted, Fallback bool
+	// Quota reports that dispatch charged the request to its tenant's
+	// quota: Ticket.QuotaStatus has the standing then, and only then.
+	Quota bool
+}
+
+// Info returns what the dispatch of tk decided, valid once Wait returned
+// nil (zero before), read under one lock where the accessors take one
+// each: the handler reads all of it for every request.
+func (tk *Ticket) Info() DispatchInfo {
+	q := tk.q
+	q.mu.Lock()
+	var d DispatchInfo
+	if tk.state == stateInflight || tk.state == stateReleased {
+		d = DispatchInfo{Dispatched: q.atLocked(tk.dispatched), Wait: time.Duration(tk.dispatched - tk.enqueued),
+			ETA: tk.eta, Boosted: tk.boosted, Fallback: tk.fallback, Quota: tk.ch != nil && tk.ch.quota != nil}
+	}
+	q.mu.Unlock()
+	return d
+}
+
 // Err returns why the ticket ended without dispatch, or nil.
 func (tk *Ticket) Err() error {
 	tk.q.mu.Lock()
