@@ -69,4 +69,23 @@ func TestLightModeAndIdleFollowTheQueue(t *testing.T) {
 	idle(false)
 	h.q.SetHealthy(1)
 	idle(true)
+
+	// A reload that changes the capacity: one request in flight fills a
+	// capacity of 1 and leaves one of 2 with a slot free.
+	cfg.MaxInflight = 2
+	if err := h.q.Reconfigure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	h.enqueue(Request{Tenant: "a", Cost: 10})
+	idle(true)
+	cfg.MaxInflight = 1
+	if err := h.q.Reconfigure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	idle(false)
+	cfg.MaxInflight = 2
+	if err := h.q.Reconfigure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	idle(true)
 }
