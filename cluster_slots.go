@@ -161,21 +161,35 @@ func (s *sharedQueue) syncSlotsOnce(h *Handler) {
 	weight := s.q.BackloggedWeight()
 	ctx, cancel := context.WithTimeout(context.Background(), cs.timeout)
 	defer cancel()
-	g, err := cs.broker.Sync(ctx, s.instance, pool, demand, holding, weight, slotLoads(h)...)
+	since := s.slotRestoreSince.Load()
+	g, err := cs.broker.Sync(ctx, slots.Renewal{Instance: s.instance, Slots: pool, Demand: demand,
+		Holding: holding, Weight: weight, Loads: slotLoads(h), Since: since})
 	if cs.closed.Load() {
 		return // the config was replaced: its client is closed, the next one syncs
 	}
 	now := time.Now().UnixNano()
-	if err == nil && (g.Fresh || !s.slotsUp.Load()) && s.slotsGranted.Load() {
+	switch {
+	case err != nil:
+	case (g.Fresh || !s.slotsUp.Load()) && s.slotsGranted.Load():
 		// Back from an outage, or Redis lost the pool (a restart) or
 		// this entry lapsed, while this gateway held slots: the others
-		// hold slots Redis does not count yet (their outage shares, or
-		// grants it forgot) until they renew, within a sync interval or
-		// two. Until then no gateway takes more than it held before, so
-		// that together they stay within the pool, as they were.
-		s.slotRestoreUntil.Store(now + int64(restoreWindow(cs)))
+		// hold slots Redis does not count (their outage shares, or
+		// grants it forgot) until they renew, which may take them a
+		// while (a client reconnecting: go-redis retries a refused dial
+		// once a second). Until every other gateway has renewed since
+		// now, none takes more than it held before, so that together
+		// they stay within the pool, as they were.
+		s.slotRestoreSince.Store(g.Now)
+		s.slotRestoreUntil.Store(now + int64(cs.ttl))
+		since = g.Now
+	case since != 0 && (g.Renewed >= cs.instances-1 || now >= s.slotRestoreUntil.Load()):
+		// Every other gateway counted again; or one has not renewed
+		// within a lease of Redis answering, and is taken as gone, as
+		// when its lease lapses.
+		s.slotRestoreSince.Store(0)
+		since = 0
 	}
-	if err == nil && now < s.slotRestoreUntil.Load() {
+	if err == nil && since != 0 {
 		g.Slots = min(g.Slots, int(max(s.slotGrant.Load(), 0)))
 	}
 	if err != nil {
@@ -213,14 +227,6 @@ func (s *sharedQueue) syncSlotsOnce(h *Handler) {
 		// at once (the next call announces them), not at the next sync.
 		s.slotKicked.Store(true)
 	}
-}
-
-// restoreWindow is how long a gateway keeps to what it held after Redis
-// lost the pool or after an outage: long enough for every other live
-// gateway to renew once (its interval, on the tick, and a call as slow as
-// the timeout allows), twice over.
-func restoreWindow(cs *clusterStore) time.Duration {
-	return 2 * (max(cs.sync, tickPeriod) + tickPeriod + cs.timeout)
 }
 
 // slotLoads is what this gateway has in flight on each upstream of the
@@ -262,7 +268,8 @@ func (s *sharedQueue) releaseSlots(h *Handler) {
 		if inflight == 0 {
 			err = cs.broker.Release(ctx, s.instance)
 		} else {
-			_, err = cs.broker.Sync(ctx, s.instance, h.MaxInflight*h.healthyUpstreams(), 0, inflight, 0, slotLoads(h)...)
+			_, err = cs.broker.Sync(ctx, slots.Renewal{Instance: s.instance, Slots: h.MaxInflight * h.healthyUpstreams(),
+				Holding: inflight, Loads: slotLoads(h)})
 		}
 		cancel()
 		if inflight == 0 || err != nil || time.Now().After(deadline) {

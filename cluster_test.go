@@ -620,3 +620,52 @@ func TestClusterSharedSlotsRedisLost(t *testing.T) {
 		t.Fatalf("A alone in the lost pool: capacity %d, %d in flight; want 2 and 2 (B still holds 2 of 4)", a.Capacity, a.Inflight)
 	}
 }
+
+// TestClusterSharedSlotsRestoreWaitsForEveryGateway: after Redis lost the
+// pool, a gateway whose client has not reconnected yet (B: it renews
+// nothing) still holds its slots. However long that lasts, A takes no
+// more than it held until B has renewed (a fixed window of a few syncs
+// let A take B's slots too: CI saw 10 requests on a pool of 8), and then
+// no longer holds back.
+func TestClusterSharedSlotsRestoreWaitsForEveryGateway(t *testing.T) {
+	u := newFakeUpstream(t)
+	mr := miniredis.RunT(t)
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"wait:","share_slots":true,"sync":"100ms","lease_ttl":"20s"}`, mr.Addr())
+	cfg := func(name string) string { return fqConfig(name, u, `"max_inflight":4,"cluster":`+cluster) }
+	ha, _ := mustLoad(t, cfg(queueName(t)+"_a"))
+	hb, _ := mustLoad(t, cfg(queueName(t)+"_b"))
+	// Split while idle first: A alone would fill the pool with its own.
+	eventually(t, "the idle pool of 4 split 2/2", func() bool {
+		return ha.shared.q.Stats(false).Capacity == 2 && hb.shared.q.Stats(false).Capacity == 2
+	})
+	for _, h := range []*Handler{ha, hb} {
+		for range 8 {
+			if _, err := h.shared.q.Enqueue(fairqueue.Request{Tenant: "x", Cost: 10}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	eventually(t, "the pool of 4 split 2/2 and filled", func() bool {
+		a, b := ha.shared.q.Stats(false), hb.shared.q.Stats(false)
+		return a.Capacity == 2 && b.Capacity == 2 && a.Inflight == 2 && b.Inflight == 2
+	})
+	// B renews nothing from here: a renewal counts as in flight forever.
+	eventually(t, "B's renewal in flight done", func() bool { return hb.shared.slotSyncing.CompareAndSwap(false, true) })
+	mr.FlushAll()
+	// Many of A's renewals (sync 100ms), far past the few syncs a fixed
+	// window would have waited.
+	for deadline := time.Now().Add(1500 * time.Millisecond); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if a := ha.shared.q.Stats(false); a.Capacity > 2 {
+			t.Fatalf("A took %d slots while B, not renewed since Redis lost the pool, holds 2 of 4", a.Capacity)
+		}
+	}
+	if fields, _ := mr.HKeys("wait:{slots}"); len(fields) != 1 || fields[0] != ha.shared.instance {
+		t.Fatalf("entries %v, want A's alone (A renewed, B did not)", fields)
+	}
+	if ha.shared.slotRestoreSince.Load() == 0 {
+		t.Fatal("A is not holding back while B has not renewed")
+	}
+	hb.shared.slotSyncing.Store(false)
+	hb.shared.kickSlots()
+	eventually(t, "A no longer holding back once B renewed", func() bool { return ha.shared.slotRestoreSince.Load() == 0 })
+}

@@ -63,8 +63,11 @@ type sharedQueue struct {
 	slotsOwed      atomic.Bool
 	slotsOver      atomic.Bool
 	slotWeight     atomic.Uint64
-	// slotRestoreUntil (Unix ns) ends the renewals capped at the last
-	// grant after Redis lost the pool (syncSlotsOnce).
+	// slotRestoreSince (Redis's clock, Unix ms; 0: none) starts the
+	// renewals capped at the last grant after an outage or Redis lost
+	// the pool, until every other gateway has renewed since, or
+	// slotRestoreUntil (Unix ns) at the latest (syncSlotsOnce).
+	slotRestoreSince atomic.Int64
 	slotRestoreUntil atomic.Int64
 	// slotView is what the last renewal said of each upstream
 	// (ClusterLeastConn); nil when unknown.

@@ -45,9 +45,12 @@
 // grant the caller dispatches nothing: the others may hold the pool.)
 // Redis losing the pool (a restart without persistence) or an outage
 // ending leaves the others holding slots Redis does not count until they
-// renew; the caller bridges it (Grant.Fresh): for a restore window long
-// enough for every live gateway to renew, twice, a gateway takes no more
-// than it held before. A gateway that stops cleanly (or whose queue a reload
+// renew, which may be a second or more after Redis answers again (a
+// client's reconnection backs off); the caller bridges it (Grant.Fresh):
+// a gateway takes no more than it held before until Redis reports
+// (Renewal.Since, Grant.Renewed) that every other gateway configured has
+// renewed since, or for a lease TTL at most (one that has not renewed by
+// then is taken as gone, as when its lease lapses). A gateway that stops cleanly (or whose queue a reload
 // removes) renews its entry with just its last requests in flight and
 // then releases it (Release); one that crashes keeps its grant counted
 // until its entry's TTL passes. Queues whose keys share a prefix share

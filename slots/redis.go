@@ -58,6 +58,12 @@ type Grant struct {
 	// entry lapsed. The others may then hold slots Redis does not know of
 	// yet (see doc.go).
 	Fresh bool
+	// Now is the call's time on Redis's clock (Unix ms), for a later
+	// Renewal.Since.
+	Now int64
+	// Renewed is how many other live gateways renewed their entries at
+	// or after Renewal.Since (0 when not asked).
+	Renewed int
 }
 
 // Load is a gateway's requests in flight on one upstream of the pool.
@@ -104,35 +110,52 @@ func (b *Broker) Subscribe(ctx context.Context) *redis.PubSub {
 // Channel is the pub/sub channel the moves are announced on.
 func (b *Broker) Channel() string { return b.channel }
 
-// Sync renews instance's entry with its demand, what it holds (requests in
-// flight, or more: see doc.go) and its weight (the weights of the tenants
-// it has work for), and returns its grant of the pool's slots: how many
-// requests it may have in flight on the pool until its next Sync. Every
-// gateway must pass the same slots (the pool's size, e.g. max_inflight x
-// healthy upstreams). One round trip. A sync that raises the gateway's
-// weight, or lowers what it holds, is announced (Move) in the same call.
-// With loads, the gateway's requests in flight on each upstream, the
-// grant's Others says what the other gateways have on them.
-func (b *Broker) Sync(ctx context.Context, instance string, slots, demand, inflight int, weight float64, loads ...Load) (Grant, error) {
+// Renewal is what a gateway tells the pool at a Sync.
+type Renewal struct {
+	Instance string
+	// Slots is the pool's size (e.g. max_inflight x healthy upstreams),
+	// the same on every gateway.
+	Slots int
+	// Demand is the gateway's requests in flight plus queued; Holding
+	// what it may have in flight until it applies the grant returned
+	// (see doc.go).
+	Demand, Holding int
+	// Weight is the weights of the tenants it has work for.
+	Weight float64
+	// Loads are its requests in flight on each upstream (Grant.Others,
+	// Grant.Targets).
+	Loads []Load
+	// Since, a time on Redis's clock (an earlier Grant.Now), asks how
+	// many other live gateways have renewed since (Grant.Renewed); 0:
+	// not asked.
+	Since int64
+}
+
+// Sync renews r.Instance's entry and returns its grant of the pool's
+// slots: how many requests it may have in flight on the pool until its
+// next Sync. One round trip. A sync that raises the gateway's weight, or
+// lowers what it holds, is announced (Move) in the same call.
+func (b *Broker) Sync(ctx context.Context, r Renewal) (Grant, error) {
 	ttl := max(b.ttl.Milliseconds(), 1)
 	milli := int64(1)
-	if weight > 0 && !math.IsInf(weight, 0) {
+	if w := r.Weight; w > 0 && !math.IsInf(w, 0) {
 		// At most 1e12 milli-units: Lua writes it back as an integer.
-		milli = max(int64(math.Round(min(weight, 1e9)*1000)), 1)
+		milli = max(int64(math.Round(min(w, 1e9)*1000)), 1)
 	}
-	args := make([]any, 0, 7+3*len(loads))
-	args = append(args, instance, max(demand, 0), max(inflight, 0), max(slots, 0), ttl, milli, b.channel)
-	for _, l := range loads {
+	args := make([]any, 0, 8+3*len(r.Loads))
+	args = append(args, r.Instance, max(r.Demand, 0), max(r.Holding, 0), max(r.Slots, 0), ttl, milli, b.channel, max(r.Since, 0))
+	for _, l := range r.Loads {
 		args = append(args, l.Upstream, max(l.Inflight, 0), max(l.Slots, 0))
 	}
 	v, err := syncScript.Run(ctx, b.client, []string{b.key, b.upKey}, args...).Slice()
 	if err != nil {
 		return Grant{}, fmt.Errorf("slots: %w", err)
 	}
-	if len(v) != 4+3*len(loads) {
-		return Grant{}, fmt.Errorf("slots: the sync script returned %d values, want %d", len(v), 4+3*len(loads))
+	const head = 6 // grant, fair, moved, fresh, now, renewed
+	if len(v) != head+3*len(r.Loads) {
+		return Grant{}, fmt.Errorf("slots: the sync script returned %d values, want %d", len(v), head+3*len(r.Loads))
 	}
-	n := make([]int64, 4)
+	var n [head]int64
 	for i := range n {
 		x, ok := v[i].(int64)
 		if !ok {
@@ -140,17 +163,17 @@ func (b *Broker) Sync(ctx context.Context, instance string, slots, demand, infli
 		}
 		n[i] = x
 	}
-	g := Grant{Slots: int(n[0]), Fair: int(n[1]), Fresh: n[3] == 1}
+	g := Grant{Slots: int(n[0]), Fair: int(n[1]), Fresh: n[3] == 1, Now: n[4], Renewed: int(n[5])}
 	switch n[2] {
 	case 1:
 		g.Announced = Claim
 	case 2:
 		g.Announced = Freed
 	}
-	if len(loads) > 0 {
-		g.Others = make(map[string]int, len(loads))
-		g.Targets = make(map[string]int, len(loads))
-		for i := 4; i+2 < len(v); i += 3 {
+	if len(r.Loads) > 0 {
+		g.Others = make(map[string]int, len(r.Loads))
+		g.Targets = make(map[string]int, len(r.Loads))
+		for i := head; i+2 < len(v); i += 3 {
 			u, _ := v[i].(string)
 			c, _ := v[i+1].(int64)
 			t, _ := v[i+2].(int64)

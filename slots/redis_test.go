@@ -30,7 +30,7 @@ var bg = context.Background()
 
 func sync(t *testing.T, b *testBroker, inst string, demand, inflight int) int {
 	t.Helper()
-	g, err := b.Sync(bg, inst, b.slots, demand, inflight, 1)
+	g, err := b.Sync(bg, Renewal{Instance: inst, Slots: b.slots, Demand: demand, Holding: inflight, Weight: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestWeightedShares(t *testing.T) {
 	w := map[string]float64{"a": 2, "b": 1}
 	for round := 0; round < 4; round++ {
 		for _, n := range []string{"a", "b"} {
-			g, err := b.Sync(bg, n, 6, 100, grant[n], w[n])
+			g, err := b.Sync(bg, Renewal{Instance: n, Slots: 6, Demand: 100, Holding: grant[n], Weight: w[n]})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -153,11 +153,11 @@ func TestWeightedShares(t *testing.T) {
 		t.Fatalf("grants %v, want a 4, b 2 (weights 2:1)", grant)
 	}
 	// b wants 1: a may have 5.
-	g, _ := b.Sync(bg, "b", 6, 1, 1, 1)
+	g, _ := b.Sync(bg, Renewal{Instance: "b", Slots: 6, Demand: 1, Holding: 1, Weight: 1})
 	if g.Slots != 1 {
 		t.Fatalf("b wanting 1 got %d", g.Slots)
 	}
-	if g, _ = b.Sync(bg, "a", 6, 100, 4, 2); g.Slots != 5 {
+	if g, _ = b.Sync(bg, Renewal{Instance: "a", Slots: 6, Demand: 100, Holding: 4, Weight: 2}); g.Slots != 5 {
 		t.Fatalf("a got %d, want the 5 b leaves", g.Slots)
 	}
 }
@@ -214,7 +214,7 @@ func TestMovesAnnounced(t *testing.T) {
 	}
 	sy := func(inst string, demand, holding int, w float64) Grant {
 		t.Helper()
-		g, err := b.Sync(bg, inst, 8, demand, holding, w)
+		g, err := b.Sync(bg, Renewal{Instance: inst, Slots: 8, Demand: demand, Holding: holding, Weight: w})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -272,13 +272,13 @@ func TestMovesAnnounced(t *testing.T) {
 // one, whatever the names.
 func TestRemainderToLargestFraction(t *testing.T) {
 	b, _ := newBroker(t, 1, time.Minute)
-	if _, err := b.Sync(bg, "a", 1, 1, 1, 1); err != nil { // a holds the slot
+	if _, err := b.Sync(bg, Renewal{Instance: "a", Slots: 1, Demand: 1, Holding: 1, Weight: 1}); err != nil { // a holds the slot
 		t.Fatal(err)
 	}
-	if g, _ := b.Sync(bg, "z", 1, 1, 0, 9); g.Fair != 1 || g.Slots != 0 {
+	if g, _ := b.Sync(bg, Renewal{Instance: "z", Slots: 1, Demand: 1, Holding: 0, Weight: 9}); g.Fair != 1 || g.Slots != 0 {
 		t.Fatalf("z, weight 9 against 1: %+v, want a fair share of 1, held by a", g)
 	}
-	if g, _ := b.Sync(bg, "a", 1, 1, 1, 1); g.Fair != 0 || g.Slots != 0 {
+	if g, _ := b.Sync(bg, Renewal{Instance: "a", Slots: 1, Demand: 1, Holding: 1, Weight: 1}); g.Fair != 0 || g.Slots != 0 {
 		t.Fatalf("a, weight 1 against 9: %+v, want nothing", g)
 	}
 }
@@ -290,7 +290,7 @@ func TestUpstreamLoadsShared(t *testing.T) {
 	b, mr := newBroker(t, 8, 2*time.Second)
 	sy := func(inst string, loads ...Load) Grant {
 		t.Helper()
-		g, err := b.Sync(bg, inst, 8, 8, 4, 1, loads...)
+		g, err := b.Sync(bg, Renewal{Instance: inst, Slots: 8, Demand: 8, Holding: 4, Weight: 1, Loads: loads})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -331,13 +331,58 @@ func TestUpstreamLoadsShared(t *testing.T) {
 func TestFresh(t *testing.T) {
 	b, mr := newBroker(t, 8, time.Minute)
 	for i, want := range []bool{true, false} {
-		if g, err := b.Sync(bg, "a", 8, 1, 0, 1); err != nil || g.Fresh != want {
+		if g, err := b.Sync(bg, Renewal{Instance: "a", Slots: 8, Demand: 1, Holding: 0, Weight: 1}); err != nil || g.Fresh != want {
 			t.Fatalf("call %d: %+v %v, want Fresh %v", i, g, err, want)
 		}
 	}
 	mr.FlushAll()
-	if g, err := b.Sync(bg, "a", 8, 1, 0, 1); err != nil || !g.Fresh {
+	if g, err := b.Sync(bg, Renewal{Instance: "a", Slots: 8, Demand: 1, Holding: 0, Weight: 1}); err != nil || !g.Fresh {
 		t.Fatalf("after the pool was lost: %+v %v, want Fresh", g, err)
+	}
+}
+
+// Renewed counts the other live gateways that renewed since a time of an
+// earlier call (Grant.Now): how a gateway back from an outage, or finding
+// the pool lost, learns that every other one has renewed and that Redis
+// counts what they hold again. An entry of an earlier version, without
+// its renewal time, holds its slots but never counts as renewed.
+func TestRenewedSince(t *testing.T) {
+	b, mr := newBroker(t, 8, time.Minute)
+	at := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	sy := func(inst string, since int64) Grant {
+		t.Helper()
+		g, err := b.Sync(bg, Renewal{Instance: inst, Slots: 8, Demand: 1, Holding: 1, Weight: 1, Since: since})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	for _, inst := range []string{"a", "b", "c"} {
+		sy(inst, 0)
+	}
+	mr.SetTime(at.Add(time.Second))
+	since := sy("a", 0).Now
+	if want := at.Add(time.Second).UnixMilli(); since != want {
+		t.Fatalf("Now = %d, want Redis's time %d", since, want)
+	}
+	if g := sy("a", since); g.Renewed != 0 {
+		t.Fatalf("nobody else renewed since: Renewed = %d", g.Renewed)
+	}
+	sy("b", 0)
+	if g := sy("a", since); g.Renewed != 1 {
+		t.Fatalf("b renewed: Renewed = %d, want 1", g.Renewed)
+	}
+	sy("c", 0)
+	if g := sy("a", since); g.Renewed != 2 {
+		t.Fatalf("b and c renewed: Renewed = %d, want 2", g.Renewed)
+	}
+	if g := sy("a", 0); g.Renewed != 0 {
+		t.Fatalf("not asked: Renewed = %d, want 0", g.Renewed)
+	}
+	exp := at.Add(time.Hour).UnixMilli()
+	mr.HSet("fq:slots:{pool}", "old", fmt.Sprintf("5,5,5,1000,%d", exp))
+	if g := sy("a", since); g.Renewed != 2 || g.Slots > 8-5-2 {
+		t.Fatalf("with an entry of an earlier version holding 5: Renewed = %d, grant %d; want 2 and at most 1 (b and c hold 1 each at least)", g.Renewed, g.Slots)
 	}
 }
 
@@ -366,7 +411,7 @@ func TestTargetsNeverOverUpstream(t *testing.T) {
 			total += inflight[n][u]
 			loads[u] = Load{Upstream: fmt.Sprintf("u%d", u), Inflight: inflight[n][u], Slots: per}
 		}
-		g, err := b.Sync(bg, n, ups*per, 20, total, float64(1+rng.IntN(3)), loads...)
+		g, err := b.Sync(bg, Renewal{Instance: n, Slots: ups * per, Demand: 20, Holding: total, Weight: float64(1 + rng.IntN(3)), Loads: loads})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -391,7 +436,7 @@ func TestTargetsNeverOverUpstream(t *testing.T) {
 	}
 	// Alone with the pool: its grant spread over the three upstreams.
 	mr.FlushAll()
-	g, err := b.Sync(bg, "z", ups*per, 6, 0, 1, Load{"u0", 0, per}, Load{"u1", 0, per}, Load{"u2", 0, per})
+	g, err := b.Sync(bg, Renewal{Instance: "z", Slots: ups * per, Demand: 6, Holding: 0, Weight: 1, Loads: []Load{{"u0", 0, per}, {"u1", 0, per}, {"u2", 0, per}}})
 	if err != nil {
 		t.Fatal(err)
 	}

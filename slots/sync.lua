@@ -1,14 +1,18 @@
 -- One gateway's grant on a shared pool (see doc.go).
--- KEYS[1]: the pool's hash, instance -> "grant,inflight,demand,weight_milli,expiry_ms".
+-- KEYS[1]: the pool's hash, instance ->
+-- "grant,inflight,demand,weight_milli,expiry_ms,renewed_ms" (an entry
+-- without renewed_ms, of an earlier version, counts as renewed before any
+-- since).
 -- KEYS[2]: the upstreams' hash, instance -> "<upstream> <in flight>
 -- <target> ..." (each gateway's requests in flight on each upstream of the
 -- pool, and where it places its grant).
 -- ARGV: instance, demand, inflight, slots, ttl_ms, weight_milli, channel,
--- then triples: upstream, this gateway's requests in flight on it, its
+-- since_ms (0: not asked), then triples: upstream, this gateway's requests in flight on it, its
 -- slots (0 when unhealthy).
 -- Returns {grant, fair share, 0 | 1 claimed | 2 freed, 1 if this
--- gateway had no entry (its first call, or Redis lost it) else 0, then
--- for each upstream given, the name, the other live gateways' requests in
+-- gateway had no entry (its first call, or Redis lost it) else 0, the
+-- time (Unix ms), how many other live gateways renewed at or after
+-- since_ms, then for each upstream given, the name, the other live gateways' requests in
 -- flight on it and this gateway's target on it}. Publishes on the channel "claim <instance>"
 -- when this gateway's weight grew and it is owed slots (the others should
 -- lower their grants now, not at their next sync), or "freed <instance>" when it holds fewer
@@ -21,11 +25,13 @@ local slots = tonumber(ARGV[4])
 local ttl = tonumber(ARGV[5])
 local weight = math.max(tonumber(ARGV[6]), 1)
 local channel = ARGV[7]
+local since = tonumber(ARGV[8])
 local upkey = KEYS[2]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local used = 0
+local entry = '^(%d+),(%d+),(%d+),(%d+),(%d+),?(%d*)$'
+local used, renewed = 0, 0
 local live = {}
 local entries = {{name = inst, d = math.min(demand, slots), w = weight}}
 local all = redis.call('HGETALL', key)
@@ -33,15 +39,18 @@ local held, had_w = nil, nil -- this gateway's entry before this call
 for i = 1, #all, 2 do
   local name = all[i]
   if name == inst then
-    local g, f, _, w = string.match(all[i + 1], '^(%d+),(%d+),(%d+),(%d+),(%d+)$')
+    local g, f, _, w = string.match(all[i + 1], entry)
     if g then
       held, had_w = math.max(tonumber(g), tonumber(f)), tonumber(w)
     end
   else
-    local g, f, d, w, exp = string.match(all[i + 1], '^(%d+),(%d+),(%d+),(%d+),(%d+)$')
+    local g, f, d, w, exp, at = string.match(all[i + 1], entry)
     if g and tonumber(exp) > now then
       used = used + math.max(tonumber(g), tonumber(f))
       live[name] = true
+      if since > 0 and at ~= '' and tonumber(at) >= since then
+        renewed = renewed + 1
+      end
       table.insert(entries, {name = name, d = math.min(tonumber(d), slots), w = math.max(tonumber(w), 1)})
     else
       redis.call('HDEL', key, name)
@@ -110,7 +119,7 @@ else
 end
 
 local grant = math.max(0, math.min(fair, slots - used))
-redis.call('HSET', key, inst, string.format('%d,%d,%d,%d,%d', grant, inflight, demand, weight, now + ttl))
+redis.call('HSET', key, inst, string.format('%d,%d,%d,%d,%d,%d', grant, inflight, demand, weight, now + ttl, now))
 redis.call('PEXPIRE', key, ttl * 2)
 -- A claim only from a gateway owed slots: a weight that grew where the
 -- grant already covers the demand moves nothing.
@@ -135,8 +144,8 @@ end
 -- not pile onto one model server between renewals.
 local fresh = 0
 if held == nil then fresh = 1 end
-local out = {grant, fair, moved, fresh}
-if #ARGV >= 10 then
+local out = {grant, fair, moved, fresh, now, renewed}
+if #ARGV >= 11 then
   local others, taken = {}, {}
   local ups = redis.call('HGETALL', upkey)
   for i = 1, #ups, 2 do
@@ -149,7 +158,7 @@ if #ARGV >= 10 then
     end
   end
   local list, left = {}, grant
-  for i = 8, #ARGV - 2, 3 do
+  for i = 9, #ARGV - 2, 3 do
     local u, f, c = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
     local room = math.max(c - (taken[u] or 0), 0)
     -- Every request in flight counts against the grant, where it is.

@@ -210,8 +210,10 @@ func TestClusterSharedSlotsRedisRestart(t *testing.T) {
 	before := claims(gws[1])
 	cl := newClient(true)
 	defer cl.CloseIdleConnections()
+	tries := 0
 	waitFor(t, "gateway 1 hearing gateway 0's claims after the restart", func() (bool, string) {
-		r := send(context.Background(), cl, bases[0], chatReq{Tenant: "rt", TestID: "rt-after-restart", MaxTokens: 5, IgnoreEOS: true})
+		tries++ // each try its own id: the fakes' records check that none reached them twice
+		r := send(context.Background(), cl, bases[0], chatReq{Tenant: "rt", TestID: fmt.Sprint("rt-after-restart-", tries), MaxTokens: 5, IgnoreEOS: true})
 		if r.Err != nil || r.Status != http.StatusOK {
 			t.Errorf("rt: %v", r)
 		}
