@@ -360,7 +360,7 @@ func BenchmarkDashboardState(b *testing.B) {
 	for m := range history.Minutes {
 		clock = clock.Add(time.Minute)
 		for i, tn := range append(tenants, "someone") {
-			hist.Outcome(tn, "served", time.Duration(m%100+i)*time.Millisecond, 100)
+			hist.Outcome(tn, history.Answer{Code: "served", Wait: time.Duration(m%100+i) * time.Millisecond, Tokens: 100})
 		}
 		hist.Sample(history.Sample{Capacity: 16, Healthy: 1, Water: 0.1})
 	}
@@ -374,5 +374,33 @@ func BenchmarkDashboardState(b *testing.B) {
 		if err := json.NewEncoder(io.Discard).Encode(st); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// A request's dispatch facts (boost, promised wait) reach the history with
+// its outcome, in the one record of its answer; a request answered without
+// a dispatch records neither.
+func TestHistoryRecordsDispatchWithOutcome(t *testing.T) {
+	u := newFakeUpstream(t)
+	name := queueName(t)
+	h, _ := mustLoad(t, fqConfig(name, u, `"tenants":{"alpha":{"weight":1}}`))
+	served := &admission{tenant: "alpha", label: "alpha", m: h.metrics.of("alpha"),
+		dispatched: true, boosted: true, eta: 2 * time.Second}
+	h.record(served, outcomeServed, time.Second)
+	gone := &admission{tenant: "alpha", label: "alpha", m: h.metrics.of("alpha"),
+		dispatched: true, eta: time.Second}
+	h.record(gone, outcomeClientGone, 2*time.Second)
+	refused := &admission{tenant: "alpha", label: "alpha", m: h.metrics.of("alpha")}
+	h.record(refused, "queue_timeout", 3*time.Second)
+
+	r := h.history().Query(time.Hour, nil)
+	if len(r.Tenants) != 1 {
+		t.Fatalf("tenants %+v, want alpha", r.Tenants)
+	}
+	a := r.Tenants[0]
+	// ETA ratios 2/1 and 1/2: mean 1.25, mean |ln| ln 2.
+	if a.Requests != 3 || a.Served != 1 || a.Boosts != 1 || a.ETA.Count != 2 ||
+		math.Abs(a.ETA.MeanRatio-1.25) > 1e-12 || math.Abs(a.ETA.MeanAbsLogError-math.Ln2) > 1e-12 {
+		t.Errorf("alpha %+v: want 3 requests, 1 served, 1 boost, ETA over the 2 dispatched (mean ratio 1.25)", a)
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
+	"github.com/caddy-fair-queue/caddy-fair-queue/history"
 	"github.com/caddy-fair-queue/caddy-fair-queue/llmapi"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
@@ -79,8 +80,11 @@ type admission struct {
 	// used is the tokens the answer counts as served (the history's):
 	// the usage, or the estimate of an answer that reported none.
 	used int64
+	// eta is the wait the first dispatch was promised, for the history
+	// with the outcome (dispatched, boosted).
+	eta time.Duration
 	// Together, so that the flags share one word.
-	light, phWaitKnown, usageKnown bool
+	light, phWaitKnown, usageKnown, dispatched, boosted bool
 
 	// m caches the tenant's metric children (nil for a Handler that was
 	// not provisioned).
@@ -199,7 +203,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			// A request is dispatched once, however often a provider
 			// refuses it (the wait grows; the ETA was for the first).
 			a.m.observeDispatch(h.Name, a.label, info.Boosted, info.ETA, wait)
-			h.history().Dispatched(a.label, info.Boosted, info.ETA, wait)
+			// The history records them with the outcome (record): one
+			// lock of the queue's history per request.
+			a.dispatched, a.boosted, a.eta = true, info.Boosted, info.ETA
 		}
 		// Known now: set before proxying, so the inner proxy can use them.
 		a.phWaitKnown, a.phWait = true, wait
@@ -611,7 +617,8 @@ func (h *Handler) answer(w http.ResponseWriter, repl *caddy.Replacer, a *admissi
 func (h *Handler) record(a *admission, outcome string, wait time.Duration) {
 	a.phWaitKnown, a.phWait, a.phOutcome = true, wait, outcome
 	a.m.observeOutcome(h.Name, a.label, outcome, wait, float64(a.cost.Total()))
-	h.history().Outcome(a.label, outcome, wait, a.used)
+	h.history().Outcome(a.label, history.Answer{Code: outcome, Wait: wait, Tokens: a.used,
+		Dispatched: a.dispatched, Boosted: a.boosted, ETA: a.eta})
 	if outcome != outcomeServed {
 		if c := h.logger.Check(zap.DebugLevel, "request not served"); c != nil {
 			c.Write(zap.String("tenant", a.tenant), zap.String("class", a.class),

@@ -213,15 +213,31 @@ func (h *History) slotLocked(tenant string) *tenantMinute {
 	return s
 }
 
-// Outcome counts one answered request of tenant: its outcome code, the
-// tokens it really used (0 when none were served) and, when served, how
-// long it waited in the queue. One call per answer: the request path takes
-// the history's lock once for both.
-func (h *History) Outcome(tenant, code string, wait time.Duration, tokens int64) {
+// Answer is what one answered request records.
+type Answer struct {
+	// Code is the outcome code ("served", "queue_timeout", ...; others
+	// count as "other").
+	Code string
+	// Wait is how long a served request waited in the queue.
+	Wait time.Duration
+	// Tokens is what it really used (0 when none were served).
+	Tokens int64
+	// Dispatched is set for a request that was dispatched, with what the
+	// wait-budget logic did for it then: Boosted, and ETA, the wait it
+	// was promised against the Wait it had. A zero ETA or Wait (nothing
+	// was predicted, or nothing waited) records no ETA accuracy.
+	Dispatched, Boosted bool
+	ETA                 time.Duration
+}
+
+// Outcome counts one answered request of tenant. One call per answer,
+// dispatch and outcome together: the request path takes the history's lock,
+// shared by every request of the queue, once.
+func (h *History) Outcome(tenant string, a Answer) {
 	if h == nil {
 		return
 	}
-	i, ok := outcomeIndex[code]
+	i, ok := outcomeIndex[a.Code]
 	if !ok {
 		i = outOther
 	}
@@ -230,31 +246,21 @@ func (h *History) Outcome(tenant, code string, wait time.Duration, tokens int64)
 	s := h.slotLocked(tenant)
 	s.outcomes[i]++
 	if i == outServed {
-		w := max(wait.Seconds(), 0)
+		w := max(a.Wait.Seconds(), 0)
 		s.wait[bucketOf(w)]++
 		s.waitSum += w
 	}
-	if tokens > 0 {
-		s.tokens += tokens
+	if a.Tokens > 0 {
+		s.tokens += a.Tokens
 	}
-}
-
-// Dispatched records what the wait-budget logic did for a request of
-// tenant when it was dispatched: whether it was boosted, and the wait it
-// was promised (eta) against the wait it had. A zero eta or wait (nothing
-// was predicted, or nothing waited) records no ETA accuracy.
-func (h *History) Dispatched(tenant string, boosted bool, eta, wait time.Duration) {
-	if h == nil {
+	if !a.Dispatched {
 		return
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	s := h.slotLocked(tenant)
-	if boosted {
+	if a.Boosted {
 		s.boosts++
 	}
-	if eta > 0 && wait > 0 {
-		r := eta.Seconds() / wait.Seconds()
+	if a.ETA > 0 && a.Wait > 0 {
+		r := a.ETA.Seconds() / a.Wait.Seconds()
 		s.etaN++
 		s.etaRatio += r
 		s.etaErr += math.Abs(math.Log(r))

@@ -89,16 +89,16 @@ func TestOutcomesWaitsAndWindows(t *testing.T) {
 	h := New(c.Now, []string{"alpha", "beta"})
 	// Minute 0: alpha 8 served at 100 ms, 1 at 2 s, 1 queue_timeout.
 	for range 8 {
-		h.Outcome("alpha", "served", 100*time.Millisecond, 0)
+		h.Outcome("alpha", Answer{Code: "served", Wait: 100 * time.Millisecond})
 	}
-	h.Outcome("alpha", "served", 2*time.Second, 0)
-	h.Outcome("alpha", "queue_timeout", 5*time.Second, 0)
-	h.Outcome("alpha", "made_up_code", 0, 0)
+	h.Outcome("alpha", Answer{Code: "served", Wait: 2 * time.Second})
+	h.Outcome("alpha", Answer{Code: "queue_timeout", Wait: 5 * time.Second})
+	h.Outcome("alpha", Answer{Code: "made_up_code"})
 	// Ten minutes later: alpha 2 served at 10 ms, beta 1 refused by quota.
 	c.Advance(10 * time.Minute)
-	h.Outcome("alpha", "served", 10*time.Millisecond, 0)
-	h.Outcome("alpha", "served", 10*time.Millisecond, 0)
-	h.Outcome("beta", "quota_exceeded", 0, 0)
+	h.Outcome("alpha", Answer{Code: "served", Wait: 10 * time.Millisecond})
+	h.Outcome("alpha", Answer{Code: "served", Wait: 10 * time.Millisecond})
+	h.Outcome("beta", Answer{Code: "quota_exceeded"})
 
 	r5 := h.Query(5*time.Minute, nil)
 	a5 := tenantOf(t, r5, "alpha")
@@ -144,7 +144,7 @@ func TestOutcomesWaitsAndWindows(t *testing.T) {
 		t.Errorf("after 25h alpha still has %d requests", a.Requests)
 	}
 	// A slot reused for a new minute starts from zero.
-	h.Outcome("alpha", "served", time.Second, 0)
+	h.Outcome("alpha", Answer{Code: "served", Wait: time.Second})
 	if a := tenantOf(t, h.Query(24*time.Hour, nil), "alpha"); a.Requests != 1 {
 		t.Errorf("reused slot: %d requests, want 1", a.Requests)
 	}
@@ -154,9 +154,9 @@ func TestUndeclaredTenantsShareOneRing(t *testing.T) {
 	c := newClock()
 	h := New(c.Now, []string{"alpha"})
 	for i := range 1000 {
-		h.Outcome(fmt.Sprintf("rotating-%d", i), "served", time.Millisecond, 0)
+		h.Outcome(fmt.Sprintf("rotating-%d", i), Answer{Code: "served", Wait: time.Millisecond})
 	}
-	h.Outcome("alpha", "served", time.Millisecond, 0)
+	h.Outcome("alpha", Answer{Code: "served", Wait: time.Millisecond})
 	r := h.Query(5*time.Minute, map[string]TenantParams{"alpha": {Weight: 1}, "idle": {Weight: 2}})
 	if len(r.Tenants) != 3 {
 		t.Fatalf("tenants %v, want alpha, idle (params, no records) and %s", r.Tenants, UnknownTenant)
@@ -173,7 +173,7 @@ func TestUndeclaredTenantsShareOneRing(t *testing.T) {
 	if got := h.MemoryBytes(); got != FixedBytes+TenantBytes {
 		t.Errorf("after Declare: memory %d, want fixed + 1 ring", got)
 	}
-	h.Outcome("alpha", "served", 0, 0)
+	h.Outcome("alpha", Answer{Code: "served"})
 	if u := tenantOf(t, h.Query(5*time.Minute, nil), UnknownTenant); u.Served != 1001 {
 		t.Errorf("%s served %d after alpha was undeclared, want 1001", UnknownTenant, u.Served)
 	}
@@ -184,7 +184,7 @@ func TestSharesAndJain(t *testing.T) {
 	h := New(c.Now, []string{"a", "b", "idle"})
 	params := map[string]TenantParams{"a": {Weight: 3}, "b": {Weight: 1}, "idle": {Weight: 4}}
 	serve := func(tenant string, tokens int64) {
-		h.Outcome(tenant, "served", 0, tokens)
+		h.Outcome(tenant, Answer{Code: "served", Tokens: tokens})
 	}
 	serve("a", 300)
 	serve("b", 100)
@@ -219,7 +219,7 @@ func TestSharesAndJain(t *testing.T) {
 	}
 	// Nothing served: no index.
 	c.Advance(time.Hour)
-	h.Outcome("a", "queue_timeout", 0, 0)
+	h.Outcome("a", Answer{Code: "queue_timeout"})
 	if r := h.Query(5*time.Minute, params); r.Jain != 0 || r.JainTenants != 1 {
 		t.Errorf("nothing served: Jain %g over %d, want 0 over 1", r.Jain, r.JainTenants)
 	}
@@ -230,17 +230,27 @@ func TestRatesQuotaBoostsETA(t *testing.T) {
 	h := New(c.Now, []string{"app"})
 	// 40 s after the history started, it covers 40 s of any window.
 	c.Advance(40 * time.Second)
-	for range 20 {
-		h.Outcome("app", "served", 0, 0)
+	dispatches := []Answer{
+		{Boosted: true, ETA: 2 * time.Second, Wait: time.Second},  // ratio 2
+		{Boosted: false, ETA: time.Second, Wait: 2 * time.Second}, // ratio 1/2
+		{Boosted: true, ETA: 0, Wait: time.Second},                // nothing predicted
+		{Boosted: true, ETA: time.Second, Wait: 0},                // nothing waited
+	}
+	for i := range 20 {
+		a := Answer{Code: "served"}
+		if i < len(dispatches) {
+			a = dispatches[i]
+			a.Code, a.Dispatched = "served", true
+		}
+		h.Outcome("app", a)
 		h.QuotaCharged("app", 500)
 	}
+	// Not dispatched: the boost and ETA are not counted.
+	h.Outcome("app", Answer{Code: "queue_timeout", Boosted: true, ETA: time.Second, Wait: time.Second})
 	h.QuotaLimited("app", "tokens", false)
 	h.QuotaLimited("app", "tokens", true)
 	h.QuotaLimited("app", "joint", true)
 	h.QuotaLimited("app", "bogus", true)
-	h.Dispatched("app", true, 2*time.Second, time.Second)  // ratio 2
-	h.Dispatched("app", false, time.Second, 2*time.Second) // ratio 1/2
-	h.Dispatched("app", true, 0, time.Second)              // nothing predicted
 
 	r := h.Query(time.Hour, map[string]TenantParams{"app": {Weight: 1, QPS: 1, TokensPerMin: 30000}})
 	if r.Span != 40 {
@@ -257,11 +267,11 @@ func TestRatesQuotaBoostsETA(t *testing.T) {
 	if fmt.Sprint(q.Hits) != fmt.Sprint(wantHits) {
 		t.Errorf("hits %v, want %v", q.Hits, wantHits)
 	}
-	if !near(a.RequestsPerSec, 0.5, 1e-12) {
-		t.Errorf("requests/s %g, want 0.5", a.RequestsPerSec)
+	if !near(a.RequestsPerSec, 21.0/40, 1e-12) {
+		t.Errorf("requests/s %g, want 21/40", a.RequestsPerSec)
 	}
-	if a.Boosts != 2 {
-		t.Errorf("boosts %d, want 2", a.Boosts)
+	if a.Boosts != 3 {
+		t.Errorf("boosts %d, want 3", a.Boosts)
 	}
 	if a.ETA.Count != 2 || !near(a.ETA.MeanRatio, 1.25, 1e-12) || !near(a.ETA.MeanAbsLogError, math.Ln2, 1e-12) {
 		t.Errorf("eta %+v, want 2 samples, mean ratio 1.25, mean |ln| ln 2", a.ETA)
@@ -346,15 +356,15 @@ func TestMemoryCost(t *testing.T) {
 	}
 	h := New(c.Now, names)
 	for i := range 100 {
-		h.Outcome(fmt.Sprintf("t%d", i%20), "served", time.Millisecond, 0)
+		h.Outcome(fmt.Sprintf("t%d", i%20), Answer{Code: "served", Wait: time.Millisecond})
 	}
 	if got, want := h.MemoryBytes(), FixedBytes+11*TenantBytes; got != want || got != 5_057_120 {
 		t.Errorf("memory %d bytes, want %d = 5,057,120", got, want)
 	}
 	// Recording allocates nothing once a tenant's ring exists.
 	allocs := testing.AllocsPerRun(1000, func() {
-		h.Outcome("t1", "served", 3*time.Millisecond, 10)
-		h.Dispatched("t1", true, time.Second, time.Second)
+		h.Outcome("t1", Answer{Code: "served", Wait: 3 * time.Millisecond, Tokens: 10,
+			Dispatched: true, Boosted: true, ETA: time.Second})
 		h.QuotaLimited("t1", "qps", true)
 		h.QuotaCharged("t1", 10)
 		h.Sample(Sample{Capacity: 1})
@@ -372,7 +382,7 @@ func TestConcurrentRecordAndQuery(t *testing.T) {
 		wg.Go(func() {
 			for i := range 500 {
 				tenant := []string{"a", "b", "x"}[(g+i)%3]
-				h.Outcome(tenant, "served", time.Duration(i)*time.Millisecond, 10)
+				h.Outcome(tenant, Answer{Code: "served", Wait: time.Duration(i) * time.Millisecond, Tokens: 10})
 				h.Sample(Sample{Capacity: 4, Water: float64(i) / 500})
 				if i%100 == 0 {
 					c.Advance(time.Second)
@@ -393,8 +403,7 @@ func TestConcurrentRecordAndQuery(t *testing.T) {
 
 func TestNilHistoryIgnoresRecords(t *testing.T) {
 	var h *History
-	h.Outcome("a", "served", 0, 0)
-	h.Dispatched("a", true, 1, 1)
+	h.Outcome("a", Answer{Code: "served", Dispatched: true, Boosted: true, ETA: 1, Wait: 1})
 	h.QuotaLimited("a", "qps", true)
 	h.QuotaCharged("a", 1)
 	h.Sample(Sample{})
@@ -414,15 +423,14 @@ func TestParseWindow(t *testing.T) {
 	}
 }
 
-// BenchmarkRecord is the cost the request path pays per answered request
-// (Outcome) and per dispatch (Dispatched, Tokens).
+// BenchmarkRecord is the cost the request path pays per answered request:
+// one Outcome, the dispatch's facts with it.
 func BenchmarkRecord(b *testing.B) {
 	c := newClock()
 	h := New(c.Now, []string{"a"})
-	h.Outcome("a", "served", 0, 0)
+	h.Outcome("a", Answer{Code: "served"})
 	b.ReportAllocs()
 	for b.Loop() {
-		h.Outcome("a", "served", 20*time.Millisecond, 100)
-		h.Dispatched("a", false, 0, 20*time.Millisecond)
+		h.Outcome("a", Answer{Code: "served", Wait: 20 * time.Millisecond, Tokens: 100, Dispatched: true})
 	}
 }

@@ -38,6 +38,7 @@ func main() {
 	flag.IntVar(&o.Rate, "rate", 0, "requests per second for the first phase; 0: max rate")
 	flag.IntVar(&o.Tenants, "tenants", def.Tenants, "tenants the requests rotate through")
 	flag.BoolVar(&o.Control, "control", false, "put a second plain reverse_proxy site in fair_queue's place: the ratios then show the noise floor")
+	flag.StringVar(&o.ProfileDir, "profile", "", "directory for a CPU profile of Caddy per max-rate round (<site>-<round>.pprof); compare with go tool pprof -diff_base")
 	fixedFrac := flag.Float64("fixed-frac", 0.25, "after a max-rate phase, run a fixed-rate phase at this fraction of plain's median throughput; 0: skip")
 	caddyBin := flag.String("caddy", "", "Caddy binary with the plugin; default: build it with xcaddy from this checkout (cached)")
 	flag.Parse()
@@ -67,6 +68,7 @@ func main() {
 			t.Fatalf("plain's median throughput %.0f req/s leaves no fixed rate", rep.Summary().Plain.Throughput)
 		}
 		fixed.Warmup = 0 // the connections and caches are warm
+		fixed.ProfileDir = ""
 		fmt.Printf("\n--- fixed rate: %.2f x plain's median max-rate throughput ---\n", *fixedFrac)
 		rep, err = loadtest.Run(ctx, rig, fixed, os.Stderr)
 		report(t, rep, err)

@@ -2,10 +2,14 @@ package loadtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"time"
 
@@ -49,6 +53,13 @@ type Options struct {
 	// how far the machine's noise, and running second in each pair, move
 	// them without any difference in the handler.
 	Control bool
+	// ProfileDir, when set, receives a CPU profile of Caddy for each
+	// measured round (Caddy's /debug/pprof/profile on its admin endpoint,
+	// for the round's whole seconds), named <site>-<round>.pprof: `go tool
+	// pprof -diff_base plain-0.pprof fair-0.pprof` shows where fair_queue's
+	// extra time goes in the binary. The load tool's own profile over the
+	// round (vegeta and the upstream) goes to tool-<site>-<round>.pprof.
+	ProfileDir string
 }
 
 // second is the site each pair runs after plain.
@@ -163,13 +174,67 @@ func Run(ctx context.Context, rig *Rig, o Options, progress io.Writer) (*Report,
 			if err := ctx.Err(); err != nil {
 				return rep, err
 			}
+			prof := startProfile(ctx, rig, o, fmt.Sprintf("%s-%d", s.name, i))
 			r := attack(ctx, s.cl, s.tgt, o, o.Duration, s.name, pid)
+			if err := prof(); err != nil {
+				return rep, err
+			}
 			r.Site, r.Index = s.name, i
 			rep.Rounds = append(rep.Rounds, r)
 			fmt.Fprintln(progress, formatRound(r))
 		}
 	}
 	return rep, nil
+}
+
+// startProfile starts fetching a CPU profile of Caddy over the coming
+// round into o.ProfileDir/name.pprof, and returns the func that waits for
+// it. Without o.ProfileDir it does nothing. The profile covers the round's
+// whole seconds (pprof takes no finer duration), at least one.
+func startProfile(ctx context.Context, rig *Rig, o Options, name string) func() error {
+	if o.ProfileDir == "" {
+		return func() error { return nil }
+	}
+	secs := max(int(o.Duration/time.Second), 1)
+	self, err := os.Create(filepath.Join(o.ProfileDir, "tool-"+name+".pprof"))
+	if err != nil {
+		return func() error { return err }
+	}
+	if err := pprof.StartCPUProfile(self); err != nil {
+		self.Close()
+		return func() error { return err }
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- func() error {
+			url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", rig.Caddy.AdminURL(), secs)
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			if err != nil {
+				return err
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return fmt.Errorf("loadtest: profile %s: %w", name, err)
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("loadtest: profile %s: %s", name, resp.Status)
+			}
+			f, err := os.Create(filepath.Join(o.ProfileDir, name+".pprof"))
+			if err != nil {
+				return err
+			}
+			if _, err := io.Copy(f, resp.Body); err != nil {
+				f.Close()
+				return fmt.Errorf("loadtest: profile %s: %w", name, err)
+			}
+			return f.Close()
+		}()
+	}()
+	return func() error {
+		pprof.StopCPUProfile()
+		return errors.Join(self.Close(), <-done)
+	}
 }
 
 // targeter rotates the small request through the tenants.
