@@ -385,10 +385,10 @@ func TestHistoryRecordsDispatchWithOutcome(t *testing.T) {
 	name := queueName(t)
 	h, _ := mustLoad(t, fqConfig(name, u, `"tenants":{"alpha":{"weight":1}}`))
 	served := &admission{tenant: "alpha", label: "alpha", m: h.metrics.of("alpha"),
-		dispatched: true, boosted: true, eta: 2 * time.Second}
+		boosted: true, eta: 2 * time.Second}
 	h.record(served, outcomeServed, time.Second)
 	gone := &admission{tenant: "alpha", label: "alpha", m: h.metrics.of("alpha"),
-		dispatched: true, eta: time.Second}
+		eta: time.Second}
 	h.record(gone, outcomeClientGone, 2*time.Second)
 	refused := &admission{tenant: "alpha", label: "alpha", m: h.metrics.of("alpha")}
 	h.record(refused, "queue_timeout", 3*time.Second)

@@ -80,11 +80,12 @@ type admission struct {
 	// used is the tokens the answer counts as served (the history's):
 	// the usage, or the estimate of an answer that reported none.
 	used int64
-	// eta is the wait the first dispatch was promised, for the history
-	// with the outcome (dispatched, boosted).
+	// eta is the wait the first dispatch was promised and boosted whether
+	// it was boosted, for the history with the outcome (zero and false
+	// for a request never dispatched).
 	eta time.Duration
 	// Together, so that the flags share one word.
-	light, phWaitKnown, usageKnown, dispatched, boosted bool
+	light, phWaitKnown, usageKnown, boosted bool
 
 	// m caches the tenant's metric children (nil for a Handler that was
 	// not provisioned).
@@ -205,7 +206,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			a.m.observeDispatch(h.Name, a.label, info.Boosted, info.ETA, wait)
 			// The history records them with the outcome (record): one
 			// lock of the queue's history per request.
-			a.dispatched, a.boosted, a.eta = true, info.Boosted, info.ETA
+			a.boosted, a.eta = info.Boosted, info.ETA
 		}
 		// Known now: set before proxying, so the inner proxy can use them.
 		a.phWaitKnown, a.phWait = true, wait
@@ -618,7 +619,7 @@ func (h *Handler) record(a *admission, outcome string, wait time.Duration) {
 	a.phWaitKnown, a.phWait, a.phOutcome = true, wait, outcome
 	a.m.observeOutcome(h.Name, a.label, outcome, wait, float64(a.cost.Total()))
 	h.history().Outcome(a.label, history.Answer{Code: outcome, Wait: wait, Tokens: a.used,
-		Dispatched: a.dispatched, Boosted: a.boosted, ETA: a.eta})
+		Boosted: a.boosted, ETA: a.eta})
 	if outcome != outcomeServed {
 		if c := h.logger.Check(zap.DebugLevel, "request not served"); c != nil {
 			c.Write(zap.String("tenant", a.tenant), zap.String("class", a.class),

@@ -218,16 +218,18 @@ type Answer struct {
 	// Code is the outcome code ("served", "queue_timeout", ...; others
 	// count as "other").
 	Code string
-	// Wait is how long a served request waited in the queue.
+	// Wait is how long it waited in the queue (a served request's wait
+	// goes into the wait histogram).
 	Wait time.Duration
 	// Tokens is what it really used (0 when none were served).
 	Tokens int64
-	// Dispatched is set for a request that was dispatched, with what the
-	// wait-budget logic did for it then: Boosted, and ETA, the wait it
-	// was promised against the Wait it had. A zero ETA or Wait (nothing
-	// was predicted, or nothing waited) records no ETA accuracy.
-	Dispatched, Boosted bool
-	ETA                 time.Duration
+	// Boosted and ETA are what the wait-budget logic did when the request
+	// was dispatched (false and zero for one never dispatched): whether it
+	// was boosted, and the wait it was promised against the Wait it had.
+	// A zero ETA or Wait (nothing was predicted, or nothing waited)
+	// records no ETA accuracy.
+	Boosted bool
+	ETA     time.Duration
 }
 
 // Outcome counts one answered request of tenant. One call per answer,
@@ -252,9 +254,6 @@ func (h *History) Outcome(tenant string, a Answer) {
 	}
 	if a.Tokens > 0 {
 		s.tokens += a.Tokens
-	}
-	if !a.Dispatched {
-		return
 	}
 	if a.Boosted {
 		s.boosts++

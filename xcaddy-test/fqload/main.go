@@ -38,7 +38,7 @@ func main() {
 	flag.IntVar(&o.Rate, "rate", 0, "requests per second for the first phase; 0: max rate")
 	flag.IntVar(&o.Tenants, "tenants", def.Tenants, "tenants the requests rotate through")
 	flag.BoolVar(&o.Control, "control", false, "put a second plain reverse_proxy site in fair_queue's place: the ratios then show the noise floor")
-	flag.StringVar(&o.ProfileDir, "profile", "", "directory for a CPU profile of Caddy per max-rate round (<site>-<round>.pprof); compare with go tool pprof -diff_base")
+	flag.StringVar(&o.ProfileDir, "profile", "", "directory for CPU profiles of each max-rate round: Caddy's (<site>-<round>.pprof) and the load tool's (tool-<site>-<round>.pprof); compare with go tool pprof -diff_base")
 	fixedFrac := flag.Float64("fixed-frac", 0.25, "after a max-rate phase, run a fixed-rate phase at this fraction of plain's median throughput; 0: skip")
 	caddyBin := flag.String("caddy", "", "Caddy binary with the plugin; default: build it with xcaddy from this checkout (cached)")
 	flag.Parse()
