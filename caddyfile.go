@@ -73,7 +73,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    default_tenant reject
 //
 //	    # the provider account behind reverse_proxy; tenants may reserve a share
-//	    upstream_quota [tpm <n>] [rpm <n>] [burst <duration>]
+//	    upstream_quota [tpm <n>] [rpm <n>] [burst <duration>] [reserve_burst <duration>]
 //	    tenant <name> ... reserve <percent>
 //
 //	    # a second channel the listed tenants use when the primary cannot serve them
@@ -87,12 +87,14 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        }
 //	    }
 //
-//	    # shed tiers, lowest first, while demand stays above capacity
+//	    # shed tiers, lowest first, while the upstreams are saturated and
+//	    # demand stays above capacity
 //	    circuit_break {
 //	        trigger <ratio>      # default 1.3
 //	        recover <ratio>      # default 1.0
 //	        hold    <duration>   # default 10s
 //	        window  <duration>   # default 10s
+//	        saturation <share>   # default 0.9 (90% of the window)
 //	        order   <tier> <tier> [<tier>...]   # lowest first; the last is never shed
 //	    }
 //
@@ -530,7 +532,8 @@ func (p *cfParser) fallback() error {
 	return nil
 }
 
-// upstreamQuota parses `upstream_quota [tpm <n>] [rpm <n>] [burst <duration>]`.
+// upstreamQuota parses `upstream_quota [tpm <n>] [rpm <n>] [burst <duration>]
+// [reserve_burst <duration>]`.
 func (p *cfParser) upstreamQuota() error {
 	uq, err := p.upstreamQuotaArgs("upstream_quota")
 	if err != nil {
@@ -576,8 +579,14 @@ func (p *cfParser) upstreamQuotaArgs(who string) (*UpstreamQuotaConfig, error) {
 				return nil, err
 			}
 			uq.Burst = dur
+		case "reserve_burst":
+			dur, err := p.duration(who+": reserve_burst", v)
+			if err != nil {
+				return nil, err
+			}
+			uq.ReserveBurst = dur
 		default:
-			return nil, d.Errf("%s: unknown setting %q (want tpm, rpm or burst)", who, key)
+			return nil, d.Errf("%s: unknown setting %q (want tpm, rpm, burst or reserve_burst)", who, key)
 		}
 	}
 	if uq.TPM == 0 && uq.RPM == 0 {
@@ -587,7 +596,7 @@ func (p *cfParser) upstreamQuotaArgs(who string) (*UpstreamQuotaConfig, error) {
 }
 
 // circuitBreak parses the circuit_break block: trigger, recover, hold,
-// window and order, one per line. The engine checks the ranges
+// window, saturation and order, one per line. The engine checks the ranges
 // (degrade.CircuitConfig.Validate) and that tenants' tiers are in order.
 func (p *cfParser) circuitBreak() error {
 	d := p.d
@@ -628,12 +637,21 @@ func (p *cfParser) circuitBreak() error {
 			} else {
 				cb.Recover = f
 			}
+		case "saturation":
+			f, perr := strconv.ParseFloat(strings.TrimSuffix(args[0], "%"), 64)
+			if perr == nil && strings.HasSuffix(args[0], "%") {
+				f /= 100
+			}
+			if perr != nil || !(f > 0 && f <= 1) {
+				return d.Errf("circuit_break: saturation %q must be a share of the window in (0, 1] (e.g. 0.9 or 90%%)", args[0])
+			}
+			cb.Saturation = f
 		case "hold":
 			cb.Hold, err = p.duration("circuit_break: hold", args[0])
 		case "window":
 			cb.Window, err = p.duration("circuit_break: window", args[0])
 		default:
-			return d.Errf("circuit_break: unknown setting %q (want trigger, recover, hold, window or order)", key)
+			return d.Errf("circuit_break: unknown setting %q (want trigger, recover, hold, window, saturation or order)", key)
 		}
 		if err != nil {
 			return err

@@ -11,14 +11,17 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
-// CircuitBreakConfig sheds callers tier by tier under sustained overload:
-// while the demand of the tiers still admitted stays above Trigger times
-// what the model servers serve, the lowest of them is shed (429
+// CircuitBreakConfig sheds callers tier by tier under real overload: while
+// the model servers are saturated with requests waiting (for Saturation
+// of Window) and the demand of the tiers still admitted stays above
+// Trigger times what they serve, the lowest of them is shed (429
 // circuit_open); the last shed tier is readmitted once demand with it
 // readmitted is below Recover. Demand is what arrives (shed requests
-// included), in the queue's cost unit, averaged over Window; capacity is
-// the rate the upstreams are measured to serve while busy. The top tier of
-// Order is never shed, nor is a tenant without a tier.
+// included), averaged over Window, in units whose capacity does not swing
+// with the mix of requests: busy time against the slots (each caller's
+// requests weigh the time they have been keeping a slot busy), and, behind
+// a provider account, its tokens and requests against its rates. The top
+// tier of Order is never shed, nor is a tenant without a tier.
 type CircuitBreakConfig struct {
 	// Trigger is the demand/capacity ratio above which the next tier is
 	// shed. Default 1.3.
@@ -33,6 +36,10 @@ type CircuitBreakConfig struct {
 	// Order lists the tiers, lowest (shed first) to highest (never shed);
 	// tenants name theirs with tier. At least two.
 	Order []string `json:"order,omitempty"`
+	// Saturation is the least share of Window the model servers (or the
+	// provider account) must have been saturated, with requests waiting,
+	// for a tier to be shed. In (0, 1]; default 0.9.
+	Saturation float64 `json:"saturation,omitempty"`
 }
 
 // circuitEvent is the Caddy event emitted on every circuit transition.
@@ -43,7 +50,7 @@ func (c *CircuitBreakConfig) engine() *degrade.CircuitConfig {
 		return nil
 	}
 	return &degrade.CircuitConfig{Trigger: c.Trigger, Recover: c.Recover,
-		Hold: time.Duration(c.Hold), Window: time.Duration(c.Window), Order: c.Order}
+		Hold: time.Duration(c.Hold), Window: time.Duration(c.Window), Order: c.Order, Saturation: c.Saturation}
 }
 
 // onCircuit logs, counts and emits one circuit transition; a shed names
@@ -57,8 +64,9 @@ func (h *Handler) onCircuit(ev fairqueue.CircuitEvent) {
 	h.history().Circuit(ev.At, ev.Tier, ev.Up, ev.From, ev.To, ev.Ratio)
 	callers := make([]map[string]any, 0, len(ev.Callers))
 	fields := []zap.Field{zap.String("queue", h.Name), zap.String("tier", ev.Tier), zap.String("direction", dir),
-		zap.Int("level", ev.To), zap.Float64("demand_ratio", ev.Ratio),
-		zap.Float64("demand", ev.Demand), zap.Float64("capacity", ev.Capacity)}
+		zap.Int("level", ev.To), zap.Float64("demand_ratio", ev.Ratio), zap.String("resource", ev.Resource),
+		zap.Float64("demand", ev.Demand), zap.Float64("capacity", ev.Capacity),
+		zap.Float64("saturation", ev.Saturation), zap.Float64("backlog_trend", ev.BacklogTrend)}
 	for _, c := range ev.Callers {
 		callers = append(callers, map[string]any{"tenant": c.Tenant, "demand": c.Demand,
 			"share_of_capacity": c.Share, "joint_occupancy": c.JointOccupancy})
@@ -70,7 +78,8 @@ func (h *Handler) onCircuit(ev fairqueue.CircuitEvent) {
 	if h.events != nil {
 		h.events.Emit(h.ctx, circuitEvent, map[string]any{
 			"queue": h.Name, "tier": ev.Tier, "direction": dir, "level": ev.To,
-			"demand_ratio": ev.Ratio, "callers": callers,
+			"demand_ratio": ev.Ratio, "resource": ev.Resource, "saturation": ev.Saturation,
+			"backlog_trend": ev.BacklogTrend, "callers": callers,
 		})
 	}
 }
@@ -84,9 +93,15 @@ var (
 	descCircuitShed = prometheus.NewDesc(fqName("circuit_shed"),
 		"1 while the circuit breaker sheds the tier, else 0.", []string{"queue", "tier"}, nil)
 	descCircuitDemand = prometheus.NewDesc(fqName("circuit_demand"),
-		"Arriving demand per tier (\"\" for tenants without one), cost units per second over the circuit's window.", []string{"queue", "tier"}, nil)
+		"Arriving demand per tier (\"\" for tenants without one) on each resource the circuit measures, in its units per second over the circuit's window: slots in busy seconds (slot-seconds), inflight_tokens in token-seconds, account_tokens in tokens (prompt + output cap), account_requests in requests.", []string{"queue", "tier", "resource"}, nil)
 	descCircuitCapacity = prometheus.NewDesc(fqName("circuit_capacity"),
-		"What the model servers serve while busy, cost units per second: the circuit's denominator.", []string{"queue"}, nil)
+		"Each resource's capacity, in the units of circuit_demand per second: the slots, the in-flight token capacity, the account's rates.", []string{"queue", "resource"}, nil)
+	descCircuitSignal = prometheus.NewDesc(fqName("circuit_signal"),
+		"What the circuit compares with trigger and recover, per sheddable tier: the largest over the resources of the demand of the tier, the tiers above it and tier-less tenants, over capacity.", []string{"queue", "tier"}, nil)
+	descCircuitSaturation = prometheus.NewDesc(fqName("circuit_saturation"),
+		"Share of the circuit's window during which every slot was busy (or the account or the token capacity held dispatch) with requests waiting; a tier is shed only above circuit_break's saturation.", []string{"queue"}, nil)
+	descCircuitBacklogTrend = prometheus.NewDesc(fqName("circuit_backlog_trend"),
+		"How fast the queued requests grew over the circuit's window, requests per second (negative: shrinking).", []string{"queue"}, nil)
 )
 
 // collectCircuit reports a queue's circuit at scrape time.
@@ -97,14 +112,24 @@ func collectCircuit(ch chan<- prometheus.Metric, name string, st fairqueue.Circu
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
-	gauge(descCircuitCapacity, st.Capacity, name)
-	gauge(descCircuitDemand, st.Tierless, name, "")
+	gauge(descCircuitSaturation, st.Saturation, name)
+	gauge(descCircuitBacklogTrend, st.BacklogTrend, name)
+	for r, res := range st.Resources {
+		gauge(descCircuitCapacity, st.ResourceCapacity[r], name, res)
+		d := st.ResourceDemand[r]
+		gauge(descCircuitDemand, d[len(d)-1], name, "", res)
+		for i, tier := range st.Tiers {
+			gauge(descCircuitDemand, d[i], name, tier, res)
+		}
+	}
 	for i, tier := range st.Tiers {
 		shed := 0.0
 		if st.Shed[i] {
 			shed = 1
 		}
 		gauge(descCircuitShed, shed, name, tier)
-		gauge(descCircuitDemand, st.Demand[i], name, tier)
+		if i < len(st.Signals) {
+			gauge(descCircuitSignal, st.Signals[i], name, tier)
+		}
 	}
 }

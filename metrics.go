@@ -322,7 +322,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDepth, descQueuedTokens, descInflight,
 		descHealthy, descCapacity, descTokenCapacity, descWater, descBoosted, descDegradeLevel, descWeight,
 		descQuotaLimit, descQuotaDebt, descQuotaWeight, descTenantInfo, descCircuitShed, descCircuitDemand, descCircuitCapacity,
-		descUpstreamRemaining, descUpstreamExhausted, descCostModel, descCostModelR2} {
+		descCircuitSignal, descCircuitSaturation, descCircuitBacklogTrend, descUpstreamRemaining, descUpstreamWindow, descUpstreamProvider, descUpstreamExhausted, descCostModel, descCostModelR2} {
 		ch <- d
 	}
 }

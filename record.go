@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 	"github.com/caddy-fair-queue/caddy-fair-queue/llmapi"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
@@ -38,9 +39,13 @@ type usageRecorder struct {
 	provider     bool
 	provider429  bool
 	providerWait time.Duration
-	stream       *llmapi.StreamScanner
-	body         bytes.Buffer
-	tooBig       bool
+	// report is what the provider's answer said is left of the account
+	// (reported: it said something), for the queue's ProviderLevel.
+	report   fairqueue.ProviderReport
+	reported bool
+	stream   *llmapi.StreamScanner
+	body     bytes.Buffer
+	tooBig   bool
 	// want is the response's Content-Length when it is to be kept (0:
 	// unknown). A body that arrives in one write of that length, as a
 	// short answer does, is read for its usage in place (parsed), and
@@ -61,6 +66,7 @@ func (u *usageRecorder) WriteHeader(status int) {
 	}
 	if u.provider && u.status == 0 && status >= 200 {
 		u.providerWait = providerWait(u.Header(), status)
+		u.report, u.reported = providerReport(u.Header())
 		if status == http.StatusTooManyRequests {
 			u.provider429 = true
 			return
@@ -190,6 +196,25 @@ func providerWait(h http.Header, status int) time.Duration {
 		d = time.Second
 	}
 	return min(d, maxProviderWait)
+}
+
+// providerReport reads what a provider's answer says is left of the
+// account: x-ratelimit-remaining-tokens and -requests, each with its
+// x-ratelimit-reset-* (the time until it is back at its limit), and
+// whether it said anything. A value that is not a whole number >= 0 is
+// not reported.
+func providerReport(h http.Header) (fairqueue.ProviderReport, bool) {
+	r := fairqueue.ProviderReport{RemainingTokens: -1, RemainingRequests: -1}
+	read := func(kind string) (int64, time.Duration) {
+		n, err := strconv.ParseInt(h.Get("X-Ratelimit-Remaining-"+kind), 10, 64)
+		if err != nil || n < 0 {
+			return -1, 0
+		}
+		return n, parseWait(h.Get("X-Ratelimit-Reset-" + kind))
+	}
+	r.RemainingTokens, r.ResetTokens = read("Tokens")
+	r.RemainingRequests, r.ResetRequests = read("Requests")
+	return r, r.RemainingTokens >= 0 || r.RemainingRequests >= 0
 }
 
 // maxProviderWait bounds what a provider's header can make the gateway

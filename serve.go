@@ -77,6 +77,9 @@ type admission struct {
 	// usedPrompt and usedCompletion are a served response's usage, once
 	// known (usageKnown), for the cost model.
 	usedPrompt, usedCompletion int
+	// promptReported is the prompt tokens the upstream reported, -1 until
+	// it did.
+	promptReported int64
 	// used is the tokens the answer counts as served (the history's):
 	// the usage, or the estimate of an answer that reported none.
 	used int64
@@ -155,7 +158,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	actual := fairqueue.UnknownCost
 	var charged *quota.Limits // the quota the request was charged to
 	defer func() {
-		tk.Release(actual)
+		// The prompt the upstream reported corrects a provider account's
+		// draw (providers count prompt + output cap).
+		tk.ReleaseUsage(actual, a.promptReported)
 		h.shared.slotsReleased()
 		if charged != nil {
 			used := actual
@@ -245,6 +250,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			// client's answer.
 			clear(w.Header())
 			maps.Copy(w.Header(), saved)
+		}
+		if rec.reported {
+			// What is left of the account is a level to keep under, not
+			// only a stop at 0.
+			tk.ProviderLevel(rec.report)
 		}
 		if rec.providerWait > 0 {
 			// The provider says the account is out of quota for a while,
@@ -386,6 +396,8 @@ func (h *Handler) actualCost(rec *usageRecorder, a *admission, failed bool) int6
 		prompt := u.Prompt
 		if !u.Reported || prompt == 0 {
 			prompt = a.cost.Prompt
+		} else if !failed {
+			a.promptReported = int64(prompt)
 		}
 		a.usageKnown, a.usedPrompt, a.usedCompletion = !failed, prompt, u.Completion
 		actual := int64(prompt + u.Completion)
@@ -405,7 +417,7 @@ func (h *Handler) actualCost(rec *usageRecorder, a *admission, failed bool) int6
 // that will be refused anyway costs no read, no parse and no tokenizing, and
 // a client that sent "Expect: 100-continue" is refused before it uploads.
 func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer) (*admission, *apiError) {
-	a := &admission{arrived: time.Now(), path: r.URL.Path}
+	a := &admission{arrived: time.Now(), path: r.URL.Path, promptReported: -1}
 	a.tenant = h.tenantOf(r, repl)
 	// Known from here on, so the inner proxy can use it (header_up).
 	repl.Map(a.placeholder)

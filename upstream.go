@@ -16,26 +16,36 @@ import (
 
 // UpstreamQuotaConfig is the provider account behind the inner
 // reverse_proxy (seed 003): its requests and tokens per minute. Dispatch is
-// gated by it as by slots, each request's estimate pre-deducted and
-// reconciled with its actual usage; the provider's own x-ratelimit-*
-// headers and 429s correct the local view, and a provider 429 never
-// reaches a client: the request is requeued at the head of its tenant's
-// queue, uncharged, until the account has room or its budget ends.
+// gated by it as by slots, each request's prompt and output cap
+// pre-deducted (what providers count at arrival) and its prompt corrected
+// to the provider's count; no 60 s window gets more than the limits,
+// whether the provider keeps a token bucket, a fixed or a rolling minute.
+// The provider's own x-ratelimit-remaining-* is a level nothing is sent
+// beyond, its 429s stop dispatch, and a provider 429 never reaches a
+// client: the request is requeued at the head of its tenant's queue,
+// uncharged, until the account has room or its budget ends.
 type UpstreamQuotaConfig struct {
 	// TPM is the account's tokens per minute; 0: no token limit.
 	TPM float64 `json:"tpm,omitempty"`
 	// RPM is the account's requests per minute; 0: no request limit.
 	RPM float64 `json:"rpm,omitempty"`
 	// Burst is how far ahead of its rates the account may be drawn after
-	// an idle period. Default 6s (a tenth of the provider's minute).
+	// an idle period, inside the provider's minute: the account's rates
+	// are spread over 61s plus the burst, so that no 60 s window holds
+	// more than the limits (95% of them sustained with the default 2s).
 	Burst caddy.Duration `json:"burst,omitempty"`
+	// ReserveBurst is how much of its reservation a reserved tenant may
+	// draw at once while the shared traffic holds the account at its
+	// limit: the account keeps that headroom free of the shared traffic.
+	// Default 6s.
+	ReserveBurst caddy.Duration `json:"reserve_burst,omitempty"`
 }
 
 func (c *UpstreamQuotaConfig) engine() *fairqueue.UpstreamQuota {
 	if c == nil {
 		return nil
 	}
-	return &fairqueue.UpstreamQuota{RPM: c.RPM, TPM: c.TPM, Burst: time.Duration(c.Burst)}
+	return &fairqueue.UpstreamQuota{RPM: c.RPM, TPM: c.TPM, Burst: time.Duration(c.Burst), ReserveBurst: time.Duration(c.ReserveBurst)}
 }
 
 // parseReserve reads a reservation: "20%" or a fraction "0.2".
@@ -60,6 +70,10 @@ var (
 		"What the provider account has left to send at once, by meter (requests, tokens) and bucket (pool, or reserve:<tenant>).", []string{"queue", "bucket", "meter"}, nil)
 	descUpstreamExhausted = prometheus.NewDesc(fqName("upstream_exhausted_seconds"),
 		"How long the provider still declares the account out of quota (its 429 or x-ratelimit-remaining 0); 0 when it does not.", []string{"queue"}, nil)
+	descUpstreamWindow = prometheus.NewDesc(fqName("upstream_window_used_ratio"),
+		"What this gateway sent to the provider account in the last 60 s, as the provider counts it (prompt + output cap; requests), over the account's limit per minute, by meter (tokens, requests): kept at or below 1 whatever window the provider keeps.", []string{"queue", "meter"}, nil)
+	descUpstreamProvider = prometheus.NewDesc(fqName("upstream_provider_remaining"),
+		"What the provider last reported left of the account (x-ratelimit-remaining-*), less what was sent since and plus the refill, by meter; absent while no report is in force. Nothing is sent beyond it.", []string{"queue", "meter"}, nil)
 )
 
 // collectUpstream reports a queue's provider account at scrape time.
@@ -71,6 +85,18 @@ func collectUpstream(ch chan<- prometheus.Metric, name string, st fairqueue.Upst
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	gauge(descUpstreamExhausted, st.ExhaustedFor.Seconds(), name)
+	if st.TPM > 0 {
+		gauge(descUpstreamWindow, float64(st.WindowTokens)/st.TPM, name, "tokens")
+	}
+	if st.RPM > 0 {
+		gauge(descUpstreamWindow, float64(st.WindowRequests)/st.RPM, name, "requests")
+	}
+	if !math.IsNaN(st.ProviderTokens) {
+		gauge(descUpstreamProvider, st.ProviderTokens, name, "tokens")
+	}
+	if !math.IsNaN(st.ProviderRequests) {
+		gauge(descUpstreamProvider, st.ProviderRequests, name, "requests")
+	}
 	bucket := func(b string, s quota.Status) {
 		if s.Requests.Enabled {
 			gauge(descUpstreamRemaining, float64(s.Requests.Remaining), name, b, "requests")

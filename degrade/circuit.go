@@ -14,6 +14,9 @@ const (
 	DefaultCircuitRecover = 1.0
 	DefaultCircuitHold    = 10 * time.Second
 	DefaultCircuitWindow  = 10 * time.Second
+	// DefaultCircuitSaturation: a tier is shed only when the upstreams
+	// were saturated, with requests waiting, for 90% of the window.
+	DefaultCircuitSaturation = 0.9
 	// MinCircuitWindow is the shortest accepted window: below it a window
 	// holds too few LLM requests to be a rate.
 	MinCircuitWindow = 100 * time.Millisecond
@@ -50,6 +53,11 @@ type CircuitConfig struct {
 	// Order lists the tiers, lowest (shed first) to highest; the last is
 	// never shed. At least two, non-empty and unique.
 	Order []string `json:"order,omitempty"`
+	// Saturation is the least share of the window during which the
+	// upstreams must have been saturated with requests waiting (see
+	// Circuit.Saturated) for a tier to be shed: demand over the line
+	// while capacity idles is a wrong estimate, not overload. In (0, 1].
+	Saturation float64 `json:"saturation,omitempty"`
 }
 
 // withDefaults returns c with zero fields set to their defaults.
@@ -65,6 +73,9 @@ func (c CircuitConfig) withDefaults() CircuitConfig {
 	}
 	if c.Window == 0 {
 		c.Window = DefaultCircuitWindow
+	}
+	if c.Saturation == 0 {
+		c.Saturation = DefaultCircuitSaturation
 	}
 	return c
 }
@@ -91,6 +102,9 @@ func (c CircuitConfig) Validate() error {
 	}
 	if c.Hold < 0 {
 		add("hold %s must not be negative (unset means %s)", c.Hold, DefaultCircuitHold)
+	}
+	if !(d.Saturation > 0 && d.Saturation <= 1) {
+		add("saturation %s must be in (0, 1] (unset means %s)", fmtLine(c.Saturation), fmtLine(DefaultCircuitSaturation))
 	}
 	if d.Window < MinCircuitWindow {
 		add("window %s must be at least %s (unset means %s)", c.Window, MinCircuitWindow, DefaultCircuitWindow)
@@ -119,15 +133,18 @@ func unset(isDefault bool) string {
 }
 
 // Circuit is the tiered circuit breaker: a sliding-window meter of demand
-// per tier and a Ladder with one step per sheddable tier, each step driven by
-// its own signal. Build it with NewCircuit; feed it every arrival with Arrive
-// and the upstreams' capacity with Observe; ask Shed at admission. See
-// "Circuit" in the package documentation for the model and the guarantees.
+// per tier on one or more resources, a meter of the time the upstreams
+// are saturated, and a Ladder with one step per sheddable tier, each step
+// driven by its own signal. Build it with NewCircuit; feed it every
+// arrival with Arrive, the upstreams' saturation with Saturated, and
+// their capacity with Observe; ask Shed at admission. See "Circuit" in
+// the package documentation for the model and the guarantees.
 //
 // A Circuit is not safe for concurrent use; the caller serialises all calls.
 type Circuit struct {
-	cfg    CircuitConfig // defaults applied; Order owned
-	ladder *Ladder       // step i sheds cfg.Order[i]; len(Order)-1 steps
+	cfg       CircuitConfig // defaults applied; Order owned
+	resources []string      // what demand is measured in, one capacity each
+	ladder    *Ladder       // step i sheds cfg.Order[i]; len(Order)-1 steps
 
 	width     time.Duration // one bucket: Window / circuitBuckets
 	windowSec float64       // circuitBuckets × width, in seconds
@@ -138,23 +155,38 @@ type Circuit struct {
 	next    time.Time // start of bucket cur+1: earlier times need no index
 	last    time.Time // latest time seen, where Carry reads the window
 
-	// ring holds circuitBuckets+1 buckets of len(Order)+1 sums of units,
-	// bucket k at slot k mod (circuitBuckets+1); column len(Order) is the
-	// tier-less demand. full is, per column, the sum of the complete
-	// buckets cur-circuitBuckets .. cur-1.
-	ring []float64
-	full []float64
+	// satOn says the upstreams are saturated since satAt, up to which
+	// their saturated time is credited to the buckets.
+	satOn bool
+	satAt time.Time
+
+	// ring holds circuitBuckets+1 buckets of cols sums, bucket k at slot
+	// k mod (circuitBuckets+1): per resource r, len(Order)+1 sums of
+	// units (column r×(len(Order)+1)+i for tier i, len(Order) being the
+	// tier-less demand), then the seconds saturated (column satCol).
+	// full is, per column, the sum of the complete buckets
+	// cur-circuitBuckets .. cur-1.
+	ring   []float64
+	full   []float64
+	satCol int
 
 	rate   []float64 // scratch, per column: units/s over the window
-	demand []float64 // scratch, per step: the step's demand signal, units/s
-	waters []float64 // scratch, per step: demand / capacity
+	demand []float64 // scratch, per step: the step's demand signal on the binding resource, units/s
+	waters []float64 // scratch, per step: the step's signal
+	bind   []int     // scratch, per step: the binding resource
 }
 
 // NewCircuit validates cfg (see Validate) and returns a circuit with every
-// tier admitted and an empty demand window. It copies cfg.Order.
-func NewCircuit(cfg CircuitConfig) (*Circuit, error) {
+// tier admitted, an empty demand window, and the upstreams not saturated.
+// It measures demand in each of resources (their names, for reports; none
+// means one unnamed resource), each against its own capacity (Observe).
+// It copies cfg.Order and resources.
+func NewCircuit(cfg CircuitConfig, resources ...string) (*Circuit, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if len(resources) == 0 {
+		resources = []string{""}
 	}
 	d := cfg.withDefaults()
 	d.Order = slices.Clone(d.Order)
@@ -164,78 +196,113 @@ func NewCircuit(cfg CircuitConfig) (*Circuit, error) {
 		steps[i] = Step{Name: d.Order[i], Trigger: d.Trigger, Recover: d.Recover}
 	}
 	width := d.Window / circuitBuckets
+	cols := len(resources)*(n+1) + 1
 	return &Circuit{
 		cfg:       d,
+		resources: slices.Clone(resources),
 		ladder:    newLadder(steps, d.Hold),
 		width:     width,
 		windowSec: (width * circuitBuckets).Seconds(),
-		ring:      make([]float64, (circuitBuckets+1)*(n+1)),
-		full:      make([]float64, n+1),
-		rate:      make([]float64, n+1),
+		ring:      make([]float64, (circuitBuckets+1)*cols),
+		full:      make([]float64, cols),
+		satCol:    cols - 1,
+		rate:      make([]float64, cols),
 		demand:    make([]float64, n-1),
 		waters:    make([]float64, n-1),
+		bind:      make([]int, n-1),
 	}, nil
 }
 
 // CircuitTransition is one tier being shed (Up, From+1 == To) or readmitted
 // (!Up, From-1 == To), as reported by Observe.
 type CircuitTransition struct {
-	Tier     string    // the tier that moved
-	From, To int       // level before and after (tiers shed)
-	Up       bool      // shed (true) or readmitted (false)
-	Ratio    float64   // Demand / Capacity: the signal that crossed the line
-	Demand   float64   // units/s over the window: Tier, the tiers above it and tier-less arrivals
-	Capacity float64   // the capacity passed to Observe, units/s
-	At       time.Time // the now passed to Observe
+	Tier     string  // the tier that moved
+	From, To int     // level before and after (tiers shed)
+	Up       bool    // shed (true) or readmitted (false)
+	Ratio    float64 // Demand / Capacity: the signal that crossed the line
+	// Resource is the resource whose demand set the signal (the largest
+	// ratio), Demand its demand in units/s (Tier, the tiers above it and
+	// tier-less arrivals) and Capacity its capacity as passed to Observe.
+	Resource string
+	Demand   float64
+	Capacity float64
+	// Saturation is the share of the window the upstreams were saturated.
+	Saturation float64
+	At         time.Time // the now passed to Observe
 }
 
 // String renders t for logs, e.g.
-// "circuit shed tier low (level 0 -> 1, demand 1.523x capacity)". On a
-// readmission the ratio is the demand with the tier readmitted. Three
-// decimals, like the ladder's water, so a ratio just over a line does not
-// print as the line itself.
+// "circuit shed tier low (level 0 -> 1, demand 1.523x capacity, saturated
+// 98% of the window)". On a readmission the ratio is the demand with the
+// tier readmitted. Three decimals, like the ladder's water, so a ratio
+// just over a line does not print as the line itself.
 func (t CircuitTransition) String() string {
 	verb := "readmitted"
 	if t.Up {
 		verb = "shed"
 	}
-	return fmt.Sprintf("circuit %s tier %s (level %d -> %d, demand %.3fx capacity)", verb, t.Tier, t.From, t.To, t.Ratio)
+	on := ""
+	if t.Resource != "" {
+		on = " of " + t.Resource
+	}
+	return fmt.Sprintf("circuit %s tier %s (level %d -> %d, demand %.3fx capacity%s, saturated %.0f%% of the window)",
+		verb, t.Tier, t.From, t.To, t.Ratio, on, 100*t.Saturation)
 }
 
-// Arrive records the demand of one arriving request at now, in units
-// (request-equivalents, or whatever unit capacity is given in). Call it for
-// every arrival, those refused because their tier is shed included: their
-// demand is what readmitting the tier would bring back. A tier that is empty
-// or not in Order is tier-less: never shed, but counted in every tier's
-// signal. Units that are NaN, infinite or <= 0 are ignored. Times earlier
-// than the current bucket count in the current bucket. No allocation.
-func (c *Circuit) Arrive(now time.Time, tier string, units float64) {
-	if !(units > 0) || math.IsInf(units, 1) {
-		return
+// Arrive records the demand of one arriving request at now: units[r] in
+// resource r (the order NewCircuit was given; missing ones are 0). Call
+// it for every arrival, those refused because their tier is shed
+// included: their demand is what readmitting the tier would bring back. A
+// tier that is empty or not in Order is tier-less: never shed, but
+// counted in every tier's signal. Units that are NaN, infinite or <= 0
+// are ignored. Times earlier than the current bucket count in the current
+// bucket. No allocation.
+func (c *Circuit) Arrive(now time.Time, tier string, units ...float64) {
+	c.credit(now)
+	b := c.bucket(c.cur)
+	col := c.column(tier)
+	for r, u := range units[:min(len(units), len(c.resources))] {
+		if u > 0 && !math.IsInf(u, 1) {
+			b[r*(len(c.cfg.Order)+1)+col] += u
+		}
 	}
-	c.advance(now)
-	c.bucket(c.cur)[c.column(tier)] += units
 }
+
+// Saturated records whether the upstreams are saturated from now on:
+// every slot busy or the account exhausted, with requests waiting. Only
+// changes need be told. Time before the first call counts as not
+// saturated.
+func (c *Circuit) Saturated(now time.Time, on bool) {
+	c.credit(now)
+	c.satOn = on
+}
+
+// Saturation returns the share of the window ending at now during which
+// the upstreams were saturated, in [0, 1]. It moves the window to now.
+func (c *Circuit) Saturation(now time.Time) float64 {
+	c.credit(now)
+	c.rates(now, c.rate)
+	return c.saturation()
+}
+
+func (c *Circuit) saturation() float64 { return min(c.rate[c.satCol], 1) }
 
 // Observe measures the demand at now against capacity (what the upstreams
-// can serve, in units/s), applies the lines and the hold rule, and returns
-// the transitions it made in the order made: nil, with no allocation, when
-// nothing changes. A capacity that is <= 0, NaN or infinite is no data, not
-// overload: nothing moves.
-func (c *Circuit) Observe(now time.Time, capacity float64) []CircuitTransition {
-	c.advance(now)
-	if !finitePositive(capacity) {
+// can serve of each resource, in its units/s, NewCircuit's order), applies
+// the lines, the saturation gate and the hold rule, and returns the
+// transitions it made in the order made: nil, with no allocation, when
+// nothing changes. A capacity that is <= 0, NaN, infinite or missing is
+// no data on its resource, not overload; with none, nothing moves.
+func (c *Circuit) Observe(now time.Time, capacity ...float64) []CircuitTransition {
+	if !c.signals(now, capacity) {
 		return nil
 	}
-	c.rates(now, c.rate)
-	n := len(c.cfg.Order)
-	// Suffix sums from the top down, so the signals never increase from a
-	// lower tier to a higher one, bit for bit.
-	s := c.rate[n]
-	for i := n - 1; i >= 0; i-- {
-		s += c.rate[i]
-		if i < n-1 {
-			c.demand[i], c.waters[i] = s, s/capacity
+	sat := c.saturation()
+	if sat < c.cfg.Saturation {
+		// Not saturated for long enough: nothing is shed, whatever the
+		// demand reads; readmission (below Recover) goes on.
+		for i, w := range c.waters {
+			c.waters[i] = min(w, c.cfg.Trigger)
 		}
 	}
 	trs := c.ladder.observe(now, 0, c.waters)
@@ -246,9 +313,53 @@ func (c *Circuit) Observe(now time.Time, capacity float64) []CircuitTransition {
 	for k, tr := range trs {
 		i := min(tr.From, tr.To)
 		out[k] = CircuitTransition{Tier: tr.Step, From: tr.From, To: tr.To, Up: tr.Up,
-			Ratio: tr.Water, Demand: c.demand[i], Capacity: capacity, At: now}
+			Ratio: tr.Water, Resource: c.resources[c.bind[i]], Demand: c.demand[i],
+			Capacity: capacity[c.bind[i]], Saturation: sat, At: now}
 	}
 	return out
+}
+
+// Signals returns, for each sheddable tier (Order but the top), the
+// signal Observe would compare with the lines at now for capacity: the
+// largest over the resources of the demand of that tier, the tiers above
+// it and tier-less arrivals over the resource's capacity (a fresh slice;
+// nil when no capacity is data). It moves the window to now and changes
+// nothing else.
+func (c *Circuit) Signals(now time.Time, capacity ...float64) []float64 {
+	if !c.signals(now, capacity) {
+		return nil
+	}
+	return slices.Clone(c.waters)
+}
+
+// signals fills c.waters, c.demand and c.bind at now and reports whether
+// any capacity is data.
+func (c *Circuit) signals(now time.Time, capacity []float64) bool {
+	c.credit(now)
+	c.rates(now, c.rate)
+	n := len(c.cfg.Order)
+	ok := false
+	for r := range c.resources {
+		if r >= len(capacity) || !finitePositive(capacity[r]) {
+			continue
+		}
+		col := c.rate[r*(n+1) : (r+1)*(n+1)]
+		// Suffix sums from the top down, so the signals never increase
+		// from a lower tier to a higher one, bit for bit, on each
+		// resource and so on their largest.
+		s := col[n]
+		for i := n - 1; i >= 0; i-- {
+			s += col[i]
+			if i == n-1 {
+				continue
+			}
+			if w := s / capacity[r]; !ok || w > c.waters[i] {
+				c.demand[i], c.waters[i], c.bind[i] = s, w, r
+			}
+		}
+		ok = true
+	}
+	return ok
 }
 
 // Shed reports whether requests of tier are refused now. Tier-less and
@@ -264,6 +375,9 @@ func (c *Circuit) Level() int { return c.ladder.Level() }
 // Tiers returns a copy of Order, the order of Demand's perTier.
 func (c *Circuit) Tiers() []string { return slices.Clone(c.cfg.Order) }
 
+// Resources returns a copy of the resources demand is measured in.
+func (c *Circuit) Resources() []string { return slices.Clone(c.resources) }
+
 // Config returns the configuration in force, defaults applied.
 func (c *Circuit) Config() CircuitConfig {
 	d := c.cfg
@@ -271,19 +385,24 @@ func (c *Circuit) Config() CircuitConfig {
 	return d
 }
 
-// Demand returns the demand measured over the window ending at now, in
-// units/s: perTier[i] for Order[i] (shed or not; a fresh slice), tierless
-// for arrivals with no known tier, and their total. It moves the window to
-// now like Arrive and Observe.
-func (c *Circuit) Demand(now time.Time) (perTier []float64, tierless, total float64) {
-	c.advance(now)
-	r := make([]float64, len(c.rate))
-	c.rates(now, r)
-	for _, v := range r {
+// Demand returns the demand on resource r (NewCircuit's order) measured
+// over the window ending at now, in units/s: perTier[i] for Order[i] (shed
+// or not; a fresh slice), tierless for arrivals with no known tier, and
+// their total. It moves the window to now like Arrive and Observe. An r
+// out of range reads no demand.
+func (c *Circuit) Demand(now time.Time, r int) (perTier []float64, tierless, total float64) {
+	c.credit(now)
+	n := len(c.cfg.Order)
+	rate := make([]float64, len(c.rate))
+	c.rates(now, rate)
+	if r < 0 || r >= len(c.resources) {
+		return make([]float64, n), 0, 0
+	}
+	col := rate[r*(n+1) : (r+1)*(n+1)]
+	for _, v := range col {
 		total += v
 	}
-	n := len(c.cfg.Order)
-	return r[:n:n], r[n], total
+	return col[:n:n], col[n], total
 }
 
 // ReadmitIn returns how long from now tier stays shed at least: the time
@@ -307,10 +426,13 @@ func (c *Circuit) ReadmitIn(now time.Time, tier string) time.Duration {
 // Shed state and hold timers follow Ladder.Carry on the sheddable tiers:
 // the longest common prefix of Order (top tier excluded) keeps its state, so
 // renaming or reordering a tier readmits it and every tier above it. The
-// demand window is carried by tier name: c starts from old's measured rate
-// per tier as if demand had been steady at it over a whole window (a tier
-// c does not know counts as tier-less), so a reload neither forgets an
-// overload nor readmits tiers because its window starts empty.
+// demand window is carried by resource and tier name: c starts from old's
+// measured rate per resource and tier as if demand had been steady at it
+// over a whole window (a tier c does not know counts as tier-less, a
+// resource c does not measure is dropped, one old did not starts empty),
+// and so is the saturated share of the window, and whether the upstreams
+// are saturated; so a reload neither forgets an overload nor readmits
+// tiers because its window starts empty.
 //
 // Carry overwrites c's state; call it before c's first use. A nil old
 // leaves c unchanged. old is only read.
@@ -322,19 +444,28 @@ func (c *Circuit) Carry(old *Circuit) int {
 	c.started, c.cur = false, 0
 	clear(c.ring)
 	clear(c.full)
+	c.satOn, c.satAt = old.satOn, old.satAt
 	if !old.started {
 		return c.Level()
 	}
 	r := make([]float64, len(old.rate))
 	old.rates(old.last, r)
 	per := make([]float64, len(c.full))
-	for t, v := range r {
-		col := len(c.cfg.Order)
-		if t < len(old.cfg.Order) {
-			col = c.column(old.cfg.Order[t])
+	on, n := len(old.cfg.Order), len(c.cfg.Order)
+	for or, res := range old.resources {
+		nr := slices.Index(c.resources, res)
+		if nr < 0 {
+			continue
 		}
-		per[col] += v * c.width.Seconds()
+		for t, v := range r[or*(on+1) : (or+1)*(on+1)] {
+			col := n
+			if t < on {
+				col = c.column(old.cfg.Order[t])
+			}
+			per[nr*(n+1)+col] += v * c.width.Seconds()
+		}
 	}
+	per[c.satCol] = min(r[old.satCol], 1) * c.width.Seconds()
 	c.started, c.origin, c.last = true, old.last, old.last
 	c.next = c.origin.Add(c.width)
 	for k := int64(-circuitBuckets); k < 0; k++ {
@@ -342,6 +473,9 @@ func (c *Circuit) Carry(old *Circuit) int {
 		for t, v := range per {
 			c.full[t] += v
 		}
+	}
+	if c.satOn && c.satAt.Before(c.origin) {
+		c.satAt = c.origin // credited up to there by the carried window
 	}
 	return c.Level()
 }
@@ -365,12 +499,46 @@ func (c *Circuit) bucket(k int64) []float64 {
 	return c.ring[s*cols : (s+1)*cols]
 }
 
+// credit adds the saturated time up to now to the buckets it fell in,
+// moving the window along, and moves the window to now: every method
+// moves the window through it. Only the last ring's worth of a long
+// saturated spell can still be in the window.
+func (c *Circuit) credit(now time.Time) {
+	if c.satOn && c.started && now.After(c.satAt) {
+		// Every call moves the window through here, so satAt is never
+		// before the current bucket: each step lands in its own bucket.
+		t := maxTime(c.satAt, now.Add(-(circuitBuckets+1)*c.width))
+		for t.Before(now) {
+			c.advance(t)
+			end := minTime(now, c.next)
+			c.bucket(c.cur)[c.satCol] += end.Sub(t).Seconds()
+			t = end
+		}
+	}
+	c.advance(now)
+	c.satAt = maxTime(c.satAt, now)
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
 // advance moves the window to now: the first call starts the clock; a time
 // in a later bucket clears the buckets entered (at most the whole ring) and
-// re-sums the complete ones, which costs O(buckets × tiers) at most once per
-// bucket width and keeps full free of accumulated rounding. A time in the
-// current bucket or earlier costs two comparisons (no division) and changes
-// nothing but last.
+// re-sums the complete ones, which costs O(buckets × columns) at most once
+// per bucket width and keeps full free of accumulated rounding. A time in
+// the current bucket or earlier costs two comparisons (no division) and
+// changes nothing but last.
 func (c *Circuit) advance(now time.Time) {
 	if !c.started {
 		c.started, c.origin, c.last, c.next = true, now, now, now.Add(c.width)
@@ -400,11 +568,12 @@ func (c *Circuit) advance(now time.Time) {
 }
 
 // rates fills dst (one entry per column) with the demand over the window
-// ending at now, in units/s, without moving the window: the current bucket,
-// plus the complete buckets, minus the part of the oldest complete bucket
-// that has slid out (in proportion to the time elapsed in the current
-// bucket). Before the first arrival or observation every rate is 0; time
-// before it counts as no demand.
+// ending at now, in units/s (the saturated column in seconds per second),
+// without moving the window: the current bucket, plus the complete
+// buckets, minus the part of the oldest complete bucket that has slid out
+// (in proportion to the time elapsed in the current bucket). Before the
+// first call every rate is 0; time before it counts as no demand and not
+// saturated.
 func (c *Circuit) rates(now time.Time, dst []float64) {
 	if !c.started {
 		clear(dst)

@@ -38,6 +38,9 @@ func newTestCircuit(t testing.TB, cfg CircuitConfig) *Circuit {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The upstreams are saturated throughout: these tests are about the
+	// demand signal; the saturation gate has its own.
+	c.Saturated(circuitStart, true)
 	return c
 }
 
@@ -87,7 +90,7 @@ func (s *circuitSim) observe() {
 	s.t.Helper()
 	s.obs++
 	now := circuitStart.Add(s.at)
-	per, tierless, total := s.c.Demand(now)
+	per, tierless, total := s.c.Demand(now, 0)
 	n := len(per)
 	d := make([]float64, n)
 	acc := tierless
@@ -106,7 +109,8 @@ func (s *circuitSim) observe() {
 	}
 	var want []string
 	level := s.level
-	for level < n-1 && d[level]/s.capacity > cfg.Trigger && may(level) {
+	sat := s.c.Saturation(now)
+	for level < n-1 && d[level]/s.capacity > cfg.Trigger && sat >= cfg.Saturation && may(level) {
 		want = append(want, "+"+simTiers[level])
 		s.lastAt[level] = now
 		level++
@@ -134,7 +138,7 @@ func (s *circuitSim) observe() {
 			wantTo = from + 1
 		}
 		if tr.From != from || tr.To != wantTo || tr.Tier != simTiers[i] || !tr.At.Equal(now) ||
-			tr.Demand != d[i] || tr.Ratio != d[i]/s.capacity || tr.Capacity != s.capacity {
+			tr.Demand != d[i] || tr.Ratio != d[i]/s.capacity || tr.Capacity != s.capacity || tr.Saturation != sat {
 			s.t.Fatalf("%v: transition %+v, want From %d, Tier %s, Demand %v, Ratio %v", s.at, tr, from, simTiers[i], d[i], d[i]/s.capacity)
 		}
 		from = tr.To
@@ -445,16 +449,16 @@ func TestCircuitWindow(t *testing.T) {
 		for at := simArrival; at <= 30*time.Second; at += simArrival {
 			c.Arrive(circuitStart.Add(at), "mid", 1)
 		}
-		_, _, total := c.Demand(circuitStart.Add(30 * time.Second))
+		_, _, total := c.Demand(circuitStart.Add(30*time.Second), 0)
 		if math.Abs(total-100) > 0.2 {
 			t.Fatalf("demand %v, want 100", total)
 		}
-		_, _, half := c.Demand(circuitStart.Add(35 * time.Second))
+		_, _, half := c.Demand(circuitStart.Add(35*time.Second), 0)
 		if math.Abs(half-50) > 0.2 {
 			t.Fatalf("5 s after the stream stopped: demand %v, want 50", half)
 		}
 		// Window + Window/10 after the last arrival its bucket has slid out.
-		per, tierless, total := c.Demand(circuitStart.Add(41*time.Second + simArrival))
+		per, tierless, total := c.Demand(circuitStart.Add(41*time.Second+simArrival), 0)
 		if total != 0 || tierless != 0 || fmt.Sprint(per) != "[0 0 0]" {
 			t.Fatalf("11 s after the stream stopped: %v %v %v", per, tierless, total)
 		}
@@ -473,7 +477,7 @@ func TestCircuitArriveInputs(t *testing.T) {
 	}
 	later := now.Add(5 * time.Second)
 	c.Arrive(now.Add(-time.Hour), "mid", 5) // earlier than the current bucket: counted in it
-	per, tierless, total := c.Demand(later)
+	per, tierless, total := c.Demand(later, 0)
 	want := []float64{1, 0.5, 4}
 	for i, w := range want {
 		if math.Abs(per[i]-w) > 1e-12 {
@@ -508,12 +512,12 @@ func TestCircuitCapacityNoData(t *testing.T) {
 }
 
 func TestCircuitTransitionString(t *testing.T) {
-	up := CircuitTransition{Tier: "low", From: 0, To: 1, Up: true, Ratio: 1.5234}
-	if got, want := up.String(), "circuit shed tier low (level 0 -> 1, demand 1.523x capacity)"; got != want {
+	up := CircuitTransition{Tier: "low", From: 0, To: 1, Up: true, Ratio: 1.5234, Saturation: 0.971}
+	if got, want := up.String(), "circuit shed tier low (level 0 -> 1, demand 1.523x capacity, saturated 97% of the window)"; got != want {
 		t.Fatalf("%q, want %q", got, want)
 	}
-	down := CircuitTransition{Tier: "mid", From: 2, To: 1, Ratio: 0.8}
-	if got, want := down.String(), "circuit readmitted tier mid (level 2 -> 1, demand 0.800x capacity)"; got != want {
+	down := CircuitTransition{Tier: "mid", From: 2, To: 1, Ratio: 0.8, Resource: "slots", Saturation: 0.5}
+	if got, want := down.String(), "circuit readmitted tier mid (level 2 -> 1, demand 0.800x capacity of slots, saturated 50% of the window)"; got != want {
 		t.Fatalf("%q, want %q", got, want)
 	}
 }
@@ -560,6 +564,8 @@ func TestCircuitValidate(t *testing.T) {
 		{Order: []string{"low", "high"}},
 		{Trigger: 0.9, Recover: 0.5, Hold: time.Nanosecond, Window: MinCircuitWindow, Order: []string{"a", "b", "c", "d"}},
 		{Trigger: 2, Order: []string{"low", "mid", "high"}},
+		{Saturation: 1, Order: []string{"low", "high"}},
+		{Saturation: 0.01, Order: []string{"low", "high"}},
 	}
 	for _, cfg := range ok {
 		if err := cfg.Validate(); err != nil {
@@ -567,7 +573,7 @@ func TestCircuitValidate(t *testing.T) {
 		}
 	}
 	c := newTestCircuit(t, CircuitConfig{Order: []string{"low", "high"}})
-	if got := fmt.Sprintf("%+v", c.Config()); got != "{Trigger:1.3 Recover:1 Hold:10s Window:10s Order:[low high]}" {
+	if got := fmt.Sprintf("%+v", c.Config()); got != "{Trigger:1.3 Recover:1 Hold:10s Window:10s Order:[low high] Saturation:0.9}" {
 		t.Errorf("defaults: %s", got)
 	}
 
@@ -599,6 +605,12 @@ func TestCircuitValidate(t *testing.T) {
 			}},
 		{CircuitConfig{Window: -time.Second, Order: simTiers},
 			[]string{"circuit_break: window -1s must be at least 100ms (unset means 10s)"}},
+		{CircuitConfig{Saturation: 1.5, Order: simTiers},
+			[]string{"circuit_break: saturation 1.50 must be in (0, 1] (unset means 0.90)"}},
+		{CircuitConfig{Saturation: -0.5, Order: simTiers},
+			[]string{"circuit_break: saturation -0.50 must be in (0, 1] (unset means 0.90)"}},
+		{CircuitConfig{Saturation: math.NaN(), Order: simTiers},
+			[]string{"circuit_break: saturation NaN must be in (0, 1] (unset means 0.90)"}},
 	}
 	for _, tc := range bad {
 		err := tc.cfg.Validate()
@@ -634,8 +646,8 @@ func TestCircuitCarry(t *testing.T) {
 			t.Fatalf("Carry level %d", got)
 		}
 		now := circuitStart.Add(old.at)
-		oldPer, oldNone, oldTotal := old.c.Demand(now)
-		per, none, total := c.Demand(now)
+		oldPer, oldNone, oldTotal := old.c.Demand(now, 0)
+		per, none, total := c.Demand(now, 0)
 		for i := range per {
 			if math.Abs(per[i]-oldPer[i]) > 1e-9*oldTotal {
 				t.Fatalf("carried demand %v, old %v", per, oldPer)
@@ -718,8 +730,8 @@ func TestCircuitCarry(t *testing.T) {
 			}
 			// Demand carried by name; tiers the new order lacks are tier-less.
 			now := circuitStart.Add(old.at)
-			oldPer, _, oldTotal := old.c.Demand(now)
-			per, none, total := c.Demand(now)
+			oldPer, _, oldTotal := old.c.Demand(now, 0)
+			per, none, total := c.Demand(now, 0)
 			if math.Abs(total-oldTotal) > 1e-9*oldTotal {
 				t.Errorf("%v: total %v, old %v", tc.order, total, oldTotal)
 			}
@@ -750,7 +762,7 @@ func TestCircuitCarry(t *testing.T) {
 		if got := c.Carry(fresh); got != 0 || c.Shed("low") {
 			t.Fatalf("Carry(fresh) level %d", got)
 		}
-		if _, _, total := c.Demand(circuitStart); total != 0 {
+		if _, _, total := c.Demand(circuitStart, 0); total != 0 {
 			t.Fatalf("Carry(fresh) kept demand %v", total)
 		}
 	})
@@ -806,6 +818,21 @@ func TestCircuitNoAlloc(t *testing.T) {
 	}); a != 0 {
 		t.Fatalf("steady overload: %v allocs/op", a)
 	}
+	// Two resources and saturation changes: still nothing.
+	c2, err := NewCircuit(CircuitConfig{Order: simTiers}, "slots", "account_tokens")
+	if err != nil {
+		t.Fatal(err)
+	}
+	units := []float64{0.5, 120}
+	if a := testing.AllocsPerRun(10000, func() {
+		now = now.Add(37 * time.Millisecond)
+		c2.Arrive(now, tiers[i%len(tiers)], units...)
+		c2.Saturated(now, i%3 == 0)
+		c2.Observe(now, 100, 1e9)
+		i++
+	}); a != 0 {
+		t.Fatalf("two resources: %v allocs/op", a)
+	}
 }
 
 // BenchmarkCircuitArrive: one arrival, three tiers, a bucket change every
@@ -841,5 +868,149 @@ func BenchmarkCircuitObserve(b *testing.B) {
 	}
 	if !c.Shed("low") {
 		b.Fatal("low not shed")
+	}
+}
+
+// TestCircuitSaturationGate: demand far over the trigger sheds nothing
+// while the upstreams are saturated for less than Saturation of the
+// window (the demand estimate is wrong, capacity idles); the same demand
+// sheds once they have been saturated that long; readmission is not
+// gated.
+func TestCircuitSaturationGate(t *testing.T) {
+	c, err := NewCircuit(CircuitConfig{Order: simTiers, Hold: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := func(d time.Duration) time.Time { return circuitStart.Add(d) }
+	// 3x demand for a minute; saturated 0.5 s of every second: 50%.
+	for d := simArrival; d <= time.Minute; d += simArrival {
+		c.Arrive(at(d), "low", 3*simCapacity*simArrival.Seconds())
+		c.Saturated(at(d), d%time.Second < 500*time.Millisecond)
+		if trs := c.Observe(at(d), simCapacity); trs != nil {
+			t.Fatalf("%v: shed at saturation %.3f: %v", d, c.Saturation(at(d)), trs)
+		}
+	}
+	if s := c.Saturation(at(time.Minute)); math.Abs(s-0.5) > 0.011 {
+		t.Fatalf("saturation %.4f, want 0.5", s)
+	}
+	// Saturated from 60 s on: the window reaches 90% saturated 9 s later
+	// (it held 50%: 5 s of it, sliding out as the new seconds come in).
+	var shedAt time.Duration
+	for d := time.Minute + simArrival; d <= 90*time.Second; d += simArrival {
+		c.Arrive(at(d), "low", 3*simCapacity*simArrival.Seconds())
+		c.Saturated(at(d), true)
+		for _, tr := range c.Observe(at(d), simCapacity) {
+			if shedAt == 0 && tr.Up {
+				shedAt = d
+				if tr.Saturation < 0.9 || tr.Tier != "low" {
+					t.Fatalf("shed %v", tr)
+				}
+			}
+		}
+	}
+	if shedAt < 67*time.Second || shedAt > 69*time.Second {
+		t.Fatalf("first shed at %v, want between 67 and 69 s (the window 90%% saturated)", shedAt)
+	}
+	// Demand stops and saturation ends: readmitted, top first, not gated.
+	for d := 90*time.Second + simArrival; d <= 3*time.Minute; d += simArrival {
+		c.Saturated(at(d), false)
+		c.Observe(at(d), simCapacity)
+	}
+	if c.Level() != 0 {
+		t.Fatalf("level %d after demand stopped, want 0", c.Level())
+	}
+}
+
+// TestCircuitSaturationMeter: the saturated share of the window follows
+// on/off spells exactly (time before the first call counts as not
+// saturated), across bucket edges and spells longer than the ring.
+func TestCircuitSaturationMeter(t *testing.T) {
+	c, err := NewCircuit(CircuitConfig{Order: simTiers}) // 10 s window, 1 s buckets
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := func(d time.Duration) time.Time { return circuitStart.Add(d) }
+	c.Saturated(at(0), true)
+	for _, tc := range []struct {
+		d    time.Duration
+		want float64
+	}{{2500 * time.Millisecond, 0.25}, {10 * time.Second, 1}, {time.Hour, 1}} {
+		if got := c.Saturation(at(tc.d)); math.Abs(got-tc.want) > 1e-9 {
+			t.Fatalf("at %v: %v, want %v", tc.d, got, tc.want)
+		}
+	}
+	c.Saturated(at(time.Hour), false)
+	// 3 s later: the window holds 7 s saturated.
+	if got := c.Saturation(at(time.Hour + 3*time.Second)); math.Abs(got-0.7) > 1e-9 {
+		t.Fatalf("3 s after the spell: %v, want 0.7", got)
+	}
+	// A 0.3 s spell every second for a minute reads 30%.
+	for d := time.Hour + time.Minute; d < time.Hour+2*time.Minute; d += 100 * time.Millisecond {
+		c.Saturated(at(d), d%time.Second < 300*time.Millisecond)
+	}
+	if got := c.Saturation(at(time.Hour + 2*time.Minute)); math.Abs(got-0.3) > 1e-9 {
+		t.Fatalf("0.3 s a second: %v, want 0.3", got)
+	}
+	if got := c.Saturation(at(2 * time.Hour)); got != 0 {
+		t.Fatalf("an hour later: %v, want 0", got)
+	}
+}
+
+// TestCircuitResources: with demand measured on two resources each
+// against its own capacity, a tier's signal is the larger ratio, and the
+// transition names the resource that set it; a resource without
+// capacity data is left out.
+func TestCircuitResources(t *testing.T) {
+	c, err := NewCircuit(CircuitConfig{Order: simTiers, Window: time.Second, Hold: time.Second}, "slots", "account_tokens")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Saturated(circuitStart, true)
+	at := func(d time.Duration) time.Time { return circuitStart.Add(d) }
+	var trs []CircuitTransition
+	for d := simArrival; d <= 3*time.Second; d += simArrival {
+		// low: 0.5x of the slots, 2x of the account; high: 0.4x of each.
+		c.Arrive(at(d), "low", 0.5*simCapacity*simArrival.Seconds(), 2*1000*simArrival.Seconds())
+		c.Arrive(at(d), "high", 0.4*simCapacity*simArrival.Seconds(), 0.4*1000*simArrival.Seconds())
+		trs = append(trs, c.Observe(at(d), simCapacity, 1000)...)
+	}
+	// Shed as soon as the fresh window is 90% saturated: the account's
+	// ratio is then 0.9 x 2.4.
+	if len(trs) != 1 || trs[0].Tier != "low" || trs[0].Resource != "account_tokens" || trs[0].Capacity != 1000 ||
+		trs[0].Ratio < 2.1 || trs[0].Saturation < 0.9 {
+		t.Fatalf("transitions %+v, want low shed on account_tokens at about 2.2x", trs)
+	}
+	sig := c.Signals(at(3*time.Second), simCapacity, 1000)
+	// One 10 ms arrival is 1% of the 1 s window.
+	if len(sig) != 2 || math.Abs(sig[0]-2.4) > 0.025 || math.Abs(sig[1]-0.4) > 0.005 {
+		t.Fatalf("signals %v, want [2.4 0.4]", sig)
+	}
+	if sig := c.Signals(at(3*time.Second), simCapacity); math.Abs(sig[0]-0.9) > 0.01 {
+		t.Fatalf("slots alone: signals %v, want [0.9 0.4]", sig)
+	}
+	if sig := c.Signals(at(3*time.Second), 0, math.NaN()); sig != nil {
+		t.Fatalf("no capacity data: %v", sig)
+	}
+	if per, _, total := c.Demand(at(3*time.Second), 1); math.Abs(per[0]-2000) > 25 || math.Abs(total-2400) > 25 {
+		t.Fatalf("account demand %v total %v", per, total)
+	}
+	if per, _, total := c.Demand(at(3*time.Second), 7); total != 0 || len(per) != 3 {
+		t.Fatalf("resource out of range: %v %v", per, total)
+	}
+	// A reload that drops the account keeps the slots' demand by name and
+	// the saturation.
+	n, err := NewCircuit(CircuitConfig{Order: simTiers, Window: time.Second, Hold: time.Second}, "slots")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Carry(c)
+	if _, _, total := n.Demand(at(3*time.Second), 0); math.Abs(total-90) > 1.5 {
+		t.Fatalf("carried slots demand %v, want 90", total)
+	}
+	if s := n.Saturation(at(3 * time.Second)); math.Abs(s-1) > 1e-9 {
+		t.Fatalf("carried saturation %v, want 1", s)
+	}
+	if !n.Shed("low") {
+		t.Fatal("carried circuit readmitted low")
 	}
 }

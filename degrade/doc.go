@@ -119,29 +119,45 @@
 // readmitting the tier would bring back (a refused caller that retries is
 // counted at each retry, which is why shed requests carry a Retry-After;
 // see ReadmitIn). Demand is averaged over a sliding
-// Window cut into 10 buckets (bounded memory: 11 buckets × (tiers+1) sums);
+// Window cut into 10 buckets (bounded memory: 11 buckets × (resources ×
+// (tiers+1) + 1) sums);
 // the window slides by Window/10, and the oldest bucket counts in
 // proportion to the part of it still inside the window, so a steady stream
 // reads steady. Time before the circuit's first call counts as no demand:
 // a fresh circuit under-reads for its first Window, which only delays a
-// trip. Arrive costs O(tiers) and never allocates; Observe costs O(tiers),
-// plus O(10 × tiers) once per bucket width to re-sum the window.
+// trip. Arrive costs O(tiers + resources) and never allocates; Observe
+// costs O(tiers × resources), plus O(10 × tiers × resources) once per
+// bucket width to re-sum the window.
 //
-// Capacity. Observe compares demand with capacity, in the same unit per
+// Resources and capacity. Demand is measured in one or more resources
+// (NewCircuit's list; fairqueue uses the slots' busy time, in slot-seconds,
+// and, behind a provider account, its tokens and requests), and Observe
+// compares each with that resource's capacity, in the same unit per
 // second: what the upstreams can serve, not what they served. (Served
 // throughput follows admitted demand when the upstreams are not saturated,
 // which would keep a shed tier's would-be ratio above the recovery line
-// for ever.) A capacity <= 0, NaN or infinite is no data, not overload:
-// nothing moves.
+// for ever.) The unit must not swing with the mix of requests: a capacity
+// measured in tokens on short answers reads a stream of long prompts as
+// overload. A capacity <= 0, NaN or infinite is no data on its resource,
+// not overload; with no data at all nothing moves.
 //
-// Signal. With D(k) the windowed demand of tiers k..n-1 plus tier-less
-// demand, and C the capacity, step k's signal is D(k)/C. It is the same
+// Signal. With D_r(k) the windowed demand on resource r of tiers k..n-1
+// plus tier-less demand, and C_r its capacity, step k's signal is the
+// largest D_r(k)/C_r: the resource that runs out first. It is the same
 // quantity on both sides of the step:
 //
-//   - at level k, tier k is shed when D(k)/C > Trigger: the demand of the
-//     tiers still admitted is over the line;
-//   - at level k+1, tier k is readmitted when D(k)/C < Recover: the demand
-//     with tier k readmitted is under the line.
+//   - at level k, tier k is shed when the signal > Trigger: the demand of
+//     the tiers still admitted is over the line;
+//   - at level k+1, tier k is readmitted when the signal < Recover: the
+//     demand with tier k readmitted is under the line.
+//
+// Saturation gate. Saturated tells the circuit when the upstreams are
+// saturated (every slot busy, or the account exhausted, with requests
+// waiting), and it keeps the saturated share of the window in the same
+// buckets as demand. A tier is shed only while that share is at least
+// Saturation (default 0.9): demand over the line while capacity idles
+// means the demand estimate is wrong, not that callers must go. Readmission
+// is not gated: a shed tier leaves the upstreams unsaturated by design.
 //
 // Using the would-be demand to readmit is what prevents flapping: right
 // after tier k is readmitted the admitted demand is D(k) < Recover × C, so
@@ -152,8 +168,9 @@
 // would readmit and shed again every hold for as long as the overload
 // lasts.
 //
-// Signals never increase from a lower tier to a higher one (D(k) >= D(k+1),
-// computed as suffix sums from the top so this holds bit for bit), and
+// Signals never increase from a lower tier to a higher one (D_r(k) >=
+// D_r(k+1) on every resource, computed as suffix sums from the top so
+// this holds bit for bit, and so for their largest ratio), and
 // Recover < Trigger; so, as on the ladder, one observation sheds or
 // readmits or does nothing, never both. Going up it sheds tier level, then
 // level+1, ..., while the next signal is above Trigger and the tier's hold
@@ -171,9 +188,10 @@
 //
 //  1. Cumulative, top protected: the shed tiers are exactly
 //     Order[0..Level()-1], and Level() <= len(Order)-1.
-//  2. Lines: tier k is shed only at an Observe where D(k)/C > Trigger and
-//     readmitted only at one where D(k)/C < Recover, with D measured at that
-//     Observe's time.
+//  2. Lines: tier k is shed only at an Observe where its signal (the
+//     largest D_r(k)/C_r) > Trigger and the upstreams were saturated for at
+//     least Saturation of the window, and readmitted only at one where its
+//     signal < Recover, both measured at that Observe's time.
 //  3. Hold: two transitions of one tier are at least Hold apart, so demand
 //     oscillating however fast moves a tier at most once per Hold.
 //  4. No flapping: while the windowed demand and the capacity stay
@@ -183,7 +201,8 @@
 //     After the settling moves, the admitted ratio D(Level())/C is at most
 //     Trigger unless only the top tier is admitted.
 //  5. Bounded delay: if the demand of every tier is steady from t0 on (and
-//     the capacity constant), the window reads it fully from
+//     the capacity constant, and the upstreams saturated from t0 on while
+//     the admitted demand is over Trigger), the window reads it fully from
 //     t1 = t0 + Window + Window/10 on, and the first Observe at or after
 //     t1 + Hold ends in the settled state of 4 (the ladder's guarantee 4,
 //     applied to each step's signal: by then no hold set before t1 is left).
@@ -193,7 +212,8 @@
 //
 // Reload. Circuit.Carry keeps the shed state and hold timers of the longest
 // common prefix of Order (top tier excluded), like Ladder.Carry, and seeds
-// the new window with the old measured rate per tier, by name.
+// the new window with the old measured rate per resource and tier, by
+// name, and with the old saturated share.
 //
 // # Throttle
 //

@@ -75,23 +75,31 @@ func ExampleCircuit() {
 		if ms > 30_000 {
 			load = 0.8
 		}
+		admitted := 0.0
 		for _, a := range []struct {
 			tier  string
 			share float64
 		}{{"low", 0.4}, {"mid", 0.3}, {"high", 0.3}} {
 			c.Arrive(now, a.tier, load*capacity*a.share/10) // every arrival, shed ones included
+			if !c.Shed(a.tier) {
+				admitted += load * a.share
+			}
 		}
+		// The upstreams are saturated, with requests waiting, while what
+		// is admitted exceeds what they serve.
+		c.Saturated(now, admitted > 1)
 		for _, tr := range c.Observe(now, capacity) {
 			fmt.Println(now.Sub(start), tr)
 		}
 	}
 	fmt.Println("shed low:", c.Shed("low"))
-	// The fresh window fills: 1.5x reads over 1.3 after 8.7 s; mid and high
-	// (0.9x) stay. From 30 s the window drains toward 0.8x; low comes back
-	// once demand with it readmitted reads under 1.0.
+	// The fresh window fills: 1.5x reads over 1.3 after 8.7 s, and the
+	// upstreams have been saturated for 90% of the window half a second later; mid
+	// and high (0.9x) stay. From 30 s the window drains toward 0.8x; low
+	// comes back once demand with it readmitted reads under 1.0.
 
 	// Output:
-	// 8.7s circuit shed tier low (level 0 -> 1, demand 1.305x capacity)
-	// 37.4s circuit readmitted tier low (level 1 -> 0, demand 0.997x capacity)
+	// 9.2s circuit shed tier low (level 0 -> 1, demand 1.380x capacity, saturated 91% of the window)
+	// 37.4s circuit readmitted tier low (level 1 -> 0, demand 0.997x capacity, saturated 0% of the window)
 	// shed low: false
 }

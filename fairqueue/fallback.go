@@ -59,7 +59,7 @@ func newFallback(cfg *Config, old *fallback) (*fallback, error) {
 		f.slots = cfg.MaxInflight
 	}
 	if fc.UpstreamQuota != nil {
-		l, err := fc.UpstreamQuota.limits(1)
+		l, err := fc.UpstreamQuota.limits(1, fc.UpstreamQuota.burst(), fc.UpstreamQuota.burst())
 		if err != nil {
 			return nil, err
 		}
@@ -99,15 +99,13 @@ func (q *Queue) primaryBlockedLocked(now time.Time, tk *Ticket) bool {
 	if now.Before(u.until) {
 		return true
 	}
+	if ok, _ := q.levelAllowsLocked(now, tk); !ok {
+		return true
+	}
 	if !now.Before(u.poolUntil) {
 		return false
 	}
-	l := u.res[tk.t.name]
-	if l == nil {
-		return true
-	}
-	_, fits := q.fitsLocked(upstreamReservePfx+tk.t.name, l, tk.tokens)
-	return !fits
+	return !q.reservedFitsLocked(tk)
 }
 
 // dispatchFallbackLocked starts what the fallback should serve now.
@@ -125,7 +123,7 @@ func (q *Queue) dispatchFallbackLocked(now time.Time) {
 			return
 		}
 		if f.pool != nil {
-			d, ok := q.fitsLocked(fallbackAccountKey, f.pool, tk.tokens)
+			d, ok := q.fitsLocked(fallbackAccountKey, f.pool, tk.tokens, f.pool.Tolerance())
 			if !ok || !q.drawLocked(tk, fallbackAccountKey, f.pool) {
 				f.poolUntil = now.Add(max(d.RetryAfter, time.Millisecond))
 				return

@@ -180,10 +180,22 @@ type Queue struct {
 	adm             *admission
 	degradeObserver func(degrade.Transition)
 	transitions     []degrade.Transition
-	// circuit is the tiered circuit breaker, nil without one (circuit.go).
+	// circuit is the tiered circuit breaker, nil without one (circuit.go);
+	// circuitRes its resources, circuitUnits and circuitCaps scratch space
+	// for an arrival's units and the capacities.
 	circuit         *degrade.Circuit
 	circuitObserver func(CircuitEvent)
 	circuitEvents   []CircuitEvent
+	circuitRes      []string
+	circuitUnits    []float64
+	circuitCaps     []float64
+	// satWas is the saturation last told to the circuit (satTold: since
+	// it was built).
+	satTold, satWas bool
+	// busySum and busyW make the queue's mean busy time per request
+	// (circuit.go); backlog marks the queued count for the backlog trend.
+	busySum, busyW float64
+	backlog        backlogMarks
 	// up is the provider account's quota, nil without one (upstream.go);
 	// fb the fallback channel, nil without one (fallback.go).
 	up *upstream
@@ -195,8 +207,6 @@ type Queue struct {
 	// costOverhead and costPromptWeight price a request under CostLearned
 	// (SetCostModel); 0 and 1 until a model is set.
 	costOverhead, costPromptWeight float64
-	// circuitPerUpstream is the last measured capacity per upstream.
-	circuitPerUpstream float64
 	// events are produced under mu and not yet delivered; delivering is set
 	// while one goroutine hands them to the observer; spare is a delivered
 	// buffer kept for reuse, so steady operation does not allocate.
@@ -436,6 +446,10 @@ func (q *Queue) Reconfigure(cfg Config) error {
 		return err
 	}
 	q.cfg, q.ov, q.circuit, q.up, q.fb = cfg, ov, circuit, up, fb
+	q.circuitRes, q.satTold = nil, false
+	if circuit != nil {
+		q.circuitRes = circuit.Resources()
+	}
 	q.lightOn.Store(ov.light != nil)
 	q.adm = newAdmission(&cfg.Admission, q.adm)
 	if c := waterCap(&cfg); c != q.waterCap {
@@ -609,7 +623,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	}
 	var rej *Rejection
 	if q.circuit != nil {
-		rej = q.circuitLocked(now, t, tc, cost, tokens)
+		rej = q.circuitLocked(now, t, tc, r.Tenant, tokens)
 	}
 	if rej == nil {
 		rej = q.admitLocked(&clockReading{t: now, read: true}, t, r.Tenant, tc, known, tokens, max(r.Bytes, 0))
@@ -629,7 +643,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	if t == nil {
 		t = q.newTenantLocked(r.Tenant, tc, known, now)
 		if q.circuit != nil {
-			t.observeDemand(now, q.circuit.Config().Window, cost, tokens)
+			t.observeDemand(now, q.circuit.Config().Window, q.serviceTimeLocked(q.serviceOwnerLocked(t, r.Tenant)), tokens)
 		}
 	}
 	q.liftLocked(t)
@@ -1181,6 +1195,9 @@ func (q *Queue) dispatchDoneLocked(now time.Time, gated bool) {
 	// lazily, at its next call, so a SetBusy that changes nothing only
 	// costs its time arithmetic, twice a cycle (see BenchmarkCycle).
 	busy := gated || q.capacity > 0 && q.inflight >= q.capacity
+	if q.circuit != nil {
+		q.noteSaturationLocked(now, busy)
+	}
 	q.noteIdleLocked()
 	if !q.busyTold || busy != q.busyWas {
 		q.adm.rate.SetBusy(now, busy)
@@ -1230,6 +1247,11 @@ func (q *Queue) dispatchLoopLocked(now time.Time) (gated bool) {
 			// asked here and charged once the account has taken it.
 			if q.up == nil && !q.chargeQuotaLocked(now, tk) || q.up != nil && !q.quotaAllowsLocked(now, tk) {
 				continue
+			}
+		}
+		if !expired && q.up != nil {
+			if ok, _ := q.levelAllowsLocked(now, tk); !ok {
+				return true // the provider reported less left than tk needs
 			}
 		}
 		if !expired && q.up != nil && !q.upstreamChargeLocked(now, tk) {
@@ -1534,8 +1556,9 @@ func (q *Queue) forgetLocked(t *tenant) {
 }
 
 // release ends tk as its owner asked: a queued ticket is cancelled, a
-// dispatched one completes with its actual cost.
-func (q *Queue) release(tk *Ticket, actual int64) {
+// dispatched one completes with its actual cost and the prompt tokens the
+// upstream reported (negative: not reported).
+func (q *Queue) release(tk *Ticket, actual, prompt int64) {
 	q.mu.Lock()
 	now := q.clock.Now()
 	switch tk.state {
@@ -1550,29 +1573,32 @@ func (q *Queue) release(tk *Ticket, actual int64) {
 		// Only a shared store's reconciliations wait for the lock to go
 		// (deferReconcileLocked); the in-process one's run under it.
 		if q.cfg.QuotaStore != nil {
-			if d, ok := q.deferReconcileLocked(tk, actual); ok {
-				q.completeLocked(now, tk, actual)
+			if d, ok := q.deferReconcileLocked(tk, actual, prompt); ok {
+				q.completeLocked(now, tk, actual, prompt)
 				q.unlock()
 				q.reconcileDeferred(d)
 				return
 			}
 		}
-		q.completeLocked(now, tk, actual)
+		q.completeLocked(now, tk, actual, prompt)
 	}
 	q.unlock()
 }
 
-func (q *Queue) completeLocked(now time.Time, tk *Ticket, actual int64) {
+func (q *Queue) completeLocked(now time.Time, tk *Ticket, actual, prompt int64) {
 	t := tk.t
 	if !tk.fallback {
 		// The fallback's completions say nothing of the primary's rate.
 		q.adm.rate.Observe(now, float64(tk.cost), q.healthy)
 		q.adm.cold.Finish(now, tk.dispatchedLocked(), float64(tk.cost))
+		if q.circuit != nil {
+			q.noteServiceLocked(tk, now)
+		}
 	}
 	if tk.ch != nil {
 		// Both correct what dispatch charged, which tk.ch records.
 		q.reconcileQuotaLocked(tk, actual)
-		q.reconcileUpstreamLocked(tk, actual)
+		q.reconcileUpstreamLocked(tk, prompt)
 	}
 	tk.state = stateReleased
 	tk.actual = actual

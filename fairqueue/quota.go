@@ -125,20 +125,29 @@ type deferredReconcile struct {
 	upKey          string
 	up             *quota.Limits // the account drawn on, nil if none
 	tokens, actual int64
+	// upCounted is what the provider counted of the request (its prompt
+	// and output cap), the account's draw corrected to it; resKey and res
+	// the reservation drawn on besides, nil if none.
+	upCounted int64
+	resKey    string
+	res       *quota.Limits
 }
 
 // deferReconcileLocked takes tk's reconciliations off tk when they are to
 // run after the lock (a shared store); completeLocked then finds nothing
 // to reconcile.
-func (q *Queue) deferReconcileLocked(tk *Ticket, actual int64) (deferredReconcile, bool) {
+func (q *Queue) deferReconcileLocked(tk *Ticket, actual, prompt int64) (deferredReconcile, bool) {
 	if q.cfg.QuotaStore == nil || actual < 0 || (tk.quotaLimits() == nil && tk.upLimits() == nil) {
 		return deferredReconcile{}, false
 	}
 	d := deferredReconcile{store: q.cfg.QuotaStore, t: tk.t, quota: tk.quotaLimits(), up: tk.upLimits(),
-		tokens: tk.tokens, actual: actual}
+		tokens: tk.tokens, actual: actual, upCounted: providerCount(tk, prompt)}
 	if d.up != nil {
-		d.upKey = tk.ch.upKey
-		tk.ch.upLimits = nil
+		d.upKey, d.resKey, d.res = tk.ch.upKey, tk.ch.resKey, tk.ch.resLimits
+		if d.upCounted != d.tokens {
+			q.unlogUpstreamLocked(tk, d.tokens-d.upCounted, 0)
+		}
+		tk.ch.upLimits, tk.ch.resLimits = nil, nil
 	}
 	tk.ch.quota = nil
 	return d, true
@@ -150,8 +159,11 @@ func (q *Queue) reconcileDeferred(d deferredReconcile) {
 	if d.quota != nil {
 		_, _ = d.store.Reconcile(context.Background(), d.t.name, d.quota, d.tokens, d.actual)
 	}
-	if d.up != nil {
-		_, _ = d.store.Reconcile(context.Background(), d.upKey, d.up, d.tokens, d.actual)
+	if d.up != nil && d.upCounted != d.tokens {
+		_, _ = d.store.Reconcile(context.Background(), d.upKey, d.up, d.tokens, d.upCounted)
+		if d.res != nil {
+			_, _ = d.store.Reconcile(context.Background(), d.resKey, d.res, d.tokens, d.upCounted)
+		}
 	}
 	if d.actual >= d.tokens {
 		return

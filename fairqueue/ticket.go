@@ -126,9 +126,12 @@ type ticketCharge struct {
 	quota       *quota.Limits
 	quotaStatus quota.Status
 	// upKey and upLimits are the account meter it drew on (upstream.go);
-	// nil limits: none.
-	upKey    string
-	upLimits *quota.Limits
+	// nil limits: none. resKey and resLimits are the reservation it drew
+	// on besides, nil limits: none.
+	upKey     string
+	upLimits  *quota.Limits
+	resKey    string
+	resLimits *quota.Limits
 }
 
 // chargeRecordLocked returns tk's charge record, making it on first use.
@@ -191,15 +194,22 @@ func (tk *Ticket) Wait(ctx context.Context) error {
 		q.mu.Unlock()
 		return err
 	case <-ctx.Done():
-		q.release(tk, 0)
+		q.release(tk, 0, -1)
 		return ctx.Err()
 	}
 }
 
 // Release ends the ticket: a queued ticket is cancelled without charge; a
 // dispatched one frees its slot and back-fills actual (UnknownCost keeps the
-// estimate). Later calls do nothing.
-func (tk *Ticket) Release(actual int64) { tk.q.release(tk, actual) }
+// estimate). Later calls do nothing. A provider account it drew on keeps
+// the estimate (see ReleaseUsage).
+func (tk *Ticket) Release(actual int64) { tk.q.release(tk, actual, -1) }
+
+// ReleaseUsage is Release with the prompt tokens the upstream reported
+// (prompt < 0: none), to which a provider account's draw is corrected:
+// providers count the prompt and the output cap at arrival, whatever is
+// generated.
+func (tk *Ticket) ReleaseUsage(actual, prompt int64) { tk.q.release(tk, actual, prompt) }
 
 // Tenant returns the tenant name.
 func (tk *Ticket) Tenant() string { return tk.t.name }

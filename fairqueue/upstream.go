@@ -13,43 +13,102 @@ import (
 // a provider rather than its own GPUs, the bottleneck is the account's
 // requests and tokens per minute. Dispatch is gated by it as by slots: a
 // request goes only when a slot is free and the account has room for its
-// estimate, which is pre-deducted at dispatch and reconciled with the
-// actual usage at completion. Unlike a tenant quota, the request's own
-// size counts before it starts (quota.Decide behind a backlog of itself):
-// a request is never sent beyond what the account allows, or the provider
-// would answer 429.
+// estimate, which is pre-deducted at dispatch and reconciled at
+// completion in the provider's own unit: providers count a request's
+// prompt and its output cap (max_tokens) when it arrives, whatever it then
+// generates, so only the prompt is corrected, to the count the provider
+// reported. Unlike a tenant quota, the request's own size counts before it
+// starts (quota.Decide behind a backlog of itself): a request is never
+// sent beyond what the account allows, or the provider would answer 429.
 //
-// Reservations. A tenant with TenantConfig.Reserve r draws from a meter
-// of its own at r times the account's rates, first; the rest of the
-// account, (1 - the sum of the reservations) times its rates, is the shared
-// pool every tenant draws from. What is lent: when the pool cannot take a
-// request, it may borrow from a reservation whose debt stays within half
-// of its burst after the charge, so a reservation its tenant leaves unused
-// lends its rate; what is held back: the other half of each reservation's
-// burst (UpstreamQuota.Burst x r x the rates), which its tenant can always
-// draw at once, so a reserved tenant's first request never waits for the
-// pool to refill. While the pool is exhausted, dispatch goes on for
-// reserved tenants on their reservations, in tag order among them.
+// Whichever window the provider keeps (provider.go), no 60 s window may
+// hold more than the account's limits: the meters are drawn at the limits
+// spread over the minute plus the burst plus a guard, so that the burst is
+// spent inside the minute rather than on top of it.
+//
+// Reservations. Every request sent is charged to the account's meter. A
+// request of the shared traffic may take the meter's debt up to its burst
+// tolerance less a headroom; a tenant with TenantConfig.Reserve r may, on
+// its reservation, take it up to the whole tolerance: the headroom
+// (ReserveBurst x r of the account's rate, summed over the reservations)
+// is never taken by others, so a reserved tenant's request goes at once
+// even while the shared traffic holds the account at its limit, and then
+// what it drew comes out of what the others may send next. Its
+// reservation is a meter of its own at r times the account's rates with
+// ReserveBurst: what it may draw so, its rate guarantee; beyond it, it
+// competes with everyone for the shared part, by weight. Nothing is
+// partitioned: a reservation its tenant leaves unused costs the others
+// only the headroom, never its rate.
 //
 // The account can also be exhausted by the provider's own word
 // (AccountExhausted: its 429, or x-ratelimit-remaining-* at 0): then
-// nothing is dispatched to it until the time the provider gave.
+// nothing is dispatched to it until the time the provider gave; and what
+// the provider reports remaining caps what is sent before its next report
+// (ProviderLevel, provider.go).
 
 // UpstreamQuota is a provider account's limits.
 type UpstreamQuota struct {
 	// RPM and TPM are the account's requests and tokens per minute; 0
 	// meters nothing in that dimension (at least one must be set).
 	RPM, TPM float64
-	// Burst is how far ahead of its rates the account may be drawn: a
-	// full Burst of its rates may go at once after an idle period. Default
+	// Burst is how far ahead of its rates the account may be drawn by the
+	// shared traffic: a full Burst of its rates may go at once after an
+	// idle period, inside the minute (see drawShare). Default
 	// DefaultUpstreamBurst.
 	Burst time.Duration
+	// ReserveBurst is how much of its reservation's rate a reserved
+	// tenant may draw at once, whatever the shared traffic does: the
+	// account's meter keeps ReserveBurst x the reservation's rate free of
+	// the shared traffic. Default DefaultReserveBurst.
+	ReserveBurst time.Duration
 }
 
-// DefaultUpstreamBurst is UpstreamQuota.Burst when unset: a tenth of the
-// minute providers count in, so the gateway never front-loads a minute's
-// quota the provider may enforce over shorter windows.
-const DefaultUpstreamBurst = 6 * time.Second
+// DefaultUpstreamBurst is UpstreamQuota.Burst when unset: short, so that
+// the gateway never front-loads a minute's quota the provider may enforce
+// over shorter windows, and so that what the burst takes from the
+// sustained rate (drawShare) stays small.
+const DefaultUpstreamBurst = 2 * time.Second
+
+// DefaultReserveBurst is UpstreamQuota.ReserveBurst when unset: a
+// reservation holds a few of its tenant's requests at once.
+const DefaultReserveBurst = 6 * time.Second
+
+// providerWindow is the window providers count limits per minute over;
+// providerGuard is how much later than the gateway sent it a provider may
+// see a request (the request's own transfer, and clocks), allowed for so
+// that a provider's 60 s never holds more than the gateway's 61 s.
+const (
+	providerWindow = time.Minute
+	providerGuard  = time.Second
+)
+
+// burst is Burst, defaulted.
+func (u UpstreamQuota) burst() time.Duration {
+	if u.Burst == 0 {
+		return DefaultUpstreamBurst
+	}
+	return u.Burst
+}
+
+// reserveBurst is ReserveBurst, defaulted.
+func (u UpstreamQuota) reserveBurst() time.Duration {
+	if u.ReserveBurst == 0 {
+		return DefaultReserveBurst
+	}
+	return u.ReserveBurst
+}
+
+// drawShare is the share of the account's limits its meter is drawn at
+// with a burst tolerance of tau. A meter at rate r with tolerance tau
+// sends at most r x (D + tau) over any D (quota's guarantee 1, counting
+// each request's own size), so with r = limit / (window + guard + tau) no
+// window of the provider's, seen up to the guard late, holds more than
+// the limit, the burst included: 60/63 of the limits with the default 2 s
+// burst and no reservation, 60/64.2 with a 20% reservation's headroom
+// (6 s x 20%) added.
+func drawShare(tau time.Duration) float64 {
+	return providerWindow.Seconds() / (providerWindow + providerGuard + tau).Seconds()
+}
 
 // Store keys of the account's meters, apart from any tenant's name (a
 // tenant name cannot contain a NUL: the handler refuses control bytes).
@@ -60,30 +119,42 @@ const (
 
 // upstream is the account as the queue applies it.
 type upstream struct {
-	pool *quota.Limits
-	// reserved tenants, sorted, with their meters: res at the reserved
-	// rates and burst, lend at the same rates with half the burst (what
-	// others may borrow).
+	// acct is the account's meter, which every request sent is charged
+	// to: shared draws may take its debt up to its tolerance less
+	// headroom, a reserved tenant's on its reservation up to the whole.
+	acct     *quota.Limits
+	headroom time.Duration
+	// reserved tenants, sorted, with their reservations: meters at their
+	// share of the account's rates, with ReserveBurst.
 	names []string
 	res   map[string]*quota.Limits
-	lend  map[string]*quota.Limits
 	// until: the provider said the account is exhausted until then;
-	// poolUntil: the pool cannot take the request at the head of tag order
-	// until then.
+	// poolUntil: the shared part cannot take the request at the head of
+	// tag order until then.
 	until, poolUntil time.Time
+	// tokensPerSec and requestsPerSec are the rates the account is drawn
+	// at: the circuit's capacity, and the refill assumed between the
+	// provider's reports.
+	tokensPerSec, requestsPerSec float64
+	// tpm and rpm are the account's limits per minute.
+	tpm, rpm float64
+	// sent logs what was sent to the account over the last window; level
+	// is what the provider last reported remaining (provider.go).
+	sent  sendLog
+	level providerLevel
 }
 
-func (u UpstreamQuota) limits(share float64) (*quota.Limits, error) {
-	burst := u.Burst
-	if burst == 0 {
-		burst = DefaultUpstreamBurst
-	}
-	return quota.Config{QPS: share * u.RPM / 60, TokensPerMin: share * u.TPM,
+// limits compiles a meter for share of the account's limits drawn at
+// drawShare(paced) of them, with burst tolerance burst.
+func (u UpstreamQuota) limits(share float64, paced, burst time.Duration) (*quota.Limits, error) {
+	f := share * drawShare(paced)
+	return quota.Config{QPS: f * u.RPM / 60, TokensPerMin: f * u.TPM,
 		BurstWindow: burst, BurstAllow: 1}.Compile()
 }
 
 // newUpstream compiles cfg's account and reservations, keeping old's
-// exhaustion times (a reload does not make the provider forget).
+// exhaustion times and its log (a reload does not make the provider
+// forget).
 func newUpstream(cfg *Config, old *upstream) (*upstream, error) {
 	uq := cfg.UpstreamQuota
 	if uq == nil {
@@ -92,7 +163,10 @@ func newUpstream(cfg *Config, old *upstream) (*upstream, error) {
 	if uq.RPM < 0 || uq.TPM < 0 || uq.Burst < 0 || (uq.RPM == 0 && uq.TPM == 0) {
 		return nil, fmt.Errorf("upstream_quota: want rpm and/or tpm > 0 and a burst >= 0, got rpm %v tpm %v burst %v", uq.RPM, uq.TPM, uq.Burst)
 	}
-	u := &upstream{res: map[string]*quota.Limits{}, lend: map[string]*quota.Limits{}}
+	if uq.ReserveBurst < 0 {
+		return nil, fmt.Errorf("upstream_quota: reserve_burst %v must not be negative", uq.ReserveBurst)
+	}
+	u := &upstream{res: map[string]*quota.Limits{}, tpm: uq.TPM, rpm: uq.RPM}
 	reserved := 0.0
 	for name, tc := range cfg.Tenants {
 		if tc.Reserve == 0 {
@@ -102,21 +176,7 @@ func newUpstream(cfg *Config, old *upstream) (*upstream, error) {
 			return nil, fmt.Errorf("tenant %q: reserve %v must be a fraction of the upstream quota in (0, 1)", name, tc.Reserve)
 		}
 		reserved += tc.Reserve
-		res, err := uq.limits(tc.Reserve)
-		if err != nil {
-			return nil, fmt.Errorf("tenant %q: reserve: %w", name, err)
-		}
-		half := *uq
-		half.Burst = max((half.Burst+1)/2, 1)
-		if uq.Burst == 0 {
-			half.Burst = DefaultUpstreamBurst / 2
-		}
-		lend, err := half.limits(tc.Reserve)
-		if err != nil {
-			return nil, fmt.Errorf("tenant %q: reserve: %w", name, err)
-		}
 		u.names = append(u.names, name)
-		u.res[name], u.lend[name] = res, lend
 	}
 	if cfg.Default.Reserve != 0 {
 		return nil, fmt.Errorf("default_tenant: reserve is for declared tenants (a reservation shared by unknown callers reserves nothing)")
@@ -124,23 +184,37 @@ func newUpstream(cfg *Config, old *upstream) (*upstream, error) {
 	if reserved >= 0.95 {
 		return nil, fmt.Errorf("tenants reserve %.0f%% of the upstream quota together; leave at least 5%% shared", 100*reserved)
 	}
-	pool, err := uq.limits(1 - reserved)
+	u.headroom = time.Duration(reserved * float64(uq.reserveBurst()))
+	tau := uq.burst() + u.headroom
+	acct, err := uq.limits(1, tau, tau)
 	if err != nil {
 		return nil, fmt.Errorf("upstream_quota: %w", err)
 	}
-	u.pool = pool
+	u.acct = acct
+	for _, name := range u.names {
+		res, err := uq.limits(cfg.Tenants[name].Reserve, tau, uq.reserveBurst())
+		if err != nil {
+			return nil, fmt.Errorf("tenant %q: reserve: %w", name, err)
+		}
+		u.res[name] = res
+	}
+	u.tokensPerSec, u.requestsPerSec = drawShare(tau)*uq.TPM/60, drawShare(tau)*uq.RPM/60
 	slices.Sort(u.names)
 	if old != nil {
+		// The provider forgets nothing on a reload: neither what was sent
+		// in its window nor what it last reported.
 		u.until, u.poolUntil = old.until, old.poolUntil
+		u.sent, u.level = old.sent, old.level
 	}
 	return u, nil
 }
 
-// fits asks the store whether a request of tokens fits meter key now,
-// counting its own size (see the file comment); store errors let it go. A
-// request larger than the burst fits a meter at rest, or it never would.
-func (q *Queue) fitsLocked(key string, l *quota.Limits, tokens int64) (quota.Decision, bool) {
-	d, ok := q.fitsStrictLocked(key, l, tokens)
+// fitsLocked asks the store whether a request of tokens fits meter key
+// now with its debt up to tol, counting its own size (see the file
+// comment); store errors let it go. A request larger than the burst fits
+// a meter at rest, or it never would.
+func (q *Queue) fitsLocked(key string, l *quota.Limits, tokens int64, tol time.Duration) (quota.Decision, bool) {
+	d, ok := q.fitsStrictLocked(key, l, tokens, tol)
 	if ok {
 		return d, true
 	}
@@ -148,16 +222,15 @@ func (q *Queue) fitsLocked(key string, l *quota.Limits, tokens int64) (quota.Dec
 }
 
 // fitsStrictLocked is fitsLocked without the exception for a meter at
-// rest: what a reservation lends must leave half its burst, whatever the
-// request's size.
+// rest.
 //
 // It reads the meters' standing (one read) and tests debt + the request's
-// own increment against the tolerance on each, rather than a Peek behind
-// a backlog of the request itself: a cluster store scales a backlog by
-// the gateway count (it stands for the others' queues), which the request
-// itself is not. The Decision carries the Status, and RetryAfter is how
-// long until the request fits.
-func (q *Queue) fitsStrictLocked(key string, l *quota.Limits, tokens int64) (quota.Decision, bool) {
+// own increment against tol on each, rather than a Peek behind a backlog
+// of the request itself: a cluster store scales a backlog by the gateway
+// count (it stands for the others' queues), which the request itself is
+// not. The Decision carries the Status, and RetryAfter is how long until
+// the request fits.
+func (q *Queue) fitsStrictLocked(key string, l *quota.Limits, tokens int64, tol time.Duration) (quota.Decision, bool) {
 	st, err := q.quotaStoreLocked().Status(context.Background(), key, l)
 	if err != nil {
 		return quota.Decision{Allowed: true}, true
@@ -168,7 +241,7 @@ func (q *Queue) fitsStrictLocked(key string, l *quota.Limits, tokens int64) (quo
 		if !m.Enabled {
 			continue
 		}
-		if over := m.Reset + l.Increment(dim, tokens) - l.Tolerance(); over > 0 {
+		if over := m.Reset + l.Increment(dim, tokens) - tol; over > 0 {
 			d.Allowed = false
 			if over > d.RetryAfter {
 				d.RetryAfter, d.Reason = over, dim
@@ -176,6 +249,28 @@ func (q *Queue) fitsStrictLocked(key string, l *quota.Limits, tokens int64) (quo
 		}
 	}
 	return d, d.Allowed
+}
+
+// sharedFitsLocked is whether tk fits the account as shared traffic:
+// leaving the reservations' headroom free.
+func (q *Queue) sharedFitsLocked(tk *Ticket) (quota.Decision, bool) {
+	u := q.up
+	return q.fitsLocked(upstreamPoolKey, u.acct, tk.tokens, u.acct.Tolerance()-u.headroom)
+}
+
+// reservedFitsLocked is whether tk fits its tenant's reservation and the
+// account with the headroom.
+func (q *Queue) reservedFitsLocked(tk *Ticket) bool {
+	u := q.up
+	l := u.res[tk.t.name]
+	if l == nil || !tk.t.known {
+		return false
+	}
+	if _, ok := q.fitsLocked(upstreamReservePfx+tk.t.name, l, tk.tokens, l.Tolerance()); !ok {
+		return false
+	}
+	_, ok := q.fitsLocked(upstreamPoolKey, u.acct, tk.tokens, u.acct.Tolerance())
+	return ok
 }
 
 // drawLocked charges tk's estimate to meter key and records it on the
@@ -192,6 +287,9 @@ func (q *Queue) drawLocked(tk *Ticket, key string, l *quota.Limits) bool {
 	}
 	c := tk.chargeRecordLocked()
 	c.upKey, c.upLimits = key, l
+	if key != fallbackAccountKey && q.up != nil {
+		q.up.sent.add(q.clock.Now(), tk.tokens, 1)
+	}
 	return true
 }
 
@@ -201,59 +299,79 @@ func restedStatus(st quota.Status) bool {
 	return st.Requests.Reset == 0 && st.Tokens.Reset == 0 && st.Joint.Reset == 0
 }
 
-// refundUpstreamLocked takes tk's whole draw back from the account: a
-// request drawn for but never sent.
+// refundUpstreamLocked takes tk's whole draw back from the account (and
+// its reservation): a request drawn for but never sent.
 func (q *Queue) refundUpstreamLocked(tk *Ticket) {
 	if tk.upLimits() == nil {
 		return
 	}
-	_, _ = q.quotaStoreLocked().Refund(context.Background(), tk.ch.upKey, tk.ch.upLimits, tk.tokens)
+	s := q.quotaStoreLocked()
+	_, _ = s.Refund(context.Background(), tk.ch.upKey, tk.ch.upLimits, tk.tokens)
+	if tk.ch.resLimits != nil {
+		_, _ = s.Refund(context.Background(), tk.ch.resKey, tk.ch.resLimits, tk.tokens)
+		tk.ch.resLimits = nil
+	}
+	q.unlogUpstreamLocked(tk, tk.tokens, 1)
 	tk.ch.upLimits = nil
 }
 
-// upstreamChargeLocked finds room for tk in the account: the tenant's
-// reservation, then the shared pool, then what a reservation lends. It
-// reports false, charging nothing, when there is none; the pool is then
-// exhausted until the time it could take tk.
+// unlogUpstreamLocked takes tokens and requests of tk's draw off the
+// log of what was sent to the primary account.
+func (q *Queue) unlogUpstreamLocked(tk *Ticket, tokens, requests int64) {
+	if tk.ch.upKey != fallbackAccountKey && q.up != nil {
+		q.up.sent.add(q.clock.Now(), -tokens, -requests)
+	}
+}
+
+// upstreamChargeLocked finds room for tk in the account: on its tenant's
+// reservation, else as shared traffic. It reports false, charging
+// nothing, when there is none; the shared part is then exhausted until
+// the time it could take tk.
 func (q *Queue) upstreamChargeLocked(now time.Time, tk *Ticket) bool {
 	u := q.up
-	name := tk.t.name
-	if l := u.res[name]; l != nil && tk.t.known {
-		if _, ok := q.fitsLocked(upstreamReservePfx+name, l, tk.tokens); ok && q.drawLocked(tk, upstreamReservePfx+name, l) {
-			return true
-		}
+	if q.reservedFitsLocked(tk) && q.drawReservedLocked(tk) {
+		return true
 	}
 	if now.Before(u.poolUntil) {
 		return false
 	}
-	d, ok := q.fitsLocked(upstreamPoolKey, u.pool, tk.tokens)
-	if ok && q.drawLocked(tk, upstreamPoolKey, u.pool) {
+	d, ok := q.sharedFitsLocked(tk)
+	if ok && q.drawLocked(tk, upstreamPoolKey, u.acct) {
 		return true
-	}
-	for _, r := range u.names {
-		if r == name {
-			continue
-		}
-		if _, ok := q.fitsStrictLocked(upstreamReservePfx+r, u.lend[r], tk.tokens); ok && q.drawLocked(tk, upstreamReservePfx+r, u.res[r]) {
-			return true
-		}
 	}
 	// The store's time may be another clock (Redis): only the wait counts.
 	u.poolUntil = now.Add(max(d.RetryAfter, time.Millisecond))
 	return false
 }
 
-// reservedNextLocked is what may go while the pool is exhausted: among the
-// reserved tenants eligible for dispatch, the head request with the
-// smallest finish tag that its reservation can take, charged to it. nil
-// when none can go. O(reserved tenants x their classes).
+// drawReservedLocked charges tk to the account and its tenant's
+// reservation.
+func (q *Queue) drawReservedLocked(tk *Ticket) bool {
+	key, l := upstreamReservePfx+tk.t.name, q.up.res[tk.t.name]
+	if !q.drawLocked(tk, upstreamPoolKey, q.up.acct) {
+		return false
+	}
+	d, err := q.quotaStoreLocked().Charge(context.Background(), key, l, tk.tokens)
+	switch {
+	case err != nil:
+		return true // a store that fails lets the request go
+	case !d.Allowed && !restedStatus(d.Status):
+		// A shared store: used elsewhere since the look.
+		q.refundUpstreamLocked(tk)
+		return false
+	}
+	tk.ch.resKey, tk.ch.resLimits = key, l
+	return true
+}
+
+// reservedNextLocked is what may go while the shared part is exhausted:
+// among the reserved tenants eligible for dispatch, the head request with
+// the smallest finish tag that its reservation can take, charged to it.
+// nil when none can go. O(reserved tenants x their classes).
 func (q *Queue) reservedNextLocked(now time.Time) *Ticket {
 	u := q.up
-	best := q.bestHeadLocked(now, u.names, func(tk *Ticket) bool {
-		_, ok := q.fitsLocked(upstreamReservePfx+tk.t.name, u.res[tk.t.name], tk.tokens)
-		return ok
-	})
-	if best != nil && !q.drawLocked(best, upstreamReservePfx+best.t.name, u.res[best.t.name]) {
+	best := q.bestHeadLocked(now, u.names, q.reservedFitsLocked)
+	if best != nil && !q.drawReservedLocked(best) {
 		return nil
 	}
 	return best
@@ -286,14 +404,50 @@ func (q *Queue) bestHeadLocked(now time.Time, names []string, ok func(*Ticket) b
 	return best
 }
 
-// reconcileUpstreamLocked corrects tk's draw on the account with its
-// actual tokens (0 for a request the provider refused).
-func (q *Queue) reconcileUpstreamLocked(tk *Ticket, actual int64) {
-	if tk.upLimits() == nil || actual < 0 {
+// reconcileUpstreamLocked corrects tk's draw on the account (and its
+// reservation) to what the provider counts: its prompt as the provider
+// reported it (prompt >= 0; negative: not reported, and the estimate
+// stands) plus the output cap, however much of it was generated. A
+// request that failed is left charged: the provider counted it when it
+// arrived.
+func (q *Queue) reconcileUpstreamLocked(tk *Ticket, prompt int64) {
+	if tk.upLimits() == nil {
 		return
 	}
-	_, _ = q.quotaStoreLocked().Reconcile(context.Background(), tk.ch.upKey, tk.ch.upLimits, tk.tokens, actual)
-	tk.ch.upLimits = nil
+	if counted := providerCount(tk, prompt); counted != tk.tokens {
+		s := q.quotaStoreLocked()
+		_, _ = s.Reconcile(context.Background(), tk.ch.upKey, tk.ch.upLimits, tk.tokens, counted)
+		if tk.ch.resLimits != nil {
+			_, _ = s.Reconcile(context.Background(), tk.ch.resKey, tk.ch.resLimits, tk.tokens, counted)
+		}
+		q.unlogUpstreamLocked(tk, tk.tokens-counted, 0)
+	}
+	tk.ch.upLimits, tk.ch.resLimits = nil, nil
+}
+
+// providerCount is what a provider counts of tk: the prompt it reported
+// (prompt >= 0) plus tk's output cap; tk's estimate when it reported none.
+func providerCount(tk *Ticket, prompt int64) int64 {
+	if prompt < 0 {
+		return tk.tokens
+	}
+	return max(tk.tokens-tk.prompt, 0) + prompt
+}
+
+// refundUpstreamTokensLocked takes tk's tokens back from the account, not
+// the request: a provider that refused it (429) counted the attempt, not
+// its tokens.
+func (q *Queue) refundUpstreamTokensLocked(tk *Ticket) {
+	if tk.upLimits() == nil {
+		return
+	}
+	s := q.quotaStoreLocked()
+	_, _ = s.Reconcile(context.Background(), tk.ch.upKey, tk.ch.upLimits, tk.tokens, 0)
+	if tk.ch.resLimits != nil {
+		_, _ = s.Reconcile(context.Background(), tk.ch.resKey, tk.ch.resLimits, tk.tokens, 0)
+	}
+	q.unlogUpstreamLocked(tk, tk.tokens, 0)
+	tk.ch.upLimits, tk.ch.resLimits = nil, nil
 }
 
 // AccountExhausted records that the provider declared the account out of
@@ -310,12 +464,23 @@ func (q *Queue) AccountExhausted(until time.Time) {
 // UpstreamStatus is the account's state for metrics and reports.
 type UpstreamStatus struct {
 	Configured bool
-	// Pool is the shared pool's standing; Reserved each reservation's.
+	// Pool is the account's meter's standing; Reserved each
+	// reservation's.
 	Pool     quota.Status
 	Reserved map[string]quota.Status
 	// ExhaustedFor is how long the provider still declares the account
 	// out of quota (0 when it does not).
 	ExhaustedFor time.Duration
+	// TPM and RPM are the account's limits (0: not metered);
+	// WindowTokens and WindowRequests what this gateway sent to it in the
+	// last 60 s, as the provider counts (prompt + output cap): how close
+	// the account is to its window.
+	TPM, RPM                     float64
+	WindowTokens, WindowRequests int64
+	// ProviderTokens and ProviderRequests are the provider's last report
+	// of what is left (ProviderLevel), brought to now; NaN: no report in
+	// force.
+	ProviderTokens, ProviderRequests float64
 }
 
 // Upstream returns the account's state.
@@ -327,9 +492,13 @@ func (q *Queue) Upstream() UpstreamStatus {
 		return UpstreamStatus{}
 	}
 	s := q.quotaStoreLocked()
+	now := q.clock.Now()
+	u.sent.prune(now)
 	st := UpstreamStatus{Configured: true, Reserved: make(map[string]quota.Status, len(u.names)),
-		ExhaustedFor: max(u.until.Sub(q.clock.Now()), 0)}
-	st.Pool, _ = s.Status(context.Background(), upstreamPoolKey, u.pool)
+		ExhaustedFor: max(u.until.Sub(now), 0), TPM: u.tpm, RPM: u.rpm}
+	st.WindowTokens, st.WindowRequests = u.sent.inWindow(now)
+	st.ProviderTokens, st.ProviderRequests = u.levelAt(now)
+	st.Pool, _ = s.Status(context.Background(), upstreamPoolKey, u.acct)
 	for _, name := range u.names {
 		st.Reserved[name], _ = s.Status(context.Background(), upstreamReservePfx+name, u.res[name])
 	}
@@ -362,7 +531,7 @@ func (tk *Ticket) Requeue() bool {
 		_, _ = q.quotaStoreLocked().Refund(context.Background(), t.name, tk.ch.quota, tk.tokens)
 		tk.ch.quota = nil
 	}
-	q.reconcileUpstreamLocked(tk, 0)
+	q.refundUpstreamTokensLocked(tk)
 	if !tk.fallback {
 		q.adm.cold.Abandon(tk.dispatchedLocked(), float64(tk.cost))
 	}

@@ -31,10 +31,12 @@ func tokensBy(h *harness, tenant string, at time.Time) int64 {
 }
 
 // The account is never drawn beyond its rate: over any time D from the
-// start, dispatched tokens <= rate x D + burst, counting each request's
-// own size; and a backlogged tenant gets exactly that.
+// start, dispatched tokens <= r x (D + burst), with r the account's limit
+// spread over 61 s plus the burst, counting each request's own size; and
+// a backlogged tenant gets exactly that.
 func TestUpstreamQuotaGatesDispatch(t *testing.T) {
-	h := newHarness(t, upstreamConfig(60000, time.Second, 0), 1, 1) // 1000 tokens/s, burst 1000
+	h := newHarness(t, upstreamConfig(60000, time.Second, 0), 1, 1) // 1000 tokens/s drawn at 60/62 of it
+	r := 1000 * 60.0 / 62
 	for i := 0; i < 40; i++ {
 		h.enqueue(Request{Tenant: "a", Cost: 500})
 	}
@@ -45,28 +47,94 @@ func TestUpstreamQuotaGatesDispatch(t *testing.T) {
 			h.completeOldest()
 		}
 		h.q.Tick()
-		limit := int64(1000*at.Seconds()) + 1000
+		limit := int64(r * (at.Seconds() + 1))
 		if got := tokensBy(h, "", t0.Add(at)); got > limit {
-			t.Fatalf("at %v: %d tokens dispatched, more than rate x time + burst = %d", at, got, limit)
+			t.Fatalf("at %v: %d tokens dispatched, more than rate x (time + burst) = %d", at, got, limit)
 		}
 	}
-	// 2 at once (1000 tokens of burst), then one each 500 ms.
-	if got := tokensBy(h, "", t0.Add(10*time.Second)); got != 11000 {
-		t.Fatalf("dispatched %d tokens in 10 s, want exactly 11000 (1000/s for 10 s + 1000 burst)", got)
+	// r x 11 s = 10645: 21 requests of 500.
+	if got := tokensBy(h, "", t0.Add(10*time.Second)); got != 10500 {
+		t.Fatalf("dispatched %d tokens in 10 s, want exactly 10500 (%.1f/s for 10 s + a 1 s burst, whole requests)", got, r)
 	}
-	if st := h.q.Stats(false); st.Queued != 40-22 {
-		t.Fatalf("stats %+v, want 18 queued", st)
+	if st := h.q.Stats(false); st.Queued != 40-21 {
+		t.Fatalf("stats %+v, want 19 queued", st)
 	}
 }
 
-// A reservation: while a flood holds the shared pool exhausted, the
-// reserved tenant's requests go at once on their own meter; while the
-// reserved tenant is idle, the flood borrows its rate but never the half
-// of its burst that is held back.
+// TestUpstreamEveryMinuteWithinLimits: whatever the sizes and however the
+// load comes (a backlogged flood, a reserved tenant's bursts, idle gaps),
+// no window of 61 s (a provider's minute seen up to a second late) holds
+// more than the account's TPM and RPM, as the provider counts them (prompt
+// + output cap, charged at dispatch), and the flood is sent at the
+// account's drawn rate: 60/(61 s + the burst + the reservation's headroom)
+// of the limits, to within one request.
+func TestUpstreamEveryMinuteWithinLimits(t *testing.T) {
+	cfg := upstreamConfig(120000, 0, 0.2) // default burst 2 s; vip's headroom 20% x 6 s
+	cfg.UpstreamQuota.RPM = 600
+	h := newHarness(t, cfg, 1, 1)
+	rng := h.rng
+	type sent struct {
+		at     time.Time
+		tokens int64
+	}
+	var log []sent
+	h.onDispatch = func(tk *Ticket) { log = append(log, sent{h.clk.Now(), tk.Tokens()}) }
+	for i := 0; i < 2000; i++ {
+		h.enqueue(Request{Tenant: "a", Cost: 100 + rng.Int64N(3900)})
+	}
+	end := 5 * time.Minute
+	for at := time.Duration(0); at <= end; at += 50 * time.Millisecond {
+		h.clk.Set(t0.Add(at))
+		// vip: bursts of 5 every 40 s, and idle in the fourth minute.
+		if at%(40*time.Second) == 0 && (at < 3*time.Minute || at >= 4*time.Minute) {
+			for range 5 {
+				h.enqueue(Request{Tenant: "vip", Cost: 1000})
+			}
+		}
+		for len(h.inflight) > 0 {
+			h.completeOldest()
+		}
+		h.q.Tick()
+	}
+	var tokens, reqs int64
+	head := 0
+	for _, s := range log {
+		tokens += s.tokens
+		reqs++
+		for !log[head].at.Add(61 * time.Second).After(s.at) {
+			tokens -= log[head].tokens
+			reqs--
+			head++
+		}
+		if tokens > 120000 || reqs > 600 {
+			t.Fatalf("the 61 s ending at %v held %d tokens and %d requests; the account allows 120000 and 600", s.at.Sub(t0), tokens, reqs)
+		}
+	}
+	var total int64
+	for _, s := range log {
+		total += s.tokens
+	}
+	// The flood never runs dry: the account is sent its drawn rate r for
+	// 5 minutes, less one request (the head that does not fit yet), and
+	// at most r x (5 min + tau).
+	tau := 2*time.Second + time.Duration(0.2*float64(6*time.Second))
+	r := 120000 / (61*time.Second + tau).Seconds()
+	if lo, hi := r*end.Seconds()-4000, r*(end+tau).Seconds(); float64(total) < lo || float64(total) > hi {
+		t.Fatalf("sent %d tokens in %v, want %.0f..%.0f (%.1f/s)", total, end, lo, hi, r)
+	}
+}
+
+// A reservation: while a flood holds the account at its limit, the
+// reserved tenant's requests go at once, on the headroom the flood never
+// takes, up to its reservation's burst; while the reserved tenant is idle
+// the flood gets the account's whole rate, less that headroom once.
 func TestUpstreamReservation(t *testing.T) {
-	// 6000 tokens/s; vip reserves 20% (1200/s, burst 2 s = 2400 tokens,
-	// 1200 held back); the pool is 4800/s with a 2 s burst.
+	// 6000 tokens/s; vip reserves 20% with the default 6 s reserve burst:
+	// a headroom of 1.2 s, tau 3.2 s, the account drawn at
+	// 6000 x 60 / 64.2 = 5607.5/s, vip's reservation at 1121.5/s with
+	// 6729 tokens of burst.
 	h := newHarness(t, upstreamConfig(360000, 2*time.Second, 0.2), 1, 1)
+	r := 6000 * 60 / 64.2
 	for i := 0; i < 400; i++ {
 		h.enqueue(Request{Tenant: "a", Cost: 600})
 	}
@@ -80,18 +148,22 @@ func TestUpstreamReservation(t *testing.T) {
 		}
 	}
 	run(0, 20*time.Second)
-	// The flood gets the whole account while vip is idle: the pool's
-	// 4800/s and vip's 1200/s lent, plus the pool's burst and the half of
-	// vip's burst that is lent.
-	if got, want := tokensBy(h, "a", t0.Add(20*time.Second)), int64(20*6000+9600+1200); got < want-600 || got > want {
+	// The flood gets the account's rate for 20 s and its 2 s burst, not
+	// the headroom: r x 22 s = 123365.
+	if got, want := tokensBy(h, "a", t0.Add(20*time.Second)), int64(r*22); got <= want-600 || got > want {
 		t.Fatalf("flood with vip idle: %d tokens in 20 s, want %d (within one request below)", got, want)
 	}
-	// vip arrives into the exhausted pool: its first requests go at once,
-	// from the half of its burst held back (1200 tokens: two of 600).
-	v1 := h.enqueue(Request{Tenant: "vip", Cost: 600})
-	v2 := h.enqueue(Request{Tenant: "vip", Cost: 600})
-	if v1.Dispatched().IsZero() || v2.Dispatched().IsZero() {
-		t.Fatal("vip's first requests waited while a flood holds the pool")
+	// vip arrives at the account held at its limit: 11 of its requests
+	// go at once (6729 tokens of headroom and reservation), the 12th
+	// waits.
+	var vip []*Ticket
+	for range 12 {
+		vip = append(vip, h.enqueue(Request{Tenant: "vip", Cost: 600}))
+	}
+	for i, tk := range vip {
+		if went := !tk.Dispatched().IsZero(); went != (i < 11) {
+			t.Fatalf("vip's request %d dispatched at once: %v; want the first 11 only", i+1, went)
+		}
 	}
 	h.checkConservation()
 }

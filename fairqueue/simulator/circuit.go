@@ -51,3 +51,61 @@ const (
 	CircuitOverloadEnd = 3 * time.Minute
 	CircuitEnd         = 6 * time.Minute
 )
+
+// CircuitMix is the circuit breaker under a shifting cost mix: one caller
+// per tier on 2 x 8 slots (a request holds a slot 30 ms + 0.05 ms a prompt
+// token + 15 ms an output token).
+//
+//   - 0-30 s: both send chat (200-token prompts, 20-40-token answers,
+//     490 ms of slot time) at 1.1x the slots: saturated, under the
+//     trigger.
+//   - 30-150 s: low switches to documents (12,000-token prompts, 2-4-token
+//     answers: 675 ms of slot time but 50 times the tokens) and the load
+//     falls to 0.5x. Measured in tokens against what chat was served at,
+//     that reads as 7x capacity; the slots idle half the time.
+//   - 150-330 s: a real overload, 1.5x the slots (low's documents 0.6x,
+//     high's chat 0.9x): low is shed, what is left fits.
+//   - 330-450 s: 0.8x: low is readmitted.
+func CircuitMix() *Scenario {
+	const slots = 16.0
+	chat := func(load float64) float64 { return load * slots / 0.490 } // requests/s for load x the slots
+	docs := func(load float64) float64 { return load * slots / 0.675 }
+	docPrompt, docMax := uniform(11000, 13000), uniform(2, 4)
+	return &Scenario{
+		Name:        "circuit-mix",
+		Description: "circuit breaking while low's requests turn from chat into long documents with short answers (0.5x of the slots, 7x in tokens), then a real 1.5x overload, then 0.8x",
+		Upstreams:   2,
+		Slots:       8,
+		Classes:     []Class{{Name: "interactive", Budget: 15 * time.Second}},
+		Tenants: []TenantSpec{
+			{Name: "low", Weight: 1, Class: "interactive", Tier: "low",
+				Arrivals: Arrivals{Kind: ArrivalPhases, Phases: []Phase{
+					{Start: 0, End: CircuitMixShift, Rate: chat(0.6)},
+					{Start: CircuitMixShift, End: CircuitMixOverload, Rate: docs(0.2), Prompt: docPrompt, MaxTokens: docMax},
+					{Start: CircuitMixOverload, End: CircuitMixCalm, Rate: docs(0.6), Prompt: docPrompt, MaxTokens: docMax},
+					{Start: CircuitMixCalm, End: CircuitMixEnd, Rate: docs(0.3), Prompt: docPrompt, MaxTokens: docMax},
+				}},
+				Prompt: constant(200), MaxTokens: constant(40)},
+			{Name: "high", Weight: 1, Class: "interactive", Tier: "high",
+				Arrivals: Arrivals{Kind: ArrivalPhases, Phases: []Phase{
+					{Start: 0, End: CircuitMixShift, Rate: chat(0.5)},
+					{Start: CircuitMixShift, End: CircuitMixOverload, Rate: chat(0.3)},
+					{Start: CircuitMixOverload, End: CircuitMixCalm, Rate: chat(0.9)},
+					{Start: CircuitMixCalm, End: CircuitMixEnd, Rate: chat(0.5)},
+				}},
+				Prompt: constant(200), MaxTokens: constant(40)},
+		},
+		Duration: CircuitMixEnd,
+		Circuit: &degrade.CircuitConfig{Trigger: 1.3, Recover: 1.0, Hold: 10 * time.Second,
+			Window: 10 * time.Second, Order: []string{"low", "high"}},
+		Policies: []string{"wfq-tokens"},
+	}
+}
+
+// CircuitMix's phases.
+const (
+	CircuitMixShift    = 30 * time.Second
+	CircuitMixOverload = 150 * time.Second
+	CircuitMixCalm     = 330 * time.Second
+	CircuitMixEnd      = 450 * time.Second
+)

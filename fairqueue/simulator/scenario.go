@@ -171,11 +171,14 @@ type Arrivals struct {
 
 // Phase is one constant-rate stretch of an ArrivalPhases tenant: Poisson
 // arrivals at Rate per second, or, with Even, one every 1/Rate seconds
-// from Start.
+// from Start. Prompt and MaxTokens, when set (a Kind), replace the
+// tenant's sizes during the phase: a caller changing the kind of its
+// requests.
 type Phase struct {
-	Start, End time.Duration
-	Rate       float64
-	Even       bool
+	Start, End        time.Duration
+	Rate              float64
+	Even              bool
+	Prompt, MaxTokens Dist
 }
 
 // DistKind selects a token-count distribution.
@@ -363,6 +366,14 @@ func (sc *Scenario) Validate() error {
 				if !(ph.Rate > 0) || ph.End <= ph.Start || k > 0 && ph.Start < a.Phases[k-1].End {
 					return fmt.Errorf("scenario %s: tenant %s: phase %d: bad rate or span, or overlaps", sc.Name, t.Name, k)
 				}
+				for _, d := range []Dist{ph.Prompt, ph.MaxTokens} {
+					if d.Kind == 0 {
+						continue
+					}
+					if err := d.validate(); err != nil {
+						return fmt.Errorf("scenario %s: tenant %s: phase %d: %v", sc.Name, t.Name, k, err)
+					}
+				}
 			}
 		case ArrivalBacklogged:
 			if a.Queue <= 0 || sc.Duration <= 0 {
@@ -401,10 +412,18 @@ func stream(seed uint64, name string) *rand.Rand {
 }
 
 // sizes draws prompt, max_tokens and the output the upstream will produce:
-// max_tokens x uniform(0.5, 1.0), rounded, at least 1.
-func (t *TenantSpec) sizes(r *rand.Rand) (prompt, maxTokens, output int64) {
-	prompt = t.Prompt.sample(r)
-	maxTokens = t.MaxTokens.sample(r)
+// max_tokens x uniform(0.5, 1.0), rounded, at least 1. ph, when not nil,
+// may replace the tenant's distributions.
+func (t *TenantSpec) sizes(r *rand.Rand, ph *Phase) (prompt, maxTokens, output int64) {
+	pd, md := t.Prompt, t.MaxTokens
+	if ph != nil && ph.Prompt.Kind != 0 {
+		pd = ph.Prompt
+	}
+	if ph != nil && ph.MaxTokens.Kind != 0 {
+		md = ph.MaxTokens
+	}
+	prompt = pd.sample(r)
+	maxTokens = md.sample(r)
 	output = int64(math.Round(float64(maxTokens) * (0.5 + 0.5*r.Float64())))
 	if output < 1 {
 		output = 1
@@ -424,8 +443,9 @@ func Generate(sc *Scenario, seed uint64) (*Workload, error) {
 		r := stream(seed, t.Name)
 		a := t.Arrivals
 		var reqs []Request
+		var phase *Phase // the phase arrivals are drawn in, nil outside phases
 		add := func(at time.Duration) {
-			p, m, o := t.sizes(r)
+			p, m, o := t.sizes(r, phase)
 			reqs = append(reqs, Request{Tenant: i, Arrival: at, Prompt: p, MaxTokens: m, Output: o})
 		}
 		// until reports whether arrivals continue at t; own is the service
@@ -472,7 +492,9 @@ func Generate(sc *Scenario, seed uint64) (*Workload, error) {
 				own += reqs[len(reqs)-1].Service()
 			}
 		case ArrivalPhases:
-			for _, ph := range a.Phases {
+			for k := range a.Phases {
+				ph := &a.Phases[k]
+				phase = ph
 				if ph.Even {
 					gap := time.Duration(float64(time.Second) / ph.Rate)
 					for at := ph.Start; at < ph.End; at += gap {

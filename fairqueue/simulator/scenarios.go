@@ -333,6 +333,7 @@ var registry = map[string]func() *Scenario{
 	"peak":             Peak,
 	"seed004":          Seed004,
 	"circuit":          Circuit,
+	"circuit-mix":      CircuitMix,
 	"costmix":          CostMix,
 	"seed003":          Seed003,
 	"seed003-fallback": func() *Scenario { return Seed003Outage(true) },

@@ -1,9 +1,11 @@
 package simulator
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"time"
 
@@ -62,9 +64,16 @@ const (
 type Seed003Report struct {
 	Policy string
 	// ProviderRefusals counts dispatches a provider enforcing the account
-	// (a bucket of one minute's allowance per dimension, refilled
-	// continuously, charged prompt + max_tokens) would have refused.
-	ProviderRefusals int
+	// would have refused, charging each request its prompt and output cap
+	// when it arrives: the largest count over the three ways providers
+	// keep their minute (ProviderWindows: a bucket of a minute's
+	// allowance refilled continuously, a rolling minute, a fixed minute
+	// starting at any of 0, 15, 30 or 45 s). RollingRefusals is the
+	// rolling minute's alone.
+	ProviderRefusals, RollingRefusals int
+	// WindowMax is the most any 60 s window held, in charged tokens, over
+	// the account's TPM: at most 1 for no provider to refuse anything.
+	WindowMax float64
 	// VIP at peak: requests arriving in [PeakStart, PeakEnd), those not
 	// served within budget (expired or refused), and the P99 wait of the
 	// served ones.
@@ -73,10 +82,9 @@ type Seed003Report struct {
 	// Batch: requests, those served, and when the last one was dispatched.
 	Batch, BatchServed int
 	BatchDone          time.Duration
-	// PeakUse is what the gateway drew on the account during the peak
-	// (the actual tokens of the requests dispatched then: the estimate
-	// pre-deducted, reconciled at completion) over what the account
-	// allows in it.
+	// PeakUse is what the gateway drew on the account during the peak, as
+	// the provider counts it (prompt + max_tokens of the requests
+	// dispatched then), over what the account allows in it.
 	PeakUse float64
 }
 
@@ -86,21 +94,17 @@ func (r Seed003Report) VIPFailureRate() float64 { return frac(r.VIPFailed, r.VIP
 // Seed003Measure computes the report of one run.
 func Seed003Measure(res *Result) Seed003Report {
 	rep := Seed003Report{Policy: res.Policy}
-	type dispatch struct {
-		at     time.Duration
-		tokens float64
-	}
-	var ds []dispatch
+	var ds []Send
 	var vipWaits []time.Duration
 	var peakTokens float64
 	for i := range res.Requests {
 		q, rec := &res.Requests[i], &res.Records[i]
 		name := res.Scenario.Tenants[q.Tenant].Name
 		served := rec.State == StateInflight || rec.State == StateCompleted
-		if served {
-			ds = append(ds, dispatch{rec.Dispatch, float64(q.Estimate())})
+		if served && !rec.Fallback {
+			ds = append(ds, Send{At: rec.Dispatch, Tokens: float64(q.Estimate())})
 			if rec.Dispatch >= Seed003PeakStart && rec.Dispatch < Seed003PeakEnd {
-				peakTokens += float64(q.Actual())
+				peakTokens += float64(q.Estimate())
 			}
 		}
 		switch {
@@ -121,31 +125,147 @@ func Seed003Measure(res *Result) Seed003Report {
 	}
 	sort.Slice(vipWaits, func(i, j int) bool { return vipWaits[i] < vipWaits[j] })
 	rep.VIPP99 = percentile(vipWaits, 0.99)
-	sort.Slice(ds, func(i, j int) bool { return ds[i].at < ds[j].at })
-	// The provider: full buckets at the start, refilled continuously.
-	tok, req := float64(Seed003TPM), float64(Seed003RPM)
-	var last time.Duration
-	for _, d := range ds {
-		dt := (d.at - last).Seconds()
-		last = d.at
-		tok = math.Min(Seed003TPM, tok+dt*Seed003TPM/60)
-		req = math.Min(Seed003RPM, req+dt*Seed003RPM/60)
-		if d.tokens > tok+1e-6 || 1 > req+1e-9 {
-			rep.ProviderRefusals++
-			continue
+	acct := res.Scenario.UpstreamQuota
+	for _, w := range ProviderWindows() {
+		n := ProviderRefusals(ds, acct.TPM, acct.RPM, w)
+		rep.ProviderRefusals = max(rep.ProviderRefusals, n)
+		if w.Kind == WindowRolling {
+			rep.RollingRefusals = n
 		}
-		tok -= d.tokens
-		req--
 	}
-	rep.PeakUse = peakTokens / (Seed003TPM * (Seed003PeakEnd - Seed003PeakStart).Minutes())
+	rep.WindowMax = MaxWindow(ds, time.Minute) / acct.TPM
+	rep.PeakUse = peakTokens / (acct.TPM * (Seed003PeakEnd - Seed003PeakStart).Minutes())
 	return rep
+}
+
+// Send is one request sent to a provider account: when, and the tokens
+// the provider counts (prompt + max_tokens).
+type Send struct {
+	At     time.Duration
+	Tokens float64
+}
+
+// WindowKind is how a provider keeps its minute.
+type WindowKind int
+
+// The provider windows.
+const (
+	// WindowBucket: a bucket of a minute's allowance, full at the start,
+	// refilled continuously.
+	WindowBucket WindowKind = iota + 1
+	// WindowRolling: the last 60 s.
+	WindowRolling
+	// WindowFixed: minutes starting at Offset, reset on the minute.
+	WindowFixed
+)
+
+// ProviderWindow is one way a provider counts, for ProviderRefusals.
+type ProviderWindow struct {
+	Kind   WindowKind
+	Offset time.Duration // WindowFixed: where its minutes start
+}
+
+func (w ProviderWindow) String() string {
+	switch w.Kind {
+	case WindowBucket:
+		return "bucket"
+	case WindowRolling:
+		return "rolling"
+	}
+	return fmt.Sprintf("fixed+%v", w.Offset)
+}
+
+// ProviderWindows lists the windows reports check: a bucket, a rolling
+// minute, and fixed minutes starting at 0, 15, 30 and 45 s.
+func ProviderWindows() []ProviderWindow {
+	ws := []ProviderWindow{{Kind: WindowBucket}, {Kind: WindowRolling}}
+	for off := time.Duration(0); off < time.Minute; off += 15 * time.Second {
+		ws = append(ws, ProviderWindow{Kind: WindowFixed, Offset: off})
+	}
+	return ws
+}
+
+// ProviderRefusals counts the sends (in time order) a provider with these
+// limits per minute (0: none), counting its minute as w does, would
+// refuse; a refused send takes nothing.
+func ProviderRefusals(sends []Send, tpm, rpm float64, w ProviderWindow) int {
+	sends = slices.Clone(sends)
+	slices.SortStableFunc(sends, func(a, b Send) int { return cmp.Compare(a.At, b.At) })
+	refused := 0
+	fits := func(used, n, limit float64) bool { return limit == 0 || used+n <= limit+1e-6 }
+	switch w.Kind {
+	case WindowBucket:
+		tok, req := tpm, rpm
+		var last time.Duration
+		for _, d := range sends {
+			dt := (d.At - last).Seconds()
+			last = d.At
+			tok = math.Min(tpm, tok+dt*tpm/60)
+			req = math.Min(rpm, req+dt*rpm/60)
+			if !fits(tpm-tok, d.Tokens, tpm) || !fits(rpm-req, 1, rpm) {
+				refused++
+				continue
+			}
+			tok -= d.Tokens
+			req--
+		}
+	case WindowRolling:
+		var taken []Send
+		head := 0
+		tok, req := 0.0, 0.0
+		for _, d := range sends {
+			for head < len(taken) && taken[head].At <= d.At-time.Minute {
+				tok -= taken[head].Tokens
+				req--
+				head++
+			}
+			if !fits(tok, d.Tokens, tpm) || !fits(req, 1, rpm) {
+				refused++
+				continue
+			}
+			taken = append(taken, d)
+			tok += d.Tokens
+			req++
+		}
+	case WindowFixed:
+		minute := int64(math.MinInt64)
+		tok, req := 0.0, 0.0
+		for _, d := range sends {
+			if m := int64((d.At - w.Offset + time.Hour) / time.Minute); m != minute {
+				minute, tok, req = m, 0, 0
+			}
+			if !fits(tok, d.Tokens, tpm) || !fits(req, 1, rpm) {
+				refused++
+				continue
+			}
+			tok += d.Tokens
+			req++
+		}
+	}
+	return refused
+}
+
+// MaxWindow is the most tokens sent in any window of length w.
+func MaxWindow(sends []Send, w time.Duration) float64 {
+	sends = slices.Clone(sends)
+	slices.SortStableFunc(sends, func(a, b Send) int { return cmp.Compare(a.At, b.At) })
+	best, sum, head := 0.0, 0.0, 0
+	for _, d := range sends {
+		sum += d.Tokens
+		for sends[head].At <= d.At-w {
+			sum -= sends[head].Tokens
+			head++
+		}
+		best = max(best, sum)
+	}
+	return best
 }
 
 // FormatSeed003 prints the reports side by side.
 func FormatSeed003(w io.Writer, reps []Seed003Report) {
-	fmt.Fprintf(w, "%-22s %14s %18s %10s %14s %12s %9s\n", "policy", "provider 429s", "VIP failed (peak)", "VIP p99", "batch served", "batch done", "peak use")
+	fmt.Fprintf(w, "%-22s %14s %11s %18s %10s %14s %12s %9s\n", "policy", "provider 429s", "window max", "VIP failed (peak)", "VIP p99", "batch served", "batch done", "peak use")
 	for _, r := range reps {
-		fmt.Fprintf(w, "%-22s %14d %11d/%d %4.2f%% %10v %9d/%d %12v %8.1f%%\n", r.Policy, r.ProviderRefusals,
+		fmt.Fprintf(w, "%-22s %14d %10.1f%% %11d/%d %4.2f%% %10v %9d/%d %12v %8.1f%%\n", r.Policy, r.ProviderRefusals, 100*r.WindowMax,
 			r.VIPFailed, r.VIPPeak, 100*r.VIPFailureRate(), r.VIPP99.Round(time.Millisecond), r.BatchServed, r.Batch,
 			r.BatchDone.Round(time.Second), 100*r.PeakUse)
 	}

@@ -387,7 +387,7 @@ func (s *sim) slotsFreed(n int) {
 
 func (s *sim) arriveClosed(tenant int, at time.Duration) {
 	t := &s.sc.Tenants[tenant]
-	p, m, o := t.sizes(s.closed[tenant])
+	p, m, o := t.sizes(s.closed[tenant], nil)
 	id := len(s.reqs)
 	s.reqs = append(s.reqs, Request{ID: id, Tenant: tenant, Arrival: at, Prompt: p, MaxTokens: m, Output: o})
 	s.recs = append(s.recs, Record{})

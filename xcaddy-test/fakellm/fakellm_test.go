@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -724,4 +725,64 @@ func scrape(t *testing.T, f *fixture) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// TestMeterWindows: the three ways a provider counts its minute, on
+// explicit times: a bucket refills continuously; a rolling minute frees
+// each request 60 s after it arrived; a fixed minute resets on the clock's
+// minute.
+func TestMeterWindows(t *testing.T) {
+	t0 := time.Unix(6000, 0) // on a minute
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	check := func(what string, got, want float64) {
+		t.Helper()
+		if math.Abs(got-want) > 1e-6 {
+			t.Errorf("%s: %v, want %v", what, got, want)
+		}
+	}
+	checkD := func(what string, got, want time.Duration) {
+		t.Helper()
+		if got != want {
+			t.Errorf("%s: %v, want %v", what, got, want)
+		}
+	}
+
+	b := newMeter(WindowBucket, 600)
+	b.advance(at(0))
+	b.take(at(0), 600)
+	check("bucket after a minute's worth", b.left(), 0)
+	checkD("bucket wait for 10", b.wait(at(0), 10), time.Second)
+	b.advance(at(30 * time.Second))
+	check("bucket 30 s later", b.left(), 300)
+	checkD("bucket reset", b.reset(at(30*time.Second)), 30*time.Second)
+
+	r := newMeter(WindowRolling, 600)
+	r.advance(at(0))
+	r.take(at(0), 300)
+	r.advance(at(30 * time.Second))
+	r.take(at(30*time.Second), 300)
+	r.advance(at(59 * time.Second))
+	check("rolling at 59 s", r.left(), 0)
+	checkD("rolling wait for 100", r.wait(at(59*time.Second), 100), time.Second)
+	checkD("rolling wait for 400", r.wait(at(59*time.Second), 400), 31*time.Second)
+	checkD("rolling reset", r.reset(at(59*time.Second)), 31*time.Second)
+	r.advance(at(60*time.Second + 1))
+	check("rolling once the first left", r.left(), 300)
+	r.advance(at(91 * time.Second))
+	check("rolling once both left", r.left(), 600)
+
+	f := newMeter(WindowFixed, 600)
+	f.advance(at(10 * time.Second))
+	f.take(at(10*time.Second), 600)
+	f.advance(at(59 * time.Second))
+	check("fixed at 59 s", f.left(), 0)
+	checkD("fixed wait", f.wait(at(59*time.Second), 1), time.Second)
+	checkD("fixed reset", f.reset(at(59*time.Second)), time.Second)
+	f.advance(at(60 * time.Second))
+	check("fixed on the next minute", f.left(), 600)
+	checkD("fixed reset when unused", f.reset(at(60*time.Second)), 0)
+
+	if err := validWindow("sliding"); err == nil {
+		t.Error("validWindow accepted an unknown window")
+	}
 }

@@ -35,12 +35,17 @@ func main() {
 	down := flag.Bool("down", false, "start with /health answering 503")
 	tpm := flag.Float64("tpm", 0, "the account's tokens per minute (prompt + max_tokens); beyond it, 429. 0: no limit")
 	rpm := flag.Float64("rpm", 0, "the account's requests per minute; beyond it, 429. 0: no limit")
+	window := flag.String("limit-window", WindowBucket, "how the account counts its minute: bucket (refilled continuously), rolling (the last 60 s) or fixed (the clock's minutes)")
 	flag.Parse()
+	if err := validWindow(*window); err != nil {
+		fmt.Fprintln(os.Stderr, "fakellm:", err)
+		os.Exit(2)
+	}
 
 	logger := log.New(os.Stderr, "fakellm["+*name+"] ", log.LstdFlags|log.Lmicroseconds)
 	if err := run(*listen, Config{
 		Name: *name, Slots: *slots, TTFT: *ttft, PerToken: *perToken,
-		DefaultOutput: *defOut, Down: *down, Logger: logger, TPM: *tpm, RPM: *rpm,
+		DefaultOutput: *defOut, Down: *down, Logger: logger, TPM: *tpm, RPM: *rpm, Window: *window,
 	}, logger); err != nil {
 		logger.Print(err)
 		os.Exit(1)

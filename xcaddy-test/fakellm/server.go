@@ -38,8 +38,11 @@ type Config struct {
 	// Down starts the server with /health answering 503.
 	Down bool
 	// TPM and RPM, when set, are a provider account's limits: a request
-	// beyond them gets 429 (see ratelimit.go).
+	// beyond them gets 429 (see ratelimit.go). Window is how the provider
+	// counts its minute: WindowBucket (the default), WindowRolling or
+	// WindowFixed.
 	TPM, RPM float64
+	Window   string
 	// Logger receives the few lines the server logs; nil discards them.
 	Logger *log.Logger
 }
@@ -117,12 +120,15 @@ type Stats struct {
 	Completed  uint64 `json:"completed"`
 	ClientGone uint64 `json:"client_gone"`
 	BadRequest uint64 `json:"bad_request"`
-	// RateLimited counts 429s for the account's TPM/RPM.
-	RateLimited uint64 `json:"rate_limited"`
-	Running     int    `json:"running"`
-	Waiting     int    `json:"waiting"`
-	Paused      bool   `json:"paused"`
-	Healthy     bool   `json:"healthy"`
+	// RateLimited counts 429s for the account's TPM/RPM; ChargedTokens
+	// what the account counted of the requests it took (prompt +
+	// max_tokens), with a TPM.
+	RateLimited   uint64 `json:"rate_limited"`
+	ChargedTokens uint64 `json:"charged_tokens"`
+	Running       int    `json:"running"`
+	Waiting       int    `json:"waiting"`
+	Paused        bool   `json:"paused"`
+	Healthy       bool   `json:"healthy"`
 }
 
 type waiter struct {
@@ -154,8 +160,8 @@ type Server struct {
 	records  []*Record
 	stats    Stats // only the counters are used; Running/Waiting are live
 
-	// rpm and tpm are the account's buckets (ratelimit.go), under mu.
-	rpm, tpm limiter
+	// rpm and tpm are the account's meters (ratelimit.go), under mu.
+	rpm, tpm meter
 
 	reg       *prometheus.Registry
 	requests  *prometheus.CounterVec
@@ -173,7 +179,10 @@ func New(cfg Config) *Server {
 	if cfg.Name == "" {
 		cfg.Name = "fakellm"
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, rpm: newLimiter(cfg.RPM), tpm: newLimiter(cfg.TPM)}
+	if cfg.Window == "" {
+		cfg.Window = WindowBucket
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, rpm: newMeter(cfg.Window, cfg.RPM), tpm: newMeter(cfg.Window, cfg.TPM)}
 	s.base, s.closeBase = context.WithCancel(context.Background())
 	if s.log == nil {
 		s.log = log.New(io.Discard, "", 0)

@@ -35,12 +35,15 @@ type FakeStats struct {
 	Completed  uint64 `json:"completed"`
 	ClientGone uint64 `json:"client_gone"`
 	BadRequest uint64 `json:"bad_request"`
-	// RateLimited counts the fake's 429s for its -tpm/-rpm account limits.
-	RateLimited uint64 `json:"rate_limited"`
-	Running     int    `json:"running"`
-	Waiting     int    `json:"waiting"`
-	Paused      bool   `json:"paused"`
-	Healthy     bool   `json:"healthy"`
+	// RateLimited counts the fake's 429s for its -tpm/-rpm account limits;
+	// ChargedTokens what its account counted of the requests it took
+	// (prompt + max_tokens).
+	RateLimited   uint64 `json:"rate_limited"`
+	ChargedTokens uint64 `json:"charged_tokens"`
+	Running       int    `json:"running"`
+	Waiting       int    `json:"waiting"`
+	Paused        bool   `json:"paused"`
+	Healthy       bool   `json:"healthy"`
 }
 
 // FakeRequest is one entry of fakellm's /debug/requests.

@@ -1,0 +1,214 @@
+package fairqueue
+
+import (
+	"math"
+	"time"
+)
+
+// The provider's window, as the gateway keeps to it.
+//
+// Providers count an account's tokens and requests per minute in one of
+// three ways: a token bucket holding a minute's allowance, refilled
+// continuously; a fixed minute, reset on the minute; a rolling minute, the
+// last 60 s. A stream that never puts more than the limits into any 60 s
+// window is refused by none of them (a fixed minute is one such window; a
+// bucket full at the start refills at least as fast as a window slides).
+// The account's meters keep the gateway's own sends to that
+// (drawShare); the provider's reports correct it where the
+// provider counts more than the gateway sent (other users of the key, a
+// prompt counted differently):
+//
+//   - ProviderLevel: what the provider reports remaining (its
+//     x-ratelimit-remaining-* on any answer) is a level, not only a
+//     stop at 0. As of the moment the reporting request was sent, the
+//     account had that much left; what was sent since is taken off, and
+//     the refill the meters assume (their own rate) added. A request
+//     larger than that waits, whatever the meters allow, until the level
+//     has refilled to it, the provider reports again, or its reset time
+//     passes (then the report lapses). Of the reports, the one of the
+//     latest-sent request stands.
+//   - AccountExhausted: a 429, or a report of 0 left, stops dispatch
+//     until the provider's Retry-After or reset (record.go bounds it).
+//
+// The log of what was sent (sendLog) also reports how full the last
+// minute is (UpstreamStatus.WindowTokens): how close the account is to
+// its window.
+
+// sendLog records what was sent to the account over the last providerWindow
+// plus the guard: each entry a time and the tokens and requests sent then
+// (negative for a draw taken back: refunded, or its prompt corrected),
+// oldest first, with running totals of everything ever logged.
+type sendLog struct {
+	at                      []int64 // Unix ns
+	tokens                  []int64
+	requests                []int64
+	head                    int // entries before head have left the window
+	totalTokens, totalReqs  int64
+	windowTokens, windowReq int64 // the entries from head on
+}
+
+// add logs tokens and requests sent (or taken back) at now and drops what
+// has left the window.
+func (l *sendLog) add(now time.Time, tokens, requests int64) {
+	ns := now.UnixNano()
+	if n := len(l.at); n > l.head && l.at[n-1] >= ns {
+		// The same instant (or a clock read before the last): one entry.
+		l.tokens[n-1] += tokens
+		l.requests[n-1] += requests
+	} else {
+		l.at = append(l.at, ns)
+		l.tokens = append(l.tokens, tokens)
+		l.requests = append(l.requests, requests)
+	}
+	l.totalTokens += tokens
+	l.totalReqs += requests
+	l.windowTokens += tokens
+	l.windowReq += requests
+	l.prune(now)
+}
+
+// prune drops the entries older than the window and the guard, and
+// compacts the slices once half of them is dropped.
+func (l *sendLog) prune(now time.Time) {
+	cut := now.Add(-providerWindow - providerGuard).UnixNano()
+	for l.head < len(l.at) && l.at[l.head] <= cut {
+		l.windowTokens -= l.tokens[l.head]
+		l.windowReq -= l.requests[l.head]
+		l.head++
+	}
+	if l.head > 64 && l.head*2 > len(l.at) {
+		n := copy(l.at, l.at[l.head:])
+		copy(l.tokens, l.tokens[l.head:])
+		copy(l.requests, l.requests[l.head:])
+		l.at, l.tokens, l.requests = l.at[:n], l.tokens[:n], l.requests[:n]
+		l.head = 0
+	}
+}
+
+// since sums what was logged after t (Unix ns), within the window:
+// O(entries after t), from the newest back.
+func (l *sendLog) since(t int64) (tokens, requests int64) {
+	for i := len(l.at) - 1; i >= l.head && l.at[i] > t; i-- {
+		tokens += l.tokens[i]
+		requests += l.requests[i]
+	}
+	return tokens, requests
+}
+
+// inWindow sums what was sent in the providerWindow ending at now.
+func (l *sendLog) inWindow(now time.Time) (tokens, requests int64) {
+	return l.since(now.Add(-providerWindow).UnixNano())
+}
+
+// providerLevel is what the provider last reported remaining of the
+// account, per dimension: the level as of asOf (the reporting request's
+// dispatch), less what was sent after it up to when the report came
+// (base), and the log's total then (mark), so that the level at any later
+// time costs O(1): base - (total - mark) + rate x (now - asOf).
+type providerLevel struct {
+	asOf               int64 // Unix ns; 0: no report
+	tokBase, reqBase   float64
+	tokMark, reqMark   int64
+	tokUntil, reqUntil int64 // Unix ns the report of each dimension lapses at; 0: not reported
+}
+
+// ProviderReport is what a provider's answer said of the account: the
+// x-ratelimit-remaining-tokens and -requests (negative: absent) and the
+// x-ratelimit-reset-* times until each is back at its limit (0: absent).
+type ProviderReport struct {
+	RemainingTokens, RemainingRequests int64
+	ResetTokens, ResetRequests         time.Duration
+}
+
+// maxProviderReset bounds how long a report stands: providers counting
+// per minute are back at their limit within a minute, and a garbled or
+// hostile header must not hold the account longer.
+const maxProviderReset = providerWindow + providerGuard
+
+// ProviderLevel records what the provider reported remaining in its answer
+// to tk (see provider.go): until the provider reports again or the reset
+// passes, no request is sent to the account beyond that level, less what
+// was sent since tk and plus the meters' refill. A report about a request
+// sent before the one whose report stands is older news and is ignored; so
+// are reports on a ticket that did not draw on the primary account.
+func (tk *Ticket) ProviderLevel(r ProviderReport) {
+	q := tk.q
+	q.mu.Lock()
+	u := q.up
+	if u == nil || tk.fallback || tk.state != stateInflight && tk.state != stateReleased {
+		q.mu.Unlock()
+		return
+	}
+	now := q.clock.Now()
+	asOf := q.at(tk.dispatched).UnixNano()
+	lv := &u.level
+	if asOf < lv.asOf {
+		q.mu.Unlock()
+		return
+	}
+	u.sent.prune(now)
+	tok, req := u.sent.since(asOf)
+	*lv = providerLevel{asOf: asOf, tokMark: u.sent.totalTokens, reqMark: u.sent.totalReqs}
+	if r.RemainingTokens >= 0 && u.tpm > 0 {
+		lv.tokBase = float64(r.RemainingTokens - tok)
+		lv.tokUntil = asOf + int64(min(max(r.ResetTokens, 0), maxProviderReset))
+		if r.ResetTokens <= 0 {
+			lv.tokUntil = asOf + int64(maxProviderReset)
+		}
+	}
+	if r.RemainingRequests >= 0 && u.rpm > 0 {
+		lv.reqBase = float64(r.RemainingRequests - req)
+		lv.reqUntil = asOf + int64(min(max(r.ResetRequests, 0), maxProviderReset))
+		if r.ResetRequests <= 0 {
+			lv.reqUntil = asOf + int64(maxProviderReset)
+		}
+	}
+	// A higher level may let a request go that waited for it.
+	q.dispatchLocked(now)
+	q.unlock()
+}
+
+// levelAt is the provider's level of each dimension at now (NaN: no
+// report in force).
+func (u *upstream) levelAt(now time.Time) (tokens, requests float64) {
+	lv := &u.level
+	ns := now.UnixNano()
+	tokens, requests = math.NaN(), math.NaN()
+	dt := float64(ns-lv.asOf) / 1e9
+	if lv.tokUntil > ns {
+		tokens = lv.tokBase - float64(u.sent.totalTokens-lv.tokMark) + u.tokensPerSec*dt
+	}
+	if lv.reqUntil > ns {
+		requests = lv.reqBase - float64(u.sent.totalReqs-lv.reqMark) + u.requestsPerSec*dt
+	}
+	return tokens, requests
+}
+
+// levelAllowsLocked reports whether the provider's last report leaves
+// room for tk now; when it does not, for how long at least (the refill up
+// to tk's size, at most until the report lapses).
+func (q *Queue) levelAllowsLocked(now time.Time, tk *Ticket) (bool, time.Duration) {
+	u := q.up
+	if u.level.asOf == 0 {
+		return true, 0
+	}
+	tok, req := u.levelAt(now)
+	var wait time.Duration
+	ns := now.UnixNano()
+	if need := float64(tk.tokens) - tok; need > 0 && u.tokensPerSec > 0 {
+		wait = max(wait, min(seconds(need/u.tokensPerSec), time.Duration(u.level.tokUntil-ns)))
+	}
+	if need := 1 - req; need > 0 && u.requestsPerSec > 0 {
+		wait = max(wait, min(seconds(need/u.requestsPerSec), time.Duration(u.level.reqUntil-ns)))
+	}
+	return wait <= 0, wait
+}
+
+// seconds converts s seconds to a Duration, at least 1 ms and at most the
+// longest report.
+func seconds(s float64) time.Duration {
+	if !(s < maxProviderReset.Seconds()) {
+		return maxProviderReset
+	}
+	return max(time.Duration(s*float64(time.Second)), time.Millisecond)
+}
