@@ -63,6 +63,10 @@ type admission struct {
 	peakAt  time.Time
 	// learnedAt is when the estimator was first seen warmed up.
 	learnedAt time.Time
+	// bwSum/bwW is the backlogged weight averaged over time up to bwAt
+	// (Unix ns), when it was bwLast (refuse.go).
+	bwSum, bwW, bwLast float64
+	bwAt               int64
 }
 
 func newAdmission(cfg *BudgetConfig, old *admission) *admission {
@@ -104,8 +108,13 @@ func (q *Queue) etaLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost i
 	if st.Rate <= 0 {
 		return Estimate{}
 	}
+	rate := st.Rate
+	if q.up != nil {
+		// Nothing goes faster than the account admits it.
+		rate = min(rate, q.accountRateLocked(now))
+	}
 	ahead := q.workAheadLocked(now, t, cq, ownAhead, cost, true)
-	return Estimate{ETA: budget.ETA(ahead, st.Rate), Known: true, WorkAhead: ahead}
+	return Estimate{ETA: budget.ETA(ahead, rate), Known: true, WorkAhead: ahead}
 }
 
 // workAheadLocked is the work dispatched before a request of tenant t,
@@ -265,7 +274,7 @@ func (q *Queue) decideLocked(now time.Time, t *tenant, cq *classQ, cost int64, d
 	}
 	in := budget.Input{Now: now, Deadline: deadline, ETA: est.ETA, Margin: q.cfg.Admission.Margin}
 	later := false
-	if q.cfg.Admission.BoostShareMax > 0 {
+	if q.cfg.Admission.BoostShareMax > 0 && !q.accountBindsLocked(now) {
 		in.BoostETA, in.BoostAllowed, later = q.boostPlanLocked(now, t, cq, cost, deadline, q.adm.rate.Rate(now, q.healthy))
 	}
 	d := budget.Decide(in)
@@ -299,7 +308,7 @@ func (q *Queue) surelyLateLocked(now time.Time, t *tenant, cq *classQ, cost int6
 	}
 	eta := budget.ETA(work, r)
 	in := budget.Input{Now: now, Deadline: deadline, ETA: eta, Margin: q.cfg.Admission.Margin}
-	if q.cfg.Admission.BoostShareMax > 0 {
+	if q.cfg.Admission.BoostShareMax > 0 && !q.accountBindsLocked(now) {
 		in.BoostETA, in.BoostAllowed, _ = q.boostPlanLocked(now, t, cq, cost, deadline, r)
 	}
 	return budget.Decide(in) == budget.Reject, eta
@@ -375,7 +384,10 @@ func (q *Queue) promoteLocked(now time.Time, tk *Ticket) {
 // long the queue: O(maxRecheck x log n), each ETA from the work-ahead index
 // (or a walk over at most aheadWalkMax flows).
 func (q *Queue) recheckLocked(now time.Time) {
-	if q.cfg.Admission.BoostShareMax <= 0 || len(q.deadlines) == 0 {
+	// Behind a provider account that binds, a boost only reorders what
+	// the account admits: the boost budget is a share of the slots,
+	// which are not what requests wait for.
+	if q.cfg.Admission.BoostShareMax <= 0 || len(q.deadlines) == 0 || q.accountBindsLocked(now) {
 		return
 	}
 	horizon := now.Add(q.boostETALocked(now, 0)*4 + q.cfg.Admission.Margin + time.Second)

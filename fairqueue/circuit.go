@@ -226,11 +226,15 @@ func (t *tenant) observeDemand(now time.Time, window time.Duration, busy float64
 // tenantDemand is a tenant's arriving busy time, requests and tokens per
 // second, decayed from at (Unix ns), and, for the owner of a mean busy
 // time (serviceOwnerLocked), the weighted sum and weight of its
-// completions' busy times.
+// completions' busy times; and, for a tenant with a quota, the weighted
+// sums of its completed requests' estimated and actual tokens
+// (quotaRatio).
 type tenantDemand struct {
 	at                 int64
 	busy, reqs, tokens float64
 	busySum, busyW     float64
+	estSum, actSum     float64
+	estN               int
 }
 
 // demandAtLocked is t's arriving rates decayed to now.

@@ -333,7 +333,10 @@ type flow struct {
 	sub   *flowHeap
 	seq   uint64
 	drain flowDrain // early refusal's drain rate (refuse.go)
-	_     [24]byte  // to 192 bytes, a size class whose objects are line-aligned
+	// tokens is the estimated tokens queued in the flow (a quota's
+	// backlog, quota.go).
+	tokens int64
+	_      [16]byte // to 192 bytes, a size class whose objects are line-aligned
 }
 
 // queuedWork is the cost queued in f.
@@ -655,6 +658,10 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	}
 	if decision == budget.Reject && q.fb != nil && q.fb.capacity() > 0 && q.fallbackListed(r.Tenant) {
 		decision = budget.Wait // the fallback takes it if the primary cannot
+	}
+	if decision == budget.Reject && q.up != nil &&
+		q.reservedInTimeLocked(now, t, quota.Backlog{Requests: int64(t.queued) + 1, Tokens: t.queuedCost + tokens}, r.Deadline) {
+		decision = budget.Wait // its reservation takes it, whatever tag order says
 	}
 	if decision == budget.Reject {
 		q.mu.Unlock()
@@ -988,6 +995,7 @@ func (q *Queue) pushFlowLocked(tk *Ticket, f *flow) {
 	tk.state = stateQueued
 	tk.mark = f.in
 	f.in += tk.cost
+	f.tokens += tk.tokens
 	f.q.pushBack(tk)
 	if f.q.head == tk {
 		f.drain = flowDrain{} // backlogged anew: an idle gap is no drain
@@ -1048,6 +1056,7 @@ func (q *Queue) unlinkTicketLocked(tk *Ticket, rekey bool) {
 		wasHead := f.q.head == tk
 		f.q.remove(tk)
 		f.out += tk.cost
+		f.tokens -= tk.tokens
 		switch {
 		case f.q.head == nil:
 			q.unlinkFlowLocked(f)
@@ -1225,6 +1234,7 @@ func (q *Queue) dispatchLoopLocked(now time.Time) (gated bool) {
 	}
 	for q.inflight < q.capacity {
 		if q.up != nil && now.Before(q.up.until) {
+			q.up.heldAt = now
 			return q.queued > 0 // the provider said: nothing until then
 		}
 		if q.queued == 0 {
@@ -1251,6 +1261,7 @@ func (q *Queue) dispatchLoopLocked(now time.Time) (gated bool) {
 		}
 		if !expired && q.up != nil {
 			if ok, _ := q.levelAllowsLocked(now, tk); !ok {
+				q.up.heldAt = now
 				return true // the provider reported less left than tk needs
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
@@ -39,16 +40,22 @@ func (q *Queue) quotaStoreLocked() quota.Store {
 }
 
 // quotaAdmitLocked is the quota's part of admission: how long the request
-// must wait for its tenant's quota behind the tenant's queued requests, or
-// a refusal when that is past its deadline. A store error admits the
-// request (a quota store that is down must not take the gateway with it).
+// must wait for its tenant's quota behind the tenant's queued requests
+// (their estimates corrected by what the tenant's requests really cost,
+// quotaRatio), or a refusal when that is past its deadline. A store error
+// admits the request (a quota store that is down must not take the
+// gateway with it).
 func (q *Queue) quotaAdmitLocked(now time.Time, t *tenant, name string, l *quota.Limits, deadline time.Time) (time.Duration, quota.Dimension, *Rejection) {
 	var ahead quota.Backlog
 	if t != nil {
-		ahead = quota.Backlog{Requests: int64(t.queued), Tokens: t.queuedCost}
+		ahead = quota.Backlog{Requests: int64(t.queued), Tokens: t.quotaTokens(t.queuedCost)}
 	}
 	d, err := q.quotaStoreLocked().Peek(context.Background(), name, l, ahead)
-	if err != nil || d.Allowed {
+	if err != nil {
+		return 0, "", nil
+	}
+	q.tickLagLocked(&d, l, ahead)
+	if d.RetryAfter <= 0 {
 		return 0, "", nil
 	}
 	// It must go before its deadline less the margins: Tick expires what is
@@ -100,11 +107,60 @@ func (q *Queue) quotaAllowsLocked(now time.Time, tk *Ticket) bool {
 	return false
 }
 
+// Quota ratios. A quota is charged a request's estimate at dispatch and
+// corrected to its actual tokens at completion, so when a tenant's
+// estimates run low (a low default_max_tokens, a prompt the tokenizer
+// undercounts) its quota's earliest times run later than the estimates
+// of its queued requests say, and a request admitted on them finds out
+// only when its tenant is held. The ratio of actual to estimated tokens
+// of the tenant's recent completions corrects the estimates of its
+// queued requests wherever the queue predicts a quota time (admission,
+// early refusal); charges stay estimates.
+const (
+	// quotaRatioAlpha weighs one completion in the ratio: it follows the
+	// tenant's last few dozen requests.
+	quotaRatioAlpha = 1.0 / 16
+	// quotaRatioMin is the completions the ratio needs before it counts.
+	quotaRatioMin = 4
+	// quotaRatioMax bounds the ratio both ways (and 1/quotaRatioMax).
+	quotaRatioMax = 4.0
+)
+
+// quotaRatio is what t's requests have really cost its quota per token
+// estimated: 1 until quotaRatioMin of them completed.
+func (t *tenant) quotaRatio() float64 {
+	d := t.demand
+	if d == nil || d.estN < quotaRatioMin || d.estSum <= 0 {
+		return 1
+	}
+	return min(max(d.actSum/d.estSum, 1/quotaRatioMax), quotaRatioMax)
+}
+
+// quotaTokens is estimated tokens of t's requests as its quota is
+// expected to be charged for them.
+func (t *tenant) quotaTokens(estimated int64) int64 {
+	return int64(math.Round(float64(estimated) * t.quotaRatio()))
+}
+
+// noteQuotaUseLocked adds a completed request of a quota'd tenant to its
+// ratio.
+func (q *Queue) noteQuotaUseLocked(tk *Ticket, actual int64) {
+	t := tk.t
+	if t.demand == nil {
+		t.demand = &tenantDemand{}
+	}
+	d := t.demand
+	d.estSum = d.estSum*(1-quotaRatioAlpha) + float64(tk.tokens)
+	d.actSum = d.actSum*(1-quotaRatioAlpha) + float64(actual)
+	d.estN++
+}
+
 // reconcileQuotaLocked corrects tk's charge with its actual tokens.
 func (q *Queue) reconcileQuotaLocked(tk *Ticket, actual int64) {
 	if tk.quotaLimits() == nil || actual < 0 {
 		return
 	}
+	q.noteQuotaUseLocked(tk, actual)
 	_, _ = q.quotaStoreLocked().Reconcile(context.Background(), tk.t.name, tk.ch.quota, tk.tokens, actual)
 	if actual < tk.tokens {
 		q.refundedLocked(tk.t)
@@ -142,6 +198,9 @@ func (q *Queue) deferReconcileLocked(tk *Ticket, actual, prompt int64) (deferred
 	}
 	d := deferredReconcile{store: q.cfg.QuotaStore, t: tk.t, quota: tk.quotaLimits(), up: tk.upLimits(),
 		tokens: tk.tokens, actual: actual, upCounted: providerCount(tk, prompt)}
+	if d.quota != nil {
+		q.noteQuotaUseLocked(tk, actual)
+	}
 	if d.up != nil {
 		d.upKey, d.resKey, d.res = tk.ch.upKey, tk.ch.resKey, tk.ch.resLimits
 		if d.upCounted != d.tokens {
@@ -150,6 +209,100 @@ func (q *Queue) deferReconcileLocked(tk *Ticket, actual, prompt int64) (deferred
 		tk.ch.upLimits, tk.ch.resLimits = nil, nil
 	}
 	tk.ch.quota = nil
+	return d, true
+}
+
+// refuseQuotaFlowLocked refuses, from the tail of f (a flow of a tenant
+// with a quota) towards its head, the queued requests the quota cannot
+// let start before their deadline (less the margins), behind the
+// requests ahead of them in the flow, their estimates corrected by the
+// tenant's ratio: 429 quota_exceeded, Retry-After to the time it could.
+// Nothing of the tenant can start sooner in tag order, so they would
+// wait out their budget for a queue_timeout; admission decided on the
+// estimates alone, and what the tenant's requests really cost shows as
+// they complete. It stops at the first request that makes it (those
+// ahead of it have less ahead) and at max refusals; it returns how many
+// it refused.
+//
+// With the in-process store each check is the store's exact earliest
+// time (a Peek behind the backlog). A shared store is not asked here (a
+// round trip under the lock for every flow a pass visits): the check
+// then starts from the tenant's hold, or from now less the burst
+// tolerance, a lower bound of its quota's time that refuses only what is
+// late for sure; the holds (refuseHeldLocked) catch the rest.
+func (q *Queue) refuseQuotaFlowLocked(now time.Time, f *flow, max int) int {
+	t := f.t
+	l := t.cfg.Quota
+	margin := q.cfg.Admission.Margin
+	if q.cfg.ExpiryMargin > margin {
+		margin = q.cfg.ExpiryMargin
+	}
+	ratio := t.quotaRatio()
+	tokens, reqs := f.tokens, int64(f.q.n)
+	refused := 0
+	for tk := f.q.tail; tk != nil && refused < max; {
+		tokens -= tk.tokens
+		reqs--
+		if tk.deadline.IsZero() || tk.deadline.Sub(now) <= q.cfg.Admission.Margin {
+			return refused // its budget has run out: the expiry answers
+		}
+		ahead := quota.Backlog{Requests: reqs, Tokens: int64(math.Round(float64(tokens) * ratio))}
+		d, ok := q.quotaTimeLocked(now, t, l, ahead)
+		if !ok || now.Add(d.RetryAfter).Before(tk.deadline.Add(-margin)) {
+			return refused
+		}
+		prev := tk.prev
+		rej := quotaRejection(d, quota.Backlog{})
+		rej.WhileQueued = true
+		rej.Detail = fmt.Sprintf("%s quota: behind this tenant's %d requests queued ahead of it, at what its requests have been costing, this one may start in %v, after its wait budget ends",
+			d.Reason, ahead.Requests, d.RetryAfter.Round(time.Millisecond))
+		q.unqueueTailLocked(tk)
+		q.finishLocked(now, tk, stateExpired, rej)
+		refused++
+		tk = prev
+	}
+	return refused
+}
+
+// tickLagLocked adds to d, the quota's earliest time for a request behind
+// ahead, what the holds' granularity adds: a held tenant goes at the
+// first tick at or after its quota allows it (Margin is three of them),
+// and when the quota's burst tolerance is shorter than that, the time
+// lost is lost for good (each charge counts from its dispatch), half a
+// tick per request ahead on average.
+func (q *Queue) tickLagLocked(d *quota.Decision, l *quota.Limits, ahead quota.Backlog) {
+	tick := q.cfg.Admission.Margin / 3
+	if l.Tolerance() >= tick || ahead.Requests <= 0 {
+		return
+	}
+	d.RetryAfter += time.Duration(ahead.Requests) * tick / 2
+	d.Allowed = d.RetryAfter <= 0
+}
+
+// quotaTimeLocked is the earliest time t's quota lets a request behind
+// ahead start, as a Decision (RetryAfter 0: now); false when the store
+// failed (no refusal on it).
+func (q *Queue) quotaTimeLocked(now time.Time, t *tenant, l *quota.Limits, ahead quota.Backlog) (quota.Decision, bool) {
+	if q.cfg.QuotaStore == nil {
+		d, err := q.quotaStoreLocked().Peek(context.Background(), t.name, l, ahead)
+		q.tickLagLocked(&d, l, ahead)
+		return d, err == nil
+	}
+	// A lower bound without a round trip: from the end of the tenant's
+	// hold, or from now less the burst tolerance when it is not held.
+	base := now.Add(-l.Tolerance())
+	if t.heldIdx >= 0 {
+		base = time.Unix(0, t.heldUntil)
+	}
+	d := quota.Decision{}
+	for _, dim := range []quota.Dimension{quota.DimQPS, quota.DimTokens, quota.DimJoint} {
+		if at := base.Add(l.BacklogIncrement(dim, ahead)); at.After(now) && at.Sub(now) > d.RetryAfter {
+			d.RetryAfter, d.Reason = at.Sub(now), dim
+		}
+	}
+	q.tickLagLocked(&d, l, ahead)
+	d.At = now.Add(d.RetryAfter)
+	d.Allowed = d.RetryAfter == 0
 	return d, true
 }
 

@@ -323,3 +323,68 @@ func TestQuotaHeldRefusesBoosted(t *testing.T) {
 	a.drain(1)
 	b.drain(1)
 }
+
+// TestQuotaRefusesEarlyOnLowEstimates: a tenant whose requests each cost
+// its quota three times their estimate (a low output cap assumed), sending
+// twice what its quota allows at their real cost. Every request the
+// quota cannot start in time is refused within a quarter of its budget
+// (at admission once the tenant's ratio is known, or from the queue as
+// the completions show it), none waits out its budget (queue_timeout),
+// none is dispatched late, and the quota stays busy: the refusals do not
+// leave it idle (at least 90% of its rate is used over the run).
+func TestQuotaRefusesEarlyOnLowEstimates(t *testing.T) {
+	cfg := quotaConfig(quota.Config{TokensPerMin: 60000}) // 1000 actual tokens/s: 3.3 requests of 300
+	cfg.Admission = DefaultBudgetConfig()
+	cfg.MaxInflight = 100
+	h := newHarness(t, cfg, 1, 1)
+	h.actual = func(tk *Ticket) int64 { return 3 * tk.Tokens() }
+	var refusedAfter []time.Duration
+	timeouts := 0
+	observe := h.observe
+	h.q.SetObserver(func(ev Event, tk *Ticket) {
+		if ev == EventExpired {
+			refusedAfter = append(refusedAfter, h.clk.Now().Sub(tk.Enqueued()))
+			var rej *Rejection
+			if errors.As(tk.Err(), &rej) && rej.Reason == ReasonQueueTimeout {
+				timeouts++
+			}
+		}
+		observe(ev, tk)
+	})
+	const budget = 8 * time.Second
+	atAdmission := 0
+	var used int64
+	end := 30 * time.Second
+	for at := time.Duration(0); at <= end+budget; at += 50 * time.Millisecond {
+		h.clk.Set(t0.Add(at))
+		for len(h.inflight) > 0 {
+			used += h.actual(h.inflight[0])
+			h.completeOldest()
+		}
+		if at < end && at%(150*time.Millisecond) == 0 { // 6.7 a second of 300 actual tokens: 2x
+			if _, err := h.tryEnqueue(Request{Tenant: "a", Cost: 100, Deadline: t0.Add(at + budget)}); err != nil {
+				atAdmission++
+			}
+		}
+		h.q.Tick()
+	}
+	late := 0
+	for _, d := range refusedAfter {
+		if d > budget/4 {
+			late++
+		}
+	}
+	refused := atAdmission + len(refusedAfter)
+	t.Logf("refused %d: %d at admission, %d from the queue (%d after a quarter of the budget, %d queue_timeout); %d actual tokens served in %v",
+		refused, atAdmission, len(refusedAfter), late, timeouts, used, end+budget)
+	if refused == 0 {
+		t.Fatal("nothing refused: the load does not exceed the quota")
+	}
+	if timeouts != 0 || late != 0 {
+		t.Errorf("%d refusals after a quarter of the budget, %d queue_timeout; want none", late, timeouts)
+	}
+	if float64(used) < 0.9*1000*(end+budget).Seconds() {
+		t.Errorf("the quota served %d actual tokens in %v, want >= 90%% of its 1000/s", used, end+budget)
+	}
+	h.checkConservation()
+}

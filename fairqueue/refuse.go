@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
 // Early refusal: a queued request whose ETA, even boosted, can no longer
@@ -118,7 +119,72 @@ func (q *Queue) refusalRateLocked(now time.Time, healthy int) float64 {
 	if a.learnedAt.IsZero() || now.Sub(a.learnedAt) < window {
 		r = max(r, a.cold.Rate(now, q.cfg.MaxInflight*healthy))
 	}
+	if q.up != nil {
+		// A provider account is a hard bound: nothing goes faster than it
+		// is drawn, whatever the slots could do.
+		r = min(r, q.accountRateLocked(now))
+	}
 	return r
+}
+
+// accountSlack is the share by which a request behind an account must be
+// on time to be kept: the share of the account its tenant gets is an
+// average that the reservations' draws and the order of the others'
+// requests move by a few percent over a wait budget.
+const accountSlack = 0.05
+
+// accountShareLocked is the rate, in cost units per second, at which t's
+// requests are dispatched from an account admitting acct while every
+// tenant now backlogged stays so: its weight's share of the backlogged
+// weight. 0 for an undeclared tenant (its share is the group's, split
+// among members the queue does not weigh).
+func (q *Queue) accountShareLocked(t *tenant, acct float64) float64 {
+	if t.group != nil || t == q.group || t.weight <= 0 {
+		return 0
+	}
+	return acct * t.weight / max(q.adm.bwSum/max(q.adm.bwW, 1e-9), t.weight)
+}
+
+// backloggedTau is the time constant of the backlogged weight's average
+// (noteBackloggedLocked): a tenant whose requests queue now and then
+// weighs in proportion to how long they do.
+const backloggedTau = 10 * time.Second
+
+// noteBackloggedLocked moves the time-average of the backlogged weight to
+// now; every early-refusal pass calls it. The average is exponentially
+// weighted and divided by its total weight, so that its first seconds
+// are the average of what was seen, not pulled towards 0.
+func (q *Queue) noteBackloggedLocked(now time.Time) {
+	a := q.adm
+	bw := math.Float64frombits(q.backlogged.Load())
+	ns := now.UnixNano()
+	if a.bwAt != 0 && ns > a.bwAt {
+		d := math.Exp(-float64(ns-a.bwAt) / float64(backloggedTau))
+		a.bwSum = a.bwSum*d + a.bwLast*(1-d)
+		a.bwW = a.bwW*d + (1 - d)
+	}
+	if a.bwW == 0 {
+		a.bwSum, a.bwW = bw, 1
+	}
+	a.bwAt, a.bwLast = ns, bw
+}
+
+// accountRateLocked is the rate the provider account admits for what is
+// queued, in cost units per second: its tokens and requests per second,
+// less what the reservations have been drawing (they go out of tag order,
+// ahead of what is queued), converted at the cost per token and per
+// request of what is queued; +Inf when nothing is queued to convert with.
+func (q *Queue) accountRateLocked(now time.Time) float64 {
+	u := q.up
+	rate := math.Inf(1)
+	if q.queuedCost > 0 && u.tokensPerSec > 0 {
+		tps := max(u.tokensPerSec-u.reservedRate(now), u.tokensPerSec/10)
+		rate = tps * float64(q.queuedWork) / float64(q.queuedCost)
+	}
+	if q.queued > 0 && u.requestsPerSec > 0 {
+		rate = min(rate, u.requestsPerSec*float64(q.queuedWork)/float64(q.queued))
+	}
+	return rate
 }
 
 // warmLocked reports whether the estimator has learned a rate from its own
@@ -222,6 +288,16 @@ func (q *Queue) refuseLocked(now time.Time) {
 	if q.warmLocked(now) {
 		promise = a.rate.Rate(now, q.healthy)
 	}
+	// Behind a provider account that binds (its rate is the refusal
+	// rate), the promise is held to it too, and a tenant's flow is
+	// expected to drain at its weight's share of it while the others stay
+	// backlogged (accountShare).
+	q.noteBackloggedLocked(now)
+	acct := 0.0
+	if q.accountBindsLocked(now) {
+		acct = q.accountRateLocked(now)
+		promise = min(promise, acct)
+	}
 	nflows := 0
 	for _, c := range q.classes {
 		nflows += c.flows.len()
@@ -237,7 +313,23 @@ func (q *Queue) refuseLocked(now time.Time) {
 		if q.fb != nil && f.t != q.group && q.fallbackListed(f.t.name) && q.fb.capacity() > 0 {
 			continue // the fallback may serve what the primary cannot
 		}
+		if q.up != nil && f.t != q.group && q.up.res[f.t.name] != nil && f.q.tail != nil &&
+			q.reservedInTimeLocked(now, f.t, quota.Backlog{Requests: int64(f.t.queued), Tokens: f.t.queuedCost}, f.q.tail.deadline) {
+			continue // its reservation takes its tail in time
+		}
+		if f.t.cfg.Quota != nil && f.t != q.group {
+			// A quota can hold what the slots would not.
+			refused += q.refuseQuotaFlowLocked(now, f, maxRefusals-refused)
+			if f.q.tail == nil {
+				continue
+			}
+		}
 		drain := f.drain.rate(now, f.out, a.capTime) * float64(h)
+		expect := 0.0
+		if acct > 0 {
+			expect = q.accountShareLocked(f.t, acct)
+		}
+		young := 0
 		for tk := f.q.tail; tk != nil && refused < maxRefusals; {
 			if tk.deadline.IsZero() || tk.deadline.Sub(now) <= q.cfg.Admission.Margin {
 				// No deadline, or too close to it for any dispatch to
@@ -248,9 +340,19 @@ func (q *Queue) refuseLocked(now time.Time) {
 			// Late means past the deadline itself, not merely inside the
 			// margin before it: a request that would start within its
 			// last moments is left to start, or to expire.
-			eta := q.refusalETALocked(now, tk, r, promise, drain, exact)
+			eta := q.refusalETALocked(now, tk, r, promise, drain, expect, exact)
 			if !now.Add(eta).After(tk.deadline) || q.boostSavesLocked(now, tk, r) {
-				break
+				// Behind an account that binds, a request still short of
+				// its decision point passed on the refusal rate alone;
+				// those ahead of it may be past theirs, which the share
+				// decides: walk on, a few (the arrivals of a quarter of
+				// a budget).
+				if expect <= 0 || young >= refuseYoung || !q.beforeDecisionLocked(now, tk) {
+					break
+				}
+				young++
+				tk = tk.prev
+				continue
 			}
 			prev := tk.prev
 			q.refuseQueuedLocked(now, tk, eta)
@@ -258,6 +360,19 @@ func (q *Queue) refuseLocked(now time.Time) {
 			tk = prev
 		}
 	}
+}
+
+// refuseYoung bounds the requests short of their decision point a pass
+// walks past in one flow behind an account (see refuseLocked).
+const refuseYoung = 64
+
+// beforeDecisionLocked reports whether tk is short of its decision point
+// (a quarter of its budget after admission, less the lead).
+func (q *Queue) beforeDecisionLocked(now time.Time, tk *Ticket) bool {
+	enq := q.at(tk.enqueued)
+	at := tk.deadline.Sub(enq) / decideAt
+	at -= min(at/5, decideLead)
+	return now.Sub(enq) < at-decideWindow
 }
 
 // coldMargin is the share of its ETA by which a request must miss to be
@@ -285,14 +400,33 @@ func (q *Queue) refusalMarginLocked(now time.Time) float64 {
 // refusalETALocked is the ETA a refusal of the queued tk is decided on: the
 // work ahead of it in its flow at the flow's drain rate (0: unmeasured),
 // held between the global ETAs at the refusal rate r and at the promise
-// rate (0: not learned yet).
-func (q *Queue) refusalETALocked(now time.Time, tk *Ticket, r, promise, drain float64, exact bool) time.Duration {
+// rate (0: not learned yet). Behind an account that binds, expect is the
+// drain its tenant's share of the account gives (0: none), and decides
+// alone with the refusal rate: unbounded by tag order, which counts none
+// of the arrivals to come that the share does.
+func (q *Queue) refusalETALocked(now time.Time, tk *Ticket, r, promise, drain, expect float64, exact bool) time.Duration {
 	own := q.aheadInFlow(tk)
 	work := q.workAheadLocked(now, tk.t, tk.f.cq, own, tk.cost, exact)
 	lo := budget.ETA(work, r)
 	enq := q.at(tk.enqueued)
 	at := tk.deadline.Sub(enq) / decideAt
 	at -= min(at/5, decideLead)
+	if expect > 0 && now.Sub(enq) >= at-decideWindow {
+		// Behind an account that binds, from its decision point on, a
+		// request is decided on the rate its flow drains at: the share
+		// of the account its tenant's weight gets against the weight
+		// backlogged on average over the last seconds, and, once it has
+		// been measured, what the flow has really been draining, the
+		// slower. Tag order goes by finish tags: a request goes once its
+		// flow has drained the work ahead of it and its own cost; and the
+		// share is an average, which the reservations' draws and the
+		// order of the others' requests move by a few percent.
+		eta := max(budget.ETA(float64(own+tk.cost)*(1+accountSlack), expect), lo)
+		if drain > 0 {
+			eta = max(eta, budget.ETA(float64(own+tk.cost), drain))
+		}
+		return eta
+	}
 	if age := now.Sub(enq); age < at-decideWindow || age >= at {
 		// Outside the decision window: at the refusal rate, less the cold
 		// margin while that rate is extrapolated from a flood's first
@@ -368,8 +502,8 @@ func (q *Queue) topFlowAtLocked(k int) *flow {
 // of it in its flow go first, boosted themselves if need be, so their work
 // counts, as admission counted it (boostPlanLocked).
 func (q *Queue) boostSavesLocked(now time.Time, tk *Ticket, r float64) bool {
-	if q.cfg.Admission.BoostShareMax <= 0 {
-		return false
+	if q.cfg.Admission.BoostShareMax <= 0 || q.accountBindsLocked(now) {
+		return false // behind an account that binds, a boost makes no room
 	}
 	a := q.adm
 	k := q.boostedInflight + q.boost.n
@@ -395,16 +529,10 @@ func (q *Queue) boostSavesLocked(now time.Time, tk *Ticket, r float64) bool {
 	return eta < budget.Never && !now.Add(eta).After(tk.deadline.Add(-q.cfg.Admission.Margin))
 }
 
-// refuseQueuedLocked ends the queued tk with an early refusal whose
-// Retry-After comes from eta, its ETA at the refusal rate.
-func (q *Queue) refuseQueuedLocked(now time.Time, tk *Ticket, eta time.Duration) {
-	left := tk.deadline.Sub(now)
-	frac := 0.0
-	if total := tk.deadline.Sub(q.at(tk.enqueued)); total > 0 && left > 0 {
-		frac = min(float64(left)/float64(total), 1)
-	}
+// unqueueTailLocked takes out a queued tk that a refusal pass ends.
+func (q *Queue) unqueueTailLocked(tk *Ticket) {
 	f := tk.f
-	tail := f.q.tail == tk
+	tail := tk.state == stateQueued && f.q.tail == tk
 	q.unqueueLocked(tk)
 	if tail {
 		// unqueue counts a ticket leaving as cost gone out ahead of those
@@ -415,6 +543,17 @@ func (q *Queue) refuseQueuedLocked(now time.Time, tk *Ticket, eta time.Duration)
 		f.out -= tk.cost
 		f.in -= tk.cost
 	}
+}
+
+// refuseQueuedLocked ends the queued tk with an early refusal whose
+// Retry-After comes from eta, its ETA at the refusal rate.
+func (q *Queue) refuseQueuedLocked(now time.Time, tk *Ticket, eta time.Duration) {
+	left := tk.deadline.Sub(now)
+	frac := 0.0
+	if total := tk.deadline.Sub(q.at(tk.enqueued)); total > 0 && left > 0 {
+		frac = min(float64(left)/float64(total), 1)
+	}
+	q.unqueueTailLocked(tk)
 	q.finishLocked(now, tk, stateExpired, &Rejection{Reason: ReasonBudgetExceeded,
 		RetryAfter: budget.RetryAfter(eta), WhileQueued: true, BudgetLeft: frac,
 		Detail: fmt.Sprintf("estimated wait %s, budget left %s (refused while queued)",

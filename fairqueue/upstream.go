@@ -3,6 +3,7 @@ package fairqueue
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -142,6 +143,32 @@ type upstream struct {
 	// is what the provider last reported remaining (provider.go).
 	sent  sendLog
 	level providerLevel
+	// heldAt is the latest time the account held dispatch back (its
+	// shared part exhausted, its provider's word): it binds, rather than
+	// the slots, while that is recent (accountBindsLocked).
+	heldAt time.Time
+	// resRate is the tokens per second drawn on reservations, decayed
+	// over resRateTau from resAt (Unix ns): what the shared traffic does
+	// not get of the account (accountRateLocked).
+	resRate float64
+	resAt   int64
+}
+
+// resRateTau is the time constant of upstream.resRate.
+const resRateTau = 10 * time.Second
+
+// noteReserved adds a draw of tokens on a reservation at now to resRate.
+func (u *upstream) noteReserved(now time.Time, tokens int64) {
+	u.resRate = u.reservedRate(now) + float64(tokens)/resRateTau.Seconds()
+	u.resAt = now.UnixNano()
+}
+
+// reservedRate is resRate decayed to now.
+func (u *upstream) reservedRate(now time.Time) float64 {
+	if u.resAt == 0 {
+		return 0
+	}
+	return u.resRate * math.Exp(-float64(max(now.UnixNano()-u.resAt, 0))/float64(resRateTau))
 }
 
 // limits compiles a meter for share of the account's limits drawn at
@@ -205,6 +232,7 @@ func newUpstream(cfg *Config, old *upstream) (*upstream, error) {
 		// in its window nor what it last reported.
 		u.until, u.poolUntil = old.until, old.poolUntil
 		u.sent, u.level = old.sent, old.level
+		u.resRate, u.resAt, u.heldAt = old.resRate, old.resAt, old.heldAt
 	}
 	return u, nil
 }
@@ -341,7 +369,22 @@ func (q *Queue) upstreamChargeLocked(now time.Time, tk *Ticket) bool {
 	}
 	// The store's time may be another clock (Redis): only the wait counts.
 	u.poolUntil = now.Add(max(d.RetryAfter, time.Millisecond))
+	u.heldAt = now
 	return false
+}
+
+// accountBindsHold is how long after the account last held dispatch back
+// it still counts as what binds.
+const accountBindsHold = 5 * time.Second
+
+// accountBindsLocked reports whether the provider account, rather than the
+// slots, is what holds dispatch back: it did within accountBindsHold.
+// Then a boost cannot make room (the slot it would take is not what
+// requests wait for) and a tenant's requests go at its share of the
+// account.
+func (q *Queue) accountBindsLocked(now time.Time) bool {
+	u := q.up
+	return u != nil && !u.heldAt.IsZero() && now.Sub(u.heldAt) < accountBindsHold
 }
 
 // drawReservedLocked charges tk to the account and its tenant's
@@ -361,7 +404,26 @@ func (q *Queue) drawReservedLocked(tk *Ticket) bool {
 		return false
 	}
 	tk.ch.resKey, tk.ch.resLimits = key, l
+	q.up.noteReserved(q.clock.Now(), tk.tokens)
 	return true
+}
+
+// reservedInTimeLocked reports whether t's reservation takes a request
+// of t before deadline (less the margins), behind the backlog given: the
+// tenant's requests queued ahead of it, and its own. Tag order does not
+// hold such a request back: a reservation that has room takes it whatever
+// the shared traffic queued, so the ETA that orders the shared traffic
+// does not refuse it. A store error answers no (the shared rules decide).
+func (q *Queue) reservedInTimeLocked(now time.Time, t *tenant, b quota.Backlog, deadline time.Time) bool {
+	l := q.up.res[t.name]
+	if l == nil || !t.known || deadline.IsZero() {
+		return false
+	}
+	d, err := q.quotaStoreLocked().Peek(context.Background(), upstreamReservePfx+t.name, l, b)
+	if err != nil {
+		return false
+	}
+	return now.Add(d.RetryAfter).Before(deadline.Add(-max(q.cfg.Admission.Margin, q.cfg.ExpiryMargin)))
 }
 
 // reservedNextLocked is what may go while the shared part is exhausted:
@@ -550,6 +612,7 @@ func (tk *Ticket) Requeue() bool {
 	tk.state, tk.ready, tk.dispatched = stateQueued, nil, 0
 	f := tk.f
 	f.out -= tk.cost
+	f.tokens += tk.tokens
 	tk.mark = f.out
 	f.q.pushFront(tk)
 	if !t.out {

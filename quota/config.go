@@ -233,6 +233,17 @@ func (l *Limits) inc(i int, tokens int64) int64 {
 	return int64(v)
 }
 
+// BacklogIncrement is how far the charges of backlog b advance meter d's
+// theoretical arrival time: the increments of its requests, summed
+// before rounding; 0 when d is off.
+func (l *Limits) BacklogIncrement(d Dimension, b Backlog) time.Duration {
+	i, ok := dimIndex(d)
+	if !ok {
+		return 0
+	}
+	return time.Duration(l.backlogInc(i, b))
+}
+
 // backlogInc is how far the charges of a backlog advance meter i: the
 // increments of its requests, summed before rounding.
 func (l *Limits) backlogInc(i int, b Backlog) int64 {

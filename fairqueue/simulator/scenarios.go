@@ -336,6 +336,7 @@ var registry = map[string]func() *Scenario{
 	"circuit-mix":      CircuitMix,
 	"costmix":          CostMix,
 	"seed003":          Seed003,
+	"provider-peak":    ProviderPeak,
 	"seed003-fallback": func() *Scenario { return Seed003Outage(true) },
 	"seed003-outage":   func() *Scenario { return Seed003Outage(false) },
 }
