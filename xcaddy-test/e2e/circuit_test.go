@@ -12,10 +12,10 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/harness"
 )
 
-// Tiered circuit breaking end to end (issue 10): a low-tier and a
-// high-tier tenant together send 1.5x what the fakes serve; the circuit
-// sheds low (429 circuit_open, logged with the caller), never high, and
-// readmits low by itself once demand falls.
+// Tiered circuit breaking end to end: a low-tier and a high-tier tenant
+// together send 1.5x what the fakes serve; the circuit sheds low (429
+// circuit_open, logged with the caller) within its window and hold, never
+// high, and readmits low by itself once demand falls.
 
 const circuitTmpl = `{
 	admin 127.0.0.1:{{.Admin}}
@@ -86,6 +86,7 @@ func TestCircuitShedsLowTier(t *testing.T) {
 	// Overload: bulk 0.9x, core 0.6x.
 	var bulk, core openLoop
 	stopBulk, stopCore := make(chan struct{}), make(chan struct{})
+	overload := time.Now()
 	go bulk.run(cl, base, "bulk", 34, stopBulk)
 	go core.run(cl, base, "core", 23, stopCore)
 	waitMetric(t, c, "circuit sheds low", func(s harness.Series) bool {
@@ -139,10 +140,21 @@ func TestCircuitShedsLowTier(t *testing.T) {
 	if shed < 34 {
 		t.Errorf("bulk answered circuit_open %d times in the 3 s of overload it stayed shed, want >= 34 (a third of what it sent)", shed)
 	}
-	// The alert: the log names the tier, the ratio and the caller.
+	// The alert: the log names the tier, the ratio and the caller; and the
+	// shed came within the window and the hold (2 s + 2 s) of the
+	// overload's start, the model servers saturated.
 	found := false
 	for _, e := range caddyLog(c) {
 		if strings.HasPrefix(e.str("msg"), "circuit breaker: circuit shed tier low") {
+			ts, _ := e["ts"].(float64)
+			at := time.Unix(0, int64(ts*1e9))
+			if d := at.Sub(overload); d > 4*time.Second {
+				t.Errorf("low shed %v after the overload began, want within window + hold (4 s)", d.Round(time.Millisecond))
+			}
+			if sat, _ := e["saturation"].(float64); sat < 0.9 {
+				t.Errorf("shed logged at saturation %v, want >= 0.9", sat)
+			}
+			t.Logf("shed %v after the overload began: %s", at.Sub(overload).Round(time.Millisecond), e.str("msg"))
 			callers, _ := e["callers"].([]any)
 			for _, x := range callers {
 				if m, _ := x.(map[string]any); m["tenant"] == "bulk" {
