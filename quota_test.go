@@ -133,6 +133,7 @@ func TestCaddyfileCircuitBreak(t *testing.T) {
 			recover 1.0
 			hold 10s
 			window 5s
+			saturation 80%
 			order low mid high
 		}
 		reverse_proxy a:1
@@ -142,7 +143,7 @@ func TestCaddyfileCircuitBreak(t *testing.T) {
 	}
 	cb := h.CircuitBreak
 	if cb == nil || cb.Trigger != 1.3 || cb.Recover != 1 || cb.Hold != dur(10*time.Second) || cb.Window != dur(5*time.Second) ||
-		strings.Join(cb.Order, " ") != "low mid high" {
+		cb.Saturation != 0.8 || strings.Join(cb.Order, " ") != "low mid high" {
 		t.Fatalf("circuit_break: %+v", cb)
 	}
 	h.setDefaults()
@@ -167,7 +168,9 @@ func TestCaddyfileCircuitBreak(t *testing.T) {
 		{"circuit_break {\norder low\n}", "at least two tiers"},
 		{"circuit_break {\norder a b\ntrigger x\n}", `trigger "x" must be a positive number`},
 		{"circuit_break {\norder a b\nhold 1s\nhold 2s\n}", "hold given twice"},
-		{"circuit_break {\norder a b\nspeed 1\n}", `unknown setting "speed"`},
+		{"circuit_break {\norder a b\nspeed 1\n}", `unknown setting "speed" (want trigger, recover, hold, window, saturation or order)`},
+		{"circuit_break {\norder a b\nsaturation 1.5\n}", `saturation "1.5" must be a share of the window in (0, 1]`},
+		{"circuit_break {\norder a b\nsaturation 0\n}", `saturation "0" must be a share`},
 	} {
 		_, err := parseBlock("fair_queue {\nreverse_proxy a:1\n" + tc.input + "\n}")
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

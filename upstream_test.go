@@ -12,7 +12,7 @@ import (
 
 func TestCaddyfileProviderAccount(t *testing.T) {
 	h, err := parseBlock(`fair_queue {
-		upstream_quota tpm 120000 rpm 600 burst 10s
+		upstream_quota tpm 120000 rpm 600 burst 10s reserve_burst 4s
 		tenant vip weight 70 class realtime reserve 20%
 		tenant bulk weight 10 reserve 0.05
 		fallback {
@@ -29,7 +29,8 @@ func TestCaddyfileProviderAccount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if uq := h.UpstreamQuota; uq == nil || uq.TPM != 120000 || uq.RPM != 600 || uq.Burst != dur(10*time.Second) {
+	if uq := h.UpstreamQuota; uq == nil || uq.TPM != 120000 || uq.RPM != 600 || uq.Burst != dur(10*time.Second) ||
+		uq.ReserveBurst != dur(4*time.Second) {
 		t.Fatalf("upstream_quota: %+v", uq)
 	}
 	if h.Tenants["vip"].Reserve != 0.2 || h.Tenants["bulk"].Reserve != 0.05 {
@@ -43,7 +44,8 @@ func TestCaddyfileProviderAccount(t *testing.T) {
 	for _, tc := range []struct{ input, want string }{
 		{"upstream_quota", "at least one of them"},
 		{"upstream_quota tpm x", `tpm "x" must be a positive number`},
-		{"upstream_quota tpm 1 qpm 2", `unknown setting "qpm"`},
+		{"upstream_quota tpm 1 qpm 2", `unknown setting "qpm" (want tpm, rpm, burst or reserve_burst)`},
+		{"upstream_quota tpm 1 reserve_burst soon", "reserve_burst"},
 		{"tenant a reserve 150%", "between 0 and 1"},
 		{"fallback {\ntenants a\n}", "want 'tenants <name>...' and a 'reverse_proxy"},
 		{"fallback {\nmodel_map a\n}", "model_map <model> <fallback model>"},
@@ -105,4 +107,28 @@ func parseAdmission(t *testing.T, body string) *admission {
 		t.Fatal(err)
 	}
 	return &admission{body: []byte(body), req: req}
+}
+
+// TestProviderReport: what a provider's answer says is left of the
+// account, each dimension with its reset; a value that is not a whole
+// number >= 0 is not reported.
+func TestProviderReport(t *testing.T) {
+	h := http.Header{}
+	if _, ok := providerReport(h); ok {
+		t.Fatal("no headers reported something")
+	}
+	h.Set("X-Ratelimit-Remaining-Tokens", "1500")
+	h.Set("X-Ratelimit-Reset-Tokens", "6m0s")
+	h.Set("X-Ratelimit-Remaining-Requests", "-3")
+	h.Set("X-Ratelimit-Reset-Requests", "1s")
+	r, ok := providerReport(h)
+	if !ok || r.RemainingTokens != 1500 || r.ResetTokens != 6*time.Minute || r.RemainingRequests != -1 || r.ResetRequests != 0 {
+		t.Fatalf("report %+v ok %v; want 1500 tokens reset 6m, requests not reported", r, ok)
+	}
+	h.Set("X-Ratelimit-Remaining-Requests", "0")
+	h.Set("X-Ratelimit-Remaining-Tokens", "lots")
+	r, ok = providerReport(h)
+	if !ok || r.RemainingRequests != 0 || r.ResetRequests != time.Second || r.RemainingTokens != -1 {
+		t.Fatalf("report %+v ok %v; want 0 requests reset 1s, tokens not reported", r, ok)
+	}
 }
