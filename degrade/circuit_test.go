@@ -1014,3 +1014,25 @@ func TestCircuitResources(t *testing.T) {
 		t.Fatal("carried circuit readmitted low")
 	}
 }
+
+// BenchmarkCircuitArriveResources: BenchmarkCircuitArrive on three
+// resources (slot-seconds, an account's tokens and requests), the
+// saturation told on every other arrival: the queue's circuit behind a
+// provider account.
+func BenchmarkCircuitArriveResources(b *testing.B) {
+	c, err := NewCircuit(CircuitConfig{Order: simTiers}, "slots", "account_tokens", "account_requests")
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := circuitStart
+	tiers := []string{"low", "mid", "high"}
+	units := []float64{0.4, 1200, 1}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		now = now.Add(time.Millisecond)
+		c.Arrive(now, tiers[i%3], units...)
+		c.Saturated(now, i%4 < 2)
+		i++
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
@@ -40,6 +41,9 @@ type cycleOpts struct {
 	// account: a provider account (upstream_quota) that never binds;
 	// tenantQuota: a tenant quota on every tenant that never binds.
 	account, tenantQuota bool
+	// circuit: a circuit breaker that never trips (every arrival counted
+	// on it, every completion's busy time learned, its saturation told).
+	circuit bool
 }
 
 // BenchmarkCycle measures one steady-state scheduling cycle with n
@@ -90,9 +94,31 @@ func BenchmarkCycleAccount(b *testing.B) {
 	}
 }
 
+// BenchmarkCycleCircuit is BenchmarkCycleDeclared with a circuit
+// breaker over the tenants' two tiers, and with it and a provider account
+// (three resources): what the circuit adds to a scheduling cycle.
+func BenchmarkCycleCircuit(b *testing.B) {
+	for _, n := range []int{10, 1000} {
+		b.Run(fmt.Sprintf("tenants=%d/circuit", n), func(b *testing.B) {
+			benchCycle(b, n, cycleOpts{deadlines: true, backfill: true, declared: true, circuit: true})
+		})
+		b.Run(fmt.Sprintf("tenants=%d/circuit+account", n), func(b *testing.B) {
+			benchCycle(b, n, cycleOpts{deadlines: true, backfill: true, declared: true, circuit: true, account: true})
+		})
+	}
+}
+
 func benchCycle(b *testing.B, n int, o cycleOpts) {
 	const capacity = 64
 	q, clk := benchQueue(b, capacity)
+	if o.circuit {
+		cfg := q.Config()
+		cfg.Circuit = &degrade.CircuitConfig{Order: []string{"low", "high"}}
+		cfg.Default.Tier = "low"
+		if err := q.Reconfigure(cfg); err != nil {
+			b.Fatal(err)
+		}
+	}
 	if o.account || o.tenantQuota {
 		cfg := q.Config()
 		if o.account {
