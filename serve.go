@@ -305,7 +305,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		(&apiError{status: http.StatusBadGateway, code: outcomeProxyError,
 			message:    "The model server failed to answer; the request may be retried.",
-			retryAfter: time.Second, quota: rec.quota}).write(w)
+			retryAfter: time.Second, quota: rec.quota}).write(w, shapeFor(a.path))
 		perr = nil
 	}
 	h.record(a, outcome, wait)
@@ -590,7 +590,8 @@ func outcomeValue(outcome string) any {
 	return outcome
 }
 
-// answer records a gateway error and writes it in the OpenAI shape; with
+// answer records a gateway error and writes it in the shape of the
+// request's API (OpenAI's, Anthropic's on /v1/messages); with
 // handle_errors it returns it to Caddy instead (Retry-After set, and the
 // code, message and retry in placeholders), for the site's handle_errors
 // routes to render.
@@ -598,7 +599,7 @@ func (h *Handler) answer(w http.ResponseWriter, repl *caddy.Replacer, a *admissi
 	h.record(a, e.code, time.Since(a.arrived))
 	h.quotaStanding(a, e)
 	if !h.HandleErrors {
-		e.write(w)
+		e.write(w, shapeFor(a.path))
 		return nil
 	}
 	if e.quota != nil {

@@ -521,7 +521,7 @@ func wantError(tb testing.TB, res result, status int, code string) apiErrorBody 
 	if body.Error.Message == "" || body.Error.Type == "" {
 		tb.Errorf("error message and type must be set: %s", res.body)
 	}
-	if want := errorType(status); body.Error.Type != want {
+	if want := errorType(status, shapeOpenAI); body.Error.Type != want {
 		tb.Errorf("error.type = %q, want %q", body.Error.Type, want)
 	}
 	retry := res.header.Get("Retry-After")
