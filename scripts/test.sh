@@ -50,13 +50,14 @@ if ! command -v promtool >/dev/null; then
 fi
 go test -race -count=1 .
 
-echo "== the official OpenAI Node client the end-to-end tests drive (pinned by package-lock.json)"
+echo "== the official OpenAI and Anthropic Node clients the end-to-end tests drive (pinned by their package-lock.json)"
 if ! command -v npm >/dev/null; then
 	echo "installing Node.js and npm from Debian's packages"
 	sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
 	$sudo apt-get update -qq && $sudo apt-get install -y -qq nodejs npm
 fi
 (cd xcaddy-test/openai-client && npm ci --no-audit --no-fund --loglevel=error)
+(cd xcaddy-test/anthropic-client && npm ci --no-audit --no-fund --loglevel=error)
 
 echo "== headless Chromium for the dashboard's browser test (Debian's chromium package)"
 if ! command -v chromium >/dev/null; then
