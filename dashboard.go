@@ -421,11 +421,34 @@ func declaredTenants(cfg fairqueue.Config) []string {
 	return names
 }
 
-// sample records the gateway's state in the history, on every tick.
-func (s *sharedQueue) sample() {
+// sampler holds the tick's buffers for the backlogged tenants, reused
+// from tick to tick (only the tick goroutine samples).
+type sampler struct {
+	names  []string
+	owners []history.Backlogged
+}
+
+// sample records the gateway's state in the history, on every tick, with
+// the tenants that have work waiting, which the history's fair shares
+// need. h is the handler whose config is in force (nil: none yet).
+func (s *sharedQueue) sample(h *Handler) {
 	st := s.q.Stats(false)
+	smp := &s.sampler
+	smp.owners = smp.owners[:0]
+	if h != nil {
+		var undeclared bool
+		smp.names, undeclared = s.q.AppendBacklogged(smp.names[:0])
+		for _, name := range smp.names {
+			if tc, ok := h.qcfg.Tenants[name]; ok {
+				smp.owners = append(smp.owners, history.Backlogged{Tenant: name, Weight: tc.Weight})
+			}
+		}
+		if undeclared {
+			smp.owners = append(smp.owners, history.Backlogged{Tenant: unknownTenantLabel, Weight: h.qcfg.Default.Weight})
+		}
+	}
 	s.hist.Sample(history.Sample{Capacity: st.Capacity, Healthy: st.Healthy, Water: st.Water,
-		DegradeLevel: s.q.DegradeLevel(), CircuitLevel: s.q.Circuit().Level})
+		DegradeLevel: s.q.DegradeLevel(), CircuitLevel: s.q.Circuit().Level, Backlogged: smp.owners})
 }
 
 // Interface guards
