@@ -284,16 +284,27 @@ func TestRatesQuotaBoostsETA(t *testing.T) {
 	h.QuotaLimited("app", "joint", true)
 	h.QuotaLimited("app", "bogus", true)
 
-	r := h.Query(time.Hour, map[string]TenantParams{"app": {Weight: 1, QPS: 1, TokensPerMin: 30000}})
+	h.QuotaCharged("stranger", 100)
+	r := h.Query(time.Hour, map[string]TenantParams{
+		"app":         {Weight: 1, QPS: 1, TokensPerMin: 30000, JointPerSec: 2, TokenWeight: 0.001},
+		UnknownTenant: {Weight: 1, QPS: 1, PerCaller: true}})
 	if r.Span != 40 {
 		t.Fatalf("span %g s, want 40", r.Span)
 	}
 	a := tenantOf(t, r, "app")
 	q := a.Quota
-	// 20 requests and 10,000 tokens in 40 s: 0.5/s of 1, 15,000/min of 30,000.
+	// 20 requests and 10,000 tokens in 40 s: 0.5/s of 1, 15,000/min of
+	// 30,000, and (20 + 10,000 x 0.001) / 40 = 0.75 request-equivalents/s
+	// of the joint meter's 2.
 	if !near(q.ChargedPerSec, 0.5, 1e-12) || !near(q.QPSOccupancy, 0.5, 1e-12) ||
-		!near(q.ChargedTokensPerMin, 15000, 1e-9) || !near(q.TokenOccupancy, 0.5, 1e-12) {
-		t.Errorf("quota %+v, want 0.5/s (0.5 of qps) and 15000 tokens/min (0.5)", q)
+		!near(q.ChargedTokensPerMin, 15000, 1e-9) || !near(q.TokenOccupancy, 0.5, 1e-12) ||
+		q.JointLimit != 2 || q.TokenWeight != 0.001 || !near(q.ChargedJointPerSec, 0.75, 1e-12) || !near(q.JointOccupancy, 0.375, 1e-12) {
+		t.Errorf("quota %+v, want 0.5/s (0.5 of qps), 15000 tokens/min (0.5), 0.75 joint/s (0.375)", q)
+	}
+	// The undeclared tenants' limits bind each of them: no occupancy for
+	// all of them together.
+	if u := tenantOf(t, r, UnknownTenant).Quota; !u.PerCaller || u.QPSLimit != 1 || !near(u.ChargedPerSec, 1.0/40, 1e-12) || u.QPSOccupancy != 0 {
+		t.Errorf("_unknown quota %+v, want qps 1 per caller, charged 1/40 per s, no occupancy", u)
 	}
 	wantHits := map[string]QuotaHits{"tokens": {Delayed: 1, Refused: 1}, "joint": {Refused: 1}}
 	if fmt.Sprint(q.Hits) != fmt.Sprint(wantHits) {

@@ -19,14 +19,21 @@ func ParseWindow(name string) (time.Duration, error) {
 }
 
 // TenantParams is what the caller knows of a tenant from the configuration
-// in force: its weight, for the weighted fair share, and its quota's
-// limits (0: the meter is not set).
+// in force: its weight, and its quota's limits (0: the meter is not set).
 type TenantParams struct {
 	Weight float64
 	// QPS is the quota's request rate, per second.
 	QPS float64
 	// TokensPerMin is the quota's token rate, per minute.
 	TokensPerMin float64
+	// JointPerSec is the joint meter's rate, request-equivalents per
+	// second, where a request weighs 1 + its tokens x TokenWeight.
+	JointPerSec float64
+	TokenWeight float64
+	// PerCaller says the limits bind each caller counted under the name
+	// separately (UnknownTenant: every undeclared tenant has
+	// default_tenant's quota of its own).
+	PerCaller bool
 }
 
 // Report is what happened over a window.
@@ -120,13 +127,27 @@ type ETASummary struct {
 type QuotaSummary struct {
 	QPSLimit          float64 `json:"qps_limit"`
 	TokensPerMinLimit float64 `json:"tokens_per_min_limit"`
-	// ChargedPerSec and ChargedTokensPerMin are over Report.Span.
+	// JointLimit is the joint meter's rate in request-equivalents per
+	// second, a request weighing 1 + tokens x TokenWeight (0: no joint
+	// meter).
+	JointLimit  float64 `json:"joint_limit"`
+	TokenWeight float64 `json:"token_to_qps_weight"`
+	// PerCaller: the limits bind each caller counted here separately,
+	// while the charged rates are all of them together, so there is no
+	// occupancy.
+	PerCaller bool `json:"per_caller"`
+	// ChargedPerSec, ChargedTokensPerMin and ChargedJointPerSec are
+	// averages over Report.Span; the joint one weighs tokens at the
+	// TokenWeight in force now.
 	ChargedPerSec       float64 `json:"charged_per_sec"`
 	ChargedTokensPerMin float64 `json:"charged_tokens_per_min"`
-	// QPSOccupancy and TokenOccupancy are charged over limit (0 without
-	// the limit): 1 is exactly the quota.
+	ChargedJointPerSec  float64 `json:"charged_joint_per_sec"`
+	// QPSOccupancy, TokenOccupancy and JointOccupancy are the charged
+	// averages over their limits (0 without the limit, or per caller): 1
+	// is exactly the quota, over the window.
 	QPSOccupancy   float64 `json:"qps_occupancy"`
 	TokenOccupancy float64 `json:"token_occupancy"`
+	JointOccupancy float64 `json:"joint_occupancy"`
 	// Hits counts the requests the quota limited, by meter.
 	Hits map[string]QuotaHits `json:"hits"`
 }
@@ -270,14 +291,23 @@ func tenantReport(name string, a *agg, p TenantParams, span float64) TenantRepor
 		t.ETA = ETASummary{Count: int64(a.etaN), MeanRatio: a.etaRatio / float64(a.etaN),
 			MeanAbsLogError: a.etaErr / float64(a.etaN)}
 	}
-	q := QuotaSummary{QPSLimit: p.QPS, TokensPerMinLimit: p.TokensPerMin,
+	q := QuotaSummary{QPSLimit: p.QPS, TokensPerMinLimit: p.TokensPerMin, JointLimit: p.JointPerSec,
+		TokenWeight: p.TokenWeight, PerCaller: p.PerCaller,
 		ChargedPerSec:       float64(a.chargedN) / span,
 		ChargedTokensPerMin: float64(a.chargedT) / span * 60, Hits: map[string]QuotaHits{}}
-	if p.QPS > 0 {
-		q.QPSOccupancy = q.ChargedPerSec / p.QPS
+	if p.JointPerSec > 0 {
+		q.ChargedJointPerSec = (float64(a.chargedN) + float64(a.chargedT)*p.TokenWeight) / span
 	}
-	if p.TokensPerMin > 0 {
-		q.TokenOccupancy = q.ChargedTokensPerMin / p.TokensPerMin
+	if !p.PerCaller {
+		if p.QPS > 0 {
+			q.QPSOccupancy = q.ChargedPerSec / p.QPS
+		}
+		if p.TokensPerMin > 0 {
+			q.TokenOccupancy = q.ChargedTokensPerMin / p.TokensPerMin
+		}
+		if p.JointPerSec > 0 {
+			q.JointOccupancy = q.ChargedJointPerSec / p.JointPerSec
+		}
 	}
 	for r, reason := range QuotaReasons {
 		if hit := a.limited[r]; hit[actionDelayed]+hit[actionRefused] > 0 {
