@@ -476,3 +476,27 @@ func BenchmarkRecord(b *testing.B) {
 		h.Outcome("a", Answer{Code: "served", Wait: 20 * time.Millisecond, Tokens: 100})
 	}
 }
+
+// BenchmarkSample is the queue's tick: a gateway sample that settles the
+// tokens served since the last one among ten declared tenants and
+// _unknown, half of them backlogged.
+func BenchmarkSample(b *testing.B) {
+	c := newClock()
+	names := make([]string, 10)
+	for i := range names {
+		names[i] = fmt.Sprintf("t%d", i)
+	}
+	h := New(c.Now, names)
+	var backlog []Backlogged
+	for i, n := range append(names, UnknownTenant) {
+		h.Outcome(n, Answer{Code: "served"})
+		if i%2 == 0 {
+			backlog = append(backlog, Backlogged{Tenant: n, Weight: float64(1 + i)})
+		}
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		h.Outcome(names[i%len(names)], Answer{Code: "served", Tokens: 100})
+		h.Sample(Sample{Capacity: 4, Healthy: 2, Water: 0.5, Backlogged: backlog})
+	}
+}

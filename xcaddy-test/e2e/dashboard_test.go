@@ -593,12 +593,20 @@ func checkDashboardPage(t *testing.T, chromium, url, stateURL, locale string, ti
 	bctx, cancelTimeout := context.WithTimeout(bctx, 2*time.Minute)
 	defer cancelTimeout()
 
-	if err := chromedp.Do(bctx,
-		chromedp.Navigate(url),
-		chromedp.WaitVisible("#tenants tbody tr[data-tenant]"),
-		chromedp.Click("#win-1h"),
-	); err != nil {
+	if err := chromedp.Do(bctx, chromedp.Navigate(url)); err != nil {
 		t.Fatalf("loading the dashboard: %v (%v)", err, problems())
+	}
+	// 1. The first poll ends either way: the page drew its state, or it
+	// says why it could not.
+	first, err := chromedp.Run(bctx, chromedp.Poll[string](`(() => {
+		const s = document.getElementById("status");
+		return s && s.dataset.state !== "loading" ? s.dataset.state + ": " + s.textContent : "";
+	})()`, chromedp.WithPollingTimeout(30*time.Second)))
+	if err != nil || !strings.HasPrefix(first, "ok: ") {
+		t.Fatalf("the page's first poll: %q %v (%v)", first, err, problems())
+	}
+	if err := chromedp.Do(bctx, chromedp.WaitVisible("#tenants tbody tr[data-tenant]"), chromedp.Click("#win-1h")); err != nil {
+		t.Fatalf("the tenants table: %v", err)
 	}
 	if prompt && challenges.Load() == 0 {
 		t.Errorf("the page loaded without a credentials challenge: basic_auth is not in front of it")
