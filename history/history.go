@@ -149,7 +149,7 @@ type Sample struct {
 	// dispatch may take now (fairqueue's AppendBacklogged): declared
 	// tenants by name, the undeclared tenants' group as UnknownTenant,
 	// each with its weight. The tokens served since the previous sample
-	// are owed by them (see Sample).
+	// to tenants backlogged now are owed to them by weight (see Sample).
 	Backlogged []Backlogged
 }
 
