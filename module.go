@@ -50,10 +50,10 @@ type Handler struct {
 	// Tokenizer counts prompt tokens: "cl100k_base" (default), "o200k_base",
 	// or "approx" (a fast byte heuristic). The estimate only orders the
 	// queue, and the usage the upstream reports replaces it when the
-	// response ends, so its work per request is bounded: a prompt is counted
-	// exactly while that takes under about 4096 vocabulary lookups (some
-	// 16 KB of English, 2 KB of Chinese), and beyond that estimated from
-	// samples, within 3% of the exact count (see llmapi.NewEstimator).
+	// response ends, so its work per request is bounded (about 4096
+	// vocabulary lookups): a prompt of up to about 500 tokens is counted
+	// exactly, a longer one estimated from samples, within 3% of the exact
+	// count (see llmapi.NewEstimator).
 	// Where a count decides something (max_request_tokens, light_mode's
 	// max_input_tokens), the prompt is counted exactly, up to 64 KiB of
 	// text.

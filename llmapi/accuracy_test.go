@@ -2,7 +2,9 @@ package llmapi
 
 import (
 	"math"
+	"math/rand/v2"
 	"sort"
+	"strings"
 	"testing"
 )
 
@@ -92,6 +94,47 @@ func BenchmarkEstimateCorpus(b *testing.B) {
 				loopCPU(b, func() { got = Estimate(req, est, 0) })
 				b.ReportMetric(100*relErr(got.Prompt, want), "error-%")
 			})
+		}
+	}
+}
+
+// TestEstimatorWorkIsBounded: however long or odd the prompt (one run of
+// a letter, of Chinese without punctuation, of spaces; a million tiny
+// messages; random bytes), the estimator does at most twice DefaultWork
+// vocabulary lookups and the rest of two pieces, and gives a count within
+// 10% of the exact one.
+func TestEstimatorWorkIsBounded(t *testing.T) {
+	if raceEnabled {
+		t.Skip("counts megabytes exactly; runs without the race detector (scripts/test.sh)")
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	random := make([]byte, 1<<20)
+	for i := range random {
+		random[i] = byte(rng.IntN(256))
+	}
+	en, zh := testdataText()
+	cases := map[string][]string{
+		"run":       {strings.Repeat("a", 4<<20)},
+		"cjk run":   {strings.Repeat("中", 1<<20)},
+		"spaces":    {strings.Repeat(" ", 1<<20) + "x"},
+		"words":     {strings.Repeat("word ", 800<<10)},
+		"tiny":      strings.Split(strings.Repeat("a", 1<<20), ""),
+		"random":    {string(random)},
+		"long text": {longText(en+"\n\n"+zh, 4<<20)},
+	}
+	limit := 2 * (DefaultWork + 3*maxPieceBytes) // each phase may finish the piece it is in
+	for _, name := range []string{CL100kBase, O200kBase} {
+		est, err := NewEstimator(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := est.(*sampledCounter)
+		for what, texts := range cases {
+			n, work := s.count(texts)
+			want := countTexts(WithExactBudget(mustCounter(t, name), 0), texts)
+			if work > limit || math.Abs(relErr(n, want)) > 0.10 {
+				t.Errorf("%s %s: %d tokens (exact %d) after %d lookups, want within 10%% and %d lookups", name, what, n, want, work, limit)
+			}
 		}
 	}
 }

@@ -15,8 +15,9 @@ import (
 // encodings' regular expressions. tiktoken-go's backtracking regexp engine
 // is what made exact counting cost milliseconds per prompt; the tests hold
 // this counter to tiktoken-go's counts on every valid UTF-8 text they try
-// (TestBPEMatchesTiktoken, FuzzBPEMatchesTiktoken). Invalid UTF-8 is
-// counted as its bytes, where tiktoken-go counts a U+FFFD per bad byte.
+// (TestBPEMatchesTiktoken, FuzzBPEMatchesTiktoken), but for runs longer
+// than maxPieceBytes, which it cuts. Invalid UTF-8 is counted as its
+// bytes, where tiktoken-go counts a U+FFFD per bad byte.
 type bpeCounter struct {
 	name  string
 	ranks *rankTable
@@ -30,6 +31,22 @@ func (b *bpeCounter) Name() string { return b.name }
 func (b *bpeCounter) Count(text string) int {
 	n, _, _ := b.countWork(text, noRank)
 	return n
+}
+
+// maxPieceBytes caps the length of a piece. A run of letters, spaces or
+// marks is one piece however long, and finding its end and merging it
+// cost time in its length: a prompt of one long run (base64 without line
+// breaks, a ruler of '=', Chinese without punctuation) would stall the
+// counter, and a window of the sampler would scan it to its end. Cutting
+// such runs changes the count by a token or two per cut (tiktoken-go
+// counts them whole), and prose, code and JSON never have runs this long.
+const maxPieceBytes = 256
+
+// next returns the end of the piece that starts at i, at most
+// maxPieceBytes on: the pre-tokenizer sees no further, and the patterns
+// look at most a few characters past a piece's end.
+func (b *bpeCounter) next(s string, i int) int {
+	return b.piece(s[:min(len(s), i+maxPieceBytes)], i)
 }
 
 // pieceTokens is the number of tokens byte-pair merging makes of p. It

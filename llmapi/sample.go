@@ -17,17 +17,17 @@ const DefaultWork = 4096
 // tokenizer work however long the prompt, for the scheduler's order,
 // where a few percent do not matter and milliseconds a request would.
 //
-// A prompt whose exact count fits in a quarter of the work is counted
-// exactly. Beyond that, the part counted exactly stays exact and the rest
-// is estimated with a ratio estimator: a rough count that costs a table
-// lookup a byte (roughTokens) runs over all of the rest, and the exact
-// counter over evenly spread windows of it until the work is spent; the
-// estimate is the rough count scaled by exact/rough in the windows. The
-// rough count follows the mix of the text (prose, code, JSON, Chinese)
-// everywhere, and the windows correct its bias for this text. On the test
-// corpus (English, Chinese, code, tool schemas and results, 2-400 KB)
-// the estimate is within 3% of the exact count at the 95th percentile
-// (TestEstimateAccuracy).
+// A prompt whose rough count is at most an eighth of the work (in tokens)
+// is counted exactly, as far as the work goes. A longer one (and whatever
+// the work did not reach) is estimated with a ratio estimator: a rough
+// count that costs a table lookup a byte (roughTokens) runs over all of
+// it, and the exact counter over evenly spread windows of it until the
+// work is spent or the ratio has settled; the estimate is the rough count
+// scaled by exact/rough in the windows. The rough count follows the mix of
+// the text (prose, code, JSON, Chinese) everywhere, and the windows
+// correct its bias for this text. On the test corpus (English, Chinese,
+// code, tool schemas and results, 2-400 KB) the estimate is within 3% of
+// the exact count at the 95th percentile (TestEstimateAccuracy).
 type sampledCounter struct {
 	exact *bpeCounter
 	work  int
@@ -63,6 +63,13 @@ func (s *sampledCounter) Count(text string) int { return s.countTexts([]string{t
 const sampleWindowBytes = 32
 
 func (s *sampledCounter) countTexts(texts []string) int {
+	n, _ := s.count(texts)
+	return n
+}
+
+// count is countTexts, with the vocabulary lookups it did: at most twice
+// s.work, and the rest of the piece it was in when the work ran out.
+func (s *sampledCounter) count(texts []string) (tokens, work int) {
 	rough := 0
 	for _, t := range texts {
 		rough += s.exact.roughTokens(t)
@@ -72,7 +79,6 @@ func (s *sampledCounter) countTexts(texts []string) int {
 	}
 	// Likely short enough to count exactly (a Chinese character can take
 	// seven lookups): try, and sample what the work did not reach.
-	work, tokens := 0, 0
 	for i, t := range texts {
 		n, end, w := s.exact.countWork(t, s.work-work)
 		tokens += n
@@ -83,10 +89,11 @@ func (s *sampledCounter) countTexts(texts []string) int {
 			for _, t := range rest {
 				rough += s.exact.roughTokens(t)
 			}
-			return tokens + s.sample(rest, rough)
+			n, w := s.sample(rest, rough)
+			return tokens + n, work + w
 		}
 	}
-	return tokens
+	return tokens, work
 }
 
 // Sampling stops early, once at least minWindows windows were counted and
@@ -99,8 +106,9 @@ const (
 )
 
 // sample estimates the tokens of texts, whose rough count is rough, from
-// windows counted exactly within s.work (see sampledCounter).
-func (s *sampledCounter) sample(texts []string, rough int) int {
+// windows counted exactly within s.work (see sampledCounter), and returns
+// them with the lookups it did.
+func (s *sampledCounter) sample(texts []string, rough int) (tokens, work int) {
 	starts := make([]int, len(texts)+1) // starts[i]: where texts[i] begins
 	for i, t := range texts {
 		starts[i+1] = starts[i] + len(t)
@@ -109,7 +117,6 @@ func (s *sampledCounter) sample(texts []string, rough int) int {
 	// Windows at positions of the van der Corput sequence (1/2, 1/4, 3/4,
 	// 1/8, ...): however many are counted, they are spread evenly.
 	var st ratioStats
-	work := 0
 	windows := max(total/sampleWindowBytes, 1)
 	for j := uint32(1); int(j) <= windows && work < s.work; j++ {
 		lo := int(uint64(bits.Reverse32(j)) * uint64(total) >> 32)
@@ -127,9 +134,9 @@ func (s *sampledCounter) sample(texts []string, rough int) int {
 		}
 	}
 	if st.r == 0 {
-		return (rough + 15) / 16
+		return (rough + 15) / 16, work
 	}
-	return int(float64(rough)*st.e/st.r + 0.5)
+	return int(float64(rough)*st.e/st.r + 0.5), work
 }
 
 // ratioStats sums windows' exact and rough counts, for the ratio estimate
@@ -164,7 +171,7 @@ func (s *ratioStats) relErr() float64 {
 // stopped (at a piece's end) and the lookups done.
 func (b *bpeCounter) countWork(text string, limit int) (tokens, end, work int) {
 	for end < len(text) && work < limit {
-		j := b.piece(text, end)
+		j := b.next(text, end)
 		tokens += b.pieceTokens(text[end:j], &work)
 		end = j
 	}
@@ -187,12 +194,12 @@ func (b *bpeCounter) window(t string, lo, hi, limit int) (tokens, start, end, wo
 			i++
 		}
 		if i < len(t) {
-			i = b.piece(t, i)
+			i = b.next(t, i)
 		}
 	}
 	start = i
 	for i < len(t) && (i == start || i < hi) && work < limit {
-		j := b.piece(t, i)
+		j := b.next(t, i)
 		tokens += b.pieceTokens(t[i:j], &work)
 		i = j
 	}
@@ -275,18 +282,22 @@ var byteClasses = func() (t [256]uint8) {
 }()
 
 // roughWeights[prev<<4|cur] is what a byte of class cur after one of
-// class prev adds, in sixteenths of a token: a word (or a 2-byte
-// letter) one token, a digit half, punctuation five eighths and a quarter
-// more per mark in a run, a line break one, a CJK character 1.125, a
-// 4-byte character 1.5.
+// class prev adds, in sixteenths of a token: a word (or a 2-byte letter)
+// one token and a sixteenth more per letter, a digit five eighths,
+// punctuation five eighths and a quarter more per mark in a run, a line
+// break one, a space after whitespace a sixteenth, a 3-byte character
+// one (a CJK ideograph: its own count, see roughTokens), a 4-byte one 1.5.
+// No class that costs tokens weighs nothing: the ratio estimator cannot
+// scale a count of zero.
 var roughWeights = func() (w [16 * 16]uint8) {
 	for p := range byteClassesN {
 		for c := range byteClassesN {
 			var v int
 			switch c {
 			case byteLetter:
-				if p != byteLetter && p != byteCont && p != byteLead2 {
-					v = 16
+				v = 16
+				if p == byteLetter || p == byteCont || p == byteLead2 {
+					v = 1 // in a word: long ones split
 				}
 			case byteDigit:
 				v = 10
@@ -294,6 +305,10 @@ var roughWeights = func() (w [16 * 16]uint8) {
 				v = 10
 				if p == bytePunct {
 					v = 4
+				}
+			case byteSpace:
+				if p == byteSpace || p == byteBreak {
+					v = 1 // a run of spaces: little, but never nothing
 				}
 			case byteBreak:
 				v = 16
