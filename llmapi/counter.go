@@ -26,18 +26,19 @@ const (
 // and help texts.
 func CounterNames() []string { return []string{CL100kBase, O200kBase, Approx} }
 
-// DefaultExactBytes is the per-request budget of text that the tiktoken
-// counters returned by NewCounter tokenize exactly. tiktoken-go runs at a few
-// MB/s, so 64 KiB costs roughly 15 ms of one core; beyond it the count is
-// extrapolated (see WithExactBudget).
+// DefaultExactBytes is the per-request budget of text that the BPE
+// counters returned by NewCounter tokenize exactly: 64 KiB costs a few ms of
+// one core; beyond it the count is extrapolated (see WithExactBudget). The
+// queue's order takes the cheaper NewEstimator; this exact count is for
+// the decisions a count makes (a request's token limit, light mode).
 const DefaultExactBytes = 64 << 10
 
 // NewCounter returns the named counter: "cl100k_base" and "o200k_base" are
 // exact BPE tokenizers bounded by DefaultExactBytes, "approx" a heuristic
 // that needs no vocabulary and runs at memory speed. The BPE ranks are
 // loaded once per process, from data compiled into the binary, on first
-// use; calling NewCounter at provisioning time moves that cost (about 0.1 s
-// and 0.2 s) out of the first request.
+// use; calling NewCounter at provisioning time moves that cost (a few
+// tenths of a second each) out of the first request.
 func NewCounter(name string) (Counter, error) {
 	switch name {
 	case Approx:
