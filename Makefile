@@ -46,6 +46,9 @@ sim:
 # upstream, alternating rounds of small requests (vegeta); prints throughput,
 # p50/p99 and Caddy CPU per request, and the fair/plain ratios. Flags, e.g.:
 # make load LOADFLAGS='-rounds 10 -duration 3s -workers 16'
+# Backlogged mode: 32 KB prompts, an upstream that takes 20 ms, and a third
+# site whose queue always holds most requests; it reports the backlogged
+# request's Caddy CPU over the same path idle: make load LOADFLAGS=-backlog
 LOADFLAGS ?=
 load: xcaddy
 	go run ./xcaddy-test/fqload $(LOADFLAGS)

@@ -364,19 +364,6 @@ func (h *Handler) notDispatched(w http.ResponseWriter, repl *caddy.Replacer, a *
 	return nil
 }
 
-// estimator picks the token counter for a new request. The estimate only
-// orders the queue; the usage the upstream reports replaces it when the
-// response ends. So while nothing waits and a slot is free — the request
-// will be dispatched at once and its estimate orders nothing — the cheap
-// approx counter keeps tiktoken (about 5 MB/s) off the request path; under
-// load, when order matters, prompts are counted exactly.
-func (h *Handler) estimator() llmapi.Counter {
-	if h.approx != nil && h.shared.q.Idle() {
-		return h.approx
-	}
-	return h.counter
-}
-
 // actualCost is what the request really cost: the usage the upstream
 // reported or the streamed text counted; failing that, nothing when the
 // upstream failed (the tenant is not charged for an error), else the
@@ -477,15 +464,14 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 	}
 	req := &a.req0
 	a.req = req
-	est := h.estimator()
-	a.cost = llmapi.Estimate(req, est, h.DefaultMaxTokens)
+	a.cost = llmapi.Estimate(req, h.estimator, h.DefaultMaxTokens)
 	h.applyDegrade(a)
 	if limit, what := h.requestTokenLimit(a.tenant, known); int64(a.cost.Total())+int64(len(body)) > limit {
-		// A text token is at least one byte, so the cheap estimate can be
-		// off by no more than the body's size: near the limit, decide on
-		// the exact count (it samples long prompts), never on approx,
-		// which adversarial text fools both ways.
-		if est != h.counter && !a.light {
+		// A text token is at least one byte, so the estimate can be off
+		// by no more than the body's size: near the limit, decide on the
+		// exact count (it samples prompts beyond 64 KiB of text), never on
+		// an estimate that adversarial text could push either way.
+		if !a.light {
 			a.cost = llmapi.Estimate(req, h.counter, h.DefaultMaxTokens)
 		}
 		if int64(a.cost.Total()) > limit {
