@@ -408,6 +408,9 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 	}
 	var err error
 	for name, t := range h.Tenants {
+		if name == unknownTenantLabel {
+			return cfg, fmt.Errorf("tenant %q: the name is the metrics label of every undeclared tenant; choose another", name)
+		}
 		if cfg.Tenants[name], err = tenant("tenant "+strconv.Quote(name), t); err != nil {
 			return cfg, err
 		}

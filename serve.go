@@ -54,9 +54,6 @@ const (
 	codeContextLength = "context_length_exceeded"
 )
 
-// maxTenantLen bounds a tenant ID.
-const maxTenantLen = 256
-
 // admission is everything known about a request before it is queued.
 type admission struct {
 	tenant   string
@@ -409,11 +406,15 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 	a.tenant = h.tenantOf(r, repl)
 	// Known from here on, so the inner proxy can use it (header_up).
 	repl.Map(a.placeholder)
-	if len(a.tenant) > maxTenantLen {
-		// Tenant IDs are map keys, log fields and report rows: bound them.
-		a.tenant, a.label = a.tenant[:maxTenantLen], unknownTenantLabel
+	if err := fairqueue.CheckTenantID(a.tenant); err != nil {
+		// Tenant IDs are map keys, store keys, log fields and report
+		// rows: the queue's own meters have names no valid ID can take.
+		// The answer does not echo the ID (it may be a credential).
+		a.tenant, a.label = a.tenant[:min(len(a.tenant), fairqueue.MaxTenantIDLen)], unknownTenantLabel
 		a.m = h.metrics.of(a.label)
-		return a, badRequest(fmt.Sprintf("The tenant ID is longer than %d bytes.", maxTenantLen))
+		return a, badRequest(fmt.Sprintf("%s is not a valid tenant ID: it has %v. A tenant ID is printable "+
+			"UTF-8 text of at most %d bytes, without control or invisible characters.",
+			h.tenantSource(), err, fairqueue.MaxTenantIDLen))
 	}
 	tc, known := h.qcfg.Tenant(a.tenant)
 	a.tc, a.label = tc, a.tenant
@@ -515,6 +516,15 @@ func (h *Handler) tenantOf(r *http.Request, repl *caddy.Replacer) string {
 		}
 	}
 	return repl.ReplaceAll(h.TenantKey, "")
+}
+
+// tenantSource names where the request's tenant ID came from, for an
+// error message: the header when tenant_key is one, else the key.
+func (h *Handler) tenantSource() string {
+	if h.tenantHeader != "" {
+		return "The " + h.tenantHeader + " header"
+	}
+	return "The value of tenant_key " + h.TenantKey
 }
 
 // classAndBudget applies the request's class and wait-budget headers, which
