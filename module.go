@@ -170,6 +170,7 @@ type Handler struct {
 	approx   llmapi.Counter // used while the queue is idle (see estimator)
 	qcfg     fairqueue.Config
 	logger   *zap.Logger
+	usageLog *zap.Logger // clampLogger(logger)
 	ctx      caddy.Context
 	events   *caddyevents.App
 	classIdx map[string]time.Duration
@@ -483,6 +484,7 @@ func (h *Handler) admissionConfig() fairqueue.BudgetConfig {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx = ctx
 	h.logger = ctx.Logger()
+	h.usageLog = clampLogger(h.logger)
 	h.setDefaults()
 	var err error
 	if h.counter, err = llmapi.NewCounter(h.Tokenizer); err != nil {

@@ -384,8 +384,9 @@ func (h *Handler) actualCost(rec *usageRecorder, a *admission, failed bool) int6
 		if !u.Reported || prompt == 0 {
 			prompt = a.cost.Prompt
 		}
-		a.usageKnown, a.usedPrompt, a.usedCompletion = !failed, prompt, u.Completion
-		actual := int64(prompt + u.Completion)
+		prompt, completion := h.boundUsage(a, prompt, u.Completion)
+		a.usageKnown, a.usedPrompt, a.usedCompletion = !failed, prompt, completion
+		actual := int64(prompt + completion)
 		a.m.observeActual(h.Name, a.label, float64(actual))
 		a.used = actual
 		return actual
