@@ -267,10 +267,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				message:    "The model provider is out of quota for this gateway's account. The request was not served; retry after the time in Retry-After.",
 				retryAfter: max(rec.providerWait, time.Second)})
 		}
+		refusedUntil := time.Now().Add(rec.providerWait)
 		if err := tk.Wait(r.Context()); err != nil {
 			// The answer is the gateway's own: not the refused attempt's.
 			for _, k := range []string{headerWaitMs, headerCost, headerMode, headerChannel} {
 				w.Header().Del(k)
+			}
+			var rej *fairqueue.Rejection
+			if errors.As(err, &rej) {
+				// It did reach the provider, and the account's wait is
+				// what a retry meets first.
+				wait := max(time.Until(refusedUntil), h.shared.q.AccountWait(info.Fallback))
+				return h.answerRequeuedRejection(w, repl, a, rej, wait)
 			}
 			return h.notDispatched(w, repl, a, err)
 		}
