@@ -236,7 +236,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if rec.provider {
 			saved = w.Header().Clone()
 		}
-		perr = proxy.ServeHTTP(rec, r, next)
+		preq := r
+		if info.Fallback && h.Fallback != nil {
+			preq = h.Fallback.fallbackRequest(r)
+		}
+		perr = proxy.ServeHTTP(rec, preq, next)
 		if rec.provider429 {
 			// The proxy copied the refusal's headers: none of them is the
 			// client's answer.
