@@ -216,3 +216,29 @@ func FuzzTenantKeys(f *testing.F) {
 		q.Close("test over")
 	})
 }
+
+// The check runs on every request: it allocates nothing for a valid ID.
+func TestCheckTenantIDAllocatesNothing(t *testing.T) {
+	for _, id := range []string{"acme", strings.Repeat("é", MaxTenantIDLen/2)} {
+		if n := testing.AllocsPerRun(100, func() { _ = CheckTenantID(id) }); n != 0 {
+			t.Errorf("CheckTenantID(%d bytes) allocates %v times", len(id), n)
+		}
+	}
+}
+
+func BenchmarkCheckTenantID(b *testing.B) {
+	for _, c := range []struct{ name, id string }{
+		{"ascii_12", "team-support"},
+		{"ascii_256", strings.Repeat("t", MaxTenantIDLen)},
+		{"utf8_256", strings.Repeat("é", MaxTenantIDLen/2)},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(c.id)))
+			for b.Loop() {
+				if CheckTenantID(c.id) != nil {
+					b.Fatal("refused")
+				}
+			}
+		})
+	}
+}
