@@ -20,7 +20,8 @@ import (
 // reported prompt and completion tokens (or had its streamed text
 // counted): as reported, unless the total exceeds the request's bound,
 // the larger of twice its estimate and the tokens one request may have
-// (max_request_tokens, the tenant's own if set). Then the total is the
+// (max_request_tokens, the tenant's own if set, or a smaller
+// max_inflight_tokens or max_queue_tokens: requestTokenLimit). Then the total is the
 // bound (prompt first), the tenant's metric counts it and a warning is
 // logged, at most one a minute (clampLogger). The estimate's output part
 // is the request's own max_tokens or default_max_tokens, so an answer
