@@ -535,7 +535,9 @@ func (h *Handler) tenantOf(r *http.Request, repl *caddy.Replacer) string {
 // error message: the header when tenant_key is one, else the key.
 func (h *Handler) tenantSource() string {
 	if h.tenantHeader != "" {
-		return "The " + h.tenantHeader + " header"
+		// As the config spells it (X-Tenant-ID), not canonical (X-Tenant-Id).
+		name := strings.TrimSuffix(strings.TrimPrefix(h.TenantKey, "{http.request.header."), "}")
+		return "The " + name + " header"
 	}
 	return "The value of tenant_key " + h.TenantKey
 }

@@ -135,7 +135,7 @@ func FuzzTenantHeader(f *testing.F) {
 			if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
 				t.Fatalf("tenant %q: the 400's body is not the OpenAI error shape: %v: %q", id, err, w.Body)
 			}
-			if body.Error.Code != outcomeInvalid || !strings.Contains(body.Error.Message, "The X-Tenant-Id header is not a valid tenant ID") {
+			if body.Error.Code != outcomeInvalid || !strings.Contains(body.Error.Message, "The X-Tenant-ID header is not a valid tenant ID") {
 				t.Fatalf("tenant %q: 400 %s %q, want invalid_request saying the tenant ID is not valid", id, body.Error.Code, body.Error.Message)
 			}
 			if u.hits.Load() != before {
