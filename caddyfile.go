@@ -82,6 +82,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        model_map <model> <fallback model>
 //	        max_inflight <n>
 //	        upstream_quota [tpm <n>] [rpm <n>] [burst <duration>]
+//	        # the caller's credentials (Authorization, Cookie, X-Api-Key...)
+//	        # are not passed on; header_up sets the fallback's own, or
+//	        # passes one on: header_up Authorization {http.request.header.Authorization}
 //	        reverse_proxy <upstreams...> {
 //	            <reverse_proxy subdirectives...>
 //	        }

@@ -215,8 +215,8 @@ func TestServeTenantIDTooLong(t *testing.T) {
 	u := newFakeUpstream(t)
 	h, _ := mustLoad(t, fqConfig(queueName(t), u, ""))
 	g := newGateway(t, h)
-	wantError(t, g.post(strings.Repeat("t", maxTenantLen+1), chatBody("")), http.StatusBadRequest, outcomeInvalid)
-	wantOK(t, g.post(strings.Repeat("t", maxTenantLen), chatBody("")))
+	wantError(t, g.post(strings.Repeat("t", fairqueue.MaxTenantIDLen+1), chatBody("")), http.StatusBadRequest, outcomeInvalid)
+	wantOK(t, g.post(strings.Repeat("t", fairqueue.MaxTenantIDLen), chatBody("")))
 }
 
 // Bodies being received are bounded together: past the limit a new upload

@@ -174,6 +174,7 @@ type Handler struct {
 	estimator llmapi.Counter // bounded work: for the queue's order
 	qcfg      fairqueue.Config
 	logger    *zap.Logger
+	usageLog  *zap.Logger // clampLogger(logger)
 	ctx       caddy.Context
 	events    *caddyevents.App
 	classIdx  map[string]time.Duration
@@ -412,6 +413,9 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 	}
 	var err error
 	for name, t := range h.Tenants {
+		if name == unknownTenantLabel {
+			return cfg, fmt.Errorf("tenant %q: the name is the metrics label of every undeclared tenant; choose another", name)
+		}
 		if cfg.Tenants[name], err = tenant("tenant "+strconv.Quote(name), t); err != nil {
 			return cfg, err
 		}
@@ -484,6 +488,7 @@ func (h *Handler) admissionConfig() fairqueue.BudgetConfig {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx = ctx
 	h.logger = ctx.Logger()
+	h.usageLog = clampLogger(h.logger)
 	h.setDefaults()
 	var err error
 	if h.counter, err = llmapi.NewCounter(h.Tokenizer); err != nil {

@@ -121,6 +121,7 @@ func setRetryAfter(hdr http.Header, d time.Duration) {
 	if d <= 0 {
 		return
 	}
+	d = min(d, budget.MaxRetryAfter) // the one cap, for both headers
 	hdr.Set("Retry-After", strconv.Itoa(budget.RetryAfterSeconds(d)))
 	hdr.Set("Retry-After-Ms", strconv.FormatInt(int64((d+time.Millisecond-1)/time.Millisecond), 10))
 }

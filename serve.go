@@ -54,9 +54,6 @@ const (
 	codeContextLength = "context_length_exceeded"
 )
 
-// maxTenantLen bounds a tenant ID.
-const maxTenantLen = 256
-
 // admission is everything known about a request before it is queued.
 type admission struct {
 	tenant   string
@@ -239,7 +236,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if rec.provider {
 			saved = w.Header().Clone()
 		}
-		perr = proxy.ServeHTTP(rec, r, next)
+		preq := r
+		if info.Fallback && h.Fallback != nil {
+			preq = h.Fallback.fallbackRequest(r)
+		}
+		perr = proxy.ServeHTTP(rec, preq, next)
 		if rec.provider429 {
 			// The proxy copied the refusal's headers: none of them is the
 			// client's answer.
@@ -270,10 +271,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				message:    "The model provider is out of quota for this gateway's account. The request was not served; retry after the time in Retry-After.",
 				retryAfter: max(rec.providerWait, time.Second)})
 		}
+		refusedUntil := time.Now().Add(rec.providerWait)
 		if err := tk.Wait(r.Context()); err != nil {
 			// The answer is the gateway's own: not the refused attempt's.
 			for _, k := range []string{headerWaitMs, headerCost, headerMode, headerChannel} {
 				w.Header().Del(k)
+			}
+			var rej *fairqueue.Rejection
+			if errors.As(err, &rej) {
+				// It did reach the provider, and the account's wait is
+				// what a retry meets first.
+				wait := max(time.Until(refusedUntil), h.shared.q.AccountWait(info.Fallback))
+				return h.answerRequeuedRejection(w, repl, a, rej, wait)
 			}
 			return h.notDispatched(w, repl, a, err)
 		}
@@ -374,8 +383,9 @@ func (h *Handler) actualCost(rec *usageRecorder, a *admission, failed bool) int6
 		if !u.Reported || prompt == 0 {
 			prompt = a.cost.Prompt
 		}
-		a.usageKnown, a.usedPrompt, a.usedCompletion = !failed, prompt, u.Completion
-		actual := int64(prompt + u.Completion)
+		prompt, completion := h.boundUsage(a, prompt, u.Completion)
+		a.usageKnown, a.usedPrompt, a.usedCompletion = !failed, prompt, completion
+		actual := int64(prompt + completion)
 		a.m.observeActual(h.Name, a.label, float64(actual))
 		a.used = actual
 		return actual
@@ -396,11 +406,15 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 	a.tenant = h.tenantOf(r, repl)
 	// Known from here on, so the inner proxy can use it (header_up).
 	repl.Map(a.placeholder)
-	if len(a.tenant) > maxTenantLen {
-		// Tenant IDs are map keys, log fields and report rows: bound them.
-		a.tenant, a.label = a.tenant[:maxTenantLen], unknownTenantLabel
+	if err := fairqueue.CheckTenantID(a.tenant); err != nil {
+		// Tenant IDs are map keys, store keys, log fields and report
+		// rows: the queue's own meters have names no valid ID can take.
+		// The answer does not echo the ID (it may be a credential).
+		a.tenant, a.label = a.tenant[:min(len(a.tenant), fairqueue.MaxTenantIDLen)], unknownTenantLabel
 		a.m = h.metrics.of(a.label)
-		return a, badRequest(fmt.Sprintf("The tenant ID is longer than %d bytes.", maxTenantLen))
+		return a, badRequest(fmt.Sprintf("%s is not a valid tenant ID: it has %v. A tenant ID is printable "+
+			"UTF-8 text of at most %d bytes, without control or invisible characters.",
+			h.tenantSource(), err, fairqueue.MaxTenantIDLen))
 	}
 	tc, known := h.qcfg.Tenant(a.tenant)
 	a.tc, a.label = tc, a.tenant
@@ -501,6 +515,17 @@ func (h *Handler) tenantOf(r *http.Request, repl *caddy.Replacer) string {
 		}
 	}
 	return repl.ReplaceAll(h.TenantKey, "")
+}
+
+// tenantSource names where the request's tenant ID came from, for an
+// error message: the header when tenant_key is one, else the key.
+func (h *Handler) tenantSource() string {
+	if h.tenantHeader != "" {
+		// As the config spells it (X-Tenant-ID), not canonical (X-Tenant-Id).
+		name := strings.TrimSuffix(strings.TrimPrefix(h.TenantKey, "{http.request.header."), "}")
+		return "The " + name + " header"
+	}
+	return "The value of tenant_key " + h.TenantKey
 }
 
 // classAndBudget applies the request's class and wait-budget headers, which

@@ -615,7 +615,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		rej = q.admitLocked(&clockReading{t: now, read: true}, t, r.Tenant, tc, known, tokens, max(r.Bytes, 0))
 	}
 	if rej == nil && q.ov.throttle != nil {
-		rej = q.throttleLocked(now, cls, tokens)
+		rej = q.throttleLocked(&clockReading{t: now, read: true}, cls, tc.Class, tokens, true)
 	}
 	var quotaWait time.Duration
 	var quotaReason quota.Dimension

@@ -41,6 +41,10 @@ echo "== fuzz targets, a bounded count of inputs each, from the committed corpus
 for target in FuzzParse FuzzLightMode FuzzScan FuzzStreamScanner FuzzFastParse FuzzParseUsage FuzzApproxCount FuzzBPEMatchesTiktoken; do
 	go test -run '^$' -fuzz "^${target}\$" -fuzztime 300000x ./llmapi/
 done
+echo "== tenant ID fuzz targets (fairqueue/testdata/fuzz, testdata/fuzz): a valid ID is kept under its own quota keys only; any X-Tenant-ID value is refused with 400 or served as exactly that tenant"
+go test -run '^$' -fuzz '^FuzzTenantKeys$' -fuzztime 100000x ./fairqueue/
+# Each input the handler accepts is a real HTTP round trip to a test upstream: fewer inputs.
+go test -run '^$' -fuzz '^FuzzTenantHeader$' -fuzztime 10000x .
 
 echo "== handler tests (race); the Grafana/alerts test also runs promtool (Debian's prometheus) on the rules"
 if ! command -v promtool >/dev/null; then
