@@ -33,9 +33,9 @@ http://127.0.0.1:{{.Site}} {
 	fair_queue {
 		max_inflight 8
 		cluster {
-			redis     {env.FQ_E2E_REDIS_URL}
+			redis     {{.Redis}}
 			instances 3
-			timeout   250ms
+			timeout   ` + clusterTimeout + `
 		}
 		tenant metered weight 1 class interactive wait_budget 1s {
 			quota tokens_per_min {{.TPM}} burst_window 10s burst_allow 0.2
@@ -54,6 +54,16 @@ const (
 	clusterOutput  = 190   // output tokens per request; ~200 with the prompt
 	clusterOffered = 15    // requests/s over the three gateways: ~3x the quota
 )
+
+// clusterTimeout is the timeout per Redis call of every cluster block in
+// these tests, not the 50ms default: a loopback redis-server on a loaded
+// 2-core machine answers slower than 50 ms now and then (CI logged i/o
+// timeouts), and a call over the timeout is an outage to the gateway
+// (quotas decided on its own share, pool/instances of the slots), which is
+// not what a test of the shared state measures. The tests of outages make
+// theirs by killing Redis. README's "Redis down or slow" says the same to
+// users: a timeout below Redis's worst latency turns slowness into outages.
+const clusterTimeout = "1s"
 
 // redisServer is a redis-server process the test starts, kills and
 // restarts on one port.
@@ -108,6 +118,9 @@ func (r *redisServer) start() {
 
 func (r *redisServer) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port)) }
 
+// url is the server's redis:// URL, for a cluster block.
+func (r *redisServer) url() string { return "redis://" + r.addr() }
+
 // kill ends the server at once (SIGKILL: its connections drop as in a
 // crash).
 func (r *redisServer) kill() {
@@ -124,16 +137,18 @@ type clusterResult struct {
 	phase string
 }
 
+// TestClusterQuota runs alone (no t.Parallel): it kills its redis-server
+// and starts another on the same port, which another test's client could
+// take meanwhile.
 func TestClusterQuota(t *testing.T) {
 	rs := startRedis(t)
-	t.Setenv("FQ_E2E_REDIS_URL", "redis://"+rs.addr())
 	fakes := startFakes(t, 2, "cluster", harness.FakeOptions{Slots: 16, TTFT: 5 * time.Millisecond, PerToken: 50 * time.Microsecond})
 	var gws []*harness.Caddy
 	var bases []string
 	for range 3 {
 		p := harness.Ports(t, "Admin", "Site")
 		c := startCaddy(t, clusterTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
-			"Upstreams": addrs(fakes...), "TPM": clusterTPM})
+			"Upstreams": addrs(fakes...), "TPM": clusterTPM, "Redis": rs.url()})
 		gws = append(gws, c)
 		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
 	}
@@ -182,16 +197,19 @@ func TestClusterQuota(t *testing.T) {
 		mu.Unlock()
 	}
 
-	// A: 12 s with Redis. The timeout is 250 ms, not the 50 ms default:
-	// on a loaded test machine a call can take longer, and each gateway
-	// would then decide alone for a second (on its third of the quota,
-	// from rest), which is the fallback at work, not the shared quota
-	// this phase measures.
+	// The phases are measurement windows of an open loop, not waits: the
+	// bounds are on the tokens served over the span the fakes recorded,
+	// whatever the machine's speed made of it.
+	//
+	// A: 12 s with Redis. The timeout is clusterTimeout, not the 50 ms
+	// default: a call over it would make a gateway decide alone for a
+	// second (on its third of the quota, from rest), which is the
+	// fallback at work, not the shared quota this phase measures.
 	time.Sleep(12 * time.Second)
 	for i, c := range gws {
 		if n := metric(scrape(t, c), "caddy_fair_queue_cluster_fallback_total"); n != 0 {
-			t.Errorf("gateway %d decided %v times locally while redis was up (a call over the 250ms timeout): "+
-				"the tokens below are not the shared quota's alone", i, n)
+			t.Errorf("gateway %d decided %v times locally while redis was up (a call over the %s timeout): "+
+				"the tokens below are not the shared quota's alone", i, n, clusterTimeout)
 		}
 	}
 	killed := time.Now()
@@ -290,12 +308,15 @@ func TestClusterQuota(t *testing.T) {
 			up.tokens, ratioUp, expect(up))
 	}
 	// Down: each gateway on a third of the quota, its own meter starting
-	// at rest: together about the quota again, far from three times it.
+	// at rest (a third of the burst each): together the quota again, far
+	// from three times it. Over the 8 s, a request is 2% of the tokens,
+	// and each of the three meters may be a request ahead at the end of
+	// the span: at most 1.10x.
 	ratioDown := float64(down.tokens) / expect(down)
 	t.Logf("redis down: %d requests, %d tokens over %v; quota allows %.0f: ratio %.3f",
 		down.n, down.tokens, time.Duration(down.last-down.first), expect(down), ratioDown)
-	if down.n == 0 || ratioDown > 1.25 {
-		t.Errorf("with redis down, the gateways served the tenant %d tokens, %.3f of its quota's %.0f; want some, and at most 1.25x (each on its third)",
+	if down.n == 0 || ratioDown > 1.10 {
+		t.Errorf("with redis down, the gateways served the tenant %d tokens, %.3f of its quota's %.0f; want some, and at most 1.10x (each on its third)",
 			down.tokens, ratioDown, expect(down))
 	}
 	if count["C"]["served"] == 0 {

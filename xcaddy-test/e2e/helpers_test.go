@@ -302,7 +302,7 @@ func expectError(t *testing.T, r result, status int, code, typ string, retryAfte
 
 // --- metrics ---
 
-func scrape(t *testing.T, c *harness.Caddy) harness.Series {
+func scrape(t testing.TB, c *harness.Caddy) harness.Series {
 	t.Helper()
 	return harness.Metrics(t, c.AdminURL()+"/metrics")
 }
