@@ -132,6 +132,7 @@ func isCode(r timedResult, status int, code string) bool {
 // whose budget then runs out in the queue gets 503 queue_timeout before its
 // budget ends, never reaching upstream.
 func TestFastFailUnderFlood(t *testing.T) {
+	t.Parallel()
 	fakes, c, base, log := budgetGateway(t, "ff", "anti_starvation {\n\t\t\tboost_share_max 0\n\t\t}")
 	cl := newClient(true)
 	defer cl.CloseIdleConnections()
@@ -252,6 +253,7 @@ func TestFastFailUnderFlood(t *testing.T) {
 // whose slot does not come (every upstream slot held) still gets 503 before
 // its budget ends.
 func TestBudgetBoostUnderFlood(t *testing.T) {
+	t.Parallel()
 	fakes, c, base, log := budgetGateway(t, "bo", "")
 	cl := newClient(true)
 	defer cl.CloseIdleConnections()

@@ -41,9 +41,10 @@ func chromiumPath(t *testing.T) string {
 // dashState is the part of the dashboard's api/state the test compares
 // with the page.
 type dashState struct {
-	Window      string  `json:"window"`
-	Jain        float64 `json:"jain"`
-	JainTenants int     `json:"jain_tenants"`
+	Window      string            `json:"window"`
+	Series      []json.RawMessage `json:"series"` // per second up to 5m
+	Jain        float64           `json:"jain"`
+	JainTenants int               `json:"jain_tenants"`
 	Gateway     struct {
 		Capacity int     `json:"capacity"`
 		Healthy  int     `json:"healthy_upstreams"`
@@ -170,6 +171,7 @@ const readPage = `(() => {
 // numbers it shows are the ones its JSON endpoint gives. A screenshot is
 // written to $FQ_ARTIFACTS (or the test's temporary directory).
 func TestDashboardInBrowser(t *testing.T) {
+	t.Parallel()
 	chromium := chromiumPath(t)
 	fakes := startFakes(t, 2, "dash", harness.FakeOptions{Slots: 2, TTFT: 5 * time.Millisecond, PerToken: 2 * time.Millisecond})
 	p := harness.Ports(t, "Admin", "Site")
@@ -236,7 +238,6 @@ http://127.0.0.1:{{.Site}} {
 			})
 		}
 	}
-	loadStart := time.Now()
 	drive("alpha", 5, 24, 0)
 	drive("beta", 3, 24, 20*time.Millisecond)
 	drive("gamma", 1, 24, 300*time.Millisecond)
@@ -254,8 +255,12 @@ http://127.0.0.1:{{.Site}} {
 			byCode["_unknown/served"] > 0
 		return ok, fmt.Sprintf("%d transitions, outcomes %v", len(st.Transitions), byCode)
 	})
-	// A few seconds more, so the charts have a history to draw.
-	time.Sleep(8*time.Second - time.Since(loadStart))
+	// Load until the gateway's own 5-minute series holds eight seconds of
+	// it, so the charts have a history to draw.
+	waitFor(t, "eight seconds of the load in the dashboard's 5m series", func() (bool, string) {
+		st, _ := fetchState(t, base+"/fair-queue/api/state?queue=dash&window=5m")
+		return len(st.Series) >= 8, fmt.Sprintf("%d points", len(st.Series))
+	})
 	stop()
 	wg.Wait()
 	t.Logf("load: %d answers, %d refused", sent.Load(), refused.Load())
@@ -303,7 +308,7 @@ http://127.0.0.1:{{.Site}} {
 	defer cancelAlloc()
 	bctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithListener(listener))
 	defer cancelBrowser()
-	bctx, cancelTimeout := context.WithTimeout(bctx, 2*time.Minute)
+	bctx, cancelTimeout := context.WithTimeout(bctx, harness.Scale(2*time.Minute))
 	defer cancelTimeout()
 
 	if err := chromedp.Do(bctx,
@@ -322,7 +327,7 @@ http://127.0.0.1:{{.Site}} {
 	n, _ := strconv.Atoi(polls)
 	if _, err := chromedp.Run(bctx, chromedp.Poll[bool](fmt.Sprintf(
 		`document.body.dataset.window === "1h" && Number(document.body.dataset.polls) >= %d`, n+2),
-		chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+		chromedp.WithPollingTimeout(pollTimeout))); err != nil {
 		t.Fatalf("waiting for the page to poll the 1h window: %v", err)
 	}
 	view, err := chromedp.Run(bctx, chromedp.Evaluate[pageView](readPage))
@@ -394,7 +399,7 @@ http://127.0.0.1:{{.Site}} {
 	}
 	if _, err := chromedp.Run(bctx, chromedp.Poll[bool](
 		`document.body.dataset.window === "5m" && document.querySelector("#chart-water path.series.water") !== null`,
-		chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+		chromedp.WithPollingTimeout(pollTimeout))); err != nil {
 		t.Fatalf("waiting for the page to poll the 5m window: %v", err)
 	}
 	view5, err := chromedp.Run(bctx, chromedp.Evaluate[pageView](readPage))

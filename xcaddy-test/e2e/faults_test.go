@@ -13,7 +13,9 @@ import (
 
 // TestUpstreamFaults: model servers that hang, stall, lie about usage or
 // die. Every request gets one answer, and no slot is leaked: in-flight
-// returns to 0 after each fault.
+// returns to 0 after each fault. It runs alone (no t.Parallel): a killed
+// fake comes back on its old port, which another test's client could take
+// meanwhile.
 func TestUpstreamFaults(t *testing.T) {
 	const slots = 2
 	fakes := startFakes(t, 2, "uf", harness.FakeOptions{Slots: slots, TTFT: 5 * time.Millisecond, PerToken: 20 * time.Millisecond})
@@ -135,6 +137,7 @@ http://127.0.0.1:{{.Site}} {
 // rather than hanging, and requests in flight finish normally. A config
 // with two handlers of one name is refused and the running one stays.
 func TestReloadRemovesQueue(t *testing.T) {
+	t.Parallel()
 	const slots = 1
 	fakes := startFakes(t, 1, "rq", harness.FakeOptions{Slots: slots, TTFT: 5 * time.Millisecond, PerToken: time.Millisecond})
 	p := harness.Ports(t, "Admin", "Site", "Site2")

@@ -49,6 +49,7 @@ http://127.0.0.1:{{.Site}} {
 // exact answer of the HTTP contract, the gateway alive, and a well-behaved
 // tenant served during it.
 func TestHostileInput(t *testing.T) {
+	t.Parallel()
 	const slots = 2
 	fakes := startFakes(t, 2, "hi", harness.FakeOptions{Slots: slots, TTFT: 5 * time.Millisecond, PerToken: time.Millisecond})
 	p := harness.Ports(t, "Admin", "Site")
@@ -393,6 +394,7 @@ func readRaw(conn net.Conn) rawResponse {
 // declared tenants and the group, all weight 1 and all flooding, are
 // served a third each.
 func TestSybilTenantsShareOneWeight(t *testing.T) {
+	t.Parallel()
 	const slots = 2
 	fakes := startFakes(t, 2, "sy", harness.FakeOptions{Slots: slots, TTFT: 2 * time.Millisecond, PerToken: time.Millisecond})
 	p := harness.Ports(t, "Admin", "Site")
