@@ -55,16 +55,19 @@ http://127.0.0.1:{{.Plain}} {
 	totalSlots := 2 * floodSlots
 	waitMetricEq(t, c, float64(totalSlots), "caddy_fair_queue_capacity")
 
+	// The whole flood arrives while the fakes hold their slots (paused),
+	// queued in the gateway, or in the fakes' own queues behind the plain
+	// proxy: a backlog however slowly a loaded machine sends it.
 	gw, gwWait := runFlood(t, fmt.Sprintf("http://127.0.0.1:%d", p["GW"]), "gw", gwFakes, func() (bool, string) {
 		depth := metric(scrape(t, c), "caddy_fair_queue_queue_depth", "tenant", "flood")
-		return depth >= float64(floodRequests-totalSlots-20), fmt.Sprintf("gateway queue depth %v", depth)
+		return depth == float64(floodRequests-totalSlots), fmt.Sprintf("gateway queue depth %v", depth)
 	})
 	plain, _ := runFlood(t, fmt.Sprintf("http://127.0.0.1:%d", p["Plain"]), "plain", plainFakes, func() (bool, string) {
 		waiting := 0
 		for _, f := range plainFakes {
 			waiting += f.Stats().Waiting
 		}
-		return waiting >= floodRequests-totalSlots-20, fmt.Sprintf("%d waiting at the fakes", waiting)
+		return waiting == floodRequests-totalSlots, fmt.Sprintf("%d waiting at the fakes", waiting)
 	})
 	t.Logf("flood requests started ahead of each sparse request (sent -> started):")
 	t.Logf("  fair_queue:    %s (gateway wait ms %v)", summarize(gw), gwWait)
@@ -85,8 +88,10 @@ http://127.0.0.1:{{.Plain}} {
 	}
 }
 
-// runFlood sends floodRequests concurrent flood requests, and once backlog
-// reports a queue, sparseCount sparse requests spaced sparseEvery apart. It
+// runFlood sends floodRequests concurrent flood requests to the fakes
+// paused, and once backlog reports the whole flood arrived and held,
+// resumes them and sends sparseCount sparse requests spaced sparseEvery
+// apart. It
 // checks every answer and returns, for each sparse request, how many flood
 // requests started at the fakes between its sending and its own start, and
 // its X-Fair-Queue-Wait-Ms (empty without the gateway).
@@ -96,6 +101,14 @@ func runFlood(t *testing.T, base, label string, fakes []*harness.Fake, backlog f
 	cl := newClient(true)
 	defer cl.CloseIdleConnections()
 
+	for _, f := range fakes {
+		f.Pause()
+	}
+	t.Cleanup(func() { // a failed wait must not leave the flood held
+		for _, f := range fakes {
+			f.Resume()
+		}
+	})
 	floodRes := make([]result, floodRequests)
 	var wg sync.WaitGroup
 	for i := range floodRequests {
@@ -104,7 +117,10 @@ func runFlood(t *testing.T, base, label string, fakes []*harness.Fake, backlog f
 				MaxTokens: floodMaxTokens, IgnoreEOS: true})
 		})
 	}
-	waitFor(t, label+": a flood backlog", backlog)
+	waitFor(t, label+": the whole flood arrived, the fakes' slots held", backlog)
+	for _, f := range fakes {
+		f.Resume()
+	}
 
 	sparseRes := make([]result, sparseCount)
 	tick := time.NewTicker(sparseEvery)
