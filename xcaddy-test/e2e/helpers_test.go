@@ -217,7 +217,7 @@ func await[T any](t *testing.T, ch <-chan T, what string) T {
 	case r := <-ch:
 		return r
 	case <-time.After(requestTimeout + 10*time.Second):
-		t.Fatalf("%s: no answer", what)
+		t.Fatalf("waiting for %s's answer: none within %s", what, requestTimeout+10*time.Second)
 		var zero T
 		return zero
 	}
