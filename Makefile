@@ -53,8 +53,8 @@ LOADFLAGS ?=
 load: xcaddy
 	go run ./xcaddy-test/fqload $(LOADFLAGS)
 
-# A sparse realtime tenant's waits under a flood, one gateway against three
-# sharing the pool through Redis (issue 12's P95 bound; about three minutes;
+# A sparse realtime tenant's waits under a flood, one gateway beside three
+# sharing the pool through Redis (issue 12's P95 bound; about a minute and a half;
 # needs redis-server, which `make test` installs).
 bench-cluster: xcaddy
 	go test -run '^$$' -bench ClusterSparseRealtime -benchtime 1x ./xcaddy-test/e2e/

@@ -327,15 +327,39 @@ func TestClusterSharedSlotsJoinHoldsNothingBeforeGrant(t *testing.T) {
 		}
 	}
 	// A's requests never complete here, so B's grant stays 0: anything
-	// B dispatches would be over the pool.
-	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+	// B dispatches would be over the pool. Watched from B's first
+	// moment through its first grant and five renewals after it, each a
+	// chance to take a slot (counted, not timed: a loaded machine makes
+	// them slower, not fewer).
+	renewals := watchRenewals(t, hb, "B's first grant and five renewals after it", 5, func() {
 		if n := hb.shared.q.Stats(false).Inflight; n > 0 {
 			t.Fatalf("B dispatched %d requests while A held the whole pool of %d", n, pool)
 		}
-	}
+	})
+	t.Logf("B held nothing through %d renewals", renewals)
 	if g := clusterGauge(descClusterSlotGrant, nameB); g != 0 {
 		t.Errorf("B's cluster_slot_grant %v, want 0", g)
 	}
+}
+
+// watchRenewals calls check after every change it sees, until h's queue
+// has had its first grant of the shared slots and then started n renewals
+// (a renewal notes its start in slotSyncAt), and returns how many it saw.
+// It stands for "a while" in tests of what a gateway must not do: each
+// renewal is a chance to do it.
+func watchRenewals(t *testing.T, h *Handler, what string, n int, check func()) int {
+	t.Helper()
+	seen, last := 0, h.shared.slotSyncAt.Load()
+	eventually(t, what, func() bool {
+		check()
+		if at := h.shared.slotSyncAt.Load(); at != last && h.shared.slotsGranted.Load() {
+			seen++
+			last = at
+		}
+		return seen >= n
+	})
+	check()
+	return seen
 }
 
 // share_slots without instances, or with a lease that could expire between
@@ -442,16 +466,18 @@ func TestClusterShareFairness(t *testing.T) {
 }
 
 // TestClusterSharedSlotsHandoff: a slot freed on one gateway goes to a
-// request queued on another at once, through the announcements, not at the
-// next sync (10s here, far longer than the test waits). B takes the pool
-// of one slot when its tenant queues (B's claim, A's release); a heavier
-// tenant queuing on A then wins that slot the moment B's request ends (A's
-// claim lowers B's grant, B gives the slot back as its request completes,
-// A owed it takes it), and the two never hold more than the pool.
+// request queued on another through the announcements, not at the next
+// sync: here the next sync is an hour away, so every move the test sees
+// was announced. B takes the pool of one slot when its tenant queues (B's
+// claim, A's release); a heavier tenant queuing on A then wins that slot
+// when B's request ends (A's claim lowers B's grant, B gives the slot back
+// as its request completes, A owed it takes it), and the two never hold
+// more than the pool. How long a move takes is measured, not asserted
+// (BenchmarkSlotHandoff).
 func TestClusterSharedSlotsHandoff(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"handoff:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"handoff:","share_slots":true,"sync":"1h","lease_ttl":"4h"}`, mr.Addr())
 	cfg := func(name string) string {
 		return fqConfig(name, u, `"max_inflight":1,`+noFastFail+
 			`,"tenants":{"bulk":{"weight":1,"class":"batch"},"rt":{"weight":9,"class":"interactive"}},"cluster":`+cluster)
@@ -470,8 +496,8 @@ func TestClusterSharedSlotsHandoff(t *testing.T) {
 		t.Helper()
 		select {
 		case <-ch:
-		case <-time.After(3 * time.Second):
-			t.Fatalf("%s: not within 3s (the sync interval is 10s)", what)
+		case <-time.After(waitLimit):
+			t.Fatalf("%s: not within %s (the next sync is an hour away: an announcement was lost or not acted on)", what, waitLimit)
 		}
 	}
 	bulkArrived, releaseBulk := u.hold("bulk")
@@ -479,7 +505,6 @@ func TestClusterSharedSlotsHandoff(t *testing.T) {
 	within("B's request dispatched", bulkArrived)
 
 	rtArrived, releaseRT := u.hold("rt")
-	start := time.Now()
 	rt := ga.async(ga.newRequest(ctx, "rt", chatBody(""), "X-Test-Hold", "rt"))
 	eventually(t, "A's request queued and A owed the slot", func() bool {
 		return ha.shared.q.Stats(false).Queued == 1 && ha.shared.slotsOwed.Load() && hb.shared.slotsOver.Load()
@@ -497,9 +522,6 @@ func TestClusterSharedSlotsHandoff(t *testing.T) {
 	releaseRT()
 	wantOK(t, <-bulk)
 	wantOK(t, <-rt)
-	if el := time.Since(start); el > 5*time.Second {
-		t.Errorf("the handoff took %v", el)
-	}
 	// A sender counts its announcement once its script call returns,
 	// which may be after the others acted on it.
 	for _, k := range []struct{ queue, kind, direction string }{
@@ -652,13 +674,13 @@ func TestClusterSharedSlotsRestoreWaitsForEveryGateway(t *testing.T) {
 	// B renews nothing from here: a renewal counts as in flight forever.
 	eventually(t, "B's renewal in flight done", func() bool { return hb.shared.slotSyncing.CompareAndSwap(false, true) })
 	mr.FlushAll()
-	// Many of A's renewals (sync 100ms), far past the few syncs a fixed
-	// window would have waited.
-	for deadline := time.Now().Add(1500 * time.Millisecond); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	// Fifteen of A's renewals, far past the four syncs the fixed window
+	// waited (2 x (sync + tick + timeout)).
+	watchRenewals(t, ha, "fifteen of A's renewals after Redis lost the pool", 15, func() {
 		if a := ha.shared.q.Stats(false); a.Capacity > 2 {
 			t.Fatalf("A took %d slots while B, not renewed since Redis lost the pool, holds 2 of 4", a.Capacity)
 		}
-	}
+	})
 	if fields, _ := mr.HKeys("wait:{slots}"); len(fields) != 1 || fields[0] != ha.shared.instance {
 		t.Fatalf("entries %v, want A's alone (A renewed, B did not)", fields)
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // Regression tests from the review of the provider paths: each once failed.
@@ -67,15 +68,33 @@ func TestProviderRequestHeadersDoNotLeak(t *testing.T) {
 	}
 }
 
-// A huge or infinite Retry-After is clamped, not overflowed into a tiny
-// wait.
+// A huge or infinite wait in a provider's headers is clamped to ten
+// minutes (maxProviderWait), not overflowed into a tiny or negative wait
+// that would send the next request straight into the provider's 429: as
+// seconds or milliseconds past what a Duration holds, as an HTTP date
+// years ahead, and as a reset time of a dimension at 0.
 func TestProviderWaitOverflow(t *testing.T) {
-	for _, ra := range []string{"1e10", "Inf", "99999999999", "1e300"} {
+	const clamp = 10 * time.Minute
+	far := time.Now().AddDate(5, 0, 0).UTC().Format(http.TimeFormat)
+	for _, hdr := range []map[string]string{
+		{"Retry-After": "1e10"},
+		{"Retry-After": "Inf"},
+		{"Retry-After": "99999999999"},
+		{"Retry-After": "1e300"},
+		{"Retry-After": far},
+		{"Retry-After-Ms": "1e10"},
+		{"Retry-After-Ms": "Inf"},
+		{"Retry-After-Ms": "99999999999999"},
+		{"Retry-After-Ms": "1e300"},
+		{"X-Ratelimit-Remaining-Tokens": "0", "X-Ratelimit-Reset-Tokens": "1e300"},
+		{"X-Ratelimit-Remaining-Requests": "0", "X-Ratelimit-Reset-Requests": "2562047h"},
+	} {
 		h := http.Header{}
-		h.Set("Retry-After", ra)
-		t.Logf("Retry-After %s -> %v", ra, providerWait(h, 429))
-		h = http.Header{}
-		h.Set("Retry-After-Ms", ra)
-		t.Logf("Retry-After-Ms %s -> %v", ra, providerWait(h, 429))
+		for k, v := range hdr {
+			h.Set(k, v)
+		}
+		if got := providerWait(h, http.StatusTooManyRequests); got != clamp {
+			t.Errorf("429 with %v: wait %v, want the clamp, %v", hdr, got, clamp)
+		}
 	}
 }

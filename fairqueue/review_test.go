@@ -60,8 +60,8 @@ func TestFallbackRemovedWhileInflight(t *testing.T) {
 	go func() { q.SetHealthy(1); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(time.Second):
-		t.Fatal("queue deadlocked: q.mu left locked by the panic")
+	case <-time.After(30 * time.Second):
+		t.Fatal("queue deadlocked: SetHealthy did not return within 30s: q.mu left locked by the panic")
 	}
 }
 

@@ -72,7 +72,7 @@ http://127.0.0.1:{{.Site}} {
 			max_inflight 2
 			max_queue 10
 			cluster {
-				redis     {env.FQ_E2E_REDIS_URL}
+				redis     {{.Redis}}
 				instances 2
 				timeout   250ms
 			}
@@ -215,9 +215,9 @@ func hashPassword(t *testing.T, password string) string {
 // do not overlap. Screenshots are written to $FQ_ARTIFACTS (or the test's
 // temporary directory); docs/dashboard.png is the prompt one.
 func TestDashboardInBrowser(t *testing.T) {
+	t.Parallel()
 	chromium := chromiumPath(t)
 	rs := startRedis(t)
-	t.Setenv("FQ_E2E_REDIS_URL", "redis://"+rs.addr())
 	hash := hashPassword(t, dashPassword)
 	fakes := startFakes(t, 2, "dash", harness.FakeOptions{Slots: 4, TTFT: 5 * time.Millisecond, PerToken: 2 * time.Millisecond})
 	var gws []*harness.Caddy
@@ -225,7 +225,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	for range 2 {
 		p := harness.Ports(t, "Admin", "Site")
 		gws = append(gws, startCaddy(t, dashTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
-			"Upstreams": addrs(fakes...), "User": dashUser, "Hash": hash, "Long": longTenant}))
+			"Upstreams": addrs(fakes...), "User": dashUser, "Hash": hash, "Long": longTenant, "Redis": rs.url()}))
 		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
 	}
 	for _, c := range gws {
@@ -270,7 +270,6 @@ func TestDashboardInBrowser(t *testing.T) {
 			})
 		}
 	}
-	loadStart := time.Now()
 	drive("alpha", 8, 24, 0)
 	drive("beta", 4, 24, 20*time.Millisecond)
 	drive("gamma", 1, 24, 300*time.Millisecond)
@@ -289,8 +288,12 @@ func TestDashboardInBrowser(t *testing.T) {
 			byCode["_unknown/served"] > 0 && byCode[longTenant+"/served"] > 0
 		return ok, fmt.Sprintf("%d transitions, outcomes %v", len(st.Transitions), byCode)
 	})
-	// A few seconds more, so the charts have a history to draw.
-	time.Sleep(8*time.Second - time.Since(loadStart))
+	// Load until the gateway's own history covers eight seconds of it, so
+	// the charts have a history to draw.
+	waitFor(t, "eight seconds of the load in the dashboard's history", func() (bool, string) {
+		st, _ := fetchState(t, base+"/fair-queue/api/state?queue=dash&window=5m")
+		return st.SpanSecs >= 8, fmt.Sprintf("%.1f s covered", st.SpanSecs)
+	})
 	stop()
 	wg.Wait()
 	t.Logf("load: %d answers, %d refused", sent.Load(), refused.Load())
@@ -590,7 +593,7 @@ func checkDashboardPage(t *testing.T, chromium, url, stateURL, locale string, ti
 	if prompt {
 		challenges = answerPrompts(t, bctx)
 	}
-	bctx, cancelTimeout := context.WithTimeout(bctx, 2*time.Minute)
+	bctx, cancelTimeout := context.WithTimeout(bctx, harness.Scale(2*time.Minute))
 	defer cancelTimeout()
 
 	if err := chromedp.Do(bctx, chromedp.Navigate(url)); err != nil {
@@ -601,7 +604,7 @@ func checkDashboardPage(t *testing.T, chromium, url, stateURL, locale string, ti
 	first, err := chromedp.Run(bctx, chromedp.Poll[string](`(() => {
 		const s = document.getElementById("status");
 		return s && s.dataset.state !== "loading" ? s.dataset.state + ": " + s.textContent : "";
-	})()`, chromedp.WithPollingTimeout(30*time.Second)))
+	})()`, chromedp.WithPollingTimeout(pollTimeout)))
 	if err != nil || !strings.HasPrefix(first, "ok: ") {
 		t.Fatalf("the page's first poll: %q %v (%v)", first, err, problems())
 	}
@@ -620,7 +623,7 @@ func checkDashboardPage(t *testing.T, chromium, url, stateURL, locale string, ti
 	n, _ := strconv.Atoi(polls)
 	if _, err := chromedp.Run(bctx, chromedp.Poll[bool](fmt.Sprintf(
 		`document.body.dataset.window === "1h" && Number(document.body.dataset.polls) >= %d`, n+2),
-		chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+		chromedp.WithPollingTimeout(pollTimeout))); err != nil {
 		t.Fatalf("waiting for the page to poll the 1h window: %v", err)
 	}
 	view, err := chromedp.Run(bctx, chromedp.Evaluate[pageView](readPage))
@@ -839,7 +842,7 @@ func checkDashboardPage(t *testing.T, chromium, url, stateURL, locale string, ti
 	}
 	if _, err := chromedp.Run(bctx, chromedp.Poll[bool](
 		`document.body.dataset.window === "5m" && document.querySelector("#chart-water path.series.water") !== null`,
-		chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+		chromedp.WithPollingTimeout(pollTimeout))); err != nil {
 		t.Fatalf("waiting for the page to poll the 5m window: %v", err)
 	}
 	view5, err := chromedp.Run(bctx, chromedp.Evaluate[pageView](readPage))

@@ -43,19 +43,52 @@ func asyncTimed(ctx context.Context, cl *http.Client, base string, c chatReq) <-
 }
 
 // expectRefusedWithinBudget checks a gateway refusal (status, code,
-// Retry-After) and that its answer was complete before the request's
-// budget, counted from when the test sent it, had elapsed. The gateway's
-// deadline is its own arrival + budget, later than send + budget, so this
-// is the stricter side of "before its budget elapsed".
-func expectRefusedWithinBudget(t *testing.T, r timedResult, code string, budget time.Duration) {
+// Retry-After) and that the gateway answered it before the request's
+// budget ran out by its own clock: the wait from its arrival to its
+// refusal, which the access log records (fq_wait_ms), is under the budget.
+// How long the client took to see the answer is logged, as observed: on a
+// loaded machine it adds the time to deliver the answer, which is not the
+// gateway's to bound.
+func expectRefusedWithinBudget(t *testing.T, log accessLog, r timedResult, code string, budget time.Duration) {
 	t.Helper()
 	expectError(t, r.result, http.StatusServiceUnavailable, code, "overloaded_error", true)
-	if r.Err == nil && !r.Recv.Before(r.Sent.Add(budget)) {
-		t.Errorf("%s: %s answered %s after it was sent: not before its wait budget of %s elapsed",
-			r.TestID, code, r.Latency(), budget)
+	if r.Err != nil {
+		return
 	}
-	t.Logf("%s: %d %s after %s (budget %s, Retry-After %q)", r.TestID, r.Status, code,
-		r.Latency().Round(100*time.Microsecond), budget, r.Header.Get("Retry-After"))
+	wait := log.waitOf(t, r.TestID)
+	if wait >= budget {
+		t.Errorf("%s: %s after the gateway waited %s (its access log): not before its wait budget of %s ran out",
+			r.TestID, code, wait, budget)
+	}
+	t.Logf("%s: %d %s after %s in the gateway, %s at the client (budget %s, Retry-After %q)", r.TestID, r.Status, code,
+		wait, r.Latency().Round(100*time.Microsecond), budget, r.Header.Get("Retry-After"))
+}
+
+// accessLog is the file of a site's access log whose entries carry
+// fq_wait_ms (log_append fq_wait_ms {http.fair_queue.wait_ms}).
+type accessLog string
+
+// accessLogTmpl is the site block lines that make an accessLog.
+const accessLogTmpl = `log {
+		output file {{.AccessLog}}
+	}
+	log_append fq_wait_ms {http.fair_queue.wait_ms}`
+
+// waitOf waits for the entry of the request with X-Test-Id id (Caddy logs
+// it as the handler returns, about when the client has its answer) and
+// returns its wait in the gateway, arrival to dispatch or refusal.
+func (l accessLog) waitOf(t *testing.T, id string) time.Duration {
+	t.Helper()
+	var e map[string]any
+	waitFor(t, id+"'s entry in the access log", func() (bool, string) {
+		e = accessLogFields(t, string(l))[id]
+		return e != nil, "not logged yet"
+	})
+	ms, ok := e["fq_wait_ms"].(float64)
+	if !ok {
+		t.Fatalf("%s: access log entry without a numeric fq_wait_ms: %v", id, e)
+	}
+	return time.Duration(ms) * time.Millisecond
 }
 
 // expectNotUpstream checks that none of the test ids reached a fake.

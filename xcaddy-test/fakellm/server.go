@@ -121,8 +121,11 @@ type Stats struct {
 	RateLimited uint64 `json:"rate_limited"`
 	Running     int    `json:"running"`
 	Waiting     int    `json:"waiting"`
-	Paused      bool   `json:"paused"`
-	Healthy     bool   `json:"healthy"`
+	// Held counts the requests holding a slot, before their first token,
+	// until Resume: with the server paused and Held at Slots, no slot frees.
+	Held    int  `json:"held"`
+	Paused  bool `json:"paused"`
+	Healthy bool `json:"healthy"`
 }
 
 type waiter struct {
@@ -145,6 +148,7 @@ type Server struct {
 
 	mu      sync.Mutex
 	running int
+	held    int       // requests in waitResumed
 	queue   []*waiter // FIFO of requests waiting for a slot
 	// resumed is non-nil while paused; it is closed by resume.
 	resumed  chan struct{}
@@ -254,6 +258,7 @@ func (s *Server) Stats() Stats {
 	st := s.stats
 	st.Running = s.running
 	st.Waiting = len(s.queue)
+	st.Held = s.held
 	st.Paused = s.resumed != nil
 	st.Healthy = s.healthy.Load()
 	return st
@@ -344,10 +349,18 @@ func (s *Server) markStartedLocked(rec *Record) {
 func (s *Server) waitResumed(ctx context.Context) error {
 	s.mu.Lock()
 	ch := s.resumed
+	if ch != nil {
+		s.held++
+	}
 	s.mu.Unlock()
 	if ch == nil {
 		return nil
 	}
+	defer func() {
+		s.mu.Lock()
+		s.held--
+		s.mu.Unlock()
+	}()
 	select {
 	case <-ch:
 		return nil
