@@ -134,6 +134,7 @@ func runAnthropicClient(t *testing.T, base string, plan []anthropicStep) []anthr
 // with 403 that the SDK raises as PermissionDeniedError, and a 429
 // quota_exceeded the SDK retries by itself after retry-after-ms, served.
 func TestAnthropicClient(t *testing.T) {
+	t.Parallel()
 	fakes := startFakes(t, 1, "claude", harness.FakeOptions{Slots: 4, TTFT: 10 * time.Millisecond, PerToken: 100 * time.Microsecond})
 	p := harness.Ports(t, "Admin", "Site")
 	c := startCaddy(t, anthropicTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"], "Upstreams": addrs(fakes...)})

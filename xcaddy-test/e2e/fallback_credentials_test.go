@@ -36,6 +36,7 @@ var callerHeaders = map[string]string{
 // passes the caller's Authorization on with header_up, it gets that one
 // and still none of the others. The primary got the caller's key.
 func TestFallbackGetsNoCallerCredentials(t *testing.T) {
+	t.Parallel()
 	var primaryKeys atomic.Int64
 	primary := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") == "Bearer client-key" {

@@ -53,6 +53,7 @@ http://127.0.0.1:{{.Header}} {
 // strings of a seeded generator. Header values with bytes HTTP forbids
 // are refused too (by Go's server or by the gateway), never served.
 func TestHostileTenantIDs(t *testing.T) {
+	t.Parallel()
 	fakes := startFakes(t, 1, "ids", harness.FakeOptions{Slots: 8, TTFT: time.Millisecond, PerToken: time.Millisecond})
 	p := harness.Ports(t, "Admin", "Site", "Header")
 	c := startCaddy(t, tenantIDCaddyfile, map[string]any{"Admin": p["Admin"], "Site": p["Site"], "Header": p["Header"],

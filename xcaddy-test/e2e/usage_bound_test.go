@@ -50,6 +50,7 @@ func lyingUpstream(t *testing.T) string {
 // (10000/s, 6 s burst) has tokens left (not none for days), every clamp
 // is counted, and another tenant is served within a 2 s budget.
 func TestLyingUsageBounded(t *testing.T) {
+	t.Parallel()
 	p := harness.Ports(t, "Admin", "Site")
 	c := startCaddy(t, `{
 	admin 127.0.0.1:{{.Admin}}
