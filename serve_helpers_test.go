@@ -31,14 +31,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/harness"
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/testwait"
 )
 
 // waitLimit bounds every wait for an event in these tests, times
-// harness.Slowdown (FQ_TEST_SLOWDOWN, raised by scripts/test.sh under the
+// testwait.Slowdown (FQ_TEST_SLOWDOWN, raised by scripts/test.sh under the
 // race detector): a guard that turns a hang into a failure naming what was
 // awaited, never a bound on speed.
-var waitLimit = harness.Scale(10 * time.Second)
+var waitLimit = testwait.Scale(10 * time.Second)
 
 // ---------------------------------------------------------------- upstream
 

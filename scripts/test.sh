@@ -43,8 +43,13 @@ echo "== gofmt"
 bad=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
 if [ -n "$bad" ]; then echo "gofmt would change: $bad"; exit 1; fi
 
+# Three modules: the plugin (what xcaddy builds into Caddy, with only what
+# it runs in its go.mod), its end-to-end tests (xcaddy-test: chromedp,
+# vegeta) and the simulator's command (cmd/fqsim: gonum/plot).
 echo "== go vet"
 go vet ./...
+go -C xcaddy-test vet ./...
+go -C cmd/fqsim vet ./...
 
 echo "== tools: redis-server, promtool, chromium (Debian's packages) and the OpenAI and Anthropic Node clients (npm)"
 if ! wait "$tools_pid"; then
@@ -64,7 +69,8 @@ for _ in $(seq 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break;
 export REDIS_ADDR=127.0.0.1:$redis_port
 
 echo "== unit, engine and simulator tests (race)"
-FQ_TEST_SLOWDOWN=$race_slowdown go test -race -count=1 ./fairqueue/... ./budget/ ./degrade/ ./llmapi/ ./quota/ ./slots/ ./shares/ ./costmodel/ ./history/ ./cmd/fqsim/
+FQ_TEST_SLOWDOWN=$race_slowdown go test -race -count=1 ./fairqueue/... ./budget/ ./degrade/ ./llmapi/ ./quota/ ./slots/ ./shares/ ./costmodel/ ./history/ ./internal/...
+FQ_TEST_SLOWDOWN=$race_slowdown go -C cmd/fqsim test -race -count=1 ./...
 
 echo "== without the race detector: the accuracy tests and full-size runs it makes too slow"
 go test -count=1 ./llmapi/ ./fairqueue/simulator/
@@ -90,4 +96,4 @@ FQ_TEST_SLOWDOWN=$race_slowdown go test -race -count=1 .
 # The tests of the e2e package that share nothing run three at a time
 # (t.Parallel): most of their time is waiting on generations and floods.
 echo "== end-to-end tests against the xcaddy-built binary"
-go test -count=1 -timeout 25m -parallel 3 ./xcaddy-test/...
+go -C xcaddy-test test -count=1 -timeout 25m -parallel 3 ./...

@@ -198,7 +198,7 @@ func sparseP95(w []time.Duration) time.Duration { return w[min(len(w)-1, len(w)*
 // floods side by side and reports each one's P50 and P95 wait and their
 // ratios. About a minute and a half; run it alone:
 //
-//	go test -run '^$' -bench ClusterSparseRealtime -benchtime 1x ./xcaddy-test/e2e/
+//	go -C xcaddy-test test -run '^$' -bench ClusterSparseRealtime -benchtime 1x ./e2e/
 //
 // Observed, the floods one after the other: P95 ratio 1.53, 1.75 and 1.87
 // before the moves were announced and the gateways balanced the upstreams

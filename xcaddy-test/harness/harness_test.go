@@ -417,19 +417,6 @@ func TestAddresses(t *testing.T) {
 	}
 }
 
-func TestParseSlowdown(t *testing.T) {
-	for v, want := range map[string]float64{"": 1, "1": 1, "2.5": 2.5, "1000": 1000} {
-		if got, err := parseSlowdown(v); err != nil || got != want {
-			t.Errorf("parseSlowdown(%q) = %v, %v; want %v", v, got, err, want)
-		}
-	}
-	for _, v := range []string{"0", "0.5", "-2", "x", "NaN", "Inf", "1001"} {
-		if got, err := parseSlowdown(v); err == nil || !strings.Contains(err.Error(), SlowdownEnv) {
-			t.Errorf("parseSlowdown(%q) = %v, %v; want an error naming %s", v, got, err, SlowdownEnv)
-		}
-	}
-}
-
 // FreePort hands out distinct ports a listener can bind, below the
 // kernel's ephemeral range where it is known.
 func TestFreePort(t *testing.T) {

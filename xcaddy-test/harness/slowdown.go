@@ -1,52 +1,18 @@
 package harness
 
 import (
-	"fmt"
-	"math"
-	"os"
-	"strconv"
-	"sync"
 	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/testwait"
 )
 
 // SlowdownEnv names the environment variable that tells the tests how much
-// slower than an idle machine this one may be: a factor, default 1.
-// scripts/test.sh sets it (higher under the race detector), and anyone
-// running the tests beside other work may raise it, e.g.
-//
-//	FQ_TEST_SLOWDOWN=4 go test ./xcaddy-test/e2e/
-//
-// It stretches what a test waits before it calls a hang a failure (Scale),
-// never a bound the test asserts: a slower machine gets more time to reach
-// an event, not a looser fairness, quota or budget bound.
-const SlowdownEnv = "FQ_TEST_SLOWDOWN"
+// slower than an idle machine this one may be (see package testwait).
+const SlowdownEnv = testwait.Env
 
-// slowdown reads SlowdownEnv once. A value that is not a factor stops the
-// tests at their first wait, rather than let them run with a guess.
-var slowdown = sync.OnceValue(func() float64 {
-	f, err := parseSlowdown(os.Getenv(SlowdownEnv))
-	if err != nil {
-		panic(err)
-	}
-	return f
-})
-
-func parseSlowdown(v string) (float64, error) {
-	if v == "" {
-		return 1, nil
-	}
-	f, err := strconv.ParseFloat(v, 64)
-	if err != nil || math.IsNaN(f) || f < 1 || f > 1000 {
-		return 0, fmt.Errorf("harness: %s=%q: want a factor from 1 to 1000 (1: an idle machine)", SlowdownEnv, v)
-	}
-	return f, nil
-}
-
-// Slowdown is the factor of SlowdownEnv.
-func Slowdown() float64 { return slowdown() }
+// Slowdown is the factor SlowdownEnv sets.
+func Slowdown() float64 { return testwait.Slowdown() }
 
 // Scale stretches a guard (how long to wait for an event before failing) by
 // Slowdown. Never use it on a bound being asserted.
-func Scale(d time.Duration) time.Duration {
-	return time.Duration(float64(d) * slowdown())
-}
+func Scale(d time.Duration) time.Duration { return testwait.Scale(d) }
