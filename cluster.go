@@ -203,7 +203,7 @@ func (h *Handler) provisionCluster() error {
 		cs.sync = defaultSlotSync
 	}
 	if c.ShareFairness {
-		cs.sharesKey = prefix + "{shares}"
+		cs.sharesKey = sharesKey(prefix)
 	}
 	if c.ShareSlots {
 		switch {
@@ -214,7 +214,7 @@ func (h *Handler) provisionCluster() error {
 			client.Close()
 			return fmt.Errorf("cluster: lease_ttl %v must be at least 3 x sync + timeout (%v): a grant that expires between renewals is not counted and the pool would be oversubscribed", ttl, 3*cs.sync+timeout)
 		}
-		cs.broker = slots.NewBroker(client, prefix+"{slots}", ttl)
+		cs.broker = slots.NewBroker(client, poolKey(prefix), ttl)
 	}
 	h.cluster = cs
 	h.qcfg.QuotaStore = cs.store
@@ -227,6 +227,16 @@ func (h *Handler) provisionCluster() error {
 	}
 	return nil
 }
+
+// The keys of the shared slots and of the shared service, each in a
+// namespace of its own under the prefix, apart from the tenants' meters
+// (quota.TenantSpace) and the gateway's own (quota.InternalSpace): the
+// namespace is what stands between the prefix and the first '{', and no
+// tenant name reaches past the "t{" its key starts with. The pool's keys
+// (the hash, its ":up" companion, its ":moves" channel) share the hash tag
+// {slots}, so its script touches one Redis Cluster slot.
+func poolKey(prefix string) string   { return prefix + "pool{slots}" }
+func sharesKey(prefix string) string { return prefix + "stream{shares}" }
 
 // redactURLError removes the URL, which may carry a password, from a
 // parse error's text.

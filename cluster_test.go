@@ -166,7 +166,7 @@ func TestClusterQuotaShared(t *testing.T) {
 	if r := ga.post("a", chatBody("")); r.status != http.StatusOK {
 		t.Fatalf("first request: %d %s", r.status, r.body)
 	}
-	if !mr.Exists("shared:{a}") {
+	if !mr.Exists("shared:t{a}") {
 		t.Fatalf("no key for tenant a in redis; keys %v", mr.Keys())
 	}
 	// The other gateway knows: the second request within the second is
@@ -209,7 +209,7 @@ func TestClusterQuotaShared(t *testing.T) {
 	if r := ga.post("a", chatBody("")); r.status != http.StatusOK {
 		t.Fatalf("after redis came back (flushed): %d %s", r.status, r.body)
 	}
-	if !mr.Exists("shared:{a}") {
+	if !mr.Exists("shared:t{a}") {
 		t.Error("after redis came back, the charge did not reach it")
 	}
 }
@@ -227,7 +227,7 @@ func TestClusterReload(t *testing.T) {
 	if r := g.post("a", chatBody("")); r.status != http.StatusOK {
 		t.Fatalf("before the reload: %d %s", r.status, r.body)
 	}
-	if !mr1.Exists("fq:quota:" + name + ":{a}") {
+	if !mr1.Exists("fq:quota:" + name + ":t{a}") {
 		t.Fatalf("before the reload: no key in the first redis: %v", mr1.Keys())
 	}
 
@@ -247,7 +247,7 @@ func TestClusterReload(t *testing.T) {
 	if r := g.post("a", chatBody("")); r.status != http.StatusOK {
 		t.Fatalf("after the reload: %d %s (the new redis has no debt for a)", r.status, r.body)
 	}
-	if !mr2.Exists("fq:quota:"+name+":{a}") || len(mr1.Keys()) != 0 {
+	if !mr2.Exists("fq:quota:"+name+":t{a}") || len(mr1.Keys()) != 0 {
 		t.Errorf("after the reload: keys in the new redis %v, in the old %v; want the charge in the new one only", mr2.Keys(), mr1.Keys())
 	}
 	if h2.cluster.store.Degraded() || h2.cluster.store.Fallbacks() != 0 {
@@ -271,7 +271,7 @@ func TestClusterSharedSlotsGrants(t *testing.T) {
 	// Both have synced: both entries are in the pool (before its first
 	// grant a gateway holds no slot).
 	eventually(t, "both gateways' entries in the pool", func() bool {
-		fields, _ := mr.HKeys("slots:{slots}")
+		fields, _ := mr.HKeys(poolKey("slots:"))
 		return len(fields) == 2
 	})
 	// Idle, the two split the spare pool.
@@ -365,12 +365,12 @@ func TestClusterSharedSlotsReleased(t *testing.T) {
 	h, stop := mustLoad(t, clusterJSON(queueName(t), u, cluster))
 	instance := h.shared.instance
 	eventually(t, "the gateway's entry in the pool", func() bool {
-		fields, _ := mr.HKeys("rel:{slots}")
+		fields, _ := mr.HKeys(poolKey("rel:"))
 		return len(fields) == 1 && fields[0] == instance
 	})
 	stop() // Cleanup: the last user leaves, the queue is gone
 	eventually(t, "the entry released", func() bool {
-		fields, _ := mr.HKeys("rel:{slots}")
+		fields, _ := mr.HKeys(poolKey("rel:"))
 		return len(fields) == 0
 	})
 }
@@ -612,7 +612,7 @@ func TestClusterSharedSlotsRedisLost(t *testing.T) {
 	mr.FlushAll()
 	ha.shared.kickSlots()
 	eventually(t, "A's entry back in the pool", func() bool {
-		fields, _ := mr.HKeys("lost:{slots}")
+		fields, _ := mr.HKeys(poolKey("lost:"))
 		return len(fields) == 1 && fields[0] == ha.shared.instance
 	})
 	eventually(t, "A's renewal applied", func() bool { return !ha.shared.slotSyncing.Load() })
@@ -659,7 +659,7 @@ func TestClusterSharedSlotsRestoreWaitsForEveryGateway(t *testing.T) {
 			t.Fatalf("A took %d slots while B, not renewed since Redis lost the pool, holds 2 of 4", a.Capacity)
 		}
 	}
-	if fields, _ := mr.HKeys("wait:{slots}"); len(fields) != 1 || fields[0] != ha.shared.instance {
+	if fields, _ := mr.HKeys(poolKey("wait:")); len(fields) != 1 || fields[0] != ha.shared.instance {
 		t.Fatalf("entries %v, want A's alone (A renewed, B did not)", fields)
 	}
 	if ha.shared.slotRestoreSince.Load() == 0 {
