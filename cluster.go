@@ -40,11 +40,15 @@ type ClusterConfig struct {
 	// that together they admit about the quota when the load balancer
 	// spreads a tenant evenly. Default: 1 (each keeps the whole quota).
 	Instances int `json:"instances,omitempty"`
-	// Timeout bounds each Redis call, dial included. A call past it is
-	// decided locally and starts an outage; during one, a background probe
-	// tries Redis every second and no request waits on it. Keep it a
-	// small fraction of the wait budgets: the call is made while the queue
-	// decides. Default: 50ms.
+	// Timeout bounds each read and write of a Redis command (a round trip
+	// is one of each). A command past it is decided locally and starts an
+	// outage; during one, a background probe tries Redis every second and
+	// no request waits on it. The set-up of a connection is not counted:
+	// connections are kept open and ready (a few beyond those in use), and
+	// a new one's dial and handshake have a budget of their own, max(4 x
+	// timeout, 1s). A request of a tenant with a quota waits for its
+	// tenant's round trips; no other request does (they are made off the
+	// queue's lock). Default: 50ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 	// Prefix starts the Redis key of every tenant's meters. Default:
 	// "fq:quota:<queue name>:", so queues of different names keep apart
@@ -111,7 +115,47 @@ type clusterStore struct {
 	instances int
 	sync      time.Duration
 	timeout   time.Duration
+	// budget bounds a whole call (callBudget).
+	budget time.Duration
 }
+
+// minIdleConns is how many connections the client keeps open and ready
+// beyond those in use: dialled and replaced in the background, so that a
+// call rarely pays for a connection's set-up (a TCP handshake and HELLO,
+// two round trips more; three with CLIENT SETINFO, which is off).
+const minIdleConns = 4
+
+// setClientOptions sets the client's options for the cluster: no retry (a
+// Charge retried after its first attempt reached Redis would charge
+// twice); timeout bounds each read and write of a command on the socket,
+// so a Redis slower than it is an outage, decided locally; connections
+// are kept warm, and a connection's dial has a budget of its own
+// (dialTimeout), so that timeout bounds a command, not a handshake: with
+// Redis 200 ms away and timeout 500ms, a call on a new connection takes
+// about three round trips and still succeeds, where a budget of 500ms for
+// all of it failed every time.
+func setClientOptions(opt *redis.Options, timeout time.Duration) {
+	opt.MaxRetries = -1
+	opt.ContextTimeoutEnabled = false
+	opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = timeout, timeout, timeout
+	opt.DialTimeout = dialTimeout(timeout)
+	opt.DialerRetries = 1
+	opt.MinIdleConns = minIdleConns
+	opt.ConnMaxIdleTime = -1 // kept: Redis does not close idle clients by default
+	opt.DisableIdentity = true
+	// Pipelines (the stream of served cost) on the main pool, whose
+	// connections are kept warm: the pipeline pool never pre-dials.
+	opt.PipelinePoolSize = -1
+}
+
+// dialTimeout bounds the set-up of a connection: longer than a command's
+// timeout, since it is rarely paid (warm connections) and a handshake
+// takes round trips of its own.
+func dialTimeout(timeout time.Duration) time.Duration { return max(4*timeout, time.Second) }
+
+// callBudget bounds a whole call on the client (context deadline): a dial
+// and its handshake, then the command's write and read.
+func callBudget(timeout time.Duration) time.Duration { return dialTimeout(timeout) + 3*timeout }
 
 // provisionCluster validates the cluster block, connects a Redis client
 // (lazily: no connection is made until the first call) and sets the
@@ -143,14 +187,9 @@ func (h *Handler) provisionCluster() error {
 		// the config's text.
 		return fmt.Errorf("cluster: redis: not a redis:// or rediss:// URL: %v", redactURLError(err, url))
 	}
-	// A Charge retried after its first attempt reached Redis would charge
-	// twice; the context's deadline must bound the socket wait; a dial or
-	// read slower than the timeout is an outage, decided locally.
-	opt.MaxRetries = -1
-	opt.ContextTimeoutEnabled = true
-	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = timeout, timeout, timeout, timeout
-	opt.DialerRetries = 1
+	setClientOptions(opt, timeout)
 	client := redis.NewClient(opt)
+	budget := callBudget(timeout)
 
 	prefix := c.Prefix
 	if prefix == "" {
@@ -160,7 +199,7 @@ func (h *Handler) provisionCluster() error {
 		client.Close()
 		return fmt.Errorf("cluster: the queue's name %q contains '{', which the default key prefix cannot hold; set prefix", h.Name)
 	}
-	rs := quota.NewRedis(client, quota.RedisOptions{Prefix: prefix, Timeout: timeout})
+	rs := quota.NewRedis(client, quota.RedisOptions{Prefix: prefix, Timeout: budget})
 	cs := &clusterStore{client: client}
 	fallbacks := clusterFallbacks.WithLabelValues(h.Name)
 	logger := h.logger.Named("cluster")
@@ -173,7 +212,7 @@ func (h *Handler) provisionCluster() error {
 		// refuses the script (ACL, scripting off) is still down for
 		// quotas, and must not flap between the two.
 		Probe: func(ctx context.Context) error {
-			ctx, cancel := context.WithTimeout(ctx, timeout)
+			ctx, cancel := context.WithTimeout(ctx, budget)
 			defer cancel()
 			_, err := rs.Status(ctx, probeTenant, probeLimits)
 			return err
@@ -198,7 +237,7 @@ func (h *Handler) provisionCluster() error {
 	if ttl <= 0 {
 		ttl = defaultLeaseTTL
 	}
-	cs.instances, cs.timeout, cs.sync, cs.ttl = c.Instances, timeout, time.Duration(c.Sync), ttl
+	cs.instances, cs.timeout, cs.budget, cs.sync, cs.ttl = c.Instances, timeout, budget, time.Duration(c.Sync), ttl
 	if cs.sync <= 0 {
 		cs.sync = defaultSlotSync
 	}
@@ -220,7 +259,7 @@ func (h *Handler) provisionCluster() error {
 	h.qcfg.QuotaStore = cs.store
 	// The script in Redis beforehand makes the first decision one round
 	// trip. Redis may not be up yet: the first decision finds that out.
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
 	if err := rs.Load(ctx); err != nil {
 		logger.Debug("loading the quota script", zap.String("queue", queue), zap.Error(err))

@@ -36,7 +36,7 @@ func (s *sharedQueue) syncShares(h *Handler, now time.Time) {
 		if cs.shares == nil {
 			cs.shares = shares.New(cs.client, cs.sharesKey, s.instance, cs.ttl)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), cs.timeout)
+		ctx, cancel := context.WithTimeout(context.Background(), cs.budget)
 		defer cancel()
 		theirs, err := cs.shares.Swap(ctx, mine, s.shareTheirs[:0])
 		s.shareMine, s.shareTheirs = mine, theirs

@@ -159,7 +159,7 @@ func (s *sharedQueue) syncSlotsOnce(h *Handler) {
 	// Its claim weighs what its tenants with work weigh, so that tenants
 	// flooding through different gateways share the pool by weight.
 	weight := s.q.BackloggedWeight()
-	ctx, cancel := context.WithTimeout(context.Background(), cs.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), cs.budget)
 	defer cancel()
 	since := s.slotRestoreSince.Load()
 	g, err := cs.broker.Sync(ctx, slots.Renewal{Instance: s.instance, Slots: pool, Demand: demand,
@@ -263,7 +263,7 @@ func (s *sharedQueue) releaseSlots(h *Handler) {
 	deadline := time.Now().Add(cs.broker.TTL())
 	for {
 		inflight := s.q.Stats(false).Inflight
-		ctx, cancel := context.WithTimeout(context.Background(), cs.timeout)
+		ctx, cancel := context.WithTimeout(context.Background(), cs.budget)
 		var err error
 		if inflight == 0 {
 			err = cs.broker.Release(ctx, s.instance)

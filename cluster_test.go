@@ -111,10 +111,13 @@ func TestClusterProvision(t *testing.T) {
 	o := h.cluster.client.Options()
 	// MaxRetries -1 (no retry) reads 0 once the client is built; 0 given
 	// would have read 3.
-	if o.Addr != mr.Addr() || o.MaxRetries != 0 || !o.ContextTimeoutEnabled || o.ReadTimeout != defaultClusterTimeout ||
-		o.WriteTimeout != defaultClusterTimeout || o.DialTimeout != defaultClusterTimeout || o.TLSConfig != nil {
-		t.Errorf("client options: addr %s, retries %d, context timeouts %v, timeouts %v %v %v, tls %v",
-			o.Addr, o.MaxRetries, o.ContextTimeoutEnabled, o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.TLSConfig != nil)
+	// The timeout bounds a command's reads and writes; a connection's
+	// set-up has its own budget, and a few connections are kept ready.
+	if o.Addr != mr.Addr() || o.MaxRetries != 0 || o.ContextTimeoutEnabled || o.ReadTimeout != defaultClusterTimeout ||
+		o.WriteTimeout != defaultClusterTimeout || o.DialTimeout != time.Second || o.MinIdleConns != minIdleConns ||
+		!o.DisableIdentity || o.TLSConfig != nil {
+		t.Errorf("client options: addr %s, retries %d, context timeouts %v, timeouts %v %v %v, min idle %d, identity off %v, tls %v",
+			o.Addr, o.MaxRetries, o.ContextTimeoutEnabled, o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.MinIdleConns, o.DisableIdentity, o.TLSConfig != nil)
 	}
 	if v := redisUp(name); v != 1 {
 		t.Errorf("cluster_redis_up %v, want 1", v)

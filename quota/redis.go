@@ -68,7 +68,13 @@ type Redis struct {
 	onNow func(now int64)
 }
 
-var _ Store = (*Redis)(nil)
+var (
+	_ Store  = (*Redis)(nil)
+	_ Remote = (*Redis)(nil)
+)
+
+// Remote implements Remote: every call is a round trip to Redis.
+func (*Redis) Remote() bool { return true }
 
 // NewRedis returns a Store on client: a *redis.Client, a *redis.ClusterClient
 // or a failover client. The client's options decide connection pooling,
