@@ -225,4 +225,3 @@ func TestRemoteQuotaDecidedOffLock(t *testing.T) {
 		t.Errorf("%d of %d store calls made under the queue's lock, want none", n, store.calls.Load())
 	}
 }
-
