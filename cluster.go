@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -188,6 +189,7 @@ func (h *Handler) provisionCluster() error {
 		return fmt.Errorf("cluster: redis: not a redis:// or rediss:// URL: %v", redactURLError(err, url))
 	}
 	setClientOptions(opt, timeout)
+	routeRedisLog()
 	client := redis.NewClient(opt)
 	budget := callBudget(timeout)
 
@@ -277,6 +279,20 @@ func (h *Handler) provisionCluster() error {
 func poolKey(prefix string) string   { return prefix + "pool{slots}" }
 func sharesKey(prefix string) string { return prefix + "stream{shares}" }
 
+// guardBackground, deferred first thing in each of the cluster's
+// background goroutines, logs a panic there with its stack, as the tick
+// does, rather than letting it end Caddy; then runs after, if any (to
+// leave the state the goroutine kept as it should be).
+func guardBackground(logger *zap.Logger, what, queue string, after func()) {
+	if err := recover(); err != nil {
+		logger.Named("cluster").Error("panic in "+what,
+			zap.String("queue", queue), zap.Any("error", err), zap.ByteString("stack", debug.Stack()))
+		if after != nil {
+			after()
+		}
+	}
+}
+
 // redactURLError removes the URL, which may carry a password, from a
 // parse error's text.
 func redactURLError(err error, url string) error {
@@ -309,6 +325,7 @@ func (h *Handler) closeCluster() {
 		// removed it): give its slots back to the other gateways once its
 		// last requests are done, rather than after the lease's TTL.
 		release := func() {
+			defer guardBackground(h.logger, "the release of the shared slots", s.name, closeClient)
 			s.releaseSlots(h)
 			closeClient()
 		}

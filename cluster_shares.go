@@ -33,6 +33,7 @@ func (s *sharedQueue) syncShares(h *Handler, now time.Time) {
 	mine := s.q.TakeServed(s.shareMine[:0])
 	go func() {
 		defer s.shareSyncing.Store(false)
+		defer guardBackground(h.logger, "the exchange of the tenants' service", s.name, nil)
 		if cs.shares == nil {
 			cs.shares = shares.New(cs.client, cs.sharesKey, s.instance, cs.ttl)
 		}

@@ -46,7 +46,7 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 		// Made here without a connection (this may run under the
 		// queue's lock: commitLocked); the goroutine dials.
 		cs.moves = cs.broker.Subscribe(context.Background())
-		go s.followMoves(cs.moves, cs.broker.Channel())
+		go s.followMoves(cs.moves, cs.broker.Channel(), h.logger)
 	})
 	if now.UnixNano()-s.slotSyncAt.Load() < int64(cs.sync) {
 		return
@@ -61,7 +61,8 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 
 // followMoves renews the grant on the announcements of the other
 // gateways, until the subscription is closed (closeCluster).
-func (s *sharedQueue) followMoves(ps *redis.PubSub, channel string) {
+func (s *sharedQueue) followMoves(ps *redis.PubSub, channel string, logger *zap.Logger) {
+	defer guardBackground(logger, "the announcements of the shared slots", s.name, nil)
 	// An error here (Redis down) is retried by the channel's reader,
 	// which resubscribes as it reconnects.
 	ctx := context.Background()
@@ -131,6 +132,9 @@ func (s *sharedQueue) startSlotSync() {
 		return
 	}
 	go func() {
+		// A renewal that panicked is over: the next kick or sync starts
+		// another.
+		defer guardBackground(s.logger(), "the renewal of the shared slots", s.name, func() { s.slotSyncing.Store(false) })
 		for {
 			s.slotKicked.Store(false)
 			if h := s.slotOwner(); h != nil {

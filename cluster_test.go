@@ -386,8 +386,10 @@ func TestClusterShareFairness(t *testing.T) {
 	mr := miniredis.RunT(t)
 	cluster := fmt.Sprintf(`{"redis":"redis://%s","prefix":"fair:","share_fairness":true,"sync":"20ms"}`, mr.Addr())
 	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
-	ha, _ := mustLoad(t, fqConfig(nameA, u, `"max_inflight":1,"cluster":`+cluster))
-	hb, _ := mustLoad(t, fqConfig(nameB, u, `"max_inflight":1,"cluster":`+cluster))
+	// Declared: undeclared tenants' service is shared as their group's.
+	tenants := `"tenants":{"a":{"weight":1},"b":{"weight":1},"c":{"weight":1}},`
+	ha, _ := mustLoad(t, fqConfig(nameA, u, tenants+`"max_inflight":1,"cluster":`+cluster))
+	hb, _ := mustLoad(t, fqConfig(nameB, u, tenants+`"max_inflight":1,"cluster":`+cluster))
 	eventually(t, "both gateways syncing", func() bool {
 		return ha.shared.sharesUp.Load() && hb.shared.sharesUp.Load()
 	})

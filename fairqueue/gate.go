@@ -2,6 +2,7 @@ package fairqueue
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
@@ -97,7 +98,7 @@ func (q *Queue) gateLocked(tk *Ticket, overtakes bool) {
 	q.gatesInFlight.Add(1)
 	go func() {
 		defer q.gatesInFlight.Add(-1)
-		d, err := store.Charge(context.Background(), name, l, tokens)
+		d, err := chargeGuarded(store, name, l, tokens)
 		q.gateDone(tk, store, l, overtakes, d, err)
 	}()
 }
@@ -180,3 +181,15 @@ func (q *Queue) ungateLocked(tk *Ticket) {
 // GatesInFlight is the number of quota charges being made off the lock
 // (tests: a queue with none in flight has decided everything it started).
 func (q *Queue) GatesInFlight() int64 { return q.gatesInFlight.Load() }
+
+// chargeGuarded is store.Charge with a panic turned into an error (the
+// request then goes, uncharged), so that a store's bug never ends the
+// process from the gate's goroutine nor leaves the request's slot held.
+func chargeGuarded(store quota.Store, tenant string, l *quota.Limits, tokens int64) (d quota.Decision, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("fairqueue: the quota store panicked: %v", r)
+		}
+	}()
+	return store.Charge(context.Background(), tenant, l, tokens)
+}
