@@ -411,7 +411,7 @@ var _ prometheus.Collector = clusterCollector{}
 //	cluster {
 //	    redis     <url>        # required; placeholders allowed: {env.REDIS_URL}
 //	    instances <n>          # default 1
-//	    timeout   <duration>   # default 50ms
+//	    timeout   <duration>   # per command's read and write; default 50ms
 //	    prefix    <string>     # default fq:quota:<queue name>:
 //	    share_slots            # share the upstreams' slots among the gateways
 //	    sync      <duration>   # how often a grant of slots is renewed; default 100ms
