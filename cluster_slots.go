@@ -210,6 +210,19 @@ func (s *sharedQueue) syncSlotsOnce(h *Handler) {
 	if g.Announced != "" {
 		clusterSlotMoves.WithLabelValues(s.name, g.Announced, "sent").Inc()
 	}
+	if err == nil && g.Targets != nil {
+		// No more in flight than the targets place: a grant the others
+		// leave no room for on any upstream (they hold it there, or this
+		// gateway's own requests sit above its target on one) would send
+		// a request where every slot is taken, fair_queue_least_conn then
+		// falling back to the least loaded upstream: one model server
+		// past its slots while the pool's total holds.
+		placed := 0
+		for _, n := range g.Targets {
+			placed += n
+		}
+		g.Slots = min(g.Slots, placed)
+	}
 	s.slotWeight.Store(math.Float64bits(weight))
 	if g.Others != nil {
 		s.slotView.Store(&upstreamView{others: g.Others, targets: g.Targets})
