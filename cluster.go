@@ -32,10 +32,23 @@ import (
 // answers again.
 type ClusterConfig struct {
 	// Redis is the URL of the Redis server the gateways share:
-	// redis://[[user]:password@]host:port[/db], or rediss:// for TLS.
-	// Placeholders are resolved when the config loads, so credentials can
-	// stay out of it: {env.REDIS_URL}. Required.
-	Redis string `json:"redis"`
+	// redis://[[user]:password@]host:port[/db], or rediss:// for TLS; or
+	// of the sentinels that know its primary:
+	// redis-sentinel://[[user]:password@]host:port[,host:port...]/master[/db].
+	// With Sentinel or ClusterAddrs it gives only the credentials, the
+	// database and TLS. Placeholders are resolved when the config loads,
+	// so credentials can stay out of it: {env.REDIS_URL}. Required unless
+	// Sentinel or ClusterAddrs is set.
+	Redis string `json:"redis,omitempty"`
+	// Sentinel finds the primary through Redis Sentinel, so that a
+	// failover to a replica is followed: the master's name and the
+	// sentinels' addresses.
+	Sentinel *SentinelConfig `json:"sentinel,omitempty"`
+	// ClusterAddrs are seed nodes of a Redis Cluster (or a Valkey
+	// cluster): the client finds the rest, and follows a failover. Every
+	// key a script touches shares its hash tag, so each call is on one
+	// node.
+	ClusterAddrs []string `json:"cluster_addrs,omitempty"`
 	// Instances is the number of gateways sharing Redis. While Redis is
 	// unreachable each decides alone on every quota divided by it, so
 	// that together they admit about the quota when the load balancer
@@ -97,7 +110,7 @@ const defaultClusterTimeout = 50 * time.Millisecond
 // handler's config is in force, and the handler closes it at Cleanup, once
 // the queue runs on the next config (or is gone).
 type clusterStore struct {
-	client *redis.Client
+	client redis.UniversalClient
 	store  *quota.Fallback
 	closed atomic.Bool
 	// broker shares the upstream slots (share_slots), nil otherwise;
@@ -120,44 +133,6 @@ type clusterStore struct {
 	budget time.Duration
 }
 
-// minIdleConns is how many connections the client keeps open and ready
-// beyond those in use: dialled and replaced in the background, so that a
-// call rarely pays for a connection's set-up (a TCP handshake and HELLO,
-// two round trips more; three with CLIENT SETINFO, which is off).
-const minIdleConns = 4
-
-// setClientOptions sets the client's options for the cluster: no retry (a
-// Charge retried after its first attempt reached Redis would charge
-// twice); timeout bounds each read and write of a command on the socket,
-// so a Redis slower than it is an outage, decided locally; connections
-// are kept warm, and a connection's dial has a budget of its own
-// (dialTimeout), so that timeout bounds a command, not a handshake: with
-// Redis 200 ms away and timeout 500ms, a call on a new connection takes
-// about three round trips and still succeeds, where a budget of 500ms for
-// all of it failed every time.
-func setClientOptions(opt *redis.Options, timeout time.Duration) {
-	opt.MaxRetries = -1
-	opt.ContextTimeoutEnabled = false
-	opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = timeout, timeout, timeout
-	opt.DialTimeout = dialTimeout(timeout)
-	opt.DialerRetries = 1
-	opt.MinIdleConns = minIdleConns
-	opt.ConnMaxIdleTime = -1 // kept: Redis does not close idle clients by default
-	opt.DisableIdentity = true
-	// Pipelines (the stream of served cost) on the main pool, whose
-	// connections are kept warm: the pipeline pool never pre-dials.
-	opt.PipelinePoolSize = -1
-}
-
-// dialTimeout bounds the set-up of a connection: longer than a command's
-// timeout, since it is rarely paid (warm connections) and a handshake
-// takes round trips of its own.
-func dialTimeout(timeout time.Duration) time.Duration { return max(4*timeout, time.Second) }
-
-// callBudget bounds a whole call on the client (context deadline): a dial
-// and its handshake, then the command's write and read.
-func callBudget(timeout time.Duration) time.Duration { return dialTimeout(timeout) + 3*timeout }
-
 // provisionCluster validates the cluster block, connects a Redis client
 // (lazily: no connection is made until the first call) and sets the
 // queue's quota store to the Fallback over it. It touches no shared state:
@@ -178,19 +153,11 @@ func (h *Handler) provisionCluster() error {
 	case timeout == 0:
 		timeout = defaultClusterTimeout
 	}
-	url := caddy.NewReplacer().ReplaceAll(c.Redis, "")
-	if url == "" {
-		return fmt.Errorf("cluster: redis: no URL (%q is empty once its placeholders are replaced: is the variable set?)", c.Redis)
-	}
-	opt, err := redis.ParseURL(url)
+	client, err := newClusterClient(c, timeout)
 	if err != nil {
-		// The URL may carry a password: the error shows neither it nor
-		// the config's text.
-		return fmt.Errorf("cluster: redis: not a redis:// or rediss:// URL: %v", redactURLError(err, url))
+		return err
 	}
-	setClientOptions(opt, timeout)
 	routeRedisLog()
-	client := redis.NewClient(opt)
 	budget := callBudget(timeout)
 
 	prefix := c.Prefix
@@ -406,10 +373,47 @@ func (clusterCollector) Collect(ch chan<- prometheus.Metric) {
 // Interface guards
 var _ prometheus.Collector = clusterCollector{}
 
+// sentinel parses the cluster's sentinel block.
+//
+//	sentinel {
+//	    master <name>
+//	    addrs  <host:port>...
+//	}
+func (p *cfParser) sentinel() (*SentinelConfig, error) {
+	d := p.d
+	if args := d.RemainingArgs(); len(args) > 0 {
+		return nil, d.Errf("cluster: sentinel: unexpected argument %q (the settings go in a block: sentinel { master <name>; addrs <host:port>... })", args[0])
+	}
+	sc := new(SentinelConfig)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch key := d.Val(); key {
+		case "master":
+			v, err := p.oneArg("cluster: sentinel: master")
+			if err != nil {
+				return nil, err
+			}
+			sc.Master = v
+		case "addrs":
+			sc.Addrs = append(sc.Addrs, d.RemainingArgs()...)
+		default:
+			return nil, d.Errf("cluster: sentinel: unknown setting %q (want master or addrs)", key)
+		}
+	}
+	if sc.Master == "" || len(sc.Addrs) == 0 {
+		return nil, d.Errf("cluster: sentinel: want master <name> and addrs <host:port>...")
+	}
+	return sc, nil
+}
+
 // cluster parses the cluster block: one setting per line.
 //
 //	cluster {
-//	    redis     <url>        # required; placeholders allowed: {env.REDIS_URL}
+//	    redis     <url>        # redis://, rediss:// or redis-sentinel://; placeholders allowed: {env.REDIS_URL}
+//	    sentinel {             # or: the primary through Redis Sentinel
+//	        master <name>
+//	        addrs  <host:port>...
+//	    }
+//	    cluster_addrs <host:port>...  # or: a Redis Cluster's seed nodes
 //	    instances <n>          # default 1
 //	    timeout   <duration>   # per command's read and write; default 50ms
 //	    prefix    <string>     # default fq:quota:<queue name>:
@@ -473,6 +477,17 @@ func (p *cfParser) cluster() error {
 			} else {
 				c.LeaseTTL = dur
 			}
+		case "sentinel":
+			sc, err := p.sentinel()
+			if err != nil {
+				return err
+			}
+			c.Sentinel = sc
+		case "cluster_addrs":
+			c.ClusterAddrs = d.RemainingArgs()
+			if len(c.ClusterAddrs) == 0 {
+				return d.Errf("cluster: cluster_addrs: want one or more host:port seed nodes of the Redis Cluster")
+			}
 		case "prefix":
 			v, err := p.oneArg("cluster: prefix")
 			if err != nil {
@@ -483,11 +498,11 @@ func (p *cfParser) cluster() error {
 			}
 			c.Prefix = v
 		default:
-			return d.Errf("cluster: unknown setting %q (want redis, instances, timeout, prefix, share_slots, share_fairness, sync or lease_ttl)", key)
+			return d.Errf("cluster: unknown setting %q (want redis, sentinel, cluster_addrs, instances, timeout, prefix, share_slots, share_fairness, sync or lease_ttl)", key)
 		}
 	}
-	if c.Redis == "" {
-		return d.Errf("cluster: missing 'redis <url>' (e.g. redis {env.REDIS_URL})")
+	if c.Redis == "" && c.Sentinel == nil && len(c.ClusterAddrs) == 0 {
+		return d.Errf("cluster: missing 'redis <url>' (e.g. redis {env.REDIS_URL}), sentinel or cluster_addrs")
 	}
 	p.h.Cluster = c
 	return nil

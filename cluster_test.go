@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
@@ -41,13 +42,16 @@ func TestClusterCaddyfile(t *testing.T) {
 		{"cluster redis://a:1", `cluster: unexpected argument "redis://a:1"`},
 		{"cluster {\n}", "cluster: missing 'redis <url>'"},
 		{"cluster {\ninstances 2\n}", "cluster: missing 'redis <url>'"},
+		{"cluster {\nsentinel {\nmaster m\n}\n}", "cluster: sentinel: want master <name> and addrs"},
+		{"cluster {\nsentinel {\nport 1\n}\n}", `cluster: sentinel: unknown setting "port"`},
+		{"cluster {\ncluster_addrs\n}", "cluster: cluster_addrs: want one or more"},
 		{"cluster {\nredis redis://a:1\nshare_fairness yes\n}", "cluster: share_fairness takes no argument"},
 		{"cluster {\nredis a b\n}", "cluster: redis: want exactly one argument"},
 		{"cluster {\nredis redis://a:1\nredis redis://b:1\n}", "cluster: redis given twice"},
 		{"cluster {\nredis redis://a:1\ninstances 0\n}", `cluster: instances: "0" must be a positive integer`},
 		{"cluster {\nredis redis://a:1\ntimeout soon\n}", `cluster: timeout: "soon" is not a duration`},
 		{"cluster {\nredis redis://a:1\nprefix a{b\n}", "contains '{'"},
-		{"cluster {\nredis redis://a:1\nspeed 100ms\n}", `cluster: unknown setting "speed" (want redis, instances, timeout, prefix, share_slots, share_fairness, sync or lease_ttl)`},
+		{"cluster {\nredis redis://a:1\nspeed 100ms\n}", `cluster: unknown setting "speed" (want redis, sentinel, cluster_addrs, instances, timeout, prefix, share_slots, share_fairness, sync or lease_ttl)`},
 		{"cluster {\nredis redis://a:1\nshare_slots yes\n}", "share_slots takes no argument"},
 		{"cluster {\nredis redis://a:1\nlease_ttl never\n}", `cluster: lease_ttl: "never" is not a duration`},
 		{"cluster {\nredis redis://a:1\n}\ncluster {\nredis redis://a:1\n}", "cluster given twice"},
@@ -108,7 +112,7 @@ func TestClusterProvision(t *testing.T) {
 	if h.cluster == nil || h.qcfg.QuotaStore != h.cluster.store {
 		t.Fatal("cluster set, but the queue's quota store is not the cluster's")
 	}
-	o := h.cluster.client.Options()
+	o := h.cluster.client.(*redis.Client).Options()
 	// MaxRetries -1 (no retry) reads 0 once the client is built; 0 given
 	// would have read 3.
 	// The timeout bounds a command's reads and writes; a connection's
@@ -128,13 +132,13 @@ func TestClusterProvision(t *testing.T) {
 
 	// rediss:// is TLS; nothing connects until the first call.
 	h2, _ := mustLoad(t, clusterJSON(queueName(t)+"_tls", u, `{"redis":"rediss://:secret@localhost:1","timeout":"10ms","prefix":"x:"}`))
-	if o := h2.cluster.client.Options(); o.TLSConfig == nil || o.ReadTimeout != 10*time.Millisecond {
+	if o := h2.cluster.client.(*redis.Client).Options(); o.TLSConfig == nil || o.ReadTimeout != 10*time.Millisecond {
 		t.Errorf("rediss: tls %v, read timeout %v", o.TLSConfig != nil, o.ReadTimeout)
 	}
 
 	for _, tc := range []struct{ cluster, want string }{
 		{`{"redis":"{env.FQ_TEST_UNSET}"}`, `"{env.FQ_TEST_UNSET}" is empty once its placeholders are replaced`},
-		{`{"redis":"http://:hunter2@host:1"}`, "not a redis:// or rediss:// URL"},
+		{`{"redis":"http://:hunter2@host:1"}`, "not a redis://, rediss:// or redis-sentinel:// URL"},
 		{`{"redis":"redis://a:1","instances":-1}`, "instances must not be negative"},
 		{`{"redis":"redis://a:1","timeout":"-1s"}`, "timeout must not be negative"},
 		{`{"redis":"redis://a:1","prefix":"a{"}`, "contains '{'"},
