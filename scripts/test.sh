@@ -12,10 +12,11 @@ if [ -n "$bad" ]; then echo "gofmt would change: $bad"; exit 1; fi
 echo "== go vet"
 go vet ./...
 
-echo "== redis-server (Debian's package) for the Redis quota store's tests against a real server"
-if ! command -v redis-server >/dev/null; then
+echo "== redis-server and redis-cli (Debian's redis-server, redis-tools) for the Redis tests against real servers;"
+echo "   the end-to-end tests also run a three-node Redis Cluster (redis-cli --cluster create) and a sentinel (redis-server --sentinel)"
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
 	sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
-	$sudo apt-get update -qq && $sudo apt-get install -y -qq redis-server >/dev/null
+	$sudo apt-get update -qq && $sudo apt-get install -y -qq redis-server redis-tools >/dev/null
 fi
 redis_port=$((20000 + RANDOM % 20000))
 redis_dir=$(mktemp -d)
