@@ -158,6 +158,7 @@ func (h *Handler) provisionCluster() error {
 		return err
 	}
 	routeRedisLog()
+	client.AddHook(redisTimer{clusterRedisSeconds.WithLabelValues(h.Name)})
 	budget := callBudget(timeout)
 
 	prefix := c.Prefix
@@ -325,6 +326,12 @@ var (
 		Name: "cluster_slot_moves_total",
 		Help: "With share_slots: announcements between the gateways sharing the pool, which make them renew their grants at once rather than at the next sync: kind=claim (a gateway's backlogged weight grew, so the others' shares fell) or freed (a gateway gave slots back, which one owed slots may take); direction=sent or received.",
 	}, []string{"queue", "kind", "direction"})
+	clusterRedisSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+		Name:    "cluster_redis_seconds",
+		Help:    "How long each of the gateway's Redis commands took (a script call, or a pipeline), errors included: a Redis growing slow shows here before it passes the cluster's timeout and counts as down.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+	}, []string{"queue"})
 	clusterShareFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
 		Name: "cluster_share_failures_total",

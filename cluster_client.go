@@ -1,6 +1,7 @@
 package caddyfairqueue
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/url"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -162,3 +164,29 @@ func dialTimeout(timeout time.Duration) time.Duration { return max(4*timeout, ti
 // callBudget bounds a whole call on the client (context deadline): a dial
 // and its handshake, then the command's write and read.
 func callBudget(timeout time.Duration) time.Duration { return dialTimeout(timeout) + 3*timeout }
+
+// redisTimer is a go-redis hook that observes each command's time, and a
+// pipeline's as one (cluster_redis_seconds).
+type redisTimer struct{ o prometheus.Observer }
+
+func (r redisTimer) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r redisTimer) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		start := time.Now()
+		err := next(ctx, cmd)
+		r.o.Observe(time.Since(start).Seconds())
+		return err
+	}
+}
+
+func (r redisTimer) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		start := time.Now()
+		err := next(ctx, cmds)
+		r.o.Observe(time.Since(start).Seconds())
+		return err
+	}
+}
+
+var _ redis.Hook = redisTimer{}

@@ -3,6 +3,7 @@ package caddyfairqueue
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"regexp"
 	"strconv"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
@@ -204,4 +207,27 @@ func mustRead(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// Every Redis command of a queue's cluster is timed in
+// cluster_redis_seconds: a quota decision is at least one.
+func TestClusterRedisSecondsObserved(t *testing.T) {
+	u := newFakeUpstream(t)
+	mr := miniredis.RunT(t)
+	name := queueName(t)
+	h, _ := mustLoad(t, clusterJSON(name, u, fmt.Sprintf(`{"redis":"redis://%s"}`, mr.Addr())))
+	count := func() uint64 {
+		var m dto.Metric
+		if err := clusterRedisSeconds.WithLabelValues(name).(prometheus.Histogram).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetHistogram().GetSampleCount()
+	}
+	before := count()
+	if r := newGateway(t, h).post("a", chatBody("")); r.status != http.StatusOK {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	if n := count() - before; n < 2 {
+		t.Errorf("%d commands timed for a metered request, want its charge and its correction at least", n)
+	}
 }
