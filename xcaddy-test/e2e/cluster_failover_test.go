@@ -287,11 +287,13 @@ func TestClusterSentinelFailover(t *testing.T) {
 		a, err := sc.GetMasterAddrByName(ctx, "mymaster").Result()
 		return err == nil && len(a) == 2 && a[0]+":"+a[1] == replica, fmt.Sprint(a, err)
 	})
+	// The gateways call the scripts on the new primary (what it got as a
+	// replica came as the scripts' effects, not as EVALSHA).
 	rc := redis.NewClient(&redis.Options{Addr: replica})
 	defer rc.Close()
-	waitFor(t, "the gateways deciding on the new primary", func() (bool, string) {
-		n := rc.Exists(ctx, "fq:quota:default:t{metered}").Val()
-		return n == 1, "no meter on the new primary yet"
+	waitFor(t, "the gateways' scripts running on the new primary", func() (bool, string) {
+		info := rc.Info(ctx, "commandstats").Val()
+		return strings.Contains(info, "cmdstat_evalsha:calls="), "no EVALSHA on the new primary yet"
 	})
 	switched := time.Since(failStart)
 	time.Sleep(4 * time.Second) // pacing only: the load runs on the new primary
