@@ -112,7 +112,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    cluster {
 //	        redis     <url>       # redis:// or rediss:// (TLS); {env.REDIS_URL}
 //	        instances <n>         # gateways sharing it; each keeps 1/n while Redis is down (default 1)
-//	        timeout   <duration>  # per Redis call, dial included (default 50ms)
+//	        timeout   <duration>  # per Redis command's read and write (default 50ms)
 //	        prefix    <string>    # key prefix (default fq:quota:<queue name>:)
 //	    }
 //

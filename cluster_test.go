@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
@@ -41,13 +42,16 @@ func TestClusterCaddyfile(t *testing.T) {
 		{"cluster redis://a:1", `cluster: unexpected argument "redis://a:1"`},
 		{"cluster {\n}", "cluster: missing 'redis <url>'"},
 		{"cluster {\ninstances 2\n}", "cluster: missing 'redis <url>'"},
+		{"cluster {\nsentinel {\nmaster m\n}\n}", "cluster: sentinel: want master <name> and addrs"},
+		{"cluster {\nsentinel {\nport 1\n}\n}", `cluster: sentinel: unknown setting "port"`},
+		{"cluster {\ncluster_addrs\n}", "cluster: cluster_addrs: want one or more"},
 		{"cluster {\nredis redis://a:1\nshare_fairness yes\n}", "cluster: share_fairness takes no argument"},
 		{"cluster {\nredis a b\n}", "cluster: redis: want exactly one argument"},
 		{"cluster {\nredis redis://a:1\nredis redis://b:1\n}", "cluster: redis given twice"},
 		{"cluster {\nredis redis://a:1\ninstances 0\n}", `cluster: instances: "0" must be a positive integer`},
 		{"cluster {\nredis redis://a:1\ntimeout soon\n}", `cluster: timeout: "soon" is not a duration`},
 		{"cluster {\nredis redis://a:1\nprefix a{b\n}", "contains '{'"},
-		{"cluster {\nredis redis://a:1\nspeed 100ms\n}", `cluster: unknown setting "speed" (want redis, instances, timeout, prefix, share_slots, share_fairness, sync or lease_ttl)`},
+		{"cluster {\nredis redis://a:1\nspeed 100ms\n}", `cluster: unknown setting "speed" (want redis, sentinel, cluster_addrs, instances, timeout, prefix, share_slots, share_fairness, sync or lease_ttl)`},
 		{"cluster {\nredis redis://a:1\nshare_slots yes\n}", "share_slots takes no argument"},
 		{"cluster {\nredis redis://a:1\nlease_ttl never\n}", `cluster: lease_ttl: "never" is not a duration`},
 		{"cluster {\nredis redis://a:1\n}\ncluster {\nredis redis://a:1\n}", "cluster given twice"},
@@ -108,13 +112,16 @@ func TestClusterProvision(t *testing.T) {
 	if h.cluster == nil || h.qcfg.QuotaStore != h.cluster.store {
 		t.Fatal("cluster set, but the queue's quota store is not the cluster's")
 	}
-	o := h.cluster.client.Options()
+	o := h.cluster.client.(*redis.Client).Options()
 	// MaxRetries -1 (no retry) reads 0 once the client is built; 0 given
 	// would have read 3.
-	if o.Addr != mr.Addr() || o.MaxRetries != 0 || !o.ContextTimeoutEnabled || o.ReadTimeout != defaultClusterTimeout ||
-		o.WriteTimeout != defaultClusterTimeout || o.DialTimeout != defaultClusterTimeout || o.TLSConfig != nil {
-		t.Errorf("client options: addr %s, retries %d, context timeouts %v, timeouts %v %v %v, tls %v",
-			o.Addr, o.MaxRetries, o.ContextTimeoutEnabled, o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.TLSConfig != nil)
+	// The timeout bounds a command's reads and writes; a connection's
+	// set-up has its own budget, and a few connections are kept ready.
+	if o.Addr != mr.Addr() || o.MaxRetries != 0 || o.ContextTimeoutEnabled || o.ReadTimeout != defaultClusterTimeout ||
+		o.WriteTimeout != defaultClusterTimeout || o.DialTimeout != time.Second || o.MinIdleConns != minIdleConns ||
+		!o.DisableIdentity || o.TLSConfig != nil {
+		t.Errorf("client options: addr %s, retries %d, context timeouts %v, timeouts %v %v %v, min idle %d, identity off %v, tls %v",
+			o.Addr, o.MaxRetries, o.ContextTimeoutEnabled, o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.MinIdleConns, o.DisableIdentity, o.TLSConfig != nil)
 	}
 	if v := redisUp(name); v != 1 {
 		t.Errorf("cluster_redis_up %v, want 1", v)
@@ -125,13 +132,13 @@ func TestClusterProvision(t *testing.T) {
 
 	// rediss:// is TLS; nothing connects until the first call.
 	h2, _ := mustLoad(t, clusterJSON(queueName(t)+"_tls", u, `{"redis":"rediss://:secret@localhost:1","timeout":"10ms","prefix":"x:"}`))
-	if o := h2.cluster.client.Options(); o.TLSConfig == nil || o.ReadTimeout != 10*time.Millisecond {
+	if o := h2.cluster.client.(*redis.Client).Options(); o.TLSConfig == nil || o.ReadTimeout != 10*time.Millisecond {
 		t.Errorf("rediss: tls %v, read timeout %v", o.TLSConfig != nil, o.ReadTimeout)
 	}
 
 	for _, tc := range []struct{ cluster, want string }{
 		{`{"redis":"{env.FQ_TEST_UNSET}"}`, `"{env.FQ_TEST_UNSET}" is empty once its placeholders are replaced`},
-		{`{"redis":"http://:hunter2@host:1"}`, "not a redis:// or rediss:// URL"},
+		{`{"redis":"http://:hunter2@host:1"}`, "not a redis://, rediss:// or redis-sentinel:// URL"},
 		{`{"redis":"redis://a:1","instances":-1}`, "instances must not be negative"},
 		{`{"redis":"redis://a:1","timeout":"-1s"}`, "timeout must not be negative"},
 		{`{"redis":"redis://a:1","prefix":"a{"}`, "contains '{'"},
@@ -166,7 +173,7 @@ func TestClusterQuotaShared(t *testing.T) {
 	if r := ga.post("a", chatBody("")); r.status != http.StatusOK {
 		t.Fatalf("first request: %d %s", r.status, r.body)
 	}
-	if !mr.Exists("shared:{a}") {
+	if !mr.Exists("shared:t{a}") {
 		t.Fatalf("no key for tenant a in redis; keys %v", mr.Keys())
 	}
 	// The other gateway knows: the second request within the second is
@@ -209,7 +216,7 @@ func TestClusterQuotaShared(t *testing.T) {
 	if r := ga.post("a", chatBody("")); r.status != http.StatusOK {
 		t.Fatalf("after redis came back (flushed): %d %s", r.status, r.body)
 	}
-	if !mr.Exists("shared:{a}") {
+	if !mr.Exists("shared:t{a}") {
 		t.Error("after redis came back, the charge did not reach it")
 	}
 }
@@ -227,7 +234,7 @@ func TestClusterReload(t *testing.T) {
 	if r := g.post("a", chatBody("")); r.status != http.StatusOK {
 		t.Fatalf("before the reload: %d %s", r.status, r.body)
 	}
-	if !mr1.Exists("fq:quota:" + name + ":{a}") {
+	if !mr1.Exists("fq:quota:" + name + ":t{a}") {
 		t.Fatalf("before the reload: no key in the first redis: %v", mr1.Keys())
 	}
 
@@ -247,7 +254,7 @@ func TestClusterReload(t *testing.T) {
 	if r := g.post("a", chatBody("")); r.status != http.StatusOK {
 		t.Fatalf("after the reload: %d %s (the new redis has no debt for a)", r.status, r.body)
 	}
-	if !mr2.Exists("fq:quota:"+name+":{a}") || len(mr1.Keys()) != 0 {
+	if !mr2.Exists("fq:quota:"+name+":t{a}") || len(mr1.Keys()) != 0 {
 		t.Errorf("after the reload: keys in the new redis %v, in the old %v; want the charge in the new one only", mr2.Keys(), mr1.Keys())
 	}
 	if h2.cluster.store.Degraded() || h2.cluster.store.Fallbacks() != 0 {
@@ -271,7 +278,7 @@ func TestClusterSharedSlotsGrants(t *testing.T) {
 	// Both have synced: both entries are in the pool (before its first
 	// grant a gateway holds no slot).
 	eventually(t, "both gateways' entries in the pool", func() bool {
-		fields, _ := mr.HKeys("slots:{slots}")
+		fields, _ := mr.HKeys(poolKey("slots:"))
 		return len(fields) == 2
 	})
 	// Idle, the two split the spare pool.
@@ -389,12 +396,12 @@ func TestClusterSharedSlotsReleased(t *testing.T) {
 	h, stop := mustLoad(t, clusterJSON(queueName(t), u, cluster))
 	instance := h.shared.instance
 	eventually(t, "the gateway's entry in the pool", func() bool {
-		fields, _ := mr.HKeys("rel:{slots}")
+		fields, _ := mr.HKeys(poolKey("rel:"))
 		return len(fields) == 1 && fields[0] == instance
 	})
 	stop() // Cleanup: the last user leaves, the queue is gone
 	eventually(t, "the entry released", func() bool {
-		fields, _ := mr.HKeys("rel:{slots}")
+		fields, _ := mr.HKeys(poolKey("rel:"))
 		return len(fields) == 0
 	})
 }
@@ -407,8 +414,10 @@ func TestClusterShareFairness(t *testing.T) {
 	mr := miniredis.RunT(t)
 	cluster := fmt.Sprintf(`{"redis":"redis://%s","prefix":"fair:","share_fairness":true,"sync":"20ms"}`, mr.Addr())
 	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
-	ha, _ := mustLoad(t, fqConfig(nameA, u, `"max_inflight":1,"cluster":`+cluster))
-	hb, _ := mustLoad(t, fqConfig(nameB, u, `"max_inflight":1,"cluster":`+cluster))
+	// Declared: undeclared tenants' service is shared as their group's.
+	tenants := `"tenants":{"a":{"weight":1},"b":{"weight":1},"c":{"weight":1}},`
+	ha, _ := mustLoad(t, fqConfig(nameA, u, tenants+`"max_inflight":1,"cluster":`+cluster))
+	hb, _ := mustLoad(t, fqConfig(nameB, u, tenants+`"max_inflight":1,"cluster":`+cluster))
 	eventually(t, "both gateways syncing", func() bool {
 		return ha.shared.sharesUp.Load() && hb.shared.sharesUp.Load()
 	})
@@ -634,7 +643,7 @@ func TestClusterSharedSlotsRedisLost(t *testing.T) {
 	mr.FlushAll()
 	ha.shared.kickSlots()
 	eventually(t, "A's entry back in the pool", func() bool {
-		fields, _ := mr.HKeys("lost:{slots}")
+		fields, _ := mr.HKeys(poolKey("lost:"))
 		return len(fields) == 1 && fields[0] == ha.shared.instance
 	})
 	eventually(t, "A's renewal applied", func() bool { return !ha.shared.slotSyncing.Load() })
@@ -681,7 +690,7 @@ func TestClusterSharedSlotsRestoreWaitsForEveryGateway(t *testing.T) {
 			t.Fatalf("A took %d slots while B, not renewed since Redis lost the pool, holds 2 of 4", a.Capacity)
 		}
 	})
-	if fields, _ := mr.HKeys("wait:{slots}"); len(fields) != 1 || fields[0] != ha.shared.instance {
+	if fields, _ := mr.HKeys(poolKey("wait:")); len(fields) != 1 || fields[0] != ha.shared.instance {
 		t.Fatalf("entries %v, want A's alone (A renewed, B did not)", fields)
 	}
 	if ha.shared.slotRestoreSince.Load() == 0 {

@@ -300,14 +300,18 @@ func (s *sharedQueue) loop() {
 	}
 }
 
+// logger is the logger of the config in force, Caddy's before any.
+func (s *sharedQueue) logger() *zap.Logger {
+	if h := s.owner(); h != nil {
+		return h.logger
+	}
+	return caddy.Log()
+}
+
 func (s *sharedQueue) tick() {
 	defer func() {
 		if err := recover(); err != nil {
-			logger := caddy.Log()
-			if h := s.owner(); h != nil {
-				logger = h.logger
-			}
-			logger.Named("ticker").Error("panic in the queue's tick",
+			s.logger().Named("ticker").Error("panic in the queue's tick",
 				zap.String("queue", s.name), zap.Any("error", err), zap.ByteString("stack", debug.Stack()))
 		}
 	}()

@@ -127,12 +127,9 @@ func TestTakeServed(t *testing.T) {
 	h.enqueue(Request{Tenant: "a", Cost: 100})
 	h.enqueue(Request{Tenant: "x", Cost: 50})
 	got := h.q.TakeServed(nil)
-	sum := map[string]float64{}
-	for _, s := range got {
-		sum[s.Tenant] += s.Cost
-	}
-	if len(got) != 2 || sum["a"] != 40 || sum["x"] != 50 {
-		t.Fatalf("TakeServed = %v, want a 40 (-60+100) and x 50", got)
+	// x is undeclared: it goes as the undeclared tenants' group, unnamed.
+	if len(got) != 2 || got[0] != (Served{Tenant: "a", Cost: 40}) || got[1] != (Served{Group: true, Cost: 50}) {
+		t.Fatalf("TakeServed = %v, want a 40 (-60+100) and the undeclared group 50", got)
 	}
 	if got := h.q.TakeServed(nil); len(got) != 0 {
 		t.Fatalf("second TakeServed = %v, want nothing", got)
@@ -194,8 +191,8 @@ func TestStopServed(t *testing.T) {
 	}
 	h.completeOldest()
 	h.enqueue(Request{Tenant: "c", Cost: 100})
-	if got := h.q.TakeServed(nil); len(got) != 1 || got[0].Tenant != "c" {
-		t.Fatalf("TakeServed = %v, want c's 100 only", got)
+	if got := h.q.TakeServed(nil); len(got) != 1 || got[0] != (Served{Group: true, Cost: 100}) {
+		t.Fatalf("TakeServed = %v, want c's 100 only (as the undeclared group's)", got)
 	}
 	h.drain(1)
 }
@@ -242,6 +239,15 @@ func TestChargeRemoteRefundsAndGroup(t *testing.T) {
 	h.q.ChargeRemote([]Served{{Tenant: "u", Cost: 200}})
 	if g, u := groupVT(), vt("u"); g != g0+200 || u != u0+200 {
 		t.Fatalf("u charged 200: group %v -> %v, u %v -> %v; want both +200", g0, g, u0, u)
+	}
+	// The undeclared tenants' service elsewhere, as their group (how
+	// gateways send it): the group moves, no member does.
+	g0, u0 = groupVT(), vt("u")
+	if n := h.q.ChargeRemote([]Served{{Group: true, Cost: 300}}); n != 1 {
+		t.Fatalf("the group's entry applied %d times, want once", n)
+	}
+	if g, u := groupVT(), vt("u"); g != g0+300 || u != u0 {
+		t.Fatalf("the group charged 300: group %v -> %v, u %v -> %v; want the group +300, u unmoved", g0, g, u0, u)
 	}
 	h.drain(1)
 

@@ -13,6 +13,9 @@ const (
 	stateQueued ticketState = iota + 1
 	stateBoosted
 	stateInflight
+	// stateGating: out of the queue, holding a slot while its tenant's
+	// quota is charged off the lock (gate.go).
+	stateGating
 	stateReleased
 	stateCancelled
 	stateExpired

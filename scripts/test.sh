@@ -25,7 +25,11 @@ tools_log=$(mktemp)
 		echo "installing ${*: -1} from Debian's packages"
 		$sudo apt-get install -y -qq "$@" || { $sudo apt-get update -qq && $sudo apt-get install -y -qq "$@"; }
 	}
+	# redis-cli (redis-tools) also builds the end-to-end tests' three-node
+	# Redis Cluster (redis-cli --cluster create); redis-server --sentinel
+	# runs their sentinel.
 	command -v redis-server >/dev/null || apt_install redis-server
+	command -v redis-cli >/dev/null || apt_install redis-tools
 	command -v promtool >/dev/null || apt_install --no-install-recommends prometheus
 	command -v chromium >/dev/null || apt_install chromium
 	if ! command -v npm >/dev/null; then

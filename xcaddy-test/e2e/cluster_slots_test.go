@@ -16,8 +16,8 @@ import (
 )
 
 // clusterSlotsTmpl: gateways sharing a pool's slots (and, with .Fairness,
-// their tenants' service); tenant rt, of weight 9, claims slots when its
-// requests queue.
+// their tenants' service, of the tenants declared: wide and narrow);
+// tenant rt, of weight 9, claims slots when its requests queue.
 const clusterSlotsTmpl = `{
 	admin 127.0.0.1:{{.Admin}}
 	default_bind 127.0.0.1
@@ -27,6 +27,8 @@ http://127.0.0.1:{{.Site}} {
 		max_inflight 4
 		class batch wait_budget 60s
 		tenant rt weight 9 class interactive
+		{{if .Fairness}}tenant wide weight 1 class batch
+		tenant narrow weight 1 class batch{{end}}
 		cluster {
 			redis {{.Redis}}
 			timeout ` + clusterTimeout + `
