@@ -215,7 +215,7 @@ func TestClusterRedisSecondsObserved(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
 	name := queueName(t)
-	h, _ := mustLoad(t, clusterJSON(name, u, fmt.Sprintf(`{"redis":"redis://%s"}`, mr.Addr())))
+	h, _ := mustLoad(t, clusterJSON(name, u, fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s"}`, mr.Addr())))
 	count := func() uint64 {
 		var m dto.Metric
 		if err := clusterRedisSeconds.WithLabelValues(name).(prometheus.Histogram).Write(&m); err != nil {

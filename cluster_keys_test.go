@@ -39,9 +39,9 @@ func TestClusterTenantsApartFromInternalKeys(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
 	const prefix = "keys:"
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":1,"prefix":%q,"share_slots":true,"share_fairness":true,"sync":"20ms"}`, mr.Addr(), prefix)
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":1,"prefix":%q,"share_slots":true,"share_fairness":true,"sync":"20ms","timeout":"5s"}`, mr.Addr(), prefix)
 	name := queueName(t)
-	h, _ := mustLoad(t, fqConfig(name, u, `"default_tenant":{"wait_budget":"100ms","quota":{"qps":1,"burst_allow":0}},"cluster":`+cluster))
+	h, _ := mustLoad(t, fqConfig(name, u, `"default_tenant":{"wait_budget":"100ms","quota":{"qps":0.01,"burst_allow":0}},"cluster":`+cluster))
 	g := newGateway(t, h)
 	eventually(t, "the first grant and the first exchange", func() bool {
 		return h.shared.slotsUp.Load() && h.shared.sharesUp.Load()
@@ -55,8 +55,9 @@ func TestClusterTenantsApartFromInternalKeys(t *testing.T) {
 		if r := g.post(tenant, chatBody("")); r.status != http.StatusOK {
 			t.Fatalf("tenant %q: first request %d %s", tenant, r.status, r.body)
 		}
-		// Held to its quota, one request a second: the meter is its own
-		// and in Redis.
+		// Held to its quota, one request per 100 s (so that its meter
+		// stays charged however slowly the test runs): the meter is its
+		// own and in Redis.
 		wantQuotaExceeded(t, g.post(tenant, chatBody("")))
 		if k := prefix + quota.TenantSpace + "{" + tenant + "}"; !mr.Exists(k) {
 			t.Errorf("tenant %q: no meter at %q; keys %q", tenant, k, mr.Keys())

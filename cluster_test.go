@@ -164,7 +164,7 @@ func TestClusterProvision(t *testing.T) {
 func TestClusterQuotaShared(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"shared:"}`, mr.Addr())
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"shared:"}`, mr.Addr())
 	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
 	ha, _ := mustLoad(t, clusterJSON(nameA, u, cluster))
 	hb, _ := mustLoad(t, clusterJSON(nameB, u, cluster))
@@ -229,7 +229,7 @@ func TestClusterReload(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr1, mr2 := miniredis.RunT(t), miniredis.RunT(t)
 	name := queueName(t)
-	h1, stop1 := mustLoad(t, clusterJSON(name, u, fmt.Sprintf(`{"redis":"redis://%s"}`, mr1.Addr())))
+	h1, stop1 := mustLoad(t, clusterJSON(name, u, fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s"}`, mr1.Addr())))
 	g := newGateway(t, h1)
 	if r := g.post("a", chatBody("")); r.status != http.StatusOK {
 		t.Fatalf("before the reload: %d %s", r.status, r.body)
@@ -238,7 +238,7 @@ func TestClusterReload(t *testing.T) {
 		t.Fatalf("before the reload: no key in the first redis: %v", mr1.Keys())
 	}
 
-	h2, _ := mustLoad(t, clusterJSON(name, u, fmt.Sprintf(`{"redis":"redis://%s"}`, mr2.Addr())))
+	h2, _ := mustLoad(t, clusterJSON(name, u, fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s"}`, mr2.Addr())))
 	if h2.shared != h1.shared {
 		t.Fatal("the reload did not share the queue")
 	}
@@ -270,7 +270,7 @@ func TestClusterReload(t *testing.T) {
 func TestClusterSharedSlotsGrants(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"slots:","share_slots":true,"sync":"20ms"}`, mr.Addr())
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"slots:","share_slots":true,"sync":"20ms"}`, mr.Addr())
 	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
 	ha, _ := mustLoad(t, clusterJSON(nameA, u, cluster))
 	hb, _ := mustLoad(t, clusterJSON(nameB, u, cluster))
@@ -314,7 +314,7 @@ func TestClusterSharedSlotsGrants(t *testing.T) {
 func TestClusterSharedSlotsJoinHoldsNothingBeforeGrant(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"join:","share_slots":true,"sync":"20ms"}`, mr.Addr())
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"join:","share_slots":true,"sync":"20ms"}`, mr.Addr())
 	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
 	ha, _ := mustLoad(t, clusterJSON(nameA, u, cluster))
 	pool := ha.MaxInflight * ha.healthyUpstreams()
@@ -377,8 +377,8 @@ func TestClusterSharedSlotsValidation(t *testing.T) {
 	ctx, cancel := configContext(t)
 	defer cancel()
 	for _, tc := range []struct{ cluster, want string }{
-		{fmt.Sprintf(`{"redis":"redis://%s","share_slots":true}`, mr.Addr()), "share_slots needs instances"},
-		{fmt.Sprintf(`{"redis":"redis://%s","instances":2,"share_slots":true,"sync":"1s","lease_ttl":"2s"}`, mr.Addr()), "lease_ttl 2s must be at least 3 x sync + timeout"},
+		{fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","share_slots":true}`, mr.Addr()), "share_slots needs instances"},
+		{fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"share_slots":true,"sync":"1s","lease_ttl":"2s"}`, mr.Addr()), "lease_ttl 2s must be at least 3 x sync + timeout"},
 	} {
 		_, err := loadHandler(ctx, clusterJSON(queueName(t), u, tc.cluster))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -392,7 +392,7 @@ func TestClusterSharedSlotsValidation(t *testing.T) {
 func TestClusterSharedSlotsReleased(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"rel:","share_slots":true,"sync":"20ms","lease_ttl":"10s"}`, mr.Addr())
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"rel:","share_slots":true,"sync":"20ms","lease_ttl":"10s"}`, mr.Addr())
 	h, stop := mustLoad(t, clusterJSON(queueName(t), u, cluster))
 	instance := h.shared.instance
 	eventually(t, "the gateway's entry in the pool", func() bool {
@@ -412,7 +412,7 @@ func TestClusterSharedSlotsReleased(t *testing.T) {
 func TestClusterShareFairness(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","prefix":"fair:","share_fairness":true,"sync":"20ms"}`, mr.Addr())
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","prefix":"fair:","share_fairness":true,"sync":"20ms"}`, mr.Addr())
 	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
 	// Declared: undeclared tenants' service is shared as their group's.
 	tenants := `"tenants":{"a":{"weight":1},"b":{"weight":1},"c":{"weight":1}},`
@@ -486,7 +486,7 @@ func TestClusterShareFairness(t *testing.T) {
 func TestClusterSharedSlotsHandoff(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"handoff:","share_slots":true,"sync":"1h","lease_ttl":"4h"}`, mr.Addr())
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"handoff:","share_slots":true,"sync":"1h","lease_ttl":"4h"}`, mr.Addr())
 	cfg := func(name string) string {
 		return fqConfig(name, u, `"max_inflight":1,`+noFastFail+
 			`,"tenants":{"bulk":{"weight":1,"class":"batch"},"rt":{"weight":9,"class":"interactive"}},"cluster":`+cluster)
@@ -558,7 +558,7 @@ func TestClusterSharedSlotsHandoff(t *testing.T) {
 func TestClusterLeastConn(t *testing.T) {
 	u1, u2 := newFakeUpstream(t), newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"lc:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"lc:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
 	proxy := fmt.Sprintf(`{"handler":"reverse_proxy","upstreams":[{"dial":%q},{"dial":%q}]}`, u1.dial(), u2.dial())
 	h, _ := mustLoad(t, fmt.Sprintf(`{"name":%q,"tokenizer":"approx","proxy":%s,"cluster":%s}`, queueName(t), proxy, cluster))
 	p, ok := h.proxy.LoadBalancing.SelectionPolicy.(*ClusterLeastConn)
@@ -614,7 +614,7 @@ func TestClusterLeastConn(t *testing.T) {
 func TestClusterSharedSlotsRedisLost(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"lost:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"lost:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
 	cfg := func(name string) string { return fqConfig(name, u, `"max_inflight":4,"cluster":`+cluster) }
 	ha, _ := mustLoad(t, cfg(queueName(t)+"_a"))
 	hb, _ := mustLoad(t, cfg(queueName(t)+"_b"))
@@ -661,7 +661,7 @@ func TestClusterSharedSlotsRedisLost(t *testing.T) {
 func TestClusterSharedSlotsRestoreWaitsForEveryGateway(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"wait:","share_slots":true,"sync":"100ms","lease_ttl":"20s"}`, mr.Addr())
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"wait:","share_slots":true,"sync":"100ms","lease_ttl":"20s"}`, mr.Addr())
 	cfg := func(name string) string { return fqConfig(name, u, `"max_inflight":4,"cluster":`+cluster) }
 	ha, _ := mustLoad(t, cfg(queueName(t)+"_a"))
 	hb, _ := mustLoad(t, cfg(queueName(t)+"_b"))
