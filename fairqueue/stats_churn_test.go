@@ -6,11 +6,11 @@ import (
 	"testing"
 )
 
-// TestRevStatsChunkedRandomChurn: between chunks, random tenants are
+// TestStatsChunkedRandomChurn: between chunks, random tenants are
 // forgotten and created (the roster shrinking below the cursor, names
 // seen again); every tenant remembered throughout the copy must appear
 // exactly once, nothing twice.
-func TestRevStatsChunkedRandomChurn(t *testing.T) {
+func TestStatsChunkedRandomChurn(t *testing.T) {
 	for seed := uint64(1); seed <= 40; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		h := newHarness(t, testConfig(1, nil), 1, 1)

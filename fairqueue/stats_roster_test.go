@@ -5,21 +5,21 @@ import (
 	"testing"
 )
 
-// TestRevStatsRosterShrinksBelowCursor: between two chunks of a Stats copy,
+// TestStatsRosterShrinksBelowCursor: between two chunks of a Stats copy,
 // a burst of new tenants arrives and then most tenants are forgotten (a
 // reload that undeclares them, a prune after a burst): forgets behind the
 // cursor move the newest tenants into scanMoved, and the roster ends below
 // the cursor. The grow step then sizes the copy's buffer from
 // len(roster)-scan, which is negative: make panics (here) or, for a
 // smaller shortfall, the loop never gets the room it asks for and spins.
-func TestRevStatsRosterShrinksBelowCursor(t *testing.T) { revStatsShrink(t, 200) }
+func TestStatsRosterShrinksBelowCursor(t *testing.T) { statsShrink(t, 200) }
 
-// TestRevStatsRosterShrinksBelowCursorSpins: the same with the roster left
+// TestStatsRosterShrinksBelowCursorSpins: the same with the roster left
 // at 3040 (cursor 3840, 800 moved): the buffer grows to less than the room
 // it asks for, every time, and Stats never returns (run with -timeout).
-func TestRevStatsRosterShrinksBelowCursorSpins(t *testing.T) { revStatsShrink(t, 3040) }
+func TestStatsRosterShrinksBelowCursorSpins(t *testing.T) { statsShrink(t, 3040) }
 
-func revStatsShrink(t *testing.T, keep int) {
+func statsShrink(t *testing.T, keep int) {
 	const n = 16 * statsChunk
 	h := newHarness(t, testConfig(1, nil), 1, 1)
 	h.enqueue(Request{Tenant: "holder", Cost: 1}) // busy, roster[0]
@@ -49,11 +49,11 @@ func revStatsShrink(t *testing.T, keep int) {
 	}
 }
 
-// TestRevStatsReloadDuringScrape: the same through the public API: a
+// TestStatsReloadDuringScrape: the same through the public API: a
 // scrape of 4k declared tenants while 1000 new tenants arrive and a reload
 // undeclares the declared ones (Reconfigure forgets them, idle and
 // misplaced, in map order).
-func TestRevStatsReloadDuringScrape(t *testing.T) {
+func TestStatsReloadDuringScrape(t *testing.T) {
 	const n = 16 * statsChunk
 	weights := map[string]float64{}
 	for i := range n {

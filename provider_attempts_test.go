@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// Regression tests from the review of the provider paths: each once failed.
+// Regression tests of the provider paths: each once failed.
 
 // The provider answers 429 to everything: after maxProviderAttempts the
 // client gets 503, and the request, never served, is not charged to its

@@ -21,11 +21,11 @@ func bruteBackloggedWeight(q *Queue) float64 {
 	return w
 }
 
-// TestRevBackloggedWeightMatchesWalk drives random operations (reloads
+// TestBackloggedWeightMatchesWalk drives random operations (reloads
 // that change weights and move tenants between declared and undeclared,
 // requeues, pauses, forgets) and compares the incremental sum with the
 // walk after every step.
-func TestRevBackloggedWeightMatchesWalk(t *testing.T) {
+func TestBackloggedWeightMatchesWalk(t *testing.T) {
 	for seed := uint64(1); seed <= 30; seed++ {
 		d := newAheadDriver(t, seed)
 		for step := range 3000 {
@@ -38,9 +38,9 @@ func TestRevBackloggedWeightMatchesWalk(t *testing.T) {
 	}
 }
 
-// TestRevStatsMatchesMap: with nothing moving during the copy, Stats lists
+// TestStatsMatchesMap: with nothing moving during the copy, Stats lists
 // exactly the remembered tenants.
-func TestRevStatsMatchesMap(t *testing.T) {
+func TestStatsMatchesMap(t *testing.T) {
 	for seed := uint64(1); seed <= 10; seed++ {
 		d := newAheadDriver(t, seed)
 		for step := range 2000 {

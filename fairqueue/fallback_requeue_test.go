@@ -1,6 +1,6 @@
 package fairqueue_test
 
-// Regression tests of the review of the quota, account, fallback and
+// Regression tests of the quota, account, fallback and
 // requeue paths: each once failed.
 
 import (
