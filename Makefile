@@ -21,7 +21,7 @@ build: xcaddy
 	$(XCADDY) build $(CADDY_VERSION) --with $(MODULE)@v0.0.0=. --output bin/caddy
 
 fake:
-	go build -o bin/fakellm ./xcaddy-test/fakellm
+	go -C xcaddy-test build -o ../bin/fakellm ./fakellm
 
 run: build fake
 	./scripts/run-example.sh
@@ -39,19 +39,22 @@ bench-instructions:
 	./scripts/instructions.sh
 
 sim:
-	go run ./cmd/fqsim -scenario seed000
+	go -C cmd/fqsim run . -scenario seed000
 
 # Through the binary: one xcaddy-built Caddy (cached by source hash), a plain
 # reverse_proxy site and a fair_queue site in front of the same fast
 # upstream, alternating rounds of small requests (vegeta); prints throughput,
 # p50/p99 and Caddy CPU per request, and the fair/plain ratios. Flags, e.g.:
 # make load LOADFLAGS='-rounds 10 -duration 3s -workers 16'
+# Backlogged mode: 32 KB prompts, an upstream that takes 20 ms, and a third
+# site whose queue always holds most requests; it reports the backlogged
+# request's Caddy CPU over the same path idle: make load LOADFLAGS=-backlog
 LOADFLAGS ?=
 load: xcaddy
-	go run ./xcaddy-test/fqload $(LOADFLAGS)
+	go -C xcaddy-test run ./fqload $(LOADFLAGS)
 
-# A sparse realtime tenant's waits under a flood, one gateway against three
-# sharing the pool through Redis (issue 12's P95 bound; about three minutes;
+# A sparse realtime tenant's waits under a flood, one gateway beside three
+# sharing the pool through Redis (issue 12's P95 bound; about a minute and a half;
 # needs redis-server, which `make test` installs).
 bench-cluster: xcaddy
-	go test -run '^$$' -bench ClusterSparseRealtime -benchtime 1x ./xcaddy-test/e2e/
+	go -C xcaddy-test test -run '^$$' -bench ClusterSparseRealtime -benchtime 1x ./e2e/

@@ -1,10 +1,12 @@
 package caddyfairqueue
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"sort"
+	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
 )
@@ -34,7 +36,13 @@ type queueReport struct {
 	// CostModel is the learned cost model's fit (coefficients in seconds,
 	// R², the implied token_to_qps_weight); see cost_unit learned.
 	CostModel costModelReport `json:"cost_model"`
-	Tenants   []tenantReport  `json:"tenants"`
+	// Tenants is one page of the remembered tenants, sorted by name:
+	// the first limit after the cursor (see handleReport).
+	Tenants []tenantReport `json:"tenants"`
+	// TenantsTotal is how many tenants the queue remembers.
+	TenantsTotal int `json:"tenants_total"`
+	// NextCursor, when set, fetches the next page: ?queue=NAME&cursor=….
+	NextCursor string `json:"next_cursor,omitempty"`
 }
 
 // tenantReport is one tenant the queue currently remembers. Undeclared
@@ -76,8 +84,19 @@ func (a adminReport) Routes() []caddy.AdminRoute {
 	}
 }
 
+// Tenants per queue in one answer of the report, by default and at most
+// (?limit=N): with tenants from a credential, or many one-off IDs, a
+// queue can remember 100k of them.
+const (
+	reportDefaultLimit = 100
+	reportMaxLimit     = 1000
+)
+
 // handleReport answers GET with a JSON array of the live queues, sorted
 // by name; ?queue=NAME limits it to that queue (404 if it is not live).
+// Each queue lists one page of its tenants, sorted by name: ?limit=N
+// (default 100, at most 1000) of them, after ?cursor=C, the next_cursor
+// of the previous page (which needs ?queue=, a cursor being one queue's).
 func (adminReport) handleReport(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet {
 		return caddy.APIError{
@@ -85,7 +104,12 @@ func (adminReport) handleReport(w http.ResponseWriter, r *http.Request) error {
 			Err:        fmt.Errorf("method not allowed"),
 		}
 	}
-	only := r.URL.Query().Get("queue")
+	query := r.URL.Query()
+	only := query.Get("queue")
+	page, err := parsePage(query.Get("limit"), query.Get("cursor"), only != "")
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+	}
 
 	// Collect the queues first, so the pool's lock is not held while each
 	// queue's own lock is taken.
@@ -106,7 +130,7 @@ func (adminReport) handleReport(w http.ResponseWriter, r *http.Request) error {
 
 	results := make([]queueReport, 0, len(live))
 	for _, s := range live {
-		results = append(results, reportQueue(s))
+		results = append(results, reportQueue(s, page))
 	}
 
 	w.Header().Set("Content-Type", "application/json")
@@ -119,8 +143,43 @@ func (adminReport) handleReport(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// reportQueue builds the report of one queue from a snapshot of its state.
-func reportQueue(s *sharedQueue) queueReport {
+// reportPage is which tenants a report lists: up to limit, with names
+// after after (all when !cursor).
+type reportPage struct {
+	limit  int
+	after  string
+	cursor bool
+}
+
+// parsePage reads ?limit= and ?cursor=. A cursor is the last name of the
+// previous page, base64url-encoded: opaque, and safe in a URL whatever
+// the name's bytes.
+func parsePage(limit, cursor string, oneQueue bool) (reportPage, error) {
+	p := reportPage{limit: reportDefaultLimit}
+	if limit != "" {
+		n, err := strconv.Atoi(limit)
+		if err != nil || n < 1 || n > reportMaxLimit {
+			return p, fmt.Errorf("limit: want a number of tenants from 1 to %d, got %q", reportMaxLimit, limit)
+		}
+		p.limit = n
+	}
+	if cursor != "" {
+		if !oneQueue {
+			return p, fmt.Errorf("cursor: a cursor pages one queue's tenants; name the queue too (?queue=NAME&cursor=…)")
+		}
+		b, err := base64.RawURLEncoding.DecodeString(cursor)
+		if err != nil {
+			return p, fmt.Errorf("cursor: %q is not a next_cursor this report gave", cursor)
+		}
+		p.after, p.cursor = string(b), true
+	}
+	return p, nil
+}
+
+// reportQueue builds the report of one queue from a snapshot of its
+// state, with the page of its tenants. Shares are of every tenant's, not
+// of the page's.
+func reportQueue(s *sharedQueue, page reportPage) queueReport {
 	st := s.q.Stats(true) // tenants sorted by name
 	qr := queueReport{
 		Name:             s.name,
@@ -134,14 +193,23 @@ func reportQueue(s *sharedQueue) queueReport {
 		Water:            st.Water,
 		DegradeLevel:     s.q.DegradeLevel(),
 		CostModel:        newCostModelReport(s.cost.Fit()),
-		Tenants:          make([]tenantReport, 0, len(st.Tenants)),
+		TenantsTotal:     len(st.Tenants),
 	}
 	var served, weights float64
 	for _, t := range st.Tenants {
 		served += t.Served
 		weights += t.Weight
 	}
-	for _, t := range st.Tenants {
+	first := 0
+	if page.cursor {
+		first = sort.Search(len(st.Tenants), func(i int) bool { return st.Tenants[i].Name > page.after })
+	}
+	listed := st.Tenants[first:min(first+page.limit, len(st.Tenants))]
+	qr.Tenants = make([]tenantReport, 0, len(listed))
+	if first+len(listed) < len(st.Tenants) {
+		qr.NextCursor = base64.RawURLEncoding.EncodeToString([]byte(listed[len(listed)-1].Name))
+	}
+	for _, t := range listed {
 		tr := tenantReport{
 			Name:         t.Name,
 			Declared:     t.Known,

@@ -3,6 +3,7 @@ package caddyfairqueue
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -187,5 +188,78 @@ func TestAdminReportErrors(t *testing.T) {
 	}
 	if status, _ := adminCall(t, http.MethodGet, "/fair_queue/report?queue=no_such_queue"); status != http.StatusNotFound {
 		t.Errorf("unknown queue: status %d, want 404", status)
+	}
+}
+
+// The report pages a queue's tenants: ?limit= of them (100 by default),
+// sorted by name, and next_cursor for the rest; shares stay those of all
+// the tenants, whichever page lists them.
+func TestAdminReportPagesTenants(t *testing.T) {
+	u := newFakeUpstream(t)
+	name := queueName(t)
+	h, _ := mustLoad(t, fqConfig(name, u, ""))
+	g := newGateway(t, h)
+	const n = 105
+	for i := range n {
+		res := g.post(fmt.Sprintf("t%03d", i), chatBody(""))
+		if res.err != nil || res.status != http.StatusOK {
+			t.Fatalf("request %d: %d %v %s", i, res.status, res.err, res.body)
+		}
+		g.entry(res)
+	}
+	get := func(query string) queueReport {
+		t.Helper()
+		status, body := adminCall(t, http.MethodGet, "/fair_queue/report?queue="+name+query)
+		if status != http.StatusOK {
+			t.Fatalf("%s: status %d: %s", query, status, body)
+		}
+		var reports []queueReport
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&reports); err != nil || len(reports) != 1 {
+			t.Fatalf("%s: %v: %s", query, err, body)
+		}
+		if reports[0].TenantsTotal != n {
+			t.Errorf("%s: tenants_total %d, want %d", query, reports[0].TenantsTotal, n)
+		}
+		return reports[0]
+	}
+	if qr := get(""); len(qr.Tenants) != reportDefaultLimit || qr.NextCursor == "" {
+		t.Errorf("by default: %d tenants, next_cursor %q; want %d and a cursor", len(qr.Tenants), qr.NextCursor, reportDefaultLimit)
+	}
+	var names []string
+	var share float64
+	cursor := ""
+	for page := 0; ; page++ {
+		q := "&limit=40"
+		if cursor != "" {
+			q += "&cursor=" + cursor
+		}
+		qr := get(q)
+		if want := min(40, n-40*page); len(qr.Tenants) != want {
+			t.Fatalf("page %d: %d tenants, want %d", page, len(qr.Tenants), want)
+		}
+		for _, tr := range qr.Tenants {
+			names = append(names, tr.Name)
+			share += tr.Share
+		}
+		if cursor = qr.NextCursor; cursor == "" {
+			break
+		}
+	}
+	if len(names) != n || !sort.StringsAreSorted(names) || names[0] != "t000" || names[n-1] != "t104" {
+		t.Errorf("the pages listed %d tenants %v..., want t000..t104 once each, sorted", len(names), names[:3])
+	}
+	if math.Abs(share-1) > 1e-9 {
+		t.Errorf("shares over every page sum to %v, want 1", share)
+	}
+	for _, q := range []string{"&limit=0", "&limit=-3", "&limit=x", "&limit=1001", "&cursor=%21%21"} {
+		if status, body := adminCall(t, http.MethodGet, "/fair_queue/report?queue="+name+q); status != http.StatusBadRequest {
+			t.Errorf("%s: status %d %s, want 400", q, status, body)
+		}
+	}
+	if status, body := adminCall(t, http.MethodGet, "/fair_queue/report?cursor=dDAwMQ"); status != http.StatusBadRequest ||
+		!bytes.Contains(body, []byte("name the queue")) {
+		t.Errorf("a cursor without a queue: %d %s, want 400 asking for the queue", status, body)
 	}
 }

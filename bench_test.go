@@ -8,8 +8,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
@@ -25,12 +27,19 @@ import (
 //
 //	seq/plain                reverse_proxy alone, one client
 //	seq/fair_queue           fair_queue (tokenizer cl100k_base, the default) + reverse_proxy
-//	seq/fair_queue_approx    the same with tokenizer approx: the difference to
-//	                         fair_queue is the BPE tokenizer's share
+//	seq/fair_queue_approx    the same with tokenizer approx: on this small
+//	                         prompt both count it exactly in a microsecond or
+//	                         two, so the difference is mostly noise
 //	seq/fair_queue_quota     fair_queue with a tenant quota that never binds: the
 //	                         difference to fair_queue is the quota's cost
 //	parallel/...             the same under b.RunParallel (GOMAXPROCS
 //	                         clients; the queue's 16 slots are never all taken)
+//	backlog/<size>/...       a chat of 1 KB, 32 KB or 128 KB of English and
+//	                         Chinese, one client, through plain, fair_queue
+//	                         with its queue empty (idle), and fair_queue while
+//	                         64 requests of another tenant wait in its queue
+//	                         (backlogged; a quota holds them there, so the
+//	                         request measured still finds a free slot)
 //
 // Within each mode plain runs first, and every fair_queue variant reports
 // its overhead over the plain run just before it, in the same process:
@@ -58,6 +67,7 @@ func BenchmarkProxy(b *testing.B) {
 			})
 		},
 	}
+	b.Run("backlog", benchmarkBacklog)
 	for _, mode := range []string{"seq", "parallel"} {
 		b.Run(mode, func(b *testing.B) {
 			// The plain run's figures, per op, for the fair variants after it.
@@ -257,4 +267,134 @@ func BenchmarkReadBody(b *testing.B) {
 			}
 		}
 	})
+}
+
+// benchmarkBacklog is BenchmarkProxy's backlog mode: the request path
+// users hit when the queue is not empty, with prompts of the sizes that
+// make estimation cost something.
+func benchmarkBacklog(b *testing.B) {
+	up := newBenchUpstream(b)
+	upstream := fmt.Sprintf(`"upstreams":[{"dial":%q}]`, up.Listener.Addr().String())
+	ctx, cancel := configContext(b)
+	b.Cleanup(cancel)
+	load := func(id, cfg string) caddy.Module {
+		mod, err := ctx.LoadModuleByID(id, json.RawMessage(cfg))
+		if err != nil {
+			b.Fatalf("%s: %v", id, err)
+		}
+		return mod.(caddy.Module)
+	}
+	// The backlog tenant may send one request in 1000 s: after the first,
+	// its requests wait for their quota within their 100 hours of budget,
+	// in the queue, never holding a slot.
+	fq := func(name string) *Handler {
+		return load("http.handlers.fair_queue", fmt.Sprintf(`{"name":%q,`+
+			`"tenants":{"backlog":{"wait_budget":"100h","quota":{"qps":0.001}}},"proxy":{"handler":"reverse_proxy",%s}}`, name, upstream)).(*Handler)
+	}
+	plain := load("http.handlers.reverse_proxy", "{"+upstream+"}").(caddyhttp.MiddlewareHandler)
+	idle, backlogged := fq("bench_idle"), fq("bench_backlogged")
+
+	srv := &caddyhttp.Server{}
+	serve := func(ctx context.Context, h caddyhttp.MiddlewareHandler, tenant string, body []byte) (int, error) {
+		r, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://gateway/v1/chat/completions", bytes.NewReader(body))
+		if err != nil {
+			return 0, err
+		}
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("X-Tenant-ID", tenant)
+		r.Header.Set("Content-Length", strconv.Itoa(len(body)))
+		w := httptest.NewRecorder()
+		r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, srv)
+		err = h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
+		return w.Code, err
+	}
+
+	// The backlog: the first request takes the quota's burst; the rest wait.
+	const waiting = 64
+	bctx, stop := context.WithCancel(context.Background())
+	small := benchPrompt(b, 1<<10)
+	if code, err := serve(bctx, backlogged, "backlog", small); err != nil || code != http.StatusOK {
+		b.Fatalf("the backlog tenant's first request: status %d, error %v", code, err)
+	}
+	var done sync.WaitGroup
+	for range waiting {
+		done.Go(func() { _, _ = serve(bctx, backlogged, "backlog", small) })
+	}
+	waitQueued(b, backlogged, waiting)
+	defer func() {
+		stop() // the waiting clients go away: their requests leave the queue
+		done.Wait()
+	}()
+
+	for _, size := range []int{1 << 10, 32 << 10, 128 << 10} {
+		body := benchPrompt(b, size)
+		b.Run(fmt.Sprintf("%dKB", size>>10), func(b *testing.B) {
+			var plainCPU float64
+			for _, c := range []struct {
+				name string
+				h    caddyhttp.MiddlewareHandler
+			}{{"plain", plain}, {"fair_queue_idle", idle}, {"fair_queue_backlogged", backlogged}} {
+				b.Run(c.name, func(b *testing.B) {
+					if code, err := serve(context.Background(), c.h, "acme", body); err != nil || code != http.StatusOK {
+						b.Fatalf("status %d, error %v", code, err)
+					}
+					b.SetBytes(int64(len(body)))
+					b.ReportAllocs()
+					cpu := processCPU()
+					for b.Loop() {
+						if code, err := serve(context.Background(), c.h, "acme", body); err != nil || code != http.StatusOK {
+							b.Fatalf("status %d, error %v", code, err)
+						}
+					}
+					cpuNs := float64(processCPU()-cpu) / float64(b.N)
+					b.ReportMetric(cpuNs, "cpu-ns/op")
+					if c.name == "plain" {
+						plainCPU = cpuNs
+					} else if plainCPU > 0 {
+						b.ReportMetric(100*(cpuNs/plainCPU-1), "vs_plain_cpu_%")
+					}
+					if c.h == backlogged {
+						if q, _ := queueStats(backlogged); q != waiting {
+							b.Fatalf("%d requests waiting, want %d: the case lost its backlog", q, waiting)
+						}
+					}
+				})
+			}
+		})
+	}
+}
+
+// benchPrompt is a chat completion request of about size bytes: a system
+// prompt and user messages of English and Chinese prose (llmapi's test
+// corpora), as a long RAG or document prompt is.
+func benchPrompt(tb testing.TB, size int) []byte {
+	tb.Helper()
+	var paras []string
+	for _, f := range []string{"llmapi/testdata/en.md", "llmapi/testdata/zh.txt"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		paras = append(paras, strings.Split(string(b), "\n\n")...)
+	}
+	type message struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	msgs := []message{{"system", "You are a helpful assistant. Answer from the documents below."}}
+	n := 0
+	for i := 0; n < size; i++ {
+		var doc strings.Builder
+		for doc.Len() < min(size-n, 4096) {
+			doc.WriteString(paras[(i*7+doc.Len())%len(paras)])
+			doc.WriteString("\n\n")
+		}
+		msgs = append(msgs, message{"user", doc.String()})
+		n += doc.Len()
+	}
+	body, err := json.Marshal(map[string]any{"model": "m", "max_tokens": 256, "messages": msgs})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return body
 }

@@ -61,14 +61,20 @@ func TestBodyWatch(t *testing.T) {
 
 	t.Run("in time", func(t *testing.T) {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			b, err := read(w, r)
+			deadline := time.Now().Add(timeout)
+			var watch bodyRead
+			b, err := readBody(w, r, 1<<20, deadline, &watch, nil)
 			if err != nil {
 				http.Error(w, err.Error(), http.StatusBadRequest)
 				return
 			}
-			// Past the deadline now: the body's is no longer watched, so
-			// the connection's next request is read as usual.
-			time.Sleep(timeout + 2*bodyWatchPeriod)
+			// Once read, the body is no longer watched: a sweep once its
+			// deadline has passed (run here, so that it surely comes,
+			// rather than hoped for from the watch's goroutine within a
+			// few periods) leaves the connection alone, so its next
+			// request is read as usual.
+			time.Sleep(time.Until(deadline))
+			bodies.sweep(time.Now())
 			_, _ = w.Write(b)
 		}))
 		defer srv.Close()
@@ -96,6 +102,7 @@ func TestBodyWatch(t *testing.T) {
 	if bodies.sweep(time.Now()) {
 		t.Fatal("a body is still watched after its read ended")
 	}
+	eventually(t, "the body watch's goroutine gone, nothing being watched", func() bool { return !bodies.running.Load() })
 	goleak.VerifyNone(t, ignore)
 }
 
@@ -107,8 +114,8 @@ func wantBodyTimeout(t *testing.T, got <-chan error) {
 		if !errors.Is(err, errBodyTimeout) {
 			t.Fatalf("stalled body: %v, want errBodyTimeout", err)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a stalled body was never ended")
+	case <-time.After(waitLimit):
+		t.Fatalf("a stalled body was not ended within %s", waitLimit)
 	}
 }
 
@@ -161,13 +168,15 @@ func TestBodyWatchRestarts(t *testing.T) {
 				bodies.add(b)
 				select {
 				case <-fired:
-				case <-time.After(5 * time.Second):
-					errs <- fmt.Errorf("worker %d round %d: a late read was never ended", w, i)
+				case <-time.After(waitLimit):
+					errs <- fmt.Errorf("worker %d round %d: a late read was not ended within %s", w, i, waitLimit)
 					return
 				}
 				b.done()
 				// Now and then nothing is watched for longer than a
-				// period, and the goroutine goes.
+				// period, and the goroutine goes (pacing only: the test
+				// asserts that every late read is ended, however the
+				// goroutine's leaving and coming back interleave).
 				if i%5 == 0 {
 					time.Sleep(2 * bodyWatchPeriod)
 				}
@@ -180,5 +189,6 @@ func TestBodyWatchRestarts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	eventually(t, "the body watch's goroutine gone, nothing being watched", func() bool { return !bodies.running.Load() })
 	goleak.VerifyNone(t, ignore)
 }

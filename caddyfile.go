@@ -82,6 +82,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        model_map <model> <fallback model>
 //	        max_inflight <n>
 //	        upstream_quota [tpm <n>] [rpm <n>] [burst <duration>]
+//	        # the caller's credentials (Authorization, Cookie, X-Api-Key...)
+//	        # are not passed on; header_up sets the fallback's own, or
+//	        # passes one on: header_up Authorization {http.request.header.Authorization}
 //	        reverse_proxy <upstreams...> {
 //	            <reverse_proxy subdirectives...>
 //	        }
@@ -111,7 +114,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    cluster {
 //	        redis     <url>       # redis:// or rediss:// (TLS); {env.REDIS_URL}
 //	        instances <n>         # gateways sharing it; each keeps 1/n while Redis is down (default 1)
-//	        timeout   <duration>  # per Redis call, dial included (default 50ms)
+//	        timeout   <duration>  # per Redis command's read and write (default 50ms)
 //	        prefix    <string>    # key prefix (default fq:quota:<queue name>:)
 //	    }
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,20 +32,37 @@ import (
 // answers again.
 type ClusterConfig struct {
 	// Redis is the URL of the Redis server the gateways share:
-	// redis://[[user]:password@]host:port[/db], or rediss:// for TLS.
-	// Placeholders are resolved when the config loads, so credentials can
-	// stay out of it: {env.REDIS_URL}. Required.
-	Redis string `json:"redis"`
+	// redis://[[user]:password@]host:port[/db], or rediss:// for TLS; or
+	// of the sentinels that know its primary:
+	// redis-sentinel://[[user]:password@]host:port[,host:port...]/master[/db].
+	// With Sentinel or ClusterAddrs it gives only the credentials, the
+	// database and TLS. Placeholders are resolved when the config loads,
+	// so credentials can stay out of it: {env.REDIS_URL}. Required unless
+	// Sentinel or ClusterAddrs is set.
+	Redis string `json:"redis,omitempty"`
+	// Sentinel finds the primary through Redis Sentinel, so that a
+	// failover to a replica is followed: the master's name and the
+	// sentinels' addresses.
+	Sentinel *SentinelConfig `json:"sentinel,omitempty"`
+	// ClusterAddrs are seed nodes of a Redis Cluster (or a Valkey
+	// cluster): the client finds the rest, and follows a failover. Every
+	// key a script touches shares its hash tag, so each call is on one
+	// node.
+	ClusterAddrs []string `json:"cluster_addrs,omitempty"`
 	// Instances is the number of gateways sharing Redis. While Redis is
 	// unreachable each decides alone on every quota divided by it, so
 	// that together they admit about the quota when the load balancer
 	// spreads a tenant evenly. Default: 1 (each keeps the whole quota).
 	Instances int `json:"instances,omitempty"`
-	// Timeout bounds each Redis call, dial included. A call past it is
-	// decided locally and starts an outage; during one, a background probe
-	// tries Redis every second and no request waits on it. Keep it a
-	// small fraction of the wait budgets: the call is made while the queue
-	// decides. Default: 50ms.
+	// Timeout bounds each read and write of a Redis command (a round trip
+	// is one of each). A command past it is decided locally and starts an
+	// outage; during one, a background probe tries Redis every second and
+	// no request waits on it. The set-up of a connection is not counted:
+	// connections are kept open and ready (a few beyond those in use), and
+	// a new one's dial and handshake have a budget of their own, max(4 x
+	// timeout, 1s). A request of a tenant with a quota waits for its
+	// tenant's round trips; no other request does (they are made off the
+	// queue's lock). Default: 50ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 	// Prefix starts the Redis key of every tenant's meters. Default:
 	// "fq:quota:<queue name>:", so queues of different names keep apart
@@ -92,7 +110,7 @@ const defaultClusterTimeout = 50 * time.Millisecond
 // handler's config is in force, and the handler closes it at Cleanup, once
 // the queue runs on the next config (or is gone).
 type clusterStore struct {
-	client *redis.Client
+	client redis.UniversalClient
 	store  *quota.Fallback
 	closed atomic.Bool
 	// broker shares the upstream slots (share_slots), nil otherwise;
@@ -111,6 +129,8 @@ type clusterStore struct {
 	instances int
 	sync      time.Duration
 	timeout   time.Duration
+	// budget bounds a whole call (callBudget).
+	budget time.Duration
 }
 
 // provisionCluster validates the cluster block, connects a Redis client
@@ -133,24 +153,13 @@ func (h *Handler) provisionCluster() error {
 	case timeout == 0:
 		timeout = defaultClusterTimeout
 	}
-	url := caddy.NewReplacer().ReplaceAll(c.Redis, "")
-	if url == "" {
-		return fmt.Errorf("cluster: redis: no URL (%q is empty once its placeholders are replaced: is the variable set?)", c.Redis)
-	}
-	opt, err := redis.ParseURL(url)
+	client, err := newClusterClient(c, timeout)
 	if err != nil {
-		// The URL may carry a password: the error shows neither it nor
-		// the config's text.
-		return fmt.Errorf("cluster: redis: not a redis:// or rediss:// URL: %v", redactURLError(err, url))
+		return err
 	}
-	// A Charge retried after its first attempt reached Redis would charge
-	// twice; the context's deadline must bound the socket wait; a dial or
-	// read slower than the timeout is an outage, decided locally.
-	opt.MaxRetries = -1
-	opt.ContextTimeoutEnabled = true
-	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = timeout, timeout, timeout, timeout
-	opt.DialerRetries = 1
-	client := redis.NewClient(opt)
+	routeRedisLog()
+	client.AddHook(redisTimer{clusterRedisSeconds.WithLabelValues(h.Name)})
+	budget := callBudget(timeout)
 
 	prefix := c.Prefix
 	if prefix == "" {
@@ -160,7 +169,7 @@ func (h *Handler) provisionCluster() error {
 		client.Close()
 		return fmt.Errorf("cluster: the queue's name %q contains '{', which the default key prefix cannot hold; set prefix", h.Name)
 	}
-	rs := quota.NewRedis(client, quota.RedisOptions{Prefix: prefix, Timeout: timeout})
+	rs := quota.NewRedis(client, quota.RedisOptions{Prefix: prefix, Timeout: budget})
 	cs := &clusterStore{client: client}
 	fallbacks := clusterFallbacks.WithLabelValues(h.Name)
 	logger := h.logger.Named("cluster")
@@ -173,7 +182,7 @@ func (h *Handler) provisionCluster() error {
 		// refuses the script (ACL, scripting off) is still down for
 		// quotas, and must not flap between the two.
 		Probe: func(ctx context.Context) error {
-			ctx, cancel := context.WithTimeout(ctx, timeout)
+			ctx, cancel := context.WithTimeout(ctx, budget)
 			defer cancel()
 			_, err := rs.Status(ctx, probeTenant, probeLimits)
 			return err
@@ -198,12 +207,12 @@ func (h *Handler) provisionCluster() error {
 	if ttl <= 0 {
 		ttl = defaultLeaseTTL
 	}
-	cs.instances, cs.timeout, cs.sync, cs.ttl = c.Instances, timeout, time.Duration(c.Sync), ttl
+	cs.instances, cs.timeout, cs.budget, cs.sync, cs.ttl = c.Instances, timeout, budget, time.Duration(c.Sync), ttl
 	if cs.sync <= 0 {
 		cs.sync = defaultSlotSync
 	}
 	if c.ShareFairness {
-		cs.sharesKey = prefix + "{shares}"
+		cs.sharesKey = sharesKey(prefix)
 	}
 	if c.ShareSlots {
 		switch {
@@ -214,18 +223,42 @@ func (h *Handler) provisionCluster() error {
 			client.Close()
 			return fmt.Errorf("cluster: lease_ttl %v must be at least 3 x sync + timeout (%v): a grant that expires between renewals is not counted and the pool would be oversubscribed", ttl, 3*cs.sync+timeout)
 		}
-		cs.broker = slots.NewBroker(client, prefix+"{slots}", ttl)
+		cs.broker = slots.NewBroker(client, poolKey(prefix), ttl)
 	}
 	h.cluster = cs
 	h.qcfg.QuotaStore = cs.store
 	// The script in Redis beforehand makes the first decision one round
 	// trip. Redis may not be up yet: the first decision finds that out.
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
 	if err := rs.Load(ctx); err != nil {
 		logger.Debug("loading the quota script", zap.String("queue", queue), zap.Error(err))
 	}
 	return nil
+}
+
+// The keys of the shared slots and of the shared service, each in a
+// namespace of its own under the prefix, apart from the tenants' meters
+// (quota.TenantSpace) and the gateway's own (quota.InternalSpace): the
+// namespace is what stands between the prefix and the first '{', and no
+// tenant name reaches past the "t{" its key starts with. The pool's keys
+// (the hash, its ":up" companion, its ":moves" channel) share the hash tag
+// {slots}, so its script touches one Redis Cluster slot.
+func poolKey(prefix string) string   { return prefix + "pool{slots}" }
+func sharesKey(prefix string) string { return prefix + "stream{shares}" }
+
+// guardBackground, deferred first thing in each of the cluster's
+// background goroutines, logs a panic there with its stack, as the tick
+// does, rather than letting it end Caddy; then runs after, if any (to
+// leave the state the goroutine kept as it should be).
+func guardBackground(logger *zap.Logger, what, queue string, after func()) {
+	if err := recover(); err != nil {
+		logger.Named("cluster").Error("panic in "+what,
+			zap.String("queue", queue), zap.Any("error", err), zap.ByteString("stack", debug.Stack()))
+		if after != nil {
+			after()
+		}
+	}
 }
 
 // redactURLError removes the URL, which may carry a password, from a
@@ -260,6 +293,7 @@ func (h *Handler) closeCluster() {
 		// removed it): give its slots back to the other gateways once its
 		// last requests are done, rather than after the lease's TTL.
 		release := func() {
+			defer guardBackground(h.logger, "the release of the shared slots", s.name, closeClient)
 			s.releaseSlots(h)
 			closeClient()
 		}
@@ -292,6 +326,12 @@ var (
 		Name: "cluster_slot_moves_total",
 		Help: "With share_slots: announcements between the gateways sharing the pool, which make them renew their grants at once rather than at the next sync: kind=claim (a gateway's backlogged weight grew, so the others' shares fell) or freed (a gateway gave slots back, which one owed slots may take); direction=sent or received.",
 	}, []string{"queue", "kind", "direction"})
+	clusterRedisSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+		Name:    "cluster_redis_seconds",
+		Help:    "How long each of the gateway's Redis commands took (a script call, or a pipeline), errors included: a Redis growing slow shows here before it passes the cluster's timeout and counts as down.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+	}, []string{"queue"})
 	clusterShareFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
 		Name: "cluster_share_failures_total",
@@ -340,12 +380,49 @@ func (clusterCollector) Collect(ch chan<- prometheus.Metric) {
 // Interface guards
 var _ prometheus.Collector = clusterCollector{}
 
+// sentinel parses the cluster's sentinel block.
+//
+//	sentinel {
+//	    master <name>
+//	    addrs  <host:port>...
+//	}
+func (p *cfParser) sentinel() (*SentinelConfig, error) {
+	d := p.d
+	if args := d.RemainingArgs(); len(args) > 0 {
+		return nil, d.Errf("cluster: sentinel: unexpected argument %q (the settings go in a block: sentinel { master <name>; addrs <host:port>... })", args[0])
+	}
+	sc := new(SentinelConfig)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch key := d.Val(); key {
+		case "master":
+			v, err := p.oneArg("cluster: sentinel: master")
+			if err != nil {
+				return nil, err
+			}
+			sc.Master = v
+		case "addrs":
+			sc.Addrs = append(sc.Addrs, d.RemainingArgs()...)
+		default:
+			return nil, d.Errf("cluster: sentinel: unknown setting %q (want master or addrs)", key)
+		}
+	}
+	if sc.Master == "" || len(sc.Addrs) == 0 {
+		return nil, d.Errf("cluster: sentinel: want master <name> and addrs <host:port>...")
+	}
+	return sc, nil
+}
+
 // cluster parses the cluster block: one setting per line.
 //
 //	cluster {
-//	    redis     <url>        # required; placeholders allowed: {env.REDIS_URL}
+//	    redis     <url>        # redis://, rediss:// or redis-sentinel://; placeholders allowed: {env.REDIS_URL}
+//	    sentinel {             # or: the primary through Redis Sentinel
+//	        master <name>
+//	        addrs  <host:port>...
+//	    }
+//	    cluster_addrs <host:port>...  # or: a Redis Cluster's seed nodes
 //	    instances <n>          # default 1
-//	    timeout   <duration>   # default 50ms
+//	    timeout   <duration>   # per command's read and write; default 50ms
 //	    prefix    <string>     # default fq:quota:<queue name>:
 //	    share_slots            # share the upstreams' slots among the gateways
 //	    sync      <duration>   # how often a grant of slots is renewed; default 100ms
@@ -407,6 +484,17 @@ func (p *cfParser) cluster() error {
 			} else {
 				c.LeaseTTL = dur
 			}
+		case "sentinel":
+			sc, err := p.sentinel()
+			if err != nil {
+				return err
+			}
+			c.Sentinel = sc
+		case "cluster_addrs":
+			c.ClusterAddrs = d.RemainingArgs()
+			if len(c.ClusterAddrs) == 0 {
+				return d.Errf("cluster: cluster_addrs: want one or more host:port seed nodes of the Redis Cluster")
+			}
 		case "prefix":
 			v, err := p.oneArg("cluster: prefix")
 			if err != nil {
@@ -417,11 +505,11 @@ func (p *cfParser) cluster() error {
 			}
 			c.Prefix = v
 		default:
-			return d.Errf("cluster: unknown setting %q (want redis, instances, timeout, prefix, share_slots, share_fairness, sync or lease_ttl)", key)
+			return d.Errf("cluster: unknown setting %q (want redis, sentinel, cluster_addrs, instances, timeout, prefix, share_slots, share_fairness, sync or lease_ttl)", key)
 		}
 	}
-	if c.Redis == "" {
-		return d.Errf("cluster: missing 'redis <url>' (e.g. redis {env.REDIS_URL})")
+	if c.Redis == "" && c.Sentinel == nil && len(c.ClusterAddrs) == 0 {
+		return d.Errf("cluster: missing 'redis <url>' (e.g. redis {env.REDIS_URL}), sentinel or cluster_addrs")
 	}
 	p.h.Cluster = c
 	return nil

@@ -170,3 +170,83 @@ func benchRedis(b *testing.B) string {
 	}
 	return addr
 }
+
+// BenchmarkSlotHandoff is how long a slot of a shared pool takes to move
+// between two gateways (two queues standing for them) on a real
+// redis-server ($REDIS_ADDR, or one it starts), through the announcements
+// alone (the next sync is an hour away): the pool is one slot, B holds it,
+// A has a heavier tenant's request queued and owed the slot; each op is the
+// time from B's request completing upstream to A's reaching it (B's
+// release and announcement, A's renewal, A's dispatch). It reports the
+// median and p99 (p50-ns, p99-ns). TestClusterSharedSlotsHandoff asserts
+// that the move happens without a sync; this measures it.
+func BenchmarkSlotHandoff(b *testing.B) {
+	u := newFakeUpstream(b)
+	addr := benchRedis(b)
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"handoff:%d:","share_slots":true,"sync":"1h","lease_ttl":"4h"}`,
+		addr, time.Now().UnixNano())
+	cfg := func(name string) string {
+		return fqConfig(name, u, `"max_inflight":1,`+noFastFail+
+			`,"tenants":{"bulk":{"weight":1,"class":"batch"},"rt":{"weight":9,"class":"interactive"}},"cluster":`+cluster)
+	}
+	ha, _ := mustLoad(b, cfg(queueName(b)+"_a"))
+	hb, _ := mustLoad(b, cfg(queueName(b)+"_b"))
+	eventually(b, "both gateways' first grants, and their subscriptions", func() bool {
+		return ha.shared.slotsGranted.Load() && hb.shared.slotsGranted.Load() &&
+			ha.shared.slotsListening.Load() && hb.shared.slotsListening.Load()
+	})
+	ga, gb := newGateway(b, ha), newGateway(b, hb)
+	ctx, cancel := context.WithCancel(context.Background())
+	b.Cleanup(cancel)
+	ok := func(r result) {
+		if r.err != nil || r.status != http.StatusOK {
+			b.Fatalf("status %d, %v: %s", r.status, r.err, r.body)
+		}
+	}
+	await := func(what string, ch <-chan struct{}) {
+		select {
+		case <-ch:
+		case <-time.After(waitLimit):
+			a, bs := ha.shared.q.Stats(false), hb.shared.q.Stats(false)
+			b.Fatalf("%s: not within %s; A: grant %d, %d queued, %d in flight, capacity %d; B: grant %d, %d queued, %d in flight, capacity %d",
+				what, waitLimit, ha.shared.slotGrant.Load(), a.Queued, a.Inflight, a.Capacity,
+				hb.shared.slotGrant.Load(), bs.Queued, bs.Inflight, bs.Capacity)
+		}
+	}
+	var lat []time.Duration
+	i := 0
+	for b.Loop() {
+		b.StopTimer()
+		i++
+		bulkArrived, releaseBulk := u.hold(fmt.Sprint("bulk-", i))
+		bulk := gb.async(gb.newRequest(ctx, "bulk", chatBody(""), "X-Test-Hold", fmt.Sprint("bulk-", i)))
+		await(fmt.Sprintf("B's request dispatched (op %d)", i), bulkArrived)
+		rtArrived, releaseRT := u.hold(fmt.Sprint("rt-", i))
+		rt := ga.async(ga.newRequest(ctx, "rt", chatBody(""), "X-Test-Hold", fmt.Sprint("rt-", i)))
+		eventually(b, fmt.Sprintf("A's request queued and A owed the slot (op %d)", i), func() bool {
+			return ha.shared.q.Stats(false).Queued == 1 && ha.shared.slotsOwed.Load() && hb.shared.slotsOver.Load()
+		})
+		b.StartTimer()
+		start := time.Now()
+		releaseBulk()
+		await("A's request dispatched once B's completed", rtArrived)
+		lat = append(lat, time.Since(start))
+		b.StopTimer()
+		releaseRT()
+		ok(<-bulk)
+		ok(<-rt)
+		// A gateway whose last request ends within its grant does not
+		// renew until its next sync (an hour here): Redis would go on
+		// counting A's demand, and B's next request would wait for it.
+		// Both renew idle before the next op, as a sync would have them.
+		ha.shared.kickSlots()
+		hb.shared.kickSlots()
+		eventually(b, "both gateways' idle renewals", func() bool {
+			return !ha.shared.slotSyncing.Load() && !hb.shared.slotSyncing.Load()
+		})
+		b.StartTimer()
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2]), "p50-ns")
+	b.ReportMetric(float64(lat[len(lat)*99/100]), "p99-ns")
+}

@@ -33,10 +33,11 @@ func (s *sharedQueue) syncShares(h *Handler, now time.Time) {
 	mine := s.q.TakeServed(s.shareMine[:0])
 	go func() {
 		defer s.shareSyncing.Store(false)
+		defer guardBackground(h.logger, "the exchange of the tenants' service", s.name, nil)
 		if cs.shares == nil {
 			cs.shares = shares.New(cs.client, cs.sharesKey, s.instance, cs.ttl)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), cs.timeout)
+		ctx, cancel := context.WithTimeout(context.Background(), cs.budget)
 		defer cancel()
 		theirs, err := cs.shares.Swap(ctx, mine, s.shareTheirs[:0])
 		s.shareMine, s.shareTheirs = mine, theirs

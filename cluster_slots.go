@@ -46,7 +46,7 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 		// Made here without a connection (this may run under the
 		// queue's lock: commitLocked); the goroutine dials.
 		cs.moves = cs.broker.Subscribe(context.Background())
-		go s.followMoves(cs.moves, cs.broker.Channel())
+		go s.followMoves(cs.moves, cs.broker.Channel(), h.logger)
 	})
 	if now.UnixNano()-s.slotSyncAt.Load() < int64(cs.sync) {
 		return
@@ -61,7 +61,8 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 
 // followMoves renews the grant on the announcements of the other
 // gateways, until the subscription is closed (closeCluster).
-func (s *sharedQueue) followMoves(ps *redis.PubSub, channel string) {
+func (s *sharedQueue) followMoves(ps *redis.PubSub, channel string, logger *zap.Logger) {
+	defer guardBackground(logger, "the announcements of the shared slots", s.name, nil)
 	// An error here (Redis down) is retried by the channel's reader,
 	// which resubscribes as it reconnects.
 	ctx := context.Background()
@@ -131,6 +132,9 @@ func (s *sharedQueue) startSlotSync() {
 		return
 	}
 	go func() {
+		// A renewal that panicked is over: the next kick or sync starts
+		// another.
+		defer guardBackground(s.logger(), "the renewal of the shared slots", s.name, func() { s.slotSyncing.Store(false) })
 		for {
 			s.slotKicked.Store(false)
 			if h := s.slotOwner(); h != nil {
@@ -159,7 +163,7 @@ func (s *sharedQueue) syncSlotsOnce(h *Handler) {
 	// Its claim weighs what its tenants with work weigh, so that tenants
 	// flooding through different gateways share the pool by weight.
 	weight := s.q.BackloggedWeight()
-	ctx, cancel := context.WithTimeout(context.Background(), cs.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), cs.budget)
 	defer cancel()
 	since := s.slotRestoreSince.Load()
 	g, err := cs.broker.Sync(ctx, slots.Renewal{Instance: s.instance, Slots: pool, Demand: demand,
@@ -205,6 +209,19 @@ func (s *sharedQueue) syncSlotsOnce(h *Handler) {
 	}
 	if g.Announced != "" {
 		clusterSlotMoves.WithLabelValues(s.name, g.Announced, "sent").Inc()
+	}
+	if err == nil && g.Targets != nil {
+		// No more in flight than the targets place: a grant the others
+		// leave no room for on any upstream (they hold it there, or this
+		// gateway's own requests sit above its target on one) would send
+		// a request where every slot is taken, fair_queue_least_conn then
+		// falling back to the least loaded upstream: one model server
+		// past its slots while the pool's total holds.
+		placed := 0
+		for _, n := range g.Targets {
+			placed += n
+		}
+		g.Slots = min(g.Slots, placed)
 	}
 	s.slotWeight.Store(math.Float64bits(weight))
 	if g.Others != nil {
@@ -263,7 +280,7 @@ func (s *sharedQueue) releaseSlots(h *Handler) {
 	deadline := time.Now().Add(cs.broker.TTL())
 	for {
 		inflight := s.q.Stats(false).Inflight
-		ctx, cancel := context.WithTimeout(context.Background(), cs.timeout)
+		ctx, cancel := context.WithTimeout(context.Background(), cs.budget)
 		var err error
 		if inflight == 0 {
 			err = cs.broker.Release(ctx, s.instance)

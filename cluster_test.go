@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
@@ -41,13 +42,16 @@ func TestClusterCaddyfile(t *testing.T) {
 		{"cluster redis://a:1", `cluster: unexpected argument "redis://a:1"`},
 		{"cluster {\n}", "cluster: missing 'redis <url>'"},
 		{"cluster {\ninstances 2\n}", "cluster: missing 'redis <url>'"},
+		{"cluster {\nsentinel {\nmaster m\n}\n}", "cluster: sentinel: want master <name> and addrs"},
+		{"cluster {\nsentinel {\nport 1\n}\n}", `cluster: sentinel: unknown setting "port"`},
+		{"cluster {\ncluster_addrs\n}", "cluster: cluster_addrs: want one or more"},
 		{"cluster {\nredis redis://a:1\nshare_fairness yes\n}", "cluster: share_fairness takes no argument"},
 		{"cluster {\nredis a b\n}", "cluster: redis: want exactly one argument"},
 		{"cluster {\nredis redis://a:1\nredis redis://b:1\n}", "cluster: redis given twice"},
 		{"cluster {\nredis redis://a:1\ninstances 0\n}", `cluster: instances: "0" must be a positive integer`},
 		{"cluster {\nredis redis://a:1\ntimeout soon\n}", `cluster: timeout: "soon" is not a duration`},
 		{"cluster {\nredis redis://a:1\nprefix a{b\n}", "contains '{'"},
-		{"cluster {\nredis redis://a:1\nspeed 100ms\n}", `cluster: unknown setting "speed" (want redis, instances, timeout, prefix, share_slots, share_fairness, sync or lease_ttl)`},
+		{"cluster {\nredis redis://a:1\nspeed 100ms\n}", `cluster: unknown setting "speed" (want redis, sentinel, cluster_addrs, instances, timeout, prefix, share_slots, share_fairness, sync or lease_ttl)`},
 		{"cluster {\nredis redis://a:1\nshare_slots yes\n}", "share_slots takes no argument"},
 		{"cluster {\nredis redis://a:1\nlease_ttl never\n}", `cluster: lease_ttl: "never" is not a duration`},
 		{"cluster {\nredis redis://a:1\n}\ncluster {\nredis redis://a:1\n}", "cluster given twice"},
@@ -108,13 +112,16 @@ func TestClusterProvision(t *testing.T) {
 	if h.cluster == nil || h.qcfg.QuotaStore != h.cluster.store {
 		t.Fatal("cluster set, but the queue's quota store is not the cluster's")
 	}
-	o := h.cluster.client.Options()
+	o := h.cluster.client.(*redis.Client).Options()
 	// MaxRetries -1 (no retry) reads 0 once the client is built; 0 given
 	// would have read 3.
-	if o.Addr != mr.Addr() || o.MaxRetries != 0 || !o.ContextTimeoutEnabled || o.ReadTimeout != defaultClusterTimeout ||
-		o.WriteTimeout != defaultClusterTimeout || o.DialTimeout != defaultClusterTimeout || o.TLSConfig != nil {
-		t.Errorf("client options: addr %s, retries %d, context timeouts %v, timeouts %v %v %v, tls %v",
-			o.Addr, o.MaxRetries, o.ContextTimeoutEnabled, o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.TLSConfig != nil)
+	// The timeout bounds a command's reads and writes; a connection's
+	// set-up has its own budget, and a few connections are kept ready.
+	if o.Addr != mr.Addr() || o.MaxRetries != 0 || o.ContextTimeoutEnabled || o.ReadTimeout != defaultClusterTimeout ||
+		o.WriteTimeout != defaultClusterTimeout || o.DialTimeout != time.Second || o.MinIdleConns != minIdleConns ||
+		!o.DisableIdentity || o.TLSConfig != nil {
+		t.Errorf("client options: addr %s, retries %d, context timeouts %v, timeouts %v %v %v, min idle %d, identity off %v, tls %v",
+			o.Addr, o.MaxRetries, o.ContextTimeoutEnabled, o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.MinIdleConns, o.DisableIdentity, o.TLSConfig != nil)
 	}
 	if v := redisUp(name); v != 1 {
 		t.Errorf("cluster_redis_up %v, want 1", v)
@@ -125,13 +132,13 @@ func TestClusterProvision(t *testing.T) {
 
 	// rediss:// is TLS; nothing connects until the first call.
 	h2, _ := mustLoad(t, clusterJSON(queueName(t)+"_tls", u, `{"redis":"rediss://:secret@localhost:1","timeout":"10ms","prefix":"x:"}`))
-	if o := h2.cluster.client.Options(); o.TLSConfig == nil || o.ReadTimeout != 10*time.Millisecond {
+	if o := h2.cluster.client.(*redis.Client).Options(); o.TLSConfig == nil || o.ReadTimeout != 10*time.Millisecond {
 		t.Errorf("rediss: tls %v, read timeout %v", o.TLSConfig != nil, o.ReadTimeout)
 	}
 
 	for _, tc := range []struct{ cluster, want string }{
 		{`{"redis":"{env.FQ_TEST_UNSET}"}`, `"{env.FQ_TEST_UNSET}" is empty once its placeholders are replaced`},
-		{`{"redis":"http://:hunter2@host:1"}`, "not a redis:// or rediss:// URL"},
+		{`{"redis":"http://:hunter2@host:1"}`, "not a redis://, rediss:// or redis-sentinel:// URL"},
 		{`{"redis":"redis://a:1","instances":-1}`, "instances must not be negative"},
 		{`{"redis":"redis://a:1","timeout":"-1s"}`, "timeout must not be negative"},
 		{`{"redis":"redis://a:1","prefix":"a{"}`, "contains '{'"},
@@ -157,7 +164,7 @@ func TestClusterProvision(t *testing.T) {
 func TestClusterQuotaShared(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"shared:"}`, mr.Addr())
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"shared:"}`, mr.Addr())
 	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
 	ha, _ := mustLoad(t, clusterJSON(nameA, u, cluster))
 	hb, _ := mustLoad(t, clusterJSON(nameB, u, cluster))
@@ -166,7 +173,7 @@ func TestClusterQuotaShared(t *testing.T) {
 	if r := ga.post("a", chatBody("")); r.status != http.StatusOK {
 		t.Fatalf("first request: %d %s", r.status, r.body)
 	}
-	if !mr.Exists("shared:{a}") {
+	if !mr.Exists("shared:t{a}") {
 		t.Fatalf("no key for tenant a in redis; keys %v", mr.Keys())
 	}
 	// The other gateway knows: the second request within the second is
@@ -209,7 +216,7 @@ func TestClusterQuotaShared(t *testing.T) {
 	if r := ga.post("a", chatBody("")); r.status != http.StatusOK {
 		t.Fatalf("after redis came back (flushed): %d %s", r.status, r.body)
 	}
-	if !mr.Exists("shared:{a}") {
+	if !mr.Exists("shared:t{a}") {
 		t.Error("after redis came back, the charge did not reach it")
 	}
 }
@@ -222,16 +229,16 @@ func TestClusterReload(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr1, mr2 := miniredis.RunT(t), miniredis.RunT(t)
 	name := queueName(t)
-	h1, stop1 := mustLoad(t, clusterJSON(name, u, fmt.Sprintf(`{"redis":"redis://%s"}`, mr1.Addr())))
+	h1, stop1 := mustLoad(t, clusterJSON(name, u, fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s"}`, mr1.Addr())))
 	g := newGateway(t, h1)
 	if r := g.post("a", chatBody("")); r.status != http.StatusOK {
 		t.Fatalf("before the reload: %d %s", r.status, r.body)
 	}
-	if !mr1.Exists("fq:quota:" + name + ":{a}") {
+	if !mr1.Exists("fq:quota:" + name + ":t{a}") {
 		t.Fatalf("before the reload: no key in the first redis: %v", mr1.Keys())
 	}
 
-	h2, _ := mustLoad(t, clusterJSON(name, u, fmt.Sprintf(`{"redis":"redis://%s"}`, mr2.Addr())))
+	h2, _ := mustLoad(t, clusterJSON(name, u, fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s"}`, mr2.Addr())))
 	if h2.shared != h1.shared {
 		t.Fatal("the reload did not share the queue")
 	}
@@ -247,7 +254,7 @@ func TestClusterReload(t *testing.T) {
 	if r := g.post("a", chatBody("")); r.status != http.StatusOK {
 		t.Fatalf("after the reload: %d %s (the new redis has no debt for a)", r.status, r.body)
 	}
-	if !mr2.Exists("fq:quota:"+name+":{a}") || len(mr1.Keys()) != 0 {
+	if !mr2.Exists("fq:quota:"+name+":t{a}") || len(mr1.Keys()) != 0 {
 		t.Errorf("after the reload: keys in the new redis %v, in the old %v; want the charge in the new one only", mr2.Keys(), mr1.Keys())
 	}
 	if h2.cluster.store.Degraded() || h2.cluster.store.Fallbacks() != 0 {
@@ -263,7 +270,7 @@ func TestClusterReload(t *testing.T) {
 func TestClusterSharedSlotsGrants(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"slots:","share_slots":true,"sync":"20ms"}`, mr.Addr())
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"slots:","share_slots":true,"sync":"20ms"}`, mr.Addr())
 	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
 	ha, _ := mustLoad(t, clusterJSON(nameA, u, cluster))
 	hb, _ := mustLoad(t, clusterJSON(nameB, u, cluster))
@@ -271,7 +278,7 @@ func TestClusterSharedSlotsGrants(t *testing.T) {
 	// Both have synced: both entries are in the pool (before its first
 	// grant a gateway holds no slot).
 	eventually(t, "both gateways' entries in the pool", func() bool {
-		fields, _ := mr.HKeys("slots:{slots}")
+		fields, _ := mr.HKeys(poolKey("slots:"))
 		return len(fields) == 2
 	})
 	// Idle, the two split the spare pool.
@@ -307,7 +314,7 @@ func TestClusterSharedSlotsGrants(t *testing.T) {
 func TestClusterSharedSlotsJoinHoldsNothingBeforeGrant(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"join:","share_slots":true,"sync":"20ms"}`, mr.Addr())
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"join:","share_slots":true,"sync":"20ms"}`, mr.Addr())
 	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
 	ha, _ := mustLoad(t, clusterJSON(nameA, u, cluster))
 	pool := ha.MaxInflight * ha.healthyUpstreams()
@@ -327,15 +334,39 @@ func TestClusterSharedSlotsJoinHoldsNothingBeforeGrant(t *testing.T) {
 		}
 	}
 	// A's requests never complete here, so B's grant stays 0: anything
-	// B dispatches would be over the pool.
-	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+	// B dispatches would be over the pool. Watched from B's first
+	// moment through its first grant and five renewals after it, each a
+	// chance to take a slot (counted, not timed: a loaded machine makes
+	// them slower, not fewer).
+	renewals := watchRenewals(t, hb, "B's first grant and five renewals after it", 5, func() {
 		if n := hb.shared.q.Stats(false).Inflight; n > 0 {
 			t.Fatalf("B dispatched %d requests while A held the whole pool of %d", n, pool)
 		}
-	}
+	})
+	t.Logf("B held nothing through %d renewals", renewals)
 	if g := clusterGauge(descClusterSlotGrant, nameB); g != 0 {
 		t.Errorf("B's cluster_slot_grant %v, want 0", g)
 	}
+}
+
+// watchRenewals calls check after every change it sees, until h's queue
+// has had its first grant of the shared slots and then started n renewals
+// (a renewal notes its start in slotSyncAt), and returns how many it saw.
+// It stands for "a while" in tests of what a gateway must not do: each
+// renewal is a chance to do it.
+func watchRenewals(t *testing.T, h *Handler, what string, n int, check func()) int {
+	t.Helper()
+	seen, last := 0, h.shared.slotSyncAt.Load()
+	eventually(t, what, func() bool {
+		check()
+		if at := h.shared.slotSyncAt.Load(); at != last && h.shared.slotsGranted.Load() {
+			seen++
+			last = at
+		}
+		return seen >= n
+	})
+	check()
+	return seen
 }
 
 // share_slots without instances, or with a lease that could expire between
@@ -346,8 +377,8 @@ func TestClusterSharedSlotsValidation(t *testing.T) {
 	ctx, cancel := configContext(t)
 	defer cancel()
 	for _, tc := range []struct{ cluster, want string }{
-		{fmt.Sprintf(`{"redis":"redis://%s","share_slots":true}`, mr.Addr()), "share_slots needs instances"},
-		{fmt.Sprintf(`{"redis":"redis://%s","instances":2,"share_slots":true,"sync":"1s","lease_ttl":"2s"}`, mr.Addr()), "lease_ttl 2s must be at least 3 x sync + timeout"},
+		{fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","share_slots":true}`, mr.Addr()), "share_slots needs instances"},
+		{fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"share_slots":true,"sync":"1s","lease_ttl":"2s"}`, mr.Addr()), "lease_ttl 2s must be at least 3 x sync + timeout"},
 	} {
 		_, err := loadHandler(ctx, clusterJSON(queueName(t), u, tc.cluster))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -361,16 +392,16 @@ func TestClusterSharedSlotsValidation(t *testing.T) {
 func TestClusterSharedSlotsReleased(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"rel:","share_slots":true,"sync":"20ms","lease_ttl":"10s"}`, mr.Addr())
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"rel:","share_slots":true,"sync":"20ms","lease_ttl":"10s"}`, mr.Addr())
 	h, stop := mustLoad(t, clusterJSON(queueName(t), u, cluster))
 	instance := h.shared.instance
 	eventually(t, "the gateway's entry in the pool", func() bool {
-		fields, _ := mr.HKeys("rel:{slots}")
+		fields, _ := mr.HKeys(poolKey("rel:"))
 		return len(fields) == 1 && fields[0] == instance
 	})
 	stop() // Cleanup: the last user leaves, the queue is gone
 	eventually(t, "the entry released", func() bool {
-		fields, _ := mr.HKeys("rel:{slots}")
+		fields, _ := mr.HKeys(poolKey("rel:"))
 		return len(fields) == 0
 	})
 }
@@ -381,10 +412,12 @@ func TestClusterSharedSlotsReleased(t *testing.T) {
 func TestClusterShareFairness(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","prefix":"fair:","share_fairness":true,"sync":"20ms"}`, mr.Addr())
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","prefix":"fair:","share_fairness":true,"sync":"20ms"}`, mr.Addr())
 	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
-	ha, _ := mustLoad(t, fqConfig(nameA, u, `"max_inflight":1,"cluster":`+cluster))
-	hb, _ := mustLoad(t, fqConfig(nameB, u, `"max_inflight":1,"cluster":`+cluster))
+	// Declared: undeclared tenants' service is shared as their group's.
+	tenants := `"tenants":{"a":{"weight":1},"b":{"weight":1},"c":{"weight":1}},`
+	ha, _ := mustLoad(t, fqConfig(nameA, u, tenants+`"max_inflight":1,"cluster":`+cluster))
+	hb, _ := mustLoad(t, fqConfig(nameB, u, tenants+`"max_inflight":1,"cluster":`+cluster))
 	eventually(t, "both gateways syncing", func() bool {
 		return ha.shared.sharesUp.Load() && hb.shared.sharesUp.Load()
 	})
@@ -442,16 +475,18 @@ func TestClusterShareFairness(t *testing.T) {
 }
 
 // TestClusterSharedSlotsHandoff: a slot freed on one gateway goes to a
-// request queued on another at once, through the announcements, not at the
-// next sync (10s here, far longer than the test waits). B takes the pool
-// of one slot when its tenant queues (B's claim, A's release); a heavier
-// tenant queuing on A then wins that slot the moment B's request ends (A's
-// claim lowers B's grant, B gives the slot back as its request completes,
-// A owed it takes it), and the two never hold more than the pool.
+// request queued on another through the announcements, not at the next
+// sync: here the next sync is an hour away, so every move the test sees
+// was announced. B takes the pool of one slot when its tenant queues (B's
+// claim, A's release); a heavier tenant queuing on A then wins that slot
+// when B's request ends (A's claim lowers B's grant, B gives the slot back
+// as its request completes, A owed it takes it), and the two never hold
+// more than the pool. How long a move takes is measured, not asserted
+// (BenchmarkSlotHandoff).
 func TestClusterSharedSlotsHandoff(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"handoff:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"handoff:","share_slots":true,"sync":"1h","lease_ttl":"4h"}`, mr.Addr())
 	cfg := func(name string) string {
 		return fqConfig(name, u, `"max_inflight":1,`+noFastFail+
 			`,"tenants":{"bulk":{"weight":1,"class":"batch"},"rt":{"weight":9,"class":"interactive"}},"cluster":`+cluster)
@@ -470,8 +505,8 @@ func TestClusterSharedSlotsHandoff(t *testing.T) {
 		t.Helper()
 		select {
 		case <-ch:
-		case <-time.After(3 * time.Second):
-			t.Fatalf("%s: not within 3s (the sync interval is 10s)", what)
+		case <-time.After(waitLimit):
+			t.Fatalf("%s: not within %s (the next sync is an hour away: an announcement was lost or not acted on)", what, waitLimit)
 		}
 	}
 	bulkArrived, releaseBulk := u.hold("bulk")
@@ -479,7 +514,6 @@ func TestClusterSharedSlotsHandoff(t *testing.T) {
 	within("B's request dispatched", bulkArrived)
 
 	rtArrived, releaseRT := u.hold("rt")
-	start := time.Now()
 	rt := ga.async(ga.newRequest(ctx, "rt", chatBody(""), "X-Test-Hold", "rt"))
 	eventually(t, "A's request queued and A owed the slot", func() bool {
 		return ha.shared.q.Stats(false).Queued == 1 && ha.shared.slotsOwed.Load() && hb.shared.slotsOver.Load()
@@ -497,9 +531,6 @@ func TestClusterSharedSlotsHandoff(t *testing.T) {
 	releaseRT()
 	wantOK(t, <-bulk)
 	wantOK(t, <-rt)
-	if el := time.Since(start); el > 5*time.Second {
-		t.Errorf("the handoff took %v", el)
-	}
 	// A sender counts its announcement once its script call returns,
 	// which may be after the others acted on it.
 	for _, k := range []struct{ queue, kind, direction string }{
@@ -527,7 +558,7 @@ func TestClusterSharedSlotsHandoff(t *testing.T) {
 func TestClusterLeastConn(t *testing.T) {
 	u1, u2 := newFakeUpstream(t), newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"lc:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"lc:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
 	proxy := fmt.Sprintf(`{"handler":"reverse_proxy","upstreams":[{"dial":%q},{"dial":%q}]}`, u1.dial(), u2.dial())
 	h, _ := mustLoad(t, fmt.Sprintf(`{"name":%q,"tokenizer":"approx","proxy":%s,"cluster":%s}`, queueName(t), proxy, cluster))
 	p, ok := h.proxy.LoadBalancing.SelectionPolicy.(*ClusterLeastConn)
@@ -583,7 +614,7 @@ func TestClusterLeastConn(t *testing.T) {
 func TestClusterSharedSlotsRedisLost(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"lost:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"lost:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
 	cfg := func(name string) string { return fqConfig(name, u, `"max_inflight":4,"cluster":`+cluster) }
 	ha, _ := mustLoad(t, cfg(queueName(t)+"_a"))
 	hb, _ := mustLoad(t, cfg(queueName(t)+"_b"))
@@ -612,7 +643,7 @@ func TestClusterSharedSlotsRedisLost(t *testing.T) {
 	mr.FlushAll()
 	ha.shared.kickSlots()
 	eventually(t, "A's entry back in the pool", func() bool {
-		fields, _ := mr.HKeys("lost:{slots}")
+		fields, _ := mr.HKeys(poolKey("lost:"))
 		return len(fields) == 1 && fields[0] == ha.shared.instance
 	})
 	eventually(t, "A's renewal applied", func() bool { return !ha.shared.slotSyncing.Load() })
@@ -630,7 +661,7 @@ func TestClusterSharedSlotsRedisLost(t *testing.T) {
 func TestClusterSharedSlotsRestoreWaitsForEveryGateway(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":2,"prefix":"wait:","share_slots":true,"sync":"100ms","lease_ttl":"20s"}`, mr.Addr())
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"wait:","share_slots":true,"sync":"100ms","lease_ttl":"20s"}`, mr.Addr())
 	cfg := func(name string) string { return fqConfig(name, u, `"max_inflight":4,"cluster":`+cluster) }
 	ha, _ := mustLoad(t, cfg(queueName(t)+"_a"))
 	hb, _ := mustLoad(t, cfg(queueName(t)+"_b"))
@@ -652,14 +683,14 @@ func TestClusterSharedSlotsRestoreWaitsForEveryGateway(t *testing.T) {
 	// B renews nothing from here: a renewal counts as in flight forever.
 	eventually(t, "B's renewal in flight done", func() bool { return hb.shared.slotSyncing.CompareAndSwap(false, true) })
 	mr.FlushAll()
-	// Many of A's renewals (sync 100ms), far past the few syncs a fixed
-	// window would have waited.
-	for deadline := time.Now().Add(1500 * time.Millisecond); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	// Fifteen of A's renewals, far past the four syncs the fixed window
+	// waited (2 x (sync + tick + timeout)).
+	watchRenewals(t, ha, "fifteen of A's renewals after Redis lost the pool", 15, func() {
 		if a := ha.shared.q.Stats(false); a.Capacity > 2 {
 			t.Fatalf("A took %d slots while B, not renewed since Redis lost the pool, holds 2 of 4", a.Capacity)
 		}
-	}
-	if fields, _ := mr.HKeys("wait:{slots}"); len(fields) != 1 || fields[0] != ha.shared.instance {
+	})
+	if fields, _ := mr.HKeys(poolKey("wait:")); len(fields) != 1 || fields[0] != ha.shared.instance {
 		t.Fatalf("entries %v, want A's alone (A renewed, B did not)", fields)
 	}
 	if ha.shared.slotRestoreSince.Load() == 0 {

@@ -19,6 +19,7 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 	"github.com/caddy-fair-queue/caddy-fair-queue/history"
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
 func init() {
@@ -193,6 +194,37 @@ type dashTenant struct {
 	Tier     string `json:"tier,omitempty"`
 	Queued   int    `json:"queued"`
 	Inflight int    `json:"inflight"`
+	// QuotaNow is the standing of each meter of the tenant's quota now
+	// (the window's averages are in quota); absent for a tenant without
+	// one and for _unknown, whose callers each have their own.
+	QuotaNow []dashMeter `json:"quota_now,omitempty"`
+	// QuotaWeightLearned: the joint meter weighs tokens by the learned
+	// cost model's token_to_qps_weight (token_to_qps_weight auto), not a
+	// configured one.
+	QuotaWeightLearned bool `json:"quota_weight_learned,omitempty"`
+	// QuotaBurst is the quota's elastic window: burst_allow above the
+	// rates for burst_window seconds (zero: none).
+	QuotaBurst dashBurst `json:"quota_burst"`
+}
+
+// dashMeter is one quota meter's standing now, as the x-ratelimit-*
+// headers report it.
+type dashMeter struct {
+	// Meter is qps, tokens or joint.
+	Meter string `json:"meter"`
+	// LimitPerMin is the rate per minute: requests, tokens, or
+	// request-equivalents.
+	LimitPerMin int64 `json:"limit_per_min"`
+	// Remaining is what may be charged now, back to back, without a wait.
+	Remaining int64 `json:"remaining"`
+	// ResetSeconds is how long until the meter is at rest again.
+	ResetSeconds float64 `json:"reset_seconds"`
+}
+
+// dashBurst is a quota's burst allowance.
+type dashBurst struct {
+	Allow         float64 `json:"allow"`
+	WindowSeconds float64 `json:"window_seconds"`
 }
 
 // dashGateway is the gateway now.
@@ -207,10 +239,17 @@ type dashGateway struct {
 	DegradeLevel     int         `json:"degrade_level"`
 	Ladder           []dashStep  `json:"ladder"`
 	Circuit          dashCircuit `json:"circuit"`
-	// CostModel is the learned cost model (the admin report's view).
-	CostModel         costModelReport `json:"cost_model"`
-	BoostShareMax     float64         `json:"boost_share_max"`
-	BoostBudgetHourly int             `json:"boost_budget_hourly"`
+	// CostModel is the learned cost model (the admin report's view), and
+	// CostUnit what fairness is measured in: with "learned" the model
+	// prices the requests, else it is only reported.
+	CostModel costModelReport `json:"cost_model"`
+	CostUnit  string          `json:"cost_unit"`
+	// LearnedWeightTenants are the tenants whose quota's joint meter takes
+	// the learned token_to_qps_weight (token_to_qps_weight auto); every
+	// other quota weighs tokens by its configured weight.
+	LearnedWeightTenants []string `json:"learned_weight_tenants"`
+	BoostShareMax        float64  `json:"boost_share_max"`
+	BoostBudgetHourly    int      `json:"boost_budget_hourly"`
 }
 
 // dashStep is one degrade ladder step with its lines.
@@ -319,15 +358,15 @@ func dashboardState(s *sharedQueue, window time.Duration) dashState {
 	circ := s.q.Circuit()
 	level := s.q.DegradeLevel()
 
-	params := map[string]history.TenantParams{unknownTenantLabel: {Weight: cfg.Default.Weight}}
+	params := map[string]history.TenantParams{unknownTenantLabel: tenantParams(cfg.Default, true)}
+	learned := []string{}
 	for name, tc := range cfg.Tenants {
-		p := history.TenantParams{Weight: tc.Weight}
-		if tc.Quota != nil {
-			qc := tc.Quota.Config()
-			p.QPS, p.TokensPerMin = qc.QPS, qc.TokensPerMin
+		params[name] = tenantParams(tc, false)
+		if tc.Quota != nil && tc.QuotaAutoWeight {
+			learned = append(learned, name)
 		}
-		params[name] = p
 	}
+	sort.Strings(learned)
 	rep := s.hist.Query(window, params)
 
 	type live struct{ queued, inflight int }
@@ -357,6 +396,14 @@ func dashboardState(s *sharedQueue, window time.Duration) dashState {
 		if l := now[tr.Name]; l != nil {
 			dt.Queued, dt.Inflight = l.queued, l.inflight
 		}
+		if tc.Quota != nil {
+			qc := tc.Quota.Config()
+			dt.QuotaWeightLearned = tc.QuotaAutoWeight
+			dt.QuotaBurst = dashBurst{Allow: qc.BurstAllow, WindowSeconds: qc.BurstWindow.Seconds()}
+			if declared {
+				dt.QuotaNow = quotaNow(s.q, tr.Name)
+			}
+		}
 		st.Tenants = append(st.Tenants, dt)
 	}
 	st.Report.Tenants = nil // replaced by st.Tenants
@@ -365,7 +412,8 @@ func dashboardState(s *sharedQueue, window time.Duration) dashState {
 		HealthyUpstreams: stats.Healthy, Queued: stats.Queued, Inflight: stats.Inflight,
 		BoostedInflight: stats.BoostedInflight, Water: stats.Water, DegradeLevel: level,
 		Ladder: []dashStep{}, BoostShareMax: cfg.Admission.BoostShareMax,
-		BoostBudgetHourly: cfg.Admission.PerTenantBoostHourly, CostModel: newCostModelReport(s.cost.Fit())}
+		BoostBudgetHourly: cfg.Admission.PerTenantBoostHourly, CostModel: newCostModelReport(s.cost.Fit()),
+		CostUnit: cfg.CostUnit.String(), LearnedWeightTenants: learned}
 	for i, step := range cfg.Degrade {
 		g.Ladder = append(g.Ladder, dashStep{Name: step.Name, Trigger: step.Trigger, Recover: step.Recover,
 			Action: step.Action.String(), Engaged: i < level})
@@ -386,6 +434,36 @@ func dashboardState(s *sharedQueue, window time.Duration) dashState {
 	}
 	st.Gateway = g
 	return st
+}
+
+// tenantParams is what the history needs of a tenant's settings: its
+// weight and its quota's limits, per caller for default_tenant's.
+func tenantParams(tc fairqueue.TenantConfig, perCaller bool) history.TenantParams {
+	p := history.TenantParams{Weight: tc.Weight, PerCaller: perCaller}
+	if tc.Quota != nil {
+		qc := tc.Quota.Config()
+		p.QPS, p.TokensPerMin, p.TokenWeight = qc.QPS, qc.TokensPerMin, qc.TokenToQPSWeight
+		if qc.JointCap > 0 {
+			p.JointPerSec = qc.QPS * qc.JointCap
+		}
+	}
+	return p
+}
+
+// quotaNow is tenant's standing on each meter of its quota now.
+func quotaNow(q *fairqueue.Queue, tenant string) []dashMeter {
+	st, ok := q.QuotaStatus(tenant)
+	if !ok {
+		return nil
+	}
+	var out []dashMeter
+	for _, d := range []quota.Dimension{quota.DimQPS, quota.DimTokens, quota.DimJoint} {
+		if m := st.Meter(d); m.Enabled {
+			out = append(out, dashMeter{Meter: string(d), LimitPerMin: m.Limit, Remaining: m.Remaining,
+				ResetSeconds: m.Reset.Seconds()})
+		}
+	}
+	return out
 }
 
 // history is the record the dashboard shows of h's queue; nil (which
@@ -421,11 +499,34 @@ func declaredTenants(cfg fairqueue.Config) []string {
 	return names
 }
 
-// sample records the gateway's state in the history, on every tick.
-func (s *sharedQueue) sample() {
+// sampler holds the tick's buffers for the backlogged tenants, reused
+// from tick to tick (only the tick goroutine samples).
+type sampler struct {
+	names  []string
+	owners []history.Backlogged
+}
+
+// sample records the gateway's state in the history, on every tick, with
+// the tenants that have work waiting, which the history's fair shares
+// need. h is the handler whose config is in force (nil: none yet).
+func (s *sharedQueue) sample(h *Handler) {
 	st := s.q.Stats(false)
+	smp := &s.sampler
+	smp.owners = smp.owners[:0]
+	if h != nil {
+		var undeclared bool
+		smp.names, undeclared = s.q.AppendBacklogged(smp.names[:0])
+		for _, name := range smp.names {
+			if tc, ok := h.qcfg.Tenants[name]; ok {
+				smp.owners = append(smp.owners, history.Backlogged{Tenant: name, Weight: tc.Weight})
+			}
+		}
+		if undeclared {
+			smp.owners = append(smp.owners, history.Backlogged{Tenant: unknownTenantLabel, Weight: h.qcfg.Default.Weight})
+		}
+	}
 	s.hist.Sample(history.Sample{Capacity: st.Capacity, Healthy: st.Healthy, Water: st.Water,
-		DegradeLevel: s.q.DegradeLevel(), CircuitLevel: s.q.Circuit().Level})
+		DegradeLevel: s.q.DegradeLevel(), CircuitLevel: s.q.Circuit().Level, Backlogged: smp.owners})
 }
 
 // Interface guards

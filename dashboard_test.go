@@ -71,7 +71,9 @@ type stateJSON struct {
 		Circuit struct {
 			Configured bool `json:"configured"`
 		} `json:"circuit"`
-		BoostBudgetHourly int `json:"boost_budget_hourly"`
+		BoostBudgetHourly    int       `json:"boost_budget_hourly"`
+		CostUnit             string    `json:"cost_unit"`
+		LearnedWeightTenants *[]string `json:"learned_weight_tenants"`
 	} `json:"gateway"`
 	Tenants []struct {
 		Name          string           `json:"name"`
@@ -90,10 +92,16 @@ type stateJSON struct {
 			P50   float64 `json:"p50"`
 		} `json:"wait"`
 		Quota struct {
+			QPSLimit            float64                      `json:"qps_limit"`
 			TokensPerMinLimit   float64                      `json:"tokens_per_min_limit"`
+			JointLimit          float64                      `json:"joint_limit"`
+			TokenWeight         float64                      `json:"token_to_qps_weight"`
+			PerCaller           bool                         `json:"per_caller"`
 			ChargedTokensPerMin float64                      `json:"charged_tokens_per_min"`
+			QPSOccupancy        float64                      `json:"qps_occupancy"`
 			Hits                map[string]history.QuotaHits `json:"hits"`
 		} `json:"quota"`
+		QuotaNow []dashMeter `json:"quota_now"`
 	} `json:"tenants"`
 	Series      []history.Point      `json:"series"`
 	Transitions []history.Transition `json:"transitions"`
@@ -215,7 +223,7 @@ func TestDashboardState(t *testing.T) {
 	name := queueName(t)
 	h, _ := mustLoad(t, fqConfig(name, u, `"max_inflight":4,
 		"tenants":{"alpha":{"weight":3},"beta":{"weight":1,"class":"realtime","quota":{"tokens_per_min":60,"burst_allow":0}}},
-		"default_tenant":{"weight":1},
+		"default_tenant":{"weight":1,"quota":{"qps":50,"token_to_qps_weight":0.001}},
 		"degrade":{"steps":[{"name":"L1","trigger":0.7,"recover":0.6,"action":"pause","class":"batch"}]}`))
 	g := newGateway(t, h)
 	served := map[string]int{}
@@ -277,21 +285,43 @@ func TestDashboardState(t *testing.T) {
 	}
 	if int(beta.Served) != served["beta"] || int(beta.Outcomes["quota_exceeded"]) != quotaRefused ||
 		beta.Quota.Hits["tokens"].Refused != int64(quotaRefused) || beta.Quota.TokensPerMinLimit != 60 ||
-		beta.Quota.ChargedTokensPerMin <= 0 {
+		beta.Quota.ChargedTokensPerMin <= 0 || beta.Quota.JointLimit != 0 || beta.Quota.PerCaller {
 		t.Errorf("beta %+v, want %d served and %d quota_exceeded (tokens) against 60 tokens/min", beta, served["beta"], quotaRefused)
 	}
-	// Fair shares over the active tenants' weights 3, 1 and 1.
-	for _, c := range []struct {
-		tr   int
-		fair float64
-	}{{byName["alpha"], 0.6}, {byName["beta"], 0.2}, {byName[unknownTenantLabel], 0.2}} {
-		if tr := st.Tenants[c.tr]; math.Abs(tr.FairShare-c.fair) > 1e-12 {
-			t.Errorf("%s fair share %g, want %g", tr.Name, tr.FairShare, c.fair)
+	// Its standing now: the token meter, 60 a minute, in debt.
+	if len(beta.QuotaNow) != 1 || beta.QuotaNow[0].Meter != "tokens" || beta.QuotaNow[0].LimitPerMin != 60 || beta.QuotaNow[0].ResetSeconds <= 0 {
+		t.Errorf("beta's quota now %+v, want the token meter at 60/min with a debt", beta.QuotaNow)
+	}
+	// The undeclared tenants' quota binds each caller: its limits (the
+	// joint one at qps x joint_cap 1.0), no occupancy, no standing now.
+	if q := unknown.Quota; q.QPSLimit != 50 || q.JointLimit != 50 || q.TokenWeight != 0.001 || !q.PerCaller || q.QPSOccupancy != 0 || unknown.QuotaNow != nil {
+		t.Errorf("_unknown quota %+v (now %+v), want qps and joint 50 per caller, weight 0.001, no occupancy", q, unknown.QuotaNow)
+	}
+	if g := st.Gateway; g.CostUnit != "estimated_tokens" || g.LearnedWeightTenants == nil || len(*g.LearnedWeightTenants) != 0 {
+		t.Errorf("gateway cost unit %q, learned-weight tenants %v; want estimated_tokens and an empty list", g.CostUnit, g.LearnedWeightTenants)
+	}
+	// One request at a time: nobody ever waited, so each tenant was owed
+	// what it used, whatever the weights (its fair share is its share),
+	// once the queue's tick (50 ms) has settled the last request.
+	eventually(t, "the tick to settle the fair shares", func() bool {
+		st = getState(t, d, "/fair-queue/api/state?window=1h&queue="+name)
+		return st.JainTenants == 3
+	})
+	total := float64((alpha.Served + beta.Served + unknown.Served) * tokensPer)
+	for _, tr := range st.Tenants {
+		want := float64(int64(served[tr.Name])*tokensPer) / total
+		if tr.Name == unknownTenantLabel {
+			want = float64(unknown.Served*tokensPer) / total
+		}
+		if tr.Name == "alpha" {
+			want = float64(3*tokensPer) / total
+		}
+		if math.Abs(tr.Share-want) > 1e-12 || math.Abs(tr.FairShare-want) > 1e-12 {
+			t.Errorf("%s share %g, fair share %g; want both %g", tr.Name, tr.Share, tr.FairShare, want)
 		}
 	}
-	total := float64((alpha.Served + beta.Served + unknown.Served) * tokensPer)
-	if math.Abs(alpha.Share-float64(3*tokensPer)/total) > 1e-12 || st.JainTenants != 3 || st.Jain <= 0 || st.Jain > 1 {
-		t.Errorf("alpha share %g (want %g), Jain %g over %d", alpha.Share, float64(3*tokensPer)/total, st.Jain, st.JainTenants)
+	if math.Abs(st.Jain-1) > 1e-12 {
+		t.Errorf("Jain %g over %d, want 1: nobody waited for anybody", st.Jain, st.JainTenants)
 	}
 
 	// Transitions reach the timeline through the handler's hooks.

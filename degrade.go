@@ -54,8 +54,18 @@ func (h *Handler) provisionDegrade() error {
 // and re-estimates its cost. Throttling is the scheduler's (it answers
 // class_throttled at Enqueue). A body light mode cannot trim is served as
 // it is: the mode lowers cost where it can, it never refuses.
+//
+// A request that lowered its class (X-Fair-Queue-Class) is trimmed when
+// its own class or its tenant's is in light mode, to the tighter limits
+// of the two: lowering the class must not escape the tenant's degrade
+// actions (the scheduler throttles it by both classes likewise).
 func (h *Handler) applyDegrade(a *admission) {
 	act, ok := h.shared.q.LightMode(a.class)
+	if own := a.tc.Class; own != a.class {
+		if o, ownOK := h.shared.q.LightMode(own); ownOK {
+			act, ok = tighterLight(act, o, ok), true
+		}
+	}
 	if !ok {
 		return
 	}
@@ -69,6 +79,23 @@ func (h *Handler) applyDegrade(a *admission) {
 	}
 	a.body, a.req, a.light = out, req, true
 	a.cost = llmapi.Estimate(req, h.counter, h.DefaultMaxTokens)
+}
+
+// tighterLight is the light mode that trims to the smaller of two limits
+// (0: none), a's only when aOK.
+func tighterLight(a, b degrade.Action, aOK bool) degrade.Action {
+	if !aOK {
+		return b
+	}
+	tighter := func(x, y int) int {
+		if x == 0 || y != 0 && y < x {
+			return y
+		}
+		return x
+	}
+	a.MaxInputTokens = tighter(a.MaxInputTokens, b.MaxInputTokens)
+	a.MaxTokens = tighter(a.MaxTokens, b.MaxTokens)
+	return a
 }
 
 // onTransition logs, counts and emits one ladder transition.

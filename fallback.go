@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -31,10 +32,55 @@ type FallbackConfig struct {
 	// minute.
 	UpstreamQuota *UpstreamQuotaConfig `json:"upstream_quota,omitempty"`
 	// ProxyRaw is the reverse_proxy that serves the fallback; its own
-	// header_up can carry the fallback's credentials.
+	// header_up carries the fallback's credentials. The caller's
+	// credentials are not passed on (see fallbackStripped) unless its
+	// header_up sets them, e.g. header_up Authorization
+	// {http.request.header.Authorization}.
 	ProxyRaw json.RawMessage `json:"proxy,omitempty" caddy:"namespace=http.handlers inline_key=handler"`
 
 	proxy *reverseproxy.Handler
+	// strip is fallbackStripped plus the tenant_key header, if any.
+	strip []string
+}
+
+// fallbackStripped are the request headers the fallback never receives
+// from the caller, canonical. The fallback is another account, usually
+// another provider's: the caller's credentials for the gateway or the
+// primary must not reach it, nor what names the caller's account or
+// describes the network behind the gateway.
+//
+//   - Credentials: Authorization and Proxy-Authorization, Cookie,
+//     X-Api-Key (Anthropic's, and many gateways'), Api-Key (Azure
+//     OpenAI's), X-Goog-Api-Key (Google's).
+//   - The caller's account at the primary: OpenAI-Organization and
+//     OpenAI-Project (a provider refuses a key with another account's).
+//   - Addresses behind the gateway: Forwarded, X-Forwarded-For,
+//     X-Forwarded-Host, X-Forwarded-Proto, X-Real-IP as the caller sent
+//     them. The fallback's reverse_proxy still adds its own X-Forwarded-*
+//     (the gateway's peer), as for any upstream; header_up
+//     -X-Forwarded-* removes those too.
+//
+// The tenant_key header is stripped as well (it may be a key itself).
+// Everything else, and the query string, passes as for the primary.
+var fallbackStripped = []string{
+	"Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "Api-Key", "X-Goog-Api-Key",
+	"Openai-Organization", "Openai-Project",
+	"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Real-Ip",
+}
+
+// fallbackRequest is r as the fallback's proxy gets it: a shallow copy
+// whose header has the caller's credentials removed (fallbackStripped).
+// r keeps its header, so the replacer's {http.request.header.*}, which
+// reads r, still holds them for a header_up that passes one on, and a
+// later attempt at the primary sends them.
+func (c *FallbackConfig) fallbackRequest(r *http.Request) *http.Request {
+	out := new(http.Request)
+	*out = *r
+	out.Header = r.Header.Clone()
+	for _, k := range c.strip {
+		delete(out.Header, k)
+	}
+	return out
 }
 
 // headerChannel says which channel served a request.
@@ -78,6 +124,10 @@ func (h *Handler) provisionFallback(ctx caddy.Context) error {
 		return fmt.Errorf("fallback proxy must be a reverse_proxy handler, got %T", mod)
 	}
 	fb.proxy = p
+	fb.strip = fallbackStripped
+	if h.tenantHeader != "" && !slices.Contains(fb.strip, h.tenantHeader) {
+		fb.strip = append(slices.Clip(fb.strip), h.tenantHeader)
+	}
 	return nil
 }
 

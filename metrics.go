@@ -82,7 +82,7 @@ var (
 
 var collectors = []prometheus.Collector{requestsTotal, waitSeconds, estimatedTokens, actualTokens,
 	boostsTotal, etaRatio, budgetRefusals, budgetLeftRatio, degradeTransitions, quotaLimited, quotaCharged,
-	circuitTransitions, providerRefusals, fallbacks, queueCollector, clusterFallbacks, clusterShared, clusterShareFailures, clusterSlotMoves, clusterStateCollector}
+	circuitTransitions, providerRefusals, fallbacks, usageClamped, queueCollector, clusterFallbacks, clusterShared, clusterShareFailures, clusterSlotMoves, clusterStateCollector, clusterRedisSeconds}
 
 // registerMetrics adds the collectors to a config's registry; registering
 // into a registry that already has them (two handlers, one config) is fine.

@@ -48,11 +48,15 @@ type Handler struct {
 	CostUnit string `json:"cost_unit,omitempty"`
 
 	// Tokenizer counts prompt tokens: "cl100k_base" (default), "o200k_base",
-	// or "approx" (a fast byte heuristic). The exact tokenizers run when the
-	// request has to queue, where the estimate decides the order; a request
-	// that will be dispatched at once is estimated with approx, and every
-	// estimate is replaced by the reported usage when the response ends.
-	// Prompts over 64 KiB are counted exactly on a sample and extrapolated.
+	// or "approx" (a fast byte heuristic). The estimate only orders the
+	// queue, and the usage the upstream reports replaces it when the
+	// response ends, so its work per request is bounded (about 4096
+	// vocabulary lookups): a prompt of up to about 500 tokens is counted
+	// exactly, a longer one estimated from samples, within 3% of the exact
+	// count (see llmapi.NewEstimator).
+	// Where a count decides something (max_request_tokens, light_mode's
+	// max_input_tokens), the prompt is counted exactly, up to 64 KiB of
+	// text.
 	Tokenizer string `json:"tokenizer,omitempty"`
 
 	// DefaultMaxTokens is the output cap assumed when a request names none.
@@ -164,15 +168,16 @@ type Handler struct {
 	// least_conn, so dispatched requests spread over the free slots.
 	ProxyRaw json.RawMessage `json:"proxy,omitempty" caddy:"namespace=http.handlers inline_key=handler"`
 
-	proxy    *reverseproxy.Handler
-	shared   *sharedQueue
-	counter  llmapi.Counter
-	approx   llmapi.Counter // used while the queue is idle (see estimator)
-	qcfg     fairqueue.Config
-	logger   *zap.Logger
-	ctx      caddy.Context
-	events   *caddyevents.App
-	classIdx map[string]time.Duration
+	proxy     *reverseproxy.Handler
+	shared    *sharedQueue
+	counter   llmapi.Counter // exact: for limits, light mode and streamed usage
+	estimator llmapi.Counter // bounded work: for the queue's order
+	qcfg      fairqueue.Config
+	logger    *zap.Logger
+	usageLog  *zap.Logger // clampLogger(logger)
+	ctx       caddy.Context
+	events    *caddyevents.App
+	classIdx  map[string]time.Duration
 	// tenantHeader is the request header tenant_key consists of when it
 	// is one request-header placeholder (the default), its name
 	// canonical; "" for any other key, which ReplaceAll evaluates (see
@@ -408,6 +413,9 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 	}
 	var err error
 	for name, t := range h.Tenants {
+		if name == unknownTenantLabel {
+			return cfg, fmt.Errorf("tenant %q: the name is the metrics label of every undeclared tenant; choose another", name)
+		}
 		if cfg.Tenants[name], err = tenant("tenant "+strconv.Quote(name), t); err != nil {
 			return cfg, err
 		}
@@ -480,13 +488,14 @@ func (h *Handler) admissionConfig() fairqueue.BudgetConfig {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx = ctx
 	h.logger = ctx.Logger()
+	h.usageLog = clampLogger(h.logger)
 	h.setDefaults()
 	var err error
 	if h.counter, err = llmapi.NewCounter(h.Tokenizer); err != nil {
 		return fmt.Errorf("tokenizer: %v", err)
 	}
-	if h.Tokenizer != llmapi.Approx {
-		h.approx, _ = llmapi.NewCounter(llmapi.Approx)
+	if h.estimator, err = llmapi.NewEstimator(h.Tokenizer); err != nil {
+		return fmt.Errorf("tokenizer: %v", err)
 	}
 	if err := h.checkLimits(); err != nil {
 		return err

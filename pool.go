@@ -40,8 +40,9 @@ type sharedQueue struct {
 	// as long as the queue, across reloads.
 	cost *costmodel.Model
 	// hist is what the dashboard shows; like the queue, it outlives
-	// reloads.
-	hist *history.History
+	// reloads. sampler is the tick's buffers for it.
+	hist    *history.History
+	sampler sampler
 	// instance names this gateway's queue in the shared slots' pool
 	// (cluster share_slots); slotSyncAt (Unix ns) and slotSyncing pace
 	// the renewals (the ticker and a config taking over both start one),
@@ -299,18 +300,23 @@ func (s *sharedQueue) loop() {
 	}
 }
 
+// logger is the logger of the config in force, Caddy's before any.
+func (s *sharedQueue) logger() *zap.Logger {
+	if h := s.owner(); h != nil {
+		return h.logger
+	}
+	return caddy.Log()
+}
+
 func (s *sharedQueue) tick() {
 	defer func() {
 		if err := recover(); err != nil {
-			logger := caddy.Log()
-			if h := s.owner(); h != nil {
-				logger = h.logger
-			}
-			logger.Named("ticker").Error("panic in the queue's tick",
+			s.logger().Named("ticker").Error("panic in the queue's tick",
 				zap.String("queue", s.name), zap.Any("error", err), zap.ByteString("stack", debug.Stack()))
 		}
 	}()
-	if h := s.owner(); h != nil {
+	h := s.owner()
+	if h != nil {
 		h.applyHealth(s.q)
 		s.applyCostModel(h)
 		if h.cluster != nil {
@@ -320,7 +326,7 @@ func (s *sharedQueue) tick() {
 		s.syncShares(h, time.Now())
 	}
 	s.q.Tick()
-	s.sample()
+	s.sample(h)
 }
 
 // Interface guards

@@ -2,6 +2,7 @@ package caddyfairqueue
 
 import (
 	"net/http"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -14,4 +15,29 @@ func (h *Handler) answerRejection(w http.ResponseWriter, repl *caddy.Replacer, a
 	observeRefusal(h.Name, a.label, rej)
 	h.historyRefusal(a.label, rej)
 	return h.answer(w, repl, a, rejectionError(rej))
+}
+
+// answerRequeuedRejection answers a request that a provider refused for
+// want of quota, that went back to the queue and was then refused there
+// (its budget ran out waiting for the account, or its quota or an early
+// refusal ended it): it was sent upstream, so the answer says so, and
+// its Retry-After is at least accountWait, how long the provider still
+// declares the account out of quota.
+func (h *Handler) answerRequeuedRejection(w http.ResponseWriter, repl *caddy.Replacer, a *admission, rej *fairqueue.Rejection, accountWait time.Duration) error {
+	observeRefusal(h.Name, a.label, rej)
+	h.historyRefusal(a.label, rej)
+	e := rejectionError(rej)
+	e.retryAfter = max(e.retryAfter, accountWait)
+	then := "it could not be sent again within its wait budget"
+	switch rej.Reason {
+	case fairqueue.ReasonQueueTimeout:
+		then = "its wait budget ran out before the account had room again"
+	case fairqueue.ReasonQuotaExceeded:
+		then = "your " + quotaWhat(rej.Quota) + " quota did not allow it again within its wait budget (" + rej.Detail + ")"
+	case fairqueue.ReasonClosed:
+		then = "the gateway's configuration changed and its queue is gone (" + rej.Detail + ")"
+	}
+	e.message = "The model provider refused this request for want of quota on the gateway's account, so it went back to the queue; " +
+		then + ". It was not served; retry after the time in Retry-After."
+	return h.answer(w, repl, a, e)
 }

@@ -8,11 +8,12 @@ import (
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
+	"github.com/caddy-fair-queue/caddy-fair-queue/llmapi"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
-// apiError is an answer the gateway gives itself, in the OpenAI error shape
-// so official clients surface the message.
+// apiError is an answer the gateway gives itself, in the error shape of
+// the request's API (errorShape) so official clients surface the message.
 type apiError struct {
 	status     int
 	code       string
@@ -26,8 +27,32 @@ type apiError struct {
 	quota *quota.Status
 }
 
-// errorType maps a status to the OpenAI error type clients switch on.
-func errorType(status int) string {
+// errorShape is the error body a client of the request's API reads.
+type errorShape uint8
+
+const (
+	// shapeOpenAI: {"error":{"message","type","code","reason"}}, for the
+	// OpenAI routes and anything else.
+	shapeOpenAI errorShape = iota
+	// shapeAnthropic: {"type":"error","error":{"type","message","details":
+	// {"error_code","reason"}}}, for Anthropic's /v1/messages. The
+	// official Anthropic clients read error.type and error.message into
+	// their error (the message) and error.details.error_code into its
+	// errorCode; an OpenAI body would reach the user as raw JSON.
+	shapeAnthropic
+)
+
+// shapeFor is the error shape of a request to path.
+func shapeFor(path string) errorShape {
+	if llmapi.KindFromPath(path) == llmapi.KindAnthropicMessages {
+		return shapeAnthropic
+	}
+	return shapeOpenAI
+}
+
+// errorType maps a status to the error type clients switch on: OpenAI's
+// types, which Anthropic's Messages API shares but for 413.
+func errorType(status int, shape errorShape) string {
 	switch status {
 	case http.StatusTooManyRequests:
 		return "rate_limit_error"
@@ -37,12 +62,15 @@ func errorType(status int) string {
 		return "permission_error"
 	case http.StatusBadGateway:
 		return "api_error"
-	default:
-		return "invalid_request_error"
+	case http.StatusRequestEntityTooLarge:
+		if shape == shapeAnthropic {
+			return "request_too_large"
+		}
 	}
+	return "invalid_request_error"
 }
 
-func (e *apiError) write(w http.ResponseWriter) {
+func (e *apiError) write(w http.ResponseWriter, shape errorShape) {
 	hdr := w.Header()
 	hdr.Set("Content-Type", "application/json")
 	hdr.Set("Cache-Control", "no-store")
@@ -51,6 +79,26 @@ func (e *apiError) write(w http.ResponseWriter) {
 		setRateLimitHeaders(hdr, *e.quota)
 	}
 	w.WriteHeader(e.status)
+	if shape == shapeAnthropic {
+		var body struct {
+			Type  string `json:"type"`
+			Error struct {
+				Type    string `json:"type"`
+				Message string `json:"message"`
+				Details struct {
+					ErrorCode string `json:"error_code"`
+					Reason    string `json:"reason,omitempty"`
+				} `json:"details"`
+			} `json:"error"`
+		}
+		body.Type = "error"
+		body.Error.Type = errorType(e.status, shape)
+		body.Error.Message = e.message
+		body.Error.Details.ErrorCode = e.code
+		body.Error.Details.Reason = e.reason
+		_ = json.NewEncoder(w).Encode(&body)
+		return
+	}
 	var body struct {
 		Error struct {
 			Message string `json:"message"`
@@ -60,7 +108,7 @@ func (e *apiError) write(w http.ResponseWriter) {
 		} `json:"error"`
 	}
 	body.Error.Message = e.message
-	body.Error.Type = errorType(e.status)
+	body.Error.Type = errorType(e.status, shape)
 	body.Error.Code = e.code
 	body.Error.Reason = e.reason
 	_ = json.NewEncoder(w).Encode(&body)
@@ -73,6 +121,7 @@ func setRetryAfter(hdr http.Header, d time.Duration) {
 	if d <= 0 {
 		return
 	}
+	d = min(d, budget.MaxRetryAfter) // the one cap, for both headers
 	hdr.Set("Retry-After", strconv.Itoa(budget.RetryAfterSeconds(d)))
 	hdr.Set("Retry-After-Ms", strconv.FormatInt(int64((d+time.Millisecond-1)/time.Millisecond), 10))
 }

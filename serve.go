@@ -54,9 +54,6 @@ const (
 	codeContextLength = "context_length_exceeded"
 )
 
-// maxTenantLen bounds a tenant ID.
-const maxTenantLen = 256
-
 // admission is everything known about a request before it is queued.
 type admission struct {
 	tenant   string
@@ -244,7 +241,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if rec.provider {
 			saved = w.Header().Clone()
 		}
-		perr = proxy.ServeHTTP(rec, r, next)
+		preq := r
+		if info.Fallback && h.Fallback != nil {
+			preq = h.Fallback.fallbackRequest(r)
+		}
+		perr = proxy.ServeHTTP(rec, preq, next)
 		if rec.provider429 {
 			// The proxy copied the refusal's headers: none of them is the
 			// client's answer.
@@ -280,10 +281,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				message:    "The model provider is out of quota for this gateway's account. The request was not served; retry after the time in Retry-After.",
 				retryAfter: max(rec.providerWait, time.Second)})
 		}
+		refusedUntil := time.Now().Add(rec.providerWait)
 		if err := tk.Wait(r.Context()); err != nil {
 			// The answer is the gateway's own: not the refused attempt's.
 			for _, k := range []string{headerWaitMs, headerCost, headerMode, headerChannel} {
 				w.Header().Del(k)
+			}
+			var rej *fairqueue.Rejection
+			if errors.As(err, &rej) {
+				// It did reach the provider, and the account's wait is
+				// what a retry meets first.
+				wait := max(time.Until(refusedUntil), h.shared.q.AccountWait(info.Fallback))
+				return h.answerRequeuedRejection(w, repl, a, rej, wait)
 			}
 			return h.notDispatched(w, repl, a, err)
 		}
@@ -315,7 +324,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		(&apiError{status: http.StatusBadGateway, code: outcomeProxyError,
 			message:    "The model server failed to answer; the request may be retried.",
-			retryAfter: time.Second, quota: rec.quota}).write(w)
+			retryAfter: time.Second, quota: rec.quota}).write(w, shapeFor(a.path))
 		perr = nil
 	}
 	h.record(a, outcome, wait)
@@ -374,19 +383,6 @@ func (h *Handler) notDispatched(w http.ResponseWriter, repl *caddy.Replacer, a *
 	return nil
 }
 
-// estimator picks the token counter for a new request. The estimate only
-// orders the queue; the usage the upstream reports replaces it when the
-// response ends. So while nothing waits and a slot is free — the request
-// will be dispatched at once and its estimate orders nothing — the cheap
-// approx counter keeps tiktoken (about 5 MB/s) off the request path; under
-// load, when order matters, prompts are counted exactly.
-func (h *Handler) estimator() llmapi.Counter {
-	if h.approx != nil && h.shared.q.Idle() {
-		return h.approx
-	}
-	return h.counter
-}
-
 // actualCost is what the request really cost: the usage the upstream
 // reported or the streamed text counted; failing that, nothing when the
 // upstream failed (the tenant is not charged for an error), else the
@@ -399,8 +395,9 @@ func (h *Handler) actualCost(rec *usageRecorder, a *admission, failed bool) int6
 		} else if !failed {
 			a.promptReported = int64(prompt)
 		}
-		a.usageKnown, a.usedPrompt, a.usedCompletion = !failed, prompt, u.Completion
-		actual := int64(prompt + u.Completion)
+		prompt, completion := h.boundUsage(a, prompt, u.Completion)
+		a.usageKnown, a.usedPrompt, a.usedCompletion = !failed, prompt, completion
+		actual := int64(prompt + completion)
 		a.m.observeActual(h.Name, a.label, float64(actual))
 		a.used = actual
 		return actual
@@ -421,11 +418,15 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 	a.tenant = h.tenantOf(r, repl)
 	// Known from here on, so the inner proxy can use it (header_up).
 	repl.Map(a.placeholder)
-	if len(a.tenant) > maxTenantLen {
-		// Tenant IDs are map keys, log fields and report rows: bound them.
-		a.tenant, a.label = a.tenant[:maxTenantLen], unknownTenantLabel
+	if err := fairqueue.CheckTenantID(a.tenant); err != nil {
+		// Tenant IDs are map keys, store keys, log fields and report
+		// rows: the queue's own meters have names no valid ID can take.
+		// The answer does not echo the ID (it may be a credential).
+		a.tenant, a.label = a.tenant[:min(len(a.tenant), fairqueue.MaxTenantIDLen)], unknownTenantLabel
 		a.m = h.metrics.of(a.label)
-		return a, badRequest(fmt.Sprintf("The tenant ID is longer than %d bytes.", maxTenantLen))
+		return a, badRequest(fmt.Sprintf("%s is not a valid tenant ID: it has %v. A tenant ID is printable "+
+			"UTF-8 text of at most %d bytes, without control or invisible characters.",
+			h.tenantSource(), err, fairqueue.MaxTenantIDLen))
 	}
 	tc, known := h.qcfg.Tenant(a.tenant)
 	a.tc, a.label = tc, a.tenant
@@ -489,15 +490,14 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 	}
 	req := &a.req0
 	a.req = req
-	est := h.estimator()
-	a.cost = llmapi.Estimate(req, est, h.DefaultMaxTokens)
+	a.cost = llmapi.Estimate(req, h.estimator, h.DefaultMaxTokens)
 	h.applyDegrade(a)
 	if limit, what := h.requestTokenLimit(a.tenant, known); int64(a.cost.Total())+int64(len(body)) > limit {
-		// A text token is at least one byte, so the cheap estimate can be
-		// off by no more than the body's size: near the limit, decide on
-		// the exact count (it samples long prompts), never on approx,
-		// which adversarial text fools both ways.
-		if est != h.counter && !a.light {
+		// A text token is at least one byte, so the estimate can be off
+		// by no more than the body's size: near the limit, decide on the
+		// exact count (it samples prompts beyond 64 KiB of text), never on
+		// an estimate that adversarial text could push either way.
+		if !a.light {
 			a.cost = llmapi.Estimate(req, h.counter, h.DefaultMaxTokens)
 		}
 		if int64(a.cost.Total()) > limit {
@@ -527,6 +527,17 @@ func (h *Handler) tenantOf(r *http.Request, repl *caddy.Replacer) string {
 		}
 	}
 	return repl.ReplaceAll(h.TenantKey, "")
+}
+
+// tenantSource names where the request's tenant ID came from, for an
+// error message: the header when tenant_key is one, else the key.
+func (h *Handler) tenantSource() string {
+	if h.tenantHeader != "" {
+		// As the config spells it (X-Tenant-ID), not canonical (X-Tenant-Id).
+		name := strings.TrimSuffix(strings.TrimPrefix(h.TenantKey, "{http.request.header."), "}")
+		return "The " + name + " header"
+	}
+	return "The value of tenant_key " + h.TenantKey
 }
 
 // classAndBudget applies the request's class and wait-budget headers, which
@@ -602,7 +613,8 @@ func outcomeValue(outcome string) any {
 	return outcome
 }
 
-// answer records a gateway error and writes it in the OpenAI shape; with
+// answer records a gateway error and writes it in the shape of the
+// request's API (OpenAI's, Anthropic's on /v1/messages); with
 // handle_errors it returns it to Caddy instead (Retry-After set, and the
 // code, message and retry in placeholders), for the site's handle_errors
 // routes to render.
@@ -610,7 +622,7 @@ func (h *Handler) answer(w http.ResponseWriter, repl *caddy.Replacer, a *admissi
 	h.record(a, e.code, time.Since(a.arrived))
 	h.quotaStanding(a, e)
 	if !h.HandleErrors {
-		e.write(w)
+		e.write(w, shapeFor(a.path))
 		return nil
 	}
 	if e.quota != nil {

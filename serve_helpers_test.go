@@ -30,7 +30,15 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/testwait"
 )
+
+// waitLimit bounds every wait for an event in these tests, times
+// testwait.Slowdown (FQ_TEST_SLOWDOWN, raised by scripts/test.sh under the
+// race detector): a guard that turns a hang into a failure naming what was
+// awaited, never a bound on speed.
+var waitLimit = testwait.Scale(10 * time.Second)
 
 // ---------------------------------------------------------------- upstream
 
@@ -382,7 +390,7 @@ func (g *gateway) log() []accessEntry {
 // waitEntries waits until n requests have been logged.
 func (g *gateway) waitEntries(n int) []accessEntry {
 	g.tb.Helper()
-	deadline := time.After(10 * time.Second)
+	deadline := time.After(waitLimit)
 	for {
 		g.mu.Lock()
 		if len(g.entries) >= n {
@@ -398,7 +406,7 @@ func (g *gateway) waitEntries(n int) []accessEntry {
 			if os.Getenv("FQ_DEBUG") != "" {
 				_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
 			}
-			g.tb.Fatalf("waited 10s for %d access entries, have %d", n, len(g.log()))
+			g.tb.Fatalf("waited %s for %d access entries, have %d", waitLimit, n, len(g.log()))
 		}
 	}
 }
@@ -454,7 +462,7 @@ func (g *gateway) do(r *http.Request) result {
 // handler has returned once it is there.
 func (g *gateway) entry(res result) accessEntry {
 	g.tb.Helper()
-	deadline := time.After(10 * time.Second)
+	deadline := time.After(waitLimit)
 	for {
 		g.mu.Lock()
 		for _, e := range g.entries {
@@ -468,7 +476,7 @@ func (g *gateway) entry(res result) accessEntry {
 		select {
 		case <-ch:
 		case <-deadline:
-			g.tb.Fatalf("no access entry for request %s after 10s", res.id)
+			g.tb.Fatalf("no access entry for request %s after %s", res.id, waitLimit)
 		}
 	}
 }
@@ -521,7 +529,7 @@ func wantError(tb testing.TB, res result, status int, code string) apiErrorBody 
 	if body.Error.Message == "" || body.Error.Type == "" {
 		tb.Errorf("error message and type must be set: %s", res.body)
 	}
-	if want := errorType(status); body.Error.Type != want {
+	if want := errorType(status, shapeOpenAI); body.Error.Type != want {
 		tb.Errorf("error.type = %q, want %q", body.Error.Type, want)
 	}
 	retry := res.header.Get("Retry-After")
@@ -545,13 +553,13 @@ func queueStats(h *Handler) (queued, inflight int) {
 	return st.Queued, st.Inflight
 }
 
-// eventually polls cond for up to 10s.
+// eventually polls cond for up to waitLimit.
 func eventually(tb testing.TB, what string, cond func() bool) {
 	tb.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(waitLimit)
 	for !cond() {
 		if time.Now().After(deadline) {
-			tb.Fatalf("timed out waiting for %s", what)
+			tb.Fatalf("waited %s for %s: not reached", waitLimit, what)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}

@@ -1,6 +1,7 @@
 // Fair queue dashboard: polls api/state and draws it. Every number shown
 // comes from that JSON; cells carry the raw value in data-value and the
-// field it came from in data-field, so a test can check them.
+// field it came from in data-field, so a test can check them. Text goes in
+// with textContent only: tenant names are whatever clients sent.
 "use strict";
 
 (function () {
@@ -12,6 +13,16 @@
     class_throttled: "#8d6e63", server_busy: "#d84315", context_length_exceeded: "#5d4037",
     invalid_request: "#546e7a", request_too_large: "#455a64", request_timeout: "#78909c",
     unknown_tenant: "#37474f", proxy_error: "#b71c1c", client_gone: "#90a4ae", other: "#bdbdbd",
+  };
+  const WINDOW_WORDS = {"5m": "5 min", "1h": "1 h", "24h": "24 h"};
+  const METER_WORDS = {qps: "requests", tokens: "tokens", joint: "joint (requests + tokens)"};
+  // Why the cost model has no fit yet, by its status.
+  const FIT_WORDS = {
+    warming_up: "not fitted yet: too few requests served",
+    flat_prompt: "not fitted: the prompts were all about the same length, so time per prompt token cannot be told from time per request",
+    flat_completion: "not fitted: the outputs were all about the same length",
+    collinear: "not fitted: prompt and output lengths rose and fell together",
+    no_completion_time: "not fitted: output length showed no effect on busy time",
   };
 
   const state = {
@@ -53,12 +64,35 @@
     bytes: (v) => (v / 1048576).toFixed(2) + " MiB",
   };
 
+  // Times, all in the locale's one format (its 12- or 24-hour clock):
+  // with seconds over an hour or less, without beyond, the date added to
+  // a 24 h window's table.
+  const timeFmt = {
+    second: new Intl.DateTimeFormat(undefined, {hour: "numeric", minute: "2-digit", second: "2-digit"}),
+    minute: new Intl.DateTimeFormat(undefined, {hour: "numeric", minute: "2-digit"}),
+    day: new Intl.DateTimeFormat(undefined, {month: "short", day: "numeric", hour: "numeric", minute: "2-digit", second: "2-digit"}),
+  };
+
+  // timeEl makes an element showing time t (ms) in format f, with the
+  // instant in data-time.
+  function timeEl(tag, t, f, attrs) {
+    const e = el(tag, attrs || {}, f.format(new Date(t)));
+    e.dataset.time = new Date(t).toISOString();
+    return e;
+  }
+
   // cell makes a table cell showing value v in format f, with the raw value
   // and its JSON field in data attributes.
   function cell(field, v, f) {
     const td = el("td", {"data-field": field, "data-value": String(v)}, f(v));
     td.className = "num";
     return td;
+  }
+
+  // nameCell shows a tenant name, cut with an ellipsis by the style when
+  // long, the whole name on hover.
+  function nameCell(name, extra) {
+    return el("td", {class: "name", title: name + (extra || "")}, name + (extra || ""));
   }
 
   function setValue(id, field, v, f) {
@@ -68,10 +102,19 @@
     e.textContent = f(v);
   }
 
-  function timeLabel(d, res) {
-    const hh = String(d.getHours()).padStart(2, "0"), mm = String(d.getMinutes()).padStart(2, "0");
-    if (res >= 60) return hh + ":" + mm;
-    return hh + ":" + mm + ":" + String(d.getSeconds()).padStart(2, "0");
+  // fitText shortens an SVG text element to width user units, ending it
+  // with an ellipsis, and gives it the whole text as its tooltip.
+  function fitText(t, full, width) {
+    t.textContent = full;
+    t.appendChild(svg("title", {}, full));
+    t.dataset.full = full;
+    if (t.getComputedTextLength() <= width) return;
+    let n = full.length;
+    while (n > 1) {
+      n--;
+      t.firstChild.nodeValue = full.slice(0, n) + "…";
+      if (t.getComputedTextLength() <= width) break;
+    }
   }
 
   // frame draws axes for a chart over [t0, t1] x [0, ymax] and returns
@@ -88,12 +131,20 @@
       root.appendChild(svg("line", {x1: PAD.l, x2: W - PAD.r, y1: y(v), y2: y(v), class: "grid"}));
       root.appendChild(svg("text", {x: PAD.l - 4, y: y(v) + 4, class: "axis", "text-anchor": "end"}, yfmt(v)));
     }
-    const res = (t1 - t0) > 3600e3 ? 60 : 1;
+    timeAxis(root, t0, t1, x, H - 8);
+    return {x, y};
+  }
+
+  // timeAxis labels five instants of [t0, t1] at height y.
+  function timeAxis(root, t0, t1, x, y) {
+    const f = t1 - t0 > 3600e3 ? timeFmt.minute : timeFmt.second;
     for (let i = 0; i <= 4; i++) {
       const t = t0 + (t1 - t0) * i / 4;
-      root.appendChild(svg("text", {x: x(t), y: H - 8, class: "axis", "text-anchor": "middle"}, timeLabel(new Date(t), res)));
+      const anchor = i === 0 ? "start" : i === 4 ? "end" : "middle";
+      const e = svg("text", {x: x(t), y: y, class: "axis time", "text-anchor": anchor}, f.format(new Date(t)));
+      e.dataset.time = new Date(t).toISOString();
+      root.appendChild(e);
     }
-    return {x, y};
   }
 
   // pathOf joins points into a path, breaking it where samples are
@@ -125,12 +176,7 @@
       setValue("jain", "jain", st.jain, () => "—");
     }
     setValue("mem", "history_memory_bytes", st.history_memory_bytes, fmt.bytes);
-    const cm = g.cost_model;
-    setValue("gw-costmodel", "gateway.cost_model.completion_token_seconds", cm.completion_token_seconds, (v) =>
-      cm.ready ? (1000 * cm.overhead_seconds).toFixed(1) + " / " + (1000 * cm.prompt_token_seconds).toFixed(3) + " / " +
-        (1000 * v).toFixed(2) + " (" + cm.r2.toFixed(3) + ")" : cm.status + " (" + cm.samples + " served)");
-    setValue("gw-tokenweight", "gateway.cost_model.token_to_qps_weight", cm.token_to_qps_weight, (v) =>
-      cm.ready ? v.toPrecision(3) : "—");
+    drawCostModel(g);
 
     // The time axis covers what the history holds (a gateway started a
     // minute ago has no 24 hours to draw), at least 30 s.
@@ -193,6 +239,30 @@
     drawTimeline(st, t0, now);
   }
 
+  // drawCostModel writes the learned cost model in words: milliseconds of
+  // upstream busy time per request, per 1000 prompt tokens and per output
+  // token, R², whether it prices requests, and which quotas weigh tokens
+  // by its token_to_qps_weight.
+  function drawCostModel(g) {
+    const cm = g.cost_model;
+    const part = (id, field, v, words) => setValue(id, "gateway.cost_model." + field, v, (x) => cm.ready ? words(x) : "");
+    part("cm-overhead", "overhead_seconds", cm.overhead_seconds, (v) => (1000 * v).toFixed(1) + " ms per request");
+    part("cm-prompt", "prompt_token_seconds", cm.prompt_token_seconds, (v) => "+ " + (1e6 * v).toFixed(2) + " ms per 1k prompt tokens");
+    part("cm-completion", "completion_token_seconds", cm.completion_token_seconds, (v) => "+ " + (1000 * v).toFixed(2) + " ms per output token");
+    const use = g.cost_unit === "learned" ? "prices requests (cost_unit learned)" : "reported only (cost_unit " + g.cost_unit + ")";
+    setValue("cm-fit", "gateway.cost_model.r2", cm.r2, (v) => cm.ready ?
+      "R² " + v.toFixed(3) + " over " + cm.samples + " served; " + use :
+      (FIT_WORDS[cm.status] || cm.status) + " (" + cm.samples + " served so far)");
+    setValue("gw-tokenweight", "gateway.cost_model.token_to_qps_weight", cm.token_to_qps_weight, (v) => cm.ready ? v.toPrecision(3) : "—");
+    const auto = g.learned_weight_tenants || [];
+    const note = $("gw-tokenweight-use");
+    note.dataset.field = "gateway.learned_weight_tenants";
+    note.dataset.value = auto.join(",");
+    note.textContent = auto.length ?
+      "applies to the joint quota of " + auto.join(", ") + " (token_to_qps_weight auto); other quotas use their configured weight" :
+      "not applied: every quota uses its configured token_to_qps_weight (in the quota table)";
+  }
+
   function rowOf(cells, attrs) {
     const tr = el("tr", attrs || {});
     for (const c of cells) tr.appendChild(c);
@@ -207,11 +277,7 @@
     root.appendChild(svg("rect", {x: PAD.l, y: 8, width: W - PAD.l - PAD.r, height: th - 34, class: "plot"}));
     root.appendChild(svg("text", {x: PAD.l - 4, y: 24, class: "axis", "text-anchor": "end"}, "degrade"));
     root.appendChild(svg("text", {x: PAD.l - 4, y: 52, class: "axis", "text-anchor": "end"}, "circuit"));
-    for (let i = 0; i <= 4; i++) {
-      const t = t0 + (t1 - t0) * i / 4;
-      root.appendChild(svg("text", {x: x(t), y: th - 8, class: "axis", "text-anchor": "middle"},
-        timeLabel(new Date(t), t1 - t0 > 3600e3 ? 60 : 1)));
-    }
+    timeAxis(root, t0, t1, x, th - 8);
     const tb = $("transitions").tBodies[0];
     clear(tb);
     if (st.transitions.length === 0) {
@@ -226,11 +292,12 @@
       } else {
         m.setAttribute("cx", x(t)); m.setAttribute("cy", cy); m.setAttribute("r", 4);
       }
-      m.appendChild(svg("title", {}, tr.kind + " " + tr.name + " " + direction(tr) + " at " + new Date(t).toLocaleTimeString()));
+      m.appendChild(svg("title", {}, tr.kind + " " + tr.name + " " + direction(tr) + " at " + timeFmt.second.format(new Date(t))));
       root.appendChild(m);
     }
+    const f = st.window_seconds > 3600 ? timeFmt.day : timeFmt.second;
     for (const tr of st.transitions.slice().reverse()) {
-      tb.appendChild(rowOf([el("td", {}, new Date(Date.parse(tr.at)).toLocaleString()), el("td", {}, tr.kind),
+      tb.appendChild(rowOf([timeEl("td", Date.parse(tr.at), f), el("td", {}, tr.kind),
         el("td", {}, tr.name), el("td", {class: tr.up ? "bad" : "ok"}, direction(tr)),
         el("td", {}, tr.from + " → " + tr.to), cell("value", tr.value, fmt.ratio)], {"data-kind": tr.kind}));
     }
@@ -243,15 +310,26 @@
 
   // ---------------------------------------------------------- tenants
 
+  // windowWords says what the numbers cover: the window, or as much of
+  // it as the history holds.
+  function windowWords(st) {
+    const words = WINDOW_WORDS[st.window] || st.window;
+    if (st.span_seconds < st.window_seconds) {
+      return "over the " + Math.round(st.span_seconds) + " s the history covers (of the " + words + " window)";
+    }
+    return "over the last " + words;
+  }
+
   function drawTenants(st) {
-    $("window-label").textContent = "over the last " + st.window +
-      (st.span_seconds < st.window_seconds ? " (history covers " + Math.round(st.span_seconds) + " s)" : "");
+    $("window-label").textContent = windowWords(st);
+    const budget = st.gateway.boost_budget_hourly;
+    $("boosts-head").textContent = budget > 0 ? "boosts (of " + budget + " per h each)" : "boosts";
     const tb = $("tenants").tBodies[0];
     clear(tb);
     for (const t of st.tenants) {
       const active = t.requests > 0;
       tb.appendChild(rowOf([
-        el("td", {class: "name"}, t.name + (t.declared ? "" : " (undeclared)")),
+        nameCell(t.name, t.declared ? "" : " (undeclared)"),
         cell("weight", t.weight, (v) => String(v)),
         cell("requests", t.requests, fmt.int),
         cell("success_rate", t.success_rate, active ? fmt.pct : () => "—"),
@@ -301,9 +379,11 @@
       share.appendChild(svg("title", {}, t.name + ": " + fmt.pct(t.share) + " of served tokens"));
       root.appendChild(share);
       const fair = svg("rect", {x: cx, y: y(t.fair_share), width: bw, height: y(0) - y(t.fair_share), class: "bar fair", "data-tenant": t.name});
-      fair.appendChild(svg("title", {}, t.name + ": weighted fair share " + fmt.pct(t.fair_share)));
+      fair.appendChild(svg("title", {}, t.name + ": fair share " + fmt.pct(t.fair_share) + " (what WFQ owed it)"));
       root.appendChild(fair);
-      root.appendChild(svg("text", {x: cx, y: H - 8, class: "axis", "text-anchor": "middle"}, t.name));
+      const label = svg("text", {x: cx, y: H - 8, class: "axis tenant-label", "text-anchor": "middle", "data-tenant": t.name});
+      root.appendChild(label);
+      fitText(label, t.name, b.band - 6);
     });
   }
 
@@ -312,11 +392,13 @@
     const ts = st.tenants;
     clear(root);
     const rowH = Math.min(28, (H - PAD.t - PAD.b) / Math.max(ts.length, 1));
-    const left = 90, width = W - left - PAD.r;
+    const left = 110, width = W - left - PAD.r;
     const used = {};
     ts.forEach((t, i) => {
       const y0 = PAD.t + i * rowH;
-      root.appendChild(svg("text", {x: left - 6, y: y0 + rowH / 2 + 4, class: "axis", "text-anchor": "end"}, t.name));
+      const label = svg("text", {x: left - 6, y: y0 + rowH / 2 + 4, class: "axis tenant-label", "text-anchor": "end", "data-tenant": t.name});
+      root.appendChild(label);
+      fitText(label, t.name, left - 10);
       root.appendChild(svg("rect", {x: left, y: y0 + 3, width: width, height: rowH - 6, class: "plot"}));
       let x = left;
       for (const code of st.outcome_codes) {
@@ -359,80 +441,146 @@
     const label = (i) => i >= bounds.length ? "∞" : bounds[i] < 1 ? (bounds[i] * 1000).toFixed(bounds[i] < 0.01 ? 1 : 0) + "ms" : bounds[i].toFixed(1) + "s";
     for (const t of st.tenants) {
       const fig = el("figure", {class: "hist", "data-tenant": t.name});
-      fig.appendChild(el("figcaption", {}, t.name + " — " + t.wait.count + " served"));
-      const w = 300, h = 120, l = 28, b = 20;
-      const root = svg("svg", {viewBox: "0 0 " + w + " " + h, class: "chart", id: "hist-" + t.name, "data-tenant": t.name});
-      root.appendChild(svg("rect", {x: l, y: 4, width: w - l - 4, height: h - b - 4, class: "plot"}));
+      const cap = el("figcaption", {title: t.name}, t.name + " — " + t.wait.count + " served");
+      fig.appendChild(cap);
+      // The plot sits below a lane for the quantile labels.
+      const w = 300, h = 132, l = 28, b = 20, top = 18;
+      const root = svg("svg", {viewBox: "0 0 " + w + " " + h, class: "chart", "data-tenant": t.name});
+      root.appendChild(svg("rect", {x: l, y: top, width: w - l - 4, height: h - b - top, class: "plot"}));
       const counts = t.wait_histogram.slice(lo, hi + 1);
       const max = Math.max(1, ...counts);
       const bw = (w - l - 4) / counts.length;
       counts.forEach((n, k) => {
-        const bh = (h - b - 8) * n / max;
+        const bh = (h - b - top - 4) * n / max;
         const r = svg("rect", {x: l + k * bw + 1, y: h - b - bh, width: Math.max(bw - 2, 1), height: bh, class: "bar hist-bar", "data-bucket": lo + k, "data-value": n});
         r.appendChild(svg("title", {}, "≤ " + label(lo + k) + ": " + n));
         root.appendChild(r);
       });
-      root.appendChild(svg("text", {x: l - 3, y: 14, class: "axis", "text-anchor": "end"}, String(max)));
+      root.appendChild(svg("text", {x: l - 3, y: top + 10, class: "axis", "text-anchor": "end"}, String(max)));
       root.appendChild(svg("text", {x: l, y: h - 6, class: "axis"}, label(lo)));
       root.appendChild(svg("text", {x: w - 4, y: h - 6, class: "axis", "text-anchor": "end"}, label(hi)));
-      // Quantile markers, placed by bucket (log scale).
-      const pos = (v) => {
-        let i = 0;
-        while (i < bounds.length && v > bounds[i]) i++;
-        const lower = i === 0 ? 0 : bounds[i - 1], upper = i < bounds.length ? bounds[i] : lower * 2;
-        const f = i === 0 ? v / upper : Math.log(v / lower) / Math.log(upper / lower);
-        return l + (i - lo + Math.min(Math.max(f, 0), 1)) * bw;
-      };
-      if (t.wait.count > 0) {
-        for (const [q, v] of [["p50", t.wait.p50], ["p95", t.wait.p95], ["p99", t.wait.p99]]) {
-          const x = Math.min(Math.max(pos(v), l), w - 4);
-          root.appendChild(svg("line", {x1: x, x2: x, y1: 4, y2: h - b, class: "marker " + q}));
-          root.appendChild(svg("text", {x: x + 2, y: q === "p50" ? 14 : q === "p95" ? 26 : 38, class: "marker-label"}, q));
-        }
-      }
       fig.appendChild(root);
       box.appendChild(fig);
+      if (t.wait.count > 0) quantileMarks(root, t, bounds, lo, l, bw, w, h, b, top);
     }
   }
 
+  // quantileMarks draws the p50, p95 and p99 lines, placed by bucket (log
+  // scale), and their labels in the lane above the plot, each pushed right
+  // of the one before where they would overlap (then back from the right
+  // edge), so they never cover each other.
+  function quantileMarks(root, t, bounds, lo, l, bw, w, h, b, top) {
+    const pos = (v) => {
+      let i = 0;
+      while (i < bounds.length && v > bounds[i]) i++;
+      const lower = i === 0 ? 0 : bounds[i - 1], upper = i < bounds.length ? bounds[i] : lower * 2;
+      const f = i === 0 ? v / upper : Math.log(v / lower) / Math.log(upper / lower);
+      return l + (i - lo + Math.min(Math.max(f, 0), 1)) * bw;
+    };
+    const marks = [["p50", t.wait.p50], ["p95", t.wait.p95], ["p99", t.wait.p99]].map(([q, v]) => {
+      const x = Math.min(Math.max(pos(v), l), w - 4);
+      root.appendChild(svg("line", {x1: x, x2: x, y1: top, y2: h - b, class: "marker " + q}));
+      const text = svg("text", {x: x, y: top - 5, class: "marker-label " + q, "text-anchor": "middle"}, q);
+      root.appendChild(text);
+      return {x, text, width: text.getComputedTextLength()};
+    });
+    const gap = 3;
+    let right = -Infinity;
+    for (const m of marks) {
+      m.left = Math.max(m.x - m.width / 2, right + gap, 0);
+      right = m.left + m.width;
+    }
+    let limit = w;
+    for (let i = marks.length - 1; i >= 0; i--) {
+      const m = marks[i];
+      m.left = Math.min(m.left, limit - m.width);
+      limit = m.left - gap;
+    }
+    for (const m of marks) {
+      m.text.setAttribute("x", (m.left + m.width / 2).toFixed(1));
+    }
+  }
+
+  // drawQuota lists every meter of every quota with its limit, what was
+  // charged against it on average over the window, its standing now, and
+  // the requests it delayed or refused.
   function drawQuota(st) {
     const tb = $("quota").tBodies[0];
     clear(tb);
-    const budget = st.gateway.boost_budget_hourly;
+    $("quota-legend").textContent = "Charged and occupancy are averages " + windowWords(st) +
+      "; “now” is each meter's standing at this instant. A joint meter weighs a request as 1 + its tokens × " +
+      "token_to_qps_weight. The undeclared tenants each have default_tenant's quota: their limits bind each caller, " +
+      "their charged rates are all of them together.";
     for (const t of st.tenants) {
       const q = t.quota;
-      const hits = st.quota_reasons.filter((r) => q.hits[r]).map((r) => r + " " + q.hits[r].delayed + " / " + q.hits[r].refused);
-      const occ = (field, v, limit) => {
-        const td = cell(field, v, limit > 0 ? fmt.pct : () => "—");
-        if (limit > 0) {
-          const bar = el("span", {class: "occ" + (v >= 1 ? " full" : "")});
-          const fill = el("span", {class: "occ-fill"});
-          fill.style.width = Math.min(v, 1) * 100 + "%";
-          bar.appendChild(fill);
-          td.appendChild(bar);
-        }
-        return td;
-      };
-      tb.appendChild(rowOf([
-        el("td", {class: "name"}, t.name),
-        cell("requests_per_sec", t.requests_per_sec, fmt.rate),
-        cell("served_tokens_per_sec", t.served_tokens_per_sec, fmt.rate),
-        cell("quota.charged_per_sec", q.charged_per_sec, fmt.rate),
-        cell("quota.qps_limit", q.qps_limit, (v) => v > 0 ? fmt.rate(v) : "—"),
-        occ("quota.qps_occupancy", q.qps_occupancy, q.qps_limit),
-        cell("quota.charged_tokens_per_min", q.charged_tokens_per_min, fmt.rate),
-        cell("quota.tokens_per_min_limit", q.tokens_per_min_limit, (v) => v > 0 ? fmt.int(v) : "—"),
-        occ("quota.token_occupancy", q.token_occupancy, q.tokens_per_min_limit),
-        el("td", {"data-field": "quota.hits"}, hits.length ? hits.join(", ") : "none"),
-        el("td", {"data-field": "boosts"}, t.boosts + " / " + (budget > 0 ? budget + " per h" : "—")),
-      ], {"data-tenant": t.name}));
+      const meters = [];
+      if (q.qps_limit > 0) meters.push({m: "qps", limit: q.qps_limit, limitText: fmt.rate(q.qps_limit) + " req/s",
+        charged: q.charged_per_sec, chargedText: fmt.rate(q.charged_per_sec) + " req/s", occ: q.qps_occupancy, field: "charged_per_sec"});
+      if (q.tokens_per_min_limit > 0) meters.push({m: "tokens", limit: q.tokens_per_min_limit, limitText: fmt.int(q.tokens_per_min_limit) + " tokens/min",
+        charged: q.charged_tokens_per_min, chargedText: fmt.rate(q.charged_tokens_per_min) + " tokens/min", occ: q.token_occupancy, field: "charged_tokens_per_min"});
+      const weightWords = !t.quota_weight_learned ? "" : st.gateway.cost_model.ready ? " (learned)" :
+        " (token_to_qps_weight auto: the learned one once the cost model is fitted)";
+      if (q.joint_limit > 0) meters.push({m: "joint", limit: q.joint_limit,
+        limitText: fmt.rate(q.joint_limit) + " req-eq/s at " + q.token_to_qps_weight.toPrecision(3) + " per token" + weightWords,
+        charged: q.charged_joint_per_sec, chargedText: fmt.rate(q.charged_joint_per_sec) + " req-eq/s", occ: q.joint_occupancy, field: "charged_joint_per_sec"});
+      // Meters that refused or delayed without being configured now (a
+      // reload took them away) still show their hits.
+      for (const r of st.quota_reasons) {
+        if (q.hits[r] && !meters.some((x) => x.m === r)) meters.push({m: r, limit: 0, limitText: "not configured now"});
+      }
+      const burst = t.quota_burst && t.quota_burst.allow > 0 ?
+        " · bursts " + Math.round(100 * t.quota_burst.allow) + "% above for " + t.quota_burst.window_seconds + " s" : "";
+      if (meters.length === 0) {
+        tb.appendChild(rowOf([nameCell(t.name), el("td", {class: "muted", colspan: 7}, "no quota")], {"data-tenant": t.name}));
+        continue;
+      }
+      meters.forEach((x, i) => {
+        const hit = q.hits[x.m] || {delayed: 0, refused: 0};
+        const now = (t.quota_now || []).find((n) => n.meter === x.m);
+        const limitCell = el("td", {"data-field": "quota." + x.m + ".limit", "data-value": String(x.limit), class: "limit"},
+          (q.per_caller ? "each caller: " : "") + x.limitText + (i === 0 ? burst : ""));
+        const cells = [
+          i === 0 ? nameCell(t.name) : el("td", {class: "name cont"}, ""),
+          el("td", {"data-field": "meter"}, METER_WORDS[x.m] || x.m),
+          limitCell,
+          x.limit > 0 ? el("td", {"data-field": "quota." + x.field, "data-value": String(x.charged), class: "num"}, x.chargedText) : el("td", {}, "—"),
+          occCell(x, q.per_caller),
+          nowCell(x.m, now),
+          el("td", {"data-field": "quota.hits." + x.m + ".delayed", "data-value": String(hit.delayed), class: "num"}, String(hit.delayed)),
+          el("td", {"data-field": "quota.hits." + x.m + ".refused", "data-value": String(hit.refused), class: "num"}, String(hit.refused)),
+        ];
+        tb.appendChild(rowOf(cells, {"data-tenant": t.name, "data-meter": x.m}));
+      });
     }
+  }
+
+  function occCell(x, perCaller) {
+    if (perCaller) return el("td", {class: "muted", "data-field": "occupancy"}, "— (per caller)");
+    if (!(x.limit > 0)) return el("td", {"data-field": "occupancy"}, "—");
+    const td = cell("occupancy", x.occ, fmt.pct);
+    const bar = el("span", {class: "occ" + (x.occ >= 1 ? " full" : "")});
+    const fill = el("span", {class: "occ-fill"});
+    fill.style.width = Math.min(x.occ, 1) * 100 + "%";
+    bar.appendChild(fill);
+    td.appendChild(bar);
+    return td;
+  }
+
+  // nowCell is a meter's standing now: at rest, or how long its debt
+  // takes to pay back; what the x-ratelimit headers would say on hover.
+  function nowCell(meter, now) {
+    if (!now) return el("td", {class: "muted", "data-field": "now"}, "—");
+    const unit = meter === "tokens" ? " tokens" : meter === "joint" ? " request-equivalents" : " requests";
+    return el("td", {"data-field": "now", "data-value": String(now.reset_seconds),
+      title: "x-ratelimit: limit " + now.limit_per_min + unit + " per minute, remaining " + now.remaining},
+    now.reset_seconds > 0 ? "in debt: at rest in " + now.reset_seconds.toFixed(1) + " s" : "at rest");
   }
 
   // ---------------------------------------------------------- polling
 
   function drawQueues(st) {
     $("queue-name").textContent = st.queue;
+    document.title = "Fair queue “" + st.queue + "” — dashboard";
     const sel = $("queue-select");
     const names = st.queues || [];
     if (sel.options.length !== names.length || names.some((n, i) => sel.options[i].value !== n)) {
@@ -449,10 +597,18 @@
     }
   }
 
-  function url() {
+  function query() {
     const p = new URLSearchParams({window: state.window});
     if (state.queue) p.set("queue", state.queue);
     return "api/state?" + p.toString();
+  }
+
+  // stateURL is the state's address, built from the page's origin and
+  // path: a page opened as http://user:password@host/... has a location
+  // that carries the credentials, and fetch refuses a URL with them (the
+  // browser sends the ones it was given with every request anyway).
+  function stateURL() {
+    return new URL(query(), location.origin + location.pathname).href;
   }
 
   async function poll() {
@@ -465,19 +621,20 @@
     state.again = false;
     const status = $("status");
     try {
-      const res = await fetch(url(), {cache: "no-store", headers: {Accept: "application/json"}});
+      const res = await fetch(stateURL(), {cache: "no-store", headers: {Accept: "application/json"}});
       const body = await res.json();
       if (!res.ok) throw new Error(body.error || res.statusText);
       state.refresh = body.refresh_ms || state.refresh;
       drawQueues(body);
       drawGateway(body);
       drawTenants(body);
-      $("state-link").setAttribute("href", url());
+      $("state-link").setAttribute("href", query());
       document.body.dataset.window = body.window;
       document.body.dataset.updated = body.now;
       document.body.dataset.polls = String(Number(document.body.dataset.polls || 0) + 1);
       status.dataset.state = "ok";
-      status.textContent = "updated " + new Date(Date.parse(body.now)).toLocaleTimeString();
+      status.textContent = "updated ";
+      status.appendChild(timeEl("time", Date.parse(body.now), timeFmt.second));
     } catch (err) {
       status.dataset.state = "error";
       status.textContent = "cannot read state: " + err.message;

@@ -398,7 +398,9 @@ func (q *Queue) recheckLocked(now time.Time) {
 			continue
 		}
 		est := q.etaLocked(now, tk.t, tk.f.cq, q.aheadInFlow(tk), tk.cost)
-		tk.eta = est.ETA
+		if est.Known {
+			tk.eta = q.promiseLocked(now, tk, est.ETA)
+		}
 		if !est.Known || !now.Add(est.ETA).After(tk.deadline.Add(-q.cfg.Admission.Margin)) {
 			continue
 		}
@@ -410,6 +412,22 @@ func (q *Queue) recheckLocked(now time.Time) {
 		}
 		q.promoteLocked(now, tk)
 	}
+}
+
+// promiseLocked is the wait a re-check at now promises the queued tk,
+// whose place in tag order is eta away: counted from admission, as the
+// promise at admission is and as the wait it is measured against, and
+// held back as long as its tenant's quota still holds it (the delay
+// promised at admission, or the hold in force, whichever ends later).
+func (q *Queue) promiseLocked(now time.Time, tk *Ticket, eta time.Duration) time.Duration {
+	waited := time.Duration(q.since(now) - tk.enqueued)
+	if d := tk.delay; d != nil {
+		eta = max(eta, d.wait-waited)
+	}
+	if t := tk.t; t.held {
+		eta = max(eta, time.Duration(t.heldUntil-now.UnixNano()))
+	}
+	return waited + eta
 }
 
 // ownDueFirst reports whether flow f (nil: none) holds, ahead of tk (nil: a

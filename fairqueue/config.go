@@ -189,12 +189,22 @@ func (c *Config) Validate() error {
 		}
 	}
 	for name, t := range c.Tenants {
+		if err := CheckTenantID(name); err != nil {
+			return fmt.Errorf("tenant %q: the name is not a valid tenant ID: it has %v", name, err)
+		}
 		if err := check(fmt.Sprintf("tenant %q", name), t); err != nil {
 			return err
 		}
 	}
 	if err := check("default_tenant", c.Default); err != nil {
 		return err
+	}
+	if c.Fallback != nil {
+		for _, name := range c.Fallback.Tenants {
+			if err := CheckTenantID(name); err != nil {
+				return fmt.Errorf("fallback: tenant %q is not a valid tenant ID: it has %v", name, err)
+			}
+		}
 	}
 	if len(c.Degrade) > 0 {
 		names := make([]string, len(c.Classes))

@@ -186,6 +186,22 @@ func (tk *Ticket) AccountExhausted(until time.Time) {
 	q.unlock()
 }
 
+// AccountWait is how long the provider behind a channel (the fallback's
+// or, with fallback false, the primary's) still declares its account out
+// of quota; 0 when it does not, or when the channel has no account.
+func (q *Queue) AccountWait(fallback bool) time.Duration {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var until time.Time
+	switch {
+	case fallback && q.fb != nil:
+		until = q.fb.until
+	case !fallback && q.up != nil:
+		until = q.up.until
+	}
+	return max(until.Sub(q.clock.Now()), 0)
+}
+
 func maxTime(a, b time.Time) time.Time {
 	if b.After(a) {
 		return b

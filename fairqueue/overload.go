@@ -127,22 +127,45 @@ func (q *Queue) applyPausesLocked() {
 	q.dispatchLocked(q.clock.Now())
 }
 
-// throttleLocked admits a request of class cls against its class's throttle.
-func (q *Queue) throttleLocked(now time.Time, cls string, cost int64) *Rejection {
-	thr := q.ov.throttle[cls]
-	if thr == nil {
+// throttleLocked admits a request of class cls from a tenant of class own
+// against the throttles of both: a request that lowers its class (cls !=
+// own) stays under its tenant's class's throttle, and comes under its
+// new class's too. Both are peeked before either is charged, so a request
+// one refuses takes nothing from the other; with consume false nothing is
+// charged at all (Precheck).
+func (q *Queue) throttleLocked(clk *clockReading, cls, own string, cost int64, consume bool) *Rejection {
+	thr, ownThr := q.ov.throttle[cls], (*degrade.Throttle)(nil)
+	if own != cls {
+		ownThr = q.ov.throttle[own]
+	}
+	if thr == nil && ownThr == nil {
 		return nil
 	}
-	ok, wait := thr.Admit(now, int(cost))
-	if ok {
-		return nil
+	now := clk.now(q)
+	tokens := int(min(max(cost, 1), 1<<31-1))
+	if thr != nil {
+		if ok, wait := thr.Peek(now, tokens); !ok {
+			return throttleRejection(cls, "", thr, wait)
+		}
 	}
-	return throttleRejection(cls, thr, wait)
+	if ownThr != nil {
+		if ok, wait := ownThr.Peek(now, tokens); !ok {
+			return throttleRejection(own, " (the tenant's own class)", ownThr, wait)
+		}
+	}
+	if consume {
+		for _, t := range [...]*degrade.Throttle{thr, ownThr} {
+			if t != nil {
+				t.Admit(now, tokens)
+			}
+		}
+	}
+	return nil
 }
 
-func throttleRejection(cls string, thr *degrade.Throttle, wait time.Duration) *Rejection {
+func throttleRejection(cls, whose string, thr *degrade.Throttle, wait time.Duration) *Rejection {
 	return &Rejection{Reason: ReasonClassThrottled, RetryAfter: min(wait, budget.MaxRetryAfter),
-		Detail: "class " + cls + " is throttled to " + thr.Rate().String() + " while the gateway is overloaded"}
+		Detail: "class " + cls + whose + " is throttled to " + thr.Rate().String() + " while the gateway is overloaded"}
 }
 
 // LightMode reports whether requests of class cls are to be trimmed now, and

@@ -4,7 +4,8 @@ package fairqueue
 // class estimated at tokens, among those that need no body: no healthy
 // upstream, tokens beyond what any capacity could take, the tenant's, the
 // undeclared group's or the global queue full (in requests, tokens or
-// bytes already queued), or the class throttled. It returns nil when
+// bytes already queued), or the class throttled (the request's class or
+// its tenant's). It returns nil when
 // none applies; Enqueue still decides. The handler calls it before reading
 // the body, so a request bound to be refused costs neither the upload nor
 // the tokenizer. tokens may be 0 when no estimate exists yet (it then
@@ -30,10 +31,8 @@ func (q *Queue) PrecheckRequest(r Request) *Rejection {
 	if rej := q.admitLocked(&clk, t, r.Tenant, tc, known, max(tokens, 1), max(r.Bytes, 0)); rej != nil {
 		return rej
 	}
-	if thr := q.ov.throttle[class]; thr != nil {
-		if ok, wait := thr.Peek(clk.now(q), int(min(max(tokens, 1), 1<<31-1))); !ok {
-			return throttleRejection(class, thr, wait)
-		}
+	if q.ov.throttle != nil {
+		return q.throttleLocked(&clk, class, tc.Class, tokens, false)
 	}
 	return nil
 }

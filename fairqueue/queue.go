@@ -215,6 +215,14 @@ type Queue struct {
 	delivering bool
 	// closed says why the queue was closed (Close); "" while open.
 	closed string
+
+	// remoteStore: cfg.QuotaStore is a quota.Remote (gate.go).
+	remoteStore bool
+	// offLock is sharedQuotaLocked's value, stored by Reconfigure, so that
+	// Enqueue knows without the lock whether to Peek before taking it;
+	// gatesInFlight counts the charges being made off the lock (gate.go).
+	offLock       atomic.Bool
+	gatesInFlight atomic.Int64
 }
 
 type pendingEvent struct {
@@ -270,6 +278,9 @@ type tenant struct {
 	busy bool
 	// shareListed says the tenant is on Queue.shareDirty (shared.go).
 	shareListed bool
+	// gating is set while a request of the tenant holds a slot for its
+	// quota's charge off the lock (gate.go); out is set meanwhile.
+	gating bool
 
 	weight float64
 	// vt is the tenant's virtual time: service received / weight. It never
@@ -453,6 +464,8 @@ func (q *Queue) Reconfigure(cfg Config) error {
 	if circuit != nil {
 		q.circuitRes = circuit.Resources()
 	}
+	q.remoteStore = isRemote(cfg.QuotaStore)
+	q.offLock.Store(q.sharedQuotaLocked())
 	q.lightOn.Store(ov.light != nil)
 	q.adm = newAdmission(&cfg.Admission, q.adm)
 	if c := waterCap(&cfg); c != q.waterCap {
@@ -605,6 +618,8 @@ func (q *Queue) setTenantConfigsLocked() {
 // be dispatched before Enqueue returns. The caller must end the ticket with
 // Release (or let Wait end it), exactly as the Ticket documents.
 func (q *Queue) Enqueue(r Request) (*Ticket, error) {
+	// A shared store's Peek is made before the lock (gate.go).
+	pre := q.peekQuota(&r)
 	now := q.clock.Now()
 	q.mu.Lock()
 	// A known tenant carries its settings, so the hot path does one map
@@ -632,12 +647,12 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		rej = q.admitLocked(&clockReading{t: now, read: true}, t, r.Tenant, tc, known, tokens, max(r.Bytes, 0))
 	}
 	if rej == nil && q.ov.throttle != nil {
-		rej = q.throttleLocked(now, cls, tokens)
+		rej = q.throttleLocked(&clockReading{t: now, read: true}, cls, tc.Class, tokens, true)
 	}
 	var quotaWait time.Duration
 	var quotaReason quota.Dimension
 	if rej == nil && tc.Quota != nil {
-		quotaWait, quotaReason, rej = q.quotaAdmitLocked(now, t, r.Tenant, tc.Quota, r.Deadline)
+		quotaWait, quotaReason, rej = q.quotaAdmitLocked(now, t, r.Tenant, tc.Quota, r.Deadline, pre)
 	}
 	if rej != nil {
 		q.mu.Unlock()
@@ -1111,7 +1126,7 @@ func (q *Queue) recapLocked(t *tenant) {
 // by its quota, and puts them back once it is neither.
 func (q *Queue) relinkLocked(t *tenant) {
 	t.held = t.heldIdx >= 0
-	out := t.capped || t.held
+	out := t.capped || t.held || t.gating
 	if out == t.out {
 		return
 	}
@@ -1251,6 +1266,11 @@ func (q *Queue) dispatchLoopLocked(now time.Time) (gated bool) {
 			return true
 		}
 		expired := !tk.deadline.IsZero() && !now.Before(tk.deadline)
+		if !expired && tk.t.cfg.Quota != nil && q.sharedQuotaLocked() {
+			// Charged off the lock, holding the slot (gate.go).
+			q.gateLocked(tk, overtakes)
+			continue
+		}
 		if !expired && tk.t.cfg.Quota != nil {
 			// Its tenant is held when its quota refuses; the others go on.
 			// With an account to draw on too, the tenant's quota is only
@@ -1573,6 +1593,11 @@ func (q *Queue) release(tk *Ticket, actual, prompt int64) {
 	q.mu.Lock()
 	now := q.clock.Now()
 	switch tk.state {
+	case stateGating:
+		// Its charge is being made: the slot it holds and the charge are
+		// given back when the store answers (gateDone).
+		q.finishLocked(now, tk, stateCancelled, &Rejection{Reason: ReasonCancelled,
+			Detail: "request cancelled while queued"})
 	case stateQueued, stateBoosted:
 		q.unqueueLocked(tk)
 		q.finishLocked(now, tk, stateCancelled, &Rejection{Reason: ReasonCancelled,

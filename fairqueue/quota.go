@@ -44,13 +44,25 @@ func (q *Queue) quotaStoreLocked() quota.Store {
 // (their estimates corrected by what the tenant's requests really cost,
 // quotaRatio), or a refusal when that is past its deadline. A store error
 // admits the request (a quota store that is down must not take the
-// gateway with it).
-func (q *Queue) quotaAdmitLocked(now time.Time, t *tenant, name string, l *quota.Limits, deadline time.Time) (time.Duration, quota.Dimension, *Rejection) {
+// gateway with it). pre, when not nil, is the Peek made before the lock
+// (a shared store, gate.go).
+func (q *Queue) quotaAdmitLocked(now time.Time, t *tenant, name string, l *quota.Limits, deadline time.Time, pre *quotaPeek) (time.Duration, quota.Dimension, *Rejection) {
 	var ahead quota.Backlog
 	if t != nil {
 		ahead = quota.Backlog{Requests: int64(t.queued), Tokens: t.quotaTokens(t.queuedCost)}
 	}
-	d, err := q.quotaStoreLocked().Peek(context.Background(), name, l, ahead)
+	var d quota.Decision
+	var err error
+	switch {
+	case pre != nil && pre.limits == l:
+		d, err = pre.d, pre.err
+	case q.sharedQuotaLocked():
+		// A reload changed the quota since the Peek: no round trip under
+		// the lock; the charge at dispatch decides.
+		return 0, "", nil
+	default:
+		d, err = q.quotaStoreLocked().Peek(context.Background(), name, l, ahead)
+	}
 	if err != nil {
 		return 0, "", nil
 	}

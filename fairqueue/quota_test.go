@@ -388,3 +388,40 @@ func TestQuotaRefusesEarlyOnLowEstimates(t *testing.T) {
 	}
 	h.checkConservation()
 }
+
+// A request held by its tenant's quota is promised the quota's delay, at
+// admission and at every re-check near its deadline, counted like the wait
+// it is compared with: from admission. A re-check that predicted only its
+// place in tag order (a free slot: no wait) promised a request that waited
+// a second for its quota nothing at all.
+func TestQuotaHeldETAIncludesTheQuotaDelay(t *testing.T) {
+	cfg := budgetConfig(100)
+	cfg.Tenants["a"] = TenantConfig{Weight: 1, Class: "batch", Quota: quota.MustCompile(quota.Config{QPS: 1})}
+	h := newHarness(t, cfg, 1, 1)
+	warm(h)
+	h.enqueue(Request{Tenant: "a", Cost: 10})
+	h.completeOldest()
+	tk := h.enqueue(Request{Tenant: "a", Cost: 10, Deadline: t0.Add(1600 * time.Millisecond)})
+	if tk.QuotaWait() != time.Second || tk.ETA() != time.Second {
+		t.Fatalf("admission: quota wait %v, ETA %v; want 1s and 1s", tk.QuotaWait(), tk.ETA())
+	}
+	// Tag order alone puts it 275 ms away at the 100 tokens/s measured (the
+	// re-check predicted that and nothing more before it counted the
+	// quota): at 600 ms the quota binds (1 s in all), at 800 ms tag order
+	// does (800 + 275 ms).
+	for _, c := range []struct{ at, want time.Duration }{
+		{600 * time.Millisecond, time.Second},
+		{800 * time.Millisecond, 1075 * time.Millisecond},
+	} {
+		h.clk.Set(t0.Add(c.at))
+		h.q.Tick() // re-checks tk: its deadline is near
+		if tk.ETA() != c.want {
+			t.Fatalf("re-check at %v: ETA %v, want %v since admission", c.at, tk.ETA(), c.want)
+		}
+	}
+	h.clk.Set(t0.Add(time.Second))
+	h.q.Tick()
+	if !h.dispatched[tk] || tk.Dispatched().Sub(tk.Enqueued()) != time.Second {
+		t.Fatalf("dispatched %v after %v; want at 1s, when the quota allowed it", h.dispatched[tk], tk.Dispatched().Sub(tk.Enqueued()))
+	}
+}

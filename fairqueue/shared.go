@@ -35,8 +35,16 @@ func (q *Queue) TakeServed(dst []Served) []Served {
 // (StopServed).
 func (q *Queue) drainServedLocked(dst []Served, keep bool) []Served {
 	start := len(dst)
+	group := 0.0
 	for _, t := range q.shareDirty {
-		if keep && t.shareDelta != 0 {
+		switch {
+		case !keep || t.shareDelta == 0:
+		case t.group != nil:
+			// Undeclared tenants go as their group: the names callers
+			// choose never reach the other gateways (nor Redis), and an
+			// entry is bounded by the declared tenants.
+			group += t.shareDelta
+		default:
 			dst = append(dst, Served{Tenant: t.name, Cost: t.shareDelta})
 		}
 		t.shareDelta, t.shareListed = 0, false
@@ -46,6 +54,9 @@ func (q *Queue) drainServedLocked(dst []Served, keep bool) []Served {
 		// twice (two *tenant): one entry per name, or a reader keeping
 		// the last field of a name would drop a charge.
 		dst = mergeByName(dst, start, q.shareNames)
+	}
+	if group != 0 {
+		dst = append(dst, Served{Group: true, Cost: group})
 	}
 	clear(q.shareDirty)
 	q.shareDirty = q.shareDirty[:0]
@@ -108,6 +119,12 @@ func (q *Queue) ChargeRemote(served []Served) int {
 	defer q.unlock()
 	n := 0
 	for _, s := range served {
+		if s.Group {
+			if q.chargeGroupLocked(s.Cost) {
+				n++
+			}
+			continue
+		}
 		t := q.tenants[s.Tenant]
 		if t == nil || t.queued == 0 || s.Cost == 0 || math.IsNaN(s.Cost) || math.IsInf(s.Cost, 0) {
 			continue
@@ -128,6 +145,25 @@ func (q *Queue) ChargeRemote(served []Served) int {
 		}
 	}
 	return n
+}
+
+// chargeGroupLocked applies the undeclared tenants' service elsewhere to
+// their group, when it has requests queued here, and reports whether it
+// did: the group competes with the declared tenants by its weight, and
+// its members are compared among themselves on this gateway's service.
+func (q *Queue) chargeGroupLocked(cost float64) bool {
+	g := q.group
+	if g.queued == 0 || cost == 0 || math.IsNaN(cost) || math.IsInf(cost, 0) {
+		return false
+	}
+	d := g.remoteChargeLocked(cost)
+	if d == 0 {
+		return false
+	}
+	if g.backfillLocked(d) {
+		q.fixFlowsLocked(g)
+	}
+	return true
 }
 
 // remoteChargeLocked records a charge of d from other gateways on t and

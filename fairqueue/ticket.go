@@ -13,6 +13,9 @@ const (
 	stateQueued ticketState = iota + 1
 	stateBoosted
 	stateInflight
+	// stateGating: out of the queue, holding a slot while its tenant's
+	// quota is charged off the lock (gate.go).
+	stateGating
 	stateReleased
 	stateCancelled
 	stateExpired
@@ -257,8 +260,10 @@ func (tk *Ticket) Boosted() bool {
 	return b
 }
 
-// ETA returns the wait predicted for the ticket at admission or at its
-// latest re-check; 0 when the queue could not predict it.
+// ETA returns the wait predicted for the ticket, from its admission to
+// its dispatch, at admission or at its latest re-check (the time waited
+// by then plus what was left), its quota's delay included; 0 when the
+// queue could not predict it.
 func (tk *Ticket) ETA() time.Duration {
 	tk.q.mu.Lock()
 	eta := tk.eta

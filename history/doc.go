@@ -9,12 +9,20 @@
 // 1 h, 24 h): wait quantiles come from merging fixed log-bucket
 // histograms, so they cost the same whatever the traffic was.
 //
+// Fair shares are weighted fair queuing's own: on every tick the queue
+// names the tenants with work waiting that dispatch may take (Sample), and
+// the tokens served since the previous tick are owed to them by weight,
+// while a tenant with nothing waiting is owed what it used. A tenant's
+// fair share over a window is its part of what was owed, so one that used
+// capacity nobody else wanted is not shown as taking more than its share,
+// and one that waited and got less is.
+//
 // Memory is bounded by configuration, not by traffic. A tenant's ring is
 // allocated on its first record and holds Minutes slots of
-// TenantMinuteBytes (312 bytes on 64-bit platforms): TenantBytes =
-// 449,280 bytes per tenant. The gateway's rings and the transitions add
+// TenantMinuteBytes (320 bytes on 64-bit platforms): TenantBytes =
+// 460,800 bytes per tenant. The gateway's rings and the transitions add
 // FixedBytes (115,040 bytes) whatever the tenants: ten declared tenants
-// and _unknown, all busy, hold 5,057,120 bytes (about 5 MB). Tenants a reload removes are dropped
+// and _unknown, all busy, hold 5,183,840 bytes (about 5 MB). Tenants a reload removes are dropped
 // (Declare); a name that is not declared is counted under UnknownTenant,
 // so a client inventing tenant IDs cannot grow it. TestMemoryCost asserts
 // these figures.

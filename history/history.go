@@ -82,6 +82,7 @@ type tenantMinute struct {
 	etaRatio float64 // sum of predicted/actual wait
 	etaErr   float64 // sum of |ln(predicted/actual)|
 	chargedT int64   // tokens charged to the quota, corrected to actual usage
+	owed     float64 // served tokens WFQ owed the tenant (see Sample)
 }
 
 // gatewaySlot is the gateway over one minute or one second.
@@ -99,7 +100,7 @@ type gatewaySlot struct {
 // Memory cost, asserted by TestMemoryCost (64-bit platforms).
 const (
 	// TenantMinuteBytes is one tenant's aggregates over one minute.
-	TenantMinuteBytes = 312
+	TenantMinuteBytes = 320
 	// TenantBytes is one tenant's ring: 24 hours of minutes.
 	TenantBytes = TenantMinuteBytes * Minutes
 	// gatewaySlotBytes and transitionBytes are the fixed rings' entries
@@ -144,6 +145,18 @@ type Sample struct {
 	Water        float64
 	DegradeLevel int
 	CircuitLevel int
+	// Backlogged are the flow owners with a request waiting that
+	// dispatch may take now (fairqueue's AppendBacklogged): declared
+	// tenants by name, the undeclared tenants' group as UnknownTenant,
+	// each with its weight. The tokens served since the previous sample
+	// to tenants backlogged now are owed to them by weight (see Sample).
+	Backlogged []Backlogged
+}
+
+// Backlogged is one flow owner with work waiting, and its weight.
+type Backlogged struct {
+	Tenant string
+	Weight float64
 }
 
 // History is the in-memory record of one queue. The zero value is not
@@ -154,17 +167,20 @@ type History struct {
 
 	mu       sync.Mutex
 	declared map[string]bool
-	tenants  map[string][]tenantMinute
-	minutes  [Minutes]gatewaySlot
-	seconds  [Seconds]gatewaySlot
-	trans    [MaxTransitions]Transition
-	transN   int // transitions ever recorded; the ring holds the last MaxTransitions
+	tenants  map[string]*ring
+	// samples counts Sample calls: a ring marked with the current count
+	// is backlogged in the interval it closes.
+	samples uint64
+	minutes [Minutes]gatewaySlot
+	seconds [Seconds]gatewaySlot
+	trans   [MaxTransitions]Transition
+	transN  int // transitions ever recorded; the ring holds the last MaxTransitions
 }
 
 // New returns an empty history on the given clock, counting declared
 // under their own names and every other tenant under UnknownTenant.
 func New(now func() time.Time, declared []string) *History {
-	h := &History{now: now, start: now(), tenants: map[string][]tenantMinute{}}
+	h := &History{now: now, start: now(), tenants: map[string]*ring{}}
 	h.Declare(declared)
 	return h
 }
@@ -189,24 +205,45 @@ func (h *History) Declare(names []string) {
 	}
 }
 
-// slotLocked returns the tenant's slot for the current minute, cleared
-// if it held an older one. Rings exist for declared tenants and
-// UnknownTenant only (Declare drops the others), so a ring found is the
-// tenant's own: one map lookup per record, for the common case.
-func (h *History) slotLocked(tenant string) *tenantMinute {
-	ring := h.tenants[tenant]
-	if ring == nil {
+// ring is one tenant's minutes, and what Sample needs of it.
+type ring struct {
+	minutes []tenantMinute
+	// pending is the tokens served since the last sample, not yet owed.
+	pending int64
+	// backlogged is the sample count at which the tenant was last
+	// backlogged, and weight its weight then.
+	backlogged uint64
+	weight     float64
+}
+
+// ringLocked returns the tenant's ring, made on first use. Rings exist
+// for declared tenants and UnknownTenant only (Declare drops the others),
+// so a ring found is the tenant's own: one map lookup per record, for the
+// common case.
+func (h *History) ringLocked(tenant string) *ring {
+	r := h.tenants[tenant]
+	if r == nil {
 		if !h.declared[tenant] {
 			tenant = UnknownTenant
-			ring = h.tenants[tenant]
+			r = h.tenants[tenant]
 		}
-		if ring == nil {
-			ring = make([]tenantMinute, Minutes)
-			h.tenants[tenant] = ring
+		if r == nil {
+			r = &ring{minutes: make([]tenantMinute, Minutes)}
+			h.tenants[tenant] = r
 		}
 	}
-	m := unixMinute(h.now())
-	s := &ring[ringIndex(m, Minutes)]
+	return r
+}
+
+// slotLocked returns the tenant's slot for the current minute, cleared
+// if it held an older one.
+func (h *History) slotLocked(tenant string) *tenantMinute {
+	return h.ringLocked(tenant).slot(unixMinute(h.now()))
+}
+
+// slot returns r's slot for unix minute m, cleared if it held another.
+func (r *ring) slot(m int64) *tenantMinute {
+	s := &r.minutes[ringIndex(m, Minutes)]
 	if s.minute != m {
 		*s = tenantMinute{minute: m}
 	}
@@ -245,7 +282,8 @@ func (h *History) Outcome(tenant string, a Answer) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	s := h.slotLocked(tenant)
+	r := h.ringLocked(tenant)
+	s := r.slot(unixMinute(h.now()))
 	s.outcomes[i]++
 	if i == outServed {
 		w := max(a.Wait.Seconds(), 0)
@@ -254,6 +292,7 @@ func (h *History) Outcome(tenant string, a Answer) {
 	}
 	if a.Tokens > 0 {
 		s.tokens += a.Tokens
+		r.pending += a.Tokens
 	}
 	if a.Boosted {
 		s.boosts++
@@ -307,6 +346,17 @@ func (h *History) QuotaCharged(tenant string, tokens int64) {
 // Sample records the gateway's state; the queue's tick calls it, so each
 // second and minute keeps its last state and its highest water, degrade
 // and circuit levels.
+//
+// It also settles who was owed the tokens served since the previous
+// sample, as weighted fair queuing defines a fair share: the tokens served
+// to the tenants backlogged now (g.Backlogged) are owed to them in
+// proportion to their weights, and a tenant not backlogged is owed what
+// it was served, having asked for no more. Summed over a window, each
+// tenant's owed tokens over all the tokens served is its fair share
+// there: a tenant that used capacity nobody else wanted is not counted
+// as taking more than its share. Tokens count when their request
+// completes, so over one tick this is coarse; over the minutes of a
+// window it converges.
 func (h *History) Sample(g Sample) {
 	if h == nil {
 		return
@@ -318,6 +368,45 @@ func (h *History) Sample(g Sample) {
 	sampleInto(&h.seconds[ringIndex(sec, Seconds)], sec, g)
 	m := unixMinute(now)
 	sampleInto(&h.minutes[ringIndex(m, Minutes)], m, g)
+	h.oweLocked(g.Backlogged, m)
+}
+
+// oweLocked settles the tokens pending since the last sample (see Sample)
+// into minute m: O(tenants), with no allocation once the rings exist.
+func (h *History) oweLocked(backlogged []Backlogged, m int64) {
+	h.samples++
+	var weights float64
+	for _, b := range backlogged {
+		if b.Weight <= 0 {
+			continue
+		}
+		r := h.ringLocked(b.Tenant)
+		if r.backlogged != h.samples {
+			r.backlogged, r.weight = h.samples, 0
+		}
+		r.weight += b.Weight
+		weights += b.Weight
+	}
+	var shared int64 // served to the backlogged: theirs to share
+	for _, r := range h.tenants {
+		if r.pending == 0 {
+			continue
+		}
+		if r.backlogged == h.samples {
+			shared += r.pending
+		} else {
+			r.slot(m).owed += float64(r.pending)
+		}
+		r.pending = 0
+	}
+	if shared == 0 {
+		return
+	}
+	for _, r := range h.tenants {
+		if r.backlogged == h.samples {
+			r.slot(m).owed += float64(shared) * r.weight / weights
+		}
+	}
 }
 
 func sampleInto(s *gatewaySlot, at int64, g Sample) {

@@ -179,20 +179,25 @@ func TestUndeclaredTenantsShareOneRing(t *testing.T) {
 	}
 }
 
+// Fair shares are what WFQ owes: in each interval between samples, the
+// tokens served to the backlogged tenants are owed to them by weight, and
+// a tenant with nothing waiting is owed what it used. Jain's index is of
+// share over fair share.
 func TestSharesAndJain(t *testing.T) {
 	c := newClock()
 	h := New(c.Now, []string{"a", "b", "idle"})
-	params := map[string]TenantParams{"a": {Weight: 3}, "b": {Weight: 1}, "idle": {Weight: 4}}
+	params := map[string]TenantParams{"a": {Weight: 3}, "b": {Weight: 1}, "idle": {Weight: 4}, UnknownTenant: {Weight: 1}}
 	serve := func(tenant string, tokens int64) {
 		h.Outcome(tenant, Answer{Code: "served", Tokens: tokens})
 	}
+	both := []Backlogged{{"a", 3}, {"b", 1}}
 	serve("a", 300)
 	serve("b", 100)
+	h.Sample(Sample{Backlogged: both})
 	r := h.Query(5*time.Minute, params)
-	// idle sent nothing: it is not active, so a and b's fair shares are
-	// 3/4 and 1/4, and they were served exactly so.
+	// Both waited the whole interval: owed 3/4 and 1/4, served exactly so.
 	a, b := tenantOf(t, r, "a"), tenantOf(t, r, "b")
-	if !near(a.Share, 0.75, 1e-12) || !near(a.FairShare, 0.75, 1e-12) || !near(b.Share, 0.25, 1e-12) {
+	if !near(a.Share, 0.75, 1e-12) || !near(a.FairShare, 0.75, 1e-12) || !near(b.Share, 0.25, 1e-12) || !near(b.FairShare, 0.25, 1e-12) {
 		t.Errorf("shares a %g/%g b %g/%g, want 0.75/0.75 and 0.25/0.25", a.Share, a.FairShare, b.Share, b.FairShare)
 	}
 	if r.JainTenants != 2 || !near(r.Jain, 1, 1e-12) {
@@ -202,13 +207,14 @@ func TestSharesAndJain(t *testing.T) {
 		t.Errorf("idle: %+v", i)
 	}
 
-	// Now b gets 3x what a gets: x = (1/3, 3), Jain = (10/3)^2 / (2 (1/9 + 9)) = 100/164.
+	// Both waiting, b served 3x what a got: x = (1/3, 3), Jain = (10/3)^2 / (2 (1/9 + 9)) = 100/164.
 	c.Advance(time.Hour)
 	serve("a", 100)
 	serve("b", 300)
+	h.Sample(Sample{Backlogged: both})
 	r = h.Query(5*time.Minute, params)
-	if !near(r.Jain, 100.0/164, 1e-12) {
-		t.Errorf("Jain %g, want 100/164 = %g", r.Jain, 100.0/164)
+	if !near(r.Jain, 100.0/164, 1e-12) || !near(tenantOf(t, r, "a").FairShare, 0.75, 1e-12) {
+		t.Errorf("Jain %g (a's fair share %g), want 100/164 = %g (0.75)", r.Jain, tenantOf(t, r, "a").FairShare, 100.0/164)
 	}
 	// The 5m window is the current minute (30 s so far) and the 4 before.
 	if r.Span != 270 {
@@ -217,11 +223,39 @@ func TestSharesAndJain(t *testing.T) {
 	if tb := tenantOf(t, r, "b"); tb.ServedTokens != 300 || !near(tb.ServedTokensPerSec, 300.0/270, 1e-12) {
 		t.Errorf("b served %d tokens at %g/s, want 300 at 300/270", tb.ServedTokens, tb.ServedTokensPerSec)
 	}
+
+	// Capacity nobody else wanted: the undeclared tenants take 900 tokens
+	// while a, with nothing waiting, uses 100. Each was owed what it used,
+	// whatever the weights: no unfairness.
+	c.Advance(time.Hour)
+	serve("stranger", 900)
+	serve("a", 100)
+	h.Sample(Sample{Backlogged: []Backlogged{{UnknownTenant, 1}}})
+	r = h.Query(5*time.Minute, params)
+	u := tenantOf(t, r, UnknownTenant)
+	if !near(u.Share, 0.9, 1e-12) || !near(u.FairShare, 0.9, 1e-12) || !near(r.Jain, 1, 1e-12) || r.JainTenants != 2 {
+		t.Errorf("idle capacity: _unknown %g of %g owed, Jain %g over %d; want 0.9 of 0.9, 1 over 2", u.Share, u.FairShare, r.Jain, r.JainTenants)
+	}
+	// Then a waits too: the next interval's 400 tokens are owed 3:1, and
+	// b, served 40 with nothing waiting, is owed its 40.
+	serve("stranger", 300)
+	serve("a", 100)
+	serve("b", 40)
+	h.Sample(Sample{Backlogged: []Backlogged{{"a", 3}, {UnknownTenant, 1}}})
+	h.Sample(Sample{Backlogged: both}) // nothing served since: nothing owed
+	r = h.Query(5*time.Minute, params)
+	for name, want := range map[string]float64{"a": 100 + 300, UnknownTenant: 900 + 100, "b": 40} {
+		if got := tenantOf(t, r, name).FairShare * 1440; !near(got, want, 1e-9) {
+			t.Errorf("%s owed %g of 1440 tokens, want %g", name, got, want)
+		}
+	}
+
 	// Nothing served: no index.
 	c.Advance(time.Hour)
 	h.Outcome("a", Answer{Code: "queue_timeout"})
-	if r := h.Query(5*time.Minute, params); r.Jain != 0 || r.JainTenants != 1 {
-		t.Errorf("nothing served: Jain %g over %d, want 0 over 1", r.Jain, r.JainTenants)
+	h.Sample(Sample{Backlogged: both})
+	if r := h.Query(5*time.Minute, params); r.Jain != 0 || r.JainTenants != 0 {
+		t.Errorf("nothing served: Jain %g over %d, want 0 over 0", r.Jain, r.JainTenants)
 	}
 }
 
@@ -250,16 +284,27 @@ func TestRatesQuotaBoostsETA(t *testing.T) {
 	h.QuotaLimited("app", "joint", true)
 	h.QuotaLimited("app", "bogus", true)
 
-	r := h.Query(time.Hour, map[string]TenantParams{"app": {Weight: 1, QPS: 1, TokensPerMin: 30000}})
+	h.QuotaCharged("stranger", 100)
+	r := h.Query(time.Hour, map[string]TenantParams{
+		"app":         {Weight: 1, QPS: 1, TokensPerMin: 30000, JointPerSec: 2, TokenWeight: 0.001},
+		UnknownTenant: {Weight: 1, QPS: 1, PerCaller: true}})
 	if r.Span != 40 {
 		t.Fatalf("span %g s, want 40", r.Span)
 	}
 	a := tenantOf(t, r, "app")
 	q := a.Quota
-	// 20 requests and 10,000 tokens in 40 s: 0.5/s of 1, 15,000/min of 30,000.
+	// 20 requests and 10,000 tokens in 40 s: 0.5/s of 1, 15,000/min of
+	// 30,000, and (20 + 10,000 x 0.001) / 40 = 0.75 request-equivalents/s
+	// of the joint meter's 2.
 	if !near(q.ChargedPerSec, 0.5, 1e-12) || !near(q.QPSOccupancy, 0.5, 1e-12) ||
-		!near(q.ChargedTokensPerMin, 15000, 1e-9) || !near(q.TokenOccupancy, 0.5, 1e-12) {
-		t.Errorf("quota %+v, want 0.5/s (0.5 of qps) and 15000 tokens/min (0.5)", q)
+		!near(q.ChargedTokensPerMin, 15000, 1e-9) || !near(q.TokenOccupancy, 0.5, 1e-12) ||
+		q.JointLimit != 2 || q.TokenWeight != 0.001 || !near(q.ChargedJointPerSec, 0.75, 1e-12) || !near(q.JointOccupancy, 0.375, 1e-12) {
+		t.Errorf("quota %+v, want 0.5/s (0.5 of qps), 15000 tokens/min (0.5), 0.75 joint/s (0.375)", q)
+	}
+	// The undeclared tenants' limits bind each of them: no occupancy for
+	// all of them together.
+	if u := tenantOf(t, r, UnknownTenant).Quota; !u.PerCaller || u.QPSLimit != 1 || !near(u.ChargedPerSec, 1.0/40, 1e-12) || u.QPSOccupancy != 0 {
+		t.Errorf("_unknown quota %+v, want qps 1 per caller, charged 1/40 per s, no occupancy", u)
 	}
 	wantHits := map[string]QuotaHits{"tokens": {Delayed: 1, Refused: 1}, "joint": {Refused: 1}}
 	if fmt.Sprint(q.Hits) != fmt.Sprint(wantHits) {
@@ -343,10 +388,10 @@ func TestMemoryCost(t *testing.T) {
 	if got := unsafe.Sizeof(Transition{}); got != transitionBytes {
 		t.Errorf("transition is %d bytes, want %d", got, transitionBytes)
 	}
-	if TenantBytes != 449280 || FixedBytes != 115040 {
-		t.Errorf("TenantBytes %d, FixedBytes %d: doc.go says 449,280 and 115,040", TenantBytes, FixedBytes)
+	if TenantBytes != 460800 || FixedBytes != 115040 {
+		t.Errorf("TenantBytes %d, FixedBytes %d: doc.go says 460,800 and 115,040", TenantBytes, FixedBytes)
 	}
-	// Ten declared tenants and _unknown, all busy: 5,057,120 bytes.
+	// Ten declared tenants and _unknown, all busy: 5,183,840 bytes.
 	c := newClock()
 	names := make([]string, 10)
 	for i := range names {
@@ -356,15 +401,15 @@ func TestMemoryCost(t *testing.T) {
 	for i := range 100 {
 		h.Outcome(fmt.Sprintf("t%d", i%20), Answer{Code: "served", Wait: time.Millisecond})
 	}
-	if got, want := h.MemoryBytes(), FixedBytes+11*TenantBytes; got != want || got != 5_057_120 {
-		t.Errorf("memory %d bytes, want %d = 5,057,120", got, want)
+	if got, want := h.MemoryBytes(), FixedBytes+11*TenantBytes; got != want || got != 5_183_840 {
+		t.Errorf("memory %d bytes, want %d = 5,183,840", got, want)
 	}
 	// Recording allocates nothing once a tenant's ring exists.
 	allocs := testing.AllocsPerRun(1000, func() {
 		h.Outcome("t1", Answer{Code: "served", Wait: 3 * time.Millisecond, Tokens: 10, Boosted: true, ETA: time.Second})
 		h.QuotaLimited("t1", "qps", true)
 		h.QuotaCharged("t1", 10)
-		h.Sample(Sample{Capacity: 1})
+		h.Sample(Sample{Capacity: 1, Backlogged: []Backlogged{{"t1", 1}, {"t2", 2}}})
 	})
 	if allocs != 0 {
 		t.Errorf("recording allocates %g times, want 0", allocs)
@@ -429,5 +474,29 @@ func BenchmarkRecord(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		h.Outcome("a", Answer{Code: "served", Wait: 20 * time.Millisecond, Tokens: 100})
+	}
+}
+
+// BenchmarkSample is the queue's tick: a gateway sample that settles the
+// tokens served since the last one among ten declared tenants and
+// _unknown, half of them backlogged.
+func BenchmarkSample(b *testing.B) {
+	c := newClock()
+	names := make([]string, 10)
+	for i := range names {
+		names[i] = fmt.Sprintf("t%d", i)
+	}
+	h := New(c.Now, names)
+	var backlog []Backlogged
+	for i, n := range append(names, UnknownTenant) {
+		h.Outcome(n, Answer{Code: "served"})
+		if i%2 == 0 {
+			backlog = append(backlog, Backlogged{Tenant: n, Weight: float64(1 + i)})
+		}
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		h.Outcome(names[i%len(names)], Answer{Code: "served", Tokens: 100})
+		h.Sample(Sample{Capacity: 4, Healthy: 2, Water: 0.5, Backlogged: backlog})
 	}
 }

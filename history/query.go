@@ -19,14 +19,21 @@ func ParseWindow(name string) (time.Duration, error) {
 }
 
 // TenantParams is what the caller knows of a tenant from the configuration
-// in force: its weight, for the weighted fair share, and its quota's
-// limits (0: the meter is not set).
+// in force: its weight, and its quota's limits (0: the meter is not set).
 type TenantParams struct {
 	Weight float64
 	// QPS is the quota's request rate, per second.
 	QPS float64
 	// TokensPerMin is the quota's token rate, per minute.
 	TokensPerMin float64
+	// JointPerSec is the joint meter's rate, request-equivalents per
+	// second, where a request weighs 1 + its tokens x TokenWeight.
+	JointPerSec float64
+	TokenWeight float64
+	// PerCaller says the limits bind each caller counted under the name
+	// separately (UnknownTenant: every undeclared tenant has
+	// default_tenant's quota of its own).
+	PerCaller bool
 }
 
 // Report is what happened over a window.
@@ -42,12 +49,13 @@ type Report struct {
 	// Tenants are sorted by name: every tenant given params, and any other
 	// tenant with records.
 	Tenants []TenantReport `json:"tenants"`
-	// Jain is Jain's fairness index over the active tenants (those with
-	// requests in the window and a positive weight) of served-token share
-	// over weighted fair share: 1 when each was served in proportion to
-	// its weight, 1/n when one took everything. It does not know demand: a
-	// tenant that asked for less than its share lowers it. 0 when nothing
-	// was served (JainTenants says over how many tenants).
+	// Jain is Jain's fairness index of served-token share over fair share
+	// (TenantReport.FairShare), over the tenants owed a part of the
+	// window's tokens: 1 when each got what WFQ owed it, 1/n when one
+	// took everything the others waited for. A tenant that asked for less
+	// than its weight's share, or used capacity nobody else wanted, does
+	// not lower it. 0 when nothing was served (JainTenants says over how
+	// many tenants).
 	Jain        float64 `json:"jain"`
 	JainTenants int     `json:"jain_tenants"`
 	// Series is the gateway over the window, oldest first: per second for
@@ -77,9 +85,12 @@ type TenantReport struct {
 	WaitHistogram []uint64 `json:"wait_histogram"`
 	// ServedTokens are the tokens served, actual usage.
 	ServedTokens int64 `json:"served_tokens"`
-	// Weight, Share and FairShare: the tenant's weight, its share of the
-	// tokens served to the active tenants, and its weight over theirs (0
-	// for a tenant without requests in the window).
+	// Weight is the tenant's weight in the configuration in force. Share
+	// is its part of the tokens served in the window. FairShare is its
+	// part of what WFQ owed: in each interval between two ticks (50 ms),
+	// the tokens served to the tenants with requests waiting are owed to
+	// them by weight, and a tenant with none waiting is owed what it was
+	// served (see History.Sample). 0 for a tenant owed nothing.
 	Weight    float64 `json:"weight"`
 	Share     float64 `json:"share"`
 	FairShare float64 `json:"fair_share"`
@@ -116,13 +127,27 @@ type ETASummary struct {
 type QuotaSummary struct {
 	QPSLimit          float64 `json:"qps_limit"`
 	TokensPerMinLimit float64 `json:"tokens_per_min_limit"`
-	// ChargedPerSec and ChargedTokensPerMin are over Report.Span.
+	// JointLimit is the joint meter's rate in request-equivalents per
+	// second, a request weighing 1 + tokens x TokenWeight (0: no joint
+	// meter).
+	JointLimit  float64 `json:"joint_limit"`
+	TokenWeight float64 `json:"token_to_qps_weight"`
+	// PerCaller: the limits bind each caller counted here separately,
+	// while the charged rates are all of them together, so there is no
+	// occupancy.
+	PerCaller bool `json:"per_caller"`
+	// ChargedPerSec, ChargedTokensPerMin and ChargedJointPerSec are
+	// averages over Report.Span; the joint one weighs tokens at the
+	// TokenWeight in force now.
 	ChargedPerSec       float64 `json:"charged_per_sec"`
 	ChargedTokensPerMin float64 `json:"charged_tokens_per_min"`
-	// QPSOccupancy and TokenOccupancy are charged over limit (0 without
-	// the limit): 1 is exactly the quota.
+	ChargedJointPerSec  float64 `json:"charged_joint_per_sec"`
+	// QPSOccupancy, TokenOccupancy and JointOccupancy are the charged
+	// averages over their limits (0 without the limit, or per caller): 1
+	// is exactly the quota, over the window.
 	QPSOccupancy   float64 `json:"qps_occupancy"`
 	TokenOccupancy float64 `json:"token_occupancy"`
+	JointOccupancy float64 `json:"joint_occupancy"`
 	// Hits counts the requests the quota limited, by meter.
 	Hits map[string]QuotaHits `json:"hits"`
 }
@@ -160,6 +185,7 @@ type agg struct {
 	limited  [len(QuotaReasons)][2]uint64
 	chargedN uint64
 	chargedT int64
+	owed     float64
 }
 
 func (a *agg) add(s *tenantMinute) {
@@ -182,6 +208,7 @@ func (a *agg) add(s *tenantMinute) {
 	}
 	a.chargedN += uint64(s.chargedN)
 	a.chargedT += s.chargedT
+	a.owed += s.owed
 }
 
 // Query reports the window ending now, rounded up to whole minutes (a 5m
@@ -203,10 +230,10 @@ func (h *History) Query(window time.Duration, params map[string]TenantParams) Re
 	rep := Report{Window: window.Seconds(), Span: span, BucketBounds: BucketBounds()}
 	sums := map[string]*agg{}
 	h.mu.Lock()
-	for name, ring := range h.tenants {
+	for name, r := range h.tenants {
 		a := &agg{}
 		for m := first; m <= last; m++ {
-			if s := &ring[ringIndex(m, Minutes)]; s.minute == m {
+			if s := &r.minutes[ringIndex(m, Minutes)]; s.minute == m {
 				a.add(s)
 			}
 		}
@@ -226,10 +253,12 @@ func (h *History) Query(window time.Duration, params map[string]TenantParams) Re
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	for _, n := range names {
+	owed := make([]float64, len(names))
+	for i, n := range names {
 		rep.Tenants = append(rep.Tenants, tenantReport(n, sums[n], params[n], span))
+		owed[i] = sums[n].owed
 	}
-	rep.Jain, rep.JainTenants = shares(rep.Tenants)
+	rep.Jain, rep.JainTenants = shares(rep.Tenants, owed)
 	return rep
 }
 
@@ -262,14 +291,23 @@ func tenantReport(name string, a *agg, p TenantParams, span float64) TenantRepor
 		t.ETA = ETASummary{Count: int64(a.etaN), MeanRatio: a.etaRatio / float64(a.etaN),
 			MeanAbsLogError: a.etaErr / float64(a.etaN)}
 	}
-	q := QuotaSummary{QPSLimit: p.QPS, TokensPerMinLimit: p.TokensPerMin,
+	q := QuotaSummary{QPSLimit: p.QPS, TokensPerMinLimit: p.TokensPerMin, JointLimit: p.JointPerSec,
+		TokenWeight: p.TokenWeight, PerCaller: p.PerCaller,
 		ChargedPerSec:       float64(a.chargedN) / span,
 		ChargedTokensPerMin: float64(a.chargedT) / span * 60, Hits: map[string]QuotaHits{}}
-	if p.QPS > 0 {
-		q.QPSOccupancy = q.ChargedPerSec / p.QPS
+	if p.JointPerSec > 0 {
+		q.ChargedJointPerSec = (float64(a.chargedN) + float64(a.chargedT)*p.TokenWeight) / span
 	}
-	if p.TokensPerMin > 0 {
-		q.TokenOccupancy = q.ChargedTokensPerMin / p.TokensPerMin
+	if !p.PerCaller {
+		if p.QPS > 0 {
+			q.QPSOccupancy = q.ChargedPerSec / p.QPS
+		}
+		if p.TokensPerMin > 0 {
+			q.TokenOccupancy = q.ChargedTokensPerMin / p.TokensPerMin
+		}
+		if p.JointPerSec > 0 {
+			q.JointOccupancy = q.ChargedJointPerSec / p.JointPerSec
+		}
 	}
 	for r, reason := range QuotaReasons {
 		if hit := a.limited[r]; hit[actionDelayed]+hit[actionRefused] > 0 {
@@ -280,36 +318,34 @@ func tenantReport(name string, a *agg, p TenantParams, span float64) TenantRepor
 	return t
 }
 
-// shares fills in each active tenant's share and fair share and returns
-// Jain's index of share/fair share over them.
-func shares(ts []TenantReport) (jain float64, n int) {
+// shares fills in each tenant's share of the tokens served and its fair
+// share, its part of the tokens owed (owed, by tenant; see Sample), and
+// returns Jain's index of share / fair share over the tenants owed
+// anything.
+func shares(ts []TenantReport, owed []float64) (jain float64, n int) {
 	var tokens int64
-	var weights float64
-	for _, t := range ts {
-		if t.Requests > 0 && t.Weight > 0 {
-			tokens += t.ServedTokens
-			weights += t.Weight
-		}
+	var owedAll float64
+	for i, t := range ts {
+		tokens += t.ServedTokens
+		owedAll += owed[i]
 	}
-	if weights == 0 {
+	if tokens == 0 || owedAll == 0 {
 		return 0, 0
 	}
 	var sum, sq float64
 	for i := range ts {
 		t := &ts[i]
-		if t.Requests == 0 || t.Weight <= 0 {
+		t.Share = float64(t.ServedTokens) / float64(tokens)
+		if owed[i] <= 0 {
 			continue
 		}
-		t.FairShare = t.Weight / weights
-		if tokens > 0 {
-			t.Share = float64(t.ServedTokens) / float64(tokens)
-		}
+		t.FairShare = owed[i] / owedAll
 		x := t.Share / t.FairShare
 		sum += x
 		sq += x * x
 		n++
 	}
-	if tokens == 0 || sq == 0 {
+	if sq == 0 {
 		return 0, n
 	}
 	return sum * sum / (float64(n) * sq), n

@@ -6,6 +6,12 @@ import (
 	"testing"
 )
 
+// BenchmarkEstimate is Estimate with each counter the gateway has, on a
+// small chat, an 8k-token and a 100k-token prompt of English and Chinese
+// (bigChatBody): the estimator the queue orders by (cl100k_base,
+// o200k_base), the exact counter limits are decided on (…_exact, 64 KiB of
+// text then sampled), approx, and tiktoken-go as the exact counter was
+// before (tiktoken-go_64KiB), side by side.
 func BenchmarkEstimate(b *testing.B) {
 	body8k := bigChatBody(8000)
 	body100k := bigChatBody(100_000)
@@ -14,23 +20,37 @@ func BenchmarkEstimate(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		cost := Estimate(req, c, 1024) // warm: tiktoken-go loads its encoding on first use
 		b.SetBytes(int64(len(body)))
 		b.ReportAllocs()
-		var cost Cost
-		for b.Loop() {
-			cost = Estimate(req, c, 1024)
-		}
+		loopCPU(b, func() { cost = Estimate(req, c, 1024) })
 		b.ReportMetric(float64(cost.Prompt), "prompt-tokens")
 	}
-	for _, name := range CounterNames() {
-		c := mustCounter(b, name)
-		b.Run(name, func(b *testing.B) {
-			b.Run("small", func(b *testing.B) { run(b, c, smallChatBody) })
-			b.Run("8k", func(b *testing.B) { run(b, c, body8k) })
-			b.Run("100k_bounded", func(b *testing.B) { run(b, c, body100k) })
-			if name != Approx {
-				b.Run("100k_unbounded", func(b *testing.B) { run(b, WithExactBudget(c, 0), body100k) })
-			}
+	counters := []struct {
+		name string
+		c    Counter
+	}{
+		{"tiktoken-go_64KiB", &boundedCounter{inner: tiktokenCounter{b, CL100kBase}, exactBytes: DefaultExactBytes}},
+	}
+	for _, name := range []string{CL100kBase, O200kBase, Approx} {
+		est, err := NewEstimator(name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		counters = append(counters, struct {
+			name string
+			c    Counter
+		}{name, est})
+	}
+	counters = append(counters, struct {
+		name string
+		c    Counter
+	}{CL100kBase + "_exact", mustCounter(b, CL100kBase)})
+	for _, tc := range counters {
+		b.Run(tc.name, func(b *testing.B) {
+			b.Run("small", func(b *testing.B) { run(b, tc.c, smallChatBody) })
+			b.Run("8k", func(b *testing.B) { run(b, tc.c, body8k) })
+			b.Run("100k", func(b *testing.B) { run(b, tc.c, body100k) })
 		})
 	}
 }

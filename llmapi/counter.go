@@ -3,12 +3,8 @@ package llmapi
 import (
 	"fmt"
 	"sort"
-	"sync"
 	"unicode"
 	"unicode/utf8"
-
-	tiktoken "github.com/pkoukk/tiktoken-go"
-	tiktoken_loader "github.com/pkoukk/tiktoken-go-loader"
 )
 
 // Counter counts the tokens of a piece of text. Implementations must be safe
@@ -30,28 +26,29 @@ const (
 // and help texts.
 func CounterNames() []string { return []string{CL100kBase, O200kBase, Approx} }
 
-// DefaultExactBytes is the per-request budget of text that the tiktoken
-// counters returned by NewCounter tokenize exactly. tiktoken-go runs at a few
-// MB/s, so 64 KiB costs roughly 15 ms of one core; beyond it the count is
-// extrapolated (see WithExactBudget).
+// DefaultExactBytes is the per-request budget of text that the BPE
+// counters returned by NewCounter tokenize exactly: 64 KiB costs a few ms of
+// one core; beyond it the count is extrapolated (see WithExactBudget). The
+// queue's order takes the cheaper NewEstimator; this exact count is for
+// the decisions a count makes (a request's token limit, light mode).
 const DefaultExactBytes = 64 << 10
 
 // NewCounter returns the named counter: "cl100k_base" and "o200k_base" are
 // exact BPE tokenizers bounded by DefaultExactBytes, "approx" a heuristic
 // that needs no vocabulary and runs at memory speed. The BPE ranks are
 // loaded once per process, from data compiled into the binary, on first
-// use; calling NewCounter at provisioning time moves that cost (about 0.1 s
-// and 0.2 s) out of the first request.
+// use; calling NewCounter at provisioning time moves that cost (a few
+// tenths of a second each) out of the first request.
 func NewCounter(name string) (Counter, error) {
 	switch name {
 	case Approx:
 		return approxCounter{}, nil
 	case CL100kBase, O200kBase:
-		enc, err := loadEncoding(name)
+		bpe, err := loadBPE(name)
 		if err != nil {
 			return nil, fmt.Errorf("loading tokenizer %s: %w", name, err)
 		}
-		return &boundedCounter{inner: &bpeCounter{name: name, enc: enc}, exactBytes: DefaultExactBytes}, nil
+		return &boundedCounter{inner: bpe, exactBytes: DefaultExactBytes}, nil
 	default:
 		return nil, fmt.Errorf("unknown tokenizer %q: valid tokenizers are %s, %s and %s", name, CL100kBase, O200kBase, Approx)
 	}
@@ -73,87 +70,6 @@ func WithExactBudget(c Counter, bytes int) Counter {
 		return c
 	}
 	return &boundedCounter{inner: c, exactBytes: bytes}
-}
-
-// Encodings are large (tens of MB once expanded) and slow to build, so each
-// is built at most once per process and shared.
-var encodings = map[string]*encodingSlot{
-	CL100kBase: {},
-	O200kBase:  {},
-}
-
-type encodingSlot struct {
-	once sync.Once
-	enc  *tiktoken.Tiktoken
-	err  error
-}
-
-func init() {
-	// The default loader fetches vocabularies over the network at run
-	// time; the gateway must work offline, so the ranks come from the
-	// loader's embedded copies. Done in init so that no goroutine can race
-	// with the write to tiktoken's package-level loader.
-	tiktoken.SetBpeLoader(tiktoken_loader.NewOfflineLoader())
-}
-
-func loadEncoding(name string) (*tiktoken.Tiktoken, error) {
-	slot := encodings[name]
-	slot.once.Do(func() { slot.enc, slot.err = tiktoken.GetEncoding(name) })
-	return slot.enc, slot.err
-}
-
-// bpeCounter is an exact, unbounded tiktoken counter.
-type bpeCounter struct {
-	name string
-	enc  *tiktoken.Tiktoken
-}
-
-func (b *bpeCounter) Name() string { return b.name }
-
-func (b *bpeCounter) Count(text string) int {
-	n := 0
-	for len(text) > 0 {
-		cut := longRunCut(text)
-		// EncodeOrdinary: special-token strings in user text are plain text
-		// to a server that tokenizes them safely, and the special-token
-		// path of tiktoken-go rescans the rest of the text per match.
-		n += len(b.enc.EncodeOrdinary(text[:cut]))
-		text = text[cut:]
-	}
-	return n
-}
-
-// maxRunBytes caps the length of a run of letters, whitespace or symbols that
-// is handed to tiktoken-go in one piece. Its byte-pair merge is quadratic in
-// the piece length (8 KiB of "aaaa..." takes about 40 ms), so a hostile or
-// merely odd prompt (base64 without line breaks, a long ruler of '=', Chinese
-// without punctuation) could otherwise stall the estimator. Cutting such runs
-// changes the count by at most a token or two per cut, and real prose never
-// has runs this long.
-const maxRunBytes = 256
-
-// longRunCut returns the length of the prefix of s that has no run longer
-// than maxRunBytes, always at a rune boundary and > 0 for a non-empty s.
-func longRunCut(s string) int {
-	prev := classNone
-	runStart := 0
-	for i := 0; i < len(s); {
-		r, size := rune(s[i]), 1
-		if r >= utf8.RuneSelf {
-			r, size = utf8.DecodeRuneInString(s[i:])
-		}
-		c := classOf(r)
-		switch {
-		case c != prev:
-			prev, runStart = c, i
-		case c != classNumber && i-runStart >= maxRunBytes:
-			// Digits are exempt: the tokenizers split them in groups
-			// of three, so a long number is never one piece.
-			return i
-		}
-		i += size
-	}
-	return len(s)
 }
 
 // Character classes matching the coarse structure of the cl100k and o200k
@@ -251,6 +167,9 @@ func (b *boundedCounter) Count(text string) int {
 // well as the bytes: a prompt of many tiny strings (a million one-letter
 // prompts) is sampled like a long one.
 func countTexts(c Counter, texts []string) int {
+	if s, ok := c.(*sampledCounter); ok {
+		return s.countTexts(texts)
+	}
 	if b, ok := c.(*boundedCounter); ok {
 		total := 0
 		for _, t := range texts {
@@ -374,6 +293,11 @@ func (approxCounter) Count(s string) int {
 		st := uint8(row >> 7)
 		r, size := utf8.DecodeRuneInString(s[i:])
 		i += size
+		if isCaselessCJK(r) { // without the searches of classOf and isCJK
+			q += 5
+			row = stNone << 7
+			continue
+		}
 		switch c := classOf(r); {
 		case c == classLetter && isCJK(r):
 			q += 5

@@ -364,9 +364,14 @@ func appendString(dst, raw []byte) []byte {
 // its quotes) to dst.
 func appendUnquoted(dst, s []byte) []byte {
 	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c != '\\' {
-			dst = append(dst, c)
+		if s[i] != '\\' {
+			// The run up to the next escape, in one copy.
+			n := bytes.IndexByte(s[i:], '\\')
+			if n < 0 {
+				n = len(s) - i
+			}
+			dst = append(dst, s[i:i+n]...)
+			i += n - 1
 			continue
 		}
 		i++

@@ -3,7 +3,6 @@ package llmapi
 import (
 	"bytes"
 	"encoding/json"
-	"strings"
 	"sync"
 	"unsafe"
 )
@@ -44,10 +43,10 @@ func appendTextStrings(dst []string, texts []textRef) []string {
 		}
 		return dst
 	}
-	var all strings.Builder
-	all.Grow(size)
+	// The decoded texts, one after another in one buffer; their places
+	// in dst and ends in all.
+	all := make([]byte, 0, size)
 	var scratch bytes.Buffer
-	// The decoded texts' places in dst and ends in all.
 	type decoded struct{ at, end int }
 	var endsBuf [16]decoded
 	ends := endsBuf[:0]
@@ -56,10 +55,12 @@ func appendTextStrings(dst []string, texts []textRef) []string {
 		case t.compact:
 			scratch.Reset()
 			if json.Compact(&scratch, t.raw) == nil {
-				all.Write(scratch.Bytes())
+				all = append(all, scratch.Bytes()...)
 			}
 		case bytes.IndexByte(t.raw, '\\') >= 0:
-			all.Write(stringBytes(t.raw))
+			if len(t.raw) >= 2 { // quoted
+				all = appendUnquoted(all, t.raw[1:len(t.raw)-1])
+			}
 		default:
 			dst = append(dst, bodyString(stringBytes(t.raw)))
 			continue
@@ -67,9 +68,9 @@ func appendTextStrings(dst []string, texts []textRef) []string {
 		// Decoded: its end in all, for now (all may still move as it
 		// grows past a compacted value's estimate).
 		dst = append(dst, "")
-		ends = append(ends, decoded{len(dst) - 1, all.Len()})
+		ends = append(ends, decoded{len(dst) - 1, len(all)})
 	}
-	joined := all.String() // no copy
+	joined := bodyString(all) // all is not written again
 	start := 0
 	for _, d := range ends {
 		dst[d.at], start = joined[start:d.end], d.end

@@ -119,12 +119,17 @@
 //
 // # Redis
 //
-// Key layout. One hash per tenant, named Prefix + "{" + tenant + "}"
+// Key layout. One hash per tenant, named Prefix + "t{" + tenant + "}"
 // (DefaultRedisPrefix "fq:quota:"), with three fields q, t and j: the qps,
 // tokens and joint TATs as decimal int64 nanoseconds since the Unix epoch.
 // The braces make the tenant's name the key's Cluster hash tag, so every key
 // a later script adds for the same tenant lands in the same slot and one
-// script may touch them all. The prefix must not contain '{'.
+// script may touch them all. The prefix must not contain '{', so what stands
+// between it and the first '{' names a key's namespace: "t" the tenants',
+// "i" the meters a caller keeps for itself under names that start with a
+// NUL (Prefix + "i{" + the name less the NUL + "}"), and the caller's own
+// keys under the same prefix take other namespaces. No tenant name spells
+// a key outside its own.
 //
 // One round trip. Each method is one EVALSHA of one Lua script (redis.lua,
 // embedded), with EVAL as the fallback when the server answers NOSCRIPT;

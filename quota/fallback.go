@@ -103,7 +103,16 @@ type Fallback struct {
 	fallbacks atomic.Uint64
 }
 
-var _ Store = (*Fallback)(nil)
+var (
+	_ Store  = (*Fallback)(nil)
+	_ Remote = (*Fallback)(nil)
+)
+
+// Remote implements Remote: a Fallback is remote when its primary is.
+func (f *Fallback) Remote() bool {
+	r, ok := f.primary.(Remote)
+	return ok && r.Remote()
+}
 
 // NewFallback returns a Fallback deciding on primary, and on local while
 // primary fails.

@@ -585,7 +585,7 @@ func TestFallbackTenantError(t *testing.T) {
 		OnChange: func(bool, error) { changes++ },
 		Outage:   RedisOutage,
 	})
-	if err := mr.Set(DefaultRedisPrefix+"{bad}", "not a hash"); err != nil {
+	if err := mr.Set(DefaultRedisPrefix+"t{bad}", "not a hash"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := NewRedis(c, RedisOptions{}).Charge(bg, "bad", l, 0); err == nil || RedisOutage(err) {
@@ -601,7 +601,7 @@ func TestFallbackTenantError(t *testing.T) {
 	if f.Degraded() || changes != 0 {
 		t.Errorf("one tenant's bad key: degraded %v, %d reports; want no outage", f.Degraded(), changes)
 	}
-	if _, err := f.Charge(bg, "good", l, 0); err != nil || !mr.Exists(DefaultRedisPrefix+"{good}") || f.Fallbacks() != 1 {
+	if _, err := f.Charge(bg, "good", l, 0); err != nil || !mr.Exists(DefaultRedisPrefix+"t{good}") || f.Fallbacks() != 1 {
 		t.Errorf("another tenant: %v, fallbacks %d; want it charged in redis", err, f.Fallbacks())
 	}
 }

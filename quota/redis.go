@@ -68,7 +68,13 @@ type Redis struct {
 	onNow func(now int64)
 }
 
-var _ Store = (*Redis)(nil)
+var (
+	_ Store  = (*Redis)(nil)
+	_ Remote = (*Redis)(nil)
+)
+
+// Remote implements Remote: every call is a round trip to Redis.
+func (*Redis) Remote() bool { return true }
 
 // NewRedis returns a Store on client: a *redis.Client, a *redis.ClusterClient
 // or a failover client. The client's options decide connection pooling,
@@ -91,11 +97,30 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
 	}
 }
 
-// Key is the Redis key of tenant's hash: the prefix, then the tenant in
-// braces, its Cluster hash tag, so that every key a later script adds for
-// the same tenant lands in the same slot.
+// Namespaces of the keys under a prefix. Every key the cluster keeps is
+// the prefix, one of these, then a hash tag in braces; the prefix holds no
+// '{', so the part before the first '{' names the namespace, and no name
+// in one can spell a key of another (a tenant called "slots" is
+// <prefix>t{slots}, never the pool's <prefix>pool{slots}).
+const (
+	// TenantSpace holds the tenants' meters: <prefix>t{<tenant>}.
+	TenantSpace = "t"
+	// InternalSpace holds the meters the gateway keeps for itself (the
+	// provider account, its reservations, the outage probe), whose names
+	// the queue starts with a NUL, which no tenant ID holds (the handler
+	// refuses control characters): <prefix>i{<name less the NUL>}.
+	InternalSpace = "i"
+)
+
+// Key is the Redis key of a meter's hash: the prefix, its namespace, then
+// the tenant in braces, its Cluster hash tag, so that every key a later
+// script adds for the same tenant lands in the same slot. A name that
+// starts with a NUL is one of the gateway's own meters (InternalSpace).
 func (r *Redis) Key(tenant string) string {
-	return r.prefix + "{" + tenant + "}"
+	if name, ok := strings.CutPrefix(tenant, "\x00"); ok {
+		return r.prefix + InternalSpace + "{" + name + "}"
+	}
+	return r.prefix + TenantSpace + "{" + tenant + "}"
 }
 
 // Load loads the script into Redis (into every primary of a Cluster), so

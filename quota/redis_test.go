@@ -676,41 +676,49 @@ func TestRedisExpiry(t *testing.T) {
 	if _, err := r.Status(bg, "a", l); err != nil {
 		t.Fatal(err)
 	}
-	if mr.Exists("p:{a}") {
+	if mr.Exists("p:t{a}") {
 		t.Fatal("Peek or Status wrote a key")
 	}
 	if d, err := r.Charge(bg, "a", l, 0); err != nil || !d.Allowed {
 		t.Fatalf("charge: %+v, %v", d, err)
 	}
-	if ttl := mr.TTL("p:{a}"); ttl != 252*time.Millisecond {
+	if ttl := mr.TTL("p:t{a}"); ttl != 252*time.Millisecond {
 		t.Errorf("TTL %v, want 1.500001 ms rounded up to 2 ms, plus 250 ms", ttl)
 	}
 	mr.SetTime(epoch0.Add(251 * time.Millisecond))
-	if !mr.Exists("p:{a}") {
+	if !mr.Exists("p:t{a}") {
 		t.Error("key gone 1 ms before its TTL")
 	}
 	mr.SetTime(epoch0.Add(253 * time.Millisecond))
-	if mr.Exists("p:{a}") {
+	if mr.Exists("p:t{a}") {
 		t.Error("key still there 1 ms after its TTL")
 	}
 	tok := MustCompile(Config{TokensPerMin: 6000})
-	if _, err := r.Charge(bg, "b", tok, 10); err != nil || !mr.Exists("p:{b}") {
-		t.Fatalf("charge of 10 tokens: key %v, %v", mr.Exists("p:{b}"), err)
+	if _, err := r.Charge(bg, "b", tok, 10); err != nil || !mr.Exists("p:t{b}") {
+		t.Fatalf("charge of 10 tokens: key %v, %v", mr.Exists("p:t{b}"), err)
 	}
-	if _, err := r.Reconcile(bg, "b", tok, 10, 0); err != nil || mr.Exists("p:{b}") {
+	if _, err := r.Reconcile(bg, "b", tok, 10, 0); err != nil || mr.Exists("p:t{b}") {
 		t.Errorf("refund to rest: key still there (%v)", err)
 	}
 }
 
-// TestRedisKeyLayout: one hash per tenant, its name the prefix and the
+// TestRedisKeyLayout: one hash per tenant, its name the prefix, "t" and the
 // tenant in braces (its Cluster hash tag), fields q, t and j holding Unix
 // nanoseconds; the default prefix; TIME read to the microsecond.
 func TestRedisKeyLayout(t *testing.T) {
 	mr, c := newMiniredis(t)
 	mr.SetTime(epoch0.Add(1234567891)) // 1.234567891 s: TIME shows 1.234567
 	r := NewRedis(c, RedisOptions{})
-	if k := r.Key("acme"); k != "fq:quota:{acme}" {
-		t.Fatalf("key %q, want fq:quota:{acme}", k)
+	if k := r.Key("acme"); k != "fq:quota:t{acme}" {
+		t.Fatalf("key %q, want fq:quota:t{acme}", k)
+	}
+	// The caller's own meters, named with a NUL first, in a namespace of
+	// their own; a tenant spelling one lands in the tenants'.
+	if k := r.Key("\x00upstream"); k != "fq:quota:i{upstream}" {
+		t.Errorf("internal meter's key %q, want fq:quota:i{upstream}", k)
+	}
+	if k := r.Key("i{upstream}"); k != "fq:quota:t{i{upstream}}" {
+		t.Errorf("tenant i{upstream}'s key %q, want fq:quota:t{i{upstream}}", k)
 	}
 	if got, want := c.ClusterKeySlot(bg, r.Key("acme")).Val(), c.ClusterKeySlot(bg, "acme").Val(); got != want {
 		t.Errorf("slot %d: the key's slot is not the tenant's, %d", got, want)
@@ -724,7 +732,7 @@ func TestRedisKeyLayout(t *testing.T) {
 	if !d.At.Equal(now) {
 		t.Errorf("At %v, want Redis TIME %v (microseconds)", d.At, now)
 	}
-	h, err := c.HGetAll(bg, "fq:quota:{acme}").Result()
+	h, err := c.HGetAll(bg, "fq:quota:t{acme}").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -756,8 +764,8 @@ func TestRedisGarbledState(t *testing.T) {
 		{"t", "1.5e18"},
 		{"x", "1"},
 	} {
-		mr.Del("fq:quota:{g}")
-		mr.HSet("fq:quota:{g}", vals...)
+		mr.Del("fq:quota:t{g}")
+		mr.HSet("fq:quota:t{g}", vals...)
 		st, err := r.Status(bg, "g", l)
 		if err != nil || st != fresh {
 			t.Errorf("hash %v: status %+v, %v; want the fresh %+v", vals, st, err, fresh)
@@ -767,13 +775,13 @@ func TestRedisGarbledState(t *testing.T) {
 			t.Errorf("hash %v: charge %+v, %v; want allowed", vals, d, err)
 		}
 		for _, f := range []string{"q", "t", "j"} {
-			if _, err := strconv.ParseInt(mr.HGet("fq:quota:{g}", f), 10, 64); err != nil {
+			if _, err := strconv.ParseInt(mr.HGet("fq:quota:t{g}", f), 10, 64); err != nil {
 				t.Errorf("hash %v: field %s after a charge: %v", vals, f, err)
 			}
 		}
 	}
-	mr.Del("fq:quota:{g}")
-	mr.Set("fq:quota:{g}", "a string")
+	mr.Del("fq:quota:t{g}")
+	mr.Set("fq:quota:t{g}", "a string")
 	if _, err := r.Charge(bg, "g", l, 1); err == nil {
 		t.Error("a key of the wrong type: no error")
 	}

@@ -32,3 +32,11 @@ type Store interface {
 	// Status reports the tenant's meters without changing them.
 	Status(ctx context.Context, tenant string, l *Limits) (Status, error)
 }
+
+// Remote is implemented by a Store whose calls may wait on a network (the
+// Redis store, and a Fallback over one): a caller that holds a lock other
+// work waits on must make them outside it. A Store that does not implement
+// it, or answers false, decides in memory.
+type Remote interface {
+	Remote() bool
+}

@@ -10,12 +10,17 @@
 // read, skipping its own. What it reads is what the others served in the
 // meantime, each entry once.
 //
-// An entry's fields are "g" (the writer) and "t:" + each tenant's name, so
-// no tenant name can pass for the writer. Reads use exclusive ranges
-// ("(" + ID), which need Redis 6.2 or later.
+// An entry's fields are "g" (the writer), "t:" + each tenant's name, so
+// no tenant name can pass for the writer, and "u" for the undeclared
+// tenants as one group (Served.Group): the caller sends only the tenants
+// its operator declared by name, so an entry's size is bounded by the
+// configuration, not by the names callers choose. Reads use exclusive
+// ranges ("(" + ID), which need Redis 6.2 or later.
 //
-// The stream is capped (MaxLen, trimmed approximately) and expires when
-// no gateway has written for its TTL. A gateway that falls further behind
+// The stream is capped by time: once a gateway has read an entry, its
+// writes trim what is older than the TTL by that entry's time (XADD
+// MINID, on Redis's clock, approximately); before that, by count
+// (MaxLen). It expires when no gateway has written for its TTL. A gateway that falls further behind
 // than the cap, or misses entries while Redis is unreachable, loses them:
 // what it loses is other gateways' service, so its tenants are compared
 // on what it saw, which is the fairness of one gateway alone; nothing is

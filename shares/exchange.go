@@ -10,16 +10,22 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Served is one tenant's cost in one gateway's entry.
+// Served is one tenant's cost in one gateway's entry; with Group, the
+// undeclared tenants' together (Tenant is then empty), so that the names
+// callers choose never reach the stream.
 type Served struct {
 	Tenant string
 	Cost   float64
+	Group  bool
 }
 
 const (
-	// MaxLen caps the stream. With N gateways syncing every 100 ms it
-	// holds 1000/N seconds of entries: far more than any gateway lags
-	// between two calls.
+	// MaxLen caps the stream's entries. With N gateways syncing every
+	// 100 ms it holds 1000/N seconds of entries: far more than any gateway
+	// lags between two calls. Entries older than the exchange's TTL are
+	// trimmed too (XADD MINID, on Redis's clock), and an entry names only
+	// the declared tenants and the undeclared ones' group, so the stream's
+	// bytes are bounded by the configuration, not by the callers.
 	MaxLen = 10000
 	// ReadMax is the most entries one Swap reads.
 	ReadMax = 1000
@@ -34,6 +40,7 @@ const (
 const (
 	gatewayField = "g"
 	tenantPrefix = "t:"
+	groupField   = "u"
 )
 
 // Exchange is one gateway's end of the stream. It is not safe for
@@ -69,9 +76,19 @@ func (x *Exchange) Swap(ctx context.Context, mine []Served, theirs []Served) ([]
 		n := min(len(mine), entryMax)
 		x.args = append(x.args[:0], gatewayField, x.instance)
 		for _, s := range mine[:n] {
-			x.args = append(x.args, tenantPrefix+s.Tenant, strconv.FormatFloat(s.Cost, 'g', -1, 64))
+			field := tenantPrefix + s.Tenant
+			if s.Group {
+				field = groupField
+			}
+			x.args = append(x.args, field, strconv.FormatFloat(s.Cost, 'g', -1, 64))
 		}
-		pipe.XAdd(ctx, &redis.XAddArgs{Stream: x.key, MaxLen: MaxLen, Approx: true, Values: x.args})
+		add := &redis.XAddArgs{Stream: x.key, MaxLen: MaxLen, Approx: true, Values: x.args}
+		if ms, ok := idMillis(x.last); ok && ms > x.ttl.Milliseconds() {
+			// By time too: what is older than the TTL, by the newest
+			// entry read (Redis's clock), no gateway will read.
+			add.MaxLen, add.MinID = 0, strconv.FormatInt(ms-x.ttl.Milliseconds(), 10)
+		}
+		pipe.XAdd(ctx, add)
 		mine = mine[n:]
 	}
 	pipe.PExpire(ctx, x.key, x.ttl)
@@ -100,7 +117,11 @@ func (x *Exchange) Swap(ctx context.Context, mine []Served, theirs []Served) ([]
 		}
 		for k, v := range m.Values {
 			tenant, ok := strings.CutPrefix(k, tenantPrefix)
-			if !ok {
+			group := k == groupField
+			switch {
+			case group:
+				tenant = ""
+			case !ok:
 				continue
 			}
 			s, _ := v.(string)
@@ -108,8 +129,16 @@ func (x *Exchange) Swap(ctx context.Context, mine []Served, theirs []Served) ([]
 			if err != nil {
 				continue // not written by Swap: ignored
 			}
-			theirs = append(theirs, Served{Tenant: tenant, Cost: c})
+			theirs = append(theirs, Served{Tenant: tenant, Cost: c, Group: group})
 		}
 	}
 	return theirs, nil
+}
+
+// idMillis is the time part of a stream entry's ID (Unix ms on Redis's
+// clock); false for none.
+func idMillis(id string) (int64, bool) {
+	ms, _, _ := strings.Cut(id, "-")
+	n, err := strconv.ParseInt(ms, 10, 64)
+	return n, err == nil && n > 0
 }

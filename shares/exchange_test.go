@@ -61,44 +61,44 @@ func testSwap(t *testing.T, c redis.UniversalClient, key string) {
 	b := New(c, key, "gw-b", time.Minute)
 	// a's first call writes, reads nothing; b joins after: a's first
 	// entry is history to it.
-	if got := swap(t, a, Served{"t1", 100}); len(got) != 0 {
+	if got := swap(t, a, Served{Tenant: "t1", Cost: 100}); len(got) != 0 {
 		t.Fatalf("a's first swap read %v, want nothing", got)
 	}
 	if got := swap(t, b); len(got) != 0 {
 		t.Fatalf("b's first swap read %v, want nothing (service before it joined)", got)
 	}
-	if got := swap(t, a, Served{"t1", 50}, Served{"g", -20.5}, Served{"t:x", 1}); len(got) != 0 {
+	if got := swap(t, a, Served{Tenant: "t1", Cost: 50}, Served{Tenant: "g", Cost: -20.5}, Served{Tenant: "t:x", Cost: 1}); len(got) != 0 {
 		t.Fatalf("a read %v, want nothing: its own entries are skipped", got)
 	}
 	// Tenants named like the entry's own fields are tenants all the same.
-	got := swap(t, b, Served{"t2", 7})
-	if want := []Served{{"g", -20.5}, {"t1", 50}, {"t:x", 1}}; !slices.Equal(got, want) {
+	got := swap(t, b, Served{Tenant: "t2", Cost: 7})
+	if want := []Served{{Tenant: "g", Cost: -20.5}, {Tenant: "t1", Cost: 50}, {Tenant: "t:x", Cost: 1}}; !slices.Equal(got, want) {
 		t.Fatalf("b read %v, want %v", got, want)
 	}
-	got = swap(t, b, Served{"t2", 1})
+	got = swap(t, b, Served{Tenant: "t2", Cost: 1})
 	if want := []Served{}; !slices.Equal(got, want) {
 		t.Fatalf("b read %v on its second swap, want nothing new", got)
 	}
 	got = swap(t, a)
-	if want := []Served{{"t2", 7}, {"t2", 1}}; len(got) != 2 || got[0].Cost+got[1].Cost != 8 {
+	if want := []Served{{Tenant: "t2", Cost: 7}, {Tenant: "t2", Cost: 1}}; len(got) != 2 || got[0].Cost+got[1].Cost != 8 {
 		t.Fatalf("a read %v, want b's two entries %v", got, want)
 	}
 	// Entries between b's previous read and now: a's second.
 	c2 := New(c, key, "gw-c", time.Minute)
 	swap(t, c2)
-	swap(t, a, Served{"t3", 3})
+	swap(t, a, Served{Tenant: "t3", Cost: 3})
 	got = swap(t, b)
-	if want := []Served{{"t3", 3}}; !slices.Equal(got, want) {
+	if want := []Served{{Tenant: "t3", Cost: 3}}; !slices.Equal(got, want) {
 		t.Fatalf("b read %v, want %v", got, want)
 	}
-	if got := swap(t, c2); !slices.Equal(got, []Served{{"t3", 3}}) {
+	if got := swap(t, c2); !slices.Equal(got, []Served{{Tenant: "t3", Cost: 3}}) {
 		t.Fatalf("c read %v, want a's last entry only", got)
 	}
 	// A tenant named like nothing special, and many in one interval:
 	// split into entries, every one read.
 	var many []Served
 	for i := range 2*entryMax + 5 {
-		many = append(many, Served{fmt.Sprintf("m%05d", i), 1})
+		many = append(many, Served{Tenant: fmt.Sprintf("m%05d", i), Cost: 1})
 	}
 	swap(t, a, many...)
 	got = swap(t, b)
@@ -163,12 +163,12 @@ func TestSwapLagged(t *testing.T) {
 func TestSwapRedisDown(t *testing.T) {
 	_, mr, a, b := joinedPair(t)
 	mr.SetError("LOADING")
-	if _, err := b.Swap(bg, []Served{{"t", 1}}, nil); err == nil {
+	if _, err := b.Swap(bg, []Served{{Tenant: "t", Cost: 1}}, nil); err == nil {
 		t.Fatal("Swap with Redis failing: no error")
 	}
 	mr.SetError("")
-	swap(t, a, Served{"t", 2})
-	if got := swap(t, b); !slices.Equal(got, []Served{{"t", 2}}) {
+	swap(t, a, Served{Tenant: "t", Cost: 2})
+	if got := swap(t, b); !slices.Equal(got, []Served{{Tenant: "t", Cost: 2}}) {
 		t.Fatalf("after the outage b read %v, want a's entry", got)
 	}
 }
@@ -184,7 +184,7 @@ func BenchmarkSwap(b *testing.B) {
 	y := New(c, "k", "b", time.Minute)
 	var mine []Served
 	for i := range 64 {
-		mine = append(mine, Served{fmt.Sprintf("tenant-%d", i), 100})
+		mine = append(mine, Served{Tenant: fmt.Sprintf("tenant-%d", i), Cost: 100})
 	}
 	var buf []Served
 	b.ReportAllocs()
@@ -196,5 +196,45 @@ func BenchmarkSwap(b *testing.B) {
 		if buf, err = x.Swap(bg, nil, buf[:0]); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// The undeclared tenants' group travels as its own field (no caller's
+// name in the stream), and the stream holds no entry older than the TTL
+// by Redis's clock once a gateway has read one: it is bounded by time,
+// whatever the names.
+func TestSwapGroupAndTrimByTime(t *testing.T) {
+	c := realClient(t)
+	key := fmt.Sprintf("fq:test:%d:stream{shares}", time.Now().UnixNano())
+	t.Cleanup(func() { c.Del(bg, key) })
+	const ttl = 300 * time.Millisecond
+	a, b := New(c, key, "a", ttl), New(c, key, "b", ttl)
+	swap(t, a)
+	swap(t, b)
+	swap(t, a, Served{Tenant: "vip", Cost: 2}, Served{Group: true, Cost: 5})
+	got := swap(t, b)
+	if len(got) != 2 || got[0] != (Served{Group: true, Cost: 5}) || got[1] != (Served{Tenant: "vip", Cost: 2}) {
+		t.Fatalf("b read %v, want the group's 5 and vip's 2", got)
+	}
+	for _, m := range c.XRange(bg, key, "-", "+").Val() {
+		for f := range m.Values {
+			if f != gatewayField && f != groupField && f != tenantPrefix+"vip" {
+				t.Errorf("the stream holds field %q", f)
+			}
+		}
+	}
+	// Entries keep coming past the TTL: the old ones go.
+	deadline := time.Now().Add(3 * ttl)
+	for time.Now().Before(deadline) {
+		swap(t, a, Served{Tenant: "vip", Cost: 1})
+		swap(t, b, Served{Tenant: "vip", Cost: 1})
+		time.Sleep(20 * time.Millisecond)
+	}
+	msgs := c.XRange(bg, key, "-", "+").Val()
+	first, _ := idMillis(msgs[0].ID)
+	last, _ := idMillis(msgs[len(msgs)-1].ID)
+	// MINID trims approximately (whole macro nodes): allow a node's worth.
+	if age := time.Duration(last-first) * time.Millisecond; age > 2*ttl+time.Second && len(msgs) > 100 {
+		t.Errorf("the stream spans %v (%d entries), want about the TTL %v", age, len(msgs), ttl)
 	}
 }

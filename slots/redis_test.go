@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"testing"
 	"time"
 
@@ -17,13 +18,98 @@ type testBroker struct {
 	slots int
 }
 
-func newBroker(t *testing.T, slots int, ttl time.Duration) (*testBroker, *miniredis.Miniredis) {
+// backend is a Redis the tests run sync.lua on: miniredis (gopher-lua, a
+// clock the test sets) always, and the redis-server at $REDIS_ADDR (its
+// own Lua 5.1 and TIME; scripts/test.sh starts one) when that is set, as
+// quota's tests do.
+type backend struct {
+	name string
+	mr   *miniredis.Miniredis // nil: the real server
+	c    *redis.Client
+	// key is the pool's key: one of its own on the real server, which
+	// other tests share.
+	key string
+	// start is the backend's time when the test began: miniredis's is
+	// set to it, the real server's is read.
+	start time.Time
+}
+
+// onBackends runs test on miniredis and, with $REDIS_ADDR, on the real
+// server, each as a subtest.
+func onBackends(t *testing.T, test func(*testing.T, *backend)) {
+	t.Run("miniredis", func(t *testing.T) {
+		mr := miniredis.RunT(t)
+		start := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+		mr.SetTime(start)
+		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		t.Cleanup(func() { c.Close() })
+		test(t, &backend{name: "miniredis", mr: mr, c: c, key: "fq:slots:{pool}", start: start})
+	})
+	addr := os.Getenv("REDIS_ADDR")
+	if addr == "" {
+		return
+	}
+	t.Run("redis-server", func(t *testing.T) {
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		t.Cleanup(func() { c.Close() })
+		now, err := c.Time(bg).Result()
+		if err != nil {
+			t.Fatalf("REDIS_ADDR=%s: %v", addr, err)
+		}
+		be := &backend{name: "redis-server", c: c, key: fmt.Sprintf("fq:slots:{test-%d-%d}", now.UnixNano(), rand.Uint32()), start: now}
+		t.Cleanup(be.flush)
+		test(t, be)
+	})
+}
+
+// advanceTo moves the backend's clock to at: miniredis's is set, the real
+// server's is waited for (its TIME polled: the event is Redis's own clock
+// passing at, however slow the machine).
+func (be *backend) advanceTo(t *testing.T, at time.Time) {
 	t.Helper()
-	mr := miniredis.RunT(t)
-	mr.SetTime(time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC))
-	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { c.Close() })
-	return &testBroker{NewBroker(c, "fq:slots:{pool}", ttl), slots}, mr
+	if be.mr != nil {
+		be.mr.SetTime(at)
+		return
+	}
+	for limit := time.Now().Add(time.Until(at) + 30*time.Second); ; time.Sleep(10 * time.Millisecond) {
+		now, err := be.c.Time(bg).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !now.Before(at) {
+			return
+		}
+		if time.Now().After(limit) {
+			t.Fatalf("waited for the redis-server's TIME to reach %v: it reads %v", at, now)
+		}
+	}
+}
+
+// flush forgets the pool, as a restart without persistence does: every
+// key on miniredis, the pool's keys on the real server.
+func (be *backend) flush() {
+	if be.mr != nil {
+		be.mr.FlushAll()
+		return
+	}
+	keys, _ := be.c.Keys(bg, be.key+"*").Result()
+	if len(keys) > 0 {
+		be.c.Del(bg, keys...)
+	}
+}
+
+func (be *backend) hkeys(t *testing.T, key string) []string {
+	t.Helper()
+	fields, err := be.c.HKeys(bg, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fields
+}
+
+func newBroker(t *testing.T, be *backend, slots int, ttl time.Duration) *testBroker {
+	t.Helper()
+	return &testBroker{NewBroker(be.c, be.key, ttl), slots}
 }
 
 var bg = context.Background()
@@ -39,8 +125,10 @@ func sync(t *testing.T, b *testBroker, inst string, demand, inflight int) int {
 
 // Two gateways both wanting the whole pool converge to half each, and at
 // no step may their grants and requests in flight add up past the pool.
-func TestConvergeToFairShares(t *testing.T) {
-	b, _ := newBroker(t, 8, 30*time.Second)
+func TestConvergeToFairShares(t *testing.T) { onBackends(t, testConvergeToFairShares) }
+
+func testConvergeToFairShares(t *testing.T, be *backend) {
+	b := newBroker(t, be, 8, 30*time.Second)
 	steps := []struct {
 		inst             string
 		demand, inflight int
@@ -63,13 +151,15 @@ func TestConvergeToFairShares(t *testing.T) {
 }
 
 // A gateway that stops renewing (crashed) loses its slots after the TTL.
-func TestCrashedGatewayExpires(t *testing.T) {
-	b, mr := newBroker(t, 8, 2*time.Second)
+func TestCrashedGatewayExpires(t *testing.T) { onBackends(t, testCrashedGatewayExpires) }
+
+func testCrashedGatewayExpires(t *testing.T, be *backend) {
+	b := newBroker(t, be, 8, 2*time.Second)
 	sync(t, b, "a", 8, 0)
 	if g := sync(t, b, "b", 8, 0); g != 0 {
 		t.Fatalf("b got %d while a holds the pool", g)
 	}
-	mr.SetTime(time.Date(2026, 11, 30, 0, 0, 2, 1e6, time.UTC))
+	be.advanceTo(t, be.start.Add(2*time.Second+time.Millisecond))
 	if g := sync(t, b, "b", 8, 0); g != 8 {
 		t.Fatalf("b got %d after a's TTL, want the whole pool", g)
 	}
@@ -85,9 +175,11 @@ func TestCrashedGatewayExpires(t *testing.T) {
 // completing at random, syncing in random order: the requests in flight
 // over all of them never exceed the pool, and with steady demand every
 // gateway ends at its fair share.
-func TestNeverOverPool(t *testing.T) {
+func TestNeverOverPool(t *testing.T) { onBackends(t, testNeverOverPool) }
+
+func testNeverOverPool(t *testing.T, be *backend) {
 	const pool = 10
-	b, _ := newBroker(t, pool, time.Minute)
+	b := newBroker(t, be, pool, time.Minute)
 	r := rand.New(rand.NewPCG(1, 2))
 	names := []string{"a", "b", "c"}
 	inflight := map[string]int{}
@@ -136,8 +228,10 @@ func TestNeverOverPool(t *testing.T) {
 // Weighted: gateways whose tenants weigh 2 and 1 share a pool of 6 as 4
 // and 2 when both want it all, and a gateway wanting less than its part
 // leaves the rest to the other.
-func TestWeightedShares(t *testing.T) {
-	b, _ := newBroker(t, 6, time.Minute)
+func TestWeightedShares(t *testing.T) { onBackends(t, testWeightedShares) }
+
+func testWeightedShares(t *testing.T, be *backend) {
+	b := newBroker(t, be, 6, time.Minute)
 	grant := map[string]int{}
 	w := map[string]float64{"a": 2, "b": 1}
 	for round := 0; round < 4; round++ {
@@ -166,8 +260,10 @@ func TestWeightedShares(t *testing.T) {
 // gateway holds the whole pool for its next request, two split the spare
 // by weight, and the moment one has demand the other's next sync leaves
 // it room.
-func TestIdleSlotsSharedOut(t *testing.T) {
-	b, _ := newBroker(t, 8, time.Minute)
+func TestIdleSlotsSharedOut(t *testing.T) { onBackends(t, testIdleSlotsSharedOut) }
+
+func testIdleSlotsSharedOut(t *testing.T, be *backend) {
+	b := newBroker(t, be, 8, time.Minute)
 	if g := sync(t, b, "a", 0, 0); g != 8 {
 		t.Fatalf("a lone idle gateway got %d of an empty pool of 8", g)
 	}
@@ -189,8 +285,10 @@ func TestIdleSlotsSharedOut(t *testing.T) {
 // (their fair shares fell) and slots freed (a gateway owed some may take
 // them); a sync that changes neither says nothing. Grant.Fair shows a
 // gateway owed slots that the others still hold.
-func TestMovesAnnounced(t *testing.T) {
-	b, _ := newBroker(t, 8, time.Minute)
+func TestMovesAnnounced(t *testing.T) { onBackends(t, testMovesAnnounced) }
+
+func testMovesAnnounced(t *testing.T, be *backend) {
+	b := newBroker(t, be, 8, time.Minute)
 	ps := b.Subscribe(bg)
 	t.Cleanup(func() { ps.Close() })
 	if err := ps.Subscribe(bg, b.Channel()); err != nil {
@@ -199,6 +297,9 @@ func TestMovesAnnounced(t *testing.T) {
 	if _, err := ps.Receive(bg); err != nil { // the subscription's confirmation
 		t.Fatal(err)
 	}
+	// next is the next announcement. That none was made is shown by the
+	// next one being the one made after it (a channel delivers in order),
+	// not by a silence of so many milliseconds.
 	ch := ps.Channel()
 	next := func() (Move, bool) {
 		select {
@@ -208,7 +309,7 @@ func TestMovesAnnounced(t *testing.T) {
 				t.Fatalf("unparsable move %q", m.Payload)
 			}
 			return mv, true
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(30 * time.Second):
 			return Move{}, false
 		}
 	}
@@ -223,18 +324,16 @@ func TestMovesAnnounced(t *testing.T) {
 	sy("a", 20, 0, 1)
 	sy("b", 20, 0, 1)
 	sy("a", 20, 8, 1) // a holds the pool, b waits for it
-	if g := sy("b", 20, 0, 1); g.Slots != 0 || g.Fair != 4 {
-		t.Fatalf("b: %+v, want 0 slots of a fair 4", g)
+	if g := sy("b", 20, 0, 1); g.Slots != 0 || g.Fair != 4 || g.Announced != "" {
+		t.Fatalf("b: %+v, want 0 slots of a fair 4, and nothing announced (no weight up, nothing freed)", g)
 	}
-	if mv, ok := next(); ok {
-		t.Fatalf("announced %+v with no weight up and nothing freed", mv)
-	}
-	// a completes one request: it holds 7, and says so.
+	// a completes one request: it holds 7, and says so; that is the
+	// first announcement.
 	if g := sy("a", 20, 7, 1); g.Announced != "freed" {
 		t.Fatalf("a's sync announced %q, want freed", g.Announced)
 	}
 	if mv, ok := next(); !ok || mv.Kind != Freed || mv.Instance != "a" {
-		t.Fatalf("after a freed a slot: %+v (%v), want freed by a", mv, ok)
+		t.Fatalf("the first announcement: %+v (%v), want a's freed slot (none before it: no weight up, nothing freed)", mv, ok)
 	}
 	if g := sy("b", 20, 0, 1); g.Slots != 1 {
 		t.Fatalf("b took %d slots, want the 1 a freed", g.Slots)
@@ -259,8 +358,13 @@ func TestMovesAnnounced(t *testing.T) {
 	if g := sy("a", 1, 1, 50); g.Announced != "" || g.Slots < 1 {
 		t.Fatalf("a's weight up with its demand of 1 granted: %+v, want no announcement", g)
 	}
-	if mv, ok := next(); ok {
-		t.Fatalf("announced %+v with no gateway owed", mv)
+	// a completes its request: the next announcement is that, not one
+	// of the weight above.
+	if g := sy("a", 0, 0, 50); g.Announced != "freed" {
+		t.Fatalf("a done: announced %q, want freed", g.Announced)
+	}
+	if mv, ok := next(); !ok || mv.Kind != Freed || mv.Instance != "a" {
+		t.Fatalf("after a's weight went up with no gateway owed, then a freed its slot: %+v (%v), want a's freed alone", mv, ok)
 	}
 	if _, ok := ParseMove("moved a"); ok {
 		t.Fatal("ParseMove accepted an unknown kind")
@@ -270,8 +374,10 @@ func TestMovesAnnounced(t *testing.T) {
 // The slot left over by rounding goes to the largest fraction, not to the
 // first name: a gateway whose tenants outweigh the other's gets a pool of
 // one, whatever the names.
-func TestRemainderToLargestFraction(t *testing.T) {
-	b, _ := newBroker(t, 1, time.Minute)
+func TestRemainderToLargestFraction(t *testing.T) { onBackends(t, testRemainderToLargestFraction) }
+
+func testRemainderToLargestFraction(t *testing.T, be *backend) {
+	b := newBroker(t, be, 1, time.Minute)
 	if _, err := b.Sync(bg, Renewal{Instance: "a", Slots: 1, Demand: 1, Holding: 1, Weight: 1}); err != nil { // a holds the slot
 		t.Fatal(err)
 	}
@@ -286,8 +392,10 @@ func TestRemainderToLargestFraction(t *testing.T) {
 // A sync with loads learns what the other live gateways have in flight on
 // each upstream, so that a gateway spreads its requests by the cluster's
 // load; a gateway whose entry lapsed or was released no longer counts.
-func TestUpstreamLoadsShared(t *testing.T) {
-	b, mr := newBroker(t, 8, 2*time.Second)
+func TestUpstreamLoadsShared(t *testing.T) { onBackends(t, testUpstreamLoadsShared) }
+
+func testUpstreamLoadsShared(t *testing.T, be *backend) {
+	b := newBroker(t, be, 8, 2*time.Second)
 	sy := func(inst string, loads ...Load) Grant {
 		t.Helper()
 		g, err := b.Sync(bg, Renewal{Instance: inst, Slots: 8, Demand: 8, Holding: 4, Weight: 1, Loads: loads})
@@ -314,11 +422,11 @@ func TestUpstreamLoadsShared(t *testing.T) {
 	if g = sy("b", Load{"u1:80", 0, 4}); g.Others["u1:80"] != 3 {
 		t.Fatalf("after c released: others %v, want u1:80 3 (a's)", g.Others)
 	}
-	mr.SetTime(time.Date(2026, 11, 30, 0, 0, 3, 0, time.UTC)) // a's entry lapses
+	be.advanceTo(t, be.start.Add(3*time.Second)) // a's entry lapses
 	if g = sy("b", Load{"u1:80", 0, 4}); g.Others["u1:80"] != 0 {
 		t.Fatalf("after a lapsed: others %v, want none", g.Others)
 	}
-	if fields, _ := mr.HKeys("fq:slots:{pool}:up"); len(fields) != 1 || fields[0] != "b" {
+	if fields := be.hkeys(t, be.key+":up"); len(fields) != 1 || fields[0] != "b" {
 		t.Fatalf("upstream loads kept for %v, want b's alone", fields)
 	}
 	if g = sy("b"); g.Others != nil {
@@ -328,14 +436,16 @@ func TestUpstreamLoadsShared(t *testing.T) {
 
 // Fresh tells a gateway that the pool held no entry of its own: its first
 // call, and after Redis lost the pool (a restart without persistence).
-func TestFresh(t *testing.T) {
-	b, mr := newBroker(t, 8, time.Minute)
+func TestFresh(t *testing.T) { onBackends(t, testFresh) }
+
+func testFresh(t *testing.T, be *backend) {
+	b := newBroker(t, be, 8, time.Minute)
 	for i, want := range []bool{true, false} {
 		if g, err := b.Sync(bg, Renewal{Instance: "a", Slots: 8, Demand: 1, Holding: 0, Weight: 1}); err != nil || g.Fresh != want {
 			t.Fatalf("call %d: %+v %v, want Fresh %v", i, g, err, want)
 		}
 	}
-	mr.FlushAll()
+	be.flush()
 	if g, err := b.Sync(bg, Renewal{Instance: "a", Slots: 8, Demand: 1, Holding: 0, Weight: 1}); err != nil || !g.Fresh {
 		t.Fatalf("after the pool was lost: %+v %v, want Fresh", g, err)
 	}
@@ -346,9 +456,11 @@ func TestFresh(t *testing.T) {
 // the pool lost, learns that every other one has renewed and that Redis
 // counts what they hold again. An entry of an earlier version, without
 // its renewal time, holds its slots but never counts as renewed.
-func TestRenewedSince(t *testing.T) {
-	b, mr := newBroker(t, 8, time.Minute)
-	at := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+func TestRenewedSince(t *testing.T) { onBackends(t, testRenewedSince) }
+
+func testRenewedSince(t *testing.T, be *backend) {
+	b := newBroker(t, be, 8, time.Minute)
+	at := be.start
 	sy := func(inst string, since int64) Grant {
 		t.Helper()
 		g, err := b.Sync(bg, Renewal{Instance: inst, Slots: 8, Demand: 1, Holding: 1, Weight: 1, Since: since})
@@ -360,9 +472,11 @@ func TestRenewedSince(t *testing.T) {
 	for _, inst := range []string{"a", "b", "c"} {
 		sy(inst, 0)
 	}
-	mr.SetTime(at.Add(time.Second))
+	be.advanceTo(t, at.Add(time.Second))
 	since := sy("a", 0).Now
-	if want := at.Add(time.Second).UnixMilli(); since != want {
+	// Redis's time: exactly on miniredis's set clock, at least it on a
+	// real one.
+	if want := at.Add(time.Second).UnixMilli(); since < want || (be.mr != nil && since != want) {
 		t.Fatalf("Now = %d, want Redis's time %d", since, want)
 	}
 	if g := sy("a", since); g.Renewed != 0 {
@@ -380,7 +494,9 @@ func TestRenewedSince(t *testing.T) {
 		t.Fatalf("not asked: Renewed = %d, want 0", g.Renewed)
 	}
 	exp := at.Add(time.Hour).UnixMilli()
-	mr.HSet("fq:slots:{pool}", "old", fmt.Sprintf("5,5,5,1000,%d", exp))
+	if err := be.c.HSet(bg, be.key, "old", fmt.Sprintf("5,5,5,1000,%d", exp)).Err(); err != nil {
+		t.Fatal(err)
+	}
 	if g := sy("a", since); g.Renewed != 2 || g.Slots > 8-5-2 {
 		t.Fatalf("with an entry of an earlier version holding 5: Renewed = %d, grant %d; want 2 and at most 1 (b and c hold 1 each at least)", g.Renewed, g.Slots)
 	}
@@ -391,9 +507,11 @@ func TestRenewedSince(t *testing.T) {
 // on each upstream within its last target (as fair_queue_least_conn
 // places them), no upstream is ever held past its slots by all of them
 // together, and a gateway with the pool to itself spreads it evenly.
-func TestTargetsNeverOverUpstream(t *testing.T) {
+func TestTargetsNeverOverUpstream(t *testing.T) { onBackends(t, testTargetsNeverOverUpstream) }
+
+func testTargetsNeverOverUpstream(t *testing.T, be *backend) {
 	const ups, per = 3, 4 // three upstreams of 4 slots: a pool of 12
-	b, mr := newBroker(t, ups*per, time.Minute)
+	b := newBroker(t, be, ups*per, time.Minute)
 	names := []string{"a", "b", "c"}
 	target := map[string][]int{}
 	inflight := map[string][]int{}
@@ -435,7 +553,7 @@ func TestTargetsNeverOverUpstream(t *testing.T) {
 		}
 	}
 	// Alone with the pool: its grant spread over the three upstreams.
-	mr.FlushAll()
+	be.flush()
 	g, err := b.Sync(bg, Renewal{Instance: "z", Slots: ups * per, Demand: 6, Holding: 0, Weight: 1, Loads: []Load{{"u0", 0, per}, {"u1", 0, per}, {"u2", 0, per}}})
 	if err != nil {
 		t.Fatal(err)

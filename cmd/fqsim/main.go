@@ -3,8 +3,8 @@
 // wait-budget policies, their comparison, and for a scenario with a degrade
 // ladder, its timeline.
 //
-//	go run ./cmd/fqsim -scenario seed000 [-policy all|budgets|fifo,wfq-tokens] [-seed N] [-plot DIR]
-//	go run ./cmd/fqsim -scenario list
+//	go -C cmd/fqsim run . -scenario seed000 [-policy all|budgets|fifo,wfq-tokens] [-seed N] [-plot DIR]
+//	go -C cmd/fqsim run . -scenario list
 //
 // seed003 also prints its provider-account measures side by side, and
 // seed004 its tenant-quota comparison (QPS-only, token-only

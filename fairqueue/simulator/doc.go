@@ -4,10 +4,10 @@
 //
 // Command cmd/fqsim prints the measurements as text tables:
 //
-//	go run ./cmd/fqsim -scenario list
-//	go run ./cmd/fqsim -scenario seed000 [-policy all|budgets|fifo,wfq-tokens] [-seed N]
-//	go run ./cmd/fqsim -scenario seed000-stress   # the wait-budget policies
-//	go run ./cmd/fqsim -scenario peak             # the degrade ladder's timeline
+//	go -C cmd/fqsim run . -scenario list
+//	go -C cmd/fqsim run . -scenario seed000 [-policy all|budgets|fifo,wfq-tokens] [-seed N]
+//	go -C cmd/fqsim run . -scenario seed000-stress   # the wait-budget policies
+//	go -C cmd/fqsim run . -scenario peak             # the degrade ladder's timeline
 //
 // # Model
 //

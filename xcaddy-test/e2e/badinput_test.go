@@ -14,6 +14,7 @@ import (
 // its status, its OpenAI-shaped error body, Retry-After where the client
 // should come back, and never reaches an upstream.
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	const slots = 2
 	fakes := startFakes(t, 2, "bi", harness.FakeOptions{Slots: slots, TTFT: 10 * time.Millisecond, PerToken: time.Millisecond})
 	p := harness.Ports(t, "Admin", "Site")

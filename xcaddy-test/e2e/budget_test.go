@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -34,6 +35,7 @@ const budgetTmpl = `{
 	default_bind 127.0.0.1
 }
 http://127.0.0.1:{{.Site}} {
+	` + accessLogTmpl + `
 	fair_queue {
 		max_inflight {{.Slots}}
 		class realtime wait_budget 2s
@@ -53,14 +55,15 @@ http://127.0.0.1:{{.Site}} {
 `
 
 // budgetGateway starts two fakes and a gateway with budgetTmpl.
-func budgetGateway(t *testing.T, prefix, antiStarvation string) ([]*harness.Fake, *harness.Caddy, string) {
+func budgetGateway(t *testing.T, prefix, antiStarvation string) ([]*harness.Fake, *harness.Caddy, string, accessLog) {
 	t.Helper()
 	fakes := startFakes(t, 2, prefix, harness.FakeOptions{Slots: budgetSlots, TTFT: 20 * time.Millisecond, PerToken: 2 * time.Millisecond})
 	p := harness.Ports(t, "Admin", "Site")
+	log := accessLog(filepath.Join(t.TempDir(), "access.log"))
 	c := startCaddy(t, budgetTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"], "Slots": budgetSlots,
-		"Upstreams": addrs(fakes...), "AntiStarvation": antiStarvation})
+		"Upstreams": addrs(fakes...), "AntiStarvation": antiStarvation, "AccessLog": log})
 	waitMetricEq(t, c, float64(2*budgetSlots), "caddy_fair_queue_capacity")
-	return fakes, c, fmt.Sprintf("http://127.0.0.1:%d", p["Site"])
+	return fakes, c, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]), log
 }
 
 // startBudgetFlood starts the flood and waits for its backlog.
@@ -91,7 +94,8 @@ func startBudgetFlood(t *testing.T, c *harness.Caddy, cl *http.Client, base stri
 func warmUp(t *testing.T, cl *http.Client, base string, budget time.Duration, warm func(timedResult) bool, allowed ...string) []timedResult {
 	t.Helper()
 	var out []timedResult
-	deadline := time.Now().Add(60 * time.Second)
+	limit := harness.Scale(60 * time.Second)
+	deadline := time.Now().Add(limit)
 	for i := 0; ; i++ {
 		r := sendTimed(context.Background(), cl, base, chatReq{Tenant: "canary", TestID: fmt.Sprintf("canary-%d", i),
 			MaxTokens: probeTokens, Header: map[string]string{"X-Wait-Budget": budget.String()}})
@@ -110,9 +114,9 @@ func warmUp(t *testing.T, cl *http.Client, base string, budget time.Duration, wa
 			t.Fatalf("canary-%d: unexpected answer while warming up (allowed: 503 %v): %v", i, allowed, r)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the throughput estimator did not warm up under a flood within 60s (%d canaries, last %v)", i+1, r)
+			t.Fatalf("waiting for the throughput estimator to measure the flood (a canary answered as only a measured rate answers): not within %s (%d canaries, last %v)", limit, i+1, r)
 		}
-		time.Sleep(250 * time.Millisecond) // pacing only
+		time.Sleep(250 * time.Millisecond) // pacing only: one canary at a time
 	}
 }
 
@@ -128,7 +132,8 @@ func isCode(r timedResult, status int, code string) bool {
 // whose budget then runs out in the queue gets 503 queue_timeout before its
 // budget ends, never reaching upstream.
 func TestFastFailUnderFlood(t *testing.T) {
-	fakes, c, base := budgetGateway(t, "ff", "anti_starvation {\n\t\t\tboost_share_max 0\n\t\t}")
+	t.Parallel()
+	fakes, c, base, log := budgetGateway(t, "ff", "anti_starvation {\n\t\t\tboost_share_max 0\n\t\t}")
 	cl := newClient(true)
 	defer cl.CloseIdleConnections()
 	ctx := context.Background()
@@ -145,7 +150,7 @@ func TestFastFailUnderFlood(t *testing.T) {
 		if isCode(r, 503, "wait_budget_exceeded") {
 			code = "wait_budget_exceeded"
 		}
-		expectRefusedWithinBudget(t, r, code, canaryBudget)
+		expectRefusedWithinBudget(t, log, r, code, canaryBudget)
 	}
 
 	// Behind other tenants' work: tenant rt (weight 1) behind the flood
@@ -158,7 +163,7 @@ func TestFastFailUnderFlood(t *testing.T) {
 	for i := range probes {
 		r := sendTimed(ctx, cl, base, chatReq{Tenant: "rt", TestID: fmt.Sprintf("rt-behind-%d", i), MaxTokens: probeTokens,
 			Header: map[string]string{"X-Wait-Budget": rtBudget.String()}})
-		expectRefusedWithinBudget(t, r, "wait_budget_exceeded", rtBudget)
+		expectRefusedWithinBudget(t, log, r, "wait_budget_exceeded", rtBudget)
 		refusedIDs = append(refusedIDs, r.TestID)
 	}
 
@@ -178,7 +183,7 @@ func TestFastFailUnderFlood(t *testing.T) {
 	for i := range probes {
 		r := sendTimed(ctx, cl, base, chatReq{Tenant: "deep", TestID: fmt.Sprintf("deep-probe-%d", i), MaxTokens: budgetFloodTokens,
 			Header: map[string]string{"X-Wait-Budget": deepBudget.String()}})
-		expectRefusedWithinBudget(t, r, "wait_budget_exceeded", deepBudget)
+		expectRefusedWithinBudget(t, log, r, "wait_budget_exceeded", deepBudget)
 		refusedIDs = append(refusedIDs, r.TestID)
 	}
 	expectAllServed(t, "tenant deep's burst", <-deepDone)
@@ -228,8 +233,8 @@ func TestFastFailUnderFlood(t *testing.T) {
 	waitMetricEq(t, c, 2, "caddy_fair_queue_queue_depth", "tenant", "rt")
 	rClass := await(t, qtClass, "qt-class")
 	rHeader := await(t, qtHeader, "qt-header")
-	expectRefusedWithinBudget(t, rClass, "queue_timeout", 2*time.Second)
-	expectRefusedWithinBudget(t, rHeader, "queue_timeout", time.Second)
+	expectRefusedWithinBudget(t, log, rClass, "queue_timeout", 2*time.Second)
+	expectRefusedWithinBudget(t, log, rHeader, "queue_timeout", time.Second)
 	refusedIDs = append(refusedIDs, "qt-class", "qt-header")
 	for _, f := range fakes {
 		f.Resume()
@@ -248,7 +253,8 @@ func TestFastFailUnderFlood(t *testing.T) {
 // whose slot does not come (every upstream slot held) still gets 503 before
 // its budget ends.
 func TestBudgetBoostUnderFlood(t *testing.T) {
-	fakes, c, base := budgetGateway(t, "bo", "")
+	t.Parallel()
+	fakes, c, base, log := budgetGateway(t, "bo", "")
 	cl := newClient(true)
 	defer cl.CloseIdleConnections()
 	ctx := context.Background()
@@ -288,30 +294,34 @@ func TestBudgetBoostUnderFlood(t *testing.T) {
 	for _, f := range fakes {
 		f.Pause()
 	}
-	paused := time.Now()
-	waitFor(t, "every upstream slot held by a request started after the pause", func() (bool, string) {
+	// Held is what the fakes say: requests holding a slot before their
+	// first token, which no request does while paused but the ones that
+	// took their slot after the pause (or just before it, before they
+	// looked). The gateway agrees: all its slots in flight.
+	waitFor(t, "every upstream slot held at the paused fakes (their held count) and in flight at the gateway (its inflight gauge)", func() (bool, string) {
 		held := 0
 		for _, f := range fakes {
-			for _, r := range f.Requests() {
-				if r.Outcome == "in_flight" && r.StartedUnixNano > paused.UnixNano() {
-					held++
-				}
-			}
+			held += f.Stats().Held
 		}
-		return held == 2*budgetSlots, fmt.Sprintf("%d held", held)
+		inflight := metric(scrape(t, c), "caddy_fair_queue_inflight")
+		return held == 2*budgetSlots && inflight == 2*budgetSlots, fmt.Sprintf("%d held at the fakes, %v in flight at the gateway", held, inflight)
 	})
 	stallCh := asyncTimed(ctx, cl, base, chatReq{Tenant: "rt", TestID: "rt-stall", MaxTokens: probeTokens,
 		Header: map[string]string{"X-Wait-Budget": probeBudget.String()}})
+	// Its answer must come while every slot is still held: the guard
+	// is long past its budget, and then the upstreams resume so that the
+	// failure shows what the request got instead.
 	var stall timedResult
+	guard := probeBudget + harness.Scale(10*time.Second)
 	select {
 	case stall = <-stallCh:
-	case <-time.After(probeBudget + 5*time.Second):
+	case <-time.After(guard):
 		for _, f := range fakes {
 			f.Resume()
 		}
 		stall = await(t, stallCh, "rt-stall")
-		t.Errorf("rt-stall (X-Wait-Budget %s, every slot held) had no answer %s after it was sent; once the upstreams resumed it got, %s after sending: %v",
-			probeBudget, probeBudget+5*time.Second, stall.Latency().Round(time.Millisecond), stall.result)
+		t.Errorf("waiting for rt-stall's answer (X-Wait-Budget %s, every slot held): none %s after it was sent; once the upstreams resumed it got, %s after sending: %v",
+			probeBudget, guard, stall.Latency().Round(time.Millisecond), stall.result)
 	}
 	for _, f := range fakes {
 		f.Resume()
@@ -320,7 +330,7 @@ func TestBudgetBoostUnderFlood(t *testing.T) {
 	if isCode(stall, 503, "wait_budget_exceeded") {
 		code = "wait_budget_exceeded"
 	}
-	expectRefusedWithinBudget(t, stall, code, probeBudget)
+	expectRefusedWithinBudget(t, log, stall, code, probeBudget)
 	refusedIDs = append(refusedIDs, "rt-stall")
 
 	floodRes := flood.Stop()

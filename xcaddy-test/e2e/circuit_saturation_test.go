@@ -52,6 +52,7 @@ func longPrompt(n int) string {
 // shed 29 of 30, reading the long prompts' tokens as demand against a
 // capacity measured on the small requests).
 func TestCircuitLongPromptsShortAnswersIsNotOverload(t *testing.T) {
+	t.Parallel()
 	// 1 s a small request: the eight keep the slot busy for 8 s, long
 	// enough for the queue to measure a rate; a long prompt's 5 tokens
 	// take 45 ms.
@@ -102,7 +103,7 @@ func TestCircuitLongPromptsShortAnswersIsNotOverload(t *testing.T) {
 // random mix of prompt and output sizes, from prompts of a few words with
 // long answers to prompts of thousands of words with answers of a few
 // tokens, at about 10% then 60% of their slots' time, for 20 s. Nothing is
-// shed.
+// shed. It runs alone: its load is a rate against the slots' time.
 func TestCircuitMixedLoadBelowSaturation(t *testing.T) {
 	const slots = 4
 	fakes := startFakes(t, 2, "cbm", harness.FakeOptions{Slots: slots, TTFT: 10 * time.Millisecond, PerToken: time.Millisecond})

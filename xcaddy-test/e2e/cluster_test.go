@@ -33,9 +33,9 @@ http://127.0.0.1:{{.Site}} {
 	fair_queue {
 		max_inflight 8
 		cluster {
-			redis     {env.FQ_E2E_REDIS_URL}
+			redis     {{.Redis}}
 			instances 3
-			timeout   250ms
+			timeout   ` + clusterTimeout + `
 		}
 		tenant metered weight 1 class interactive wait_budget 1s {
 			quota tokens_per_min {{.TPM}} burst_window 10s burst_allow 0.2
@@ -54,6 +54,16 @@ const (
 	clusterOutput  = 190   // output tokens per request; ~200 with the prompt
 	clusterOffered = 15    // requests/s over the three gateways: ~3x the quota
 )
+
+// clusterTimeout is the timeout per Redis call of every cluster block in
+// these tests, not the 50ms default: a loopback redis-server on a loaded
+// 2-core machine answers slower than 50 ms now and then (CI logged i/o
+// timeouts), and a call over the timeout is an outage to the gateway
+// (quotas decided on its own share, pool/instances of the slots), which is
+// not what a test of the shared state measures. The tests of outages make
+// theirs by killing Redis. README's "Redis down or slow" says the same to
+// users: a timeout below Redis's worst latency turns slowness into outages.
+const clusterTimeout = "1s"
 
 // redisServer is a redis-server process the test starts, kills and
 // restarts on one port.
@@ -108,6 +118,9 @@ func (r *redisServer) start() {
 
 func (r *redisServer) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port)) }
 
+// url is the server's redis:// URL, for a cluster block.
+func (r *redisServer) url() string { return "redis://" + r.addr() }
+
 // kill ends the server at once (SIGKILL: its connections drop as in a
 // crash).
 func (r *redisServer) kill() {
@@ -124,16 +137,18 @@ type clusterResult struct {
 	phase string
 }
 
+// TestClusterQuota runs alone (no t.Parallel): it kills its redis-server
+// and starts another on the same port, which another test's client could
+// take meanwhile.
 func TestClusterQuota(t *testing.T) {
 	rs := startRedis(t)
-	t.Setenv("FQ_E2E_REDIS_URL", "redis://"+rs.addr())
 	fakes := startFakes(t, 2, "cluster", harness.FakeOptions{Slots: 16, TTFT: 5 * time.Millisecond, PerToken: 50 * time.Microsecond})
 	var gws []*harness.Caddy
 	var bases []string
 	for range 3 {
 		p := harness.Ports(t, "Admin", "Site")
 		c := startCaddy(t, clusterTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
-			"Upstreams": addrs(fakes...), "TPM": clusterTPM})
+			"Upstreams": addrs(fakes...), "TPM": clusterTPM, "Redis": rs.url()})
 		gws = append(gws, c)
 		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
 	}
@@ -182,22 +197,25 @@ func TestClusterQuota(t *testing.T) {
 		mu.Unlock()
 	}
 
-	// A: 12 s with Redis. The timeout is 250 ms, not the 50 ms default:
-	// on a loaded test machine a call can take longer, and each gateway
-	// would then decide alone for a second (on its third of the quota,
-	// from rest), which is the fallback at work, not the shared quota
-	// this phase measures.
+	// The phases are measurement windows of an open loop, not waits: the
+	// bounds are on the tokens served over the span the fakes recorded,
+	// whatever the machine's speed made of it.
+	//
+	// A: 12 s with Redis. The timeout is clusterTimeout, not the 50 ms
+	// default: a call over it would make a gateway decide alone for a
+	// second (on its third of the quota, from rest), which is the
+	// fallback at work, not the shared quota this phase measures.
 	time.Sleep(12 * time.Second)
 	for i, c := range gws {
 		if n := metric(scrape(t, c), "caddy_fair_queue_cluster_fallback_total"); n != 0 {
-			t.Errorf("gateway %d decided %v times locally while redis was up (a call over the 250ms timeout): "+
-				"the tokens below are not the shared quota's alone", i, n)
+			t.Errorf("gateway %d decided %v times locally while redis was up (a call over the %s timeout): "+
+				"the tokens below are not the shared quota's alone", i, n, clusterTimeout)
 		}
 	}
 	killed := time.Now()
 	rs.kill()
 	setPhase("B")
-	// B: 8 s without.
+	// B: 8 s without (a measurement window too).
 	for _, c := range gws {
 		waitMetricEq(t, c, 0, "caddy_fair_queue_cluster_redis_up")
 	}
@@ -208,8 +226,18 @@ func TestClusterQuota(t *testing.T) {
 	for _, c := range gws {
 		waitMetricEq(t, c, 1, "caddy_fair_queue_cluster_redis_up")
 	}
-	// C: 4 s with Redis again.
-	time.Sleep(4 * time.Second)
+	// C: with Redis again, until it has served the tenant a few times.
+	waitFor(t, "five requests served with redis back", func() (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, r := range results {
+			if r.phase == "C" && r.Err == nil && r.Status == http.StatusOK {
+				n++
+			}
+		}
+		return n >= 5, fmt.Sprintf("%d served", n)
+	})
 	close(stop)
 	loop.Wait()
 	wg.Wait()
@@ -218,11 +246,15 @@ func TestClusterQuota(t *testing.T) {
 	// (at admission, or while queued when a request admitted behind the
 	// quota is overtaken by the other gateways' charges and its tenant is
 	// held past its deadline), or 503 wait_budget_exceeded. None is an
-	// error, none a 5xx of another kind, and none a queue_timeout: a
+	// error, none a 5xx of another kind. A queue_timeout is rare: a
 	// request the quota cannot serve in time is told so when that is
 	// known, not after waiting out its budget (26 to 32 of 180 were before
-	// quota holds refused; 0 in every run since).
+	// quota holds refused; 0 in every run since on a quiet machine). On a
+	// starved one the tick that would dispatch a request whose quota frees
+	// at the edge of its budget can come after the expiry margin (2 of 316
+	// answers once, under a CPU hog): at most 1% of the answers.
 	count := map[string]map[string]int{}
+	timeouts := 0
 	for _, r := range results {
 		code := "served"
 		switch {
@@ -238,6 +270,8 @@ func TestClusterQuota(t *testing.T) {
 			code = fmt.Sprintf("%d %s", r.Status, body.Error.Code)
 			switch code {
 			case "429 quota_exceeded", "503 wait_budget_exceeded":
+			case "503 queue_timeout":
+				timeouts++
 			default:
 				t.Errorf("phase %s: an answer outside the contract: %s", r.phase, r.result)
 			}
@@ -248,6 +282,10 @@ func TestClusterQuota(t *testing.T) {
 		count[r.phase][code]++
 	}
 	t.Logf("answers by phase: %v", count)
+	if timeouts*100 > len(results) {
+		t.Errorf("%d of %d answers were queue_timeout, want at most 1%%: the rest of the refusals must come when the quota is known not to fit",
+			timeouts, len(results))
+	}
 
 	// Tokens the fakes served to the tenant, by dispatch time: with Redis
 	// up (before the kill) and down (between the kill and the restart).
@@ -290,17 +328,18 @@ func TestClusterQuota(t *testing.T) {
 			up.tokens, ratioUp, expect(up))
 	}
 	// Down: each gateway on a third of the quota, its own meter starting
-	// at rest: together about the quota again, far from three times it.
+	// at rest (a third of the burst each): together the quota again, far
+	// from three times it. Over the 8 s, a request is 2% of the tokens,
+	// and each of the three meters may be a request ahead at the end of
+	// the span: at most 1.10x.
 	ratioDown := float64(down.tokens) / expect(down)
 	t.Logf("redis down: %d requests, %d tokens over %v; quota allows %.0f: ratio %.3f",
 		down.n, down.tokens, time.Duration(down.last-down.first), expect(down), ratioDown)
-	if down.n == 0 || ratioDown > 1.25 {
-		t.Errorf("with redis down, the gateways served the tenant %d tokens, %.3f of its quota's %.0f; want some, and at most 1.25x (each on its third)",
+	if down.n == 0 || ratioDown > 1.10 {
+		t.Errorf("with redis down, the gateways served the tenant %d tokens, %.3f of its quota's %.0f; want some, and at most 1.10x (each on its third)",
 			down.tokens, ratioDown, expect(down))
 	}
-	if count["C"]["served"] == 0 {
-		t.Error("nothing served after redis came back")
-	}
+
 	for i, c := range gws {
 		s := scrape(t, c)
 		if n := metric(s, "caddy_fair_queue_cluster_fallback_total"); n == 0 {

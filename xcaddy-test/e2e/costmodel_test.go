@@ -36,7 +36,9 @@ http://127.0.0.1:{{.Site}} {
 // time against prompt and completion tokens from the requests it serves,
 // through the binary against a fake whose cost is known (10 ms to the
 // first token, 4 ms a token after it, prompts free), and reports the fit
-// in the admin API and the metrics.
+// in the admin API and the metrics. It runs alone (no t.Parallel): the fit
+// is of wall time, dispatch to last byte, which the suite's own floods
+// beside it would blur.
 func TestLearnedCostModel(t *testing.T) {
 	fakes := startFakes(t, 1, "cm", harness.FakeOptions{Slots: 8, TTFT: 10 * time.Millisecond, PerToken: 4 * time.Millisecond})
 	p := harness.Ports(t, "Admin", "Site")

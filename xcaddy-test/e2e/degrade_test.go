@@ -176,6 +176,7 @@ type heldReq struct {
 // Transitions are checked in the metrics, the handler's log and the
 // fair_queue_degrade events Caddy's events app logs.
 func TestDegradeLadder(t *testing.T) {
+	t.Parallel()
 	fakes := startFakes(t, 2, "dg", harness.FakeOptions{Slots: degradeSlots, TTFT: 10 * time.Millisecond, PerToken: 10 * time.Millisecond})
 	p := harness.Ports(t, "Admin", "Site")
 	c := startCaddy(t, degradeTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"], "Slots": degradeSlots,

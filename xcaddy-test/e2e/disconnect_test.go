@@ -14,6 +14,7 @@ import (
 // never sent upstream and is counted as client_gone; a client that leaves
 // mid-stream frees its slot for the next request.
 func TestClientDisconnectWhileQueued(t *testing.T) {
+	t.Parallel()
 	const slots = 2
 	fakes := startFakes(t, 2, "dc", harness.FakeOptions{Slots: slots, TTFT: 10 * time.Millisecond, PerToken: 10 * time.Millisecond})
 	p := harness.Ports(t, "Admin", "Site")

@@ -22,6 +22,7 @@ func isCaddyfile(name string) bool {
 // module provisioned) both as a Caddyfile and as the JSON it adapts to;
 // every JSON Caddy config there (a top-level "apps") validates too.
 func TestExamples(t *testing.T) {
+	t.Parallel()
 	cbin, _ := bins(t)
 	dir := filepath.Join(harness.RepoRoot(t), "examples")
 	var caddyfiles, jsonConfigs []string

@@ -13,7 +13,9 @@ import (
 
 // TestUpstreamFaults: model servers that hang, stall, lie about usage or
 // die. Every request gets one answer, and no slot is leaked: in-flight
-// returns to 0 after each fault.
+// returns to 0 after each fault. It runs alone (no t.Parallel): a killed
+// fake comes back on its old port, which another test's client could take
+// meanwhile.
 func TestUpstreamFaults(t *testing.T) {
 	const slots = 2
 	fakes := startFakes(t, 2, "uf", harness.FakeOptions{Slots: slots, TTFT: 5 * time.Millisecond, PerToken: 20 * time.Millisecond})
@@ -101,7 +103,7 @@ http://127.0.0.1:{{.Site}} {
 		fakes[0].Kill()
 		// Every request gets exactly one answer: a stream cut short, a
 		// served request, or an error in the API's shape.
-		served := 0
+		streamsServed, queuedServed := 0, 0
 		for _, ch := range chs {
 			r := await(t, ch, "request during the kill")
 			switch {
@@ -110,22 +112,44 @@ http://127.0.0.1:{{.Site}} {
 				if !strings.HasPrefix(r.TestID, "kill-run-") {
 					t.Errorf("%v: a queued request ended in a transport error", r)
 				}
+			case r.Status == 200 && strings.HasPrefix(r.TestID, "kill-run-"):
+				streamsServed++
 			case r.Status == 200:
-				served++
+				queuedServed++
 			case r.Status == 502:
 				expectError(t, r, 502, "proxy_error", "", true)
 			default:
 				t.Errorf("unexpected answer %v", r)
 			}
 		}
-		// The two streams on the survivor and the queue are served, but
-		// for a queued request dispatched to the dying upstream in its
-		// last instant (a 502 the client may retry).
-		if served < 7 {
-			t.Errorf("%d of 10 served after one of two upstreams died; want the survivor's 2 streams and at least 5 of the 6 queued", served)
+		// The two streams on the survivor are served. A queued request
+		// the gateway dispatched to the dying upstream in its last
+		// instant (a connection it held to it, before anything said it
+		// died) gets a 502 the client may retry: how many do depends on
+		// how fast the machine let the gateway learn of the death, so it
+		// is observed, not bounded.
+		if streamsServed < 2 {
+			t.Errorf("%d of the 4 streams served after one of two upstreams died; want the survivor's 2", streamsServed)
 		}
+		t.Logf("observed: %d of the 6 queued served, the rest answered 502 proxy_error", queuedServed)
 		waitMetricEq(t, c, 0, "caddy_fair_queue_inflight")
 		waitMetricEq(t, c, 0, "caddy_fair_queue_queue_depth")
+		// Once the gateway has seen the upstream die (its active health
+		// check), what comes next is served by the survivor, all of it,
+		// twice its slots at once.
+		waitMetric(t, c, "the gateway's health check to see the killed upstream down", func(s harness.Series) bool {
+			return metric(s, "caddy_fair_queue_healthy_upstreams") == 1 && metric(s, "caddy_fair_queue_capacity") == slots
+		})
+		var after []chatReq
+		for i := range 2 * slots {
+			after = append(after, chatReq{Tenant: "b", TestID: fmt.Sprintf("kill-after-%d", i), MaxTokens: 4})
+		}
+		for _, r := range sendAll(context.Background(), defaultClient, base, after) {
+			expectServed(t, r)
+			if up := r.Header.Get("X-Fake-Upstream"); r.Status == 200 && up != fakes[1].Name() {
+				t.Errorf("%s served by %s, want the survivor %s", r.TestID, up, fakes[1].Name())
+			}
+		}
 		fakes[0].Restart()
 	})
 }
@@ -135,6 +159,7 @@ http://127.0.0.1:{{.Site}} {
 // rather than hanging, and requests in flight finish normally. A config
 // with two handlers of one name is refused and the running one stays.
 func TestReloadRemovesQueue(t *testing.T) {
+	t.Parallel()
 	const slots = 1
 	fakes := startFakes(t, 1, "rq", harness.FakeOptions{Slots: slots, TTFT: 5 * time.Millisecond, PerToken: time.Millisecond})
 	p := harness.Ports(t, "Admin", "Site", "Site2")

@@ -13,6 +13,7 @@ import (
 // takes its slots out of the queue's capacity, requests go to the healthy
 // one, and capacity comes back with it.
 func TestUpstreamDownAndUp(t *testing.T) {
+	t.Parallel()
 	const slots = 3
 	fakes := startFakes(t, 2, "hc", harness.FakeOptions{Slots: slots, TTFT: 10 * time.Millisecond, PerToken: time.Millisecond})
 	a, b := fakes[0], fakes[1]

@@ -2,7 +2,14 @@
 // plugin, over real HTTP, in front of fakellm upstreams (see
 // xcaddy-test/harness). Assertions are on order, counts and statuses, never
 // on durations: the machines these run on are shared and noisy. Waiting for
-// a state (a metric, a fake's counter) is a bounded polling loop.
+// a state (a metric, a fake's counter, a log line) is a polling loop whose
+// bound only turns a hang into a failure that names the state it waited
+// for; the bound grows with harness.Slowdown (FQ_TEST_SLOWDOWN).
+//
+// Tests that share nothing with the others (their own fakes, gateways and
+// ports, no machine-wide state) call t.Parallel; those that measure shares
+// or waits against a wall-clock window, or restart a shared process, run
+// alone.
 package e2e
 
 import (
@@ -24,13 +31,15 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/harness"
 )
 
-// pollTimeout bounds every wait for a state; it is not an assertion on
-// speed, only a way to turn a hang into a failure with context.
-const pollTimeout = 15 * time.Second
+// pollTimeout bounds every wait for a state, times harness.Slowdown; it is
+// not an assertion on speed, only a way to turn a hang into a failure with
+// context.
+var pollTimeout = harness.Scale(30 * time.Second)
 
-// requestTimeout bounds a single request; the longest test request is a
-// few seconds of generation, so hitting it means something hangs.
-const requestTimeout = 90 * time.Second
+// requestTimeout bounds a single request, times harness.Slowdown; the
+// longest test request is a few seconds of generation, so hitting it means
+// something hangs.
+var requestTimeout = harness.Scale(90 * time.Second)
 
 var (
 	binOnce  sync.Once
@@ -208,7 +217,7 @@ func await[T any](t *testing.T, ch <-chan T, what string) T {
 	case r := <-ch:
 		return r
 	case <-time.After(requestTimeout + 10*time.Second):
-		t.Fatalf("%s: no answer", what)
+		t.Fatalf("waiting for %s's answer: none within %s", what, requestTimeout+10*time.Second)
 		var zero T
 		return zero
 	}
@@ -293,7 +302,7 @@ func expectError(t *testing.T, r result, status int, code, typ string, retryAfte
 
 // --- metrics ---
 
-func scrape(t *testing.T, c *harness.Caddy) harness.Series {
+func scrape(t testing.TB, c *harness.Caddy) harness.Series {
 	t.Helper()
 	return harness.Metrics(t, c.AdminURL()+"/metrics")
 }

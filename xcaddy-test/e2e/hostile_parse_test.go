@@ -53,6 +53,7 @@ func wideToolResultsBody(size int) []byte {
 // ambiguous are answered at once with the right 400, or served, while a
 // well-behaved tenant is served throughout; the estimate counts n choices.
 func TestHostileParse(t *testing.T) {
+	t.Parallel()
 	fakes := startFakes(t, 2, "hp", harness.FakeOptions{Slots: 4, TTFT: 5 * time.Millisecond, PerToken: time.Millisecond})
 	p := harness.Ports(t, "Admin", "Site")
 	c := startCaddy(t, `{

@@ -49,6 +49,7 @@ http://127.0.0.1:{{.Site}} {
 // exact answer of the HTTP contract, the gateway alive, and a well-behaved
 // tenant served during it.
 func TestHostileInput(t *testing.T) {
+	t.Parallel()
 	const slots = 2
 	fakes := startFakes(t, 2, "hi", harness.FakeOptions{Slots: slots, TTFT: 5 * time.Millisecond, PerToken: time.Millisecond})
 	p := harness.Ports(t, "Admin", "Site")
@@ -287,7 +288,7 @@ func rawRequest(t *testing.T, addr, tenant string, contentLength int64, expect s
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	_ = conn.SetDeadline(time.Now().Add(harness.Scale(30 * time.Second))) // a guard: the answer comes long before
 	hdr := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nX-Tenant-ID: %s\r\nContent-Length: %d\r\n", addr, tenant, contentLength)
 	if expect != "" {
 		hdr += "Expect: " + expect + "\r\n"
@@ -313,7 +314,7 @@ func rawTrickle(addr, tenant string, contentLength int64, every time.Duration) r
 		return rawResponse{err: err}
 	}
 	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	_ = conn.SetDeadline(time.Now().Add(harness.Scale(30 * time.Second))) // a guard: the answer comes long before
 	hdr := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nX-Tenant-ID: %s\r\nContent-Length: %d\r\n\r\n", addr, tenant, contentLength)
 	if _, err := io.WriteString(conn, hdr); err != nil {
 		return rawResponse{err: err}
@@ -344,7 +345,7 @@ func rawSlowUpload(addr, tenant string, body []byte, chunks int, every time.Dura
 		return rawResponse{err: err}
 	}
 	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	_ = conn.SetDeadline(time.Now().Add(harness.Scale(30 * time.Second))) // a guard: the answer comes long before
 	hdr := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nX-Tenant-ID: %s\r\nContent-Length: %d\r\n", addr, tenant, len(body))
 	if extra != "" {
 		hdr += extra + "\r\n"
@@ -393,6 +394,7 @@ func readRaw(conn net.Conn) rawResponse {
 // declared tenants and the group, all weight 1 and all flooding, are
 // served a third each.
 func TestSybilTenantsShareOneWeight(t *testing.T) {
+	t.Parallel()
 	const slots = 2
 	fakes := startFakes(t, 2, "sy", harness.FakeOptions{Slots: slots, TTFT: 2 * time.Millisecond, PerToken: time.Millisecond})
 	p := harness.Ports(t, "Admin", "Site")

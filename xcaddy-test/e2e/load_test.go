@@ -19,6 +19,7 @@ import (
 // and every figure the report prints was computed. A shorter control run
 // (-control) sends nothing through fair_queue.
 func TestLoadToolRuns(t *testing.T) {
+	t.Parallel()
 	caddyBin, _ := bins(t)
 	o := loadtest.Options{Rounds: 2, Duration: time.Second, Warmup: 200 * time.Millisecond, Workers: 4, Tenants: 3}
 	rig := loadtest.Start(t, caddyBin, o.MaxInflight())

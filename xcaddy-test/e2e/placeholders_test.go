@@ -41,6 +41,7 @@ http://127.0.0.1:{{.Site}} {
 // log after the handler has returned (log_append), for a served request and
 // for one refused before it was queued.
 func TestPlaceholdersThroughBinary(t *testing.T) {
+	t.Parallel()
 	fakes := startFakes(t, 1, "ph", harness.FakeOptions{Slots: 4})
 	p := harness.Ports(t, "Admin", "Site")
 	accessLog := filepath.Join(t.TempDir(), "access.log")

@@ -25,7 +25,8 @@ import (
 // counting as late (see the bound below).
 //
 // The three runs share nothing (their own fakes, gateways and ports) and
-// run in parallel: the suite grows by one peak, not three. The peak is
+// run in parallel with each other, and alone otherwise (they count what is
+// sent in wall-clock windows): the suite grows by one peak, not three. The peak is
 // the real 75 s against a real 60 s window: a shorter "minute" would need
 // the gateway told the provider's window too, and would test a setup
 // nobody runs.

@@ -43,7 +43,8 @@ http://127.0.0.1:{{.Site}} {
 
 // TestQuotaHeldRefusedEarly: 6 requests/s of about 170 actual tokens
 // against 30,000 tokens/min (about 2.9 of them a second) for 40 s; the
-// interactive budget is 15 s.
+// interactive budget is 15 s. It runs alone: refusals are timed against
+// the budget.
 func TestQuotaHeldRefusedEarly(t *testing.T) {
 	fakes := startFakes(t, 1, "qre", harness.FakeOptions{Slots: 8, TTFT: 5 * time.Millisecond, PerToken: time.Millisecond,
 		DefaultOutput: 150})

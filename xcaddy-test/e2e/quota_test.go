@@ -28,11 +28,11 @@ const quotaTmpl = `{
 http://127.0.0.1:{{.Site}} {
 	fair_queue {
 		max_inflight 1
-		tenant metered weight 1 class interactive wait_budget 1500ms {
-			quota tokens_per_min 60000 burst_allow 0
+		tenant metered weight 1 class interactive wait_budget 7500ms {
+			quota tokens_per_min 12000 burst_allow 0
 		}
 		tenant sdk weight 1 class interactive wait_budget 500ms {
-			quota tokens_per_min 60000 burst_allow 0
+			quota tokens_per_min 12000 burst_allow 0
 		}
 		tenant free weight 1 class interactive
 		reverse_proxy {{.Upstreams}} {
@@ -43,9 +43,14 @@ http://127.0.0.1:{{.Site}} {
 }
 `
 
-// 1000 output tokens at 60000 tokens/min: each request is a second of
-// quota, and 100 ms upstream.
-const quotaTokens = 1000
+// 1000 output tokens at 12000 tokens/min: each request is five seconds
+// of quota, and 100 ms upstream. Seconds, so that what the tests decide
+// (a request fits its budget behind the quota, or not) has seconds of room
+// for a slow machine between one request and the next.
+const (
+	quotaTokens = 1000
+	quotaEach   = 5 * time.Second
+)
 
 func startQuotaGateway(t *testing.T, prefix string) (*harness.Caddy, string, []*harness.Fake) {
 	fakes := startFakes(t, 1, prefix, harness.FakeOptions{Slots: 4, TTFT: 10 * time.Millisecond, PerToken: 100 * time.Microsecond})
@@ -65,6 +70,7 @@ func waitMs(t *testing.T, r result) time.Duration {
 }
 
 func TestQuotaTokens(t *testing.T) {
+	t.Parallel()
 	c, base, fakes := startQuotaGateway(t, "quota")
 	cl := newClient(true)
 	defer cl.CloseIdleConnections()
@@ -73,24 +79,29 @@ func TestQuotaTokens(t *testing.T) {
 		return chatReq{Tenant: tenant, TestID: id, MaxTokens: quotaTokens, IgnoreEOS: true}
 	}
 
-	r1 := send(ctx, cl, base, req("metered", "q1"))
-	expectServed(t, r1)
-	if got := r1.Header.Get("X-Ratelimit-Limit-Tokens"); got != "60000" {
-		t.Errorf("x-ratelimit-limit-tokens %q, want 60000", got)
+	r1 := sendTimed(ctx, cl, base, req("metered", "q1"))
+	expectServed(t, r1.result)
+	if got := r1.Header.Get("X-Ratelimit-Limit-Tokens"); got != "12000" {
+		t.Errorf("x-ratelimit-limit-tokens %q, want 12000", got)
 	}
 	if got := r1.Header.Get("X-Ratelimit-Remaining-Tokens"); got != "0" {
-		t.Errorf("x-ratelimit-remaining-tokens %q, want 0 (no burst, a second of debt)", got)
+		t.Errorf("x-ratelimit-remaining-tokens %q, want 0 (no burst, five seconds of debt)", got)
 	}
-	if reset, err := time.ParseDuration(r1.Header.Get("X-Ratelimit-Reset-Tokens")); err != nil || reset < 900*time.Millisecond || reset > 1100*time.Millisecond {
-		t.Errorf("x-ratelimit-reset-tokens %q, want about 1s (%d tokens at 1000/s)", r1.Header.Get("X-Ratelimit-Reset-Tokens"), quotaTokens)
+	// The debt is five seconds from the charge, which came after sending
+	// and before the answer: the reset is within the request's time of it.
+	if reset, err := time.ParseDuration(r1.Header.Get("X-Ratelimit-Reset-Tokens")); err != nil ||
+		reset < quotaEach-r1.Latency()-50*time.Millisecond || reset > quotaEach+50*time.Millisecond {
+		t.Errorf("x-ratelimit-reset-tokens %q, want %v less at most the request's %v (%d tokens at 200/s)",
+			r1.Header.Get("X-Ratelimit-Reset-Tokens"), quotaEach, r1.Latency(), quotaTokens)
 	}
 	if h := r1.Header.Get("X-Ratelimit-Limit-Requests"); h != "" {
 		t.Errorf("a token-only quota reports requests: %q", h)
 	}
 
-	// r2 fits its 1.5 s budget behind the quota: it waits. r3, behind r2,
-	// does not: refused at once, the meter and the exact time named.
-	ch2 := async(ctx, cl, base, req("metered", "q2"))
+	// q2 fits its 7.5 s budget behind the quota (5 s): it waits. q3,
+	// behind q2 (10 s), does not: refused at once, the meter and the exact
+	// time named.
+	ch2 := asyncTimed(ctx, cl, base, req("metered", "q2"))
 	waitMetric(t, c, "q2 queued", func(s harness.Series) bool {
 		return metric(s, "caddy_fair_queue_queue_depth", "tenant", "metered") == 1
 	})
@@ -105,29 +116,35 @@ func TestQuotaTokens(t *testing.T) {
 	if body.Error.Reason != "tokens" {
 		t.Errorf("q3: error.reason %q, want tokens (%s)", body.Error.Reason, e.Message)
 	}
+	// Behind q1's and q2's five seconds each, counted from q1's charge
+	// (after q1 was sent), less what had passed when q3 was refused
+	// (before its answer came).
 	retryMs, err := strconv.Atoi(r3.Header.Get("Retry-After-Ms"))
-	if err != nil || retryMs < 1000 || retryMs > 2000 {
-		t.Fatalf("q3: Retry-After-Ms %q, want the time behind q2: between 1 and 2 s", r3.Header.Get("Retry-After-Ms"))
+	retry := time.Duration(retryMs) * time.Millisecond
+	if lo, hi := 2*quotaEach-r3.Recv.Sub(r1.Sent)-50*time.Millisecond, 2*quotaEach+50*time.Millisecond; err != nil || retry < lo || retry > hi {
+		t.Fatalf("q3: Retry-After-Ms %q, want the time behind q2: between %v and %v", r3.Header.Get("Retry-After-Ms"), lo, hi)
 	}
 	if ra, _ := strconv.Atoi(r3.Header.Get("Retry-After")); ra != (retryMs+999)/1000 {
 		t.Errorf("q3: Retry-After %d, want Retry-After-Ms %d rounded up to seconds", ra, retryMs)
 	}
-	if r3.Header.Get("X-Ratelimit-Limit-Tokens") != "60000" {
+	if r3.Header.Get("X-Ratelimit-Limit-Tokens") != "12000" {
 		t.Errorf("q3: the refusal carries no x-ratelimit headers: %v", r3.Header)
 	}
 	r2 := await(t, ch2, "q2")
-	expectServed(t, r2)
-	if w := waitMs(t, r2); w < 500*time.Millisecond {
-		t.Errorf("q2 waited %v: the quota (a second per request) did not hold it", w)
+	expectServed(t, r2.result)
+	// Held until q1's debt was paid: five seconds from q1's charge, less
+	// what had passed between that and q2's arrival.
+	if w, least := waitMs(t, r2.result), quotaEach-r2.Sent.Sub(r1.Sent)-50*time.Millisecond; w < least {
+		t.Errorf("q2 waited %v, want at least %v: the quota (five seconds a request) did not hold it", w, least)
 	}
 	expectNotUpstream(t, fakes, "q3")
 
 	// Retrying at exactly Retry-After-Ms, the request goes: within a
 	// tick (50 ms) of the hold's end, not a second quota wait.
-	time.Sleep(time.Until(r3.Recv.Add(time.Duration(retryMs) * time.Millisecond)))
+	time.Sleep(time.Until(r3.Recv.Add(retry)))
 	r4 := send(ctx, cl, base, req("metered", "q4"))
 	expectServed(t, r4)
-	if w := waitMs(t, r4); w*4 > time.Duration(retryMs)*time.Millisecond {
+	if w := waitMs(t, r4); w*4 > retry {
 		t.Errorf("q4, sent at q3's Retry-After-Ms (%d ms), waited %v: more than a quarter of it", retryMs, w)
 	}
 
@@ -138,8 +155,8 @@ func TestQuotaTokens(t *testing.T) {
 	if n := metric(s, "caddy_fair_queue_quota_limited_total", "tenant", "metered", "reason", "tokens", "action", "delayed"); n < 1 {
 		t.Errorf("quota_limited_total delayed = %v, want >= 1", n)
 	}
-	if n := metric(s, "caddy_fair_queue_quota_limit", "tenant", "metered", "meter", "tokens"); n != 60000 {
-		t.Errorf("quota_limit tokens = %v, want 60000", n)
+	if n := metric(s, "caddy_fair_queue_quota_limit", "tenant", "metered", "meter", "tokens"); n != 12000 {
+		t.Errorf("quota_limit tokens = %v, want 12000", n)
 	}
 	if n := metric(s, "caddy_fair_queue_quota_charged_total", "tenant", "metered", "meter", "tokens"); n < 3*quotaTokens {
 		t.Errorf("quota_charged_total tokens = %v, want >= %d (three served requests)", n, 3*quotaTokens)
@@ -174,7 +191,7 @@ func runOpenAIClient(t *testing.T, base, tenant, plan string) []clientStep {
 	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai")); err != nil {
 		t.Fatalf("the official openai client is not installed: run 'npm ci' in %s (scripts/test.sh does): %v", dir, err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), harness.Scale(2*time.Minute))
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", "client.mjs")
 	cmd.Dir = dir
@@ -199,23 +216,25 @@ func runOpenAIClient(t *testing.T, base, tenant, plan string) []clientStep {
 // gateway's retry-after-ms and retries by itself, served; with retries
 // off it surfaces the error's code and reason.
 func TestQuotaOpenAIClient(t *testing.T) {
+	t.Parallel()
 	c, base, _ := startQuotaGateway(t, "sdk")
 	steps := runOpenAIClient(t, base, "sdk", fmt.Sprintf("a:2:%d,b:2:%d,c:0:%d", quotaTokens, quotaTokens, quotaTokens))
 	if len(steps) != 3 {
 		t.Fatalf("client reported %d steps, want 3: %+v", len(steps), steps)
 	}
 	a, b, cc := steps[0], steps[1], steps[2]
-	if !a.OK || a.Headers["x-ratelimit-limit-tokens"] != "60000" || a.Headers["x-ratelimit-remaining-tokens"] != "0" ||
+	if !a.OK || a.Headers["x-ratelimit-limit-tokens"] != "12000" || a.Headers["x-ratelimit-remaining-tokens"] != "0" ||
 		a.Headers["x-ratelimit-reset-tokens"] == "" {
-		t.Errorf("a: %+v; want served with x-ratelimit-limit-tokens 60000, remaining 0 and a reset", a)
+		t.Errorf("a: %+v; want served with x-ratelimit-limit-tokens 12000, remaining 0 and a reset", a)
 	}
-	// b arrives with about a second of debt left, past its 500 ms budget:
-	// refused, then retried by the client after retry-after-ms, served.
+	// b arrives with nearly five seconds of debt left, far past its 500 ms
+	// budget: refused, then retried by the client after retry-after-ms,
+	// served.
 	if !b.OK || b.Ms < 500 {
 		t.Errorf("b: %+v; want served after the client waited out a quota_exceeded (>= 500 ms)", b)
 	}
 	if cc.OK || cc.Status != http.StatusTooManyRequests || cc.Code != "quota_exceeded" || cc.Reason != "tokens" ||
-		cc.Type != "rate_limit_error" || cc.Headers["retry-after-ms"] == "" || cc.Headers["x-ratelimit-limit-tokens"] != "60000" {
+		cc.Type != "rate_limit_error" || cc.Headers["retry-after-ms"] == "" || cc.Headers["x-ratelimit-limit-tokens"] != "12000" {
 		t.Errorf("c (no retries): %+v; want 429 quota_exceeded, reason tokens, with retry-after-ms and x-ratelimit headers", cc)
 	}
 	s := scrape(t, c)

@@ -53,6 +53,7 @@ http://127.0.0.1:{{.Site}} {
 // request never reached the handler chain; any request that did must get
 // the plugin's answer.
 func TestReloadUnderLoad(t *testing.T) {
+	t.Parallel()
 	const slots = 4
 	fakes := startFakes(t, 2, "rl", harness.FakeOptions{Slots: slots, TTFT: 10 * time.Millisecond, PerToken: 2 * time.Millisecond})
 	p := harness.Ports(t, "Admin", "Site")

@@ -17,6 +17,7 @@ import (
 // binary's own admin API: the module is loaded with the admin server, with
 // no configuration, and reports what the queue served.
 func TestReportThroughAdminAPI(t *testing.T) {
+	t.Parallel()
 	fakes := startFakes(t, 1, "rp", harness.FakeOptions{Slots: 2, TTFT: time.Millisecond, PerToken: time.Millisecond})
 	p := harness.Ports(t, "Admin", "Site")
 	c := startCaddy(t, `{

@@ -16,6 +16,7 @@ import (
 // generated, and the actual usage — reported in the stream, counted from
 // the streamed text, or read from a JSON body — is what the gateway counts.
 func TestStreamingAndBackfill(t *testing.T) {
+	t.Parallel()
 	fakes := startFakes(t, 2, "st", harness.FakeOptions{Slots: 2, TTFT: 10 * time.Millisecond, PerToken: 20 * time.Millisecond})
 	p := harness.Ports(t, "Admin", "Site")
 	c := startCaddy(t, `{

@@ -184,9 +184,10 @@ func TestSlotLimit(t *testing.T) {
 		f.background(context.Background(), &wg, chatBody)
 	}
 	f.waitFor("7 requests to arrive", func(st Stats) bool { return st.Running+st.Waiting == 7 })
+	f.waitFor("the 3 running held before their first token", func(st Stats) bool { return st.Held == 3 })
 	st := f.s.Stats()
-	if st.Running != 3 || st.Waiting != 4 {
-		t.Fatalf("with 3 slots and 7 requests: running %d waiting %d, want 3 and 4", st.Running, st.Waiting)
+	if st.Running != 3 || st.Waiting != 4 || st.Held != 3 {
+		t.Fatalf("with 3 slots and 7 requests: running %d waiting %d held %d, want 3, 4 and 3", st.Running, st.Waiting, st.Held)
 	}
 	m := scrape(t, f)
 	if m["fake_llm_running"] != 3 || m["fake_llm_waiting"] != 4 {
@@ -195,7 +196,7 @@ func TestSlotLimit(t *testing.T) {
 	f.s.Resume()
 	wg.Wait()
 	st = f.s.Stats()
-	if st.Completed != 7 || st.Running != 0 || st.Waiting != 0 {
+	if st.Completed != 7 || st.Running != 0 || st.Waiting != 0 || st.Held != 0 {
 		t.Errorf("after resume: %+v", st)
 	}
 	m = scrape(t, f)

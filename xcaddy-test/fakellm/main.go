@@ -1,8 +1,10 @@
-// Command fakellm is a fake OpenAI-compatible model server for end-to-end
-// tests of the fair_queue gateway. It behaves like a small vLLM server: a
-// fixed number of generation slots with a FIFO queue behind them, a time to
-// first token and a time per token, SSE streaming with OpenAI's usage
-// semantics, a switchable /health, Prometheus metrics, and a record of every
+// Command fakellm is a fake model server for end-to-end tests of the
+// fair_queue gateway, speaking OpenAI's chat and completions APIs and
+// Anthropic's Messages API (anthropic.go). It behaves like a small vLLM
+// server: a fixed number of generation slots with a FIFO queue behind
+// them, a time to first token and a time per token, SSE streaming with
+// OpenAI's usage semantics and Anthropic's event stream, a switchable
+// /health, Prometheus metrics, and a record of every
 // request it received (/debug/requests) so a test can prove what reached the
 // upstream, in which order, and with which body.
 //

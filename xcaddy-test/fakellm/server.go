@@ -127,8 +127,11 @@ type Stats struct {
 	ChargedTokens uint64 `json:"charged_tokens"`
 	Running       int    `json:"running"`
 	Waiting       int    `json:"waiting"`
-	Paused        bool   `json:"paused"`
-	Healthy       bool   `json:"healthy"`
+	// Held counts the requests holding a slot, before their first token,
+	// until Resume: with the server paused and Held at Slots, no slot frees.
+	Held    int  `json:"held"`
+	Paused  bool `json:"paused"`
+	Healthy bool `json:"healthy"`
 }
 
 type waiter struct {
@@ -151,6 +154,7 @@ type Server struct {
 
 	mu      sync.Mutex
 	running int
+	held    int       // requests in waitResumed
 	queue   []*waiter // FIFO of requests waiting for a slot
 	// resumed is non-nil while paused; it is closed by resume.
 	resumed  chan struct{}
@@ -213,6 +217,7 @@ func New(cfg Config) *Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", s.handleCompletion)
 	mux.HandleFunc("POST /v1/completions", s.handleCompletion)
+	mux.HandleFunc("POST /v1/messages", s.handleMessages)
 	mux.HandleFunc("GET /health", s.handleHealth)
 	mux.HandleFunc("POST /admin/health", s.handleSetHealth)
 	mux.HandleFunc("POST /admin/pause", s.handlePause)
@@ -262,6 +267,7 @@ func (s *Server) Stats() Stats {
 	st := s.stats
 	st.Running = s.running
 	st.Waiting = len(s.queue)
+	st.Held = s.held
 	st.Paused = s.resumed != nil
 	st.Healthy = s.healthy.Load()
 	return st
@@ -352,10 +358,18 @@ func (s *Server) markStartedLocked(rec *Record) {
 func (s *Server) waitResumed(ctx context.Context) error {
 	s.mu.Lock()
 	ch := s.resumed
+	if ch != nil {
+		s.held++
+	}
 	s.mu.Unlock()
 	if ch == nil {
 		return nil
 	}
+	defer func() {
+		s.mu.Lock()
+		s.held--
+		s.mu.Unlock()
+	}()
 	select {
 	case <-ch:
 		return nil
@@ -444,56 +458,99 @@ func (s *Server) finish(rec *Record, status int, outcome string) {
 	}
 }
 
+// handleCompletion serves OpenAI's /v1/chat/completions and
+// /v1/completions.
 func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
+	s.generate(w, r, func(body []byte) (spec, error) {
+		var req completionRequest
+		if err := json.Unmarshal(body, &req); err != nil {
+			return spec{}, fmt.Errorf("invalid JSON body: %v", err)
+		}
+		chat := r.URL.Path == "/v1/chat/completions"
+		prompt, err := countPrompt(chat, &req)
+		if err != nil {
+			return spec{}, err
+		}
+		limit := req.MaxTokens
+		if req.MaxCompletionTokens != nil {
+			limit = req.MaxCompletionTokens
+		}
+		api := apiCompletions
+		if chat {
+			api = apiChat
+		}
+		return spec{api: api, model: req.Model, prompt: prompt, limit: limit, ignoreEOS: req.IgnoreEOS,
+			stream: req.Stream, includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage}, nil
+	})
+}
+
+// api is the wire format of a request and of its answer.
+type api int
+
+const (
+	apiChat        api = iota // OpenAI /v1/chat/completions
+	apiCompletions            // OpenAI /v1/completions
+	apiMessages               // Anthropic /v1/messages (anthropic.go)
+)
+
+// spec is what a request asks the fake to generate, whatever its API.
+type spec struct {
+	api       api
+	model     string
+	prompt    int
+	limit     *int // the output cap asked for; nil: none
+	ignoreEOS bool
+	stream    bool
+	// includeUsage: OpenAI's stream_options.include_usage.
+	includeUsage bool
+	// tool names the tool an Anthropic answer calls ("": none).
+	tool string
+}
+
+// generate serves one generation request of any API: parse reads the
+// body into a spec, or says why it is invalid (400).
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, parse func([]byte) (spec, error)) {
 	// The request ends when the client leaves or the server shuts down.
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	stop := context.AfterFunc(s.base, cancel)
 	defer stop()
 
+	wire := apiChat
+	if r.URL.Path == "/v1/messages" {
+		wire = apiMessages
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 	rec := s.newRecord(r, body)
 	w.Header().Set("X-Fake-Upstream", s.cfg.Name)
 	w.Header().Set("X-Fake-Seq", strconv.FormatUint(rec.Seq, 10))
 	if s.base.Err() != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": map[string]any{
-			"message": "fakellm is shutting down", "type": "server_error", "code": nil}})
+		writeError(w, wire, http.StatusServiceUnavailable, "fakellm is shutting down", "")
 		s.finish(rec, http.StatusServiceUnavailable, OutcomeAborted)
 		return
 	}
 	if err != nil {
-		s.fail(w, rec, http.StatusBadRequest, "reading body: "+err.Error())
+		s.fail(w, wire, rec, "reading body: "+err.Error())
 		return
 	}
-	var req completionRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		s.fail(w, rec, http.StatusBadRequest, "invalid JSON body: "+err.Error())
-		return
-	}
-	chat := r.URL.Path == "/v1/chat/completions"
-	prompt, err := countPrompt(chat, &req)
+	sp, err := parse(body)
 	if err != nil {
-		s.fail(w, rec, http.StatusBadRequest, err.Error())
+		s.fail(w, wire, rec, err.Error())
 		return
 	}
-	limit := req.MaxTokens
-	if req.MaxCompletionTokens != nil {
-		limit = req.MaxCompletionTokens
-	}
-	if limit != nil && *limit < 0 {
-		s.fail(w, rec, http.StatusBadRequest, "max_tokens must not be negative")
+	if sp.limit != nil && *sp.limit < 0 {
+		s.fail(w, wire, rec, "max_tokens must not be negative")
 		return
 	}
-	out, finishReason := outputTokens(limit, req.IgnoreEOS, s.cfg.DefaultOutput)
-	includeUsage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+	out, finishReason := outputTokens(sp.limit, sp.ignoreEOS, s.cfg.DefaultOutput)
 	// A provider counts the output cap asked for, not what is generated.
-	asked := prompt + out
-	if limit != nil {
-		asked = prompt + *limit
+	asked := sp.prompt + out
+	if sp.limit != nil {
+		asked = sp.prompt + *sp.limit
 	}
 	s.mu.Lock()
-	rec.Stream = req.Stream
-	rec.PromptTokens = prompt
+	rec.Stream = sp.stream
+	rec.PromptTokens = sp.prompt
 	rec.OutputTokens = out
 	retry := s.admitLocked(w.Header(), asked)
 	if retry > 0 {
@@ -503,8 +560,7 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	if retry > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retry.Seconds()))))
 		w.Header().Set("Retry-After-Ms", strconv.FormatInt(retry.Milliseconds()+1, 10))
-		writeJSON(w, http.StatusTooManyRequests, map[string]any{"error": map[string]any{
-			"message": "Rate limit reached for requests or tokens per minute", "type": "tokens", "code": "rate_limit_exceeded"}})
+		writeError(w, wire, http.StatusTooManyRequests, "Rate limit reached for requests or tokens per minute", "rate_limit_exceeded")
 		s.finish(rec, http.StatusTooManyRequests, OutcomeLimited)
 		return
 	}
@@ -526,9 +582,10 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	g := generation{
 		id:           fmt.Sprintf("fake-%d", rec.Seq),
 		created:      time.Now().Unix(),
-		model:        req.Model,
-		chat:         chat,
-		usage:        usage{PromptTokens: prompt, CompletionTokens: out, TotalTokens: prompt + out},
+		model:        sp.model,
+		api:          sp.api,
+		tool:         sp.tool,
+		usage:        usage{PromptTokens: sp.prompt, CompletionTokens: out, TotalTokens: sp.prompt + out},
 		finishReason: finishReason,
 	}
 	if g.model == "" {
@@ -544,9 +601,14 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 			g.stallAfter = n
 		}
 	}
-	if req.Stream {
-		err = s.stream(ctx, w, g, includeUsage)
-	} else {
+	switch {
+	case sp.api == apiMessages && sp.stream:
+		err = s.streamMessage(ctx, w, g)
+	case sp.api == apiMessages:
+		err = s.respondMessage(ctx, w, g)
+	case sp.stream:
+		err = s.stream(ctx, w, g, sp.includeUsage)
+	default:
 		err = s.respond(ctx, w, g)
 	}
 	if err != nil {
@@ -564,11 +626,32 @@ func (s *Server) gone() string {
 	return OutcomeClientGone
 }
 
-func (s *Server) fail(w http.ResponseWriter, rec *Record, status int, msg string) {
-	writeJSON(w, status, map[string]any{"error": map[string]any{
-		"message": msg, "type": "invalid_request_error", "code": nil,
-	}})
-	s.finish(rec, status, OutcomeBadRequest)
+func (s *Server) fail(w http.ResponseWriter, wire api, rec *Record, msg string) {
+	writeError(w, wire, http.StatusBadRequest, msg, "")
+	s.finish(rec, http.StatusBadRequest, OutcomeBadRequest)
+}
+
+// writeError answers an error in the shape of the request's API: OpenAI's
+// {"error":{message,type,code}} or Anthropic's
+// {"type":"error","error":{type,message}}.
+func writeError(w http.ResponseWriter, wire api, status int, msg, code string) {
+	typ := map[int]string{http.StatusBadRequest: "invalid_request_error", http.StatusTooManyRequests: "rate_limit_error",
+		http.StatusServiceUnavailable: "overloaded_error"}[status]
+	if wire == apiMessages {
+		writeJSON(w, status, map[string]any{"type": "error", "error": map[string]any{"type": typ, "message": msg}})
+		return
+	}
+	if status == http.StatusTooManyRequests {
+		typ = "tokens" // as OpenAI types its rate-limit errors
+	}
+	if status == http.StatusServiceUnavailable {
+		typ = "server_error"
+	}
+	var c any
+	if code != "" {
+		c = code
+	}
+	writeJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": c}})
 }
 
 // outputTokens: with ignore_eos the model generates exactly the limit (or the
@@ -663,7 +746,8 @@ type generation struct {
 	id           string
 	created      int64
 	model        string
-	chat         bool
+	api          api
+	tool         string // Anthropic: the tool the answer calls ("": none)
 	usage        usage
 	finishReason string
 	garbageUsage bool // report a usage object of the wrong types
@@ -681,9 +765,9 @@ func (g generation) usageJSON() any {
 
 func (g generation) object(chunk bool) string {
 	switch {
-	case g.chat && chunk:
+	case g.api == apiChat && chunk:
 		return "chat.completion.chunk"
-	case g.chat:
+	case g.api == apiChat:
 		return "chat.completion"
 	default:
 		return "text_completion"
@@ -691,7 +775,7 @@ func (g generation) object(chunk bool) string {
 }
 
 func (g generation) prefixedID() string {
-	if g.chat {
+	if g.api == apiChat {
 		return "chatcmpl-" + g.id
 	}
 	return "cmpl-" + g.id
@@ -704,7 +788,7 @@ func (s *Server) respond(ctx context.Context, w http.ResponseWriter, g generatio
 	}
 	text := strings.Repeat(outputToken, g.usage.CompletionTokens)
 	var choice map[string]any
-	if g.chat {
+	if g.api == apiChat {
 		choice = map[string]any{"index": 0, "finish_reason": g.finishReason,
 			"message": map[string]any{"role": "assistant", "content": text}}
 	} else {
@@ -747,11 +831,11 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, g generation
 	choice := func(i int, finish any) map[string]any {
 		c := map[string]any{"index": 0, "finish_reason": finish}
 		switch {
-		case g.chat && i < 0:
+		case g.api == apiChat && i < 0:
 			c["delta"] = map[string]any{}
-		case g.chat && i == 0:
+		case g.api == apiChat && i == 0:
 			c["delta"] = map[string]any{"role": "assistant", "content": outputToken}
-		case g.chat:
+		case g.api == apiChat:
 			c["delta"] = map[string]any{"content": outputToken}
 		case i < 0:
 			c["text"], c["logprobs"] = "", nil

@@ -13,6 +13,12 @@
 // rate with a fixed number of workers, p50 is about workers / throughput).
 // With -control a second plain site stands in for fair_queue, to see the
 // noise floor of the ratios on the machine at hand.
+//
+// With -backlog it runs the backlogged mode instead (loadtest.Options.Backlog):
+// a flood of 32 KB prompts against an upstream that takes 20 ms a request,
+// through plain, fair_queue with its queue empty, and a fair_queue whose
+// queue always holds most of the requests, rounds alternating; the report
+// adds the backlogged request's CPU over the idle one's.
 package main
 
 import (
@@ -40,8 +46,19 @@ func main() {
 	flag.BoolVar(&o.Control, "control", false, "put a second plain reverse_proxy site in fair_queue's place: the ratios then show the noise floor")
 	flag.StringVar(&o.ProfileDir, "profile", "", "directory for CPU profiles of each max-rate round: Caddy's (<site>-<round>.pprof) and the load tool's (tool-<site>-<round>.pprof); compare with go tool pprof -diff_base")
 	fixedFrac := flag.Float64("fixed-frac", 0.25, "after a max-rate phase, run a fixed-rate phase at this fraction of plain's median throughput; 0: skip")
+	flag.BoolVar(&o.Backlog, "backlog", false, "backlogged mode: long prompts, a slow upstream, and a third site whose queue is never empty (no fixed-rate phase)")
+	flag.IntVar(&o.PromptBytes, "prompt-bytes", loadtest.BacklogOptions().PromptBytes, "prompt size in backlogged mode")
+	flag.DurationVar(&o.UpstreamDelay, "upstream-delay", loadtest.BacklogOptions().UpstreamDelay, "the upstream's time per request in backlogged mode")
 	caddyBin := flag.String("caddy", "", "Caddy binary with the plugin; default: build it with xcaddy from this checkout (cached)")
 	flag.Parse()
+	if o.Backlog {
+		// The mode's own worker count unless the command line sets one.
+		set := map[string]bool{}
+		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if !set["workers"] {
+			o.Workers = loadtest.BacklogOptions().Workers
+		}
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -59,7 +76,7 @@ func main() {
 
 		rep, err := loadtest.Run(ctx, rig, o, os.Stderr)
 		report(t, rep, err)
-		if o.Rate != 0 || *fixedFrac <= 0 {
+		if o.Rate != 0 || *fixedFrac <= 0 || o.Backlog {
 			return
 		}
 		fixed := o

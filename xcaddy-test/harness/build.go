@@ -138,13 +138,13 @@ func buildCaddyFrom(t testing.TB, root, modPath string) string {
 func BuildFake(t testing.TB) string {
 	t.Helper()
 	root := RepoRoot(t)
-	key, err := sourceKey(root, nil, "fakellm", "xcaddy-test/fakellm")
+	key, err := sourceKey(root, nil, "fakellm", "xcaddy-test/fakellm", "xcaddy-test/go.mod", "xcaddy-test/go.sum")
 	if err != nil {
 		t.Fatal(err)
 	}
 	return cachedBuild(t, "fakellm", key, func(ctx context.Context, out string, log io.Writer) error {
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./xcaddy-test/fakellm")
-		cmd.Dir = root
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./fakellm")
+		cmd.Dir = filepath.Join(root, "xcaddy-test") // its own module
 		cmd.Env = os.Environ()
 		cmd.Stdout, cmd.Stderr = log, log
 		cmd.WaitDelay = 10 * time.Second
@@ -237,6 +237,10 @@ func sourceFiles(root string, skip, only []string) ([]string, error) {
 		tops = only
 	}
 	for _, top := range tops {
+		if fi, err := os.Stat(filepath.Join(root, top)); err == nil && fi.Mode().IsRegular() {
+			set[top] = true // a file named in only (a nested module's go.mod)
+			continue
+		}
 		err := filepath.WalkDir(filepath.Join(root, top), func(path string, d fs.DirEntry, err error) error {
 			if err != nil {
 				return err

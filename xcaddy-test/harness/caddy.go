@@ -147,8 +147,9 @@ func (c *Caddy) Reload(caddyfile string) error {
 }
 
 // Stop ends Caddy with SIGTERM (a graceful stop, which waits for responses in
-// flight), killing it if it has not exited after ten seconds. It returns nil
-// when Caddy exited cleanly. Calling it again is harmless.
+// flight), killing it if it has not exited after ten seconds (times
+// Slowdown). It returns nil when Caddy exited cleanly. Calling it again is
+// harmless.
 func (c *Caddy) Stop() error {
 	if c.proc == nil {
 		return nil

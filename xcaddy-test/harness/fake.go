@@ -42,8 +42,11 @@ type FakeStats struct {
 	ChargedTokens uint64 `json:"charged_tokens"`
 	Running       int    `json:"running"`
 	Waiting       int    `json:"waiting"`
-	Paused        bool   `json:"paused"`
-	Healthy       bool   `json:"healthy"`
+	// Held counts requests holding a slot before their first token while
+	// the fake is paused: at Slots, no slot frees until Resume.
+	Held    int  `json:"held"`
+	Paused  bool `json:"paused"`
+	Healthy bool `json:"healthy"`
 }
 
 // FakeRequest is one entry of fakellm's /debug/requests.

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -412,5 +414,26 @@ func TestAddresses(t *testing.T) {
 		if _, _, err := addresses([]byte(cfg)); err == nil || !strings.Contains(err.Error(), "admin") {
 			t.Errorf("%s: error %v, want one about the admin address", cfg, err)
 		}
+	}
+}
+
+// FreePort hands out distinct ports a listener can bind, below the
+// kernel's ephemeral range where it is known.
+func TestFreePort(t *testing.T) {
+	seen := map[int]bool{}
+	for range 50 {
+		p := FreePort(t)
+		if seen[p] {
+			t.Fatalf("port %d handed out twice", p)
+		}
+		seen[p] = true
+		if low := ephemeralLow(); low > minPort+1000 && (p < minPort || p >= low) {
+			t.Errorf("port %d outside [%d, %d), below the ephemeral range", p, minPort, low)
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			t.Fatalf("port %d: %v", p, err)
+		}
+		ln.Close()
 	}
 }

@@ -1,7 +1,10 @@
 package harness
 
 import (
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -10,22 +13,34 @@ import (
 
 var (
 	portsMu sync.Mutex
-	// portsGiven keeps one test process from handing out a port twice: the
-	// kernel may offer a just-closed ephemeral port again.
+	// portsGiven keeps one test process from handing out a port twice.
 	portsGiven = map[int]bool{}
 )
 
 // FreePort returns a loopback TCP port that was free a moment ago, for a
-// process the test is about to start. Another process could take it in
-// between; in practice ephemeral ports are not reused that fast.
+// process the test is about to start. It is drawn below the kernel's
+// ephemeral range (ip_local_port_range), from which every outgoing
+// connection takes its local port: between this call and the process's
+// bind, or while a test has a server down before starting it again on
+// the same port, the many connections of tests running beside it cannot
+// take it. Where that range is unknown, the kernel picks, as it does for
+// a listener on port 0.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	for range 100 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+	low := ephemeralLow()
+	for range 200 {
+		port := 0
+		if low > minPort+1000 {
+			port = minPort + rand.IntN(low-minPort)
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		if err != nil {
+			if port != 0 {
+				continue // taken
+			}
 			t.Fatalf("harness: %v", err)
 		}
-		port := ln.Addr().(*net.TCPAddr).Port
+		port = ln.Addr().(*net.TCPAddr).Port
 		ln.Close()
 		portsMu.Lock()
 		fresh := !portsGiven[port]
@@ -35,9 +50,31 @@ func FreePort(t testing.TB) int {
 			return port
 		}
 	}
-	t.Fatal("harness: no fresh free port after 100 tries")
+	t.Fatal("harness: no fresh free port after 200 tries")
 	return 0
 }
+
+// minPort is the lowest port FreePort draws: above the well-known and the
+// usual registered services' ports.
+const minPort = 20000
+
+// ephemeralLow is the first port of the kernel's ephemeral range, 0 when
+// unknown.
+var ephemeralLow = sync.OnceValue(func() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0
+	}
+	n, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 0
+	}
+	return n
+})
 
 // Ports returns a free port for each name, for use as Render's data:
 //

@@ -14,11 +14,13 @@ import (
 )
 
 const (
-	// startTimeout bounds how long a process may take to become ready. It is
-	// not an assertion: it only turns a hang into a failure with logs.
+	// startTimeout bounds how long a process may take to become ready
+	// (times Slowdown). It is not an assertion: it only turns a hang into a
+	// failure with logs.
 	startTimeout = 60 * time.Second
 	// stopTimeout is how long a process gets to exit after SIGTERM before it
-	// is killed (Caddy waits for streaming responses on a graceful stop).
+	// is killed (Caddy waits for streaming responses on a graceful stop),
+	// times Slowdown.
 	stopTimeout = 10 * time.Second
 	// tailBytes is how much of a process's output is dumped on failure.
 	tailBytes = 16 << 10
@@ -26,10 +28,11 @@ const (
 
 // client talks to the admin and debug endpoints. Without keep-alives no
 // connection goroutine outlives a call, which keeps goleak quiet in tests
-// that use the harness.
+// that use the harness. Its timeout, like every guard here, is stretched
+// by Slowdown.
 var client = &http.Client{
 	Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil},
-	Timeout:   60 * time.Second,
+	Timeout:   Scale(60 * time.Second),
 }
 
 // logSink keeps a process's output in memory (for Logs and failure dumps)
@@ -98,20 +101,21 @@ func (p *process) exited() bool {
 }
 
 // stop sends SIGTERM, then SIGKILL if the process has not exited after
-// stopTimeout. It returns the exit error of a process that exited on its own
+// stopTimeout (scaled). It returns the exit error of a process that exited on its own
 // terms, and an error saying so if it had to be killed.
 func (p *process) stop() error {
 	if p.exited() {
 		return p.err
 	}
 	p.cmd.Process.Signal(syscall.SIGTERM)
+	limit := Scale(stopTimeout)
 	select {
 	case <-p.done:
 		return p.err
-	case <-time.After(stopTimeout):
+	case <-time.After(limit):
 	}
 	p.kill()
-	return fmt.Errorf("did not exit within %s of SIGTERM; killed", stopTimeout)
+	return fmt.Errorf("did not exit within %s of SIGTERM; killed", limit)
 }
 
 // kill sends SIGKILL and waits for the exit.
@@ -123,9 +127,10 @@ func (p *process) kill() {
 }
 
 // waitReady polls ready until it reports true, the process exits, or
-// startTimeout passes.
+// startTimeout (scaled) passes.
 func (p *process) waitReady(ready func() (bool, error)) error {
-	deadline := time.Now().Add(startTimeout)
+	limit := Scale(startTimeout)
+	deadline := time.Now().Add(limit)
 	var last error
 	for {
 		ok, err := ready()
@@ -139,7 +144,7 @@ func (p *process) waitReady(ready func() (bool, error)) error {
 			return fmt.Errorf("exited before it was ready: %v", p.err)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("not ready after %s (last error: %v)", startTimeout, last)
+			return fmt.Errorf("not ready after %s (last error: %v)", limit, last)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -5,19 +5,21 @@ import (
 	"time"
 )
 
-// WaitTimeout bounds Eventually. It is a guard against hangs, not an
-// assertion on speed: tests assert on order and counts, never on durations.
+// WaitTimeout bounds Eventually, times Slowdown. It is a guard against
+// hangs, not an assertion on speed: tests assert on order and counts, never
+// on durations.
 var WaitTimeout = 30 * time.Second
 
 // Eventually polls cond until it holds, failing the test with what when it
-// has not after WaitTimeout. Use it to wait for progress that is bound to
-// happen (a request reaching the fake, a queue filling up).
+// has not after WaitTimeout (scaled). Use it to wait for progress that is
+// bound to happen (a request reaching the fake, a queue filling up).
 func Eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(WaitTimeout)
+	limit := Scale(WaitTimeout)
+	deadline := time.Now().Add(limit)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("harness: gave up after %s waiting for %s", WaitTimeout, what)
+			t.Fatalf("harness: gave up after %s waiting for %s", limit, what)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -77,6 +77,12 @@ type Summary struct {
 	// round (the i-th second-site round against the i-th plain round, which ran
 	// just before it): their spread shows how noisy the machine was.
 	PairThroughput, PairP50, PairCPU []float64
+	// Backlog is the backlog site in backlogged mode (Options.Backlog);
+	// BacklogCPURatio its CPU per request over Fair's, the same path with
+	// the queue empty, and PairBacklogCPU that round by round.
+	Backlog         Figures
+	BacklogCPURatio float64
+	PairBacklogCPU  []float64
 }
 
 // Summary computes the medians and ratios.
@@ -94,6 +100,14 @@ func (r *Report) Summary() Summary {
 		s.PairThroughput = append(s.PairThroughput, ratio(f.Throughput, p.Throughput))
 		s.PairP50 = append(s.PairP50, ratio(float64(f.P50), float64(p.P50)))
 		s.PairCPU = append(s.PairCPU, ratio(float64(f.CPUPerRequest), float64(p.CPUPerRequest)))
+	}
+	if r.Options.Backlog {
+		s.Backlog = figures(r.Rounds, SiteBacklog)
+		s.BacklogCPURatio = ratio(float64(s.Backlog.CPUPerRequest), float64(s.Fair.CPUPerRequest))
+		backlog := roundsOf(r.Rounds, SiteBacklog)
+		for i := range min(len(fair), len(backlog)) {
+			s.PairBacklogCPU = append(s.PairBacklogCPU, ratio(float64(backlog[i].CPUPerRequest), float64(fair[i].CPUPerRequest)))
+		}
 	}
 	return s
 }
@@ -180,6 +194,10 @@ func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "%s, %d workers, %d tenants, %d rounds x %s per site, alternating plain/%s (warm-up %s per site: plain %d/%d, %s %d/%d answered 200)\n",
 		mode, o.Workers, o.Tenants, o.Rounds, o.Duration, second, o.Warmup,
 		r.WarmupOK[SitePlain], r.Warmup[SitePlain], second, r.WarmupOK[second], r.Warmup[second])
+	if o.Backlog {
+		fmt.Fprintf(w, "BACKLOGGED: %d-byte prompts, upstream %s a request; the backlog site (fair_queue, %d slots) runs third in each round, with the rest of the workers' requests waiting in its queue\n",
+			len(Prompt(o.PromptBytes)), o.UpstreamDelay, BacklogInflight)
+	}
 	if r.CPUNote != "" {
 		fmt.Fprintln(w, r.CPUNote)
 	}
@@ -203,15 +221,25 @@ func (r *Report) Print(w io.Writer) {
 	for _, x := range []struct {
 		name string
 		f    Figures
-	}{{SitePlain, s.Plain}, {second, s.Fair}} {
+	}{{SitePlain, s.Plain}, {second, s.Fair}, {SiteBacklog, s.Backlog}} {
+		if x.name == SiteBacklog && !o.Backlog {
+			continue
+		}
 		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%d\t%d\t\n", x.name, x.f.Throughput, us(x.f.P50), us(x.f.P99), us(x.f.CPUPerRequest), us(x.f.ToolCPUPerRequest), x.f.Requests, x.f.Errors)
 	}
 	fmt.Fprintf(tw, "%s/plain\t%.3f\t%.3f\t%.3f\t%.3f\t\t\t\t\n", second, s.ThroughputRatio, s.P50Ratio, s.P99Ratio, s.CPURatio)
+	if o.Backlog {
+		fmt.Fprintf(tw, "backlog/fair\t\t\t\t%.3f\t\t\t\t\n", s.BacklogCPURatio)
+	}
 	tw.Flush()
 	fmt.Fprintf(w, "\n%s/plain round by round (%s round i over the plain round just before it):\n", second, second)
 	fmt.Fprintf(w, "  throughput %s  median %.3f  range %s\n", ratios(s.PairThroughput), median(slices.Clone(s.PairThroughput)), spread(s.PairThroughput))
 	fmt.Fprintf(w, "  p50        %s  median %.3f  range %s\n", ratios(s.PairP50), median(slices.Clone(s.PairP50)), spread(s.PairP50))
 	fmt.Fprintf(w, "  cpu/req    %s  median %.3f  range %s\n", ratios(s.PairCPU), median(slices.Clone(s.PairCPU)), spread(s.PairCPU))
+	if o.Backlog {
+		fmt.Fprintf(w, "backlog/fair cpu/req round by round (the backlogged request over the same path idle): %s  median %.3f  range %s\n",
+			ratios(s.PairBacklogCPU), median(slices.Clone(s.PairBacklogCPU)), spread(s.PairBacklogCPU))
+	}
 }
 
 func ratios(xs []float64) string {

@@ -33,6 +33,14 @@ import (
 // of its metrics.
 const QueueName = "load"
 
+// BacklogQueueName is the backlog site's fair_queue (see Options.Backlog),
+// whose max_inflight is BacklogInflight: far fewer slots than the load keeps
+// requests in flight, so the rest wait in its queue.
+const (
+	BacklogQueueName = "load_backlog"
+	BacklogInflight  = 16
+)
+
 // caddyfileTmpl is the Caddy under test: the same upstream behind a plain
 // reverse_proxy, behind a second identical one (the control, see
 // Options.Control) and behind fair_queue. max_inflight is set above the number
@@ -57,6 +65,14 @@ http://127.0.0.1:{{.Fair}} {
 		reverse_proxy {{.Upstream}}
 	}
 }
+http://127.0.0.1:{{.Backlog}} {
+	fair_queue {
+		name {{.BacklogQueue}}
+		tenant_key {http.request.header.X-Tenant-ID}
+		max_inflight {{.BacklogInflight}}
+		reverse_proxy {{.Upstream}}
+	}
+}
 `
 
 // Rig is a running Caddy with the sites and their upstream.
@@ -66,8 +82,9 @@ type Rig struct {
 	// Upstream is the fast in-process upstream both sites proxy to.
 	Upstream *Upstream
 	// PlainURL, ControlURL and FairURL are the sites' base URLs: a plain
-	// reverse_proxy, another one just like it, and fair_queue.
-	PlainURL, ControlURL, FairURL string
+	// reverse_proxy, another one just like it, and fair_queue. BacklogURL
+	// is a fair_queue with BacklogInflight slots (Options.Backlog).
+	PlainURL, ControlURL, FairURL, BacklogURL string
 	// Caddyfile is the configuration Caddy runs.
 	Caddyfile string
 }
@@ -83,10 +100,11 @@ func Start(t testing.TB, caddyBin string, maxInflight int) *Rig {
 		t.Fatalf("loadtest: upstream: %v", err)
 	}
 	t.Cleanup(func() { up.Close() })
-	p := harness.Ports(t, "Admin", "Plain", "Control", "Fair")
+	p := harness.Ports(t, "Admin", "Plain", "Control", "Fair", "Backlog")
 	cf := harness.Render(t, caddyfileTmpl, map[string]any{
-		"Admin": p["Admin"], "Plain": p["Plain"], "Control": p["Control"], "Fair": p["Fair"],
+		"Admin": p["Admin"], "Plain": p["Plain"], "Control": p["Control"], "Fair": p["Fair"], "Backlog": p["Backlog"],
 		"Upstream": up.Addr(), "Queue": QueueName, "MaxInflight": maxInflight,
+		"BacklogQueue": BacklogQueueName, "BacklogInflight": BacklogInflight,
 	})
 	c := harness.StartCaddy(t, caddyBin, cf)
 	return &Rig{
@@ -95,6 +113,7 @@ func Start(t testing.TB, caddyBin string, maxInflight int) *Rig {
 		PlainURL:   "http://127.0.0.1:" + strconv.Itoa(p["Plain"]),
 		ControlURL: "http://127.0.0.1:" + strconv.Itoa(p["Control"]),
 		FairURL:    "http://127.0.0.1:" + strconv.Itoa(p["Fair"]),
+		BacklogURL: "http://127.0.0.1:" + strconv.Itoa(p["Backlog"]),
 		Caddyfile:  cf,
 	}
 }
@@ -107,14 +126,20 @@ var completion = []byte(`{"id":"chatcmpl-1","object":"chat.completion","created"
 	`"usage":{"prompt_tokens":25,"completion_tokens":7,"total_tokens":32}}`)
 
 // Upstream is a model server as fast as a loopback HTTP server gets: no
-// slots, no latency, no request record (fakellm keeps one per request,
-// which would add its own cost to both sides of the comparison).
+// slots, no latency unless SetDelay gives it one, no request record
+// (fakellm keeps one per request, which would add its own cost to both
+// sides of the comparison).
 type Upstream struct {
 	ln     net.Listener
 	srv    *http.Server
 	served atomic.Uint64
+	delay  atomic.Int64 // ns before each answer
 	done   chan error
 }
+
+// SetDelay makes the upstream answer each request d after reading it, as a
+// model server takes its time: a slow upstream fills fair_queue's slots.
+func (u *Upstream) SetDelay(d time.Duration) { u.delay.Store(int64(d)) }
 
 // StartUpstream listens on a free loopback port and serves until Close.
 func StartUpstream() (*Upstream, error) {
@@ -128,6 +153,9 @@ func StartUpstream() (*Upstream, error) {
 		ReadHeaderTimeout: 10 * time.Second,
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.Copy(io.Discard, r.Body)
+			if d := time.Duration(u.delay.Load()); d > 0 {
+				time.Sleep(d)
+			}
 			h := w.Header()
 			h["Content-Type"] = []string{"application/json"}
 			h["Content-Length"] = []string{clen}

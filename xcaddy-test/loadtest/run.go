@@ -2,15 +2,18 @@ package loadtest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
+	"strings"
 	"time"
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
@@ -22,6 +25,7 @@ const (
 	SitePlain   = "plain"
 	SiteFair    = "fair"
 	SiteControl = "control"
+	SiteBacklog = "backlog"
 )
 
 // waitHeader is set by fair_queue on every response it serves: its presence
@@ -60,6 +64,19 @@ type Options struct {
 	// extra time goes in the binary. The load tool's own profile over the
 	// round (vegeta and the upstream) goes to tool-<site>-<round>.pprof.
 	ProfileDir string
+	// Backlog is the backlogged mode: every site gets prompts of
+	// PromptBytes, the upstream answers each request UpstreamDelay after it
+	// arrives, and a third site runs after fair in each round: the backlog
+	// site, a fair_queue with BacklogInflight slots, where all but
+	// BacklogInflight of the workers' requests wait in the queue. fair,
+	// with slots for every worker, is the same request path with its
+	// queue empty: backlog's CPU per request over fair's is what a backlog
+	// adds to a request's cost.
+	Backlog bool
+	// PromptBytes is the size of the prompt in backlogged mode.
+	PromptBytes int
+	// UpstreamDelay is the upstream's time per request in backlogged mode.
+	UpstreamDelay time.Duration
 }
 
 // second is the site each pair runs after plain.
@@ -73,6 +90,19 @@ func (o Options) second() string {
 // DefaultOptions is what make load runs.
 func DefaultOptions() Options {
 	return Options{Rounds: 6, Duration: 5 * time.Second, Warmup: time.Second, Workers: 8, Tenants: 4}
+}
+
+// BacklogOptions is what make load runs in backlogged mode: a flood of
+// 32 KB prompts from 64 workers against an upstream that takes 20 ms a
+// request, so that the backlog site always has 48 requests waiting. Its
+// 16 slots pass up to 800 requests a second, more than two cores of
+// Caddy serve of these prompts, so that the backlog and fair sites both
+// run as fast as Caddy can: CPU per request compares at the same load,
+// the process's fixed costs (its tickers, health checks) spread alike.
+func BacklogOptions() Options {
+	o := DefaultOptions()
+	o.Backlog, o.Workers, o.PromptBytes, o.UpstreamDelay = true, 64, 32<<10, 20*time.Millisecond
+	return o
 }
 
 // MaxInflight is the fair_queue max_inflight that Start needs for o: above
@@ -139,8 +169,15 @@ type Report struct {
 // options, or ctx ending the run (the report then holds the rounds so far,
 // the last one cut short).
 func Run(ctx context.Context, rig *Rig, o Options, progress io.Writer) (*Report, error) {
-	if o.Rounds < 1 || o.Duration <= 0 || o.Workers < 1 || o.Tenants < 1 || o.Rate < 0 {
+	if o.Rounds < 1 || o.Duration <= 0 || o.Workers < 1 || o.Tenants < 1 || o.Rate < 0 ||
+		o.Backlog && (o.PromptBytes < 1 || o.Workers <= BacklogInflight || o.Control) {
 		return nil, fmt.Errorf("loadtest: bad options %+v", o)
+	}
+	body := Body
+	if o.Backlog {
+		body = Prompt(o.PromptBytes)
+		rig.Upstream.SetDelay(o.UpstreamDelay)
+		defer rig.Upstream.SetDelay(0)
 	}
 	if progress == nil {
 		progress = io.Discard
@@ -155,11 +192,18 @@ func Run(ctx context.Context, rig *Rig, o Options, progress io.Writer) (*Report,
 		tgt  vegeta.Targeter
 		cl   *http.Client
 	}{
-		{SitePlain, targeter(rig.PlainURL, o.Tenants), newClient(o.maxWorkers())},
-		{SiteFair, targeter(rig.FairURL, o.Tenants), newClient(o.maxWorkers())},
+		{SitePlain, targeter(rig.PlainURL, o.Tenants, body), newClient(o.maxWorkers())},
+		{SiteFair, targeter(rig.FairURL, o.Tenants, body), newClient(o.maxWorkers())},
 	}
 	if o.Control {
-		sites[1].name, sites[1].tgt = SiteControl, targeter(rig.ControlURL, o.Tenants)
+		sites[1].name, sites[1].tgt = SiteControl, targeter(rig.ControlURL, o.Tenants, body)
+	}
+	if o.Backlog {
+		sites = append(sites, struct {
+			name string
+			tgt  vegeta.Targeter
+			cl   *http.Client
+		}{SiteBacklog, targeter(rig.BacklogURL, o.Tenants, body), newClient(o.maxWorkers())})
 	}
 	for _, s := range sites {
 		defer s.cl.CloseIdleConnections()
@@ -237,14 +281,14 @@ func startProfile(ctx context.Context, rig *Rig, o Options, name string) func() 
 	}
 }
 
-// targeter rotates the small request through the tenants.
-func targeter(base string, tenants int) vegeta.Targeter {
+// targeter rotates the request body through the tenants.
+func targeter(base string, tenants int, body []byte) vegeta.Targeter {
 	tgts := make([]vegeta.Target, tenants)
 	for i := range tgts {
 		tgts[i] = vegeta.Target{
 			Method: http.MethodPost,
 			URL:    base + "/v1/chat/completions",
-			Body:   Body,
+			Body:   body,
 			Header: http.Header{
 				"Content-Type": {"application/json"},
 				"X-Tenant-Id":  {fmt.Sprintf("t%d", i)},
@@ -342,4 +386,50 @@ func quantile(ds []time.Duration, q float64) time.Duration {
 	slices.Sort(ds)
 	i := int(math.Ceil(q*float64(len(ds)))) - 1
 	return ds[min(max(i, 0), len(ds)-1)]
+}
+
+// Prompt is a chat completion request of about size bytes: a system prompt
+// and user messages of English and Chinese sentences, as a long document or
+// RAG prompt is. The same size gives the same body on every run.
+func Prompt(size int) []byte {
+	en := strings.Fields("the gateway queue tenant request model server token budget wait fair share weight " +
+		"upstream slot latency throughput batch realtime interactive prompt response stream usage quota limit " +
+		"capacity health reload config operator metric dashboard estimate cost backlog dispatch deadline retry " +
+		"of to and in for with on by from that which is are was be as at it this an a its their each every")
+	zh := []rune("网关排队租户请求模型服务令牌预算等待公平份额权重上游槽位延迟吞吐批量实时交互提示响应流式用量配额限制容量健康配置运维指标估算成本积压调度截止重试的了在是和与对为")
+	rng := rand.New(rand.NewPCG(uint64(size), 30))
+	type message struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	msgs := []message{{"system", "You are a helpful assistant. Answer from the documents below; cite them by number."}}
+	for n := 0; n < size; {
+		var doc strings.Builder
+		for doc.Len() < min(size-n, 4096) {
+			if rng.IntN(4) == 0 {
+				for range 8 + rng.IntN(30) {
+					doc.WriteRune(zh[rng.IntN(len(zh))])
+				}
+				doc.WriteString("。")
+			} else {
+				for i := range 6 + rng.IntN(20) {
+					if i > 0 {
+						doc.WriteByte(' ')
+					}
+					doc.WriteString(en[rng.IntN(len(en))])
+				}
+				doc.WriteString(". ")
+			}
+			if rng.IntN(6) == 0 {
+				doc.WriteString("\n\n")
+			}
+		}
+		msgs = append(msgs, message{"user", doc.String()})
+		n += doc.Len()
+	}
+	b, err := json.Marshal(map[string]any{"model": "m", "max_tokens": 256, "messages": msgs})
+	if err != nil {
+		panic(err) // strings and ints only
+	}
+	return b
 }

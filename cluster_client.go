@@ -1,0 +1,192 @@
+package caddyfairqueue
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// SentinelConfig finds the Redis primary through Redis Sentinel.
+type SentinelConfig struct {
+	// Master is the name the sentinels monitor the primary under.
+	Master string `json:"master"`
+	// Addrs are the sentinels' host:port addresses (placeholders allowed).
+	Addrs []string `json:"addrs"`
+}
+
+// minIdleConns is how many connections the client keeps open and ready
+// beyond those in use: dialled and replaced in the background, so that a
+// call rarely pays for a connection's set-up (a TCP handshake and HELLO,
+// two round trips more; three with CLIENT SETINFO, which is off).
+const minIdleConns = 4
+
+// newClusterClient makes the cluster's Redis client from c: one server
+// (redis:// or rediss://), a primary found through Sentinel
+// (redis-sentinel:// or the sentinel block), or a Redis Cluster
+// (cluster_addrs), each through go-redis's UniversalClient with the
+// options every call relies on (see clientOptions).
+func newClusterClient(c *ClusterConfig, timeout time.Duration) (redis.UniversalClient, error) {
+	repl := caddy.NewReplacer()
+	raw := repl.ReplaceAll(c.Redis, "")
+	if c.Redis != "" && raw == "" {
+		return nil, fmt.Errorf("cluster: redis: no URL (%q is empty once its placeholders are replaced: is the variable set?)", c.Redis)
+	}
+	o := &redis.UniversalOptions{}
+	switch {
+	case strings.HasPrefix(raw, "redis-sentinel://"):
+		if c.Sentinel != nil || len(c.ClusterAddrs) > 0 {
+			return nil, fmt.Errorf("cluster: a redis-sentinel:// URL names the sentinels itself: give it, or sentinel or cluster_addrs, not both")
+		}
+		if err := parseSentinelURL(raw, o); err != nil {
+			return nil, err
+		}
+	case raw != "":
+		opt, err := redis.ParseURL(raw)
+		if err != nil {
+			// The URL may carry a password: the error shows neither it
+			// nor the config's text.
+			return nil, fmt.Errorf("cluster: redis: not a redis://, rediss:// or redis-sentinel:// URL: %v", redactURLError(err, raw))
+		}
+		o.Addrs, o.Username, o.Password, o.DB, o.TLSConfig = []string{opt.Addr}, opt.Username, opt.Password, opt.DB, opt.TLSConfig
+	}
+	switch {
+	case c.Sentinel != nil && len(c.ClusterAddrs) > 0:
+		return nil, fmt.Errorf("cluster: sentinel and cluster_addrs name two kinds of Redis; give one")
+	case c.Sentinel != nil:
+		if c.Sentinel.Master == "" || len(c.Sentinel.Addrs) == 0 {
+			return nil, fmt.Errorf("cluster: sentinel needs master <name> and addrs <host:port>...")
+		}
+		// The URL, if any, gives the credentials, database and TLS.
+		o.MasterName, o.Addrs = c.Sentinel.Master, nil
+		for _, a := range c.Sentinel.Addrs {
+			o.Addrs = append(o.Addrs, repl.ReplaceAll(a, ""))
+		}
+		o.SentinelUsername, o.SentinelPassword = o.Username, o.Password
+	case len(c.ClusterAddrs) > 0:
+		if o.DB != 0 {
+			return nil, fmt.Errorf("cluster: cluster_addrs: a Redis Cluster has database 0 only, the URL names %d", o.DB)
+		}
+		o.IsClusterMode, o.Addrs = true, nil
+		for _, a := range c.ClusterAddrs {
+			o.Addrs = append(o.Addrs, repl.ReplaceAll(a, ""))
+		}
+	case raw == "":
+		return nil, fmt.Errorf("cluster: missing redis <url>, sentinel or cluster_addrs")
+	}
+	for _, a := range o.Addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return nil, fmt.Errorf("cluster: %q is not a host:port address", a)
+		}
+	}
+	clientOptions(o, timeout)
+	return redis.NewUniversalClient(o), nil
+}
+
+// parseSentinelURL reads
+// redis-sentinel://[[user]:password@]host:port[,host:port...]/master[/db]:
+// the sentinels, the primary's name and database; the credentials are
+// the primary's and the sentinels'.
+func parseSentinelURL(raw string, o *redis.UniversalOptions) error {
+	rest := strings.TrimPrefix(raw, "redis-sentinel://")
+	bad := func(why string) error {
+		return fmt.Errorf("cluster: redis: %s (want redis-sentinel://[[user]:password@]host:port[,host:port...]/master[/db])", why)
+	}
+	hosts, path, _ := strings.Cut(rest, "/")
+	if at := strings.LastIndexByte(hosts, '@'); at >= 0 {
+		info, err := url.PathUnescape(hosts[:at])
+		if err != nil {
+			return bad("unreadable credentials")
+		}
+		user, pass, ok := strings.Cut(info, ":")
+		if !ok {
+			user, pass = "", info
+		}
+		o.Username, o.Password, o.SentinelUsername, o.SentinelPassword = user, pass, user, pass
+		hosts = hosts[at+1:]
+	}
+	for _, h := range strings.Split(hosts, ",") {
+		if h == "" {
+			return bad("an empty sentinel address")
+		}
+		o.Addrs = append(o.Addrs, h)
+	}
+	master, db, _ := strings.Cut(path, "/")
+	if master == "" {
+		return bad("no master name")
+	}
+	o.MasterName = master
+	if db != "" {
+		n, err := strconv.Atoi(db)
+		if err != nil || n < 0 {
+			return bad(fmt.Sprintf("database %q is not a number", db))
+		}
+		o.DB = n
+	}
+	return nil
+}
+
+// clientOptions sets the options every cluster call relies on: no retry
+// (a Charge retried after its first attempt reached Redis would charge
+// twice); timeout bounds each read and write of a command on the socket,
+// so a Redis slower than it is an outage, decided locally; connections
+// are kept warm, and a connection's dial has a budget of its own
+// (dialTimeout), so that timeout bounds a command, not a handshake: with
+// Redis 200 ms away and timeout 500ms, a call on a new connection takes
+// about three round trips and still succeeds, where a budget of 500ms for
+// all of it failed every time.
+func clientOptions(o *redis.UniversalOptions, timeout time.Duration) {
+	o.MaxRetries = -1
+	o.ContextTimeoutEnabled = false
+	o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout
+	o.DialTimeout = dialTimeout(timeout)
+	o.DialerRetries = 1
+	o.MinIdleConns = minIdleConns
+	o.ConnMaxIdleTime = -1 // kept: Redis does not close idle clients by default
+	o.DisableIdentity = true
+	// Pipelines (the stream of served cost) on the main pool, whose
+	// connections are kept warm: the pipeline pool never pre-dials.
+	o.PipelinePoolSize = -1
+}
+
+// dialTimeout bounds the set-up of a connection: longer than a command's
+// timeout, since it is rarely paid (warm connections) and a handshake
+// takes round trips of its own.
+func dialTimeout(timeout time.Duration) time.Duration { return max(4*timeout, time.Second) }
+
+// callBudget bounds a whole call on the client (context deadline): a dial
+// and its handshake, then the command's write and read.
+func callBudget(timeout time.Duration) time.Duration { return dialTimeout(timeout) + 3*timeout }
+
+// redisTimer is a go-redis hook that observes each command's time, and a
+// pipeline's as one (cluster_redis_seconds).
+type redisTimer struct{ o prometheus.Observer }
+
+func (r redisTimer) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r redisTimer) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		start := time.Now()
+		err := next(ctx, cmd)
+		r.o.Observe(time.Since(start).Seconds())
+		return err
+	}
+}
+
+func (r redisTimer) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		start := time.Now()
+		err := next(ctx, cmds)
+		r.o.Observe(time.Since(start).Seconds())
+		return err
+	}
+}
+
+var _ redis.Hook = redisTimer{}

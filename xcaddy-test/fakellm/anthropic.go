@@ -1,0 +1,266 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Anthropic's Messages API (POST /v1/messages), as the official clients
+// use it: a message with text or tool_use content blocks, and the
+// event stream message_start, content_block_start, ping,
+// content_block_delta..., content_block_stop, message_delta (the stop
+// reason and the output tokens), message_stop. Errors are Anthropic's
+// {"type":"error","error":{"type","message"}}.
+//
+// Generation is the fake's usual one: max_tokens output tokens with
+// ignore_eos (a field of the fake's, as for OpenAI), else DefaultOutput.
+// A request with tools, whose last message carries no tool_result, is
+// answered by a call to a tool (tool_choice's, else the first), whose
+// input is {"query": the generated tokens}; one with a tool_result is
+// answered in text, so a tool loop ends.
+
+// messagesRequest is the part of an Anthropic request the fake reads.
+type messagesRequest struct {
+	Model     string            `json:"model"`
+	System    json.RawMessage   `json:"system"`
+	Messages  []json.RawMessage `json:"messages"`
+	MaxTokens *int              `json:"max_tokens"`
+	Stream    bool              `json:"stream"`
+	Tools     []struct {
+		Name string `json:"name"`
+	} `json:"tools"`
+	ToolChoice *struct {
+		Type string `json:"type"`
+		Name string `json:"name"`
+	} `json:"tool_choice"`
+	IgnoreEOS bool `json:"ignore_eos"`
+}
+
+// anthropicMessage is one entry of messages.
+type anthropicMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+// handleMessages serves Anthropic's /v1/messages.
+func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
+	s.generate(w, r, func(body []byte) (spec, error) {
+		var req messagesRequest
+		if err := json.Unmarshal(body, &req); err != nil {
+			return spec{}, fmt.Errorf("invalid JSON body: %v", err)
+		}
+		if req.MaxTokens == nil {
+			return spec{}, errors.New("max_tokens: Field required")
+		}
+		if len(req.Messages) == 0 {
+			return spec{}, errors.New("messages: at least one message is required")
+		}
+		prompt, err := countBlocks(req.System)
+		if err != nil {
+			return spec{}, fmt.Errorf("system: %v", err)
+		}
+		var last anthropicMessage
+		for i, raw := range req.Messages {
+			if err := json.Unmarshal(raw, &last); err != nil {
+				return spec{}, fmt.Errorf("messages[%d]: %v", i, err)
+			}
+			n, err := countBlocks(last.Content)
+			if err != nil {
+				return spec{}, fmt.Errorf("messages[%d].content: %v", i, err)
+			}
+			prompt += n
+		}
+		sp := spec{api: apiMessages, model: req.Model, prompt: prompt, limit: req.MaxTokens,
+			ignoreEOS: req.IgnoreEOS, stream: req.Stream}
+		if len(req.Tools) > 0 && !hasToolResult(last.Content) {
+			sp.tool = req.Tools[0].Name
+			if tc := req.ToolChoice; tc != nil {
+				switch tc.Type {
+				case "none":
+					sp.tool = ""
+				case "tool":
+					sp.tool = tc.Name
+				}
+			}
+		}
+		return sp, nil
+	})
+}
+
+// countBlocks counts the words of Anthropic content: a string, or a list
+// of blocks whose text (text blocks) or content (tool_result blocks, a
+// string or blocks again) is counted; other blocks count nothing.
+func countBlocks(raw json.RawMessage) (int, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return 0, nil
+	}
+	var str string
+	if json.Unmarshal(raw, &str) == nil {
+		return len(strings.Fields(str)), nil
+	}
+	var blocks []struct {
+		Text    string          `json:"text"`
+		Content json.RawMessage `json:"content"`
+	}
+	if err := json.Unmarshal(raw, &blocks); err != nil {
+		return 0, errors.New("want a string or a list of content blocks")
+	}
+	n := 0
+	for _, b := range blocks {
+		n += len(strings.Fields(b.Text))
+		c, err := countBlocks(b.Content)
+		if err != nil {
+			return 0, err
+		}
+		n += c
+	}
+	return n, nil
+}
+
+// hasToolResult reports whether content holds a tool_result block.
+func hasToolResult(raw json.RawMessage) bool {
+	var blocks []struct {
+		Type string `json:"type"`
+	}
+	if json.Unmarshal(raw, &blocks) != nil {
+		return false
+	}
+	for _, b := range blocks {
+		if b.Type == "tool_result" {
+			return true
+		}
+	}
+	return false
+}
+
+// stopReason is Anthropic's name for why generation stopped.
+func (g generation) stopReason() string {
+	switch {
+	case g.tool != "":
+		return "tool_use"
+	case g.finishReason == "length":
+		return "max_tokens"
+	default:
+		return "end_turn"
+	}
+}
+
+// anthropicUsage is the usage object of a message: the prompt's and the
+// generated tokens.
+func (g generation) anthropicUsage() any {
+	if g.garbageUsage {
+		return map[string]any{"input_tokens": "many", "output_tokens": -7}
+	}
+	return map[string]int{"input_tokens": g.usage.PromptTokens, "output_tokens": g.usage.CompletionTokens}
+}
+
+// toolInput is the input of the tool call: the generated tokens.
+func (g generation) toolInput() map[string]string {
+	return map[string]string{"query": strings.Repeat(outputToken, g.usage.CompletionTokens)}
+}
+
+// respondMessage spends the whole generation time, then writes the message.
+func (s *Server) respondMessage(ctx context.Context, w http.ResponseWriter, g generation) error {
+	if err := sleep(ctx, time.Duration(g.usage.CompletionTokens)*s.cfg.PerToken); err != nil {
+		return err
+	}
+	block := map[string]any{"type": "text", "text": strings.Repeat(outputToken, g.usage.CompletionTokens)}
+	if g.tool != "" {
+		block = map[string]any{"type": "tool_use", "id": "toolu_" + g.id, "name": g.tool, "input": g.toolInput()}
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{
+		"id": "msg_" + g.id, "type": "message", "role": "assistant", "model": g.model,
+		"content": []any{block}, "stop_reason": g.stopReason(), "stop_sequence": nil,
+		"usage": g.anthropicUsage(),
+	})
+}
+
+// streamMessage writes Anthropic's event stream: one content block, text
+// (a text_delta per token) or a tool call (its input as input_json_delta
+// pieces, one per token), flushed event by event. The output tokens come
+// in message_delta, the prompt's in message_start (with output_tokens 1,
+// as Anthropic reports it there).
+func (s *Server) streamMessage(ctx context.Context, w http.ResponseWriter, g generation) error {
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	send := func(ev map[string]any) error {
+		b, err := json.Marshal(ev)
+		if err != nil {
+			return err
+		}
+		if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", ev["type"], b); err != nil {
+			return err
+		}
+		if err := rc.Flush(); err != nil {
+			return err
+		}
+		return ctx.Err()
+	}
+	startUsage := map[string]any{"input_tokens": g.usage.PromptTokens, "output_tokens": 1}
+	if g.garbageUsage {
+		startUsage = map[string]any{"input_tokens": "many", "output_tokens": -7}
+	}
+	block := map[string]any{"type": "text", "text": ""}
+	if g.tool != "" {
+		block = map[string]any{"type": "tool_use", "id": "toolu_" + g.id, "name": g.tool, "input": map[string]any{}}
+	}
+	for _, ev := range []map[string]any{
+		{"type": "message_start", "message": map[string]any{"id": "msg_" + g.id, "type": "message", "role": "assistant",
+			"model": g.model, "content": []any{}, "stop_reason": nil, "stop_sequence": nil, "usage": startUsage}},
+		{"type": "content_block_start", "index": 0, "content_block": block},
+		{"type": "ping"},
+	} {
+		if err := send(ev); err != nil {
+			return err
+		}
+	}
+	delta := func(piece string) map[string]any {
+		if g.tool != "" {
+			return map[string]any{"type": "input_json_delta", "partial_json": piece}
+		}
+		return map[string]any{"type": "text_delta", "text": piece}
+	}
+	if g.tool != "" {
+		if err := send(map[string]any{"type": "content_block_delta", "index": 0, "delta": delta(`{"query": "`)}); err != nil {
+			return err
+		}
+	}
+	for i := range g.usage.CompletionTokens {
+		if i == g.stallAfter {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		if err := send(map[string]any{"type": "content_block_delta", "index": 0, "delta": delta(outputToken)}); err != nil {
+			return err
+		}
+		if err := sleep(ctx, s.cfg.PerToken); err != nil {
+			return err
+		}
+	}
+	if g.tool != "" {
+		if err := send(map[string]any{"type": "content_block_delta", "index": 0, "delta": delta(`"}`)}); err != nil {
+			return err
+		}
+	}
+	endUsage := map[string]any{"output_tokens": g.usage.CompletionTokens}
+	if g.garbageUsage {
+		endUsage = map[string]any{"output_tokens": "lots"}
+	}
+	for _, ev := range []map[string]any{
+		{"type": "content_block_stop", "index": 0},
+		{"type": "message_delta", "delta": map[string]any{"stop_reason": g.stopReason(), "stop_sequence": nil}, "usage": endUsage},
+		{"type": "message_stop"},
+	} {
+		if err := send(ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
