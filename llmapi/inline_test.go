@@ -5,9 +5,9 @@ import (
 	"testing"
 )
 
-// FuzzRevInlineTexts: the texts a Request keeps from its parse are the
+// FuzzInlineTexts: the texts a Request keeps from its parse are the
 // texts the estimate's walk gathers, and Estimate agrees either way.
-func FuzzRevInlineTexts(f *testing.F) {
+func FuzzInlineTexts(f *testing.F) {
 	for _, s := range fuzzSeeds() {
 		for i := range fuzzPaths {
 			f.Add(uint8(i), []byte(s))
@@ -20,8 +20,8 @@ func FuzzRevInlineTexts(f *testing.F) {
 		if err != nil {
 			return
 		}
-		var es scan
-		walked := textStrings(req.walkTexts(&es, 1))
+		texts, _ := walkTexts(req)
+		walked := textStrings(texts)
 		if len(walked) != req.nTexts {
 			t.Fatalf("nTexts %d, walk gathers %d", req.nTexts, len(walked))
 		}
