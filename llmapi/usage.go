@@ -3,6 +3,8 @@ package llmapi
 import (
 	"bytes"
 	"strconv"
+
+	"github.com/go-json-experiment/json/jsontext"
 )
 
 // Usage is a response's actual token usage, used to back-fill the estimate.
@@ -45,42 +47,61 @@ func lastUsage(rs *readers, body []byte) (prompt, completion int, ok bool) {
 	for r.member() {
 		if string(r.name()) != "usage" {
 			r.skip()
-		} else if v := r.value(); v != nil {
-			prompt, completion, ok = decodeUsage(rs, v)
+			continue
+		}
+		p, c, uok := usage(r, r.next())
+		if r.err == nil {
+			prompt, completion, ok = p, c, uok
 		}
 	}
 	return prompt, completion, ok
 }
 
-// decodeUsage reads a usage object: OpenAI's prompt_tokens and
-// completion_tokens, or input_tokens and output_tokens of the responses API
-// and Anthropic, plus Anthropic's cache reads and writes. prompt and
-// completion are -1 when the object does not report them. Members that
-// are not numbers (nested details, null) are ignored.
+// decodeUsage reads the usage object raw (see usage).
 func decodeUsage(rs *readers, raw []byte) (prompt, completion int, ok bool) {
-	if rawType(raw) != '{' {
+	if raw == nil {
+		return -1, -1, false
+	}
+	r := rs.open(raw, 0)
+	defer rs.close()
+	return usage(r, r.next())
+}
+
+// usage reads the usage object begun with a token of kind k: OpenAI's
+// prompt_tokens and completion_tokens, or input_tokens and output_tokens
+// of the responses API and Anthropic, plus Anthropic's cache reads and
+// writes. prompt and completion are -1 when the object does not report
+// them. Members that are not numbers (nested details, null) are ignored.
+func usage(r *reader, k jsontext.Kind) (prompt, completion int, ok bool) {
+	if k != '{' {
+		r.finish(k)
 		return -1, -1, false
 	}
 	pt, ct, it, ot, cache := -1, -1, -1, -1, -1
-	rs.members(raw, func(key, value []byte) bool {
-		n, isNum := tokenCount(value)
-		if !isNum {
-			return true
-		}
-		switch string(key) {
+	for r.member() {
+		var count *int
+		switch string(r.name()) {
 		case "prompt_tokens":
-			pt = n
+			count = &pt
 		case "completion_tokens":
-			ct = n
+			count = &ct
 		case "input_tokens":
-			it = n
+			count = &it
 		case "output_tokens":
-			ot = n
+			count = &ot
 		case "cache_creation_input_tokens", "cache_read_input_tokens":
-			cache = max(cache, 0) + n
+			if n, isNum := tokenCount(r.value()); isNum {
+				cache = max(cache, 0) + n
+			}
+			continue
+		default:
+			r.skip()
+			continue
 		}
-		return true
-	})
+		if n, isNum := tokenCount(r.value()); isNum {
+			*count = n
+		}
+	}
 	prompt, completion = pt, ct
 	if prompt < 0 {
 		prompt = it
