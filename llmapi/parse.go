@@ -443,17 +443,13 @@ func getInt(raw []byte, field string) (int, error) {
 	switch t := rawType(raw); {
 	case t == 0 || t == 'n':
 		return 0, nil
-	case t == '-' || t >= '0' && t <= '9':
-		f, err := strconv.ParseFloat(string(raw), 64)
-		if err != nil && math.IsInf(f, 1) {
-			return CostLimit, nil // beyond float64: 1e400
-		}
-		if err == nil && f >= 0 && f == math.Trunc(f) {
-			return int(min(f, CostLimit)), nil
-		}
-		return 0, fieldError(field, "must be a non-negative integer, got %s", clip(raw))
+	case t != '-' && (t < '0' || t > '9'):
+		return 0, fieldError(field, "must be a non-negative integer, got %s", typeName(t))
 	}
-	return 0, fieldError(field, "must be a non-negative integer, got %s", typeName(rawType(raw)))
+	if f := number(raw); f >= 0 && f == math.Trunc(f) {
+		return int(min(f, CostLimit)), nil
+	}
+	return 0, fieldError(field, "must be a non-negative integer, got %s", clip(raw))
 }
 
 // getChoices reads n or best_of: 1 when absent, else an integer from 1 to
@@ -465,17 +461,23 @@ func getChoices(raw []byte, field string) (int, error) {
 	switch t := rawType(raw); {
 	case t == 0 || t == 'n':
 		return 1, nil
-	case t == '-' || t >= '0' && t <= '9':
-		f, err := strconv.ParseFloat(string(raw), 64)
-		switch {
-		case (err == nil || math.IsInf(f, 1)) && f > MaxChoices && f == math.Trunc(f):
-			return 0, fieldError(field, "must be at most %d, got %s", MaxChoices, clip(raw))
-		case err == nil && f >= 1 && f == math.Trunc(f):
-			return int(f), nil
-		}
-		return 0, fieldError(field, "must be a positive integer, got %s", clip(raw))
+	case t != '-' && (t < '0' || t > '9'):
+		return 0, fieldError(field, "must be a positive integer, got %s", typeName(t))
 	}
-	return 0, fieldError(field, "must be a positive integer, got %s", typeName(rawType(raw)))
+	switch f := number(raw); {
+	case f > MaxChoices && f == math.Trunc(f):
+		return 0, fieldError(field, "must be at most %d, got %s", MaxChoices, clip(raw))
+	case f >= 1 && f == math.Trunc(f):
+		return int(f), nil
+	}
+	return 0, fieldError(field, "must be a positive integer, got %s", clip(raw))
+}
+
+// number reads raw, a JSON number, as a float64: beyond float64's range
+// (1e400) it is an infinity.
+func number(raw []byte) float64 {
+	f, _ := strconv.ParseFloat(string(raw), 64)
+	return f
 }
 
 // smallInt reads raw when it is nothing but up to 15 digits: the integer
