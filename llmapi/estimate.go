@@ -47,14 +47,21 @@ func Estimate(req *Request, c Counter, defaultMaxTokens int) Cost {
 		c = approxCounter{}
 	}
 	var p int64
-	if req.walked && req.nTexts <= len(req.texts) {
+	switch {
+	case req.walked && req.nTexts <= len(req.texts):
 		// The common request: Parse met all of its texts, so there is
 		// nothing to walk or pool.
 		var strs [inlineTexts]string
 		p, _ = promptTokens(req, req.texts[:req.nTexts], c, strs[:0])
-	} else {
+	default:
 		sc := getScratch()
-		texts := req.gatherTexts(sc, (req.nTexts+maxTexts-1)/maxTexts)
+		var texts []textRef
+		if req.allTexts() {
+			texts = append(append(sc.texts[:0], req.texts[:]...), req.more...)
+			sc.texts = texts
+		} else {
+			texts = req.gatherTexts(sc, (req.nTexts+maxTexts-1)/maxTexts)
+		}
 		p, sc.strs = promptTokens(req, texts, c, sc.strs[:0])
 		sc.release()
 	}

@@ -1,12 +1,22 @@
 package llmapi
 
 import (
+	"reflect"
 	"slices"
 	"testing"
 )
 
+// textRefSize, which bounds the texts a Request keeps, is a textRef's
+// size.
+func TestTextRefSize(t *testing.T) {
+	if got := reflect.TypeOf(textRef{}).Size(); got != textRefSize {
+		t.Errorf("a textRef is %d bytes, textRefSize says %d", got, textRefSize)
+	}
+}
+
 // FuzzInlineTexts: the texts a Request keeps from its parse are the
-// texts the estimate's walk gathers, and Estimate agrees either way.
+// texts the estimate's walk gathers, it keeps them whenever there are
+// few enough (keptTexts), and Estimate agrees either way.
 func FuzzInlineTexts(f *testing.F) {
 	for _, s := range fuzzSeeds() {
 		for i := range fuzzPaths {
@@ -25,11 +35,13 @@ func FuzzInlineTexts(f *testing.F) {
 		if len(walked) != req.nTexts {
 			t.Fatalf("nTexts %d, walk gathers %d", req.nTexts, len(walked))
 		}
-		if req.nTexts <= inlineTexts {
-			inline := textStrings(req.texts[:req.nTexts])
-			if !slices.Equal(inline, walked) {
-				t.Fatalf("inline %q, walk %q", inline, walked)
+		if req.allTexts() {
+			kept := textStrings(append(req.texts[:min(req.nTexts, inlineTexts)], req.more...))
+			if !slices.Equal(kept, walked) {
+				t.Fatalf("kept %q, walk %q", kept, walked)
 			}
+		} else if req.walked && req.nTexts <= keptTexts(len(body)) {
+			t.Fatalf("%d texts of a %d-byte body not kept", req.nTexts, len(body))
 		}
 		fast := Estimate(req, c, 16)
 		slow := *req

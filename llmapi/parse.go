@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -37,9 +38,9 @@ const MaxChoices = 128
 //
 // A Request parsed from a body refers to that body instead of copying its
 // prompt: Estimate reads the prompt text from it, so that a queued request
-// costs its body and a fixed few hundred bytes, not its prompt twice. The
-// caller must therefore neither modify nor reuse the body while the Request
-// is in use.
+// costs its body, a fixed few hundred bytes and where its texts stand (a
+// sixteenth of the body at most), not its prompt twice. The caller must
+// therefore neither modify nor reuse the body while the Request is in use.
 type Request struct {
 	Kind Kind
 	// Inferred reports that the path did not name an API and Kind was
@@ -73,17 +74,32 @@ type Request struct {
 	nTexts    int    // texts in the prompt
 	textBytes int64  // and their size, as they stand in the body
 	noBody    bool
-	// texts are the first texts of the prompt as the walk met them; when
-	// Parse set walked and they are all of them (nTexts <= inlineTexts),
-	// Estimate counts them without walking the body a second time.
+	// texts are the first texts of the prompt as the walk met them, and
+	// more the others when Parse kept them (see keptTexts); when Parse
+	// set walked and they are all of them, Estimate counts them without
+	// walking the body a second time.
 	texts  [inlineTexts]textRef
+	more   []textRef
 	walked bool
 }
 
-// inlineTexts is how many prompt texts a Request keeps from its parse: a
-// short conversation's, for a fixed 256 bytes, which spares the common
-// request the estimate's second walk over its body.
+// inlineTexts is how many prompt texts a Request keeps in itself: a short
+// conversation's, for a fixed 256 bytes, so that the common request
+// allocates nothing more.
 const inlineTexts = 8
+
+// keptTexts is how many texts Parse keeps from a body of n bytes: where
+// they stand costs a sixteenth of the body at most. A body of more (many
+// tiny strings) is walked again by Estimate, which samples them.
+func keptTexts(n int) int { return min(n/16/textRefSize, maxTexts) }
+
+// textRefSize is the size of a textRef: a slice and a flag.
+const textRefSize = 32
+
+// allTexts reports whether Parse kept all of r's texts.
+func (r *Request) allTexts() bool {
+	return r.walked && (r.nTexts <= inlineTexts || len(r.more) == r.nTexts-inlineTexts)
+}
 
 // Texts returns the prompt text, one entry per separately tokenized string
 // (message contents, names, tool calls, tool definitions), decoded from
@@ -302,14 +318,18 @@ func (sc *scratch) parse(req *Request, path string, body []byte) error {
 	}
 	req.Kind, req.Choices, req.body = kind, 1, body
 	w := sc.walker(req, false, 1)
+	w.keep = keptTexts(len(body))
 	err := w.walk(body)
-	sc.path, sc.calls = w.path[:0], w.calls[:0]
+	sc.path, sc.calls, sc.texts = w.path[:0], w.calls[:0], w.texts[:0]
 	if err != nil {
 		*req = Request{}
 		return err
 	}
 	req.Inferred = kind == KindUnknown && req.Kind != KindUnknown
 	req.walked = true
+	if req.nTexts > inlineTexts && req.nTexts <= w.keep {
+		req.more = slices.Clone(w.texts[inlineTexts:])
+	}
 	return nil
 }
 

@@ -126,6 +126,7 @@ type walker struct {
 	r       *Request
 	collect bool
 	every   int // when collecting, keep every every-th text (0 or 1: all)
+	keep    int // when not, keep the first keep texts
 	texts   []textRef
 	path    []seg // where the walk is, for error messages
 
@@ -1017,8 +1018,8 @@ func (w *walker) addJSON(raw []byte) {
 	}
 }
 
-// add counts a text, and keeps it when collecting (every every-th); the
-// first inlineTexts are kept in the Request too. A tool call's text waits
+// add counts a text, and keeps it when collecting (every every-th) or
+// among the first keep; the first inlineTexts are kept in the Request too. A tool call's text waits
 // in w.calls until the message's name is added.
 func (w *walker) add(t textRef) {
 	if w.deferring {
@@ -1026,7 +1027,7 @@ func (w *walker) add(t textRef) {
 		return
 	}
 	r := w.r
-	if w.collect && (w.every <= 1 || r.nTexts%w.every == 0) {
+	if w.collect && (w.every <= 1 || r.nTexts%w.every == 0) || !w.collect && r.nTexts < w.keep {
 		w.texts = append(w.texts, t)
 	}
 	if r.nTexts < len(r.texts) {

@@ -38,7 +38,7 @@ go test -count=1 -run '^$' -bench . -benchtime 1x ./fairqueue/... ./budget/ ./de
 # deadline can fire while a worker is mid-input on a stalled shared machine,
 # and Go reports "context deadline exceeded" as a failure of the target.
 echo "== fuzz targets, a bounded count of inputs each, from the committed corpus (llmapi/testdata/fuzz)"
-for target in FuzzParse FuzzLightMode FuzzStreamScanner FuzzParseUsage FuzzApproxCount FuzzBPEMatchesTiktoken; do
+for target in FuzzParse FuzzLightMode FuzzStreamScanner FuzzParseUsage FuzzInlineTexts FuzzApproxCount FuzzBPEMatchesTiktoken; do
 	go test -run '^$' -fuzz "^${target}\$" -fuzztime 300000x ./llmapi/
 done
 
