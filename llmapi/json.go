@@ -228,7 +228,8 @@ var errTrailing = errors.New("a second value after the first")
 // walk here is linear because no byte is handed to readers more than a
 // fixed number of times, however deep the body nests.
 type readers struct {
-	stack []*reader
+	first reader // most walks need no other
+	more  []*reader
 	depth int
 	used  int // the readers opened since release
 	n     int // bytes read
@@ -237,10 +238,13 @@ type readers struct {
 // open returns a reader of text, with the given depth limit (0: none;
 // text read by an earlier reader has been checked).
 func (rs *readers) open(text []byte, limit int) *reader {
-	if rs.depth == len(rs.stack) {
-		rs.stack = append(rs.stack, new(reader))
+	r := &rs.first
+	if rs.depth > 0 {
+		if rs.depth > len(rs.more) {
+			rs.more = append(rs.more, new(reader))
+		}
+		r = rs.more[rs.depth-1]
 	}
-	r := rs.stack[rs.depth]
 	rs.depth++
 	rs.used = max(rs.used, rs.depth)
 	rs.n += len(text)
@@ -253,8 +257,11 @@ func (rs *readers) close() { rs.depth-- }
 
 // release drops every reference to what the readers read.
 func (rs *readers) release() {
-	for _, r := range rs.stack[:rs.used] {
-		r.reset(nil, 0)
+	if rs.used > 0 {
+		rs.first.reset(nil, 0)
+		for _, r := range rs.more[:rs.used-1] {
+			r.reset(nil, 0)
+		}
 	}
 	rs.depth, rs.used, rs.n = 0, 0, 0
 }

@@ -68,15 +68,20 @@ func appendTextStrings(dst []string, texts []textRef) []string {
 // (the Request) and the texts' one buffer; release drops every reference
 // into the body, and memory a large body made it grow is not kept.
 type scratch struct {
-	rs    readers
-	req   Request // the throwaway counts of a collecting walk
-	path  []seg
-	texts []textRef
-	calls []textRef // a message's tool calls' texts (see walker)
-	strs  []string
+	rs      readers
+	req     Request // the throwaway counts of a collecting walk
+	path    []seg
+	pathBuf [16]seg // path's first memory
+	texts   []textRef
+	calls   []textRef // a message's tool calls' texts (see walker)
+	strs    []string
 }
 
-var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+var scratchPool = sync.Pool{New: func() any {
+	sc := new(scratch)
+	sc.path = sc.pathBuf[:0]
+	return sc
+}}
 
 func getScratch() *scratch { return scratchPool.Get().(*scratch) }
 
@@ -99,7 +104,7 @@ func (sc *scratch) release() {
 		sc.texts, sc.calls, sc.strs = nil, nil, nil
 	}
 	if cap(sc.path) > maxPooledPath {
-		sc.path = nil
+		sc.path = sc.pathBuf[:0]
 	}
 	scratchPool.Put(sc)
 }
