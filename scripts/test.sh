@@ -50,6 +50,11 @@ if [ -n "$bad" ]; then echo "gofmt would change: $bad"; exit 1; fi
 # Three modules: the plugin (what xcaddy builds into Caddy, with only what
 # it runs in its go.mod), its end-to-end tests (xcaddy-test: chromedp,
 # vegeta) and the simulator's command (cmd/fqsim: gonum/plot).
+echo "== go mod tidy -diff (a go.mod or go.sum a fresh clone could not build from)"
+go mod tidy -diff
+go -C xcaddy-test mod tidy -diff
+go -C cmd/fqsim mod tidy -diff
+
 echo "== go vet"
 go vet ./...
 go -C xcaddy-test vet ./...
