@@ -98,7 +98,7 @@ type admission struct {
 	// req0 is the parsed body, in the same allocation (req points to it,
 	// or to light mode's reparse).
 	req0 llmapi.Request
-	// watch bounds the time to receive the body (bodywatch.go).
+	// watch bounds the time to receive the body (body.go).
 	watch bodyRead
 
 	// Once queued: actual is the cost the slot is released with
