@@ -46,7 +46,8 @@ const (
 	codeContextLength = "context_length_exceeded"
 )
 
-// admission is everything known about a request before it is queued.
+// admission is one request's state: what admit learned of it, then what
+// its dispatch and attempts did.
 type admission struct {
 	tenant   string
 	label    string // metrics label: the tenant, or one label for unknowns
@@ -76,7 +77,7 @@ type admission struct {
 	// it was boosted, for the history with the outcome (zero and false
 	// for a request never dispatched).
 	eta time.Duration
-	// Together, so that the flags share one word.
+	// light: light mode rewrote the body.
 	light, phWaitKnown, usageKnown, boosted bool
 
 	// m caches the tenant's metric children (nil for a Handler that was
