@@ -384,10 +384,14 @@ func (q *Queue) promoteLocked(now time.Time, tk *Ticket) {
 // long the queue: O(maxRecheck x log n), each ETA from the work-ahead index
 // (or a walk over at most aheadWalkMax flows).
 func (q *Queue) recheckLocked(now time.Time) {
-	// Behind a provider account that binds, a boost only reorders what
-	// the account admits: the boost budget is a share of the slots,
-	// which are not what requests wait for.
-	if q.cfg.Admission.BoostShareMax <= 0 || len(q.deadlines) == 0 || q.accountBindsLocked(now) {
+	if q.cfg.Admission.BoostShareMax <= 0 || len(q.deadlines) == 0 {
+		return
+	}
+	// Behind a provider account that binds, a boost for a share of the
+	// slots makes no room (the account is what requests wait for): the
+	// lane only keeps the promises made at the decision point (commit.go).
+	if q.accountBindsLocked(now) {
+		q.keepCommitmentsLocked(now)
 		return
 	}
 	horizon := now.Add(q.boostETALocked(now, 0)*4 + q.cfg.Admission.Margin + time.Second)

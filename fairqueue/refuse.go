@@ -34,6 +34,9 @@ import (
 //     the refusal rate with one standard error more (1/sqrt of the
 //     completions seen). Applying the drain rate in one window only, not
 //     tick after tick, keeps a noisy reading from refusing on its lows.
+//   - Behind a provider account that binds, the decision point is where a
+//     request is refused or committed to (commit.go): kept, it is refused
+//     after only on the refusal rate, and boosted if it is about to miss.
 //
 // Capacity counts at the largest healthy count of the last minute: an
 // upstream that just went down may come back, so what an outage costs is
@@ -402,8 +405,10 @@ func (q *Queue) refusalMarginLocked(now time.Time) float64 {
 // held between the global ETAs at the refusal rate r and at the promise
 // rate (0: not learned yet). Behind an account that binds, expect is the
 // drain its tenant's share of the account gives (0: none), and decides
-// alone with the refusal rate: unbounded by tag order, which counts none
-// of the arrivals to come that the share does.
+// alone with the refusal rate in the decision window: unbounded by tag
+// order, which counts none of the arrivals to come that the share does.
+// After the window a request behind the account is committed (commit.go)
+// and refused only on the refusal rate.
 func (q *Queue) refusalETALocked(now time.Time, tk *Ticket, r, promise, drain, expect float64, exact bool) time.Duration {
 	own := q.aheadInFlow(tk)
 	work := q.workAheadLocked(now, tk.t, tk.f.cq, own, tk.cost, exact)
@@ -411,8 +416,8 @@ func (q *Queue) refusalETALocked(now time.Time, tk *Ticket, r, promise, drain, e
 	enq := q.at(tk.enqueued)
 	at := tk.deadline.Sub(enq) / decideAt
 	at -= min(at/5, decideLead)
-	if expect > 0 && now.Sub(enq) >= at-decideWindow {
-		// Behind an account that binds, from its decision point on, a
+	if age := now.Sub(enq); expect > 0 && age >= at-decideWindow && age < at {
+		// Behind an account that binds, at its decision point, a
 		// request is decided on the rate its flow drains at: the share
 		// of the account its tenant's weight gets against the weight
 		// backlogged on average over the last seconds, and, once it has
@@ -425,7 +430,9 @@ func (q *Queue) refusalETALocked(now time.Time, tk *Ticket, r, promise, drain, e
 		if drain > 0 {
 			eta = max(eta, budget.ETA(float64(own+tk.cost), drain))
 		}
-		return eta
+		// Kept, it is committed (commit.go): only a dispatch a
+		// commitLead before its deadline counts as on time.
+		return eta + commitLead
 	}
 	if age := now.Sub(enq); age < at-decideWindow || age >= at {
 		// Outside the decision window: at the refusal rate, less the cold

@@ -20,9 +20,9 @@ import (
 // provider refuses (its 429s <= 1% of what it sent), serve every VIP
 // request (reserved) within its budget, answer no caller server_busy after
 // refused attempts, and still send at least 90% of the TPM over the peak.
-// What the account cannot take in time is refused early: at least 97% of
+// What the account cannot take in time is refused early: at least 99% of
 // the refusals within a quarter of the wait budget, queue_timeout
-// counting as late (see the bound below).
+// counting as late.
 //
 // The three runs share nothing (their own fakes, gateways and ports) and
 // run in parallel with each other, and alone otherwise (they count what is
@@ -94,15 +94,13 @@ func TestProviderWindowsNeverExceeded(t *testing.T) {
 			})
 		}
 	})
-	// About a hundred refusals a run, counted over the three. Behind an
-	// account the bound is 3%, not the 1% a quota or the slots are held
-	// to: fair queuing's catch-up after the account's first burst, which
-	// the share a tenant is expected to get does not model, leaves a few
-	// late (observed 2 to 7 of about 300, where the gateway before this
-	// answered half of them late and 67 a run with queue_timeout).
+	// About a hundred refusals a run, counted over the three. A request
+	// behind the account is refused at its decision point or committed to
+	// and, if about to miss, boosted (fairqueue/commit.go): before that, 4
+	// to 9 of about 300 ended in queue_timeout at the end of their budget.
 	t.Logf("%d refusals over the three runs, %d after a quarter of the budget or as queue_timeout", refused, late)
-	if late*100 > 3*refused {
-		t.Errorf("%d of %d refusals came after a quarter of the budget or as queue_timeout, want <= 3%%", late, refused)
+	if late*100 > refused {
+		t.Errorf("%d of %d refusals came after a quarter of the budget or as queue_timeout, want <= 1%%", late, refused)
 	}
 }
 
@@ -227,8 +225,8 @@ func runProviderPeak(t *testing.T, window string) (refused, late int) {
 	if refused == 0 {
 		t.Errorf("%s window: nothing refused at 1.75x the account", window)
 	}
-	if late*100 > 5*refused {
-		t.Errorf("%s window: %d of %d refusals came after a quarter of the budget or as queue_timeout, want <= 5%% in one run", window, late, refused)
+	if late*100 > 2*refused {
+		t.Errorf("%s window: %d of %d refusals came after a quarter of the budget or as queue_timeout, want <= 2%% in one run", window, late, refused)
 	}
 	return refused, late
 }
