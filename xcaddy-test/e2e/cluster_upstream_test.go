@@ -9,13 +9,15 @@ import (
 
 // TestClusterSharedSlotsPerUpstream: three gateways sharing a pool of two
 // model servers of 4 slots each, each gateway flooded as if it alone had
-// the pool: no model server ever runs a 5th request, that is, no request
-// waits in a fake's own queue for one of its 4 slots (a request that does
-// waits for a running one to finish, 45 ms or more here; the hand-over of
-// a slot, the next request arriving a moment before the fake has counted
-// the last one out, is a millisecond or two). Before, the pool's total of
-// 8 held while one server ran a 5th: a grant the others left no room for
-// on any upstream sent a request to the least loaded one.
+// the pool: no model server is ever sent a 5th request, that is, no
+// request arrives while 4 others are still generating there (started and
+// not yet at their last bytes, the fake's GeneratedUnixNano). A request
+// arriving as one of the 4 writes its answer is a hand-over, the slot
+// already the gateways' to give; on a busy machine the fake may take it
+// late, so waiting at the fake is not the test, what was running is.
+// Before, the pool's total of 8 held while one server ran a 5th: a grant
+// the others left no room for on any upstream sent a request to the least
+// loaded one.
 func TestClusterSharedSlotsPerUpstream(t *testing.T) {
 	t.Parallel()
 	rs := startRedis(t)
@@ -24,23 +26,38 @@ func TestClusterSharedSlotsPerUpstream(t *testing.T) {
 	flood := startSlotFlood(t, bases)
 	flood.waitServed(t, "the flood through all three", 60, 0, 1, 2)
 	flood.end()
-	t.Logf("served per gateway %v, failed %v; the fakes had at most %d requests at once", flood.served, flood.failed, maxConcurrent(t, fakes...))
+	t.Logf("served per gateway %v, failed %v; the fakes had at most %d requests at once (hand-overs included, observed)", flood.served, flood.failed, maxConcurrent(t, fakes...))
 	for i, f := range fakes {
-		waited, n := 0, 0
-		for _, r := range records(t, f) {
-			n++
-			if r.StartedUnixNano != 0 && time.Duration(r.StartedUnixNano-r.ReceivedUnixNano) > 20*time.Millisecond {
-				waited++
+		recs := records(t, f)
+		over := 0
+		for _, r := range recs {
+			if n := generatingAt(recs, r); n >= 4 {
+				over++
+				t.Errorf("fake %d: %s arrived while %d others were generating: more were sent to it than its 4 slots", i, r.TestID, n)
 			}
 		}
-		t.Logf("fake %d: %d requests, %d waited for one of its slots; at most %d at once (hand-overs included)", i, n, waited, maxConcurrent(t, f))
-		if waited > 0 {
-			t.Errorf("fake %d: %d requests waited in its own queue: more were sent to it than its 4 slots", i, waited)
-		}
+		t.Logf("fake %d: %d requests, %d sent beyond its slots", i, len(recs), over)
 	}
 	for g, n := range flood.failed {
 		if n > 0 {
 			t.Errorf("gateway %d: %d requests failed", g, n)
 		}
 	}
+}
+
+// generatingAt counts the requests other than r that had started at r's
+// arrival and had not ended their generation.
+func generatingAt(recs map[string]harness.FakeRequest, r harness.FakeRequest) int {
+	n := 0
+	for _, x := range recs {
+		end := x.GeneratedUnixNano
+		if end == 0 {
+			end = x.FinishedUnixNano // it never finished generating
+		}
+		if x.Seq != r.Seq && x.StartedUnixNano != 0 && x.StartedUnixNano <= r.ReceivedUnixNano &&
+			(end == 0 || end > r.ReceivedUnixNano) {
+			n++
+		}
+	}
+	return n
 }

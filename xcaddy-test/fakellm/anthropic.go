@@ -169,6 +169,7 @@ func (s *Server) respondMessage(ctx context.Context, w http.ResponseWriter, g ge
 	if err := sleep(ctx, time.Duration(g.usage.CompletionTokens)*s.cfg.PerToken); err != nil {
 		return err
 	}
+	g.generated()
 	block := map[string]any{"type": "text", "text": strings.Repeat(outputToken, g.usage.CompletionTokens)}
 	if g.tool != "" {
 		block = map[string]any{"type": "tool_use", "id": "toolu_" + g.id, "name": g.tool, "input": g.toolInput()}
@@ -228,6 +229,7 @@ func (s *Server) streamMessage(ctx context.Context, w http.ResponseWriter, g gen
 	if err := s.eachToken(ctx, g, func(int) error { return send(g.blockDelta(outputToken)) }); err != nil {
 		return err
 	}
+	g.generated()
 	return send(tail...)
 }
 

@@ -103,11 +103,16 @@ type Record struct {
 	// StartedUnixNano is when the request got a slot (0: never). StartSeq
 	// numbers slot grants 1, 2, 3... so start order is exact even when two
 	// clocks readings tie.
-	StartedUnixNano  int64  `json:"started_unix_nano"`
-	StartSeq         uint64 `json:"start_seq"`
-	FinishedUnixNano int64  `json:"finished_unix_nano"`
-	Status           int    `json:"status"`
-	Outcome          string `json:"outcome"`
+	StartedUnixNano int64  `json:"started_unix_nano"`
+	StartSeq        uint64 `json:"start_seq"`
+	// GeneratedUnixNano is when the generation ended, just before the
+	// answer's last bytes were written (0: never): a request sent on this
+	// one's completion arrives after it, however late the server's own
+	// bookkeeping (FinishedUnixNano) runs on a busy machine.
+	GeneratedUnixNano int64  `json:"generated_unix_nano"`
+	FinishedUnixNano  int64  `json:"finished_unix_nano"`
+	Status            int    `json:"status"`
+	Outcome           string `json:"outcome"`
 
 	// epoch ties the record to the counters it may update: requests in
 	// flight across a /debug/reset must not count in the new epoch.
@@ -436,6 +441,13 @@ func (s *Server) newRecord(r *http.Request, body []byte) *Record {
 	return rec
 }
 
+// stamp sets *at to now under the server's lock.
+func (s *Server) stamp(at *int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	*at = time.Now().UnixNano()
+}
+
 func (s *Server) finish(rec *Record, status int, outcome string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -617,6 +629,7 @@ func (s *Server) rateLimited(w http.ResponseWriter, wire api, rec *Record, sp sp
 // server's name when it names none), with the faults r's headers ask for.
 func (s *Server) newGeneration(r *http.Request, rec *Record, sp spec, out int, finishReason string) generation {
 	g := generation{
+		generated:    func() { s.stamp(&rec.GeneratedUnixNano) },
 		id:           fmt.Sprintf("fake-%d", rec.Seq),
 		created:      time.Now().Unix(),
 		model:        sp.model,
@@ -783,6 +796,8 @@ func countContent(raw json.RawMessage) (int, error) {
 }
 
 type generation struct {
+	// generated stamps the record's GeneratedUnixNano.
+	generated    func()
 	id           string
 	created      int64
 	model        string
@@ -828,6 +843,7 @@ func (s *Server) respond(ctx context.Context, w http.ResponseWriter, g generatio
 	if err := sleep(ctx, time.Duration(g.usage.CompletionTokens)*s.cfg.PerToken); err != nil {
 		return err
 	}
+	g.generated()
 	text := strings.Repeat(outputToken, g.usage.CompletionTokens)
 	var choice map[string]any
 	if g.api == apiChat {
@@ -860,6 +876,7 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, g generation
 	if err != nil {
 		return err
 	}
+	g.generated()
 	if err := send([]any{g.chunkChoice(-1, g.finishReason)}, nil); err != nil {
 		return err
 	}

@@ -64,9 +64,13 @@ type FakeRequest struct {
 	ReceivedUnixNano int64             `json:"received_unix_nano"`
 	StartedUnixNano  int64             `json:"started_unix_nano"` // slot acquired; 0: never
 	StartSeq         uint64            `json:"start_seq"`         // 1, 2, 3... in slot order; 0: never
-	FinishedUnixNano int64             `json:"finished_unix_nano"`
-	Status           int               `json:"status"`
-	Outcome          string            `json:"outcome"` // in_flight, ok, client_gone, bad_request, aborted
+	// GeneratedUnixNano: the generation ended, the answer's last bytes
+	// not yet written (0: never); anything sent on its completion arrives
+	// after it.
+	GeneratedUnixNano int64  `json:"generated_unix_nano"`
+	FinishedUnixNano  int64  `json:"finished_unix_nano"`
+	Status            int    `json:"status"`
+	Outcome           string `json:"outcome"` // in_flight, ok, client_gone, bad_request, aborted
 }
 
 // fakeCount numbers unnamed fakes so that two of them never share a name.
