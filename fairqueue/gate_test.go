@@ -3,6 +3,7 @@ package fairqueue
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -313,4 +314,55 @@ func TestRequeueKeepsBooking(t *testing.T) {
 	}
 	a1.Release(UnknownCost)
 	settle(t, q)
+}
+
+// lateStore is a remote Memory whose bookings answer after the clock
+// moved on by lag (a store that took that long to answer).
+type lateStore struct {
+	*quota.Memory
+	clk *ManualClock
+	lag time.Duration
+}
+
+func (s *lateStore) Remote() bool { return true }
+
+func (s *lateStore) Book(ctx context.Context, tenant string, l *quota.Limits, tokens int64, maxWait, lead time.Duration) (quota.Decision, error) {
+	d, err := s.Memory.Book(ctx, tenant, l, tokens, maxWait, lead)
+	s.clk.Advance(s.lag)
+	return d, err
+}
+
+// TestBookingAnsweredLate: a place booked in time, whose answer came so
+// late that it no longer leaves the request its margin before the
+// deadline, is refused (429 quota_exceeded) and given back, rather than
+// queued to expire.
+func TestBookingAnsweredLate(t *testing.T) {
+	cfg := quotaConfig(quota.Config{QPS: 1})
+	clk := NewManualClock(t0)
+	store := &lateStore{Memory: quota.NewMemory(clk.Now), clk: clk}
+	cfg.QuotaStore = store
+	q, err := New(cfg, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.SetHealthy(1)
+	l := cfg.Tenants["a"].Quota
+	a1, err := q.Enqueue(Request{Tenant: "a", Cost: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a1.Release(UnknownCost)
+	before, _ := store.Memory.Status(context.Background(), "a", l)
+	// The next place is 1 s ahead; the deadline 1.5 s: in time when asked,
+	// but the answer takes 400 ms.
+	store.lag = 400 * time.Millisecond
+	_, err = q.Enqueue(Request{Tenant: "a", Cost: 10, Deadline: clk.Now().Add(1500 * time.Millisecond)})
+	var rej *Rejection
+	if !errors.As(err, &rej) || rej.Reason != ReasonQuotaExceeded || !strings.Contains(rej.Detail, "slow answer") {
+		t.Fatalf("a booking answered too late: %v, want quota_exceeded (the store's slow answer)", err)
+	}
+	settle(t, q)
+	if st, _ := store.Memory.Status(context.Background(), "a", l); st.Requests.Reset != before.Requests.Reset-400*time.Millisecond {
+		t.Errorf("the late booking was not given back: %+v, want %v of debt", st.Requests, before.Requests.Reset-400*time.Millisecond)
+	}
 }

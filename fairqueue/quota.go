@@ -50,11 +50,23 @@ func (q *Queue) quotaStoreLocked() quota.Store {
 // failed), admitted uncharged.
 func (q *Queue) quotaAdmitLocked(now time.Time, t *tenant, name string, l *quota.Limits, deadline time.Time, pre *quotaBooking) (time.Duration, quota.Dimension, *Rejection) {
 	if q.remoteStore {
+		late := !deadline.IsZero() && pre != nil &&
+			!now.Add(pre.d.RetryAfter+pre.slotWait).Before(deadline.Add(-q.quotaMarginLocked()))
 		switch {
 		case pre == nil || pre.err != nil:
 			return 0, "", nil
-		case pre.d.Allowed:
+		case pre.d.Allowed && (pre.d.RetryAfter <= 0 || !late):
 			return max(pre.d.RetryAfter, 0), pre.d.Reason, nil
+		case pre.d.Allowed:
+			// Booked in time, but the store's answer came so late that
+			// the place no longer leaves the request its wait for a
+			// slot (the caller gives the booking back).
+			d := pre.d
+			d.Allowed = false
+			rej := quotaRejection(d, quota.Backlog{})
+			rej.Detail = fmt.Sprintf("%s quota: this request may start in %v, which, after the quota store's slow answer, leaves it less time before its wait budget ends than requests wait for a slot past their quota's time (%v here)",
+				d.Reason, d.RetryAfter.Round(time.Millisecond), pre.slotWait.Round(time.Millisecond))
+			return 0, d.Reason, rej
 		}
 		rej := quotaRejection(pre.d, quota.Backlog{})
 		if !deadline.IsZero() && now.Add(pre.d.RetryAfter).Before(deadline.Add(-q.quotaMarginLocked())) {
