@@ -481,51 +481,8 @@ func (p *cfParser) fallback() error {
 			return d.Errf("fallback: %s given twice", key)
 		}
 		seen[key] = true
-		switch key {
-		case "tenants":
-			fb.Tenants = d.RemainingArgs()
-			if len(fb.Tenants) == 0 {
-				return d.Errf("fallback: tenants wants the tenants that may use the fallback")
-			}
-			if err := p.noBlock("fallback: tenants"); err != nil {
-				return err
-			}
-		case "model_map":
-			args := d.RemainingArgs()
-			if len(args) != 2 {
-				return d.Errf("fallback: want 'model_map <model> <fallback model>'")
-			}
-			if fb.ModelMap == nil {
-				fb.ModelMap = map[string]string{}
-			}
-			if _, dup := fb.ModelMap[args[0]]; dup {
-				return d.Errf("fallback: model_map for %q given twice", args[0])
-			}
-			fb.ModelMap[args[0]] = args[1]
-			if err := p.noBlock("fallback: model_map"); err != nil {
-				return err
-			}
-		case "max_inflight":
-			if err := p.posIntArg("fallback: max_inflight", &fb.MaxInflight); err != nil {
-				return err
-			}
-		case "upstream_quota":
-			uq, err := p.upstreamQuotaArgs("fallback: upstream_quota")
-			if err != nil {
-				return err
-			}
-			fb.UpstreamQuota = uq
-		case "reverse_proxy":
-			rp, err := p.innerProxy()
-			if err != nil {
-				return fmt.Errorf("fallback: %w", err)
-			}
-			if err := rp.FinalizeUnmarshalCaddyfile(httpcaddyfile.Helper{}); err != nil {
-				return fmt.Errorf("fallback: reverse_proxy: %w", err)
-			}
-			fb.ProxyRaw = caddyconfig.JSONModuleObject(rp, "handler", "reverse_proxy", nil)
-		default:
-			return d.Errf("fallback: unknown setting %q (want tenants, model_map, max_inflight, upstream_quota or reverse_proxy)", key)
+		if err := p.fallbackSetting(fb, key); err != nil {
+			return err
 		}
 	}
 	if fb.Tenants == nil || fb.ProxyRaw == nil {
@@ -533,6 +490,58 @@ func (p *cfParser) fallback() error {
 	}
 	p.h.Fallback = fb
 	return nil
+}
+
+// fallbackSetting parses one line of the fallback block.
+func (p *cfParser) fallbackSetting(fb *FallbackConfig, key string) error {
+	d := p.d
+	switch key {
+	case "tenants":
+		fb.Tenants = d.RemainingArgs()
+		if len(fb.Tenants) == 0 {
+			return d.Errf("fallback: tenants wants the tenants that may use the fallback")
+		}
+		return p.noBlock("fallback: tenants")
+	case "model_map":
+		return p.modelMap(fb)
+	case "max_inflight":
+		return p.posIntArg("fallback: max_inflight", &fb.MaxInflight)
+	case "upstream_quota":
+		uq, err := p.upstreamQuotaArgs("fallback: upstream_quota")
+		if err != nil {
+			return err
+		}
+		fb.UpstreamQuota = uq
+		return nil
+	case "reverse_proxy":
+		rp, err := p.innerProxy()
+		if err != nil {
+			return fmt.Errorf("fallback: %w", err)
+		}
+		if err := rp.FinalizeUnmarshalCaddyfile(httpcaddyfile.Helper{}); err != nil {
+			return fmt.Errorf("fallback: reverse_proxy: %w", err)
+		}
+		fb.ProxyRaw = caddyconfig.JSONModuleObject(rp, "handler", "reverse_proxy", nil)
+		return nil
+	}
+	return d.Errf("fallback: unknown setting %q (want tenants, model_map, max_inflight, upstream_quota or reverse_proxy)", key)
+}
+
+// modelMap parses `model_map <model> <fallback model>`, one line per model.
+func (p *cfParser) modelMap(fb *FallbackConfig) error {
+	d := p.d
+	args := d.RemainingArgs()
+	if len(args) != 2 {
+		return d.Errf("fallback: want 'model_map <model> <fallback model>'")
+	}
+	if fb.ModelMap == nil {
+		fb.ModelMap = map[string]string{}
+	}
+	if _, dup := fb.ModelMap[args[0]]; dup {
+		return d.Errf("fallback: model_map for %q given twice", args[0])
+	}
+	fb.ModelMap[args[0]] = args[1]
+	return p.noBlock("fallback: model_map")
 }
 
 // upstreamQuota parses `upstream_quota [tpm <n>] [rpm <n>] [burst <duration>]
@@ -618,45 +627,7 @@ func (p *cfParser) circuitBreak() error {
 		if err := p.noBlock("circuit_break: " + key); err != nil {
 			return err
 		}
-		if key == "order" {
-			if len(args) < 2 || slices.Contains(args, "}") {
-				return d.Errf("circuit_break: order wants at least two tiers, lowest first, on its line (e.g. 'order low mid high')")
-			}
-			cb.Order = args
-			continue
-		}
-		if len(args) != 1 {
-			return d.Errf("circuit_break: %s wants one value, got %d", key, len(args))
-		}
-		var err error
-		switch key {
-		case "trigger", "recover":
-			f, perr := strconv.ParseFloat(args[0], 64)
-			if perr != nil || !(f > 0) || math.IsInf(f, 0) {
-				return d.Errf("circuit_break: %s %q must be a positive number (a ratio of demand to capacity, e.g. 1.3)", key, args[0])
-			}
-			if key == "trigger" {
-				cb.Trigger = f
-			} else {
-				cb.Recover = f
-			}
-		case "saturation":
-			f, perr := strconv.ParseFloat(strings.TrimSuffix(args[0], "%"), 64)
-			if perr == nil && strings.HasSuffix(args[0], "%") {
-				f /= 100
-			}
-			if perr != nil || !(f > 0 && f <= 1) {
-				return d.Errf("circuit_break: saturation %q must be a share of the window in (0, 1] (e.g. 0.9 or 90%%)", args[0])
-			}
-			cb.Saturation = f
-		case "hold":
-			cb.Hold, err = p.duration("circuit_break: hold", args[0])
-		case "window":
-			cb.Window, err = p.duration("circuit_break: window", args[0])
-		default:
-			return d.Errf("circuit_break: unknown setting %q (want trigger, recover, hold, window, saturation or order)", key)
-		}
-		if err != nil {
+		if err := p.circuitSetting(cb, key, args); err != nil {
 			return err
 		}
 	}
@@ -665,6 +636,55 @@ func (p *cfParser) circuitBreak() error {
 	}
 	p.h.CircuitBreak = cb
 	return nil
+}
+
+// circuitSetting parses one line of the circuit_break block.
+func (p *cfParser) circuitSetting(cb *CircuitBreakConfig, key string, args []string) error {
+	d := p.d
+	if key == "order" {
+		if len(args) < 2 || slices.Contains(args, "}") {
+			return d.Errf("circuit_break: order wants at least two tiers, lowest first, on its line (e.g. 'order low mid high')")
+		}
+		cb.Order = args
+		return nil
+	}
+	if len(args) != 1 {
+		return d.Errf("circuit_break: %s wants one value, got %d", key, len(args))
+	}
+	v := args[0]
+	var err error
+	switch key {
+	case "trigger":
+		cb.Trigger, err = p.demandRatio(key, v)
+	case "recover":
+		cb.Recover, err = p.demandRatio(key, v)
+	case "saturation":
+		f, perr := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
+		if perr == nil && strings.HasSuffix(v, "%") {
+			f /= 100
+		}
+		if perr != nil || !(f > 0 && f <= 1) {
+			return d.Errf("circuit_break: saturation %q must be a share of the window in (0, 1] (e.g. 0.9 or 90%%)", v)
+		}
+		cb.Saturation = f
+	case "hold":
+		cb.Hold, err = p.duration("circuit_break: hold", v)
+	case "window":
+		cb.Window, err = p.duration("circuit_break: window", v)
+	default:
+		return d.Errf("circuit_break: unknown setting %q (want trigger, recover, hold, window, saturation or order)", key)
+	}
+	return err
+}
+
+// demandRatio parses circuit_break's trigger or recover: a positive ratio
+// of demand to capacity.
+func (p *cfParser) demandRatio(key, v string) (float64, error) {
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || !(f > 0) || math.IsInf(f, 0) {
+		return 0, p.d.Errf("circuit_break: %s %q must be a positive number (a ratio of demand to capacity, e.g. 1.3)", key, v)
+	}
+	return f, nil
 }
 
 // quotaDefaults parses the quota_defaults block: one setting per line, or
@@ -743,54 +763,59 @@ func (p *cfParser) quotaPairs(who string, args []string, rates bool) (*QuotaConf
 		if i+1 >= len(args) {
 			return nil, d.Errf("%s: missing value after %s", who, key)
 		}
-		v := args[i+1]
-		num := func() (float64, error) {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || f < 0 || math.IsInf(f, 0) || math.IsNaN(f) {
-				return 0, d.Errf("%s: %s %q must be a number >= 0", who, key, v)
-			}
-			return f, nil
-		}
-		var f float64
-		var err error
-		switch key {
-		case "qps", "tokens_per_min":
-			if !rates {
-				return nil, d.Errf("%s: %s belongs in a tenant's quota (want %s)", who, key, want)
-			}
-			if f, err = num(); err != nil {
-				return nil, err
-			}
-			if key == "qps" {
-				q.QPS = f
-			} else {
-				q.TokensPerMin = f
-			}
-		case "token_to_qps_weight", "joint_cap", "burst_allow":
-			if key == "token_to_qps_weight" && v == "auto" {
-				q.TokenToQPSWeightAuto = true
-				continue
-			}
-			if f, err = num(); err != nil {
-				return nil, err
-			}
-			switch key {
-			case "token_to_qps_weight":
-				q.TokenToQPSWeight = &f
-			case "joint_cap":
-				q.JointCap = &f
-			default:
-				q.BurstAllow = &f
-			}
-		case "burst_window":
-			if q.BurstWindow, err = p.duration(who+": burst_window", v); err != nil {
-				return nil, err
-			}
-		default:
-			return nil, d.Errf("%s: unknown setting %q (want %s)", who, key, want)
+		if err := p.quotaPair(q, who, key, args[i+1], rates, want); err != nil {
+			return nil, err
 		}
 	}
 	return q, nil
+}
+
+// quotaPair sets one `<setting> <value>` pair of a quota (see quotaPairs).
+func (p *cfParser) quotaPair(q *QuotaConfig, who, key, v string, rates bool, want string) error {
+	d := p.d
+	num := func() (float64, error) {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 0 || math.IsInf(f, 0) || math.IsNaN(f) {
+			return 0, d.Errf("%s: %s %q must be a number >= 0", who, key, v)
+		}
+		return f, nil
+	}
+	switch key {
+	case "qps", "tokens_per_min":
+		if !rates {
+			return d.Errf("%s: %s belongs in a tenant's quota (want %s)", who, key, want)
+		}
+		f, err := num()
+		if key == "qps" {
+			q.QPS = f
+		} else {
+			q.TokensPerMin = f
+		}
+		return err
+	case "token_to_qps_weight", "joint_cap", "burst_allow":
+		if key == "token_to_qps_weight" && v == "auto" {
+			q.TokenToQPSWeightAuto = true
+			return nil
+		}
+		f, err := num()
+		if err != nil {
+			return err
+		}
+		switch key {
+		case "token_to_qps_weight":
+			q.TokenToQPSWeight = &f
+		case "joint_cap":
+			q.JointCap = &f
+		default:
+			q.BurstAllow = &f
+		}
+		return nil
+	case "burst_window":
+		var err error
+		q.BurstWindow, err = p.duration(who+": burst_window", v)
+		return err
+	}
+	return d.Errf("%s: unknown setting %q (want %s)", who, key, want)
 }
 
 // tenantOptions parses [weight <n>] [class <class>] [wait_budget <duration>]
@@ -887,41 +912,12 @@ func (p *cfParser) antiStarvation() error {
 			return d.Errf("anti_starvation: %s given twice", opt)
 		}
 		seen[opt] = true
-		what := "anti_starvation: " + opt
-		v, err := p.oneArg(what)
+		v, err := p.oneArg("anti_starvation: " + opt)
 		if err != nil {
 			return err
 		}
-		switch opt {
-		case "boost_share_max":
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || !(f >= 0 && f <= 1) {
-				return d.Errf("%s: %q must be a fraction of capacity from 0 (no boosting) to 1", what, v)
-			}
-			as.BoostShareMax = &f
-		case "per_tenant_boost_hourly":
-			n, err := strconv.ParseInt(v, 10, strconv.IntSize)
-			if err != nil || n < 0 {
-				return d.Errf("%s: %q must be a whole number >= 0 (0: no per-tenant cap)", what, v)
-			}
-			ni := int(n)
-			as.PerTenantBoostHourly = &ni
-		case "fast_fail":
-			var b bool
-			switch v {
-			case "on":
-				b = true
-			case "off":
-			default:
-				return d.Errf("%s: want on or off, got %q", what, v)
-			}
-			as.FastFail = &b
-		case "throughput_prior":
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || !(f >= 0) || math.IsInf(f, 0) {
-				return d.Errf("%s: %q must be a rate in cost units per second per upstream, >= 0", what, v)
-			}
-			as.ThroughputPrior = f
+		if err := p.antiStarvationOption(as, opt, v); err != nil {
+			return err
 		}
 	}
 	// NextBlock stops on the "}" of an empty block: anti_starvation {}
@@ -929,6 +925,40 @@ func (p *cfParser) antiStarvation() error {
 	// subdirective.
 	if !opened && !isCloseBrace(d.Token()) {
 		return d.Errf("anti_starvation: want 'anti_starvation off' or a block with boost_share_max, per_tenant_boost_hourly or fast_fail")
+	}
+	return nil
+}
+
+// antiStarvationOption sets one option of the anti_starvation block.
+func (p *cfParser) antiStarvationOption(as *AntiStarvation, opt, v string) error {
+	d := p.d
+	what := "anti_starvation: " + opt
+	switch opt {
+	case "boost_share_max":
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(f >= 0 && f <= 1) {
+			return d.Errf("%s: %q must be a fraction of capacity from 0 (no boosting) to 1", what, v)
+		}
+		as.BoostShareMax = &f
+	case "per_tenant_boost_hourly":
+		n, err := strconv.ParseInt(v, 10, strconv.IntSize)
+		if err != nil || n < 0 {
+			return d.Errf("%s: %q must be a whole number >= 0 (0: no per-tenant cap)", what, v)
+		}
+		ni := int(n)
+		as.PerTenantBoostHourly = &ni
+	case "fast_fail":
+		if v != "on" && v != "off" {
+			return d.Errf("%s: want on or off, got %q", what, v)
+		}
+		b := v == "on"
+		as.FastFail = &b
+	case "throughput_prior":
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(f >= 0) || math.IsInf(f, 0) {
+			return d.Errf("%s: %q must be a rate in cost units per second per upstream, >= 0", what, v)
+		}
+		as.ThroughputPrior = f
 	}
 	return nil
 }

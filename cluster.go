@@ -442,70 +442,8 @@ func (p *cfParser) cluster() error {
 			return d.Errf("cluster: %s given twice", key)
 		}
 		seen[key] = true
-		switch key {
-		case "redis":
-			v, err := p.oneArg("cluster: redis")
-			if err != nil {
-				return err
-			}
-			c.Redis = v
-		case "instances":
-			if err := p.posIntArg("cluster: instances", &c.Instances); err != nil {
-				return err
-			}
-		case "timeout":
-			v, err := p.oneArg("cluster: timeout")
-			if err != nil {
-				return err
-			}
-			if c.Timeout, err = p.duration("cluster: timeout", v); err != nil {
-				return err
-			}
-		case "share_slots", "share_fairness":
-			if d.NextArg() {
-				return d.Errf("cluster: %s takes no argument", key)
-			}
-			if key == "share_slots" {
-				c.ShareSlots = true
-			} else {
-				c.ShareFairness = true
-			}
-		case "sync", "lease_ttl":
-			v, err := p.oneArg("cluster: " + key)
-			if err != nil {
-				return err
-			}
-			dur, err := p.duration("cluster: "+key, v)
-			if err != nil {
-				return err
-			}
-			if key == "sync" {
-				c.Sync = dur
-			} else {
-				c.LeaseTTL = dur
-			}
-		case "sentinel":
-			sc, err := p.sentinel()
-			if err != nil {
-				return err
-			}
-			c.Sentinel = sc
-		case "cluster_addrs":
-			c.ClusterAddrs = d.RemainingArgs()
-			if len(c.ClusterAddrs) == 0 {
-				return d.Errf("cluster: cluster_addrs: want one or more host:port seed nodes of the Redis Cluster")
-			}
-		case "prefix":
-			v, err := p.oneArg("cluster: prefix")
-			if err != nil {
-				return err
-			}
-			if strings.Contains(v, "{") {
-				return d.Errf("cluster: prefix %q contains '{' (the tenant's name in braces is the key's hash tag)", v)
-			}
-			c.Prefix = v
-		default:
-			return d.Errf("cluster: unknown setting %q (want redis, sentinel, cluster_addrs, instances, timeout, prefix, share_slots, share_fairness, sync or lease_ttl)", key)
+		if err := p.clusterSetting(c, key); err != nil {
+			return err
 		}
 	}
 	if c.Redis == "" && c.Sentinel == nil && len(c.ClusterAddrs) == 0 {
@@ -513,4 +451,59 @@ func (p *cfParser) cluster() error {
 	}
 	p.h.Cluster = c
 	return nil
+}
+
+// clusterSetting parses one line of the cluster block.
+func (p *cfParser) clusterSetting(c *ClusterConfig, key string) error {
+	d := p.d
+	var err error
+	switch key {
+	case "redis":
+		c.Redis, err = p.oneArg("cluster: redis")
+	case "instances":
+		err = p.posIntArg("cluster: instances", &c.Instances)
+	case "timeout":
+		c.Timeout, err = p.durationArg("cluster: timeout")
+	case "sync":
+		c.Sync, err = p.durationArg("cluster: sync")
+	case "lease_ttl":
+		c.LeaseTTL, err = p.durationArg("cluster: lease_ttl")
+	case "share_slots", "share_fairness":
+		if d.NextArg() {
+			return d.Errf("cluster: %s takes no argument", key)
+		}
+		if key == "share_slots" {
+			c.ShareSlots = true
+		} else {
+			c.ShareFairness = true
+		}
+	case "sentinel":
+		c.Sentinel, err = p.sentinel()
+	case "cluster_addrs":
+		c.ClusterAddrs = d.RemainingArgs()
+		if len(c.ClusterAddrs) == 0 {
+			return d.Errf("cluster: cluster_addrs: want one or more host:port seed nodes of the Redis Cluster")
+		}
+	case "prefix":
+		v, err := p.oneArg("cluster: prefix")
+		if err != nil {
+			return err
+		}
+		if strings.Contains(v, "{") {
+			return d.Errf("cluster: prefix %q contains '{' (the tenant's name in braces is the key's hash tag)", v)
+		}
+		c.Prefix = v
+	default:
+		return d.Errf("cluster: unknown setting %q (want redis, sentinel, cluster_addrs, instances, timeout, prefix, share_slots, share_fairness, sync or lease_ttl)", key)
+	}
+	return err
+}
+
+// durationArg reads the line's one argument as a duration.
+func (p *cfParser) durationArg(what string) (caddy.Duration, error) {
+	v, err := p.oneArg(what)
+	if err != nil {
+		return 0, err
+	}
+	return p.duration(what, v)
 }

@@ -39,6 +39,26 @@ func newClusterClient(c *ClusterConfig, timeout time.Duration) (redis.UniversalC
 	if c.Redis != "" && raw == "" {
 		return nil, fmt.Errorf("cluster: redis: no URL (%q is empty once its placeholders are replaced: is the variable set?)", c.Redis)
 	}
+	o, err := urlOptions(c, raw)
+	if err != nil {
+		return nil, err
+	}
+	if err := kindOptions(c, o, raw, repl); err != nil {
+		return nil, err
+	}
+	for _, a := range o.Addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return nil, fmt.Errorf("cluster: %q is not a host:port address", a)
+		}
+	}
+	clientOptions(o, timeout)
+	return redis.NewUniversalClient(o), nil
+}
+
+// urlOptions reads the options the cluster's redis URL (raw, its
+// placeholders replaced) gives: one server's address, credentials,
+// database and TLS, or a sentinel:// URL's sentinels and primary.
+func urlOptions(c *ClusterConfig, raw string) (*redis.UniversalOptions, error) {
 	o := &redis.UniversalOptions{}
 	switch {
 	case strings.HasPrefix(raw, "redis-sentinel://"):
@@ -57,12 +77,19 @@ func newClusterClient(c *ClusterConfig, timeout time.Duration) (redis.UniversalC
 		}
 		o.Addrs, o.Username, o.Password, o.DB, o.TLSConfig = []string{opt.Addr}, opt.Username, opt.Password, opt.DB, opt.TLSConfig
 	}
+	return o, nil
+}
+
+// kindOptions sets the options of a Sentinel-watched primary (the
+// sentinel block) or a Redis Cluster (cluster_addrs) over what the URL
+// gave, or checks that the URL names a server.
+func kindOptions(c *ClusterConfig, o *redis.UniversalOptions, raw string, repl *caddy.Replacer) error {
 	switch {
 	case c.Sentinel != nil && len(c.ClusterAddrs) > 0:
-		return nil, fmt.Errorf("cluster: sentinel and cluster_addrs name two kinds of Redis; give one")
+		return fmt.Errorf("cluster: sentinel and cluster_addrs name two kinds of Redis; give one")
 	case c.Sentinel != nil:
 		if c.Sentinel.Master == "" || len(c.Sentinel.Addrs) == 0 {
-			return nil, fmt.Errorf("cluster: sentinel needs master <name> and addrs <host:port>...")
+			return fmt.Errorf("cluster: sentinel needs master <name> and addrs <host:port>...")
 		}
 		// The URL, if any, gives the credentials, database and TLS.
 		o.MasterName, o.Addrs = c.Sentinel.Master, nil
@@ -72,22 +99,16 @@ func newClusterClient(c *ClusterConfig, timeout time.Duration) (redis.UniversalC
 		o.SentinelUsername, o.SentinelPassword = o.Username, o.Password
 	case len(c.ClusterAddrs) > 0:
 		if o.DB != 0 {
-			return nil, fmt.Errorf("cluster: cluster_addrs: a Redis Cluster has database 0 only, the URL names %d", o.DB)
+			return fmt.Errorf("cluster: cluster_addrs: a Redis Cluster has database 0 only, the URL names %d", o.DB)
 		}
 		o.IsClusterMode, o.Addrs = true, nil
 		for _, a := range c.ClusterAddrs {
 			o.Addrs = append(o.Addrs, repl.ReplaceAll(a, ""))
 		}
 	case raw == "":
-		return nil, fmt.Errorf("cluster: missing redis <url>, sentinel or cluster_addrs")
+		return fmt.Errorf("cluster: missing redis <url>, sentinel or cluster_addrs")
 	}
-	for _, a := range o.Addrs {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			return nil, fmt.Errorf("cluster: %q is not a host:port address", a)
-		}
-	}
-	clientOptions(o, timeout)
-	return redis.NewUniversalClient(o), nil
+	return nil
 }
 
 // parseSentinelURL reads

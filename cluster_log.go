@@ -36,8 +36,19 @@ type redisLogKind struct {
 
 // Printf implements go-redis's logging interface.
 func (l *redisLog) Printf(_ context.Context, format string, v ...any) {
+	held, due := l.due(format)
+	if !due {
+		return
+	}
+	l.log().Warn(fmt.Sprintf(format, v...), zap.Int("like_it_held_back", held), zap.Duration("at_most_one_per", l.every))
+}
+
+// due counts a line of the kind format and reports whether it is to be
+// written, with how many of its kind were held back since the last one.
+func (l *redisLog) due(format string) (held int, due bool) {
 	now := l.now()
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	k := l.kind[format]
 	if k == nil {
 		k = &redisLogKind{}
@@ -45,13 +56,11 @@ func (l *redisLog) Printf(_ context.Context, format string, v ...any) {
 	}
 	if !k.last.IsZero() && now.Sub(k.last) < l.every {
 		k.held++
-		l.mu.Unlock()
-		return
+		return 0, false
 	}
-	held := k.held
+	held = k.held
 	k.last, k.held = now, 0
-	l.mu.Unlock()
-	l.log().Warn(fmt.Sprintf(format, v...), zap.Int("like_it_held_back", held), zap.Duration("at_most_one_per", l.every))
+	return held, true
 }
 
 var redisLogOnce sync.Once

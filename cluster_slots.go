@@ -171,57 +171,16 @@ func (s *sharedQueue) syncSlotsOnce(h *Handler) {
 	if cs.closed.Load() {
 		return // the config was replaced: its client is closed, the next one syncs
 	}
-	now := time.Now().UnixNano()
-	switch {
-	case err != nil:
-	case (g.Fresh || !s.slotsUp.Load()) && s.slotsGranted.Load():
-		// Back from an outage, or Redis lost the pool (a restart) or
-		// this entry lapsed, while this gateway held slots: the others
-		// hold slots Redis does not count (their outage shares, or
-		// grants it forgot) until they renew, which may take them a
-		// while (a client reconnecting: go-redis retries a refused dial
-		// once a second). Until every other gateway has renewed since
-		// now, none takes more than it held before, so that together
-		// they stay within the pool, as they were.
-		s.slotRestoreSince.Store(g.Now)
-		s.slotRestoreUntil.Store(now + int64(cs.ttl))
-		since = g.Now
-	case since != 0 && (g.Renewed >= cs.instances-1 || now >= s.slotRestoreUntil.Load()):
-		// Every other gateway counted again; or one has not renewed
-		// within a lease of Redis answering, and is taken as gone, as
-		// when its lease lapses.
-		s.slotRestoreSince.Store(0)
-		since = 0
-	}
-	if err == nil && since != 0 {
-		g.Slots = min(g.Slots, int(max(s.slotGrant.Load(), 0)))
-	}
 	if err != nil {
-		// Redis down or slow: this gateway's share of the pool, as
-		// if every gateway wanted it all.
+		// Redis down or slow: this gateway's share of the pool, as if
+		// every gateway wanted it all.
 		g = slots.Grant{Slots: pool / cs.instances, Fair: pool / cs.instances}
 		if s.slotsUp.CompareAndSwap(true, false) {
 			h.logger.Warn("redis unreachable: taking 1/instances of the upstream slots until it answers",
 				zap.String("queue", s.name), zap.Int("slots", g.Slots), zap.Error(err))
 		}
-	} else if !s.slotsUp.Swap(true) {
-		h.logger.Info("sharing the upstream slots through redis", zap.String("queue", s.name), zap.Int("grant", g.Slots))
-	}
-	if g.Announced != "" {
-		clusterSlotMoves.WithLabelValues(s.name, g.Announced, "sent").Inc()
-	}
-	if err == nil && g.Targets != nil {
-		// No more in flight than the targets place: a grant the others
-		// leave no room for on any upstream (they hold it there, or this
-		// gateway's own requests sit above its target on one) would send
-		// a request where every slot is taken, fair_queue_least_conn then
-		// falling back to the least loaded upstream: one model server
-		// past its slots while the pool's total holds.
-		placed := 0
-		for _, n := range g.Targets {
-			placed += n
-		}
-		g.Slots = min(g.Slots, placed)
+	} else {
+		s.boundGrant(h, &g, since)
 	}
 	s.slotWeight.Store(math.Float64bits(weight))
 	if g.Others != nil {
@@ -244,6 +203,63 @@ func (s *sharedQueue) syncSlotsOnce(h *Handler) {
 		// at once (the next call announces them), not at the next sync.
 		s.slotKicked.Store(true)
 	}
+}
+
+// boundGrant bounds a grant Redis returned: while the pool is being
+// restored, by the last grant; always, by the slots its targets place.
+// since is the restore's start the renewal was made with.
+func (s *sharedQueue) boundGrant(h *Handler, g *slots.Grant, since int64) {
+	cs := h.cluster
+	if s.restoring(cs, *g, since) {
+		g.Slots = min(g.Slots, int(max(s.slotGrant.Load(), 0)))
+	}
+	if !s.slotsUp.Swap(true) {
+		h.logger.Info("sharing the upstream slots through redis", zap.String("queue", s.name), zap.Int("grant", g.Slots))
+	}
+	if g.Announced != "" {
+		clusterSlotMoves.WithLabelValues(s.name, g.Announced, "sent").Inc()
+	}
+	if g.Targets != nil {
+		// No more in flight than the targets place: a grant the others
+		// leave no room for on any upstream (they hold it there, or this
+		// gateway's own requests sit above its target on one) would send
+		// a request where every slot is taken, fair_queue_least_conn then
+		// falling back to the least loaded upstream: one model server
+		// past its slots while the pool's total holds.
+		placed := 0
+		for _, n := range g.Targets {
+			placed += n
+		}
+		g.Slots = min(g.Slots, placed)
+	}
+}
+
+// restoring reports whether the pool is being restored after a renewal
+// that answered g (since: the restore's start when it was asked, 0 if
+// none), starting or ending the restore as g says.
+func (s *sharedQueue) restoring(cs *clusterStore, g slots.Grant, since int64) bool {
+	now := time.Now().UnixNano()
+	switch {
+	case (g.Fresh || !s.slotsUp.Load()) && s.slotsGranted.Load():
+		// Back from an outage, or Redis lost the pool (a restart) or
+		// this entry lapsed, while this gateway held slots: the others
+		// hold slots Redis does not count (their outage shares, or
+		// grants it forgot) until they renew, which may take them a
+		// while (a client reconnecting: go-redis retries a refused dial
+		// once a second). Until every other gateway has renewed since
+		// now, none takes more than it held before, so that together
+		// they stay within the pool, as they were.
+		s.slotRestoreSince.Store(g.Now)
+		s.slotRestoreUntil.Store(now + int64(cs.ttl))
+		return g.Now != 0
+	case since != 0 && (g.Renewed >= cs.instances-1 || now >= s.slotRestoreUntil.Load()):
+		// Every other gateway counted again; or one has not renewed
+		// within a lease of Redis answering, and is taken as gone, as
+		// when its lease lapses.
+		s.slotRestoreSince.Store(0)
+		return false
+	}
+	return since != 0
 }
 
 // slotLoads is what this gateway has in flight on each upstream of the

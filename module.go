@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/textproto"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -358,69 +359,25 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 		Tenants:           make(map[string]fairqueue.TenantConfig, len(h.Tenants)),
 		ExpiryMargin:      2 * tickPeriod,
 	}
-	switch h.CostUnit {
-	case "estimated_tokens":
-		cfg.CostUnit = fairqueue.CostTokens
-	case "requests":
-		cfg.CostUnit = fairqueue.CostRequests
-	case "learned":
-		cfg.CostUnit = fairqueue.CostLearned
-	default:
-		return cfg, fmt.Errorf("cost_unit: want estimated_tokens, requests or learned, got %q", h.CostUnit)
+	var err error
+	if cfg.CostUnit, err = costUnit(h.CostUnit); err != nil {
+		return cfg, err
 	}
-	cfg.Classes = append(cfg.Classes, builtinClasses...)
-	for _, c := range h.Classes {
-		if c == nil || c.Name == "" {
-			return cfg, fmt.Errorf("class: a class needs a name")
-		}
-		cc := fairqueue.ClassConfig{Name: c.Name, WaitBudget: time.Duration(c.WaitBudget)}
-		replaced := false
-		for i := range cfg.Classes {
-			if cfg.Classes[i].Name == c.Name {
-				cfg.Classes[i], replaced = cc, true
-			}
-		}
-		if !replaced {
-			cfg.Classes = append(cfg.Classes, cc)
-		}
+	if cfg.Classes, err = h.classes(); err != nil {
+		return cfg, err
 	}
 	if err := h.QuotaDefaults.checkDefaults(); err != nil {
 		return cfg, err
 	}
-	tenant := func(who string, t *TenantConfig) (fairqueue.TenantConfig, error) {
-		tc := fairqueue.TenantConfig{Weight: 1, Class: "batch"}
-		if t != nil {
-			if t.Weight != 0 {
-				tc.Weight = t.Weight
-			}
-			if t.Class != "" {
-				tc.Class = t.Class
-			}
-			tc.WaitBudget = time.Duration(t.WaitBudget)
-			tc.MaxQueue = t.MaxQueue
-			tc.MaxInflight = t.MaxInflight
-			tc.Tier = t.Tier
-			tc.Reserve = t.Reserve
-			l, err := compileQuota(who+": quota", t.Quota, h.QuotaDefaults)
-			if err != nil {
-				return tc, err
-			}
-			tc.Quota = l
-			tc.QuotaAutoWeight = quotaAuto(t.Quota, h.QuotaDefaults)
-			h.quotaAuto = h.quotaAuto || tc.QuotaAutoWeight
-		}
-		return tc, nil
-	}
-	var err error
 	for name, t := range h.Tenants {
 		if name == unknownTenantLabel {
 			return cfg, fmt.Errorf("tenant %q: the name is the metrics label of every undeclared tenant; choose another", name)
 		}
-		if cfg.Tenants[name], err = tenant("tenant "+strconv.Quote(name), t); err != nil {
+		if cfg.Tenants[name], err = h.tenantConfig("tenant "+strconv.Quote(name), t); err != nil {
 			return cfg, err
 		}
 	}
-	if cfg.Default, err = tenant("default_tenant", h.DefaultTenant); err != nil {
+	if cfg.Default, err = h.tenantConfig("default_tenant", h.DefaultTenant); err != nil {
 		return cfg, err
 	}
 	if cfg.Default.MaxQueue == 0 {
@@ -435,6 +392,69 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 	cfg.UpstreamQuota = h.UpstreamQuota.engine()
 	cfg.Fallback = h.Fallback.engine()
 	return cfg, nil
+}
+
+// costUnit is the scheduler's unit for cost_unit.
+func costUnit(name string) (fairqueue.CostUnit, error) {
+	switch name {
+	case "estimated_tokens":
+		return fairqueue.CostTokens, nil
+	case "requests":
+		return fairqueue.CostRequests, nil
+	case "learned":
+		return fairqueue.CostLearned, nil
+	}
+	return fairqueue.CostTokens, fmt.Errorf("cost_unit: want estimated_tokens, requests or learned, got %q", name)
+}
+
+// classes is the built-in classes with the configured ones applied: a
+// class of a built-in name changes its budget, any other is added.
+func (h *Handler) classes() ([]fairqueue.ClassConfig, error) {
+	classes := slices.Clone(builtinClasses)
+	for _, c := range h.Classes {
+		if c == nil || c.Name == "" {
+			return nil, fmt.Errorf("class: a class needs a name")
+		}
+		cc := fairqueue.ClassConfig{Name: c.Name, WaitBudget: time.Duration(c.WaitBudget)}
+		replaced := false
+		for i := range classes {
+			if classes[i].Name == c.Name {
+				classes[i], replaced = cc, true
+			}
+		}
+		if !replaced {
+			classes = append(classes, cc)
+		}
+	}
+	return classes, nil
+}
+
+// tenantConfig is the scheduler's config of a tenant (who names it in
+// errors): weight 1 and class batch unless t says otherwise.
+func (h *Handler) tenantConfig(who string, t *TenantConfig) (fairqueue.TenantConfig, error) {
+	tc := fairqueue.TenantConfig{Weight: 1, Class: "batch"}
+	if t == nil {
+		return tc, nil
+	}
+	if t.Weight != 0 {
+		tc.Weight = t.Weight
+	}
+	if t.Class != "" {
+		tc.Class = t.Class
+	}
+	tc.WaitBudget = time.Duration(t.WaitBudget)
+	tc.MaxQueue = t.MaxQueue
+	tc.MaxInflight = t.MaxInflight
+	tc.Tier = t.Tier
+	tc.Reserve = t.Reserve
+	l, err := compileQuota(who+": quota", t.Quota, h.QuotaDefaults)
+	if err != nil {
+		return tc, err
+	}
+	tc.Quota = l
+	tc.QuotaAutoWeight = quotaAuto(t.Quota, h.QuotaDefaults)
+	h.quotaAuto = h.quotaAuto || tc.QuotaAutoWeight
+	return tc, nil
 }
 
 // checkLimits refuses negative sizes, durations and token limits (the
@@ -490,6 +510,33 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.usageLog = clampLogger(h.logger)
 	h.setDefaults()
+	if err := h.compile(); err != nil {
+		return err
+	}
+	if err := h.loadProxy(ctx); err != nil {
+		return err
+	}
+	if err := h.provisionFallback(ctx); err != nil {
+		return err
+	}
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return err
+	}
+	if err := h.loadEvents(); err != nil {
+		return err
+	}
+	if err := h.provisionCluster(); err != nil {
+		return err
+	}
+	return h.joinQueue()
+}
+
+// compile builds and validates what the request path and the scheduler
+// need from the config: the tokenizers, the scheduler's config, the class
+// budgets, the tenant key and the degrade ladder. It touches no shared
+// state, so a bad config fails the load with its cause named and the
+// running queue untouched.
+func (h *Handler) compile() error {
 	var err error
 	if h.counter, err = llmapi.NewCounter(h.Tokenizer); err != nil {
 		return fmt.Errorf("tokenizer: %v", err)
@@ -512,11 +559,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.provisionDegrade(); err != nil {
 		return err
 	}
-	// Validate before any shared state is touched, so a bad config fails
-	// the load with its cause named and the running queue untouched.
-	if err := h.qcfg.Validate(); err != nil {
-		return err
-	}
+	return h.qcfg.Validate()
+}
+
+// loadProxy loads the inner reverse_proxy, with the defaults a queue in
+// front of it needs (proxyDefaults).
+func (h *Handler) loadProxy(ctx caddy.Context) error {
 	if h.ProxyRaw == nil {
 		return fmt.Errorf("fair_queue needs a reverse_proxy to dispatch to")
 	}
@@ -524,6 +572,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Cluster != nil && h.Cluster.ShareSlots {
 		policy = "fair_queue_least_conn"
 	}
+	var err error
 	if h.ProxyRaw, err = proxyDefaults(h.ProxyRaw, policy); err != nil {
 		return fmt.Errorf("proxy: %v", err)
 	}
@@ -536,19 +585,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("proxy must be a reverse_proxy handler, got %T", mod)
 	}
 	h.proxy = proxy
-	if err := h.provisionFallback(ctx); err != nil {
-		return err
-	}
-	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
-		return err
-	}
-	if err := h.loadEvents(); err != nil {
-		return err
-	}
-	if err := h.provisionCluster(); err != nil {
-		return err
-	}
+	return nil
+}
 
+// joinQueue joins the queue of h's name, made if it is the first user.
+func (h *Handler) joinQueue() error {
 	h.committed = new(atomic.Bool)
 	val, _, err := queues.LoadOrNew(h.Name, func() (caddy.Destructor, error) {
 		return newSharedQueue(h.Name, h.qcfg)

@@ -3,12 +3,10 @@ package caddyfairqueue
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"io"
 	"maps"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -20,12 +18,6 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/history"
 	"github.com/caddy-fair-queue/caddy-fair-queue/llmapi"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
-)
-
-// Request headers a client may use to ask for less than its tenant gets.
-const (
-	headerWaitBudget = "X-Wait-Budget"
-	headerClass      = "X-Fair-Queue-Class"
 )
 
 // statusClientClosed is nginx's and Caddy's status for a client that left.
@@ -54,7 +46,8 @@ const (
 	codeContextLength = "context_length_exceeded"
 )
 
-// admission is everything known about a request before it is queued.
+// admission is one request's state: what admit learned of it, then what
+// its dispatch and attempts did.
 type admission struct {
 	tenant   string
 	label    string // metrics label: the tenant, or one label for unknowns
@@ -84,7 +77,7 @@ type admission struct {
 	// it was boosted, for the history with the outcome (zero and false
 	// for a request never dispatched).
 	eta time.Duration
-	// Together, so that the flags share one word.
+	// light: light mode rewrote the body.
 	light, phWaitKnown, usageKnown, boosted bool
 
 	// m caches the tenant's metric children (nil for a Handler that was
@@ -98,13 +91,25 @@ type admission struct {
 	// req0 is the parsed body, in the same allocation (req points to it,
 	// or to light mode's reparse).
 	req0 llmapi.Request
-	// watch bounds the time to receive the body (bodywatch.go).
+	// watch bounds the time to receive the body (body.go).
 	watch bodyRead
+
+	// Once queued: actual is the cost the slot is released with
+	// (UnknownCost: the estimate stands), charged the quota the request
+	// was charged to (nil: none), info its latest dispatch and rec the
+	// latest attempt's response recorder.
+	actual  int64
+	charged *quota.Limits
+	info    fairqueue.DispatchInfo
+	rec     *usageRecorder
 }
 
 // ServeHTTP queues the request fairly, proxies it when dispatched, and
 // back-fills its actual cost. Every request gets exactly one answer: the
-// upstream's, or one of the errors of the HTTP contract.
+// upstream's, or one of the errors of the HTTP contract. The steps: admit
+// (identify, read, estimate; refuse answers a refusal), wait for dispatch,
+// proxyAttempt (again after requeue when a provider refuses for want of
+// quota), finish (account and record).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if !h.committed.Load() {
 		// A request reaching this handler proves its config is live, in
@@ -114,34 +119,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	a, aerr := h.admit(w, r, repl)
 	if aerr != nil {
-		// Refused before an HTTP/1 body was read whole: the connection
-		// cannot carry another request, and closing it is what stops
-		// net/http from reading up to 256 KiB of an unwanted body before it
-		// sends the answer (it does for bodies Caddy wraps). HTTP/2 and 3
-		// end just the stream; there the header would tear down every
-		// other request on the connection (h2) or be malformed (h3).
-		unread := a.body == nil && r.ProtoMajor == 1 && r.ContentLength != 0
-		if unread {
-			w.Header().Set("Connection", "close")
-		}
-		// Let the client finish sending, so it reads the answer rather
-		// than a connection reset (not after a body timeout: that client
-		// is the slow one).
-		drain := unread && aerr.code != outcomeBodyTimeout
-		if h.HandleErrors && drain {
-			// Caddy writes the error page after we return: drain first.
-			linger(w, r, false)
-		}
-		if err := h.answer(w, repl, a, aerr); err != nil {
-			return err // handle_errors renders it
-		}
-		if drain {
-			linger(w, r, true)
-		}
-		return nil
+		return h.refuse(w, r, repl, a, aerr)
 	}
-	q := h.shared.q
-	tk, err := q.Enqueue(fairqueue.Request{Tenant: a.tenant, Class: a.class,
+	tk, err := h.shared.q.Enqueue(fairqueue.Request{Tenant: a.tenant, Class: a.class,
 		Cost: int64(a.cost.Total()), Prompt: int64(a.cost.Prompt), Deadline: a.deadline, Bytes: int64(len(a.body))})
 	if err != nil {
 		var rej *fairqueue.Rejection
@@ -152,22 +132,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	h.shared.slotsQueued()
 	// Whatever happens from here on, the slot is freed exactly once.
-	actual := fairqueue.UnknownCost
-	var charged *quota.Limits // the quota the request was charged to
-	defer func() {
-		// The prompt the upstream reported corrects a provider account's
-		// draw (providers count prompt + output cap).
-		tk.ReleaseUsage(actual, a.promptReported)
-		h.shared.slotsReleased()
-		if charged != nil {
-			used := actual
-			if used < 0 {
-				used = int64(a.cost.Total())
-			}
-			a.m.observeQuotaUse(h.Name, a.label, charged, used)
-			h.history().QuotaCharged(a.label, used)
-		}
-	}()
+	a.actual = fairqueue.UnknownCost
+	defer h.release(tk, a)
 	if err := tk.Wait(r.Context()); err != nil {
 		return h.notDispatched(w, repl, a, err)
 	}
@@ -176,159 +142,247 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// only.
 	observeQuotaDelay(h.Name, a.label, tk)
 	h.historyQuotaDelay(a.label, tk)
-	// The body is of known length (set per attempt below): a chunked
-	// client request would otherwise still go upstream chunked, without
-	// its Content-Length.
+	// The body is of known length (set per attempt): a chunked client
+	// request would otherwise still go upstream chunked, without its
+	// Content-Length.
 	r.TransferEncoding = nil
-
-	var rec *usageRecorder
-	var wait time.Duration
-	defer func() {
-		// reverse_proxy aborts a response that breaks mid-body (client gone
-		// mid-stream, upstream dying) with panic(http.ErrAbortHandler):
-		// account for what was streamed, then let the abort go on.
-		if v := recover(); v != nil {
-			outcome := outcomeProxyError
-			if r.Context().Err() != nil {
-				outcome = outcomeClientGone
-			}
-			actual = h.actualCost(rec, a, true)
-			h.record(a, outcome, wait)
-			panic(v)
-		}
-	}()
-	var perr error
-	var info fairqueue.DispatchInfo // of the latest dispatch
+	defer h.recordAbort(r, a)
 	for attempt := 1; ; attempt++ {
-		info = tk.Info()
-		wait = info.Wait
-		if attempt == 1 {
-			// A request is dispatched once, however often a provider
-			// refuses it (the wait grows; the ETA was for the first).
-			a.m.observeDispatch(h.Name, a.label, info.Boosted, info.ETA, wait)
-			// The history records them with the outcome (record): one
-			// lock of the queue's history per request.
-			a.boosted, a.eta = info.Boosted, info.ETA
+		perr := h.proxyAttempt(w, r, next, tk, a, attempt)
+		if !a.rec.provider429 {
+			return h.finish(w, r, a, perr)
 		}
-		// Known now: set before proxying, so the inner proxy can use them.
-		a.phWaitKnown, a.phWait = true, wait
-		setServedHeaders(w.Header(), wait, a.cost.Total(), a.light)
-		proxy, body := h.channelProxy(a, info.Fallback, w.Header())
-		// io.NopCloser of a *bytes.Reader, which the transport knows for
-		// a body in memory: it sends the header and a small body in one
-		// write.
-		if attempt == 1 {
-			a.body0.Reset(body)
-			r.Body = io.NopCloser(&a.body0)
-			rec = &a.rec0
-			rec.ResponseWriterWrapper.ResponseWriter, rec.counter = w, h.counter
-		} else {
-			// The transport may still be reading the last attempt's body:
-			// a new one, not a reset.
-			r.Body = io.NopCloser(bytes.NewReader(body))
-			rec = newUsageRecorder(w, h.counter)
-		}
-		r.ContentLength = int64(len(body))
-		setContentLength(r.Header, len(body))
-		rec.provider = h.UpstreamQuota != nil || h.Fallback != nil
-		if info.Quota {
-			// Set when the response's header is written (usageRecorder),
-			// over whatever the upstream sent.
-			st, _ := tk.QuotaStatus()
-			rec.quota, charged = &st, a.tc.Quota
-		}
-		var saved http.Header
-		if rec.provider {
-			saved = w.Header().Clone()
-		}
-		preq := r
-		if info.Fallback && h.Fallback != nil {
-			preq = h.Fallback.fallbackRequest(r)
-		}
-		perr = proxy.ServeHTTP(rec, preq, next)
-		if rec.provider429 {
-			// The proxy copied the refusal's headers: none of them is the
-			// client's answer.
-			clear(w.Header())
-			maps.Copy(w.Header(), saved)
-		}
-		if rec.reported {
-			// What is left of the account is a level to keep under, not
-			// only a stop at 0.
-			tk.ProviderLevel(rec.report)
-		}
-		if rec.providerWait > 0 {
-			// The provider says the account is out of quota for a while,
-			// on a 429 (kept from the client) or on a response that
-			// leaves nothing.
-			tk.AccountExhausted(time.Now().Add(rec.providerWait))
-		}
-		if !rec.provider429 {
-			break
-		}
-		// The provider refused for want of quota: the request goes back
-		// to the head of its tenant's queue, uncharged, and is sent again
-		// when the account has room, or answered by its budget.
-		providerRefusals.WithLabelValues(h.Name, a.label).Inc()
-		h.logger.Debug("provider out of quota; request requeued", zap.String("tenant", a.tenant),
-			zap.Int("attempt", attempt), zap.Duration("account_wait", rec.providerWait))
-		// Nothing was served: the tenant is charged nothing (no back-fill
-		// of the estimate), and a refund is not quota use.
-		charged = nil
-		if attempt >= maxProviderAttempts || !tk.Requeue() {
-			actual = 0
-			return h.answer(w, repl, a, &apiError{status: http.StatusServiceUnavailable, code: "server_busy",
-				message:    "The model provider is out of quota for this gateway's account. The request was not served; retry after the time in Retry-After.",
-				retryAfter: max(rec.providerWait, time.Second)})
-		}
-		refusedUntil := time.Now().Add(rec.providerWait)
-		if err := tk.Wait(r.Context()); err != nil {
-			// The answer is the gateway's own: not the refused attempt's.
-			for _, k := range []string{headerWaitMs, headerCost, headerMode, headerChannel} {
-				w.Header().Del(k)
-			}
-			var rej *fairqueue.Rejection
-			if errors.As(err, &rej) {
-				// It did reach the provider, and the account's wait is
-				// what a retry meets first.
-				wait := max(time.Until(refusedUntil), h.shared.q.AccountWait(info.Fallback))
-				return h.answerRequeuedRejection(w, repl, a, rej, wait)
-			}
-			return h.notDispatched(w, repl, a, err)
+		if answered, err := h.requeue(w, r, repl, tk, a, attempt); answered {
+			return err
 		}
 	}
+}
+
+// refuse answers a request refused at admission.
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, a *admission, aerr *apiError) error {
+	// Refused before an HTTP/1 body was read whole: the connection cannot
+	// carry another request, and closing it is what stops net/http from
+	// reading up to 256 KiB of an unwanted body before it sends the answer
+	// (it does for bodies Caddy wraps). HTTP/2 and 3 end just the stream;
+	// there the header would tear down every other request on the
+	// connection (h2) or be malformed (h3).
+	unread := a.body == nil && r.ProtoMajor == 1 && r.ContentLength != 0
+	if unread {
+		w.Header().Set("Connection", "close")
+	}
+	// Let the client finish sending, so it reads the answer rather than a
+	// connection reset (not after a body timeout: that client is the slow
+	// one).
+	drain := unread && aerr.code != outcomeBodyTimeout
+	if h.HandleErrors && drain {
+		// Caddy writes the error page after we return: drain first.
+		linger(w, r, false)
+	}
+	if err := h.answer(w, repl, a, aerr); err != nil {
+		return err // handle_errors renders it
+	}
+	if drain {
+		linger(w, r, true)
+	}
+	return nil
+}
+
+// release frees the request's slot with the cost it turned out to have
+// (a.actual) and counts what it drew of its tenant's quota. ServeHTTP
+// defers it as soon as the request is queued, so it runs exactly once
+// however the request ends.
+func (h *Handler) release(tk *fairqueue.Ticket, a *admission) {
+	// The prompt the upstream reported corrects a provider account's draw
+	// (providers count prompt + output cap).
+	tk.ReleaseUsage(a.actual, a.promptReported)
+	h.shared.slotsReleased()
+	if a.charged == nil {
+		return
+	}
+	used := a.actual
+	if used < 0 {
+		used = int64(a.cost.Total())
+	}
+	a.m.observeQuotaUse(h.Name, a.label, a.charged, used)
+	h.history().QuotaCharged(a.label, used)
+}
+
+// recordAbort accounts for a response that broke mid-body, which
+// reverse_proxy aborts (client gone mid-stream, upstream dying) with
+// panic(http.ErrAbortHandler): what was streamed is counted and the
+// outcome recorded, then the abort goes on. ServeHTTP defers it around
+// the attempts.
+func (h *Handler) recordAbort(r *http.Request, a *admission) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	outcome := outcomeProxyError
+	if r.Context().Err() != nil {
+		outcome = outcomeClientGone
+	}
+	a.actual = h.actualCost(a.rec, a, true)
+	h.record(a, outcome, a.info.Wait)
+	panic(v)
+}
+
+// proxyAttempt sends the request upstream once, through the channel its
+// latest dispatch chose, with the placeholders and the served headers set
+// first so that the inner proxy can use them. The response streams to the
+// client through a.rec, except a provider's 429 (a.rec.provider429), which
+// is kept from the client: the client's headers are put back as they were.
+// What the provider's answer says of its account goes to the queue.
+func (h *Handler) proxyAttempt(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, tk *fairqueue.Ticket, a *admission, attempt int) error {
+	info := tk.Info()
+	a.info = info
+	if attempt == 1 {
+		// A request is dispatched once, however often a provider refuses
+		// it (the wait grows; the ETA was for the first).
+		a.m.observeDispatch(h.Name, a.label, info.Boosted, info.ETA, info.Wait)
+		// The history records them with the outcome (record): one lock of
+		// the queue's history per request.
+		a.boosted, a.eta = info.Boosted, info.ETA
+	}
+	// Known now: set before proxying, so the inner proxy can use them.
+	a.phWaitKnown, a.phWait = true, info.Wait
+	setServedHeaders(w.Header(), info.Wait, a.cost.Total(), a.light)
+	proxy, body := h.channelProxy(a, info.Fallback, w.Header())
+	rec := h.prepareAttempt(w, r, a, body, attempt)
+	if info.Quota {
+		// Set when the response's header is written (usageRecorder), over
+		// whatever the upstream sent.
+		st, _ := tk.QuotaStatus()
+		rec.quota, a.charged = &st, a.tc.Quota
+	}
+	var saved http.Header
+	if rec.provider {
+		saved = w.Header().Clone()
+	}
+	preq := r
+	if info.Fallback && h.Fallback != nil {
+		preq = h.Fallback.fallbackRequest(r)
+	}
+	perr := proxy.ServeHTTP(rec, preq, next)
+	if rec.provider429 {
+		// The proxy copied the refusal's headers: none of them is the
+		// client's answer.
+		clear(w.Header())
+		maps.Copy(w.Header(), saved)
+	}
+	if rec.reported {
+		// What is left of the account is a level to keep under, not only
+		// a stop at 0.
+		tk.ProviderLevel(rec.report)
+	}
+	if rec.providerWait > 0 {
+		// The provider says the account is out of quota for a while, on a
+		// 429 (kept from the client) or on a response that leaves nothing.
+		tk.AccountExhausted(time.Now().Add(rec.providerWait))
+	}
+	return perr
+}
+
+// prepareAttempt gives r the body of one attempt and a.rec the attempt's
+// response recorder. The first attempt uses the reader and recorder in
+// the admission, at no allocation; a later one gets new ones, since the
+// transport may still be reading the last attempt's body.
+func (h *Handler) prepareAttempt(w http.ResponseWriter, r *http.Request, a *admission, body []byte, attempt int) *usageRecorder {
+	// io.NopCloser of a *bytes.Reader, which the transport knows for a
+	// body in memory: it sends the header and a small body in one write.
+	if attempt == 1 {
+		a.body0.Reset(body)
+		r.Body = io.NopCloser(&a.body0)
+		a.rec0.ResponseWriterWrapper.ResponseWriter, a.rec0.counter = w, h.counter
+		a.rec = &a.rec0
+	} else {
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		a.rec = newUsageRecorder(w, h.counter)
+	}
+	r.ContentLength = int64(len(body))
+	setContentLength(r.Header, len(body))
+	a.rec.provider = h.UpstreamQuota != nil || h.Fallback != nil
+	return a.rec
+}
+
+// requeue handles a provider's refusal for want of quota: the request goes
+// back to the head of its tenant's queue, uncharged, and is sent again
+// when the account has room, or answered by its budget. answered reports
+// that it was answered instead, err being ServeHTTP's result: its attempts
+// are spent, the queue would not take it back, or it was refused or its
+// client left while it waited again.
+func (h *Handler) requeue(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, tk *fairqueue.Ticket, a *admission, attempt int) (answered bool, err error) {
+	accountWait := a.rec.providerWait
+	providerRefusals.WithLabelValues(h.Name, a.label).Inc()
+	h.logger.Debug("provider out of quota; request requeued", zap.String("tenant", a.tenant),
+		zap.Int("attempt", attempt), zap.Duration("account_wait", accountWait))
+	// Nothing was served: the tenant is charged nothing (no back-fill of
+	// the estimate), and a refund is not quota use.
+	a.charged = nil
+	if attempt >= maxProviderAttempts || !tk.Requeue() {
+		a.actual = 0
+		return true, h.answer(w, repl, a, &apiError{status: http.StatusServiceUnavailable, code: "server_busy",
+			message:    "The model provider is out of quota for this gateway's account. The request was not served; retry after the time in Retry-After.",
+			retryAfter: max(accountWait, time.Second)})
+	}
+	refusedUntil := time.Now().Add(accountWait)
+	if err := tk.Wait(r.Context()); err != nil {
+		// The answer is the gateway's own: not the refused attempt's.
+		for _, k := range []string{headerWaitMs, headerCost, headerMode, headerChannel} {
+			w.Header().Del(k)
+		}
+		var rej *fairqueue.Rejection
+		if errors.As(err, &rej) {
+			// It did reach the provider, and the account's wait is what a
+			// retry meets first.
+			wait := max(time.Until(refusedUntil), h.shared.q.AccountWait(a.info.Fallback))
+			return true, h.answerRequeuedRejection(w, repl, a, rej, wait)
+		}
+		return true, h.notDispatched(w, repl, a, err)
+	}
+	return false, nil
+}
+
+// finish accounts for a proxied request (its actual cost, the cost model,
+// the outcome recorded once) and answers an upstream that failed before a
+// byte reached the client.
+func (h *Handler) finish(w http.ResponseWriter, r *http.Request, a *admission, perr error) error {
+	rec := a.rec
 	outcome := outcomeServed
 	if perr != nil {
 		outcome = outcomeProxyError
 	}
-	actual = h.actualCost(rec, a, perr != nil)
+	a.actual = h.actualCost(rec, a, perr != nil)
 	if perr == nil && rec.status >= 200 && rec.status < 300 {
-		h.observeCost(a, info)
+		h.observeCost(a, a.info)
 	}
 	switch {
 	case perr == nil && rec.status == statusClientClosed:
-		// reverse_proxy answers a client that left mid-request with a
-		// nil error and a 499 for the access log.
+		// reverse_proxy answers a client that left mid-request with a nil
+		// error and a 499 for the access log.
 		outcome = outcomeClientGone
 	case perr == nil:
 	case r.Context().Err() != nil:
 		outcome = outcomeClientGone
 		perr = nil // nobody is left to answer
 	case rec.status == 0:
-		// The upstream failed before a byte reached the client: answer in
-		// the API's error shape rather than Caddy's plain error page.
-		h.logger.Warn("upstream failed", zap.String("tenant", a.tenant), zap.Error(perr))
-		if h.HandleErrors {
-			perr = caddyhttp.Error(http.StatusBadGateway, perr)
-			break
-		}
-		(&apiError{status: http.StatusBadGateway, code: outcomeProxyError,
-			message:    "The model server failed to answer; the request may be retried.",
-			retryAfter: time.Second, quota: rec.quota}).write(w, shapeFor(a.path))
-		perr = nil
+		perr = h.upstreamFailed(w, a, perr)
 	}
-	h.record(a, outcome, wait)
+	h.record(a, outcome, a.info.Wait)
 	return perr
+}
+
+// upstreamFailed answers a request whose upstream failed before a byte
+// reached the client: in the API's error shape rather than Caddy's plain
+// error page, or, with handle_errors, as a 502 for the site to render.
+func (h *Handler) upstreamFailed(w http.ResponseWriter, a *admission, perr error) error {
+	h.logger.Warn("upstream failed", zap.String("tenant", a.tenant), zap.Error(perr))
+	if h.HandleErrors {
+		return caddyhttp.Error(http.StatusBadGateway, perr)
+	}
+	(&apiError{status: http.StatusBadGateway, code: outcomeProxyError,
+		message:    "The model server failed to answer; the request may be retried.",
+		retryAfter: time.Second, quota: a.rec.quota}).write(w, shapeFor(a.path))
+	return nil
 }
 
 // setContentLength sets the Content-Length header to n, as Header.Set
@@ -407,196 +461,6 @@ func (h *Handler) actualCost(rec *usageRecorder, a *admission, failed bool) int6
 	}
 	a.used = int64(a.cost.Total())
 	return fairqueue.UnknownCost
-}
-
-// admit resolves tenant, class and budget, reads and parses the body, and
-// estimates its cost. The checks that need no body come first, so a request
-// that will be refused anyway costs no read, no parse and no tokenizing, and
-// a client that sent "Expect: 100-continue" is refused before it uploads.
-func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer) (*admission, *apiError) {
-	a := &admission{arrived: time.Now(), path: r.URL.Path, promptReported: -1}
-	a.tenant = h.tenantOf(r, repl)
-	// Known from here on, so the inner proxy can use it (header_up).
-	repl.Map(a.placeholder)
-	if err := fairqueue.CheckTenantID(a.tenant); err != nil {
-		// Tenant IDs are map keys, store keys, log fields and report
-		// rows: the queue's own meters have names no valid ID can take.
-		// The answer does not echo the ID (it may be a credential).
-		a.tenant, a.label = a.tenant[:min(len(a.tenant), fairqueue.MaxTenantIDLen)], unknownTenantLabel
-		a.m = h.metrics.of(a.label)
-		return a, badRequest(fmt.Sprintf("%s is not a valid tenant ID: it has %v. A tenant ID is printable "+
-			"UTF-8 text of at most %d bytes, without control or invisible characters.",
-			h.tenantSource(), err, fairqueue.MaxTenantIDLen))
-	}
-	tc, known := h.qcfg.Tenant(a.tenant)
-	a.tc, a.label = tc, a.tenant
-	if !known {
-		a.label = unknownTenantLabel
-	}
-	a.m = h.metrics.of(a.label)
-	if !known {
-		if h.RejectUnknownTenants {
-			msg := fmt.Sprintf("Tenant %q is not known to this gateway; ask its operator to add it.", a.tenant)
-			if a.tenant == "" {
-				msg = "The request names no tenant; this gateway requires one."
-			}
-			return a, &apiError{status: http.StatusForbidden, code: outcomeUnknown, message: msg}
-		}
-	}
-	if aerr := h.classAndBudget(r, a); aerr != nil {
-		return a, aerr
-	}
-	if r.ContentLength > h.MaxBody {
-		return a, h.tooLarge()
-	}
-	if rej := h.shared.q.PrecheckRequest(fairqueue.Request{Tenant: a.tenant, Class: a.class,
-		Bytes: max(r.ContentLength, 0)}); rej != nil {
-		return a, rejectionError(rej)
-	}
-
-	// The buffers of bodies being received count against max_queue_bytes
-	// too, on their own, as they grow: many slow or large uploads must not
-	// pin more memory than the queue may hold.
-	var held int64
-	reserve := func(n int64) bool {
-		if !h.shared.reserveReading(n, h.MaxQueueBytes) {
-			return false
-		}
-		held += n
-		return true
-	}
-	var deadline time.Time
-	if h.BodyTimeout > 0 {
-		deadline = a.arrived.Add(time.Duration(h.BodyTimeout))
-	}
-	body, err := readBody(w, r, h.MaxBody, deadline, &a.watch, reserve)
-	h.shared.reading.Add(-held)
-	if err != nil {
-		if r.Context().Err() != nil && !errors.Is(err, errBodyTimeout) {
-			// The client left mid-upload: nobody is left to answer.
-			return a, &apiError{status: statusClientClosed, code: outcomeClientGone, message: "The client went away."}
-		}
-		return a, h.bodyError(err)
-	}
-	// The wait budget counts from a complete request: a slow upload is the
-	// client's time, not the queue's.
-	a.arrived = time.Now()
-	if a.budget > 0 {
-		a.deadline = a.arrived.Add(a.budget)
-	}
-	a.body = body
-	if err := llmapi.ParseTo(&a.req0, r.URL.Path, body); err != nil {
-		return a, badRequest(err.Error())
-	}
-	req := &a.req0
-	a.req = req
-	a.cost = llmapi.Estimate(req, h.estimator, h.DefaultMaxTokens)
-	h.applyDegrade(a)
-	if limit, what := h.requestTokenLimit(a.tenant, known); int64(a.cost.Total())+int64(len(body)) > limit {
-		// A text token is at least one byte, so the estimate can be off
-		// by no more than the body's size: near the limit, decide on the
-		// exact count (it samples prompts beyond 64 KiB of text), never on
-		// an estimate that adversarial text could push either way.
-		if !a.light {
-			a.cost = llmapi.Estimate(req, h.counter, h.DefaultMaxTokens)
-		}
-		if int64(a.cost.Total()) > limit {
-			return a, &apiError{status: http.StatusBadRequest, code: codeContextLength,
-				message: fmt.Sprintf("This request needs up to %d tokens (about %d of prompt and an output cap of %d), "+
-					"more than the %d tokens per request this gateway allows (%s). Lower max_tokens or shorten the prompt.",
-					a.cost.Total(), a.cost.Prompt, a.cost.Total()-a.cost.Prompt, limit, what)}
-		}
-	}
-	return a, nil
-}
-
-// tenantOf evaluates tenant_key. The usual key, one request-header
-// placeholder, is read from the request's header (see
-// Handler.tenantHeader): what ReplaceAll returns for it, without parsing
-// the key, walking the replacer's providers and boxing the value on every
-// request.
-func (h *Handler) tenantOf(r *http.Request, repl *caddy.Replacer) string {
-	if h.tenantHeader != "" {
-		switch v := r.Header[h.tenantHeader]; len(v) {
-		case 0:
-			return ""
-		case 1:
-			return v[0]
-		default:
-			return strings.Join(v, ",")
-		}
-	}
-	return repl.ReplaceAll(h.TenantKey, "")
-}
-
-// tenantSource names where the request's tenant ID came from, for an
-// error message: the header when tenant_key is one, else the key.
-func (h *Handler) tenantSource() string {
-	if h.tenantHeader != "" {
-		// As the config spells it (X-Tenant-ID), not canonical (X-Tenant-Id).
-		name := strings.TrimSuffix(strings.TrimPrefix(h.TenantKey, "{http.request.header."), "}")
-		return "The " + name + " header"
-	}
-	return "The value of tenant_key " + h.TenantKey
-}
-
-// classAndBudget applies the request's class and wait-budget headers, which
-// may only lower what its tenant gets.
-func (h *Handler) classAndBudget(r *http.Request, a *admission) *apiError {
-	tc := a.tc
-	a.class = tc.Class
-	if c := headerValue(r.Header, headerClass); c != "" {
-		cb, ok := h.classIdx[c]
-		if !ok {
-			return badRequest(fmt.Sprintf("%s: unknown class %q.", headerClass, c))
-		}
-		if shorterBudget(cb, h.classIdx[tc.Class]) {
-			return badRequest(fmt.Sprintf("%s: class %q has a shorter wait budget than the tenant's class %q; a request may only lower its class.", headerClass, c, tc.Class))
-		}
-		a.class = c
-	}
-	var requested time.Duration
-	if v := headerValue(r.Header, headerWaitBudget); v != "" {
-		d, err := caddy.ParseDuration(v)
-		if err != nil || d <= 0 {
-			return badRequest(fmt.Sprintf("%s: %q is not a positive duration such as 2s or 500ms.", headerWaitBudget, v))
-		}
-		requested = d
-	}
-	a.budget = h.qcfg.Budget(tc, a.class, requested)
-	return nil
-}
-
-// requestTokenLimit is the largest cost one request of a tenant may have,
-// and the setting that sets it. A request above max_inflight_tokens or
-// max_queue_tokens could never be dispatched or queued, so it is refused
-// like one above max_request_tokens rather than parked.
-func (h *Handler) requestTokenLimit(tenant string, known bool) (int64, string) {
-	limit, what := h.MaxRequestTokens, "max_request_tokens"
-	t := h.DefaultTenant
-	if known {
-		t = h.Tenants[tenant]
-	}
-	if t != nil && t.MaxRequestTokens > 0 {
-		limit, what = t.MaxRequestTokens, "the tenant's max_request_tokens"
-	}
-	if h.MaxInflightTokens > 0 && h.MaxInflightTokens < limit {
-		limit, what = h.MaxInflightTokens, "max_inflight_tokens of one model server"
-	}
-	if h.MaxQueueTokens > 0 && h.MaxQueueTokens < limit {
-		limit, what = h.MaxQueueTokens, "max_queue_tokens"
-	}
-	return limit, what
-}
-
-// shorterBudget reports whether wait budget a is shorter than b, where 0
-// (a class without a budget) is the longest of all.
-func shorterBudget(a, b time.Duration) bool {
-	return a > 0 && (b == 0 || a < b)
-}
-
-func badRequest(msg string) *apiError {
-	return &apiError{status: http.StatusBadRequest, code: outcomeInvalid, message: msg}
 }
 
 // outcomeValue is outcome as a placeholder value: the common outcomes are

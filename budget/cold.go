@@ -58,9 +58,7 @@ func (c *ColdRate) Finish(now, dispatched time.Time, cost float64) {
 	if c.inflight == 0 {
 		return
 	}
-	c.inflight--
-	c.inflightCost -= cost
-	c.dispatchSum -= c.at(dispatched)
+	c.Abandon(dispatched, cost)
 	c.done++
 	c.doneCost += cost
 	c.doneService += max(now.Sub(dispatched).Seconds(), 0)

@@ -1,6 +1,7 @@
 package degrade
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -62,21 +63,11 @@ type CircuitConfig struct {
 
 // withDefaults returns c with zero fields set to their defaults.
 func (c CircuitConfig) withDefaults() CircuitConfig {
-	if c.Trigger == 0 {
-		c.Trigger = DefaultCircuitTrigger
-	}
-	if c.Recover == 0 {
-		c.Recover = DefaultCircuitRecover
-	}
-	if c.Hold == 0 {
-		c.Hold = DefaultCircuitHold
-	}
-	if c.Window == 0 {
-		c.Window = DefaultCircuitWindow
-	}
-	if c.Saturation == 0 {
-		c.Saturation = DefaultCircuitSaturation
-	}
+	c.Trigger = cmp.Or(c.Trigger, DefaultCircuitTrigger)
+	c.Recover = cmp.Or(c.Recover, DefaultCircuitRecover)
+	c.Hold = cmp.Or(c.Hold, DefaultCircuitHold)
+	c.Window = cmp.Or(c.Window, DefaultCircuitWindow)
+	c.Saturation = cmp.Or(c.Saturation, DefaultCircuitSaturation)
 	return c
 }
 

@@ -234,58 +234,8 @@ func ParseStep(args []string) (Step, error) {
 		return Step{}, err
 	}
 
-	kw, ok := p.next()
-	if !ok {
-		return Step{}, s.errorf("missing action after recover %s (want pause, light_mode or throttle)", args[p.i-1])
-	}
-	kind, ok := kindByName(kw)
-	if !ok {
-		return Step{}, s.errorf("unknown action %q (want pause, light_mode or throttle)", kw)
-	}
-	s.Action.Kind = kind
-	class, ok := p.next()
-	if !ok {
-		return Step{}, s.errorf("%s: missing class", kw)
-	}
-	s.Action.Class = class
-
-	switch kind {
-	case ActionLightMode:
-		for {
-			opt, ok := p.next()
-			if !ok {
-				break
-			}
-			var dst *int
-			switch opt {
-			case "max_input_tokens":
-				dst = &s.Action.MaxInputTokens
-			case "max_tokens":
-				dst = &s.Action.MaxTokens
-			default:
-				return Step{}, s.errorf("light_mode %s: unknown option %q (want max_input_tokens or max_tokens)", class, opt)
-			}
-			if *dst != 0 {
-				return Step{}, s.errorf("light_mode %s: %s given twice", class, opt)
-			}
-			v, ok := p.next()
-			if !ok {
-				return Step{}, s.errorf("light_mode %s: missing value after %s", class, opt)
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n <= 0 {
-				return Step{}, s.errorf("light_mode %s: %s %q must be a positive integer", class, opt, v)
-			}
-			*dst = n
-		}
-	case ActionThrottle:
-		v, ok := p.next()
-		if !ok {
-			return Step{}, s.errorf("throttle %s: missing rate (e.g. 20/s, 1200/m, 5000tok/s, 100tok/m)", class)
-		}
-		if s.Action.Rate, err = ParseRate(v); err != nil {
-			return Step{}, s.errorf("throttle %s: %w", class, err)
-		}
+	if s.Action, err = p.action(); err != nil {
+		return Step{}, err
 	}
 	if extra, ok := p.next(); ok {
 		return Step{}, s.errorf("unexpected token %q after %q", extra, strings.Join(args[1:p.i-1], " "))
@@ -308,6 +258,69 @@ func (p *stepParser) next() (string, bool) {
 	}
 	p.i++
 	return p.args[p.i-1], true
+}
+
+// action parses "<kind> <class>" and the kind's options.
+func (p *stepParser) action() (Action, error) {
+	kw, ok := p.next()
+	if !ok {
+		return Action{}, p.step.errorf("missing action after recover %s (want pause, light_mode or throttle)", p.args[p.i-1])
+	}
+	kind, ok := kindByName(kw)
+	if !ok {
+		return Action{}, p.step.errorf("unknown action %q (want pause, light_mode or throttle)", kw)
+	}
+	class, ok := p.next()
+	if !ok {
+		return Action{}, p.step.errorf("%s: missing class", kw)
+	}
+	a := Action{Kind: kind, Class: class}
+	var err error
+	switch kind {
+	case ActionLightMode:
+		err = p.lightMode(&a)
+	case ActionThrottle:
+		v, ok := p.next()
+		if !ok {
+			return Action{}, p.step.errorf("throttle %s: missing rate (e.g. 20/s, 1200/m, 5000tok/s, 100tok/m)", class)
+		}
+		if a.Rate, err = ParseRate(v); err != nil {
+			err = p.step.errorf("throttle %s: %w", class, err)
+		}
+	}
+	return a, err
+}
+
+// lightMode parses light_mode's options, each at most once, in any order,
+// up to the end of the line.
+func (p *stepParser) lightMode(a *Action) error {
+	for {
+		opt, ok := p.next()
+		if !ok {
+			return nil
+		}
+		var dst *int
+		switch opt {
+		case "max_input_tokens":
+			dst = &a.MaxInputTokens
+		case "max_tokens":
+			dst = &a.MaxTokens
+		default:
+			return p.step.errorf("light_mode %s: unknown option %q (want max_input_tokens or max_tokens)", a.Class, opt)
+		}
+		if *dst != 0 {
+			return p.step.errorf("light_mode %s: %s given twice", a.Class, opt)
+		}
+		v, ok := p.next()
+		if !ok {
+			return p.step.errorf("light_mode %s: missing value after %s", a.Class, opt)
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return p.step.errorf("light_mode %s: %s %q must be a positive integer", a.Class, opt, v)
+		}
+		*dst = n
+	}
 }
 
 // line parses "<keyword> <number>".

@@ -274,7 +274,7 @@ func (approxCounter) Count(s string) int {
 	q, row := 0, uint32(stNone)<<7 // row: the state's row in approxStep
 	for i := 0; i < len(s); {
 		if i+8 <= len(s) {
-			if x := stringWord(s, i); x&swarMSB == 0 {
+			if x := stringWord(s, i); x&0x8080808080808080 == 0 {
 				// Eight ASCII bytes: their steps unrolled, with no
 				// test of what each is.
 				var q8 int

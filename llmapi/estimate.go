@@ -1,9 +1,6 @@
 package llmapi
 
-import (
-	"bytes"
-	"math"
-)
+import "math"
 
 // CostLimit is where token counts saturate: an output cap beyond it (1e15,
 // 1e300), a cap multiplied by n, a prompt of countless images, and the
@@ -50,19 +47,22 @@ func Estimate(req *Request, c Counter, defaultMaxTokens int) Cost {
 		c = approxCounter{}
 	}
 	var p int64
-	var plain [inlineTexts]string
-	if strs, ok := req.plainTexts(plain[:0]); ok {
-		// The common request: no walk, no decoding, nothing pooled.
-		p = promptCost(req, len(strs), strs, c)
-	} else {
+	switch {
+	case req.walked && req.nTexts <= len(req.texts):
+		// The common request: Parse met all of its texts, so there is
+		// nothing to walk or pool.
+		var strs [inlineTexts]string
+		p, _ = promptTokens(req, req.texts[:req.nTexts], c, strs[:0])
+	default:
 		sc := getScratch()
 		var texts []textRef
-		if req.walked && req.nTexts <= len(req.texts) {
-			texts = req.texts[:req.nTexts] // all of them, met by Parse
+		if req.allTexts() {
+			texts = append(append(sc.texts[:0], req.texts[:]...), req.more...)
+			sc.texts = texts
 		} else {
-			texts = req.gatherTexts(&sc.s, sc, (req.nTexts+maxTexts-1)/maxTexts)
+			texts = req.gatherTexts(sc, (req.nTexts+maxTexts-1)/maxTexts)
 		}
-		p = promptTokens(req, texts, c, sc)
+		p, sc.strs = promptTokens(req, texts, c, sc.strs[:0])
 		sc.release()
 	}
 	out := clamp(req.MaxOutput)
@@ -78,22 +78,17 @@ func Estimate(req *Request, c Counter, defaultMaxTokens int) Cost {
 
 // promptTokens is the prompt cost of the counts in r and of texts, which
 // are r's texts or, when there are fewer, a sample of them: their count is
-// then scaled up by bytes. sc (may be nil) holds the strings counted.
-func promptTokens(r *Request, texts []textRef, c Counter, sc *scratch) int64 {
+// then scaled up by bytes. The strings counted are appended to strs, and
+// returned for reuse.
+func promptTokens(r *Request, texts []textRef, c Counter, strs []string) (int64, []string) {
 	p := clamp(r.TokenIDs) + clamp(r.Images)*ImageTokens + clamp(r.Names) + clamp(r.Messages)*MessageOverhead
 	if r.Messages > 0 {
 		p += ReplyPriming
 	}
 	if len(texts) == 0 {
-		return p
+		return p, strs
 	}
-	var strs []string
-	if sc != nil {
-		sc.strs = appendTextStrings(sc.strs[:0], texts)
-		strs = sc.strs
-	} else {
-		strs = textStrings(texts)
-	}
+	strs = appendTextStrings(strs, texts)
 	n := clamp(countTexts(c, strs))
 	if len(texts) < r.nTexts {
 		var sampled int64
@@ -102,33 +97,5 @@ func promptTokens(r *Request, texts []textRef, c Counter, sc *scratch) int64 {
 		}
 		n = int64(min(float64(n)*float64(r.textBytes)/float64(max(sampled, 1)), CostLimit))
 	}
-	return p + n
-}
-
-// promptCost is promptTokens for all of r's texts, as strs.
-func promptCost(r *Request, n int, strs []string, c Counter) int64 {
-	p := clamp(r.TokenIDs) + clamp(r.Images)*ImageTokens + clamp(r.Names) + clamp(r.Messages)*MessageOverhead
-	if r.Messages > 0 {
-		p += ReplyPriming
-	}
-	if n == 0 {
-		return p
-	}
-	return p + clamp(countTexts(c, strs))
-}
-
-// plainTexts appends to dst the strings of r's texts, when Parse kept all
-// of them and none needs decoding: each is its bytes in the body, as
-// appendTextStrings would give it.
-func (r *Request) plainTexts(dst []string) ([]string, bool) {
-	if !r.walked || r.nTexts > len(r.texts) {
-		return nil, false
-	}
-	for _, t := range r.texts[:r.nTexts] {
-		if t.compact || !t.plain && bytes.IndexByte(t.raw, '\\') >= 0 {
-			return nil, false
-		}
-		dst = append(dst, bodyString(t.raw[1:len(t.raw)-1]))
-	}
-	return dst, true
+	return p + n, strs
 }

@@ -161,8 +161,7 @@ func TestEstimateInlineTexts(t *testing.T) {
 			if !req.walked {
 				t.Fatal("Parse did not mark the request walked")
 			}
-			var s scan
-			walked := req.walkTexts(&s, 1)
+			walked, _ := walkTexts(req)
 			if len(walked) != req.nTexts {
 				t.Fatalf("walk gathered %d texts, parse counted %d", len(walked), req.nTexts)
 			}

@@ -6,6 +6,8 @@ import (
 	"sort"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/go-json-experiment/json/jsontext"
 )
 
 // MinKeepTokens is the least LightMode leaves of the newest message when the
@@ -46,11 +48,11 @@ const truncationMarker = "\n[...]\n"
 // the members it reads, matches keys after decoding escapes, and does work
 // linear in the size of the body, counting aside.
 func LightMode(kind Kind, body []byte, maxInputTokens, maxTokens int, c Counter) (out []byte, changed bool, err error) {
-	var s scan
-	return lightMode(&s, kind, body, maxInputTokens, maxTokens, c)
+	var rs readers
+	return lightMode(&rs, kind, body, maxInputTokens, maxTokens, c)
 }
 
-func lightMode(s *scan, kind Kind, body []byte, maxInputTokens, maxTokens int, c Counter) (out []byte, changed bool, err error) {
+func lightMode(rs *readers, kind Kind, body []byte, maxInputTokens, maxTokens int, c Counter) (out []byte, changed bool, err error) {
 	if kind != KindChat && kind != KindAnthropicMessages || maxInputTokens <= 0 && maxTokens <= 0 {
 		return body, false, nil
 	}
@@ -60,18 +62,16 @@ func lightMode(s *scan, kind Kind, body []byte, maxInputTokens, maxTokens int, c
 	if b, ok := c.(*boundedCounter); ok {
 		c = &spendingCounter{inner: b, exact: b.exactBytes, left: lightModeBudget * b.exactBytes}
 	}
-	if err := validate(body); err != nil {
-		return nil, false, err
-	}
 	var top topLevel
-	if err := readTop(s, body, &top); err != nil {
+	w := walker{rs: rs, r: &Request{}}
+	if err := w.top(body, &top); err != nil {
 		return nil, false, err
 	}
 	anthropic := kind == KindAnthropicMessages
 	set := map[string][]byte{}
 
 	if maxInputTokens > 0 {
-		msgs, err := trimMessages(s, &top, anthropic, maxInputTokens, c)
+		msgs, err := trimMessages(rs, &top, anthropic, maxInputTokens, c)
 		if err != nil {
 			return nil, false, err
 		}
@@ -81,32 +81,42 @@ func lightMode(s *scan, kind Kind, body []byte, maxInputTokens, maxTokens int, c
 	}
 
 	if maxTokens > 0 {
-		capped := false
-		for _, f := range []struct {
-			name string
-			raw  []byte
-		}{{"max_tokens", top.MaxTokens}, {"max_completion_tokens", top.MaxCompletionTokens}} {
-			if anthropic && f.name != "max_tokens" || !present(f.raw) {
-				continue
-			}
-			n, err := getInt(f.raw, f.name)
-			if err != nil {
-				return nil, false, err
-			}
-			capped = true
-			if n > maxTokens {
-				set[f.name] = strconv.AppendInt(nil, int64(maxTokens), 10)
-			}
-		}
-		if !capped {
-			set["max_tokens"] = strconv.AppendInt(nil, int64(maxTokens), 10)
+		if err := capOutput(&top, anthropic, maxTokens, set); err != nil {
+			return nil, false, err
 		}
 	}
 
 	if len(set) == 0 {
 		return body, false, nil
 	}
-	return rewriteTop(s, body, set), true, nil
+	return rewriteTop(rs, body, set), true, nil
+}
+
+// capOutput sets in set the output caps of top above maxTokens to it, in
+// whichever of max_completion_tokens and max_tokens the body sets, or
+// adds max_tokens.
+func capOutput(top *topLevel, anthropic bool, maxTokens int, set map[string][]byte) error {
+	capped := false
+	for _, f := range []struct {
+		name string
+		raw  []byte
+	}{{"max_tokens", top.MaxTokens}, {"max_completion_tokens", top.MaxCompletionTokens}} {
+		if anthropic && f.name != "max_tokens" || !present(f.raw) {
+			continue
+		}
+		n, err := getInt(f.raw, f.name)
+		if err != nil {
+			return err
+		}
+		capped = true
+		if n > maxTokens {
+			set[f.name] = strconv.AppendInt(nil, int64(maxTokens), 10)
+		}
+	}
+	if !capped {
+		set["max_tokens"] = strconv.AppendInt(nil, int64(maxTokens), 10)
+	}
+	return nil
 }
 
 // lightModeBudget is how many times its exact budget a bounded counter may
@@ -150,16 +160,19 @@ func (s *spendingCounter) Count(text string) int {
 // the parser matches them, after decoding escapes, so that a member the
 // estimate read is the member replaced; the key is written as the client
 // wrote it.
-func rewriteTop(s *scan, body []byte, set map[string][]byte) []byte {
+func rewriteTop(rs *readers, body []byte, set map[string][]byte) []byte {
 	type member struct {
 		key      string // decoded
 		raw, val []byte
 	}
 	var ms []member
-	s.eachMember(body, func(k, rk, v []byte) bool {
-		ms = append(ms, member{string(k), rk, v})
-		return true
-	})
+	r := rs.open(body, 0)
+	r.next()
+	for r.member() {
+		raw := r.raw
+		ms = append(ms, member{string(stringBytes(raw)), raw, r.value()})
+	}
+	rs.close()
 	last := map[string]int{}
 	for i, m := range ms {
 		if _, ok := set[m.key]; ok {
@@ -174,9 +187,8 @@ func rewriteTop(s *scan, body []byte, set map[string][]byte) []byte {
 			out = append(out, ',')
 		}
 		first = false
-		out = append(out, '"')
 		out = append(out, k...)
-		out = append(out, '"', ':')
+		out = append(out, ':')
 		out = append(out, v...)
 	}
 	for i, m := range ms {
@@ -198,7 +210,7 @@ func rewriteTop(s *scan, body []byte, set map[string][]byte) []byte {
 	}
 	sort.Strings(missing)
 	for _, k := range missing {
-		emit([]byte(k), set[k])
+		emit([]byte(`"`+k+`"`), set[k])
 	}
 	return append(out, '}')
 }
@@ -215,129 +227,173 @@ type lmMessage struct {
 	modified bool
 }
 
+// trimmer is one LightMode call's trimming of the messages.
+type trimmer struct {
+	rs        *readers
+	anthropic bool
+	c         Counter
+	fixed     walker // what is kept whatever happens
+	msgs      []lmMessage
+}
+
 // trimMessages returns the new messages array, or nil when all messages fit.
-func trimMessages(s *scan, top *topLevel, anthropic bool, limit int, c Counter) ([]byte, error) {
+func trimMessages(rs *readers, top *topLevel, anthropic bool, limit int, c Counter) ([]byte, error) {
 	switch rawType(top.Messages) {
 	case 0, 'n':
 		return nil, nil
 	case '[':
 	default:
-		return nil, fieldError("messages", "must be an array, got %s", typeName(top.Messages))
+		return nil, fieldError("messages", "must be an array, got %s", typeName(rawType(top.Messages)))
 	}
-	raws := s.elements(top.Messages)
+	raws := rs.elements(top.Messages)
 	if len(raws) == 0 {
 		return nil, nil
 	}
+	t := &trimmer{rs: rs, anthropic: anthropic, c: c, fixed: walker{rs: rs, r: &Request{}, collect: true}}
+	if err := t.addFixed(top); err != nil {
+		return nil, err
+	}
+	upper, err := t.read(raws)
+	if err != nil || upper+len(top.System)+len(top.Tools)+len(top.Functions) <= limit {
+		return nil, err
+	}
+	units := groupUnits(t.msgs)
+	keep, budget := t.keepNewest(units, t.budget(limit))
+	keep = t.keepWhole(units, keep, budget)
+	return t.join(units[:keep]), nil
+}
 
-	// What is kept whatever happens: tools, the Anthropic system prompt,
-	// the reply priming; system messages are added below.
-	fixed := walker{s: s, r: &Request{}, collect: true}
-	if anthropic {
-		if err := fixed.addSystem(top.System); err != nil {
-			return nil, err
+// addFixed gathers what is kept whatever happens: tools, the Anthropic
+// system prompt; system messages are counted in budget.
+func (t *trimmer) addFixed(top *topLevel) error {
+	if t.anthropic {
+		if err := t.fixed.from(top.System, t.fixed.addSystem); err != nil {
+			return err
 		}
 	} else {
-		fixed.addJSON(top.Functions)
+		t.fixed.addJSON(top.Functions)
 	}
-	fixed.addJSON(top.Tools)
+	t.fixed.addJSON(top.Tools)
+	return nil
+}
 
-	msgs := make([]lmMessage, len(raws))
-	upper := len(top.System) + MessageOverhead + len(top.Tools) + len(top.Functions) + ReplyPriming
+// read walks the messages, and returns a bound on their cost: a token
+// covers at least one byte of JSON text, so it needs no tokenizing.
+func (t *trimmer) read(raws [][]byte) (upper int, err error) {
+	t.msgs = make([]lmMessage, len(raws))
+	upper = MessageOverhead + ReplyPriming
 	for i, raw := range raws {
-		m := &msgs[i]
+		m := &t.msgs[i]
 		r := &m.parsed
-		w := walker{s: s, r: r, collect: true, path: []seg{{name: "messages"}, {idx: i}}}
-		rb, _, err := w.message(raw, anthropic)
+		w := walker{rs: t.rs, r: r, collect: true, path: []seg{{name: "messages"}, {idx: i}}}
+		var rb []byte
+		err := w.from(raw, func(k jsontext.Kind) (err error) {
+			rb, err = w.message(k, t.anthropic)
+			return err
+		})
 		if err != nil {
-			return nil, err
+			return 0, err
 		}
-		role := string(rb)
+		role := string(stringBytes(rb))
 		m.raw, m.role, m.texts, m.cost = raw, role, w.texts, -1
-		m.system = !anthropic && (role == "system" || role == "developer")
-		m.calls, m.results = toolLinks(s, raw, role, anthropic)
-		// A token covers at least one byte of JSON text, so this bounds
-		// the cost without tokenizing.
+		m.system = !t.anthropic && (role == "system" || role == "developer")
+		m.calls, m.results = toolLinks(t.rs, raw, role, t.anthropic)
 		upper += len(raw) + r.Messages*MessageOverhead + r.Names + r.Images*ImageTokens + r.TokenIDs
 	}
-	if upper <= limit {
-		return nil, nil
-	}
+	return upper, nil
+}
 
-	budget := limit - saturate(promptTokens(fixed.r, fixed.texts, c, nil))
-	if fixed.r.Messages == 0 {
+// budget is what limit leaves for the messages other than system ones.
+func (t *trimmer) budget(limit int) int {
+	fixedCost, _ := promptTokens(t.fixed.r, t.fixed.texts, t.c, nil)
+	budget := limit - saturate(fixedCost)
+	if t.fixed.r.Messages == 0 {
 		budget -= ReplyPriming // Estimate adds it only when there are messages
 	}
-	for i := range msgs {
-		if msgs[i].system {
-			budget -= msgs[i].tokens(c)
+	for i := range t.msgs {
+		if t.msgs[i].system {
+			budget -= t.msgs[i].tokens(t.c)
 		}
 	}
+	return budget
+}
 
-	// Newest first, counting only what is considered: the work is bounded
-	// by the limit, not by the length of the conversation.
-	units := groupUnits(msgs)
-	keep := len(units) // units[keep:] are kept
+// keepNewest returns the first of the units kept, the newest that fit
+// budget, and what is left of it. Counting only what is considered, the
+// work is bounded by the limit, not by the length of the conversation.
+// When not even the newest fits, it is truncated.
+func (t *trimmer) keepNewest(units [][]int, budget int) (keep, left int) {
+	keep = len(units) // units[keep:] are kept
 	for keep > 0 {
-		cost := unitCost(msgs, units[keep-1], c)
+		cost := unitCost(t.msgs, units[keep-1], t.c)
 		if cost > budget {
 			break
 		}
 		budget -= cost
 		keep--
 	}
-	if keep == len(units) {
-		if len(units) == 0 {
-			return nil, nil // only system messages: nothing to trim
-		}
-		// Not even the newest fits: truncate it.
-		keep--
-		truncateUnit(s, msgs, units[keep], max(budget, MinKeepTokens), anthropic, c)
-		budget = 0
+	if keep < len(units) || len(units) == 0 {
+		return keep, budget
 	}
-	// A tool result is never kept without its call; an orphan (already so
-	// in the original) at the start of what is kept goes.
-	for keep < len(units)-1 && msgs[units[keep][0]].results && !msgs[units[keep][0]].calls {
+	keep--
+	truncateUnit(t.rs, t.msgs, units[keep], max(budget, MinKeepTokens), t.anthropic, t.c)
+	return keep, 0
+}
+
+// keepWhole moves the start of what is kept so that no tool result is
+// kept without its call and an Anthropic conversation opens with a user
+// turn.
+func (t *trimmer) keepWhole(units [][]int, keep, budget int) int {
+	if len(units) == 0 {
+		return 0
+	}
+	first := func() *lmMessage { return &t.msgs[units[keep][0]] }
+	// An orphan result (already so in the original) at the start goes.
+	for keep < len(units)-1 && first().results && !first().calls {
 		keep++
 	}
-	if anthropic {
-		for keep < len(units)-1 && msgs[units[keep][0]].role == "assistant" {
-			keep++
-		}
-		if msgs[units[keep][0]].role == "assistant" && keep > 0 {
-			// Only an assistant turn is left (a prefill): bring back
-			// the turn before it, truncated if need be.
-			keep--
-			truncateUnit(s, msgs, units[keep], max(budget, MinKeepTokens), anthropic, c)
-		}
+	if !t.anthropic {
+		return keep
 	}
+	for keep < len(units)-1 && first().role == "assistant" {
+		keep++
+	}
+	if first().role == "assistant" && keep > 0 {
+		// Only an assistant turn is left (a prefill): bring back the
+		// turn before it, truncated if need be.
+		keep--
+		truncateUnit(t.rs, t.msgs, units[keep], max(budget, MinKeepTokens), t.anthropic, t.c)
+	}
+	return keep
+}
 
-	drop := make([]bool, len(msgs))
-	for _, u := range units[:keep] {
+// join returns the messages array without the units dropped, nil when
+// that changes nothing.
+func (t *trimmer) join(dropped [][]int) []byte {
+	drop := make([]bool, len(t.msgs))
+	changed := false
+	for _, u := range dropped {
 		for _, i := range u {
-			drop[i] = true
+			drop[i], changed = true, true
 		}
 	}
-	changed := false
 	var b bytes.Buffer
 	b.WriteByte('[')
-	n := 0
-	for i, m := range msgs {
+	for i, m := range t.msgs {
 		if drop[i] {
-			changed = true
 			continue
 		}
 		changed = changed || m.modified
-		if n > 0 {
+		if b.Len() > 1 {
 			b.WriteByte(',')
 		}
 		b.Write(m.raw)
-		n++
 	}
 	b.WriteByte(']')
 	if !changed {
-		return nil, nil
+		return nil
 	}
-	return b.Bytes(), nil
+	return b.Bytes()
 }
 
 // tokens is the message's cost as Estimate counts it.
@@ -351,19 +407,19 @@ func (m *lmMessage) tokens(c Counter) int {
 
 // toolLinks reports whether a message calls tools and whether it carries
 // tool results.
-func toolLinks(s *scan, raw []byte, role string, anthropic bool) (calls, results bool) {
+func toolLinks(rs *readers, raw []byte, role string, anthropic bool) (calls, results bool) {
 	if !anthropic {
 		switch role {
 		case "assistant":
-			tc := s.member(raw, "tool_calls")
-			calls = len(tc) > 0 && tc[0] == '[' && len(bytes.TrimSpace(tc[1:])) > 1 || present(s.member(raw, "function_call"))
+			tc := rs.member(raw, "tool_calls")
+			calls = rawType(tc) == '[' && len(bytes.TrimSpace(tc[1:])) > 1 || present(rs.member(raw, "function_call"))
 		case "tool", "function":
 			results = true
 		}
 		return calls, results
 	}
-	s.eachElement(s.member(raw, "content"), func(block []byte) {
-		typ := s.member(block, "type")
+	rs.each(rs.member(raw, "content"), func(block []byte) {
+		typ := rs.member(block, "type")
 		switch {
 		case stringIs(typ, "tool_use"), stringIs(typ, "server_tool_use"):
 			calls = true
@@ -409,7 +465,7 @@ func unitCost(msgs []lmMessage, u []int, c Counter) int {
 // truncateUnit shrinks a unit to about budget tokens. The tool calls of a
 // unit are kept whole (cut JSON arguments would be worse than none); its
 // results, or its only message, share what is left.
-func truncateUnit(s *scan, msgs []lmMessage, u []int, budget int, anthropic bool, c Counter) {
+func truncateUnit(rs *readers, msgs []lmMessage, u []int, budget int, anthropic bool, c Counter) {
 	cut := u
 	if len(u) > 1 {
 		budget -= msgs[u[0]].tokens(c)
@@ -426,14 +482,14 @@ func truncateUnit(s *scan, msgs []lmMessage, u []int, budget int, anthropic bool
 			continue
 		}
 		m := &msgs[i]
-		content := s.member(m.raw, "content")
+		content := rs.member(m.raw, "content")
 		// Tokens of the message that are not its content stay.
-		w := walker{s: s, r: &Request{}, collect: true}
-		_, _ = w.content(content, anthropic)
+		w := walker{rs: rs, r: &Request{}, collect: true}
+		_ = w.from(content, func(k jsontext.Kind) error { return w.content(k, anthropic) })
 		contentCost := w.r.Images*ImageTokens + countTexts(c, textStrings(w.texts))
-		newContent := shrinkContent(s, content, share-(m.cost-contentCost), anthropic, false, c)
+		newContent := shrinkContent(rs, content, share-(m.cost-contentCost), anthropic, false, c)
 		if newContent != nil {
-			m.raw = rewriteTop(s, m.raw, map[string][]byte{"content": newContent})
+			m.raw = rewriteTop(rs, m.raw, map[string][]byte{"content": newContent})
 			m.modified = true
 		}
 	}
@@ -444,11 +500,11 @@ func truncateUnit(s *scan, msgs []lmMessage, u []int, budget int, anthropic bool
 // cut too, unless nested is set: tool results inside tool results are no
 // API's format, and cutting them level by level would walk a hostile body
 // once per level, so they are kept or dropped whole.
-func shrinkContent(s *scan, content []byte, budget int, anthropic, nested bool, c Counter) []byte {
+func shrinkContent(rs *readers, content []byte, budget int, anthropic, nested bool, c Counter) []byte {
 	budget = max(budget, 1)
 	switch rawType(content) {
 	case '"':
-		t, ok := truncateText(decodeString(content), budget, c)
+		t, ok := truncateText(string(stringBytes(content)), budget, c)
 		if !ok {
 			return nil
 		}
@@ -459,14 +515,14 @@ func shrinkContent(s *scan, content []byte, budget int, anthropic, nested bool, 
 	}
 	// Parts: images and other non-text parts stay; text parts share the
 	// budget in proportion to their size.
-	parts := s.elements(content)
+	parts := rs.elements(content)
 	costs := make([]int, len(parts))
 	results := make([]bool, len(parts))
 	textTotal, fixedCost := 0, 0
 	for i, p := range parts {
-		w := walker{s: s, r: &Request{}, collect: true}
-		_, _ = w.part(p, anthropic)
-		results[i] = stringIs(s.member(p, "type"), "tool_result")
+		w := walker{rs: rs, r: &Request{}, collect: true}
+		_ = w.from(p, func(k jsontext.Kind) error { return w.part(k, anthropic) })
+		results[i] = stringIs(rs.member(p, "type"), "tool_result")
 		n := countTexts(c, textStrings(w.texts))
 		fixedCost += w.r.Images * ImageTokens
 		if nested && results[i] {
@@ -490,9 +546,9 @@ func shrinkContent(s *scan, content []byte, budget int, anthropic, nested bool, 
 		if results[i] {
 			key = "content"
 		}
-		nv := shrinkContent(s, s.member(p, key), share, anthropic, true, c)
+		nv := shrinkContent(rs, rs.member(p, key), share, anthropic, true, c)
 		if nv != nil {
-			parts[i] = rewriteTop(s, p, map[string][]byte{key: nv})
+			parts[i] = rewriteTop(rs, p, map[string][]byte{key: nv})
 			changed = true
 		}
 	}

@@ -44,8 +44,8 @@ func roles(msgs []testMsg) string {
 // topMembers returns the top-level members of body, in order.
 func topMembers(body []byte) (keys []string, vals map[string]string) {
 	vals = map[string]string{}
-	var s scan
-	s.eachMember(body, func(k, _, v []byte) bool {
+	var rs readers
+	rs.members(body, func(k, v []byte) bool {
 		keys = append(keys, string(k))
 		vals[string(k)] = string(v)
 		return true

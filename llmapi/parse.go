@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -37,9 +38,9 @@ const MaxChoices = 128
 //
 // A Request parsed from a body refers to that body instead of copying its
 // prompt: Estimate reads the prompt text from it, so that a queued request
-// costs its body and a fixed few hundred bytes, not its prompt twice. The
-// caller must therefore neither modify nor reuse the body while the Request
-// is in use.
+// costs its body, a fixed few hundred bytes and where its texts stand (a
+// sixteenth of the body at most), not its prompt twice. The caller must
+// therefore neither modify nor reuse the body while the Request is in use.
 type Request struct {
 	Kind Kind
 	// Inferred reports that the path did not name an API and Kind was
@@ -73,25 +74,40 @@ type Request struct {
 	nTexts    int    // texts in the prompt
 	textBytes int64  // and their size, as they stand in the body
 	noBody    bool
-	// texts are the first texts of the prompt as the walk met them; when
-	// Parse set walked and they are all of them (nTexts <= inlineTexts),
-	// Estimate counts them without walking the body a second time.
+	// texts are the first texts of the prompt as the walk met them, and
+	// more the others when Parse kept them (see keptTexts); when Parse
+	// set walked and they are all of them, Estimate counts them without
+	// walking the body a second time.
 	texts  [inlineTexts]textRef
+	more   []textRef
 	walked bool
 }
 
-// inlineTexts is how many prompt texts a Request keeps from its parse: a
-// short conversation's, for a fixed 256 bytes, which spares the common
-// request the estimate's second walk over its body.
+// inlineTexts is how many prompt texts a Request keeps in itself: a short
+// conversation's, for a fixed 256 bytes, so that the common request
+// allocates nothing more.
 const inlineTexts = 8
+
+// keptTexts is how many texts Parse keeps from a body of n bytes: where
+// they stand costs a sixteenth of the body at most. A body of more (many
+// tiny strings) is walked again by Estimate, which samples them.
+func keptTexts(n int) int { return min(n/16/textRefSize, maxTexts) }
+
+// textRefSize is the size of a textRef: a slice and a flag.
+const textRefSize = 32
+
+// allTexts reports whether Parse kept all of r's texts.
+func (r *Request) allTexts() bool {
+	return r.walked && (r.nTexts <= inlineTexts || len(r.more) == r.nTexts-inlineTexts)
+}
 
 // Texts returns the prompt text, one entry per separately tokenized string
 // (message contents, names, tool calls, tool definitions), decoded from
 // the body. It copies every string, on every call: it is meant for tests
 // and diagnostics, not for the request path.
 func (r *Request) Texts() []string {
-	var s scan
-	return textStrings(r.walkTexts(&s, 1))
+	var sc scratch
+	return textStrings(r.gatherTexts(&sc, 1))
 }
 
 // BodyError reports a request body the gateway cannot use. Its message is
@@ -198,6 +214,30 @@ type topLevel struct {
 // slot returns where the member named key goes, or nil for members the
 // gateway does not read.
 func (t *topLevel) slot(key []byte) *[]byte {
+	if v := t.settingSlot(key); v != nil {
+		return v
+	}
+	switch string(key) {
+	case "messages":
+		return &t.Messages
+	case "system":
+		return &t.System
+	case "prompt":
+		return &t.Prompt
+	case "input":
+		return &t.Input
+	case "instructions":
+		return &t.Instructions
+	case "tools":
+		return &t.Tools
+	case "functions":
+		return &t.Functions
+	}
+	return t.shapeSlot(key)
+}
+
+// settingSlot is slot for the members that are not prompt.
+func (t *topLevel) settingSlot(key []byte) *[]byte {
 	switch string(key) {
 	case "model":
 		return &t.Model
@@ -215,20 +255,13 @@ func (t *topLevel) slot(key []byte) *[]byte {
 		return &t.N
 	case "best_of":
 		return &t.BestOf
-	case "messages":
-		return &t.Messages
-	case "system":
-		return &t.System
-	case "prompt":
-		return &t.Prompt
-	case "input":
-		return &t.Input
-	case "instructions":
-		return &t.Instructions
-	case "tools":
-		return &t.Tools
-	case "functions":
-		return &t.Functions
+	}
+	return nil
+}
+
+// shapeSlot is slot for the members only read to infer the kind.
+func (t *topLevel) shapeSlot(key []byte) *[]byte {
+	switch string(key) {
 	case "anthropic_version":
 		return &t.AnthropicVersion
 	case "stop_sequences":
@@ -267,125 +300,67 @@ func Parse(path string, body []byte) (*Request, error) {
 // whole: one that lives inside a larger per-request struct costs no
 // allocation of its own. On an error *req is left zero.
 func ParseTo(req *Request, path string, body []byte) error {
-	if done, err := parseFast(nil, nil, req, path, body); done {
-		return err
-	}
 	sc := getScratch()
 	defer sc.release()
-	return parseSlow(&sc.s, sc, req, path, body)
+	return sc.parse(req, path, body)
 }
 
-func parse(s *scan, path string, body []byte) (*Request, error) {
-	req := new(Request)
-	if err := parseWith(s, nil, req, path, body); err != nil {
-		return nil, err
-	}
-	return req, nil
-}
-
-// parseWith is ParseTo with s as its scanner and sc (may be nil) as the
-// walk's working memory.
-func parseWith(s *scan, sc *scratch, req *Request, path string, body []byte) error {
-	if done, err := parseFast(s, sc, req, path, body); done {
-		return err
-	}
-	return parseSlow(s, sc, req, path, body)
-}
-
-// parseSlow is parseWith without parseFast: the reference that parseFast
-// answers for when it can (see fastparse.go), and what answers for every
-// body it cannot.
-func parseSlow(s *scan, sc *scratch, req *Request, path string, body []byte) error {
+// parse is ParseTo with sc as the walk's working memory.
+func (sc *scratch) parse(req *Request, path string, body []byte) error {
 	*req = Request{}
 	kind := KindFromPath(path)
 	if len(bytes.TrimSpace(body)) == 0 {
 		if kind == KindUnknown {
-			*req = Request{noBody: true, Choices: 1}
+			req.noBody, req.Choices = true, 1
 			return nil
 		}
 		return &BodyError{Msg: "request body is empty; expected a JSON object", Offset: -1}
 	}
-	if err := validate(body); err != nil {
-		return err
-	}
-	var top topLevel
-	if err := readTop(s, body, &top); err != nil {
-		return err
-	}
-	*req = Request{Kind: kind, Choices: 1, body: body}
-	if kind == KindUnknown {
-		req.Kind = inferKind(&top)
-		req.Inferred = req.Kind != KindUnknown
-	}
-	w := walker{s: s, r: req}
-	if sc != nil {
-		w.path = sc.path[:0]
-	}
-	err := w.parse(&top)
-	if sc != nil {
-		sc.path = w.path[:0]
-	}
+	req.Kind, req.Choices, req.body = kind, 1, body
+	w := sc.walker(req, false, 1)
+	w.keep = keptTexts(len(body))
+	err := w.walk(body)
+	sc.path, sc.calls, sc.texts = w.path[:0], w.calls[:0], w.texts[:0]
 	if err != nil {
 		*req = Request{}
 		return err
 	}
+	req.Inferred = kind == KindUnknown && req.Kind != KindUnknown
 	req.walked = true
-	return nil
-}
-
-// validate checks that body is one JSON object.
-func validate(body []byte) error {
-	if !validJSON(body) {
-		// Only now pay for a decode, to learn where the error is.
-		var v struct{}
-		err := json.Unmarshal(body, &v)
-		var syn *json.SyntaxError
-		if errors.As(err, &syn) {
-			return syntaxError(body, syn)
-		}
-		return &BodyError{Msg: "request body is not valid JSON", Offset: -1, Err: err}
-	}
-	if rawType(body) != '{' {
-		return &BodyError{Msg: "request body must be a JSON object, got " + typeName(body), Offset: -1}
+	if req.nTexts > inlineTexts && req.nTexts <= w.keep {
+		req.more = slices.Clone(w.texts[inlineTexts:])
 	}
 	return nil
 }
 
-// readTop collects the top-level members of a valid body. Stepping over
-// every member's value visits every byte of the body once, so this is also
-// where nesting is measured.
-func readTop(s *scan, body []byte, top *topLevel) error {
-	i := s.skipWS(body, 0)
-	_, err := s.object(body, i, func(k, _ []byte, v int) (int, error) {
-		e, deep := s.valueEndDepth(body, v, MaxDepth-1)
-		if deep >= 0 {
-			return -1, depthError(deep)
-		}
-		slot := top.slot(k)
-		if slot == nil || e < 0 {
-			return e, nil
-		}
-		if *slot != nil {
-			return e, duplicateError(string(k))
-		}
-		*slot = body[v:e]
-		return e, nil
-	})
-	return err
+// invalidBody is the error for a body the reader stopped in (err): invalid
+// JSON, told in encoding/json's words, which name the problem and where it
+// is, or JSON nested deeper than MaxDepth. topErr is a problem found at
+// the top level before the reader stopped, which is reported first, as
+// the top level is read in order.
+func invalidBody(body []byte, err, topErr error) error {
+	var v struct{}
+	jerr := json.Unmarshal(body, &v)
+	var syn *json.SyntaxError
+	if errors.As(jerr, &syn) && !strings.HasSuffix(syn.Error(), "exceeded max depth") {
+		return syntaxError(body, syn)
+	}
+	if topErr != nil && syn == nil {
+		return topErr
+	}
+	var deep *depthErr
+	if errors.As(err, &deep) {
+		return depthError(deep.offset)
+	}
+	if syn != nil { // deeper than the decoder goes
+		return depthError(firstTooDeep(body, MaxDepth))
+	}
+	return &BodyError{Msg: "request body is not valid JSON", Offset: -1, Err: err}
 }
 
 func syntaxError(body []byte, syn *json.SyntaxError) *BodyError {
 	// encoding/json counts the offending byte in Offset.
 	off := max(syn.Offset-1, 0)
-	if strings.HasSuffix(syn.Error(), "exceeded max depth") {
-		// encoding/json stops at 10000 levels, long past MaxDepth:
-		// report where MaxDepth was passed.
-		var s scan
-		if _, deep := s.valueEndDepth(body, s.skipWS(body, 0), MaxDepth); deep >= 0 {
-			return depthError(deep)
-		}
-		return depthError(int(off))
-	}
 	if syn.Offset >= int64(len(body)) && syn.Error() == "unexpected end of JSON input" {
 		return &BodyError{
 			Msg:    "request body is not valid JSON: it ends in the middle of a value (truncated?)",
@@ -400,7 +375,7 @@ func syntaxError(body []byte, syn *json.SyntaxError) *BodyError {
 	}
 }
 
-func inferKind(top *topLevel) Kind {
+func inferKind(rs *readers, top *topLevel) Kind {
 	switch {
 	case rawType(top.Messages) == '[':
 		// OpenAI chat puts system prompts among the messages; these
@@ -418,54 +393,23 @@ func inferKind(top *topLevel) Kind {
 		if present(top.EncodingFormat) || present(top.Dimensions) {
 			return KindEmbeddings
 		}
-		if rawType(top.Input) == '[' {
-			// Responses input lists items (objects); embeddings input
-			// lists strings or token IDs.
-			if first := firstElement(top.Input); first != nil {
-				if rawType(first) == '{' {
-					return KindResponses
-				}
-				return KindEmbeddings
+		// Responses input lists items (objects); embeddings input lists
+		// strings or token IDs.
+		first := byte(0)
+		rs.each(top.Input, func(e []byte) {
+			if first == 0 {
+				first = rawType(e)
 			}
+		})
+		switch first {
+		case 0:
+		case '{':
+			return KindResponses
+		default:
+			return KindEmbeddings
 		}
 	}
 	return KindUnknown
-}
-
-// rawType returns the first byte of a JSON value ('{', '[', '"', 't', 'f',
-// 'n', or a number's first character), or 0 for an absent value.
-func rawType(raw []byte) byte {
-	for _, c := range raw {
-		switch c {
-		case ' ', '\t', '\n', '\r':
-			continue
-		}
-		return c
-	}
-	return 0
-}
-
-func present(raw []byte) bool {
-	t := rawType(raw)
-	return t != 0 && t != 'n'
-}
-
-func typeName(raw []byte) string {
-	switch rawType(raw) {
-	case 0:
-		return "nothing"
-	case '{':
-		return "object"
-	case '[':
-		return "array"
-	case '"':
-		return "string"
-	case 't', 'f':
-		return "boolean"
-	case 'n':
-		return "null"
-	}
-	return "number"
 }
 
 func getString(raw []byte, field string) (string, error) {
@@ -473,30 +417,38 @@ func getString(raw []byte, field string) (string, error) {
 	case 0, 'n':
 		return "", nil
 	case '"':
-		return decodeString(raw), nil
+		return string(stringBytes(raw)), nil
 	}
-	return "", fieldError(field, "must be a string, got %s", typeName(raw))
+	return "", fieldError(field, "must be a string, got %s", typeName(rawType(raw)))
 }
 
 // stringIs reports whether raw is the JSON string s, without allocating
 // unless raw holds escapes.
 func stringIs(raw []byte, s string) bool {
-	if len(raw) < 2 || raw[0] != '"' {
-		return false
+	return rawType(raw) == '"' && string(stringBytes(raw)) == s
+}
+
+// stringBytes returns the contents of the JSON string raw, decoded; it
+// allocates only for a string with escapes, so that switching on
+// string(stringBytes(raw)) allocates nothing.
+func stringBytes(raw []byte) []byte {
+	if rawType(raw) != '"' {
+		return nil
 	}
-	return string(stringBytes(raw)) == s
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return raw[1 : len(raw)-1]
+	}
+	return unquote(nil, raw)
 }
 
 func getBool(raw []byte, field string) (bool, error) {
 	switch rawType(raw) {
-	case 0, 'n':
+	case 0, 'n', 'f':
 		return false, nil
 	case 't':
 		return true, nil
-	case 'f':
-		return false, nil
 	}
-	return false, fieldError(field, "must be a boolean, got %s", typeName(raw))
+	return false, fieldError(field, "must be a boolean, got %s", typeName(rawType(raw)))
 }
 
 // getInt reads a non-negative integer token count. Integral floats (100.0,
@@ -511,17 +463,13 @@ func getInt(raw []byte, field string) (int, error) {
 	switch t := rawType(raw); {
 	case t == 0 || t == 'n':
 		return 0, nil
-	case t == '-' || t >= '0' && t <= '9':
-		f, err := strconv.ParseFloat(string(bytes.TrimSpace(raw)), 64)
-		if err != nil && math.IsInf(f, 1) {
-			return CostLimit, nil // beyond float64: 1e400
-		}
-		if err == nil && f >= 0 && f == math.Trunc(f) {
-			return int(min(f, CostLimit)), nil
-		}
-		return 0, fieldError(field, "must be a non-negative integer, got %s", clip(bytes.TrimSpace(raw)))
+	case t != '-' && (t < '0' || t > '9'):
+		return 0, fieldError(field, "must be a non-negative integer, got %s", typeName(t))
 	}
-	return 0, fieldError(field, "must be a non-negative integer, got %s", typeName(raw))
+	if f := number(raw); f >= 0 && f == math.Trunc(f) {
+		return int(min(f, CostLimit)), nil
+	}
+	return 0, fieldError(field, "must be a non-negative integer, got %s", clip(raw))
 }
 
 // getChoices reads n or best_of: 1 when absent, else an integer from 1 to
@@ -533,17 +481,23 @@ func getChoices(raw []byte, field string) (int, error) {
 	switch t := rawType(raw); {
 	case t == 0 || t == 'n':
 		return 1, nil
-	case t == '-' || t >= '0' && t <= '9':
-		f, err := strconv.ParseFloat(string(bytes.TrimSpace(raw)), 64)
-		switch {
-		case (err == nil || math.IsInf(f, 1)) && f > MaxChoices && f == math.Trunc(f):
-			return 0, fieldError(field, "must be at most %d, got %s", MaxChoices, clip(bytes.TrimSpace(raw)))
-		case err == nil && f >= 1 && f == math.Trunc(f):
-			return int(f), nil
-		}
-		return 0, fieldError(field, "must be a positive integer, got %s", clip(bytes.TrimSpace(raw)))
+	case t != '-' && (t < '0' || t > '9'):
+		return 0, fieldError(field, "must be a positive integer, got %s", typeName(t))
 	}
-	return 0, fieldError(field, "must be a positive integer, got %s", typeName(raw))
+	switch f := number(raw); {
+	case f > MaxChoices && f == math.Trunc(f):
+		return 0, fieldError(field, "must be at most %d, got %s", MaxChoices, clip(raw))
+	case f >= 1 && f == math.Trunc(f):
+		return int(f), nil
+	}
+	return 0, fieldError(field, "must be a positive integer, got %s", clip(raw))
+}
+
+// number reads raw, a JSON number, as a float64: beyond float64's range
+// (1e400) it is an infinity.
+func number(raw []byte) float64 {
+	f, _ := strconv.ParseFloat(string(raw), 64)
+	return f
 }
 
 // smallInt reads raw when it is nothing but up to 15 digits: the integer
@@ -571,45 +525,6 @@ func clip(b []byte) string {
 		return string(b)
 	}
 	return string(b[:n]) + "..."
-}
-
-// stringBytes returns the contents of a JSON string value (quotes
-// included), decoded; it allocates only for a string with escapes, so that
-// switching on string(stringBytes(raw)) allocates nothing.
-func stringBytes(raw []byte) []byte {
-	if len(raw) < 2 {
-		return nil
-	}
-	in := raw[1 : len(raw)-1]
-	if bytes.IndexByte(in, '\\') < 0 {
-		return in
-	}
-	return appendUnquoted(make([]byte, 0, len(in)), in)
-}
-
-// decodeString decodes a JSON string value (quotes included).
-func decodeString(raw []byte) string {
-	if len(raw) < 2 {
-		return ""
-	}
-	if bytes.IndexByte(raw[1:len(raw)-1], '\\') < 0 {
-		return string(raw[1 : len(raw)-1])
-	}
-	return string(appendString(make([]byte, 0, len(raw)), raw))
-}
-
-// firstElement returns the first element of a JSON array, or nil.
-func firstElement(raw []byte) []byte {
-	var s scan
-	var first []byte
-	s.array(raw, s.skipWS(raw, 0), func(_, i int) (int, error) {
-		e := s.valueEnd(raw, i)
-		if e > 0 {
-			first = raw[i:e]
-		}
-		return -1, nil // stop: only the first is wanted
-	})
-	return first
 }
 
 // isTokenID reports whether raw is an integer literal.

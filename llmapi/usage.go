@@ -1,6 +1,11 @@
 package llmapi
 
-import "bytes"
+import (
+	"bytes"
+	"strconv"
+
+	"github.com/go-json-experiment/json/jsontext"
+)
 
 // Usage is a response's actual token usage, used to back-fill the estimate.
 type Usage struct {
@@ -18,16 +23,129 @@ func (u Usage) Total() int { return u.Prompt + u.Completion }
 // response: OpenAI's prompt_tokens/completion_tokens, or the responses API's
 // and Anthropic's input_tokens/output_tokens (Anthropic's cache reads and
 // writes are added to the prompt, as the estimate counted them). It reports
-// false when there is none, as in error bodies.
-//
-// It skims the top level without decoding the rest (see skim.go), so that
-// a large embeddings response costs a byte scan rather than a full decode.
+// false when there is none, as in error bodies. Of members named usage the
+// last counts, as JSON decoders read them; a response that stops being
+// JSON counts the usage read before.
 func ParseUsage(body []byte) (Usage, bool) {
-	p, c, ok := skimLastUsage(body)
+	sc := getScratch()
+	defer sc.release()
+	p, c, ok := lastUsage(&sc.rs, body)
 	if !ok {
 		return Usage{}, false
 	}
 	return Usage{Prompt: max(p, 0), Completion: max(c, 0), Reported: c >= 0}, true
+}
+
+// lastUsage reads the usage of the response body, with the readers rs.
+func lastUsage(rs *readers, body []byte) (prompt, completion int, ok bool) {
+	prompt, completion = -1, -1
+	r := rs.open(body, 0)
+	defer rs.close()
+	if r.next() != '{' {
+		return prompt, completion, false
+	}
+	for r.member() {
+		if string(r.name()) != "usage" {
+			r.skip()
+			continue
+		}
+		p, c, uok := usage(r, r.next())
+		if r.err == nil {
+			prompt, completion, ok = p, c, uok
+		}
+	}
+	return prompt, completion, ok
+}
+
+// decodeUsage reads the usage object raw (see usage).
+func decodeUsage(rs *readers, raw []byte) (prompt, completion int, ok bool) {
+	if raw == nil {
+		return -1, -1, false
+	}
+	r := rs.open(raw, 0)
+	defer rs.close()
+	return usage(r, r.next())
+}
+
+// usage reads the usage object begun with a token of kind k: OpenAI's
+// prompt_tokens and completion_tokens, or input_tokens and output_tokens
+// of the responses API and Anthropic, plus Anthropic's cache reads and
+// writes. prompt and completion are -1 when the object does not report
+// them. Members that are not numbers (nested details, null) are ignored.
+func usage(r *reader, k jsontext.Kind) (prompt, completion int, ok bool) {
+	if k != '{' {
+		r.finish(k)
+		return -1, -1, false
+	}
+	pt, ct, it, ot, cache := -1, -1, -1, -1, -1
+	for r.member() {
+		var count *int
+		switch string(r.name()) {
+		case "prompt_tokens":
+			count = &pt
+		case "completion_tokens":
+			count = &ct
+		case "input_tokens":
+			count = &it
+		case "output_tokens":
+			count = &ot
+		case "cache_creation_input_tokens", "cache_read_input_tokens":
+			if n, isNum := tokenCount(r.value()); isNum {
+				cache = max(cache, 0) + n
+			}
+			continue
+		default:
+			r.skip()
+			continue
+		}
+		if n, isNum := tokenCount(r.value()); isNum {
+			*count = n
+		}
+	}
+	prompt, completion = pt, ct
+	if prompt < 0 {
+		prompt = it
+	}
+	if completion < 0 {
+		completion = ot
+	}
+	// Anthropic's input_tokens leaves out cached tokens; the prompt the
+	// estimate counted includes them.
+	if cache >= 0 {
+		prompt = max(prompt, 0) + cache
+	}
+	return prompt, completion, prompt >= 0 || completion >= 0
+}
+
+// tokenCount reads a JSON number as a token count, clamped to [0, 2^31-1];
+// some servers write counts as 12.0, so a fraction is truncated. It
+// reports false for a value that is not a number, and for one with an
+// exponent beyond float64.
+func tokenCount(v []byte) (int, bool) {
+	if n, ok := smallInt(v); ok {
+		return min(n, 1<<31-1), true
+	}
+	if t := rawType(v); t != '-' && (t < '0' || t > '9') {
+		return 0, false
+	}
+	if bytes.ContainsAny(v, "eE") {
+		f, err := strconv.ParseFloat(string(v), 64)
+		if err != nil {
+			return 0, false
+		}
+		return int(max(min(f, 1<<31-1), 0)), true
+	}
+	if v[0] == '-' {
+		return 0, true
+	}
+	n := 0
+	for _, c := range v {
+		if c == '.' {
+			break
+		}
+		n = min(n*10+int(c-'0'), 1<<31-1)
+	}
+	return n, true
 }
 
 // DefaultMaxLine is the longest SSE line a StreamScanner buffers. Chunks are
@@ -65,7 +183,7 @@ type StreamScanner struct {
 
 	events int // JSON events recognized
 
-	sc scan // counts the scanning work, for the fuzz target's budget
+	rs readers // read the events
 
 	prompt, completion int // reported, -1 until seen
 	completionReported bool
@@ -198,40 +316,55 @@ func (s *StreamScanner) handleEvent(d []byte) {
 		return // [DONE], or not JSON
 	}
 	// Anthropic pings, block starts and stops, responses lifecycle events:
-	// skip them without walking them.
+	// skip them without reading them.
 	hasUsage := bytes.Contains(d, keyUsage)
 	if !hasUsage && !bytes.Contains(d, keyDelta) && !bytes.Contains(d, keyChoices) {
 		return
 	}
 	var typ, choices, usage, delta, message, response []byte
-	if !s.sc.eachMember(d, func(k, _, v []byte) bool {
-		switch string(k) {
+	r := s.rs.open(d, 0)
+	r.next()
+	for r.member() {
+		var v *[]byte
+		switch string(r.name()) {
 		case "type":
-			typ = v
+			v = &typ
 		case "choices":
-			choices = v
+			v = &choices
 		case "usage":
-			usage = v
+			v = &usage
 		case "delta":
-			delta = v
+			v = &delta
 		case "message":
-			message = v
+			v = &message
 		case "response":
-			response = v
+			v = &response
+		default:
+			r.skip()
+			continue
 		}
-		return true
-	}) {
-		return
+		*v = r.value()
+	}
+	s.rs.close()
+	if r.err != nil {
+		return // not a JSON object
 	}
 	s.events++
 	if hasUsage {
 		s.takeUsage(usage)
 	}
+	s.eventText(typ, choices, delta, message, response, hasUsage)
+}
+
+// eventText reads what an event of type typ (raw, "" for OpenAI's chat
+// and completions chunks) streams: text, and Anthropic's and the
+// responses API's usage, which sit deeper.
+func (s *StreamScanner) eventText(typ, choices, delta, message, response []byte, hasUsage bool) {
 	switch string(typ) {
 	case "":
 	case `"message_start"`:
 		if hasUsage {
-			p, _, _ := decodeUsage(&s.sc, s.sc.member(message, "usage"))
+			p, _, _ := decodeUsage(&s.rs, s.rs.member(message, "usage"))
 			if p >= 0 {
 				s.prompt = p
 			}
@@ -239,12 +372,12 @@ func (s *StreamScanner) handleEvent(d []byte) {
 		return
 	case `"content_block_delta"`:
 		for _, k := range [...]string{"text", "partial_json", "thinking"} {
-			s.addText(s.sc.member(delta, k))
+			s.addText(s.rs.member(delta, k))
 		}
 		return
 	case `"response.completed"`, `"response.incomplete"`, `"response.failed"`:
 		if hasUsage {
-			s.takeUsage(s.sc.member(response, "usage"))
+			s.takeUsage(s.rs.member(response, "usage"))
 		}
 		return
 	case `"response.output_text.delta"`, `"response.refusal.delta"`,
@@ -253,33 +386,31 @@ func (s *StreamScanner) handleEvent(d []byte) {
 		s.addText(delta)
 		return
 	}
-	if choices != nil {
-		s.sc.eachElement(choices, func(c []byte) {
-			s.sc.eachMember(c, func(k, _, v []byte) bool {
-				switch string(k) {
-				case "text":
-					s.addText(v)
-				case "delta":
-					s.addDelta(v)
-				}
-				return true
-			})
+	s.rs.each(choices, func(c []byte) {
+		s.rs.members(c, func(k, v []byte) bool {
+			switch string(k) {
+			case "text":
+				s.addText(v)
+			case "delta":
+				s.addDelta(v)
+			}
+			return true
 		})
-	}
+	})
 }
 
 // addDelta adds an OpenAI chat delta's generated text: content, reasoning
 // (as vLLM and others stream it) and tool-call arguments.
 func (s *StreamScanner) addDelta(d []byte) {
-	s.sc.eachMember(d, func(k, _, v []byte) bool {
+	s.rs.members(d, func(k, v []byte) bool {
 		switch string(k) {
 		case "content", "reasoning_content", "reasoning", "refusal":
 			s.addText(v)
 		case "tool_calls":
-			s.sc.eachElement(v, func(call []byte) {
-				f := s.sc.member(call, "function")
-				s.addText(s.sc.member(f, "name"))
-				s.addText(s.sc.member(f, "arguments"))
+			s.rs.each(v, func(call []byte) {
+				f := s.rs.member(call, "function")
+				s.addText(s.rs.member(f, "name"))
+				s.addText(s.rs.member(f, "arguments"))
 			})
 		}
 		return true
@@ -287,7 +418,7 @@ func (s *StreamScanner) addDelta(d []byte) {
 }
 
 func (s *StreamScanner) takeUsage(raw []byte) {
-	p, c, ok := decodeUsage(&s.sc, raw)
+	p, c, ok := decodeUsage(&s.rs, raw)
 	if !ok {
 		return
 	}
@@ -309,7 +440,7 @@ func (s *StreamScanner) addText(raw []byte) {
 		s.textUncounted += len(raw) - 2
 		return
 	}
-	s.text = appendString(s.text, raw)
+	s.text = unquote(s.text, raw)
 	if len(s.text) >= streamFlush {
 		s.countText(false)
 	}

@@ -3,8 +3,10 @@ package llmapi
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"sync"
-	"unsafe"
+
+	"github.com/go-json-experiment/json/jsontext"
 )
 
 // textRef is one separately tokenized piece of prompt text, as it stands
@@ -14,14 +16,12 @@ import (
 type textRef struct {
 	raw     []byte
 	compact bool
-	plain   bool // a string known to hold no escapes
 }
 
-// textStrings returns the texts to tokenize. A text without escapes is
-// its bytes in the body, not a copy (the body is not modified while its
-// Request is in use, see Request); the others are decoded into one shared
-// allocation, which the caller drops once counted: a prompt of a million
-// escaped one-letter strings costs one buffer, not a million strings.
+// textStrings returns the texts to tokenize, copied out of the body into
+// one allocation (decoded or compacted as need be), which the caller drops
+// once counted: a prompt of a million escaped one-letter strings costs one
+// buffer, not a million strings.
 func textStrings(texts []textRef) []string { return appendTextStrings(nil, texts) }
 
 // appendTextStrings is textStrings appending to dst, so that the request
@@ -32,76 +32,56 @@ func appendTextStrings(dst []string, texts []textRef) []string {
 	}
 	size := 0
 	for _, t := range texts {
-		if t.compact || bytes.IndexByte(t.raw, '\\') >= 0 {
-			size += len(t.raw)
-		}
+		size += len(t.raw)
 	}
-	if size == 0 {
-		// The common case: nothing to decode, nothing to copy.
-		for _, t := range texts {
-			dst = append(dst, bodyString(stringBytes(t.raw)))
-		}
-		return dst
-	}
-	// The decoded texts, one after another in one buffer; their places
-	// in dst and ends in all.
-	all := make([]byte, 0, size)
-	var scratch bytes.Buffer
-	type decoded struct{ at, end int }
-	var endsBuf [16]decoded
-	ends := endsBuf[:0]
+	var all strings.Builder
+	all.Grow(size)
+	var buf []byte
+	var compact *bytes.Buffer
 	for _, t := range texts {
+		start := all.Len()
 		switch {
 		case t.compact:
-			scratch.Reset()
-			if json.Compact(&scratch, t.raw) == nil {
-				all = append(all, scratch.Bytes()...)
+			if compact == nil {
+				compact = new(bytes.Buffer)
+			}
+			compact.Reset()
+			if json.Compact(compact, t.raw) == nil {
+				all.Write(compact.Bytes())
 			}
 		case bytes.IndexByte(t.raw, '\\') >= 0:
-			if len(t.raw) >= 2 { // quoted
-				all = appendUnquoted(all, t.raw[1:len(t.raw)-1])
-			}
+			buf = unquote(buf[:0], t.raw)
+			all.Write(buf)
 		default:
-			dst = append(dst, bodyString(stringBytes(t.raw)))
-			continue
+			all.Write(t.raw[1 : len(t.raw)-1])
 		}
-		// Decoded: its end in all, for now (all may still move as it
-		// grows past a compacted value's estimate).
-		dst = append(dst, "")
-		ends = append(ends, decoded{len(dst) - 1, len(all)})
-	}
-	joined := bodyString(all) // all is not written again
-	start := 0
-	for _, d := range ends {
-		dst[d.at], start = joined[start:d.end], d.end
+		// The builder only ever appends: what String returned before
+		// stays as it was.
+		dst = append(dst, all.String()[start:])
 	}
 	return dst
 }
 
-// bodyString is b as a string without a copy: b is a piece of a request
-// body, which nobody modifies while its Request is in use, and the
-// counters neither modify nor keep what they are given.
-func bodyString(b []byte) string {
-	if len(b) == 0 {
-		return ""
-	}
-	return unsafe.String(&b[0], len(b))
-}
-
-// scratch is the working memory of one walk over a body: the scanner, the
+// scratch is the working memory of one walk over a body: its readers, the
 // walk's path, the texts it gathers and their strings. It is pooled, so
 // that parsing and estimating a request allocate only what they return
 // (the Request) and the texts' one buffer; release drops every reference
 // into the body, and memory a large body made it grow is not kept.
 type scratch struct {
-	s     scan
-	req   Request // the throwaway counts of a collecting walk
-	path  []seg
-	texts []textRef
-	strs  []string
+	rs      readers
+	req     Request // the throwaway counts of a collecting walk
+	path    []seg
+	pathBuf [16]seg // path's first memory
+	texts   []textRef
+	calls   []textRef // a message's tool calls' texts (see walker)
+	strs    []string
 }
 
-var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+var scratchPool = sync.Pool{New: func() any {
+	sc := new(scratch)
+	sc.path = sc.pathBuf[:0]
+	return sc
+}}
 
 func getScratch() *scratch { return scratchPool.Get().(*scratch) }
 
@@ -110,48 +90,71 @@ func getScratch() *scratch { return scratchPool.Get().(*scratch) }
 const (
 	maxPooledTexts = 1 << 10
 	maxPooledPath  = 64
-	maxPooledKey   = 4 << 10
 )
 
 func (sc *scratch) release() {
+	sc.rs.release()
 	clear(sc.texts)
+	clear(sc.calls[:cap(sc.calls)])
 	clear(sc.strs)
 	clear(sc.path)
 	sc.req = Request{}
-	sc.s.n = 0
-	if cap(sc.s.kbuf) > maxPooledKey {
-		sc.s.kbuf = nil
-	}
-	sc.texts, sc.strs, sc.path = sc.texts[:0], sc.strs[:0], sc.path[:0]
-	if cap(sc.texts) > maxPooledTexts {
-		sc.texts, sc.strs = nil, nil
+	sc.texts, sc.calls, sc.strs, sc.path = sc.texts[:0], sc.calls[:0], sc.strs[:0], sc.path[:0]
+	if cap(sc.texts) > maxPooledTexts || cap(sc.calls) > maxPooledTexts {
+		sc.texts, sc.calls, sc.strs = nil, nil, nil
 	}
 	if cap(sc.path) > maxPooledPath {
-		sc.path = nil
+		sc.path = sc.pathBuf[:0]
 	}
 	scratchPool.Put(sc)
 }
 
-// walker interprets a body's members for one kind of API. Parse runs it to
-// validate the body and count its messages, names and images; Estimate and
-// LightMode run it again with collect set to gather the prompt texts, which
-// are never kept between calls.
+// walker reads a request body for one kind of API: Parse walks it to
+// validate it and count its messages, names and images; Estimate and
+// LightMode walk it again with collect set to gather the prompt texts,
+// which are never kept between calls.
 //
-// Values that can nest without bound (content blocks within tool results)
-// are walked in place, as the enclosing object is walked, so that no level
-// steps over a value that an inner level then walks again; values of fixed
-// depth (a message's members) are collected first and interpreted after,
-// which costs one extra pass over them, once.
+// The walk is one pass of a jsontext decoder over the body. Where the
+// kind is known it interprets the prompt where it stands; the members it
+// reads that are not prompt (the model, the caps) are kept as raw values
+// and read once the pass is over. So are the few prompt members that need
+// not be read in place (a message's function_call, a responses item), and
+// the whole prompt when the kind is inferred, or when a member the API
+// reads first comes late in the body (an Anthropic system after the
+// messages): then it is read again from the raw values, in the API's
+// order. Values that can nest without bound (content blocks within tool
+// results) are always interpreted in place, so that no byte is read once
+// per enclosing level: nothing is read more than a fixed number of times.
 type walker struct {
-	s       *scan
+	rs      *readers
+	rd      *reader // the reader the walk is at
 	r       *Request
 	collect bool
 	every   int // when collecting, keep every every-th text (0 or 1: all)
+	keep    int // when not, keep the first keep texts
 	texts   []textRef
 	path    []seg // where the walk is, for error messages
-	// prewalked: parseFast added the messages and the system prompt to
-	// r already.
-	prewalked bool
+
+	// deferring sends texts to calls: a message's tool calls are read
+	// where they stand, and added after the message's name.
+	deferring bool
+	calls     []textRef
+
+	// The prompt members walked in place during the top-level pass
+	// (inPlace: the kind was known): next is the position of the next in
+	// the API's order (see promptMembers), late reports one that came
+	// after one it must follow, and promptErr is the first error the
+	// walks met.
+	next      int
+	inPlace   bool
+	late      bool
+	promptErr error
+}
+
+// walker returns a walker over req using sc's memory, collecting every
+// every-th text when collect is set.
+func (sc *scratch) walker(req *Request, collect bool, every int) walker {
+	return walker{rs: &sc.rs, r: req, collect: collect, every: every, texts: sc.texts[:0], path: sc.path[:0], calls: sc.calls[:0]}
 }
 
 func (w *walker) push(name string) { w.path = append(w.path, seg{name: name}) }
@@ -195,46 +198,190 @@ func (w *walker) reset(m mark) {
 // transient memory per byte of body.
 const maxTexts = 1 << 16
 
-// walkTexts walks r's body again and returns its prompt texts, every
-// every-th of them (0 or 1: all).
-func (r *Request) walkTexts(s *scan, every int) []textRef {
-	var sc scratch
-	return r.gatherTexts(s, &sc, every)
-}
-
-// gatherTexts is walkTexts with its working memory in sc, whose texts it
-// returns (sc.s is not used: s may be another scanner).
-func (r *Request) gatherTexts(s *scan, sc *scratch, every int) []textRef {
+// gatherTexts walks r's body again and returns its prompt texts, every
+// every-th of them (0 or 1: all), in sc's memory.
+func (r *Request) gatherTexts(sc *scratch, every int) []textRef {
 	if r == nil || r.body == nil || r.Kind == KindUnknown {
 		return nil
 	}
-	var top topLevel
-	if readTop(s, r.body, &top) != nil {
-		return nil
-	}
-	sc.req = Request{Kind: r.Kind}
-	w := walker{s: s, r: &sc.req, collect: true, every: every, texts: sc.texts[:0], path: sc.path[:0]}
-	err := w.parse(&top)
-	sc.texts, sc.path = w.texts, w.path[:0]
+	sc.req = Request{Kind: r.Kind, Choices: 1}
+	w := sc.walker(&sc.req, true, every)
+	err := w.walk(r.body)
+	sc.texts, sc.path, sc.calls = w.texts, w.path[:0], w.calls[:0]
 	if err != nil {
 		return nil
 	}
 	return w.texts
 }
 
-func (w *walker) parse(top *topLevel) error {
-	if w.r.Kind == KindUnknown {
-		return nil
-	}
-	if err := w.settings(top); err != nil {
+// walk reads body: its top level, its settings and its prompt.
+func (w *walker) walk(body []byte) error {
+	var top topLevel
+	if err := w.top(body, &top); err != nil {
 		return err
 	}
-	return w.prompt(top)
+	if w.r.Kind == KindUnknown {
+		if w.r.Kind = inferKind(w.rs, &top); w.r.Kind == KindUnknown {
+			return nil
+		}
+	}
+	if err := w.settings(&top); err != nil {
+		return err
+	}
+	return w.prompt(&top)
+}
+
+// top reads the top level of body into top, with every check of the body
+// as a whole: that it is one JSON object, nested no deeper than MaxDepth,
+// without a member the gateway reads given twice. Where the kind is known,
+// it walks the prompt in place (see walker).
+func (w *walker) top(body []byte, top *topLevel) error {
+	r := w.rs.open(body, MaxDepth)
+	defer w.rs.close()
+	w.rd = r
+	err := w.members(top)
+	r.end()
+	if r.err != nil {
+		return invalidBody(body, r.err, err)
+	}
+	return err
+}
+
+// members reads the top-level object, and returns the first error met in
+// it: a value that is not an object, or a duplicate. A value too deep is
+// the reader's error, which comes first when its member does.
+func (w *walker) members(top *topLevel) error {
+	r := w.rd
+	if k := r.next(); k != '{' {
+		r.finish(k)
+		return &BodyError{Msg: "request body must be a JSON object, got " + typeName(byte(k)), Offset: -1}
+	}
+	order := top.promptMembers(w.r.Kind)
+	w.inPlace = order[0] != nil
+	var err error
+	for r.member() {
+		name := r.name()
+		slot := top.slot(name)
+		switch {
+		case slot == nil:
+			r.skip()
+		case *slot != nil:
+			r.skip()
+			if err == nil && r.err == nil {
+				err = duplicateError(string(name))
+			}
+		case err == nil:
+			*slot = w.topValue(top, order, slot)
+		default:
+			*slot = r.value()
+		}
+	}
+	return err
+}
+
+// topValue reads the value of a top-level member into its slot: a prompt
+// member in place, when the members of the prompt before it have been
+// (see walker), and anything else as it stands.
+func (w *walker) topValue(top *topLevel, order [2]*[]byte, slot *[]byte) []byte {
+	i := 0
+	for i < len(order) && order[i] != slot {
+		i++
+	}
+	r := w.rd
+	if i < w.next {
+		w.late = true
+	}
+	if i == len(order) || w.late || w.promptErr != nil {
+		return r.value()
+	}
+	w.next = i + 1
+	k := r.next()
+	start := r.start
+	w.promptErr = w.promptMember(top, slot, k)
+	return r.since(start)
+}
+
+// promptMembers lists the members that hold kind's prompt, in the order
+// the API reads them (nil where there is none).
+func (t *topLevel) promptMembers(kind Kind) [2]*[]byte {
+	switch kind {
+	case KindChat:
+		return [2]*[]byte{&t.Messages}
+	case KindAnthropicMessages:
+		return [2]*[]byte{&t.System, &t.Messages}
+	case KindCompletions:
+		return [2]*[]byte{&t.Prompt}
+	case KindEmbeddings:
+		return [2]*[]byte{&t.Input}
+	case KindResponses:
+		return [2]*[]byte{&t.Instructions, &t.Input}
+	}
+	return [2]*[]byte{}
+}
+
+// promptMember adds the prompt member at slot, whose value the walk has
+// begun with a token of kind k.
+func (w *walker) promptMember(top *topLevel, slot *[]byte, k jsontext.Kind) error {
+	switch {
+	case slot == &top.Messages:
+		return w.addMessages(k, w.r.Kind == KindAnthropicMessages)
+	case slot == &top.System:
+		return w.addSystem(k)
+	case slot == &top.Instructions:
+		return w.addInstructions(k)
+	case slot == &top.Prompt:
+		return w.addTokenInput(k, "prompt")
+	case w.r.Kind == KindResponses:
+		return w.addResponsesInput(k)
+	}
+	return w.addTokenInput(k, "input")
+}
+
+// prompt adds what the top-level pass left of the prompt: all of it, in
+// the API's order, when the pass could not walk it in place.
+func (w *walker) prompt(top *topLevel) error {
+	order := top.promptMembers(w.r.Kind)
+	if w.inPlace && !w.late {
+		if w.promptErr != nil {
+			return w.promptErr
+		}
+	} else {
+		w.reset(mark{})
+		for _, slot := range order {
+			if slot == nil {
+				continue
+			}
+			if err := w.from(*slot, func(k jsontext.Kind) error { return w.promptMember(top, slot, k) }); err != nil {
+				return err
+			}
+		}
+	}
+	switch w.r.Kind {
+	case KindChat:
+		w.addJSON(top.Tools)
+		w.addJSON(top.Functions)
+	case KindAnthropicMessages, KindResponses:
+		w.addJSON(top.Tools)
+	}
+	return nil
+}
+
+// from runs f with the walk at raw, a value read before, begun with a
+// token of kind k; an absent value adds nothing.
+func (w *walker) from(raw []byte, f func(k jsontext.Kind) error) error {
+	if raw == nil {
+		return nil
+	}
+	saved := w.rd
+	w.rd = w.rs.open(raw, 0)
+	err := f(w.rd.next())
+	w.rs.close()
+	w.rd = saved
+	return err
 }
 
 // settings reads the members that are not prompt: the model, streaming,
-// the output cap and the number of choices. Only stream_options needs
-// w.s and w.path.
+// the output cap and the number of choices.
 func (w *walker) settings(top *topLevel) error {
 	r := w.r
 	var err error
@@ -245,7 +392,7 @@ func (w *walker) settings(top *topLevel) error {
 		if r.Stream, err = getBool(top.Stream, "stream"); err != nil {
 			return err
 		}
-		if err := w.parseStreamOptions(top.StreamOptions); err != nil {
+		if err := w.streamOptions(top.StreamOptions); err != nil {
 			return err
 		}
 	}
@@ -270,68 +417,40 @@ func (w *walker) settings(top *topLevel) error {
 			r.MaxOutput = n
 		}
 	}
-	switch r.Kind {
-	case KindChat, KindCompletions:
-		n, err := getChoices(top.N, "n")
+	if r.Kind == KindChat || r.Kind == KindCompletions {
+		return w.choices(top)
+	}
+	return nil
+}
+
+// choices reads n, and best_of, whose candidates are all generated, of
+// which n return.
+func (w *walker) choices(top *topLevel) error {
+	n, err := getChoices(top.N, "n")
+	if err != nil {
+		return err
+	}
+	w.r.Choices = n
+	if w.r.Kind == KindCompletions {
+		best, err := getChoices(top.BestOf, "best_of")
 		if err != nil {
 			return err
 		}
-		r.Choices = n
-		if r.Kind == KindCompletions {
-			// best_of candidates are all generated; n of them return.
-			best, err := getChoices(top.BestOf, "best_of")
-			if err != nil {
-				return err
-			}
-			r.Choices = max(n, best)
-		}
+		w.r.Choices = max(n, best)
 	}
 	return nil
 }
 
-// prompt adds the prompt's texts and counts, in the API's order.
-func (w *walker) prompt(top *topLevel) error {
-	switch w.r.Kind {
-	case KindChat:
-		if err := w.addMessages(top.Messages, false); err != nil {
-			return err
-		}
-		w.addJSON(top.Tools)
-		w.addJSON(top.Functions)
-	case KindAnthropicMessages:
-		if err := w.addSystem(top.System); err != nil {
-			return err
-		}
-		if err := w.addMessages(top.Messages, true); err != nil {
-			return err
-		}
-		w.addJSON(top.Tools)
-	case KindCompletions:
-		return w.addTokenInput(top.Prompt, "prompt")
-	case KindEmbeddings:
-		return w.addTokenInput(top.Input, "input")
-	case KindResponses:
-		if err := w.addInstructions(top.Instructions); err != nil {
-			return err
-		}
-		if err := w.addResponsesInput(top.Input); err != nil {
-			return err
-		}
-		w.addJSON(top.Tools)
-	}
-	return nil
-}
-
-func (w *walker) parseStreamOptions(raw []byte) error {
+func (w *walker) streamOptions(raw []byte) error {
 	if !present(raw) {
 		return nil
 	}
 	if rawType(raw) != '{' {
-		return fieldError("stream_options", "must be an object, got %s", typeName(raw))
+		return fieldError("stream_options", "must be an object, got %s", typeName(rawType(raw)))
 	}
 	var v [1][]byte
 	w.push("stream_options")
-	_, err := w.fields(raw, []string{"include_usage"}, v[:])
+	err := w.fieldsOf(raw, []string{"include_usage"}, v[:])
 	w.pop()
 	if err != nil {
 		return err
@@ -340,26 +459,60 @@ func (w *walker) parseStreamOptions(raw []byte) error {
 	return err
 }
 
-// fields collects the raw values of the members of the object at b[0]
-// named in names into vals, in the same order, and returns the object's
-// end. A name given twice is an error.
-func (w *walker) fields(b []byte, names []string, vals [][]byte) (int, error) {
-	return w.s.object(b, 0, func(k, _ []byte, v int) (int, error) {
-		e := w.s.valueEnd(b, v)
-		if e < 0 {
-			return -1, nil
+// fields reads the rest of the object the walk has begun, collecting the
+// raw values of the members named in names into vals, in the same order.
+// A name given twice is an error, after which nothing more is collected.
+func (w *walker) fields(names []string, vals [][]byte) error {
+	r := w.rd
+	var err error
+	for r.member() {
+		j := indexOf(names, r.name())
+		switch {
+		case err != nil || j < 0:
+			r.skip()
+		case vals[j] != nil:
+			r.skip()
+			err = w.errorIn(names[j], "%s", duplicateMsg)
+		default:
+			vals[j] = r.value()
 		}
-		for j, name := range names {
-			if string(k) == name {
-				if vals[j] != nil {
-					return e, w.errorIn(name, "%s", duplicateMsg)
-				}
-				vals[j] = b[v:e]
-				break
-			}
+	}
+	return err
+}
+
+// fieldsOf is fields for the object raw.
+func (w *walker) fieldsOf(raw []byte, names []string, vals [][]byte) error {
+	return w.from(raw, func(jsontext.Kind) error { return w.fields(names, vals) })
+}
+
+func indexOf(names []string, name []byte) int {
+	for j, n := range names {
+		if string(name) == n {
+			return j
 		}
-		return e, nil
-	})
+	}
+	return -1
+}
+
+// elements walks the rest of the array the walk has begun, calling f with
+// the kind of each element's first token until f returns an error; the
+// rest are stepped over. f reads the rest of its element.
+func (w *walker) elements(f func(k jsontext.Kind) error) error {
+	r := w.rd
+	var err error
+	for n := 0; ; n++ {
+		k := r.element()
+		switch {
+		case k == 0:
+			return err
+		case err != nil:
+			r.finish(k)
+		default:
+			w.pushElem(n)
+			err = f(k)
+			w.pop()
+		}
+	}
 }
 
 // Members of a chat or Anthropic message.
@@ -374,119 +527,171 @@ const (
 
 var messageFields = []string{"role", "content", "name", "tool_calls", "function_call"}
 
-func (w *walker) addMessages(raw []byte, anthropic bool) error {
-	if w.prewalked {
-		return nil
-	}
-	switch rawType(raw) {
-	case 0, 'n':
+// addMessages adds the messages begun with a token of kind k.
+func (w *walker) addMessages(k jsontext.Kind, anthropic bool) error {
+	switch k {
+	case 'n':
 		return nil
 	case '[':
 	default:
-		return fieldError("messages", "must be an array, got %s", typeName(raw))
+		w.rd.finish(k)
+		return fieldError("messages", "must be an array, got %s", typeName(byte(k)))
 	}
 	w.push("messages")
-	_, err := w.s.array(raw, 0, func(n, i int) (int, error) {
-		w.pushElem(n)
-		_, e, err := w.message(raw[i:], anthropic)
-		w.pop()
-		if e < 0 {
-			return -1, err
-		}
-		return i + e, err
+	err := w.elements(func(k jsontext.Kind) error {
+		_, err := w.message(k, anthropic)
+		return err
 	})
 	w.pop()
 	return err
 }
 
-// message adds one message's prompt, from the message at b[0], and returns
-// its role (decoded, nil if none) and end.
-func (w *walker) message(b []byte, anthropic bool) (role []byte, end int, err error) {
-	if rawType(b) != '{' {
-		return nil, w.s.valueEnd(b, 0), w.errorf("must be an object, got %s", typeName(b))
+// message adds the prompt of the message begun with a token of kind k,
+// and returns its role as it stands (nil if none). It is walked in place;
+// the texts of its name and tool calls are added after its content
+// whatever the order of its members, as the walker always adds them.
+func (w *walker) message(k jsontext.Kind, anthropic bool) (role []byte, err error) {
+	r := w.rd
+	if k != '{' {
+		r.finish(k)
+		return nil, w.errorf("must be an object, got %s", typeName(byte(k)))
 	}
 	var m [msgFields][]byte
-	if end, err = w.fields(b, messageFields, m[:]); err != nil || end < 0 {
-		return nil, end, err
+	var contentErr, callsErr error
+	w.calls = w.calls[:0]
+	for r.member() {
+		j := indexOf(messageFields, r.name())
+		switch {
+		case err != nil || j < 0:
+			r.skip()
+		case m[j] != nil:
+			r.skip()
+			err = w.errorIn(messageFields[j], "%s", duplicateMsg)
+		case j == msgContent || j == msgToolCalls:
+			k := r.next()
+			start := r.start
+			if j == msgContent {
+				w.push("content")
+				contentErr = w.content(k, anthropic)
+				w.pop()
+			} else {
+				callsErr = w.toolCalls(k)
+			}
+			m[j] = r.since(start)
+		default:
+			m[j] = r.value()
+		}
 	}
-	if rawType(m[msgRole]) != '"' && present(m[msgRole]) {
-		return nil, end, w.errorIn("role", "must be a string, got %s", typeName(m[msgRole]))
+	if err != nil {
+		return nil, err
 	}
-	if rawType(m[msgRole]) == '"' {
-		role = stringBytes(m[msgRole])
+	if role = m[msgRole]; present(role) && rawType(role) != '"' {
+		return nil, w.errorIn("role", "must be a string, got %s", typeName(rawType(role)))
 	}
 	w.r.Messages++
-	w.push("content")
-	_, err = w.content(m[msgContent], anthropic)
-	w.pop()
-	if err != nil {
-		return nil, end, err
+	if contentErr != nil {
+		return nil, contentErr
 	}
-	if present(m[msgName]) {
-		if rawType(m[msgName]) != '"' {
-			return nil, end, w.errorIn("name", "must be a string, got %s", typeName(m[msgName]))
+	return role, w.messageExtras(&m, callsErr)
+}
+
+// messageExtras adds a message's name, its tool calls' texts, which wait
+// in w.calls, and its function call.
+func (w *walker) messageExtras(m *[msgFields][]byte, callsErr error) error {
+	if name := m[msgName]; present(name) {
+		if rawType(name) != '"' {
+			return w.errorIn("name", "must be a string, got %s", typeName(rawType(name)))
 		}
-		w.addText(m[msgName])
+		w.addText(name)
 		w.r.Names++
 	}
-	if calls := m[msgToolCalls]; present(calls) {
-		if rawType(calls) != '[' {
-			return nil, end, w.errorIn("tool_calls", "must be an array, got %s", typeName(calls))
-		}
-		w.push("tool_calls")
-		_, err = w.s.array(calls, 0, func(n, i int) (int, error) {
-			w.pushElem(n)
-			e, err := w.addCall(calls, i)
-			w.pop()
-			return e, err
-		})
-		w.pop()
-		if err != nil {
-			return nil, end, err
-		}
+	if callsErr != nil {
+		return callsErr
 	}
-	if present(m[msgFunctionCall]) {
-		w.push("function_call")
-		err = w.addFunction(m[msgFunctionCall])
-		w.pop()
-		if err != nil {
-			return nil, end, err
-		}
+	for _, t := range w.calls {
+		w.add(t)
 	}
-	return role, end, nil
-}
-
-// addCall adds the OpenAI tool call at b[i]: its function's name and
-// arguments. It returns the call's end.
-func (w *walker) addCall(b []byte, i int) (int, error) {
-	e := w.s.valueEnd(b, i)
-	if e < 0 {
-		return -1, nil
-	}
-	raw := b[i:e]
-	if rawType(raw) == '{' {
-		var f [1][]byte
-		if _, err := w.fields(raw, []string{"function"}, f[:]); err != nil {
-			return e, err
-		}
-		if rawType(f[0]) == '{' {
-			w.push("function")
-			err := w.addFunction(f[0])
-			w.pop()
-			return e, err
-		}
-	}
-	w.addJSON(raw)
-	return e, nil
-}
-
-func (w *walker) addFunction(raw []byte) error {
-	if rawType(raw) != '{' {
-		w.addJSON(raw)
+	call := m[msgFunctionCall]
+	if !present(call) {
 		return nil
 	}
+	w.push("function_call")
+	defer w.pop()
+	if rawType(call) != '{' {
+		w.addJSON(call)
+		return nil
+	}
+	return w.from(call, func(jsontext.Kind) error { return w.function() })
+}
+
+// toolCalls reads the tool calls begun with a token of kind k, keeping
+// their texts in w.calls.
+func (w *walker) toolCalls(k jsontext.Kind) error {
+	switch k {
+	case 'n':
+		return nil
+	case '[':
+	default:
+		w.rd.finish(k)
+		return w.errorIn("tool_calls", "must be an array, got %s", typeName(byte(k)))
+	}
+	w.push("tool_calls")
+	w.deferring = true
+	err := w.elements(w.addCall)
+	w.deferring = false
+	w.pop()
+	return err
+}
+
+// addCall adds the OpenAI tool call begun with a token of kind k: its
+// function's name and arguments, or the whole call when it has no
+// function object.
+func (w *walker) addCall(k jsontext.Kind) error {
+	r := w.rd
+	if k != '{' {
+		w.addJSON(r.finish(k))
+		return nil
+	}
+	start := r.start
+	var callErr, fnErr error
+	seen, object := false, false
+	for r.member() {
+		switch {
+		case string(r.name()) != "function" || callErr != nil:
+			r.skip()
+		case seen:
+			r.skip()
+			callErr = w.errorIn("function", "%s", duplicateMsg)
+		default:
+			seen = true
+			if k := r.next(); k == '{' {
+				object = true
+				w.push("function")
+				fnErr = w.function()
+				w.pop()
+			} else {
+				r.finish(k)
+			}
+		}
+	}
+	raw := r.since(start)
+	switch {
+	case callErr != nil:
+		return callErr
+	case object:
+		return fnErr
+	}
+	w.addJSON(raw)
+	return nil
+}
+
+var functionFields = []string{"name", "arguments"}
+
+// function adds the rest of the function call object the walk has begun:
+// its name and arguments.
+func (w *walker) function() error {
 	var v [2][]byte
-	if _, err := w.fields(raw, []string{"name", "arguments"}, v[:]); err != nil {
+	if err := w.fields(functionFields, v[:]); err != nil {
 		return err
 	}
 	w.addText(v[0])
@@ -515,103 +720,97 @@ const (
 
 var partNames = []string{"type", "text", "refusal", "thinking", "name", "input", "content", "arguments", "output", "summary"}
 
-func partField(k []byte) int {
-	for j, name := range partNames {
-		if string(k) == name {
-			return j
-		}
-	}
-	return -1
-}
-
-// content adds the message content at b[0] and returns its end; an absent
-// value (empty b) ends at 0.
-func (w *walker) content(b []byte, anthropic bool) (int, error) {
-	if len(b) == 0 {
-		return 0, nil
-	}
-	switch b[0] {
+// content adds the message content begun with a token of kind k.
+func (w *walker) content(k jsontext.Kind, anthropic bool) error {
+	switch k {
 	case 'n':
-		return w.s.valueEnd(b, 0), nil
+		return nil
 	case '"':
-		e := w.s.stringEnd(b, 0)
-		if e > 0 {
-			w.addText(b[:e])
-		}
-		return e, nil
+		w.addText(w.rd.raw)
+		return nil
 	case '[':
-		return w.s.array(b, 0, func(n, i int) (int, error) {
-			w.pushElem(n)
-			e, err := w.part(b[i:], anthropic)
-			w.pop()
-			if e < 0 {
-				return -1, err
-			}
-			return i + e, err
-		})
+		return w.elements(func(k jsontext.Kind) error { return w.part(k, anthropic) })
+	default:
+		w.rd.finish(k)
+		if anthropic {
+			return w.errorf("must be a string or an array of content blocks, got %s", typeName(byte(k)))
+		}
+		return w.errorf("must be a string, an array of content parts, or null, got %s", typeName(byte(k)))
 	}
-	e := w.s.valueEnd(b, 0)
-	if anthropic {
-		return e, w.errorf("must be a string or an array of content blocks, got %s", typeName(b))
-	}
-	return e, w.errorf("must be a string, an array of content parts, or null, got %s", typeName(b))
 }
 
-// part adds the content part or block at b[0] and returns its end.
+// part adds the content part or block the walk is at.
 //
 // A tool_result block's content is more content, which may hold further
 // tool results: that is where nesting is unbounded, so the content is walked
 // in place. When the block's type comes after its content in the object,
 // the content is walked on speculation and its texts and errors are
 // dropped if the type turns out to be another.
-func (w *walker) part(b []byte, anthropic bool) (int, error) {
-	if rawType(b) != '{' {
-		return w.s.valueEnd(b, 0), w.errorf("must be an object, got %s", typeName(b))
+func (w *walker) part(k jsontext.Kind, anthropic bool) error {
+	if k != '{' {
+		w.rd.finish(k)
+		return w.errorf("must be an object, got %s", typeName(byte(k)))
 	}
-	var v [partFields][]byte
-	var (
-		walked     bool
-		before     mark
-		contentErr error
-	)
-	end, err := w.s.object(b, 0, func(k, _ []byte, i int) (int, error) {
-		j := partField(k)
-		if j >= 0 && v[j] != nil {
-			return w.s.valueEnd(b, i), w.errorIn(partNames[j], "%s", duplicateMsg)
-		}
-		if j == partContent && (v[partType] == nil || stringIs(v[partType], "tool_result")) {
-			before, walked = w.mark(), true
-			w.push("content")
-			e, err := w.content(b[i:], anthropic)
-			w.pop()
-			if e < 0 {
-				return -1, nil
-			}
-			v[j], contentErr = b[i:i+e], err
-			return i + e, nil
-		}
-		e := w.s.valueEnd(b, i)
-		if j >= 0 && e >= 0 {
-			v[j] = b[i:e]
-		}
-		return e, nil
-	})
-	if err == nil && present(v[partType]) && rawType(v[partType]) != '"' {
-		err = w.errorIn("type", "must be a string, got %s", typeName(v[partType]))
+	var p partRead
+	w.readPart(&p, anthropic)
+	typ, err := p.v[partType], p.err
+	if err == nil && present(typ) && rawType(typ) != '"' {
+		err = w.errorIn("type", "must be a string, got %s", typeName(rawType(typ)))
 	}
-	if err == nil && stringIs(v[partType], "tool_result") {
-		return end, contentErr
+	if err == nil && stringIs(typ, "tool_result") {
+		return p.contentErr
 	}
-	if walked {
-		w.reset(before)
+	if p.walked {
+		w.reset(p.before)
 	}
 	if err != nil {
-		return end, err
+		return err
 	}
+	return w.addPart(&p.v)
+}
+
+// partRead is what reading a part's members found.
+type partRead struct {
+	v          [partFields][]byte
+	err        error // the first duplicate
+	walked     bool  // the content was walked, from before
+	before     mark
+	contentErr error
+}
+
+// readPart reads the members of the part the walk has begun into p,
+// walking its content in place unless its type, when it comes first, says
+// it is no tool result.
+func (w *walker) readPart(p *partRead, anthropic bool) {
+	r := w.rd
+	for r.member() {
+		j := indexOf(partNames, r.name())
+		switch {
+		case p.err != nil || j < 0:
+			r.skip()
+		case p.v[j] != nil:
+			r.skip()
+			p.err = w.errorIn(partNames[j], "%s", duplicateMsg)
+		case j == partContent && (p.v[partType] == nil || stringIs(p.v[partType], "tool_result")):
+			p.before, p.walked = w.mark(), true
+			k := r.next()
+			start := r.start
+			w.push("content")
+			p.contentErr = w.content(k, anthropic)
+			w.pop()
+			p.v[j] = r.since(start)
+		default:
+			p.v[j] = r.value()
+		}
+	}
+}
+
+// addPart adds a part or block other than a tool result, by its type.
+func (w *walker) addPart(v *[partFields][]byte) error {
 	switch string(stringBytes(v[partType])) {
 	case "text", "input_text", "output_text":
 		if rawType(v[partText]) != '"' {
-			return end, w.errorIn("text", "must be a string, got %s", typeName(v[partText]))
+			return w.errorIn("text", "must be a string, got %s", typeName(rawType(v[partText])))
 		}
 		w.addText(v[partText])
 	case "image_url", "input_image", "image":
@@ -626,96 +825,87 @@ func (w *walker) part(b []byte, anthropic bool) (int, error) {
 	default:
 		// Audio, files, documents, redacted thinking: their cost is not
 		// knowable from the body; count any text they carry.
-		if rawType(v[partText]) == '"' {
-			w.addText(v[partText])
-		}
+		w.addText(v[partText])
 	}
-	return end, nil
+	return nil
 }
 
-func (w *walker) addSystem(raw []byte) error {
-	if w.prewalked {
-		return nil
-	}
-	switch rawType(raw) {
-	case 0, 'n':
+func (w *walker) addSystem(k jsontext.Kind) error {
+	switch k {
+	case 'n':
 		return nil
 	case '"', '[':
 		w.r.Messages++
 		w.push("system")
-		_, err := w.content(raw, true)
+		err := w.content(k, true)
 		w.pop()
 		return err
+	default:
+		w.rd.finish(k)
+		return fieldError("system", "must be a string or an array of text blocks, got %s", typeName(byte(k)))
 	}
-	return fieldError("system", "must be a string or an array of text blocks, got %s", typeName(raw))
 }
 
-func (w *walker) addInstructions(raw []byte) error {
-	switch rawType(raw) {
-	case 0, 'n':
+func (w *walker) addInstructions(k jsontext.Kind) error {
+	switch k {
+	case 'n':
 		return nil
 	case '"':
 		w.r.Messages++
-		w.addText(raw)
+		w.addText(w.rd.raw)
 		return nil
+	default:
+		w.rd.finish(k)
+		return fieldError("instructions", "must be a string, got %s", typeName(byte(k)))
 	}
-	return fieldError("instructions", "must be a string, got %s", typeName(raw))
 }
 
-func (w *walker) addResponsesInput(raw []byte) error {
-	switch rawType(raw) {
-	case 0, 'n':
+func (w *walker) addResponsesInput(k jsontext.Kind) error {
+	switch k {
+	case 'n':
 		return nil
 	case '"':
 		w.r.Messages++ // the API wraps a string input as a user message
-		w.addText(raw)
+		w.addText(w.rd.raw)
 		return nil
 	case '[':
 	default:
-		return fieldError("input", "must be a string or an array of input items, got %s", typeName(raw))
+		w.rd.finish(k)
+		return fieldError("input", "must be a string or an array of input items, got %s", typeName(byte(k)))
 	}
 	w.push("input")
-	_, err := w.s.array(raw, 0, func(n, i int) (int, error) {
-		w.pushElem(n)
-		e, err := w.addItem(raw, i)
-		w.pop()
-		return e, err
-	})
+	err := w.elements(w.addItem)
 	w.pop()
 	return err
 }
 
-// addItem adds the responses input item at b[i] and returns its end. Items
-// do not nest, so their members are collected first.
-func (w *walker) addItem(b []byte, i int) (int, error) {
-	if b[i] != '{' {
-		return w.s.valueEnd(b, i), w.errorf("must be an object, got %s", typeName(b[i:]))
+// addItem adds the responses input item begun with a token of kind k.
+// Items do not nest, so their members are collected first.
+func (w *walker) addItem(k jsontext.Kind) error {
+	if k != '{' {
+		w.rd.finish(k)
+		return w.errorf("must be an object, got %s", typeName(byte(k)))
 	}
 	var v [partFields][]byte
-	e, err := w.fields(b[i:], partNames, v[:])
-	if e < 0 {
-		return -1, err
-	}
-	e += i
-	if err != nil {
-		return e, err
+	if err := w.fields(partNames, v[:]); err != nil {
+		return err
 	}
 	if present(v[partType]) && rawType(v[partType]) != '"' {
-		return e, w.errorIn("type", "must be a string, got %s", typeName(v[partType]))
+		return w.errorIn("type", "must be a string, got %s", typeName(rawType(v[partType])))
 	}
-	switch string(stringBytes(v[partType])) {
+	typ := string(stringBytes(v[partType]))
+	if rawType(v[partType]) == 'n' {
+		typ = "null" // not absent: no known type
+	}
+	switch typ {
 	case "message", "":
 		w.r.Messages++
-		w.push("content")
-		_, err = w.content(v[partContent], false)
-		w.pop()
+		return w.contentOf("content", v[partContent])
 	case "function_call":
 		w.addText(v[partName])
 		w.addText(v[partArguments])
 	case "function_call_output", "custom_tool_call_output":
-		w.push("output")
-		_, err = w.content(v[partOutput], false)
-		w.pop()
+		return w.contentOf("output", v[partOutput])
 	case "custom_tool_call":
 		w.addText(v[partName])
 		w.addText(v[partInput])
@@ -724,69 +914,95 @@ func (w *walker) addItem(b []byte, i int) (int, error) {
 			// A malformed summary is the upstream's to report; the
 			// text of a well-formed one counts.
 			before := w.mark()
-			w.push("summary")
-			if _, serr := w.content(v[partSummary], false); serr != nil {
+			if w.contentOf("summary", v[partSummary]) != nil {
 				w.reset(before)
 			}
-			w.pop()
 		}
 	default:
-		if rawType(v[partText]) == '"' {
-			w.addText(v[partText])
-		}
+		w.addText(v[partText])
 	}
-	return e, err
+	return nil
 }
 
-// addTokenInput adds a completions prompt or an embeddings input: a
-// string, an array of strings, an array of token IDs, or an array of such
-// arrays.
-func (w *walker) addTokenInput(raw []byte, field string) error {
-	switch rawType(raw) {
-	case 0, 'n':
+// contentOf adds raw, the content of the member name.
+func (w *walker) contentOf(name string, raw []byte) error {
+	w.push(name)
+	err := w.from(raw, func(k jsontext.Kind) error { return w.content(k, false) })
+	w.pop()
+	return err
+}
+
+// addTokenInput adds the completions prompt or embeddings input begun
+// with a token of kind k: a string, an array of strings, an array of token
+// IDs, or an array of such arrays.
+func (w *walker) addTokenInput(k jsontext.Kind, field string) error {
+	switch k {
+	case 'n':
 		return nil
 	case '"':
-		w.addText(raw)
+		w.addText(w.rd.raw)
 		return nil
 	case '[':
 	default:
-		return fieldError(field, "must be a string or an array, got %s", typeName(raw))
+		w.rd.finish(k)
+		return fieldError(field, "must be a string or an array, got %s", typeName(byte(k)))
 	}
-	// The APIs accept only arrays of one element type.
-	var first byte
-	ok := true
-	w.s.array(raw, 0, func(_, i int) (int, error) {
-		t := raw[i]
-		if first == 0 {
-			first = t
-		}
-		switch {
-		case t == '"' && first == '"':
-			e := w.s.stringEnd(raw, i)
-			if e > 0 {
-				w.addText(raw[i:e])
-			}
-			return e, nil
-		case t == '[' && first == '[':
-			return w.s.array(raw, i, func(_, j int) (int, error) {
-				e := w.s.valueEnd(raw, j)
-				ok = ok && e > 0 && isTokenID(raw[j:e])
-				w.r.TokenIDs++
-				return e, nil
-			})
-		}
-		e := w.s.valueEnd(raw, i)
-		if e > 0 && isTokenID(raw[i:e]) && first != '"' && first != '[' {
-			w.r.TokenIDs++
-		} else {
-			ok = false
-		}
-		return e, nil
-	})
-	if ok {
+	if w.tokenArray() {
 		return nil
 	}
 	return fieldError(field, "must be a string, an array of strings, an array of token IDs or an array of token-ID arrays, with elements of one type")
+}
+
+// tokenArray adds the rest of the array of strings, token IDs or token-ID
+// arrays the walk has begun, and reports whether its elements are all of
+// one of these types, as the APIs require.
+func (w *walker) tokenArray() bool {
+	r := w.rd
+	first := jsontext.Kind(0)
+	ok := true
+	for {
+		k := r.element()
+		if first == 0 {
+			first = k
+		}
+		switch {
+		case k == 0:
+			return ok
+		case k != first || k == '{':
+			r.finish(k)
+			ok = false
+		case k == '"':
+			w.addText(r.raw)
+		case k == '[':
+			ok = w.tokenIDs() && ok
+		default:
+			ok = w.tokenID(k) && ok
+		}
+	}
+}
+
+// tokenIDs adds the rest of the array of token IDs the walk has begun,
+// and reports whether they all are.
+func (w *walker) tokenIDs() bool {
+	ok := true
+	for k := w.rd.element(); k != 0; k = w.rd.element() {
+		ok = w.tokenID(k) && ok
+	}
+	return ok
+}
+
+// tokenID adds the token ID begun with a token of kind k, and reports
+// whether it is one.
+func (w *walker) tokenID(k jsontext.Kind) bool {
+	if k == '{' || k == '[' {
+		w.rd.finish(k)
+		return false
+	}
+	if !isTokenID(w.rd.raw) {
+		return false
+	}
+	w.r.TokenIDs++
+	return true
 }
 
 // addText adds a JSON string value as one text; other types are ignored,
@@ -807,25 +1023,18 @@ func (w *walker) addJSON(raw []byte) {
 	}
 }
 
-// addJSON is walker.addJSON outside a walk.
-func (r *Request) addJSON(raw []byte) {
-	if present(raw) {
-		r.keep(textRef{raw: raw, compact: true})
-	}
-}
-
-// add counts a text, and keeps it when collecting (every every-th); the
-// first inlineTexts are kept in the Request too.
+// add counts a text, and keeps it when collecting (every every-th) or
+// among the first keep; the first inlineTexts are kept in the Request too. A tool call's text waits
+// in w.calls until the message's name is added.
 func (w *walker) add(t textRef) {
+	if w.deferring {
+		w.calls = append(w.calls, t)
+		return
+	}
 	r := w.r
-	if w.collect && (w.every <= 1 || r.nTexts%w.every == 0) {
+	if w.collect && (w.every <= 1 || r.nTexts%w.every == 0) || !w.collect && r.nTexts < w.keep {
 		w.texts = append(w.texts, t)
 	}
-	r.keep(t)
-}
-
-// keep counts a text, and keeps it among the first.
-func (r *Request) keep(t textRef) {
 	if r.nTexts < len(r.texts) {
 		r.texts[r.nTexts] = t
 	}

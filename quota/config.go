@@ -47,29 +47,13 @@ const (
 // Validate reports every problem of c at once, each naming its field and
 // the accepted range, so an operator fixes a config in one pass.
 func (c Config) Validate() error {
-	var errs []error
-	rate := func(name string, v, max float64, per string) {
-		switch {
-		case math.IsNaN(v) || math.IsInf(v, 0):
-			errs = append(errs, fmt.Errorf("quota: %s is %v; want a finite number of %s, or 0 for no %s limit", name, v, per, name))
-		case v < 0:
-			errs = append(errs, fmt.Errorf("quota: %s is %v; want >= 0 (%s; 0 means no %s limit)", name, v, per, name))
-		case v > 0 && v < minRate*perSecond(per):
-			errs = append(errs, fmt.Errorf("quota: %s is %v; want at least %v %s (or 0 for no %s limit)", name, v, minRate*perSecond(per), per, name))
-		case v > max:
-			errs = append(errs, fmt.Errorf("quota: %s is %v; want at most %v %s", name, v, max, per))
-		}
+	errs := []error{
+		rateProblem("qps", c.QPS, maxQPS, 1, "requests per second"),
+		rateProblem("tokens_per_min", c.TokensPerMin, maxTokensPerMin, 60, "tokens per minute"),
+		factorProblem("token_to_qps_weight", c.TokenToQPSWeight, maxWeight, "request-equivalents per token"),
+		factorProblem("joint_cap", c.JointCap, maxJointCap, "the joint rate is qps x joint_cap; 0 means no joint limit"),
+		factorProblem("burst_allow", c.BurstAllow, maxBurstAllow, "the fraction above the rate a burst may run, e.g. 0.2"),
 	}
-	rate("qps", c.QPS, maxQPS, "requests per second")
-	rate("tokens_per_min", c.TokensPerMin, maxTokensPerMin, "tokens per minute")
-	factor := func(name string, v, max float64, why string) {
-		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > max {
-			errs = append(errs, fmt.Errorf("quota: %s is %v; want 0..%v (%s)", name, v, max, why))
-		}
-	}
-	factor("token_to_qps_weight", c.TokenToQPSWeight, maxWeight, "request-equivalents per token")
-	factor("joint_cap", c.JointCap, maxJointCap, "the joint rate is qps x joint_cap; 0 means no joint limit")
-	factor("burst_allow", c.BurstAllow, maxBurstAllow, "the fraction above the rate a burst may run, e.g. 0.2")
 	if c.BurstWindow < 0 || c.BurstWindow > maxBurstWindow {
 		errs = append(errs, fmt.Errorf("quota: burst_window is %v; want 0..%v", c.BurstWindow, maxBurstWindow))
 	}
@@ -85,14 +69,33 @@ func (c Config) Validate() error {
 	if (c.BurstAllow > 0) != (c.BurstWindow > 0) {
 		errs = append(errs, fmt.Errorf("quota: burst_allow %v and burst_window %v must both be set or both be 0 (the burst is burst_allow above the rate for burst_window)", c.BurstAllow, c.BurstWindow))
 	}
-	return errors.Join(errs...)
+	return errors.Join(errs...) // leaves out the nil ones
 }
 
-func perSecond(per string) float64 {
-	if per == "tokens per minute" {
-		return 60
+// rateProblem checks a rate: 0 (no limit), or finite within [minRate, max].
+// per names its unit, seconds is how many seconds the unit spans (1 for
+// per second, 60 for per minute).
+func rateProblem(name string, v, max, seconds float64, per string) error {
+	switch {
+	case math.IsNaN(v) || math.IsInf(v, 0):
+		return fmt.Errorf("quota: %s is %v; want a finite number of %s, or 0 for no %s limit", name, v, per, name)
+	case v < 0:
+		return fmt.Errorf("quota: %s is %v; want >= 0 (%s; 0 means no %s limit)", name, v, per, name)
+	case v > 0 && v < minRate*seconds:
+		return fmt.Errorf("quota: %s is %v; want at least %v %s (or 0 for no %s limit)", name, v, minRate*seconds, per, name)
+	case v > max:
+		return fmt.Errorf("quota: %s is %v; want at most %v %s", name, v, max, per)
 	}
-	return 1
+	return nil
+}
+
+// factorProblem checks a factor: finite within [0, max]; why says what it
+// means.
+func factorProblem(name string, v, max float64, why string) error {
+	if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > max {
+		return fmt.Errorf("quota: %s is %v; want 0..%v (%s)", name, v, max, why)
+	}
+	return nil
 }
 
 // Limits is a validated Config compiled to what the meters compute with:

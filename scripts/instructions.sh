@@ -6,7 +6,8 @@
 # (cachegrind; the garbage collector is off, so -benchmem's B/op and
 # allocs/op count what it would do). Each case runs twice, LOW and HIGH
 # requests, in separate processes; the difference over HIGH-LOW cancels
-# the start-up. Usage: scripts/instructions.sh [case ...]
+# the start-up. cpu.rdtscp=off: valgrind stops a Go 1.26 program at the
+# RDTSCP its runtime reads on a contended lock. Usage: scripts/instructions.sh [case ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +28,7 @@ trap 'rm -rf "$work"' EXIT
 go test -c -o "$work/bench.test" .
 
 count() { # case requests -> instructions of the whole process
-	GOGC=off GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 valgrind --tool=cachegrind --cache-sim=no \
+	GOGC=off GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1,cpu.rdtscp=off valgrind --tool=cachegrind --cache-sim=no \
 		--cachegrind-out-file="$work/$1.$2.out" "$work/bench.test" -test.run '^$' \
 		-test.bench "^BenchmarkProxyInMemory\$/^$1\$" -test.benchtime "${2}x" >"$work/$1.$2.log" 2>&1
 	grep -q "BenchmarkProxyInMemory/$1" "$work/$1.$2.log" || { cat "$work/$1.$2.log" >&2; exit 1; }

@@ -50,6 +50,11 @@ if [ -n "$bad" ]; then echo "gofmt would change: $bad"; exit 1; fi
 # Three modules: the plugin (what xcaddy builds into Caddy, with only what
 # it runs in its go.mod), its end-to-end tests (xcaddy-test: chromedp,
 # vegeta) and the simulator's command (cmd/fqsim: gonum/plot).
+echo "== go mod tidy -diff (a go.mod or go.sum a fresh clone could not build from)"
+go mod tidy -diff
+go -C xcaddy-test mod tidy -diff
+go -C cmd/fqsim mod tidy -diff
+
 echo "== go vet"
 go vet ./...
 go -C xcaddy-test vet ./...
@@ -86,7 +91,7 @@ go test -count=1 -run '^$' -bench . -benchtime 1x ./fairqueue/... ./budget/ ./de
 # deadline can fire while a worker is mid-input on a stalled shared machine,
 # and Go reports "context deadline exceeded" as a failure of the target.
 echo "== fuzz targets, a bounded count of inputs each, from the committed corpus (llmapi/testdata/fuzz)"
-for target in FuzzParse FuzzLightMode FuzzScan FuzzStreamScanner FuzzFastParse FuzzParseUsage FuzzApproxCount FuzzBPEMatchesTiktoken; do
+for target in FuzzParse FuzzLightMode FuzzStreamScanner FuzzParseUsage FuzzInlineTexts FuzzApproxCount FuzzBPEMatchesTiktoken; do
 	go test -run '^$' -fuzz "^${target}\$" -fuzztime 300000x ./llmapi/
 done
 echo "== tenant ID fuzz targets (fairqueue/testdata/fuzz, testdata/fuzz): a valid ID is kept under its own quota keys only; any X-Tenant-ID value is refused with 400 or served as exactly that tenant"

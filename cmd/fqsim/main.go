@@ -40,43 +40,16 @@ func main() {
 
 func run(name, policy string, seed uint64, plotDir string) error {
 	if name == "list" {
-		for _, n := range simulator.Names() {
-			sc, _ := simulator.Lookup(n)
-			fmt.Printf("%-14s  %s\n", n, sc.Description)
-		}
-		fmt.Printf("\npolicies: all")
-		for _, p := range simulator.Policies() {
-			fmt.Printf(", %s", p.Name())
-		}
-		fmt.Printf("\nbudget policies: budgets")
-		for _, p := range simulator.BudgetPolicies() {
-			fmt.Printf(", %s", p.Name())
-		}
-		fmt.Println()
+		list()
 		return nil
 	}
 	sc, ok := simulator.Lookup(name)
 	if !ok {
 		return fmt.Errorf("unknown scenario %q (try -scenario list)", name)
 	}
-	var policies []simulator.Policy
-	switch {
-	case policy == "all" || policy == "" && len(sc.Policies) == 0:
-		policies = simulator.Policies()
-	case policy == "budgets":
-		policies = simulator.BudgetPolicies()
-	default:
-		names := sc.Policies
-		if policy != "" {
-			names = strings.Split(policy, ",")
-		}
-		for _, n := range names {
-			p, ok := simulator.PolicyByName(strings.TrimSpace(n))
-			if !ok {
-				return fmt.Errorf("unknown policy %q", n)
-			}
-			policies = append(policies, p)
-		}
+	policies, err := choosePolicies(sc, policy)
+	if err != nil {
+		return err
 	}
 	start := time.Now()
 	w, err := simulator.Generate(sc, seed)
@@ -92,39 +65,104 @@ func run(name, policy string, seed uint64, plotDir string) error {
 		if err != nil {
 			return err
 		}
-		res.Format(os.Stdout)
-		fmt.Println()
-		if plotDir != "" {
-			files, err := plotRun(plotDir, res)
-			if err != nil {
-				return fmt.Errorf("plotting: %w", err)
-			}
-			fmt.Printf("charts: %s\n\n", strings.Join(files, ", "))
-		}
-		if len(res.Transitions) > 0 || len(res.Timeline) > 0 {
-			simulator.FormatTimeline(os.Stdout, res, 5*time.Second)
-			fmt.Println()
-		}
-		for _, ev := range res.CircuitEvents {
-			fmt.Printf("%8v  %s\n", ev.At.Sub(simulator.Epoch).Round(time.Millisecond), ev)
-			for _, c := range ev.Callers {
-				fmt.Printf("          caller %s: %.0f cost/s, %.1f%% of capacity\n", c.Tenant, c.Demand, 100*c.Share)
-			}
+		if err := report(res, plotDir); err != nil {
+			return err
 		}
 		if res.Budgets {
 			budgets = append(budgets, res)
-			if len(sc.Health) > 0 && res.Policy == simulator.WFQBudgets {
-				simulator.FormatHealth(os.Stdout, res, 5*time.Second, 20*time.Second)
-				fmt.Println()
-			}
 		}
 		violations += res.ViolationCount
 	}
+	if err := compare(w, budgets); err != nil {
+		return err
+	}
+	fmt.Printf("wall time %v\n", time.Since(start).Round(time.Millisecond))
+	if violations > 0 {
+		return fmt.Errorf("%d scheduler invariant violations", violations)
+	}
+	return nil
+}
+
+// list prints the scenarios and the policies.
+func list() {
+	for _, n := range simulator.Names() {
+		sc, _ := simulator.Lookup(n)
+		fmt.Printf("%-14s  %s\n", n, sc.Description)
+	}
+	fmt.Printf("\npolicies: all")
+	for _, p := range simulator.Policies() {
+		fmt.Printf(", %s", p.Name())
+	}
+	fmt.Printf("\nbudget policies: budgets")
+	for _, p := range simulator.BudgetPolicies() {
+		fmt.Printf(", %s", p.Name())
+	}
+	fmt.Println()
+}
+
+// choosePolicies resolves -policy: "all", "budgets", a comma-separated
+// list, or "" for the scenario's own (the standard ones if it has none).
+func choosePolicies(sc *simulator.Scenario, policy string) ([]simulator.Policy, error) {
+	switch {
+	case policy == "all" || policy == "" && len(sc.Policies) == 0:
+		return simulator.Policies(), nil
+	case policy == "budgets":
+		return simulator.BudgetPolicies(), nil
+	}
+	names := sc.Policies
+	if policy != "" {
+		names = strings.Split(policy, ",")
+	}
+	var policies []simulator.Policy
+	for _, n := range names {
+		p, ok := simulator.PolicyByName(strings.TrimSpace(n))
+		if !ok {
+			return nil, fmt.Errorf("unknown policy %q", n)
+		}
+		policies = append(policies, p)
+	}
+	return policies, nil
+}
+
+// report prints one policy's run: its table, its charts when plotDir is
+// set, its degrade timeline and circuit events when it has them, and the
+// health effects of the wfq-budgets run of a scenario with health changes.
+func report(res *simulator.Result, plotDir string) error {
+	res.Format(os.Stdout)
+	fmt.Println()
+	if plotDir != "" {
+		files, err := plotRun(plotDir, res)
+		if err != nil {
+			return fmt.Errorf("plotting: %w", err)
+		}
+		fmt.Printf("charts: %s\n\n", strings.Join(files, ", "))
+	}
+	if len(res.Transitions) > 0 || len(res.Timeline) > 0 {
+		simulator.FormatTimeline(os.Stdout, res, 5*time.Second)
+		fmt.Println()
+	}
+	for _, ev := range res.CircuitEvents {
+		fmt.Printf("%8v  %s\n", ev.At.Sub(simulator.Epoch).Round(time.Millisecond), ev)
+		for _, c := range ev.Callers {
+			fmt.Printf("          caller %s: %.0f cost/s, %.1f%% of capacity\n", c.Tenant, c.Demand, 100*c.Share)
+		}
+	}
+	if res.Budgets && len(res.Scenario.Health) > 0 && res.Policy == simulator.WFQBudgets {
+		simulator.FormatHealth(os.Stdout, res, 5*time.Second, 20*time.Second)
+		fmt.Println()
+	}
+	return nil
+}
+
+// compare prints the runs side by side: the wait-budget policies', then
+// seed003's provider-account measures or seed004's tenant-quota limiters.
+func compare(w *simulator.Workload, budgets []*simulator.Result) error {
 	if len(budgets) > 0 {
 		simulator.FormatBudgets(os.Stdout, budgets)
 		fmt.Println()
 	}
-	if name == "seed003" {
+	switch w.Scenario.Name {
+	case "seed003":
 		// seed003 is about the provider account: its measures side by side.
 		var reps []simulator.Seed003Report
 		for _, res := range budgets {
@@ -132,8 +170,7 @@ func run(name, policy string, seed uint64, plotDir string) error {
 		}
 		simulator.FormatSeed003(os.Stdout, reps)
 		fmt.Println()
-	}
-	if name == "seed004" {
+	case "seed004":
 		// seed004 is about tenant quotas: the three limiters side by side.
 		var quotas []*simulator.Seed004Result
 		for _, m := range simulator.QuotaModes {
@@ -145,10 +182,6 @@ func run(name, policy string, seed uint64, plotDir string) error {
 		}
 		simulator.FormatSeed004(os.Stdout, quotas)
 		fmt.Println()
-	}
-	fmt.Printf("wall time %v\n", time.Since(start).Round(time.Millisecond))
-	if violations > 0 {
-		return fmt.Errorf("%d scheduler invariant violations", violations)
 	}
 	return nil
 }

@@ -125,46 +125,7 @@ func FormatTimeline(w io.Writer, res *Result, every time.Duration) {
 	sc := res.Scenario
 	fmt.Fprintf(w, "== %s / %s: degrade timeline (every %s, and every transition) ==\n",
 		sc.Name, res.Policy, dur(every))
-	rows := [][]string{{"t", "water", "level", "queued", "event"}}
-	k := 0
-	flush := func(upTo time.Duration) {
-		for ; k < len(res.Transitions); k++ {
-			tr := res.Transitions[k]
-			at := tr.At.Sub(epoch)
-			if at > upTo {
-				return
-			}
-			verb := "released"
-			if tr.Up {
-				verb = "engaged"
-			}
-			rows = append(rows, []string{dur(at), fmt.Sprintf("%.3f", tr.Water), fmt.Sprintf("L%d", tr.To), "",
-				fmt.Sprintf("%s %s: %s", tr.Step, verb, sc.Degrade[stepIndex(sc, tr.Step)].Action)})
-		}
-	}
-	var idle []string // the last idle row not printed
-	for _, s := range res.Timeline {
-		if s.At%every != 0 {
-			continue
-		}
-		flush(s.At - 1)
-		row := []string{dur(s.At), fmt.Sprintf("%.3f", s.Water), fmt.Sprintf("L%d", s.Level), strconv.Itoa(s.Queued), ""}
-		if s.Queued == 0 && s.Level == 0 {
-			if len(rows) > 1 && rows[len(rows)-1][3] == "0" && rows[len(rows)-1][2] == "L0" {
-				idle = row // inside an idle stretch: hold back
-				continue
-			}
-		} else if idle != nil {
-			rows = append(rows, idle)
-		}
-		idle = nil
-		rows = append(rows, row)
-	}
-	if idle != nil {
-		rows = append(rows, idle)
-	}
-	flush(math.MaxInt64)
-	tableLast(w, rows, 0, true)
+	tableLast(w, timelineRows(res, every), 0, true)
 	for i, e := range res.Episodes() {
 		var moves []string
 		for _, tr := range e.Transitions {
@@ -177,29 +138,74 @@ func FormatTimeline(w io.Writer, res *Result, every time.Duration) {
 		fmt.Fprintf(w, "wave %d: %s-%s, peak water %.3f at %s, max level L%d, transitions %s\n",
 			i+1, dur(e.From), dur(e.To), e.Peak, dur(e.PeakAt), e.MaxLevel, strings.Join(moves, " "))
 	}
-	up, down := 0, 0
+	up := 0
 	for _, tr := range res.Transitions {
 		if tr.Up {
 			up++
-		} else {
-			down++
 		}
 	}
-	fmt.Fprintf(w, "transitions: %d engaged, %d released; level at the end L%d\n", up, down, finalLevel(res))
+	fmt.Fprintf(w, "transitions: %d engaged, %d released; level at the end L%d\n", up, len(res.Transitions)-up, finalLevel(res))
 	for _, c := range sc.Classes {
-		by := res.ClassByLevel(c.Name)
-		var parts []string
-		var tot ClassOutcome
-		for lvl, o := range by {
-			tot.N += o.N
-			tot.Met += o.Met
-			tot.Throttled += o.Throttled
-			tot.Light += o.Light
-			if o.N > 0 {
-				parts = append(parts, fmt.Sprintf("L%d %s of %d", lvl, pct2(o.MetFraction()), o.N))
-			}
-		}
-		fmt.Fprintf(w, "%-11s met budget %s of %d (by level at arrival: %s); light mode %d, throttled %d\n",
-			c.Name, pct2(tot.MetFraction()), tot.N, strings.Join(parts, ", "), tot.Light, tot.Throttled)
+		formatClassByLevel(w, res, c.Name)
 	}
+}
+
+// timelineRows is FormatTimeline's table: a row per sample every `every`
+// (but the inner rows of an idle stretch) and per transition, in time order.
+func timelineRows(res *Result, every time.Duration) [][]string {
+	sc := res.Scenario
+	rows := [][]string{{"t", "water", "level", "queued", "event"}}
+	k := 0
+	flush := func(upTo time.Duration) {
+		for ; k < len(res.Transitions) && res.Transitions[k].At.Sub(epoch) <= upTo; k++ {
+			tr := res.Transitions[k]
+			verb := "released"
+			if tr.Up {
+				verb = "engaged"
+			}
+			rows = append(rows, []string{dur(tr.At.Sub(epoch)), fmt.Sprintf("%.3f", tr.Water), fmt.Sprintf("L%d", tr.To), "",
+				fmt.Sprintf("%s %s: %s", tr.Step, verb, sc.Degrade[stepIndex(sc, tr.Step)].Action)})
+		}
+	}
+	var idle []string // the last idle row not printed
+	for _, s := range res.Timeline {
+		if s.At%every != 0 {
+			continue
+		}
+		flush(s.At - 1)
+		row := []string{dur(s.At), fmt.Sprintf("%.3f", s.Water), fmt.Sprintf("L%d", s.Level), strconv.Itoa(s.Queued), ""}
+		quiet := s.Queued == 0 && s.Level == 0
+		if last := rows[len(rows)-1]; quiet && len(rows) > 1 && last[3] == "0" && last[2] == "L0" {
+			idle = row // inside an idle stretch: hold back
+			continue
+		}
+		if !quiet && idle != nil {
+			rows = append(rows, idle) // the idle stretch's last row
+		}
+		idle = nil
+		rows = append(rows, row)
+	}
+	if idle != nil {
+		rows = append(rows, idle)
+	}
+	flush(math.MaxInt64)
+	return rows
+}
+
+// formatClassByLevel writes class cls's budget outcome, in all and by the
+// ladder level at arrival, and its light-mode and throttled counts.
+func formatClassByLevel(w io.Writer, res *Result, cls string) {
+	var parts []string
+	var tot ClassOutcome
+	for lvl, o := range res.ClassByLevel(cls) {
+		tot.N += o.N
+		tot.Met += o.Met
+		tot.Throttled += o.Throttled
+		tot.Light += o.Light
+		if o.N > 0 {
+			parts = append(parts, fmt.Sprintf("L%d %s of %d", lvl, pct2(o.MetFraction()), o.N))
+		}
+	}
+	fmt.Fprintf(w, "%-11s met budget %s of %d (by level at arrival: %s); light mode %d, throttled %d\n",
+		cls, pct2(tot.MetFraction()), tot.N, strings.Join(parts, ", "), tot.Light, tot.Throttled)
 }

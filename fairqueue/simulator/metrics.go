@@ -134,7 +134,6 @@ func (res *Result) Row(name string) *Row {
 }
 
 func (s *sim) result(policy string) *Result {
-	sc := s.sc
 	res := &Result{Scenario: s.sc, Policy: policy, Seed: s.w.Seed, Requests: s.reqs, Records: s.recs,
 		Violations: s.violations, ViolationCount: s.nViolation, contended: s.contended,
 		Budgets: s.budgets, MaxBoostedInflight: s.maxBoosted, BoostViolations: s.boostViol,
@@ -148,27 +147,34 @@ func (s *sim) result(policy string) *Result {
 		res.CircuitEvents = c.CircuitEvents()
 	}
 	if s.admit != nil {
-		res.BoostLimit = s.admit.BoostLimit(sc.Capacity())
+		res.BoostLimit = s.admit.BoostLimit(s.sc.Capacity())
 	}
-	// Rows: tenants, or groups of tenants.
+	res.Rows = s.rows()
+	res.Overall = s.overall(res.Rows)
+	o := &res.Overall
+	o.Jain, o.JainMin, o.JainWindows = res.windowedJain()
+	return res
+}
+
+// rows measures every tenant, or with GroupRows every group of tenants,
+// in scenario order.
+func (s *sim) rows() []Row {
+	sc := s.sc
 	rowOf := make([]int, len(sc.Tenants))
 	var names []string
-	if sc.GroupRows {
-		idx := map[string]int{}
-		for i, t := range sc.Tenants {
-			g, ok := idx[t.Group]
-			if !ok {
-				g = len(names)
-				idx[t.Group] = g
-				names = append(names, t.Group)
-			}
-			rowOf[i] = g
+	idx := map[string]int{}
+	for i, t := range sc.Tenants {
+		name := t.Name
+		if sc.GroupRows {
+			name = t.Group
 		}
-	} else {
-		for i, t := range sc.Tenants {
-			rowOf[i] = i
-			names = append(names, t.Name)
+		r, ok := idx[name]
+		if !ok {
+			r = len(names)
+			idx[name] = r
+			names = append(names, name)
 		}
+		rowOf[i] = r
 	}
 	members := make([][]int, len(names))
 	for i := range sc.Tenants {
@@ -179,13 +185,19 @@ func (s *sim) result(policy string) *Result {
 		r := rowOf[s.reqs[id].Tenant]
 		byRow[r] = append(byRow[r], id)
 	}
+	rows := make([]Row, len(names))
 	for r, name := range names {
-		res.Rows = append(res.Rows, s.row(name, members[r], byRow[r]))
+		rows[r] = s.row(name, members[r], byRow[r])
 	}
-	// Overall.
-	o := &res.Overall
-	o.Requests = len(s.reqs)
+	return rows
+}
+
+// overall measures the run as a whole, but for Jain's index; rows are its
+// rows, whose counts it totals.
+func (s *sim) overall(rows []Row) Overall {
+	o := Overall{Requests: len(s.reqs), MaxDiff: math.NaN()}
 	first, last := time.Duration(-1), time.Duration(0)
+	var errs []float64
 	for id := range s.reqs {
 		r, rec := &s.reqs[id], &s.recs[id]
 		if first < 0 || r.Arrival < first {
@@ -201,130 +213,149 @@ func (s *sim) result(policy string) *Result {
 		case StateRejected:
 			o.Rejected++
 		}
+		if e, ok := etaError(r, rec); ok {
+			errs = append(errs, e)
+		}
 	}
-	if first >= 0 && last > first {
-		o.Makespan = last - first
-		o.TokPerSec = float64(o.Tokens) / o.Makespan.Seconds()
-	}
+	o.Makespan, o.TokPerSec = activeSpan(o.Tokens, first, last)
 	for _, iv := range s.contended {
 		o.Contended += iv.to - iv.from
 	}
-	var errs []float64
-	for _, row := range res.Rows {
+	for _, row := range rows {
 		o.Starved += row.Starved
 		o.FastFailed += row.FastFailed
 		o.Throttled += row.Throttled
 		o.Boosted += row.Boosted
 		o.Light += row.Light
 	}
-	for id := range s.reqs {
-		if e, ok := etaError(&s.reqs[id], &s.recs[id]); ok {
-			errs = append(errs, e)
-		}
-	}
 	o.ETAN, o.ETAErrP50 = len(errs), median(errs)
-	o.Jain, o.JainMin, o.JainWindows = res.windowedJain()
-	o.MaxDiff = math.NaN()
 	if s.diff.tracked {
 		o.MaxDiff = s.diff.max
 	}
-	return res
+	return o
 }
 
+// activeSpan returns the active span from first arrival to last completion and
+// the tokens served per second over it; zeros when there is no such span.
+func activeSpan(tokens int64, first, last time.Duration) (time.Duration, float64) {
+	if first < 0 || last <= first {
+		return 0, 0
+	}
+	span := last - first
+	return span, float64(tokens) / span.Seconds()
+}
+
+// row measures the requests ids of the tenants of one row.
 func (s *sim) row(name string, tenants, ids []int) Row {
 	sc := s.sc
-	row := Row{Name: name, Weight: sc.Tenants[tenants[0]].Weight, Class: sc.Tenants[tenants[0]].Class,
-		N: len(ids), MetBudget: math.NaN()}
+	b := rowBuilder{first: -1, Row: Row{Name: name, Weight: sc.Tenants[tenants[0]].Weight,
+		Class: sc.Tenants[tenants[0]].Class, N: len(ids), MetBudget: math.NaN()}}
 	for _, t := range tenants[1:] {
-		if sc.Tenants[t].Weight != row.Weight {
-			row.Weight = math.NaN()
+		if sc.Tenants[t].Weight != b.Weight {
+			b.Weight = math.NaN()
 		}
-		if sc.Tenants[t].Class != row.Class {
-			row.Class = "mixed"
+		if sc.Tenants[t].Class != b.Class {
+			b.Class = "mixed"
 		}
 	}
-	var waits, limits, absErr []time.Duration
-	var relErr []float64
-	met, budgeted, atLimit, atOrder := 0, 0, 0, 0
-	first, last := time.Duration(-1), time.Duration(0)
 	for _, id := range ids {
-		r, rec := &s.reqs[id], &s.recs[id]
-		if first < 0 || r.Arrival < first {
-			first = r.Arrival
-		}
-		b := sc.Budget(r.Tenant)
-		if b > 0 {
-			budgeted++
-		}
-		if rec.Light {
-			row.Light++
-		}
-		if e, ok := etaError(r, rec); ok {
-			relErr = append(relErr, e)
-			absErr = append(absErr, (rec.Predicted - rec.Wait(r)).Abs())
-		}
-		switch rec.State {
-		case StateInflight, StateCompleted:
-			row.Dispatched++
-			if rec.Boosted {
-				row.Boosted++
-			}
-			w := rec.Wait(r)
-			if b > 0 && w > b {
-				row.Starved++
-			}
-			waits = append(waits, w)
-			limits = append(limits, rec.Limit)
-			if w <= rec.Limit+time.Millisecond {
-				atLimit++
-			}
-			if w <= rec.OrderLimit+time.Millisecond {
-				atOrder++
-			}
-			if b > 0 && w <= b {
-				met++
-			}
-			if rec.State == StateCompleted {
-				row.Tokens += r.Actual()
-				last = max(last, rec.Complete)
-			}
-		case StateExpired:
-			row.Expired++
-			row.Starved++
-		case StateRejected:
-			row.Rejected++
-			switch rec.Reason {
-			case fairqueue.ReasonBudgetExceeded:
-				row.FastFailed++
-			case fairqueue.ReasonClassThrottled:
-				row.Throttled++
-			case fairqueue.ReasonQueueFull, fairqueue.ReasonTenantQueueFull:
-				row.QueueFull++
-			}
+		r := &s.reqs[id]
+		b.add(r, &s.recs[id], sc.Budget(r.Tenant))
+	}
+	return b.finish()
+}
+
+// rowBuilder counts a row's requests one by one, and keeps what its
+// percentiles and fractions are computed from at the end.
+type rowBuilder struct {
+	Row
+	waits, limits, absErr           []time.Duration
+	relErr                          []float64
+	met, budgeted, atLimit, atOrder int
+	first, last                     time.Duration
+}
+
+// add counts request r, whose class has wait budget budget (0: none).
+func (b *rowBuilder) add(r *Request, rec *Record, budget time.Duration) {
+	if b.first < 0 || r.Arrival < b.first {
+		b.first = r.Arrival
+	}
+	if budget > 0 {
+		b.budgeted++
+	}
+	if rec.Light {
+		b.Light++
+	}
+	if e, ok := etaError(r, rec); ok {
+		b.relErr = append(b.relErr, e)
+		b.absErr = append(b.absErr, (rec.Predicted - rec.Wait(r)).Abs())
+	}
+	switch rec.State {
+	case StateInflight, StateCompleted:
+		b.dispatched(r, rec, budget)
+	case StateExpired:
+		b.Expired++
+		b.Starved++
+	case StateRejected:
+		b.Rejected++
+		switch rec.Reason {
+		case fairqueue.ReasonBudgetExceeded:
+			b.FastFailed++
+		case fairqueue.ReasonClassThrottled:
+			b.Throttled++
+		case fairqueue.ReasonQueueFull, fairqueue.ReasonTenantQueueFull:
+			b.QueueFull++
 		}
 	}
-	row.ETAN, row.ETAErrP50 = len(relErr), median(relErr)
-	if len(absErr) > 0 {
-		slices.Sort(absErr)
-		row.ETAAbsP50, row.ETAAbsP90 = percentile(absErr, 0.5), percentile(absErr, 0.9)
+}
+
+func (b *rowBuilder) dispatched(r *Request, rec *Record, budget time.Duration) {
+	b.Dispatched++
+	if rec.Boosted {
+		b.Boosted++
 	}
-	if budgeted > 0 {
-		row.MetBudget = float64(met) / float64(budgeted)
+	w := rec.Wait(r)
+	b.waits = append(b.waits, w)
+	b.limits = append(b.limits, rec.Limit)
+	if w <= rec.Limit+time.Millisecond {
+		b.atLimit++
+	}
+	if w <= rec.OrderLimit+time.Millisecond {
+		b.atOrder++
+	}
+	switch {
+	case budget > 0 && w > budget:
+		b.Starved++
+	case budget > 0:
+		b.met++
+	}
+	if rec.State == StateCompleted {
+		b.Tokens += r.Actual()
+		b.last = max(b.last, rec.Complete)
+	}
+}
+
+func (b *rowBuilder) finish() Row {
+	row := b.Row
+	row.ETAN, row.ETAErrP50 = len(b.relErr), median(b.relErr)
+	if len(b.absErr) > 0 {
+		slices.Sort(b.absErr)
+		row.ETAAbsP50, row.ETAAbsP90 = percentile(b.absErr, 0.5), percentile(b.absErr, 0.9)
+	}
+	if b.budgeted > 0 {
+		row.MetBudget = float64(b.met) / float64(b.budgeted)
 	}
 	if row.Dispatched > 0 {
-		slices.Sort(waits)
-		slices.Sort(limits)
-		row.WaitP50 = percentile(waits, 0.50)
-		row.WaitP95 = percentile(waits, 0.95)
-		row.WaitP99 = percentile(waits, 0.99)
-		row.LimitP95 = percentile(limits, 0.95)
-		row.AtLimit = float64(atLimit) / float64(row.Dispatched)
-		row.AtOrderLimit = float64(atOrder) / float64(row.Dispatched)
+		slices.Sort(b.waits)
+		slices.Sort(b.limits)
+		row.WaitP50 = percentile(b.waits, 0.50)
+		row.WaitP95 = percentile(b.waits, 0.95)
+		row.WaitP99 = percentile(b.waits, 0.99)
+		row.LimitP95 = percentile(b.limits, 0.95)
+		row.AtLimit = float64(b.atLimit) / float64(row.Dispatched)
+		row.AtOrderLimit = float64(b.atOrder) / float64(row.Dispatched)
 	}
-	if first >= 0 && last > first {
-		row.Makespan = last - first
-		row.TokPerSec = float64(row.Tokens) / row.Makespan.Seconds()
-	}
+	row.Makespan, row.TokPerSec = activeSpan(row.Tokens, b.first, b.last)
 	return row
 }
 
@@ -398,24 +429,67 @@ func (res *Result) ServedBetween(from, to time.Duration) []float64 {
 func (res *Result) windowedJain() (mean, lowest float64, n int) {
 	sc := res.Scenario
 	W := sc.window()
-	var end time.Duration
-	for _, iv := range res.contended {
-		end = max(end, iv.to)
-	}
-	nw := int(end / W)
+	ok, end := res.contendedWindows(W)
+	nw, nt := len(ok), len(sc.Tenants)
 	if nw == 0 {
 		return math.NaN(), math.NaN(), 0
 	}
-	// Which windows are wholly contended.
-	ok := make([]bool, nw)
+	recv, backlog := res.windowTotals(W, end, nw)
+	weights := make([]float64, nt)
+	for i, t := range sc.Tenants {
+		weights[i] = t.Weight
+	}
+	demand := make([]float64, nt)
+	fair := make([]float64, nt)
+	order := make([]int, nt)
+	sum, lowest := 0.0, math.Inf(1)
+	for k := range nw {
+		if !ok[k] {
+			continue
+		}
+		got := recv[k*nt : (k+1)*nt]
+		capacity := 0.0
+		for i := range demand {
+			demand[i] = got[i] + backlog[k*nt+i]
+			capacity += got[i]
+		}
+		waterfill(demand, weights, capacity, fair, order)
+		if j, defined := weightedJain(got, fair); defined {
+			sum += j
+			lowest = min(lowest, j)
+			n++
+		}
+	}
+	if n == 0 {
+		return math.NaN(), math.NaN(), 0
+	}
+	return sum / float64(n), lowest, n
+}
+
+// contendedWindows returns, for each window of length W up to the end of
+// the last contended interval (end), whether it lies wholly in contended
+// time.
+func (res *Result) contendedWindows(W time.Duration) (ok []bool, end time.Duration) {
 	for _, iv := range res.contended {
-		for k := int((iv.from + W - 1) / W); k < nw && time.Duration(k+1)*W <= iv.to; k++ {
+		end = max(end, iv.to)
+	}
+	ok = make([]bool, int(end/W))
+	for _, iv := range res.contended {
+		for k := int((iv.from + W - 1) / W); k < len(ok) && time.Duration(k+1)*W <= iv.to; k++ {
 			ok[k] = true
 		}
 	}
-	nt := len(sc.Tenants)
-	recv := make([]float64, nw*nt)
-	backlog := make([]float64, nw*nt)
+	return ok, end
+}
+
+// windowTotals returns, per window k and tenant i at [k*nt+i], the tokens
+// the tenant received in the window (a request's actual cost spread evenly
+// over its service) and its backlog at the window's end (the actual cost
+// of its requests arrived and not yet gone).
+func (res *Result) windowTotals(W, end time.Duration, nw int) (recv, backlog []float64) {
+	nt := len(res.Scenario.Tenants)
+	recv = make([]float64, nw*nt)
+	backlog = make([]float64, nw*nt)
 	for id := range res.Requests {
 		r, rec := &res.Requests[id], &res.Records[id]
 		if rec.State == StateRejected || rec.State == StateNone {
@@ -448,47 +522,26 @@ func (res *Result) windowedJain() (mean, lowest float64, n int) {
 			recv[k*nt+r.Tenant] += rate * float64(hi-lo)
 		}
 	}
-	weights := make([]float64, nt)
-	for i, t := range sc.Tenants {
-		weights[i] = t.Weight
+	return recv, backlog
+}
+
+// weightedJain is Jain's index of got[i] / fair[i] over the tenants with
+// a fair share; not defined when none has one or every ratio is 0.
+func weightedJain(got, fair []float64) (float64, bool) {
+	var sx, sxx float64
+	m := 0
+	for i := range fair {
+		if fair[i] > 1e-9 {
+			x := got[i] / fair[i]
+			sx += x
+			sxx += x * x
+			m++
+		}
 	}
-	demand := make([]float64, nt)
-	fair := make([]float64, nt)
-	order := make([]int, nt)
-	sum, lowest := 0.0, math.Inf(1)
-	for k := 0; k < nw; k++ {
-		if !ok[k] {
-			continue
-		}
-		got := recv[k*nt : (k+1)*nt]
-		capacity := 0.0
-		for i := range demand {
-			demand[i] = got[i] + backlog[k*nt+i]
-			capacity += got[i]
-		}
-		waterfill(demand, weights, capacity, fair, order)
-		var sx, sxx float64
-		m := 0
-		for i := range fair {
-			if fair[i] > 1e-9 {
-				x := got[i] / fair[i]
-				sx += x
-				sxx += x * x
-				m++
-			}
-		}
-		if m == 0 || sxx == 0 {
-			continue
-		}
-		j := sx * sx / (float64(m) * sxx)
-		sum += j
-		lowest = min(lowest, j)
-		n++
+	if m == 0 || sxx == 0 {
+		return 0, false
 	}
-	if n == 0 {
-		return math.NaN(), math.NaN(), 0
-	}
-	return sum / float64(n), lowest, n
+	return sx * sx / (float64(m) * sxx), true
 }
 
 // waterfill writes into fair the weighted max-min fair allocation of

@@ -1,10 +1,12 @@
 package simulator
 
 import (
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"time"
 
@@ -321,83 +323,134 @@ func (sc *Scenario) tickPeriod() time.Duration {
 
 // Validate reports the first problem in sc.
 func (sc *Scenario) Validate() error {
+	if err := sc.validate(); err != nil {
+		return fmt.Errorf("scenario %s: %w", sc.Name, err)
+	}
+	return nil
+}
+
+func (sc *Scenario) validate() error {
 	if sc.Upstreams <= 0 || sc.Slots <= 0 {
-		return fmt.Errorf("scenario %s: upstreams and slots must be positive", sc.Name)
+		return errors.New("upstreams and slots must be positive")
 	}
 	if len(sc.Tenants) == 0 {
-		return fmt.Errorf("scenario %s: no tenants", sc.Name)
+		return errors.New("no tenants")
 	}
-	names := map[string]int{}
-	for i, t := range sc.Tenants {
-		if _, dup := names[t.Name]; dup || t.Name == "" {
-			return fmt.Errorf("scenario %s: tenant %d: empty or duplicate name %q", sc.Name, i, t.Name)
+	seen := make(map[string]bool, len(sc.Tenants))
+	for i := range sc.Tenants {
+		t := &sc.Tenants[i]
+		if seen[t.Name] || t.Name == "" {
+			return fmt.Errorf("tenant %d: empty or duplicate name %q", i, t.Name)
 		}
-		names[t.Name] = i
-		if !(t.Weight > 0) {
-			return fmt.Errorf("scenario %s: tenant %s: weight must be positive", sc.Name, t.Name)
-		}
-		if sc.ClassRank(t.Class) == len(sc.Classes) {
-			return fmt.Errorf("scenario %s: tenant %s: unknown class %q", sc.Name, t.Name, t.Class)
-		}
-		if err := t.Prompt.validate(); err != nil {
-			return fmt.Errorf("scenario %s: tenant %s: prompt: %w", sc.Name, t.Name, err)
-		}
-		if err := t.MaxTokens.validate(); err != nil {
-			return fmt.Errorf("scenario %s: tenant %s: max_tokens: %w", sc.Name, t.Name, err)
-		}
-		a := t.Arrivals
-		switch a.Kind {
-		case ArrivalBurst:
-			if a.N <= 0 {
-				return fmt.Errorf("scenario %s: tenant %s: burst needs N > 0", sc.Name, t.Name)
-			}
-		case ArrivalPoisson, ArrivalPeriodic:
-			if a.Kind == ArrivalPoisson && !(a.Rate > 0) || a.Kind == ArrivalPeriodic && a.Interval <= 0 {
-				return fmt.Errorf("scenario %s: tenant %s: rate or interval must be positive", sc.Name, t.Name)
-			}
-			if a.End <= a.Start && a.Alongside == "" {
-				return fmt.Errorf("scenario %s: tenant %s: needs End > Start or Alongside", sc.Name, t.Name)
-			}
-		case ArrivalPhases:
-			if len(a.Phases) == 0 || a.Alongside != "" {
-				return fmt.Errorf("scenario %s: tenant %s: phases needs phases and no alongside", sc.Name, t.Name)
-			}
-			for k, ph := range a.Phases {
-				if !(ph.Rate > 0) || ph.End <= ph.Start || k > 0 && ph.Start < a.Phases[k-1].End {
-					return fmt.Errorf("scenario %s: tenant %s: phase %d: bad rate or span, or overlaps", sc.Name, t.Name, k)
-				}
-				for _, d := range []Dist{ph.Prompt, ph.MaxTokens} {
-					if d.Kind == 0 {
-						continue
-					}
-					if err := d.validate(); err != nil {
-						return fmt.Errorf("scenario %s: tenant %s: phase %d: %v", sc.Name, t.Name, k, err)
-					}
-				}
-			}
-		case ArrivalBacklogged:
-			if a.Queue <= 0 || sc.Duration <= 0 {
-				return fmt.Errorf("scenario %s: tenant %s: backlogged needs Queue > 0 and a scenario Duration", sc.Name, t.Name)
-			}
-		default:
-			return fmt.Errorf("scenario %s: tenant %s: unknown arrival kind", sc.Name, t.Name)
+		seen[t.Name] = true
+		if err := t.validate(sc); err != nil {
+			return fmt.Errorf("tenant %s: %w", t.Name, err)
 		}
 	}
-	for _, t := range sc.Tenants {
-		if o := t.Arrivals.Alongside; o != "" {
-			j, ok := names[o]
-			if !ok || o == t.Name {
-				return fmt.Errorf("scenario %s: tenant %s: alongside unknown tenant %q", sc.Name, t.Name, o)
-			}
-			if k := sc.Tenants[j].Arrivals; k.Kind == ArrivalBacklogged || k.Alongside != "" {
-				return fmt.Errorf("scenario %s: tenant %s: alongside %q needs a plain open-loop tenant", sc.Name, t.Name, o)
-			}
+	// Alongside may name a tenant listed later: checked once all are.
+	for i := range sc.Tenants {
+		if err := sc.validateAlongside(&sc.Tenants[i]); err != nil {
+			return fmt.Errorf("tenant %s: %w", sc.Tenants[i].Name, err)
 		}
 	}
+	return sc.validateHealth()
+}
+
+func (sc *Scenario) validateHealth() error {
 	for i, h := range sc.Health {
 		if h.Healthy < 0 || h.Healthy > sc.Upstreams || i > 0 && h.At < sc.Health[i-1].At {
-			return fmt.Errorf("scenario %s: health timeline entry %d out of order or range", sc.Name, i)
+			return fmt.Errorf("health timeline entry %d out of order or range", i)
 		}
+	}
+	return nil
+}
+
+// validate checks t on its own, and its class against sc.
+func (t *TenantSpec) validate(sc *Scenario) error {
+	if !(t.Weight > 0) {
+		return errors.New("weight must be positive")
+	}
+	if sc.ClassRank(t.Class) == len(sc.Classes) {
+		return fmt.Errorf("unknown class %q", t.Class)
+	}
+	if err := t.Prompt.validate(); err != nil {
+		return fmt.Errorf("prompt: %w", err)
+	}
+	if err := t.MaxTokens.validate(); err != nil {
+		return fmt.Errorf("max_tokens: %w", err)
+	}
+	return t.Arrivals.validate(sc.Duration)
+}
+
+// validate checks the arrival process; duration is the scenario's, which
+// ends closed-loop arrivals.
+func (a *Arrivals) validate(duration time.Duration) error {
+	switch a.Kind {
+	case ArrivalBurst:
+		if a.N <= 0 {
+			return errors.New("burst needs N > 0")
+		}
+	case ArrivalPoisson:
+		return a.validateOpen(a.Rate > 0)
+	case ArrivalPeriodic:
+		return a.validateOpen(a.Interval > 0)
+	case ArrivalPhases:
+		return a.validatePhases()
+	case ArrivalBacklogged:
+		if a.Queue <= 0 || duration <= 0 {
+			return errors.New("backlogged needs Queue > 0 and a scenario Duration")
+		}
+	default:
+		return errors.New("unknown arrival kind")
+	}
+	return nil
+}
+
+// validateOpen checks a process that runs from Start until End or
+// Alongside; paced says its rate or interval is positive.
+func (a *Arrivals) validateOpen(paced bool) error {
+	if !paced {
+		return errors.New("rate or interval must be positive")
+	}
+	if a.End <= a.Start && a.Alongside == "" {
+		return errors.New("needs End > Start or Alongside")
+	}
+	return nil
+}
+
+func (a *Arrivals) validatePhases() error {
+	if len(a.Phases) == 0 || a.Alongside != "" {
+		return errors.New("phases needs phases and no alongside")
+	}
+	for k, ph := range a.Phases {
+		if !(ph.Rate > 0) || ph.End <= ph.Start || k > 0 && ph.Start < a.Phases[k-1].End {
+			return fmt.Errorf("phase %d: bad rate or span, or overlaps", k)
+		}
+		for _, d := range []Dist{ph.Prompt, ph.MaxTokens} {
+			if d.Kind == 0 {
+				continue // the tenant's own
+			}
+			if err := d.validate(); err != nil {
+				return fmt.Errorf("phase %d: %w", k, err)
+			}
+		}
+	}
+	return nil
+}
+
+// validateAlongside checks that the tenant t arrives alongside, if any, is
+// another one, and open-loop on its own terms.
+func (sc *Scenario) validateAlongside(t *TenantSpec) error {
+	o := t.Arrivals.Alongside
+	if o == "" {
+		return nil
+	}
+	j := indexOf(sc, o)
+	if j < 0 || o == t.Name {
+		return fmt.Errorf("alongside unknown tenant %q", o)
+	}
+	if k := sc.Tenants[j].Arrivals; k.Kind == ArrivalBacklogged || k.Alongside != "" {
+		return fmt.Errorf("alongside %q needs a plain open-loop tenant", o)
 	}
 	return nil
 }
@@ -438,102 +491,117 @@ func Generate(sc *Scenario, seed uint64) (*Workload, error) {
 		return nil, err
 	}
 	per := make([][]Request, len(sc.Tenants))
-	gen := func(i int) {
-		t := &sc.Tenants[i]
-		r := stream(seed, t.Name)
-		a := t.Arrivals
-		var reqs []Request
-		var phase *Phase // the phase arrivals are drawn in, nil outside phases
-		add := func(at time.Duration) {
-			p, m, o := t.sizes(r, phase)
-			reqs = append(reqs, Request{Tenant: i, Arrival: at, Prompt: p, MaxTokens: m, Output: o})
-		}
-		// until reports whether arrivals continue at t; own is the service
-		// time of this tenant's requests so far (for Alongside).
-		var limit func(t, own time.Duration) bool
-		if a.Alongside != "" {
-			var work, first time.Duration = 0, -1
-			for _, q := range per[indexOf(sc, a.Alongside)] {
-				work += q.Service()
-				if first < 0 || q.Arrival < first {
-					first = q.Arrival
-				}
-			}
-			capacity := time.Duration(sc.Capacity())
-			limit = func(t, own time.Duration) bool {
-				return t < first+(work+own)/capacity && (a.End <= a.Start || t < a.End)
-			}
-		} else {
-			limit = func(t, _ time.Duration) bool { return t < a.End }
-		}
-		switch a.Kind {
-		case ArrivalBurst:
-			times := make([]time.Duration, a.N)
-			for k := range times {
-				times[k] = a.Start
-				if a.End > a.Start {
-					times[k] += time.Duration(r.Int64N(int64(a.End-a.Start) + 1))
-				}
-			}
-			sort.Slice(times, func(x, y int) bool { return times[x] < times[y] })
-			for _, at := range times {
-				add(at)
-			}
-		case ArrivalPoisson:
-			var own time.Duration
-			for at := a.Start + expGap(r, a.Rate); limit(at, own); at += expGap(r, a.Rate) {
-				add(at)
-				own += reqs[len(reqs)-1].Service()
-			}
-		case ArrivalPeriodic:
-			var own time.Duration
-			for at := a.Start; limit(at, own); at += a.Interval {
-				add(at)
-				own += reqs[len(reqs)-1].Service()
-			}
-		case ArrivalPhases:
-			for k := range a.Phases {
-				ph := &a.Phases[k]
-				phase = ph
-				if ph.Even {
-					gap := time.Duration(float64(time.Second) / ph.Rate)
-					for at := ph.Start; at < ph.End; at += gap {
-						add(at)
-					}
-					continue
-				}
-				for at := ph.Start + expGap(r, ph.Rate); at < ph.End; at += expGap(r, ph.Rate) {
-					add(at)
-				}
-			}
-		}
-		per[i] = reqs
-	}
 	// Tenants others arrive alongside are drawn first.
 	for i, t := range sc.Tenants {
 		if t.Arrivals.Alongside == "" && t.Arrivals.Kind != ArrivalBacklogged {
-			gen(i)
+			per[i] = tenantRequests(sc, seed, i, nil)
 		}
 	}
 	for i, t := range sc.Tenants {
-		if t.Arrivals.Alongside != "" {
-			gen(i)
+		if o := t.Arrivals.Alongside; o != "" {
+			per[i] = tenantRequests(sc, seed, i, per[indexOf(sc, o)])
 		}
 	}
-	n := 0
-	for _, p := range per {
-		n += len(p)
-	}
-	all := make([]Request, 0, n)
-	for _, p := range per {
-		all = append(all, p...)
-	}
+	all := slices.Concat(per...)
 	// Stable: equal arrival times keep tenant order, then the tenant's own.
 	sort.SliceStable(all, func(x, y int) bool { return all[x].Arrival < all[y].Arrival })
 	for k := range all {
 		all[k].ID = k
 	}
 	return &Workload{Scenario: sc, Seed: seed, Requests: all}, nil
+}
+
+// tenantRequests draws tenant i's open-loop requests from its own stream;
+// leader holds the requests of the tenant it arrives alongside, if any.
+func tenantRequests(sc *Scenario, seed uint64, i int, leader []Request) []Request {
+	t := &sc.Tenants[i]
+	d := &drawer{t: t, tenant: i, r: stream(seed, t.Name)}
+	a := &t.Arrivals
+	switch a.Kind {
+	case ArrivalBurst:
+		d.burst(a)
+	case ArrivalPoisson:
+		more := a.continues(leader, sc.Capacity())
+		for at := a.Start + expGap(d.r, a.Rate); more(at, d.own); at += expGap(d.r, a.Rate) {
+			d.add(at)
+		}
+	case ArrivalPeriodic:
+		more := a.continues(leader, sc.Capacity())
+		for at := a.Start; more(at, d.own); at += a.Interval {
+			d.add(at)
+		}
+	case ArrivalPhases:
+		for k := range a.Phases {
+			d.drawPhase(&a.Phases[k])
+		}
+	}
+	return d.reqs
+}
+
+// continues returns whether an open-ended process still arrives at t, own
+// being the service time of the tenant's requests so far: until End, or
+// alongside the leader (see Arrivals.Alongside), whose requests are given.
+func (a *Arrivals) continues(leader []Request, capacity int) func(t, own time.Duration) bool {
+	if a.Alongside == "" {
+		return func(t, _ time.Duration) bool { return t < a.End }
+	}
+	var work, first time.Duration = 0, -1
+	for _, q := range leader {
+		work += q.Service()
+		if first < 0 || q.Arrival < first {
+			first = q.Arrival
+		}
+	}
+	c := time.Duration(capacity)
+	return func(t, own time.Duration) bool {
+		return t < first+(work+own)/c && (a.End <= a.Start || t < a.End)
+	}
+}
+
+// drawer draws one tenant's requests: arrival times, then the sizes of
+// each request in arrival order, from the tenant's random stream.
+type drawer struct {
+	t      *TenantSpec
+	tenant int
+	r      *rand.Rand
+	phase  *Phase // the phase arrivals are drawn in; nil outside phases
+	reqs   []Request
+	own    time.Duration // service time of reqs
+}
+
+func (d *drawer) add(at time.Duration) {
+	p, m, o := d.t.sizes(d.r, d.phase)
+	d.reqs = append(d.reqs, Request{Tenant: d.tenant, Arrival: at, Prompt: p, MaxTokens: m, Output: o})
+	d.own += d.reqs[len(d.reqs)-1].Service()
+}
+
+// burst draws all N arrival times first, then the requests in time order.
+func (d *drawer) burst(a *Arrivals) {
+	times := make([]time.Duration, a.N)
+	for k := range times {
+		times[k] = a.Start
+		if a.End > a.Start {
+			times[k] += time.Duration(d.r.Int64N(int64(a.End-a.Start) + 1))
+		}
+	}
+	slices.Sort(times)
+	for _, at := range times {
+		d.add(at)
+	}
+}
+
+func (d *drawer) drawPhase(ph *Phase) {
+	d.phase = ph
+	if ph.Even {
+		gap := time.Duration(float64(time.Second) / ph.Rate)
+		for at := ph.Start; at < ph.End; at += gap {
+			d.add(at)
+		}
+		return
+	}
+	for at := ph.Start + expGap(d.r, ph.Rate); at < ph.End; at += expGap(d.r, ph.Rate) {
+		d.add(at)
+	}
 }
 
 func expGap(r *rand.Rand, rate float64) time.Duration {

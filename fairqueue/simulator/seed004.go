@@ -190,7 +190,8 @@ func (c completion) less(o completion) bool {
 // RunSeed004 replays w (seed004's workload) through one limiter.
 func RunSeed004(w *Workload, mode QuotaMode) (*Seed004Result, error) {
 	sc := w.Scenario
-	limits := make([]*quota.Limits, len(sc.Tenants))
+	rp := &quotaReplay{sc: sc, limits: make([]*quota.Limits, len(sc.Tenants)), spikes: map[int]*spikeStat{},
+		normal: indexOf(sc, "normal"), res: &Seed004Result{Mode: mode, Tenants: make([]Seed004Tenant, len(sc.Tenants))}}
 	for i, t := range sc.Tenants {
 		c, ok := Seed004Quotas[t.Name]
 		if !ok {
@@ -200,68 +201,79 @@ func RunSeed004(w *Workload, mode QuotaMode) (*Seed004Result, error) {
 		if err != nil {
 			return nil, fmt.Errorf("seed004: tenant %s: %w", t.Name, err)
 		}
-		limits[i] = l
+		rp.limits[i] = l
+		rp.res.Tenants[i] = Seed004Tenant{Name: t.Name, Quota: c, Reasons: map[quota.Dimension]int{}}
 	}
-	var now time.Duration
 	epoch := time.Unix(0, 0)
-	store := quota.NewMemory(func() time.Time { return epoch.Add(now) })
-	ctx := context.Background()
-
-	res := &Seed004Result{Mode: mode}
-	res.Tenants = make([]Seed004Tenant, len(sc.Tenants))
-	for i, t := range sc.Tenants {
-		res.Tenants[i] = Seed004Tenant{Name: t.Name, Quota: Seed004Quotas[t.Name], Reasons: map[quota.Dimension]int{}}
-	}
-	normal := indexOf(sc, "normal")
-	type spikeStat struct{ offered, admitted int }
-	spikes := map[int]*spikeStat{}
-
-	var done minHeap[completion]
-	reconcile := func(until time.Duration) error {
-		for len(done) > 0 && done[0].at <= until {
-			c := done.pop()
-			now = c.at
-			if _, err := store.Reconcile(ctx, sc.Tenants[c.tenant].Name, limits[c.tenant], c.est, c.act); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
+	rp.store = quota.NewMemory(func() time.Time { return epoch.Add(rp.now) })
 	for k := range w.Requests {
-		r := &w.Requests[k]
-		if err := reconcile(r.Arrival); err != nil {
+		if err := rp.arrive(k, &w.Requests[k]); err != nil {
 			return nil, err
-		}
-		now = r.Arrival
-		t := &res.Tenants[r.Tenant]
-		t.Requests++
-		cost := computeOf(r.Actual())
-		t.Offered += cost
-		d, err := store.Charge(ctx, t.Name, limits[r.Tenant], r.Estimate())
-		if err != nil {
-			return nil, err
-		}
-		if d.Allowed {
-			t.Served += cost
-			done.push(completion{at: r.Arrival + r.Service(), seq: k, tenant: r.Tenant, est: r.Estimate(), act: r.Actual()})
-		} else {
-			t.Refused++
-			t.Reasons[d.Reason]++
-		}
-		if r.Tenant == normal {
-			if s, ok := spikeOf(r.Arrival); ok {
-				st := spikes[s]
-				if st == nil {
-					st = &spikeStat{}
-					spikes[s] = st
-				}
-				st.offered++
-				if d.Allowed {
-					st.admitted++
-				}
-			}
 		}
 	}
+	rp.res.summarise(rp.spikes)
+	return rp.res, nil
+}
+
+// quotaReplay runs requests through one limiter on a virtual clock: each
+// is charged on arrival and, when admitted, reconciled at its completion.
+type quotaReplay struct {
+	sc     *Scenario
+	limits []*quota.Limits // per tenant
+	store  *quota.Memory
+	now    time.Duration // the store's clock
+	done   minHeap[completion]
+	normal int // the tenant whose spikes are followed
+	spikes map[int]*spikeStat
+	res    *Seed004Result
+}
+
+type spikeStat struct{ offered, admitted int }
+
+// arrive reconciles the completions up to request k's arrival, then
+// charges it.
+func (rp *quotaReplay) arrive(k int, r *Request) error {
+	ctx := context.Background()
+	for len(rp.done) > 0 && rp.done[0].at <= r.Arrival {
+		c := rp.done.pop()
+		rp.now = c.at
+		if _, err := rp.store.Reconcile(ctx, rp.sc.Tenants[c.tenant].Name, rp.limits[c.tenant], c.est, c.act); err != nil {
+			return err
+		}
+	}
+	rp.now = r.Arrival
+	t := &rp.res.Tenants[r.Tenant]
+	t.Requests++
+	cost := computeOf(r.Actual())
+	t.Offered += cost
+	d, err := rp.store.Charge(ctx, t.Name, rp.limits[r.Tenant], r.Estimate())
+	if err != nil {
+		return err
+	}
+	if d.Allowed {
+		t.Served += cost
+		rp.done.push(completion{at: r.Arrival + r.Service(), seq: k, tenant: r.Tenant, est: r.Estimate(), act: r.Actual()})
+	} else {
+		t.Refused++
+		t.Reasons[d.Reason]++
+	}
+	if s, ok := spikeOf(r.Arrival); ok && r.Tenant == rp.normal {
+		st := rp.spikes[s]
+		if st == nil {
+			st = &spikeStat{}
+			rp.spikes[s] = st
+		}
+		st.offered++
+		if d.Allowed {
+			st.admitted++
+		}
+	}
+	return nil
+}
+
+// summarise turns the tenants' totals into rates and computes the three
+// measures.
+func (res *Seed004Result) summarise(spikes map[int]*spikeStat) {
 	secs := Seed004Duration.Seconds()
 	var within, refused, spikeOff, spikeAdm, survived int
 	for i := range res.Tenants {
@@ -292,7 +304,6 @@ func RunSeed004(w *Workload, mode QuotaMode) (*Seed004Result, error) {
 		res.SpikeSurvival = float64(survived) / float64(res.Spikes)
 		res.SpikeRequests = float64(spikeAdm) / float64(spikeOff)
 	}
-	return res, nil
 }
 
 // spikeOf returns the index of the normal caller's spike containing t.

@@ -186,81 +186,57 @@ func (s *Server) respondMessage(ctx context.Context, w http.ResponseWriter, g ge
 // in message_delta, the prompt's in message_start (with output_tokens 1,
 // as Anthropic reports it there).
 func (s *Server) streamMessage(ctx context.Context, w http.ResponseWriter, g generation) error {
-	rc := http.NewResponseController(w)
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-	send := func(ev map[string]any) error {
-		b, err := json.Marshal(ev)
-		if err != nil {
-			return err
-		}
-		if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", ev["type"], b); err != nil {
-			return err
-		}
-		if err := rc.Flush(); err != nil {
-			return err
-		}
-		return ctx.Err()
-	}
+	out := startEvents(ctx, w)
 	startUsage := map[string]any{"input_tokens": g.usage.PromptTokens, "output_tokens": 1}
+	endUsage := map[string]any{"output_tokens": g.usage.CompletionTokens}
 	if g.garbageUsage {
 		startUsage = map[string]any{"input_tokens": "many", "output_tokens": -7}
+		endUsage = map[string]any{"output_tokens": "lots"}
 	}
 	block := map[string]any{"type": "text", "text": ""}
 	if g.tool != "" {
 		block = map[string]any{"type": "tool_use", "id": "toolu_" + g.id, "name": g.tool, "input": map[string]any{}}
 	}
-	for _, ev := range []map[string]any{
+	head := []map[string]any{
 		{"type": "message_start", "message": map[string]any{"id": "msg_" + g.id, "type": "message", "role": "assistant",
 			"model": g.model, "content": []any{}, "stop_reason": nil, "stop_sequence": nil, "usage": startUsage}},
 		{"type": "content_block_start", "index": 0, "content_block": block},
 		{"type": "ping"},
-	} {
-		if err := send(ev); err != nil {
-			return err
-		}
 	}
-	delta := func(piece string) map[string]any {
-		if g.tool != "" {
-			return map[string]any{"type": "input_json_delta", "partial_json": piece}
-		}
-		return map[string]any{"type": "text_delta", "text": piece}
-	}
-	if g.tool != "" {
-		if err := send(map[string]any{"type": "content_block_delta", "index": 0, "delta": delta(`{"query": "`)}); err != nil {
-			return err
-		}
-	}
-	for i := range g.usage.CompletionTokens {
-		if i == g.stallAfter {
-			<-ctx.Done()
-			return ctx.Err()
-		}
-		if err := send(map[string]any{"type": "content_block_delta", "index": 0, "delta": delta(outputToken)}); err != nil {
-			return err
-		}
-		if err := sleep(ctx, s.cfg.PerToken); err != nil {
-			return err
-		}
-	}
-	if g.tool != "" {
-		if err := send(map[string]any{"type": "content_block_delta", "index": 0, "delta": delta(`"}`)}); err != nil {
-			return err
-		}
-	}
-	endUsage := map[string]any{"output_tokens": g.usage.CompletionTokens}
-	if g.garbageUsage {
-		endUsage = map[string]any{"output_tokens": "lots"}
-	}
-	for _, ev := range []map[string]any{
+	tail := []map[string]any{
 		{"type": "content_block_stop", "index": 0},
 		{"type": "message_delta", "delta": map[string]any{"stop_reason": g.stopReason(), "stop_sequence": nil}, "usage": endUsage},
 		{"type": "message_stop"},
-	} {
-		if err := send(ev); err != nil {
-			return err
-		}
 	}
-	return nil
+	if g.tool != "" {
+		// The tool's input, {"query": the tokens}, opens before them and
+		// closes after.
+		head = append(head, g.blockDelta(`{"query": "`))
+		tail = append([]map[string]any{g.blockDelta(`"}`)}, tail...)
+	}
+	send := func(evs ...map[string]any) error {
+		for _, ev := range evs {
+			if err := out.json(ev["type"].(string), ev); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := send(head...); err != nil {
+		return err
+	}
+	if err := s.eachToken(ctx, g, func(int) error { return send(g.blockDelta(outputToken)) }); err != nil {
+		return err
+	}
+	return send(tail...)
+}
+
+// blockDelta is the content_block_delta event of one piece of the block:
+// text, or the tool's input JSON.
+func (g generation) blockDelta(piece string) map[string]any {
+	delta := map[string]any{"type": "text_delta", "text": piece}
+	if g.tool != "" {
+		delta = map[string]any{"type": "input_json_delta", "partial_json": piece}
+	}
+	return map[string]any{"type": "content_block_delta", "index": 0, "delta": delta}
 }

@@ -516,33 +516,79 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, parse func([]b
 	stop := context.AfterFunc(s.base, cancel)
 	defer stop()
 
+	g, rec, ok := s.accept(w, r, parse)
+	if !ok {
+		return // answered already
+	}
+	if err := s.acquire(ctx, rec); err != nil {
+		s.finish(rec, 0, s.gone())
+		return
+	}
+	defer s.release()
+	if err := s.waitResumed(ctx); err != nil {
+		s.finish(rec, 0, s.gone())
+		return
+	}
+	if err := sleep(ctx, s.cfg.TTFT); err != nil {
+		s.finish(rec, 0, s.gone())
+		return
+	}
+	if err := s.answer(ctx, w, g); err != nil {
+		s.finish(rec, http.StatusOK, s.gone())
+		return
+	}
+	s.finish(rec, http.StatusOK, OutcomeOK)
+}
+
+// accept reads and records a request and says what to generate for it;
+// or it answers at once (ok false) when the server is shutting down
+// (503), the request is invalid (400) or beyond the account's limits
+// (429).
+func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byte) (spec, error)) (g generation, rec *Record, ok bool) {
 	wire := apiChat
 	if r.URL.Path == "/v1/messages" {
 		wire = apiMessages
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
-	rec := s.newRecord(r, body)
+	rec = s.newRecord(r, body)
 	w.Header().Set("X-Fake-Upstream", s.cfg.Name)
 	w.Header().Set("X-Fake-Seq", strconv.FormatUint(rec.Seq, 10))
 	if s.base.Err() != nil {
 		writeError(w, wire, http.StatusServiceUnavailable, "fakellm is shutting down", "")
 		s.finish(rec, http.StatusServiceUnavailable, OutcomeAborted)
-		return
+		return generation{}, nil, false
 	}
+	sp, err := readSpec(body, err, parse)
 	if err != nil {
-		s.fail(w, wire, rec, "reading body: "+err.Error())
-		return
+		s.fail(w, wire, rec, err.Error())
+		return generation{}, nil, false
+	}
+	out, finishReason := outputTokens(sp.limit, sp.ignoreEOS, s.cfg.DefaultOutput)
+	if s.rateLimited(w, wire, rec, sp, out) {
+		return generation{}, nil, false
+	}
+	return s.newGeneration(r, rec, sp, out, finishReason), rec, true
+}
+
+// readSpec parses a body read with error readErr; its error is the
+// message of the 400.
+func readSpec(body []byte, readErr error, parse func([]byte) (spec, error)) (spec, error) {
+	if readErr != nil {
+		return spec{}, errors.New("reading body: " + readErr.Error())
 	}
 	sp, err := parse(body)
 	if err != nil {
-		s.fail(w, wire, rec, err.Error())
-		return
+		return spec{}, err
 	}
 	if sp.limit != nil && *sp.limit < 0 {
-		s.fail(w, wire, rec, "max_tokens must not be negative")
-		return
+		return spec{}, errors.New("max_tokens must not be negative")
 	}
-	out, finishReason := outputTokens(sp.limit, sp.ignoreEOS, s.cfg.DefaultOutput)
+	return sp, nil
+}
+
+// rateLimited records the request's sizes and charges it to the account;
+// beyond the account's limits it answers 429 with the time to retry.
+func (s *Server) rateLimited(w http.ResponseWriter, wire api, rec *Record, sp spec, out int) bool {
 	// A provider counts the output cap asked for, not what is generated.
 	asked := sp.prompt + out
 	if sp.limit != nil {
@@ -557,33 +603,26 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, parse func([]b
 		s.stats.RateLimited++
 	}
 	s.mu.Unlock()
-	if retry > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retry.Seconds()))))
-		w.Header().Set("Retry-After-Ms", strconv.FormatInt(retry.Milliseconds()+1, 10))
-		writeError(w, wire, http.StatusTooManyRequests, "Rate limit reached for requests or tokens per minute", "rate_limit_exceeded")
-		s.finish(rec, http.StatusTooManyRequests, OutcomeLimited)
-		return
+	if retry <= 0 {
+		return false
 	}
+	w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retry.Seconds()))))
+	w.Header().Set("Retry-After-Ms", strconv.FormatInt(retry.Milliseconds()+1, 10))
+	writeError(w, wire, http.StatusTooManyRequests, "Rate limit reached for requests or tokens per minute", "rate_limit_exceeded")
+	s.finish(rec, http.StatusTooManyRequests, OutcomeLimited)
+	return true
+}
 
-	if err := s.acquire(ctx, rec); err != nil {
-		s.finish(rec, 0, s.gone())
-		return
-	}
-	defer s.release()
-	if err := s.waitResumed(ctx); err != nil {
-		s.finish(rec, 0, s.gone())
-		return
-	}
-	if err := sleep(ctx, s.cfg.TTFT); err != nil {
-		s.finish(rec, 0, s.gone())
-		return
-	}
-
+// newGeneration is the answer to request r: out tokens of sp's model (the
+// server's name when it names none), with the faults r's headers ask for.
+func (s *Server) newGeneration(r *http.Request, rec *Record, sp spec, out int, finishReason string) generation {
 	g := generation{
 		id:           fmt.Sprintf("fake-%d", rec.Seq),
 		created:      time.Now().Unix(),
 		model:        sp.model,
 		api:          sp.api,
+		stream:       sp.stream,
+		includeUsage: sp.includeUsage,
 		tool:         sp.tool,
 		usage:        usage{PromptTokens: sp.prompt, CompletionTokens: out, TotalTokens: sp.prompt + out},
 		finishReason: finishReason,
@@ -601,21 +640,22 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, parse func([]b
 			g.stallAfter = n
 		}
 	}
+	return g
+}
+
+// answer spends the generation time and writes g in its API's shape, as
+// one body or as a stream.
+func (s *Server) answer(ctx context.Context, w http.ResponseWriter, g generation) error {
 	switch {
-	case sp.api == apiMessages && sp.stream:
-		err = s.streamMessage(ctx, w, g)
-	case sp.api == apiMessages:
-		err = s.respondMessage(ctx, w, g)
-	case sp.stream:
-		err = s.stream(ctx, w, g, sp.includeUsage)
+	case g.api == apiMessages && g.stream:
+		return s.streamMessage(ctx, w, g)
+	case g.api == apiMessages:
+		return s.respondMessage(ctx, w, g)
+	case g.stream:
+		return s.stream(ctx, w, g)
 	default:
-		err = s.respond(ctx, w, g)
+		return s.respond(ctx, w, g)
 	}
-	if err != nil {
-		s.finish(rec, http.StatusOK, s.gone())
-		return
-	}
-	s.finish(rec, http.StatusOK, OutcomeOK)
 }
 
 // gone names why a request ended early: the server closing or the client.
@@ -747,6 +787,8 @@ type generation struct {
 	created      int64
 	model        string
 	api          api
+	stream       bool
+	includeUsage bool   // OpenAI's stream_options.include_usage
 	tool         string // Anthropic: the tool the answer calls ("": none)
 	usage        usage
 	finishReason string
@@ -804,74 +846,108 @@ func (s *Server) respond(ctx context.Context, w http.ResponseWriter, g generatio
 // stream writes one SSE event per token, flushing each, then a finish event,
 // the usage event when asked for (OpenAI's stream_options.include_usage, in
 // which case every other event carries "usage": null), and [DONE].
-func (s *Server) stream(ctx context.Context, w http.ResponseWriter, g generation, includeUsage bool) error {
-	rc := http.NewResponseController(w)
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-
+func (s *Server) stream(ctx context.Context, w http.ResponseWriter, g generation) error {
+	out := startEvents(ctx, w)
 	send := func(choices []any, u any) error {
 		ev := map[string]any{"id": g.prefixedID(), "object": g.object(true),
 			"created": g.created, "model": g.model, "choices": choices}
-		if includeUsage {
+		if g.includeUsage {
 			ev["usage"] = u
 		}
-		b, err := json.Marshal(ev)
-		if err != nil {
-			return err
-		}
-		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
-			return err
-		}
-		if err := rc.Flush(); err != nil {
-			return err
-		}
-		return ctx.Err()
+		return out.json("", ev)
 	}
-	choice := func(i int, finish any) map[string]any {
-		c := map[string]any{"index": 0, "finish_reason": finish}
-		switch {
-		case g.api == apiChat && i < 0:
-			c["delta"] = map[string]any{}
-		case g.api == apiChat && i == 0:
-			c["delta"] = map[string]any{"role": "assistant", "content": outputToken}
-		case g.api == apiChat:
-			c["delta"] = map[string]any{"content": outputToken}
-		case i < 0:
-			c["text"], c["logprobs"] = "", nil
-		default:
-			c["text"], c["logprobs"] = outputToken, nil
-		}
-		return c
+	err := s.eachToken(ctx, g, func(i int) error { return send([]any{g.chunkChoice(i, nil)}, nil) })
+	if err != nil {
+		return err
 	}
+	if err := send([]any{g.chunkChoice(-1, g.finishReason)}, nil); err != nil {
+		return err
+	}
+	if g.includeUsage {
+		if err := send([]any{}, g.usageJSON()); err != nil {
+			return err
+		}
+	}
+	return out.event("", []byte("[DONE]"))
+}
 
+// chunkChoice is the choice of the chunk of token i (-1: the finishing
+// chunk, which carries no text).
+func (g generation) chunkChoice(i int, finish any) map[string]any {
+	c := map[string]any{"index": 0, "finish_reason": finish}
+	switch {
+	case g.api == apiChat && i < 0:
+		c["delta"] = map[string]any{}
+	case g.api == apiChat && i == 0:
+		c["delta"] = map[string]any{"role": "assistant", "content": outputToken}
+	case g.api == apiChat:
+		c["delta"] = map[string]any{"content": outputToken}
+	case i < 0:
+		c["text"], c["logprobs"] = "", nil
+	default:
+		c["text"], c["logprobs"] = outputToken, nil
+	}
+	return c
+}
+
+// eachToken calls send for each token of g, one every PerToken; at token
+// g.stallAfter it stops sending and waits for the client to leave.
+func (s *Server) eachToken(ctx context.Context, g generation, send func(i int) error) error {
 	for i := range g.usage.CompletionTokens {
 		if i == g.stallAfter {
 			<-ctx.Done()
 			return ctx.Err()
 		}
-		if err := send([]any{choice(i, nil)}, nil); err != nil {
+		if err := send(i); err != nil {
 			return err
 		}
 		if err := sleep(ctx, s.cfg.PerToken); err != nil {
 			return err
 		}
 	}
-	if err := send([]any{choice(-1, g.finishReason)}, nil); err != nil {
+	return nil
+}
+
+// events writes a server-sent event stream, flushing every event, until
+// the request's context ends.
+type events struct {
+	ctx context.Context
+	w   http.ResponseWriter
+	rc  *http.ResponseController
+}
+
+// startEvents sends the stream's 200 and headers.
+func startEvents(ctx context.Context, w http.ResponseWriter) *events {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	return &events{ctx: ctx, w: w, rc: http.NewResponseController(w)}
+}
+
+// event writes one event, with an "event:" line when name is set.
+func (e *events) event(name string, data []byte) error {
+	var err error
+	if name != "" {
+		_, err = fmt.Fprintf(e.w, "event: %s\ndata: %s\n\n", name, data)
+	} else {
+		_, err = fmt.Fprintf(e.w, "data: %s\n\n", data)
+	}
+	if err != nil {
 		return err
 	}
-	if includeUsage {
-		if err := send([]any{}, g.usageJSON()); err != nil {
-			return err
-		}
-	}
-	if _, err := io.WriteString(w, "data: [DONE]\n\n"); err != nil {
+	if err := e.rc.Flush(); err != nil {
 		return err
 	}
-	if err := rc.Flush(); err != nil {
+	return e.ctx.Err()
+}
+
+// json writes v as the data of one event.
+func (e *events) json(name string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
 		return err
 	}
-	return ctx.Err()
+	return e.event(name, b)
 }
 
 // --- health, admin, debug ---

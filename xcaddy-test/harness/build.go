@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -226,10 +227,10 @@ func sourceKey(root string, skip []string, salt string, only ...string) (string,
 
 // sourceFiles lists, relative to root and sorted, the files sourceKey hashes.
 func sourceFiles(root string, skip, only []string) ([]string, error) {
-	set := map[string]bool{"go.mod": true, "go.sum": true}
-	for rel := range set {
-		if _, err := os.Stat(filepath.Join(root, rel)); err != nil {
-			delete(set, rel)
+	set := map[string]bool{}
+	for _, rel := range []string{"go.mod", "go.sum"} {
+		if _, err := os.Stat(filepath.Join(root, rel)); err == nil {
+			set[rel] = true
 		}
 	}
 	tops := []string{"."}
@@ -241,53 +242,60 @@ func sourceFiles(root string, skip, only []string) ([]string, error) {
 			set[top] = true // a file named in only (a nested module's go.mod)
 			continue
 		}
-		err := filepath.WalkDir(filepath.Join(root, top), func(path string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			rel, err := filepath.Rel(root, path)
-			if err != nil {
-				return err
-			}
-			if d.IsDir() {
-				name := d.Name()
-				switch {
-				case rel == ".":
-					return nil
-				case strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata" ||
-					slices.Contains(skip, filepath.ToSlash(rel)):
-					return filepath.SkipDir
-				}
-				if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil {
-					return filepath.SkipDir // a nested module is not part of this one
-				}
-				return nil
-			}
-			if !strings.HasSuffix(rel, ".go") || strings.HasSuffix(rel, "_test.go") {
-				return nil
-			}
-			set[rel] = true
-			embedded, err := embeddedFiles(path)
-			if err != nil {
-				return err
-			}
-			for _, e := range embedded {
-				if r, err := filepath.Rel(root, e); err == nil {
-					set[r] = true
-				}
-			}
-			return nil
-		})
-		if err != nil {
+		if err := addSources(set, root, top, skip); err != nil {
 			return nil, fmt.Errorf("harness: hashing sources: %w", err)
 		}
 	}
-	files := make([]string, 0, len(set))
-	for f := range set {
-		files = append(files, f)
+	return slices.Sorted(maps.Keys(set)), nil
+}
+
+// addSources adds to set the non-test Go files below root/top, and the
+// files they embed, leaving out the directories sourceDir leaves out.
+func addSources(set map[string]bool, root, top string, skip []string) error {
+	return filepath.WalkDir(filepath.Join(root, top), func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(root, path)
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			return sourceDir(path, rel, skip)
+		}
+		if !strings.HasSuffix(rel, ".go") || strings.HasSuffix(rel, "_test.go") {
+			return nil
+		}
+		set[rel] = true
+		embedded, err := embeddedFiles(path)
+		if err != nil {
+			return err
+		}
+		for _, e := range embedded {
+			if r, err := filepath.Rel(root, e); err == nil {
+				set[r] = true
+			}
+		}
+		return nil
+	})
+}
+
+// sourceDir returns filepath.SkipDir for a directory whose files are not
+// part of the build: hidden, _-prefixed, testdata, listed in skip (relative
+// to root), or a nested module; nil for the others.
+func sourceDir(path, rel string, skip []string) error {
+	if rel == "." {
+		return nil
 	}
-	sort.Strings(files)
-	return files, nil
+	name := filepath.Base(path)
+	if strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata" ||
+		slices.Contains(skip, filepath.ToSlash(rel)) {
+		return filepath.SkipDir
+	}
+	if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil {
+		return filepath.SkipDir // a nested module is not part of this one
+	}
+	return nil
 }
 
 // embeddedFiles returns the files matched by the //go:embed directives of a

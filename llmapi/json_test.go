@@ -57,16 +57,37 @@ func randomString(rng *rand.Rand, sb *strings.Builder) {
 	sb.WriteByte('"')
 }
 
-// TestValidJSONMatchesEncodingJSON: validJSON and json.Valid agree on
-// random valid documents, on each of them mutated (a byte replaced,
-// inserted or removed: the near misses where a validator errs), on token
-// soup, and at the nesting limit.
-func TestValidJSONMatchesEncodingJSON(t *testing.T) {
+// readerValid reports whether a reader, with the given depth limit (0:
+// jsontext's own), reads b as one JSON value.
+func readerValid(b []byte, limit int) bool {
+	var rs readers
+	r := rs.open(b, limit)
+	r.skip()
+	r.end()
+	return r.err == nil
+}
+
+// encodingJSONDepth is encoding/json's limit on nesting, which jsontext
+// shares.
+const encodingJSONDepth = 10000
+
+// TestReaderAcceptsWhatEncodingJSONAccepts: the readers' decoder, with the
+// options they give it, accepts what json.Valid accepts (invalid UTF-8,
+// unpaired surrogates, repeated names) and nothing more, on random valid
+// documents, on each of them mutated (a byte replaced, inserted or
+// removed: the near misses where a validator errs), on token soup, on
+// edge cases and at the nesting limit. Read token by token to see the
+// depth, as request bodies are, it accepts the same.
+func TestReaderAcceptsWhatEncodingJSONAccepts(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	check := func(b []byte) {
 		t.Helper()
-		if got, want := validJSON(b), json.Valid(b); got != want {
-			t.Fatalf("%q: validJSON %v, json.Valid %v", b, got, want)
+		want := json.Valid(b)
+		if got := readerValid(b, 0); got != want {
+			t.Fatalf("%q: reader %v, json.Valid %v", b, got, want)
+		}
+		if got := readerValid(b, MaxDepth); got != want && depth(b) <= MaxDepth {
+			t.Fatalf("%q: reader with a depth limit %v, json.Valid %v", b, got, want)
 		}
 	}
 	special := []byte("{}[],:\"\\/ \t\n\r0123456789-+.eEtrufalsnbx\x00\x1f\x7f\xff")
@@ -103,11 +124,18 @@ func TestValidJSONMatchesEncodingJSON(t *testing.T) {
 		}
 		check([]byte(sb.String()))
 	}
-	for _, depth := range []int{maxNesting - 1, maxNesting, maxNesting + 1} {
+	for _, depth := range []int{encodingJSONDepth - 1, encodingJSONDepth, encodingJSONDepth + 1} {
 		check([]byte(strings.Repeat("[", depth) + strings.Repeat("]", depth)))
 		check([]byte(strings.Repeat(`{"a":`, depth) + "1" + strings.Repeat("}", depth)))
 	}
-	for _, s := range []string{"", " ", "{}", "[]", `""`, "0", " {} ", "{} {}", "{,}", "[1,]", `{"a":1,}`, `{"a"}`, `{"a":}`} {
+	for _, s := range []string{"", " ", "{}", "[]", `""`, "0", " {} ", "{} {}", "{,}", "[1,]", `{"a":1,}`, `{"a"}`, `{"a":}`,
+		"-0", "1e5", "01", "-01", "1.", ".1", "1e", "1e+", "1E-2", "-", "0x1", "[1,]", "{\"a\":1,}", "{\"a\"}", "{,}", "[,1]",
+		"\"\\ud800\"", "\"\\u12\"", "\"\\uZZZZ\"", "\"\xff\xfe\"", "\xff", "\"\t\"", "\"\x7f\"", "true false", "nul", "nulll", "[]]", "[[]", "{}}",
+		"\ufeff{}", "{\"a\":[1,{\"b\":null}]}", "[1 2]", "{\"a\":1 \"b\":2}", "\"abc", "\"\\\"", "[\"\\/\"]", "1 ", "\x00", "[-]", "[1e1.5]",
+		"[-1.0e-0]", "{\"\":\"\"}", "[\"\\a\"]", "123abc", "[true,]", "{\"a\":}", "{\"a\":1,\"a\":2}", "\"\\ud800\\u0041\"", "\"\\udc00\\ud800\"",
+		strings.Repeat("[{\"a\":", 5000) + "1" + strings.Repeat("}]", 5000),
+		strings.Repeat("[", 10000) + strings.Repeat("]", 9999),
+	} {
 		check([]byte(s))
 	}
 }
