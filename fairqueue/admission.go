@@ -67,6 +67,9 @@ type admission struct {
 	// (Unix ns), when it was bwLast (refuse.go).
 	bwSum, bwW, bwLast float64
 	bwAt               int64
+	// late is how late booked requests went past their booked times
+	// (gate.go).
+	late lateWindow
 }
 
 func newAdmission(cfg *BudgetConfig, old *admission) *admission {

@@ -235,6 +235,10 @@ type tenantDemand struct {
 	busySum, busyW     float64
 	estSum, actSum     float64
 	estN               int
+	// bookings are the times booked on the tenant's quota for its queued
+	// requests, earliest first (gate.go); kept here, with the rest of
+	// what only some tenants need, off the tenant's own lines.
+	bookings []int64
 }
 
 // demandAtLocked is t's arriving rates decayed to now.

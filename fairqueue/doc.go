@@ -160,6 +160,16 @@
 // slots takes them as they are given back). Bounds, for a gateway count N
 // and a pool of P slots:
 //
+//   - Tenant quotas (gate.go): a request is booked on its tenant's quota
+//     when it arrives, for the earliest time the quota lets it start,
+//     first come first served over all gateways, within the time its
+//     budget leaves less the longest wait for a slot past a booked time
+//     any gateway has seen in the last minute (the same horizon for
+//     all); otherwise it is refused at once. Its tenant is held until
+//     that time and no gateway charges anything at dispatch, so the
+//     quota holds over the cluster exactly at the booked times, a
+//     request's quota time never moves once it is admitted, and which
+//     gateway a request reaches does not change whether it is refused.
 //   - The pool: the requests in flight over all gateways never exceed P
 //     (a gateway only dispatches below its grant, and a grant is computed
 //     against what the others hold, their grants or their requests in

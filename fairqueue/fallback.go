@@ -129,7 +129,7 @@ func (q *Queue) dispatchFallbackLocked(now time.Time) {
 				return
 			}
 		}
-		if tk.t.cfg.Quota != nil && !q.chargeQuotaLocked(now, tk) {
+		if q.remoteStore && !q.bookedDueLocked(now, tk) || !q.remoteStore && tk.t.cfg.Quota != nil && !q.chargeQuotaLocked(now, tk) {
 			q.refundUpstreamLocked(tk)
 			continue // its tenant is held now
 		}

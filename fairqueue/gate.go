@@ -3,44 +3,52 @@ package fairqueue
 import (
 	"context"
 	"fmt"
+	"math"
+	"slices"
+	"time"
 
+	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
 // Decisions on a shared quota store, off the lock.
 //
 // A remote store (Config.QuotaStore that is a quota.Remote: the cluster's
-// Redis) answers in a network round trip, which must never be made while the queue's lock is
-// held: every other decision of the queue, for tenants with no quota at
-// all, would wait on it, and a slow store would throttle them all. So with
-// a remote store a tenant quota is asked outside the lock:
+// Redis) answers in a network round trip, which must never be made while
+// the queue's lock is held: every other decision of the queue, for tenants
+// with no quota at all, would wait on it, and a slow store would throttle
+// them all.
 //
-//   - At admission (Enqueue), the Peek behind the tenant's queued requests
-//     is made before the lock is taken, on a count of them read under a
-//     brief hold of it (peekQuota).
-//   - At dispatch, a request of a tenant with a quota, next in tag order
-//     with a slot free, is taken out of the queue and holds that slot while
-//     its charge is made on a goroutine of its own (the gate): only that
-//     request waits for the round trip. Its tenant is ineligible meanwhile
-//     (at most one charge of a tenant in flight, so its requests keep
-//     their order); every other tenant dispatches as usual. When the store
-//     answers, under the lock: allowed, the request is dispatched into the
-//     slot it held; refused, the slot is freed, the request goes back to
-//     the head of its tenant's queue and the tenant is held, exactly as a
-//     charge refused under the lock would (holdLocked); a store error lets
-//     it go, uncharged. Cancelled or past its deadline meanwhile, it ends
-//     as a queued request would, and its charge is refunded, off the lock.
+// Tenant quotas are booked at admission. Before it takes the lock, Enqueue
+// books the request on its tenant's quota (quota.Store.Book): the store
+// charges it as of the earliest time the quota lets it start, first come,
+// first served over every gateway that shares the store, if that time
+// leaves the request the wait for a slot before its deadline (the margins
+// and slotWaitLocked); otherwise nothing is charged and the request is
+// refused at once (429 quota_exceeded, Retry-After to that time). So a
+// request's quota time is known when it arrives and no other gateway can
+// take it afterwards: a gateway never races the others for the next unit
+// of a tenant's quota, and whichever gateway a request lands on, it is
+// refused on the same meters (not on an estimate of the other gateways'
+// queues).
 //
-// The store's own timeout bounds the wait (the cluster's Fallback then
-// decides locally). Dispatch on a provider account (Config.UpstreamQuota)
-// or through a fallback channel still asks the store under the lock.
-
-// sharedQuotaLocked reports whether quota decisions are made off the lock:
-// a store whose calls go over a network (quota.Remote), and neither a
-// provider account nor a fallback channel (whose draws stay under it).
-func (q *Queue) sharedQuotaLocked() bool {
-	return q.remoteStore && q.up == nil && q.fb == nil
-}
+// Its tenant then keeps the booked times of its queued requests (its
+// bookings, earliest first): a booked request is dispatched, in its
+// tenant's order, on the earliest, without another call, and the tenant
+// is held (its flows out of the heaps, as by a quota hold) while that time
+// is ahead. A booked request that leaves without being dispatched
+// (cancelled, expired, refused while queued, refused at admission after
+// it booked, the queue closed) gives its booking back (Store.Refund, which
+// frees the last place of the tenant's schedule) after the lock is
+// released; its tenant drops its latest booked time. A request its
+// provider sends back (Requeue) keeps its booking and goes again at once.
+// A store error admits the request uncharged (a quota store that is down
+// must not take the gateway with it; the cluster's store decides locally
+// then).
+//
+// Completions reconcile after the lock (deferReconcileLocked), and every
+// other call a decision under the lock leaves behind (a refund) is made
+// on a goroutine of its own once the lock is released (storeCallsLocked).
 
 // isRemote reports whether s says its calls go over a network.
 func isRemote(s quota.Store) bool {
@@ -48,23 +56,29 @@ func isRemote(s quota.Store) bool {
 	return ok && r.Remote()
 }
 
-// quotaPeek is an admission Peek made before Enqueue took the lock.
-type quotaPeek struct {
+// quotaBooking is a booking Enqueue made before it took the lock.
+type quotaBooking struct {
 	limits *quota.Limits
-	d      quota.Decision
-	err    error
+	tokens int64
+	// slotWait is what the booking left for the wait for a slot.
+	slotWait time.Duration
+	d        quota.Decision
+	err      error
 }
 
-// peekQuota makes the admission Peek of r's tenant on a remote store,
-// off the lock; nil when there is none to make (no shared store, no
-// quota). The tenant's queued requests are read under a brief hold of the
-// lock: what queues or leaves in between moves the answer by a request.
-func (q *Queue) peekQuota(r *Request) *quotaPeek {
+// booked reports whether b holds a booking to keep or give back.
+func (b *quotaBooking) booked() bool { return b != nil && b.err == nil && b.d.Allowed }
+
+// bookQuota books r on its tenant's quota on a remote store, off the lock
+// (see above); nil when there is nothing to book (no shared store, no
+// quota). What the booking may wait for is read under a brief hold of the
+// lock.
+func (q *Queue) bookQuota(r *Request, now time.Time) *quotaBooking {
 	if !q.offLock.Load() {
 		return nil
 	}
 	q.mu.Lock()
-	if !q.sharedQuotaLocked() {
+	if !q.remoteStore {
 		q.mu.Unlock()
 		return nil
 	}
@@ -74,122 +88,197 @@ func (q *Queue) peekQuota(r *Request) *quotaPeek {
 		q.mu.Unlock()
 		return nil
 	}
-	var ahead quota.Backlog
-	if t != nil {
-		ahead = quota.Backlog{Requests: int64(t.queued), Tokens: t.quotaTokens(t.queuedCost)}
+	b := &quotaBooking{limits: tc.Quota, tokens: max(r.Cost, 1)}
+	maxWait := time.Duration(math.MaxInt64)
+	if !r.Deadline.IsZero() {
+		b.slotWait = q.slotWaitLocked(now, b.tokens)
+		maxWait = r.Deadline.Sub(now) - q.quotaMarginLocked()
 	}
-	store, l := q.cfg.QuotaStore, tc.Quota
+	store := q.cfg.QuotaStore
 	q.mu.Unlock()
-	d, err := store.Peek(context.Background(), r.Tenant, l, ahead)
-	return &quotaPeek{limits: l, d: d, err: err}
+	b.d, b.err = bookGuarded(store, r.Tenant, b.limits, b.tokens, max(maxWait, 0), b.slotWait)
+	return b
 }
 
-// gateLocked takes tk, next in tag order with a slot free, out of the
-// queue into that slot and charges its tenant's quota off the lock (see
-// above).
-func (q *Queue) gateLocked(tk *Ticket, overtakes bool) {
-	t := tk.t
-	q.takeLocked(tk, true) // out of its flow or the boost lane, and the deadline heap
-	tk.state = stateGating
-	q.holdSlotLocked(tk, 1)
-	t.gating = true
-	q.relinkLocked(t)
-	store, l, name, tokens := q.cfg.QuotaStore, t.cfg.Quota, t.name, tk.tokens
-	q.gatesInFlight.Add(1)
-	go func() {
-		defer q.gatesInFlight.Add(-1)
-		d, err := chargeGuarded(store, name, l, tokens)
-		q.gateDone(tk, store, l, overtakes, d, err)
-	}()
+// quotaMarginLocked is how long before its deadline a request must leave
+// its tenant's quota: Tick expires what is within ExpiryMargin of its
+// deadline, and a dispatch counts as on time Admission.Margin before it.
+func (q *Queue) quotaMarginLocked() time.Duration {
+	return max(q.cfg.Admission.Margin, q.cfg.ExpiryMargin)
 }
 
-// holdSlotLocked counts (sign 1) or uncounts (-1) a gating ticket in the
-// queue's, its tenant's and its group's requests in flight: it holds a
-// slot, and its tenant is not idle, while its charge is made.
-func (q *Queue) holdSlotLocked(tk *Ticket, sign int) {
-	q.inflight += sign
-	q.inflightCost += int64(sign) * tk.tokens
-	tk.t.inflight += sign
-	if g := tk.t.group; g != nil {
-		g.inflight += sign
+// slotWaitLocked is the lead a booking asks for (quota.Store.Book): how
+// long a request whose quota lets it go later must still allow for a
+// slot once it may. It is the longest a booked request has waited for
+// one past its booked time lately (lateWindow), and at least, while every
+// slot is taken or requests queue, the time until one frees on average
+// (half a mean request's work at the promise rate; nothing while the
+// queue knows no rate). The longest, not the mean: slots free in bunches
+// when the requests holding them take alike (they started together after
+// a stall and run as long), and a request due between two bunches waits
+// for the next. The quota is what holds such a request, so a horizon
+// shorter by that wait refuses no more of them over time (the quota
+// serves as many) but refuses at once, at its Retry-After, the one that
+// would have run out of budget waiting for a slot. The store keeps the
+// longest lead of the last minute over every gateway and books each to
+// the horizon it leaves: gateways that each used their own would not
+// refuse alike (the one with the shortest lead would take the places at
+// the end of the horizon, and its requests would be refused the least).
+func (q *Queue) slotWaitLocked(now time.Time, cost int64) time.Duration {
+	w := q.adm.late.max(q.since(now))
+	if q.inflight < q.capacity && q.queued == 0 {
+		return w
 	}
-	q.capLocked(tk.t)
+	a := q.adm
+	if avg := budget.ETA(a.slotWork(now, cost), a.rate.Rate(now, q.healthy)); avg < budget.Never {
+		w = max(w, avg)
+	}
+	return w
 }
 
-// gateDone applies the store's answer to a gating ticket.
-func (q *Queue) gateDone(tk *Ticket, store quota.Store, l *quota.Limits, overtakes bool, d quota.Decision, err error) {
-	q.mu.Lock()
-	now := q.clock.Now()
-	t := tk.t
-	q.holdSlotLocked(tk, -1)
-	t.gating = false
-	charged := err == nil && d.Allowed
-	refund := charged
-	switch {
-	case tk.state != stateGating:
-		// Released (cancelled) while its charge was made: its owner has
-		// its answer already.
-		q.idleCheckLocked(t, now)
-	case q.closed != "":
-		q.finishLocked(now, tk, stateCancelled, q.closedLocked())
-	case !tk.deadline.IsZero() && !now.Before(tk.deadline):
-		// Never dispatched after its deadline.
-		q.finishLocked(now, tk, stateExpired, q.timeoutLocked(now))
-	case err != nil || d.Allowed:
-		// A store that fails lets the request go, uncharged (see
-		// quotaAdmitLocked).
-		refund = false
-		if charged {
-			c := tk.chargeRecordLocked()
-			c.quota, c.quotaStatus = l, d.Status
+// lateWindow keeps how late the last lateSamples booked requests were
+// dispatched past their booked time, within lateHorizon.
+type lateWindow struct {
+	at   [lateSamples]int64 // Queue.since's scale; 0: empty
+	late [lateSamples]time.Duration
+	next int
+}
+
+const (
+	lateSamples = 64
+	lateHorizon = time.Minute
+)
+
+// add records a booked request dispatched at at, late past its time.
+func (w *lateWindow) add(at int64, late time.Duration) {
+	w.at[w.next], w.late[w.next] = max(at, 1), max(late, 0)
+	w.next = (w.next + 1) % lateSamples
+}
+
+// max is the longest of the samples within lateHorizon of now.
+func (w *lateWindow) max(now int64) time.Duration {
+	var m time.Duration
+	for i, at := range w.at {
+		if at != 0 && now-at <= int64(lateHorizon) {
+			m = max(m, w.late[i])
 		}
-		q.relinkLocked(t)
-		q.startLocked(tk, now, q.since(now), overtakes)
-	default:
-		q.ungateLocked(tk)
-		q.holdLocked(t, now, d)
 	}
-	q.relinkLocked(t)
-	q.dispatchLocked(now)
-	q.unlock()
-	if refund {
-		_, _ = store.Refund(context.Background(), t.name, l, tk.tokens)
-	}
+	return m
 }
 
-// ungateLocked puts a gating ticket back at the head of its flow, where it
-// was taken from (a boosted one back into its flow: the lane's order is
-// arrival, and it goes next in its tenant's turn).
-func (q *Queue) ungateLocked(tk *Ticket) {
-	f := tk.f
-	tk.state = stateQueued
-	if f.q.head == nil {
-		f.drain = flowDrain{} // backlogged anew: an idle gap is no drain
-	}
-	f.out -= tk.cost
-	tk.mark = f.out
-	f.q.pushFront(tk)
-	q.countLocked(tk, 1)
-	if !tk.t.out {
-		q.linkFlowLocked(f)
-	}
-	if !tk.deadline.IsZero() {
-		q.deadlines.push(tk)
-	}
-}
-
-// GatesInFlight is the number of quota charges being made off the lock
-// (tests: a queue with none in flight has decided everything it started).
-func (q *Queue) GatesInFlight() int64 { return q.gatesInFlight.Load() }
-
-// chargeGuarded is store.Charge with a panic turned into an error (the
-// request then goes, uncharged), so that a store's bug never ends the
-// process from the gate's goroutine nor leaves the request's slot held.
-func chargeGuarded(store quota.Store, tenant string, l *quota.Limits, tokens int64) (d quota.Decision, err error) {
+// bookGuarded is store.Book with a panic turned into an error (the request
+// then goes, uncharged), so that a store's bug never ends the process.
+func bookGuarded(store quota.Store, tenant string, l *quota.Limits, tokens int64, maxWait, lead time.Duration) (d quota.Decision, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("fairqueue: the quota store panicked: %v", r)
+			err = errPanicked(r)
 		}
 	}()
-	return store.Charge(context.Background(), tenant, l, tokens)
+	return store.Book(context.Background(), tenant, l, tokens, maxWait, lead)
 }
+
+func errPanicked(r any) error { return fmt.Errorf("fairqueue: the quota store panicked: %v", r) }
+
+// keepBookingLocked gives the ticket tk of tenant t the booking b:
+// charged to t's quota under b's limits, its time added to t's bookings.
+func (q *Queue) keepBookingLocked(now time.Time, t *tenant, tk *Ticket, b *quotaBooking) {
+	c := tk.chargeRecordLocked()
+	c.quota, c.quotaStatus, c.booked = b.limits, b.d.Status, true
+	t.addBookingLocked(q.since(now) + int64(max(b.d.RetryAfter, 0)))
+}
+
+// addBookingLocked adds a booked time (Queue.since's scale) to t's
+// bookings, kept earliest first. Bookings arrive about in order, so the
+// insertion is at the end but for the few that raced.
+func (t *tenant) addBookingLocked(at int64) {
+	if t.demand == nil {
+		t.demand = &tenantDemand{}
+	}
+	b := t.demand.bookings
+	i := len(b)
+	for i > 0 && b[i-1] > at {
+		i--
+	}
+	t.demand.bookings = slices.Insert(b, i, at)
+}
+
+// nextBookingLocked is t's earliest booked time; false when it has none.
+func (t *tenant) nextBookingLocked() (int64, bool) {
+	if t.demand == nil || len(t.demand.bookings) == 0 {
+		return 0, false
+	}
+	return t.demand.bookings[0], true
+}
+
+// bookedDueLocked reports whether tk may be dispatched now as far as its
+// tenant's quota goes: it is not booked, or its tenant's earliest booked
+// time has come (a tenant's requests take its booked times in the order
+// they are dispatched). Otherwise its tenant is held until then.
+func (q *Queue) bookedDueLocked(now time.Time, tk *Ticket) bool {
+	if tk.ch == nil || !tk.ch.booked {
+		return true
+	}
+	at, _ := tk.t.nextBookingLocked()
+	if at <= q.since(now) {
+		return true
+	}
+	q.holdUntilLocked(tk.t, q.at(at))
+	return false
+}
+
+// useBookingLocked spends the earliest of tk's tenant's booked times on
+// tk, dispatched now: its charge stays, to be reconciled at completion.
+func (q *Queue) useBookingLocked(tk *Ticket) {
+	tk.ch.booked = false
+	if d := tk.t.demand; d != nil && len(d.bookings) > 0 {
+		q.adm.late.add(tk.dispatched, time.Duration(tk.dispatched-d.bookings[0]))
+		d.bookings = slices.Delete(d.bookings, 0, 1)
+	}
+}
+
+// unbookLocked gives back tk's booking, which it leaves without being
+// dispatched: its tenant drops its latest booked time, and the store is
+// refunded after the lock.
+func (q *Queue) unbookLocked(tk *Ticket) {
+	c := tk.ch
+	c.booked = false
+	if d := tk.t.demand; d != nil && len(d.bookings) > 0 {
+		d.bookings = d.bookings[:len(d.bookings)-1]
+	}
+	q.refundLaterLocked(tk.t.name, c.quota, tk.tokens)
+	c.quota = nil
+}
+
+// refundLaterLocked has the store refunded a booking of tokens on tenant's
+// quota l once the lock is released.
+func (q *Queue) refundLaterLocked(tenant string, l *quota.Limits, tokens int64) {
+	store := q.cfg.QuotaStore
+	q.storeCalls = append(q.storeCalls, func() {
+		_, _ = store.Refund(context.Background(), tenant, l, tokens)
+	})
+}
+
+// runStoreCalls makes the calls decisions under the lock left to be made
+// after it (storeCalls), on a goroutine of their own: the caller, which
+// may be the tick, waits for none of them.
+func (q *Queue) runStoreCalls(calls []func()) {
+	q.storeCallsInFlight.Add(1)
+	go func() {
+		defer q.storeCallsInFlight.Add(-1)
+		for _, call := range calls {
+			callGuarded(call)
+		}
+	}()
+}
+
+// callGuarded runs a store call, a panic in it ignored as a failed call
+// is: it must not end the process from a goroutine of the queue's.
+func callGuarded(call func()) {
+	defer func() { _ = recover() }()
+	call()
+}
+
+// StoreCallsInFlight is the number of store calls made off the lock that
+// have not returned yet (tests: a queue with none has applied everything
+// it started).
+func (q *Queue) StoreCallsInFlight() int64 { return q.storeCallsInFlight.Load() }

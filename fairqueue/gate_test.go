@@ -3,6 +3,7 @@ package fairqueue
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -79,19 +80,34 @@ func (s *slowStore) Charge(ctx context.Context, tenant string, l *quota.Limits, 
 	return s.Memory.Charge(ctx, tenant, l, tokens)
 }
 
+func (s *slowStore) Book(ctx context.Context, tenant string, l *quota.Limits, tokens int64, maxWait, lead time.Duration) (quota.Decision, error) {
+	s.call("book")
+	return s.Memory.Book(ctx, tenant, l, tokens, maxWait, lead)
+}
+
 func (s *slowStore) Refund(ctx context.Context, tenant string, l *quota.Limits, tokens int64) (quota.Status, error) {
 	s.refunds.Add(1)
 	s.call("refund")
 	return s.Memory.Refund(ctx, tenant, l, tokens)
 }
 
-// settle waits until every charge made off the lock has been applied.
+func (s *slowStore) Reconcile(ctx context.Context, tenant string, l *quota.Limits, estimated, actual int64) (quota.Status, error) {
+	s.call("reconcile")
+	return s.Memory.Reconcile(ctx, tenant, l, estimated, actual)
+}
+
+func (s *slowStore) Status(ctx context.Context, tenant string, l *quota.Limits) (quota.Status, error) {
+	s.call("status")
+	return s.Memory.Status(ctx, tenant, l)
+}
+
+// settle waits until every store call made off the lock has returned.
 func settle(t *testing.T, q *Queue) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for q.GatesInFlight() != 0 {
+	for q.StoreCallsInFlight() != 0 {
 		if time.Now().After(deadline) {
-			t.Fatal("a charge off the lock never came back")
+			t.Fatal("a store call off the lock never came back")
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -100,13 +116,13 @@ func settle(t *testing.T, q *Queue) {
 func dispatched(tk *Ticket) bool { return !tk.Dispatched().IsZero() }
 
 // TestRemoteQuotaDecidedOffLock: with a remote store, no store call is made
-// under the queue's lock. While a metered tenant's Peek at admission and
-// its charge at dispatch wait on a slow store, a tenant without a quota is
-// admitted and dispatched at once, and the metered request holds its slot
-// meanwhile (capacity counts it). A charge the store refuses holds the
-// tenant and puts the request back at the head of its queue; a request
-// cancelled while its charge is made ends at once and its charge is
-// refunded.
+// under the queue's lock. While a metered tenant's booking at admission
+// waits on a slow store, a tenant without a quota is admitted and
+// dispatched at once. A booked request goes at its booked time with no
+// call at dispatch; one whose quota time leaves it no room before its
+// deadline is refused at admission, charged nothing; a booked request
+// cancelled or expired gives its booking back, off the lock, and the
+// next booking takes its place.
 func TestRemoteQuotaDecidedOffLock(t *testing.T) {
 	cfg := quotaConfig(quota.Config{QPS: 1})
 	cfg.MaxInflight = 2
@@ -119,8 +135,9 @@ func TestRemoteQuotaDecidedOffLock(t *testing.T) {
 	}
 	store.q.Store(q)
 	q.SetHealthy(1)
+	l := cfg.Tenants["a"].Quota
 
-	// The Peek at admission waits on the store, off the lock.
+	// The booking at admission waits on the store, off the lock.
 	store.block()
 	type enq struct {
 		tk  *Ticket
@@ -131,97 +148,221 @@ func TestRemoteQuotaDecidedOffLock(t *testing.T) {
 		tk, err := q.Enqueue(Request{Tenant: "a", Cost: 10})
 		first <- enq{tk, err}
 	}()
-	if got := <-store.entered; got != "peek" {
-		t.Fatalf("first store call %q, want the admission's peek", got)
+	if got := <-store.entered; got != "book" {
+		t.Fatalf("first store call %q, want the admission's booking", got)
 	}
 	b1, err := q.Enqueue(Request{Tenant: "b", Cost: 10})
 	if err != nil || !dispatched(b1) {
 		t.Fatalf("a tenant without a quota while the store is slow: %v, dispatched %v; want it dispatched at once", err, dispatched(b1))
 	}
 	store.unblock()
-	// Its charge at dispatch waits on the store too, holding the last slot.
-	store.block()
 	r := <-first
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	if got := <-store.entered; got != "charge" {
-		t.Fatalf("second store call %q, want the dispatch's charge", got)
+	if r.err != nil || !dispatched(r.tk) {
+		t.Fatalf("a's first request, booked at rest: %v, dispatched %v; want dispatched", r.err, dispatched(r.tk))
 	}
 	a1 := r.tk
-	if dispatched(a1) || q.Stats(false).Inflight != 2 {
-		t.Fatalf("while its charge is made: dispatched %v, %d in flight; want not yet, and its slot held (2)", dispatched(a1), q.Stats(false).Inflight)
-	}
-	b1.Release(UnknownCost)
-	b2, err := q.Enqueue(Request{Tenant: "b", Cost: 10})
-	if err != nil || !dispatched(b2) {
-		t.Fatalf("b's next request while a's charge is made: %v, dispatched %v", err, dispatched(b2))
-	}
-	store.unblock()
-	settle(t, q)
-	if !dispatched(a1) {
-		t.Fatal("the charge allowed it, but the request was not dispatched")
+	if n := store.calls.Load(); n != 1 {
+		t.Errorf("%d store calls for a request booked and dispatched, want 1 (the booking)", n)
 	}
 
-	// A second request within the second: refused by the store at
-	// dispatch (the Peek counted only a's queue: none), so it goes back
-	// to the head of a's queue and a is held until the quota allows it.
-	a2, err := q.Enqueue(Request{Tenant: "a", Cost: 10})
-	if err != nil {
-		t.Fatal(err)
+	// A second request within the second: booked for t0+1s, queued, its
+	// tenant held; dispatched then without a call.
+	b1.Release(UnknownCost)
+	a2, err := q.Enqueue(Request{Tenant: "a", Cost: 10, Deadline: t0.Add(5 * time.Second)})
+	if err != nil || dispatched(a2) || a2.QuotaWait() != time.Second {
+		t.Fatalf("a's second request within its second: %v, dispatched %v, quota wait %v; want queued for 1s", err, dispatched(a2), a2.QuotaWait())
 	}
-	b2.Release(UnknownCost)
-	settle(t, q)
-	if dispatched(a2) || a2.Err() != nil {
-		t.Fatalf("a's second request within its second: dispatched %v, err %v; want queued", dispatched(a2), a2.Err())
-	}
+	calls := store.calls.Load()
 	clk.Set(t0.Add(time.Second))
 	q.Tick()
-	settle(t, q)
 	if !dispatched(a2) {
-		t.Fatal("a's second request not dispatched once its quota allowed it")
+		t.Fatal("a's second request not dispatched at its booked time")
+	}
+	if n := store.calls.Load() - calls; n != 0 {
+		t.Errorf("%d store calls at the dispatch of a booked request, want none", n)
 	}
 
-	// Cancelled while its charge is made: it ends at once, and the charge
-	// the store made is refunded when it answers.
-	a1.Release(UnknownCost)
-	clk.Set(t0.Add(2 * time.Second))
-	store.block()
-	var a3 *Ticket
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		a3, err = q.Enqueue(Request{Tenant: "a", Cost: 10})
-	}()
-	<-store.entered // the peek
-	store.mu.Lock()
-	close(store.blocked)
-	store.blocked = make(chan struct{})
-	store.mu.Unlock()
-	<-done
-	if err != nil {
-		t.Fatal(err)
-	}
-	<-store.entered // the charge, holding a2's freed slot... or the last one
-	a3.Release(UnknownCost)
+	// The next place is t0+2s: a request due by t0+1.5s cannot have it,
+	// and is refused at once, charged nothing.
+	before, _ := store.Memory.Status(context.Background(), "a", l)
+	_, err = q.Enqueue(Request{Tenant: "a", Cost: 10, Deadline: t0.Add(1500 * time.Millisecond)})
 	var rej *Rejection
-	if !errors.As(a3.Err(), &rej) || rej.Reason != ReasonCancelled {
-		t.Fatalf("cancelled while its charge was made: err %v, want cancelled at once", a3.Err())
+	if !errors.As(err, &rej) || rej.Reason != ReasonQuotaExceeded || rej.RetryAfter != time.Second {
+		t.Fatalf("a request its quota cannot start before its deadline: %v, want quota_exceeded, Retry-After 1s", err)
 	}
-	refunds := store.refunds.Load()
-	store.unblock()
+	if st, _ := store.Memory.Status(context.Background(), "a", l); st != before {
+		t.Errorf("a refused booking charged the quota: %+v, was %+v", st, before)
+	}
+
+	// Booked for t0+2s, then cancelled: its booking is given back.
+	a3, err := q.Enqueue(Request{Tenant: "a", Cost: 10})
+	if err != nil || a3.QuotaWait() != time.Second {
+		t.Fatalf("a3: %v, quota wait %v; want booked 1s ahead", err, a3.QuotaWait())
+	}
+	a3.Release(UnknownCost)
 	settle(t, q)
-	for store.refunds.Load() == refunds {
-		time.Sleep(time.Millisecond) // the refund follows the gate's end
+	if st, _ := store.Memory.Status(context.Background(), "a", l); st != before {
+		t.Errorf("after a booked request was cancelled: %+v, want the quota as before it (%+v)", st, before)
 	}
-	if st, _ := store.Memory.Status(context.Background(), "a", cfg.Tenants["a"].Quota); st.Requests.Reset != 0 {
-		t.Errorf("the cancelled request's charge was not refunded: %+v", st.Requests)
+	// And one that expires: the same.
+	a4, err := q.Enqueue(Request{Tenant: "a", Cost: 10, Deadline: t0.Add(3500 * time.Millisecond)})
+	if err != nil || a4.QuotaWait() != time.Second {
+		t.Fatalf("a4: %v, quota wait %v; want booked 1s ahead", err, a4.QuotaWait())
 	}
+	clk.Set(t0.Add(3500 * time.Millisecond))
+	q.Tick()
+	if !errors.As(a4.Err(), &rej) || rej.Reason != ReasonQueueTimeout {
+		t.Fatalf("a4 past its deadline: %v, want queue_timeout", a4.Err())
+	}
+	settle(t, q)
+	if st, _ := store.Memory.Status(context.Background(), "a", l); st.Requests.Reset != 0 {
+		t.Errorf("after a booked request expired: %+v, want the quota at rest", st)
+	}
+	a1.Release(UnknownCost)
 	a2.Release(UnknownCost)
+	settle(t, q)
 	if n := q.Stats(false).Inflight; n != 0 {
-		t.Errorf("%d in flight at the end, want 0 (a slot held for a charge leaked)", n)
+		t.Errorf("%d in flight at the end, want 0", n)
 	}
 	if n := store.underLock.Load(); n != 0 {
 		t.Errorf("%d of %d store calls made under the queue's lock, want none", n, store.calls.Load())
+	}
+}
+
+// TestBookingsTakenInDispatchOrder: a tenant's booked times are its, not
+// one request's: two admissions that reached the store in one order and
+// the queue in the other still go at the two times, in the queue's order,
+// and neither waits past the later one.
+func TestBookingsTakenInDispatchOrder(t *testing.T) {
+	cfg := quotaConfig(quota.Config{QPS: 1})
+	cfg.MaxInflight = 1
+	clk := NewManualClock(t0)
+	store := &slowStore{Memory: quota.NewMemory(clk.Now)}
+	cfg.QuotaStore = store
+	q, err := New(cfg, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.SetHealthy(1)
+	hold, err := q.Enqueue(Request{Tenant: "b", Cost: 10}) // the one slot, until released
+	if err != nil || !dispatched(hold) {
+		t.Fatal(err)
+	}
+	x, _ := q.Enqueue(Request{Tenant: "a", Cost: 10}) // booked now
+	y, _ := q.Enqueue(Request{Tenant: "a", Cost: 10}) // booked t0+1s
+	// Swap their places in the flow, as a race between the store and the
+	// lock would have queued them.
+	q.mu.Lock()
+	f := x.f
+	f.q.remove(x)
+	f.q.pushBack(x)
+	q.mu.Unlock()
+	if f.q.head != y {
+		t.Fatal("test setup: y is not at the head")
+	}
+	hold.Release(UnknownCost)
+	if !dispatched(y) || dispatched(x) {
+		t.Fatalf("with a slot free: y (head) dispatched %v, x %v; want y on the earliest booked time", dispatched(y), dispatched(x))
+	}
+	y.Release(UnknownCost)
+	if dispatched(x) {
+		t.Fatal("x went before the second booked time")
+	}
+	clk.Set(t0.Add(time.Second))
+	q.Tick()
+	if !dispatched(x) {
+		t.Fatal("x not dispatched at the second booked time")
+	}
+	x.Release(UnknownCost)
+	settle(t, q)
+}
+
+// TestRequeueKeepsBooking: a booked request its provider sends back
+// (Requeue) keeps its booking: it goes again at once, with no store call,
+// and its tenant stays charged for it once.
+func TestRequeueKeepsBooking(t *testing.T) {
+	cfg := quotaConfig(quota.Config{QPS: 1})
+	cfg.MaxInflight = 1
+	clk := NewManualClock(t0)
+	store := &slowStore{Memory: quota.NewMemory(clk.Now)}
+	cfg.QuotaStore = store
+	q, err := New(cfg, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.SetHealthy(1)
+	l := cfg.Tenants["a"].Quota
+	a1, err := q.Enqueue(Request{Tenant: "a", Cost: 10})
+	if err != nil || !dispatched(a1) {
+		t.Fatalf("%v, dispatched %v", err, dispatched(a1))
+	}
+	charged, _ := store.Memory.Status(context.Background(), "a", l)
+	calls := store.calls.Load()
+	clk.Advance(100 * time.Millisecond)
+	if !a1.Requeue() {
+		t.Fatal("Requeue refused an in-flight ticket")
+	}
+	if !dispatched(a1) {
+		t.Fatal("the requeued request, whose booking had come, was not dispatched again at once")
+	}
+	settle(t, q)
+	if n := store.calls.Load() - calls; n != 0 {
+		t.Errorf("%d store calls for a requeued booked request, want none", n)
+	}
+	if st, _ := store.Memory.Status(context.Background(), "a", l); st.Requests.Reset != charged.Requests.Reset-100*time.Millisecond {
+		t.Errorf("after the requeue: %+v, want the one charge (%v of debt, 100ms ago)", st.Requests, charged.Requests.Reset)
+	}
+	a1.Release(UnknownCost)
+	settle(t, q)
+}
+
+// lateStore is a remote Memory whose bookings answer after the clock
+// moved on by lag (a store that took that long to answer).
+type lateStore struct {
+	*quota.Memory
+	clk *ManualClock
+	lag time.Duration
+}
+
+func (s *lateStore) Remote() bool { return true }
+
+func (s *lateStore) Book(ctx context.Context, tenant string, l *quota.Limits, tokens int64, maxWait, lead time.Duration) (quota.Decision, error) {
+	d, err := s.Memory.Book(ctx, tenant, l, tokens, maxWait, lead)
+	s.clk.Advance(s.lag)
+	return d, err
+}
+
+// TestBookingAnsweredLate: a place booked in time, whose answer came so
+// late that it no longer leaves the request its margin before the
+// deadline, is refused (429 quota_exceeded) and given back, rather than
+// queued to expire.
+func TestBookingAnsweredLate(t *testing.T) {
+	cfg := quotaConfig(quota.Config{QPS: 1})
+	clk := NewManualClock(t0)
+	store := &lateStore{Memory: quota.NewMemory(clk.Now), clk: clk}
+	cfg.QuotaStore = store
+	q, err := New(cfg, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.SetHealthy(1)
+	l := cfg.Tenants["a"].Quota
+	a1, err := q.Enqueue(Request{Tenant: "a", Cost: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a1.Release(UnknownCost)
+	before, _ := store.Memory.Status(context.Background(), "a", l)
+	// The next place is 1 s ahead; the deadline 1.5 s: in time when asked,
+	// but the answer takes 400 ms.
+	store.lag = 400 * time.Millisecond
+	_, err = q.Enqueue(Request{Tenant: "a", Cost: 10, Deadline: clk.Now().Add(1500 * time.Millisecond)})
+	var rej *Rejection
+	if !errors.As(err, &rej) || rej.Reason != ReasonQuotaExceeded || !strings.Contains(rej.Detail, "slow answer") {
+		t.Fatalf("a booking answered too late: %v, want quota_exceeded (the store's slow answer)", err)
+	}
+	settle(t, q)
+	if st, _ := store.Memory.Status(context.Background(), "a", l); st.Requests.Reset != before.Requests.Reset-400*time.Millisecond {
+		t.Errorf("the late booking was not given back: %+v, want %v of debt", st.Requests, before.Requests.Reset-400*time.Millisecond)
 	}
 }

@@ -218,11 +218,14 @@ type Queue struct {
 
 	// remoteStore: cfg.QuotaStore is a quota.Remote (gate.go).
 	remoteStore bool
-	// offLock is sharedQuotaLocked's value, stored by Reconfigure, so that
-	// Enqueue knows without the lock whether to Peek before taking it;
-	// gatesInFlight counts the charges being made off the lock (gate.go).
-	offLock       atomic.Bool
-	gatesInFlight atomic.Int64
+	// storeCalls are the store calls decisions under the lock left to be
+	// made once it is released (gate.go).
+	storeCalls []func()
+	// offLock is remoteStore, stored by Reconfigure, so that Enqueue knows
+	// without the lock whether to book before taking it;
+	// storeCallsInFlight counts the calls being made off the lock.
+	offLock            atomic.Bool
+	storeCallsInFlight atomic.Int64
 }
 
 type pendingEvent struct {
@@ -465,7 +468,7 @@ func (q *Queue) Reconfigure(cfg Config) error {
 		q.circuitRes = circuit.Resources()
 	}
 	q.remoteStore = isRemote(cfg.QuotaStore)
-	q.offLock.Store(q.sharedQuotaLocked())
+	q.offLock.Store(q.remoteStore)
 	q.lightOn.Store(ov.light != nil)
 	q.adm = newAdmission(&cfg.Admission, q.adm)
 	if c := waterCap(&cfg); c != q.waterCap {
@@ -618,9 +621,12 @@ func (q *Queue) setTenantConfigsLocked() {
 // be dispatched before Enqueue returns. The caller must end the ticket with
 // Release (or let Wait end it), exactly as the Ticket documents.
 func (q *Queue) Enqueue(r Request) (*Ticket, error) {
-	// A shared store's Peek is made before the lock (gate.go).
-	pre := q.peekQuota(&r)
+	// A shared store's booking is made before the lock (gate.go).
 	now := q.clock.Now()
+	pre := q.bookQuota(&r, now)
+	if pre != nil {
+		now = q.clock.Now()
+	}
 	q.mu.Lock()
 	// A known tenant carries its settings, so the hot path does one map
 	// lookup, not one in the config and one in the state.
@@ -654,8 +660,16 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	if rej == nil && tc.Quota != nil {
 		quotaWait, quotaReason, rej = q.quotaAdmitLocked(now, t, r.Tenant, tc.Quota, r.Deadline, pre)
 	}
+	if tc.Quota == nil && pre.booked() {
+		// A reload took the quota away since the booking: give it back.
+		q.refundLaterLocked(r.Tenant, pre.limits, pre.tokens)
+		pre = nil
+	}
 	if rej != nil {
-		q.mu.Unlock()
+		if pre.booked() {
+			q.refundLaterLocked(r.Tenant, pre.limits, pre.tokens)
+		}
+		q.unlock()
 		return nil, rej
 	}
 	if t == nil {
@@ -679,7 +693,10 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		decision = budget.Wait // its reservation takes it, whatever tag order says
 	}
 	if decision == budget.Reject {
-		q.mu.Unlock()
+		if pre.booked() {
+			q.refundLaterLocked(r.Tenant, pre.limits, pre.tokens)
+		}
+		q.unlock()
 		return nil, budgetRejection(est, r.Deadline.Sub(now))
 	}
 	if q.queued == 0 && q.startsNowLocked(t, tokens, r.Deadline, now) {
@@ -692,6 +709,9 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		prompt: prompt}
 	if quotaWait > 0 {
 		tk.delay = &quotaDelay{wait: quotaWait, reason: quotaReason}
+	}
+	if pre.booked() {
+		q.keepBookingLocked(now, t, tk, pre)
 	}
 	q.pushFlowLocked(tk, q.flowOfLocked(t, cq))
 	if !r.Deadline.IsZero() {
@@ -1126,7 +1146,7 @@ func (q *Queue) recapLocked(t *tenant) {
 // by its quota, and puts them back once it is neither.
 func (q *Queue) relinkLocked(t *tenant) {
 	t.held = t.heldIdx >= 0
-	out := t.capped || t.held || t.gating
+	out := t.capped || t.held
 	if out == t.out {
 		return
 	}
@@ -1266,12 +1286,13 @@ func (q *Queue) dispatchLoopLocked(now time.Time) (gated bool) {
 			return true
 		}
 		expired := !tk.deadline.IsZero() && !now.Before(tk.deadline)
-		if !expired && tk.t.cfg.Quota != nil && q.sharedQuotaLocked() {
-			// Charged off the lock, holding the slot (gate.go).
-			q.gateLocked(tk, overtakes)
-			continue
-		}
-		if !expired && tk.t.cfg.Quota != nil {
+		if !expired && q.remoteStore {
+			// Booked at admission (gate.go): it goes at its tenant's
+			// next booked time, charged nothing more here.
+			if !q.bookedDueLocked(now, tk) {
+				continue
+			}
+		} else if !expired && tk.t.cfg.Quota != nil {
 			// Its tenant is held when its quota refuses; the others go on.
 			// With an account to draw on too, the tenant's quota is only
 			// asked here and charged once the account has taken it.
@@ -1301,7 +1322,7 @@ func (q *Queue) dispatchLoopLocked(now time.Time) (gated bool) {
 				continue
 			}
 		}
-		if !expired && q.up != nil && tk.t.cfg.Quota != nil && !q.chargeQuotaLocked(now, tk) {
+		if !expired && q.up != nil && !q.remoteStore && tk.t.cfg.Quota != nil && !q.chargeQuotaLocked(now, tk) {
 			// A shared store: the tenant's quota was used elsewhere since
 			// the Peek. Its tenant is held now; the account gets its draw
 			// back.
@@ -1337,6 +1358,9 @@ func (q *Queue) startLocked(tk *Ticket, now time.Time, at int64, overtakes bool)
 	}
 	tk.state = stateInflight
 	tk.dispatched = at
+	if tk.ch != nil && tk.ch.booked {
+		q.useBookingLocked(tk)
+	}
 	if tk.fallback {
 		q.fbInflight++
 	} else {
@@ -1377,6 +1401,9 @@ func (t *tenant) chargeLocked(dv float64) float64 {
 
 // finishLocked ends a ticket that will never be dispatched.
 func (q *Queue) finishLocked(now time.Time, tk *Ticket, st ticketState, err error) {
+	if tk.ch != nil && tk.ch.booked {
+		q.unbookLocked(tk)
+	}
 	tk.state = st
 	tk.err = err
 	tk.wakeLocked()
@@ -1415,6 +1442,10 @@ func (q *Queue) emitLocked(ev Event, tk *Ticket) {
 // order they happened even when batches are produced on several goroutines
 // or by the observer itself.
 func (q *Queue) unlock() {
+	if calls := q.storeCalls; len(calls) > 0 {
+		q.storeCalls = nil
+		q.runStoreCalls(calls)
+	}
 	if len(q.events) == 0 || q.delivering {
 		q.mu.Unlock()
 		return
@@ -1593,11 +1624,6 @@ func (q *Queue) release(tk *Ticket, actual, prompt int64) {
 	q.mu.Lock()
 	now := q.clock.Now()
 	switch tk.state {
-	case stateGating:
-		// Its charge is being made: the slot it holds and the charge are
-		// given back when the store answers (gateDone).
-		q.finishLocked(now, tk, stateCancelled, &Rejection{Reason: ReasonCancelled,
-			Detail: "request cancelled while queued"})
 	case stateQueued, stateBoosted:
 		q.unqueueLocked(tk)
 		q.finishLocked(now, tk, stateCancelled, &Rejection{Reason: ReasonCancelled,

@@ -44,25 +44,42 @@ func (q *Queue) quotaStoreLocked() quota.Store {
 // (their estimates corrected by what the tenant's requests really cost,
 // quotaRatio), or a refusal when that is past its deadline. A store error
 // admits the request (a quota store that is down must not take the
-// gateway with it). pre, when not nil, is the Peek made before the lock
-// (a shared store, gate.go).
-func (q *Queue) quotaAdmitLocked(now time.Time, t *tenant, name string, l *quota.Limits, deadline time.Time, pre *quotaPeek) (time.Duration, quota.Dimension, *Rejection) {
+// gateway with it). On a shared store the booking made before the lock
+// (pre, gate.go) decides: booked, the wait until its time; refused, the
+// refusal; none (a reload gave the tenant a quota since, or the store
+// failed), admitted uncharged.
+func (q *Queue) quotaAdmitLocked(now time.Time, t *tenant, name string, l *quota.Limits, deadline time.Time, pre *quotaBooking) (time.Duration, quota.Dimension, *Rejection) {
+	if q.remoteStore {
+		late := !deadline.IsZero() && pre != nil &&
+			!now.Add(pre.d.RetryAfter+pre.slotWait).Before(deadline.Add(-q.quotaMarginLocked()))
+		switch {
+		case pre == nil || pre.err != nil:
+			return 0, "", nil
+		case pre.d.Allowed && (pre.d.RetryAfter <= 0 || !late):
+			return max(pre.d.RetryAfter, 0), pre.d.Reason, nil
+		case pre.d.Allowed:
+			// Booked in time, but the store's answer came so late that
+			// the place no longer leaves the request its wait for a
+			// slot (the caller gives the booking back).
+			d := pre.d
+			d.Allowed = false
+			rej := quotaRejection(d, quota.Backlog{})
+			rej.Detail = fmt.Sprintf("%s quota: this request may start in %v, which, after the quota store's slow answer, leaves it less time before its wait budget ends than requests wait for a slot past their quota's time (%v here)",
+				d.Reason, d.RetryAfter.Round(time.Millisecond), pre.slotWait.Round(time.Millisecond))
+			return 0, d.Reason, rej
+		}
+		rej := quotaRejection(pre.d, quota.Backlog{})
+		if !deadline.IsZero() && now.Add(pre.d.RetryAfter).Before(deadline.Add(-q.quotaMarginLocked())) {
+			rej.Detail = fmt.Sprintf("%s quota: this request may start in %v, which leaves it less time before its wait budget ends than requests have lately waited for a slot past their quota's time (%v here)",
+				pre.d.Reason, pre.d.RetryAfter.Round(time.Millisecond), pre.slotWait.Round(time.Millisecond))
+		}
+		return 0, pre.d.Reason, rej
+	}
 	var ahead quota.Backlog
 	if t != nil {
 		ahead = quota.Backlog{Requests: int64(t.queued), Tokens: t.quotaTokens(t.queuedCost)}
 	}
-	var d quota.Decision
-	var err error
-	switch {
-	case pre != nil && pre.limits == l:
-		d, err = pre.d, pre.err
-	case q.sharedQuotaLocked():
-		// A reload changed the quota since the Peek: no round trip under
-		// the lock; the charge at dispatch decides.
-		return 0, "", nil
-	default:
-		d, err = q.quotaStoreLocked().Peek(context.Background(), name, l, ahead)
-	}
+	d, err := q.quotaStoreLocked().Peek(context.Background(), name, l, ahead)
 	if err != nil {
 		return 0, "", nil
 	}
@@ -236,12 +253,9 @@ func (q *Queue) deferReconcileLocked(tk *Ticket, actual, prompt int64) (deferred
 // ahead of it have less ahead) and at max refusals; it returns how many
 // it refused.
 //
-// With the in-process store each check is the store's exact earliest
-// time (a Peek behind the backlog). A shared store is not asked here (a
-// round trip under the lock for every flow a pass visits): the check
-// then starts from the tenant's hold, or from now less the burst
-// tolerance, a lower bound of its quota's time that refuses only what is
-// late for sure; the holds (refuseHeldLocked) catch the rest.
+// Each check is the store's exact earliest time (a Peek behind the
+// backlog). Only the in-process store is asked: on a shared one every
+// queued request holds a booking that fits its budget (gate.go).
 func (q *Queue) refuseQuotaFlowLocked(now time.Time, f *flow, max int) int {
 	t := f.t
 	l := t.cfg.Quota
@@ -259,7 +273,7 @@ func (q *Queue) refuseQuotaFlowLocked(now time.Time, f *flow, max int) int {
 			return refused // its budget has run out: the expiry answers
 		}
 		ahead := quota.Backlog{Requests: reqs, Tokens: int64(math.Round(float64(tokens) * ratio))}
-		d, ok := q.quotaTimeLocked(now, t, l, ahead)
+		d, ok := q.quotaTimeLocked(t, l, ahead)
 		if !ok || now.Add(d.RetryAfter).Before(tk.deadline.Add(-margin)) {
 			return refused
 		}
@@ -294,28 +308,10 @@ func (q *Queue) tickLagLocked(d *quota.Decision, l *quota.Limits, ahead quota.Ba
 // quotaTimeLocked is the earliest time t's quota lets a request behind
 // ahead start, as a Decision (RetryAfter 0: now); false when the store
 // failed (no refusal on it).
-func (q *Queue) quotaTimeLocked(now time.Time, t *tenant, l *quota.Limits, ahead quota.Backlog) (quota.Decision, bool) {
-	if q.cfg.QuotaStore == nil {
-		d, err := q.quotaStoreLocked().Peek(context.Background(), t.name, l, ahead)
-		q.tickLagLocked(&d, l, ahead)
-		return d, err == nil
-	}
-	// A lower bound without a round trip: from the end of the tenant's
-	// hold, or from now less the burst tolerance when it is not held.
-	base := now.Add(-l.Tolerance())
-	if t.heldIdx >= 0 {
-		base = time.Unix(0, t.heldUntil)
-	}
-	d := quota.Decision{}
-	for _, dim := range []quota.Dimension{quota.DimQPS, quota.DimTokens, quota.DimJoint} {
-		if at := base.Add(l.BacklogIncrement(dim, ahead)); at.After(now) && at.Sub(now) > d.RetryAfter {
-			d.RetryAfter, d.Reason = at.Sub(now), dim
-		}
-	}
+func (q *Queue) quotaTimeLocked(t *tenant, l *quota.Limits, ahead quota.Backlog) (quota.Decision, bool) {
+	d, err := q.quotaStoreLocked().Peek(context.Background(), t.name, l, ahead)
 	q.tickLagLocked(&d, l, ahead)
-	d.At = now.Add(d.RetryAfter)
-	d.Allowed = d.RetryAfter == 0
-	return d, true
+	return d, err == nil
 }
 
 // reconcileDeferred makes d's store calls without the lock, then, after a
@@ -358,6 +354,11 @@ func (q *Queue) holdLocked(t *tenant, now time.Time, d quota.Decision) {
 	if q.cfg.Admission.FastFail {
 		q.holdNotes = append(q.holdNotes, holdNote{t: t, at: at.UnixNano(), d: d})
 	}
+	q.holdUntilLocked(t, at)
+}
+
+// holdUntilLocked makes t ineligible until at.
+func (q *Queue) holdUntilLocked(t *tenant, at time.Time) {
 	t.heldUntil = at.UnixNano()
 	if t.heldIdx < 0 {
 		heap.Push(&q.held, t)

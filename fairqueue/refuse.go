@@ -320,7 +320,7 @@ func (q *Queue) refuseLocked(now time.Time) {
 			q.reservedInTimeLocked(now, f.t, quota.Backlog{Requests: int64(f.t.queued), Tokens: f.t.queuedCost}, f.q.tail.deadline) {
 			continue // its reservation takes its tail in time
 		}
-		if f.t.cfg.Quota != nil && f.t != q.group {
+		if f.t.cfg.Quota != nil && f.t != q.group && !q.remoteStore {
 			// A quota can hold what the slots would not.
 			refused += q.refuseQuotaFlowLocked(now, f, maxRefusals-refused)
 			if f.q.tail == nil {

@@ -105,6 +105,11 @@ func (s *recordingStore) Reconcile(ctx context.Context, key string, l *quota.Lim
 	return s.Memory.Reconcile(ctx, key, l, estimated, actual)
 }
 
+func (s *recordingStore) Book(ctx context.Context, key string, l *quota.Limits, tokens int64, maxWait, lead time.Duration) (quota.Decision, error) {
+	s.note(key, l)
+	return s.Memory.Book(ctx, key, l, tokens, maxWait, lead)
+}
+
 func (s *recordingStore) Refund(ctx context.Context, key string, l *quota.Limits, tokens int64) (quota.Status, error) {
 	s.note(key, l)
 	return s.Memory.Refund(ctx, key, l, tokens)

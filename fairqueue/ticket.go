@@ -13,9 +13,6 @@ const (
 	stateQueued ticketState = iota + 1
 	stateBoosted
 	stateInflight
-	// stateGating: out of the queue, holding a slot while its tenant's
-	// quota is charged off the lock (gate.go).
-	stateGating
 	stateReleased
 	stateCancelled
 	stateExpired
@@ -125,9 +122,12 @@ func (tk *Ticket) QuotaStatus() (st quota.Status, ok bool) {
 // ticketCharge is what a ticket's dispatch was charged to.
 type ticketCharge struct {
 	// quota and quotaStatus are the limits the tenant's quota charged it
-	// under (nil: not charged) and the meters after the charge.
+	// under (nil: not charged) and the meters after the charge; booked,
+	// that the charge is a booking made at admission that the request
+	// has not yet used (gate.go).
 	quota       *quota.Limits
 	quotaStatus quota.Status
+	booked      bool
 	// upKey and upLimits are the account meter it drew on (upstream.go);
 	// nil limits: none. resKey and resLimits are the reservation it drew
 	// on besides, nil limits: none.

@@ -588,8 +588,14 @@ func (tk *Ticket) Requeue() bool {
 	now := q.clock.Now()
 	t := tk.t
 	// Not charged to its tenant, the request itself included; the
-	// provider counted the request it refused, not its tokens.
-	if tk.quotaLimits() != nil {
+	// provider counted the request it refused, not its tokens. On a
+	// shared store it keeps its booking instead, used again at once
+	// (gate.go): its tenant is charged for it once, when it is served.
+	switch {
+	case tk.quotaLimits() != nil && q.remoteStore:
+		tk.ch.booked = true
+		t.addBookingLocked(q.since(now))
+	case tk.quotaLimits() != nil:
 		_, _ = q.quotaStoreLocked().Refund(context.Background(), t.name, tk.ch.quota, tk.tokens)
 		tk.ch.quota = nil
 	}

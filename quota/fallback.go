@@ -337,6 +337,19 @@ func (f *Fallback) Charge(ctx context.Context, tenant string, l *Limits, tokens 
 	return f.local.Charge(ctx, tenant, f.localLimits(l), tokens)
 }
 
+// Book implements Store: on the primary, the cluster's first come, first
+// served; locally, on 1/Instances of the limits, this instance's.
+func (f *Fallback) Book(ctx context.Context, tenant string, l *Limits, tokens int64, maxWait, lead time.Duration) (Decision, error) {
+	if c := f.usePrimary(); c.use {
+		d, err := f.primary.Book(ctx, tenant, l, tokens, maxWait, lead)
+		if f.answered(ctx, err, c) {
+			f.observe(tenant, d.Status, err)
+			return d, err
+		}
+	}
+	return f.local.Book(ctx, tenant, f.localLimits(l), tokens, maxWait, lead)
+}
+
 // Reconcile implements Store.
 func (f *Fallback) Reconcile(ctx context.Context, tenant string, l *Limits, estimated, actual int64) (Status, error) {
 	if c := f.usePrimary(); c.use {

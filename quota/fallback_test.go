@@ -605,3 +605,32 @@ func TestFallbackTenantError(t *testing.T) {
 		t.Errorf("another tenant: %v, fallbacks %d; want it charged in redis", err, f.Fallbacks())
 	}
 }
+
+// TestFallbackBook: a booking is the shared store's while it answers
+// (first come, first served over the instances) and the local share's
+// during an outage: with three instances, a request books three times as
+// far ahead of the same debt.
+func TestFallbackBook(t *testing.T) {
+	l := MustCompile(Config{TokensPerMin: 60000}) // 1000 tokens/s, no burst
+	rig := newFallbackRig(t, 3, false)
+	f := rig.f
+	for i, want := range []time.Duration{0, time.Second} {
+		d, err := f.Book(bg, "a", l, 1000, 5*time.Second, 0)
+		if err != nil || !d.Allowed || d.RetryAfter != want {
+			t.Fatalf("shared booking %d: %+v, %v; want booked %v ahead", i, d, err, want)
+		}
+	}
+	rig.mr.Close()
+	for i, want := range []time.Duration{0, 3 * time.Second} {
+		d, err := f.Book(bg, "b", l, 1000, 5*time.Second, 0)
+		if err != nil || !d.Allowed || d.RetryAfter != want {
+			t.Fatalf("local booking %d: %+v, %v; want booked %v ahead (a third of the rate)", i, d, err, want)
+		}
+	}
+	if d, err := f.Book(bg, "b", l, 1000, 5*time.Second, 0); err != nil || d.Allowed || d.RetryAfter != 6*time.Second {
+		t.Fatalf("local booking past maxWait: %+v, %v; want refused, 6s", d, err)
+	}
+	if !f.Degraded() || f.Fallbacks() != 3 {
+		t.Errorf("degraded %v, fallbacks %d; want true, 3", f.Degraded(), f.Fallbacks())
+	}
+}

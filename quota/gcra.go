@@ -44,16 +44,17 @@ type TATs [numDims]int64
 // Decision is the answer to Peek or Charge.
 type Decision struct {
 	// Allowed: the request conforms to every meter now (and, for Charge, has
-	// been charged to all of them).
+	// been charged to all of them); for Book, it has been booked: charged
+	// as of At.
 	Allowed bool
-	// At is the earliest time the request conforms: now when Allowed. It is
-	// exact: with no other charge in between, the same request peeked or
-	// charged at At is allowed.
+	// At is the earliest time the request conforms: now when Allowed (for
+	// Book, the time it was booked for). It is exact: with no other charge
+	// in between, the same request peeked or charged at At is allowed.
 	At time.Time
-	// RetryAfter is At - now (0 when Allowed).
+	// RetryAfter is At - now (0 when Allowed, but for Book).
 	RetryAfter time.Duration
-	// Reason is the binding meter when not Allowed (the one whose earliest
-	// time is latest), "" when Allowed.
+	// Reason is the binding meter (the one whose earliest time is latest)
+	// when not Allowed, or when a Book waits; "" otherwise.
 	Reason Dimension
 	// Status is the meters after the decision (after the charge when one was
 	// made), for the x-ratelimit-* headers of the same response.
@@ -170,6 +171,48 @@ func Charge(t *TATs, l *Limits, now, tokens int64) {
 		}
 		t[i] = max(t[i], now) + l.inc(i, tokens)
 	}
+}
+
+// Book charges a request that may wait for its start: if its earliest
+// time (Decide, no backlog) is within maxWait of now, every enabled meter
+// is charged as of that time, TAT = max(TAT, at) + increment, and Book
+// reports true; otherwise nothing is charged. With maxWait 0 it is
+// Decide followed by Charge. The request must not start before at: the
+// meters count it from then, so a tenant whose requests book ahead is
+// held to its rate exactly as one charged as each starts (guarantee 1, at
+// the booked times), and the order of the bookings is the order requests
+// may start in, whoever made them.
+func Book(t *TATs, l *Limits, now, tokens, maxWait int64) (booked bool, at int64, reason Dimension) {
+	_, at, reason = Decide(t, l, now, Backlog{})
+	if at-now > maxWait {
+		return false, at, reason
+	}
+	Charge(t, l, at, tokens)
+	return true, at, reason
+}
+
+// LeadMemory is how long a lead given to Store.Book counts for its tenant.
+const LeadMemory = time.Minute
+
+// maxBookWait bounds a booking's maxWait (about 146 years), so that the
+// Redis script's times stay exact.
+const maxBookWait = time.Duration(1 << 62)
+
+// lead is the longest lead given to Book for one tenant, and when.
+type lead struct{ d, at int64 }
+
+// bookLead applies Book's rule for the lead: the stored one counts while
+// the tenant was in debt at the call (rested false) and for LeadMemory
+// after it was given; the given one replaces it when no shorter. It
+// returns the lead in force, to keep.
+func bookLead(stored lead, given, now int64, rested bool) lead {
+	if rested || now-stored.at > int64(LeadMemory) {
+		stored = lead{}
+	}
+	if given > 0 && given >= stored.d {
+		stored = lead{given, now}
+	}
+	return stored
 }
 
 // Reconcile moves the token and joint meters by the difference between the

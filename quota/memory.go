@@ -24,6 +24,7 @@ type Memory struct {
 
 	mu        sync.Mutex
 	tenants   map[string]TATs // guarded by mu
+	leads     map[string]lead // guarded by mu: Book's leads
 	nextSweep int64           // guarded by mu
 	sweepGap  int64
 }
@@ -39,6 +40,7 @@ func NewMemory(clock func() time.Time) *Memory {
 		clock:    clock,
 		epoch:    clock(),
 		tenants:  make(map[string]TATs),
+		leads:    make(map[string]lead),
 		sweepGap: int64(DefaultSweepEvery),
 	}
 }
@@ -53,6 +55,11 @@ func (m *Memory) nowLocked() int64 {
 				delete(m.tenants, k)
 			}
 		}
+		for k, ld := range m.leads {
+			if _, ok := m.tenants[k]; !ok || now-ld.at > int64(LeadMemory) {
+				delete(m.leads, k)
+			}
+		}
 		m.nextSweep = now + m.sweepGap
 	}
 	return now
@@ -63,6 +70,16 @@ func (m *Memory) stateLocked(tenant string, now int64) TATs {
 		return t
 	}
 	return Fresh(now)
+}
+
+// writeLocked is the state of tenant for a call that writes: a tenant
+// found at rest forgets its lead (see Store.Book).
+func (m *Memory) writeLocked(tenant string, now int64) TATs {
+	t := m.stateLocked(tenant, now)
+	if t.Rested(now) {
+		delete(m.leads, tenant)
+	}
+	return t
 }
 
 func (m *Memory) decision(ok bool, at int64, reason Dimension, t *TATs, l *Limits, now int64) Decision {
@@ -90,10 +107,29 @@ func (m *Memory) Charge(_ context.Context, tenant string, l *Limits, tokens int6
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.nowLocked()
-	t := m.stateLocked(tenant, now)
+	t := m.writeLocked(tenant, now)
 	ok, at, reason := Decide(&t, l, now, Backlog{})
 	if ok {
 		Charge(&t, l, now, tokens)
+		m.tenants[tenant] = t
+	}
+	return m.decision(ok, at, reason, &t, l, now), nil
+}
+
+// Book implements Store.
+func (m *Memory) Book(_ context.Context, tenant string, l *Limits, tokens int64, maxWait, given time.Duration) (Decision, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.nowLocked()
+	t := m.stateLocked(tenant, now)
+	ld := bookLead(m.leads[tenant], int64(given), now, t.Rested(now))
+	if ld.d > 0 {
+		m.leads[tenant] = ld
+	} else {
+		delete(m.leads, tenant)
+	}
+	ok, at, reason := Book(&t, l, now, tokens, max(int64(min(maxWait, maxBookWait))-ld.d, 0))
+	if ok {
 		m.tenants[tenant] = t
 	}
 	return m.decision(ok, at, reason, &t, l, now), nil
@@ -104,7 +140,7 @@ func (m *Memory) Reconcile(_ context.Context, tenant string, l *Limits, estimate
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.nowLocked()
-	t := m.stateLocked(tenant, now)
+	t := m.writeLocked(tenant, now)
 	Reconcile(&t, l, now, estimated, actual)
 	if t.Rested(now) {
 		delete(m.tenants, tenant)
@@ -119,7 +155,7 @@ func (m *Memory) Refund(_ context.Context, tenant string, l *Limits, tokens int6
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.nowLocked()
-	t := m.stateLocked(tenant, now)
+	t := m.writeLocked(tenant, now)
 	Refund(&t, l, now, tokens)
 	if t.Rested(now) {
 		delete(m.tenants, tenant)

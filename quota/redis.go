@@ -162,6 +162,13 @@ func incArg(l *Limits, i int, tokens int64) string {
 // run calls the script once and reads its reply: whether it charged, the
 // Redis time and the TATs after the call, all in Unix nanoseconds.
 func (r *Redis) run(ctx context.Context, tenant string, args ...any) (charged bool, now int64, t TATs, err error) {
+	charged, now, t, _, _, err = r.runAt(ctx, tenant, args...)
+	return charged, now, t, err
+}
+
+// runAt is run that also returns the time a charge was made as of (now,
+// but for a booking ahead) and the meter that set it (-1: none).
+func (r *Redis) runAt(ctx context.Context, tenant string, args ...any) (charged bool, now int64, t TATs, at int64, why int, err error) {
 	if r.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, r.timeout)
@@ -169,37 +176,42 @@ func (r *Redis) run(ctx context.Context, tenant string, args ...any) (charged bo
 	}
 	res, err := redisScript.Run(ctx, r.client, []string{r.Key(tenant)}, args...).Slice()
 	if err != nil {
-		return false, 0, t, fmt.Errorf("quota: redis store, tenant %q: %w", tenant, err)
+		return false, 0, t, 0, -1, fmt.Errorf("quota: redis store, tenant %q: %w", tenant, err)
 	}
-	charged, now, t, err = parseReply(res)
+	charged, now, t, at, why, err = parseReply(res)
 	if err != nil {
-		return false, 0, t, fmt.Errorf("quota: redis store, tenant %q: %w", tenant, err)
+		return false, 0, t, 0, -1, fmt.Errorf("quota: redis store, tenant %q: %w", tenant, err)
 	}
 	if r.onNow != nil {
 		r.onNow(now)
 	}
-	return charged, now, t, nil
+	return charged, now, t, at, why, nil
 }
 
 var errReply = errors.New("unreadable script reply")
 
-// parseReply reads the script's {allowed, now, q, t, j}.
-func parseReply(res []any) (charged bool, now int64, t TATs, err error) {
-	if len(res) != 2+numDims {
-		return false, 0, t, fmt.Errorf("%w: %d elements, want %d", errReply, len(res), 2+numDims)
+// parseReply reads the script's {allowed, now, q, t, j, at, why}; why
+// is returned as a meter index, -1 for none.
+func parseReply(res []any) (charged bool, now int64, t TATs, at int64, why int, err error) {
+	const n = 4 + numDims
+	if len(res) != n {
+		return false, 0, t, 0, -1, fmt.Errorf("%w: %d elements, want %d", errReply, len(res), n)
 	}
-	var v [2 + numDims]int64
+	var v [n]int64
 	for i, e := range res {
 		s, ok := e.(string)
 		if !ok {
-			return false, 0, t, fmt.Errorf("%w: element %d is %T", errReply, i, e)
+			return false, 0, t, 0, -1, fmt.Errorf("%w: element %d is %T", errReply, i, e)
 		}
 		if v[i], err = strconv.ParseInt(s, 10, 64); err != nil {
-			return false, 0, t, fmt.Errorf("%w: element %d: %v", errReply, i, err)
+			return false, 0, t, 0, -1, fmt.Errorf("%w: element %d: %v", errReply, i, err)
 		}
 	}
-	copy(t[:], v[2:])
-	return v[0] == 1, v[1], t, nil
+	if w := v[n-1]; w < 0 || w > numDims {
+		return false, 0, t, 0, -1, fmt.Errorf("%w: meter %d", errReply, w)
+	}
+	copy(t[:], v[2:2+numDims])
+	return v[0] == 1, v[1], t, v[n-2], int(v[n-1]) - 1, nil
 }
 
 func redisDecision(ok bool, at int64, reason Dimension, t *TATs, l *Limits, now int64) Decision {
@@ -240,6 +252,32 @@ func (r *Redis) Charge(ctx context.Context, tenant string, l *Limits, tokens int
 	ok, at, reason := Decide(&t, l, now, Backlog{})
 	if ok {
 		return Decision{}, fmt.Errorf("quota: redis store, tenant %q: the script refused a charge that Decide allows at %d", tenant, now)
+	}
+	return redisDecision(false, at, reason, &t, l, now), nil
+}
+
+// Book implements Store: Charge's script call, given the longest wait it
+// may book: the test, the earliest time and the charge as of it in one
+// atomic call, so that bookings from any number of gateways are first
+// come, first served.
+func (r *Redis) Book(ctx context.Context, tenant string, l *Limits, tokens int64, maxWait, lead time.Duration) (Decision, error) {
+	charged, now, t, at, why, err := r.runAt(ctx, tenant, opCharge,
+		strconv.FormatInt(l.tolerance, 10), r.margin,
+		incArg(l, dimQPS, tokens), incArg(l, dimTokens, tokens), incArg(l, dimJoint, tokens),
+		strconv.FormatInt(int64(min(max(maxWait, 0), maxBookWait)), 10), strconv.FormatInt(int64(max(lead, 0)), 10))
+	if err != nil {
+		return Decision{}, err
+	}
+	if charged {
+		var reason Dimension
+		if why >= 0 {
+			reason = dimNames[why]
+		}
+		return redisDecision(true, at, reason, &t, l, now), nil
+	}
+	ok, at, reason := Decide(&t, l, now, Backlog{})
+	if ok {
+		return Decision{}, fmt.Errorf("quota: redis store, tenant %q: the script refused a booking that Decide allows at %d", tenant, now)
 	}
 	return redisDecision(false, at, reason, &t, l, now), nil
 }

@@ -9,9 +9,18 @@
 -- ARGV[3]  expiry margin, ms (charge, reconcile).
 -- ARGV[4..6] per meter (q, t, j): the increment (charge) or the signed
 --          difference (reconcile), ns; "" when the meter is off.
+-- ARGV[7]  the longest wait a charge may book, ns (absent: 0, a charge
+--          now or nothing).
+-- ARGV[8]  the caller's lead, ns (absent: none): the store keeps the
+--          longest lead given within the last minute, in fields l and lt
+--          (the lead and when it was given), while the tenant stays in
+--          debt; a booking may wait up to ARGV[7] less that lead. Any
+--          write that finds the tenant at rest forgets it.
 --
--- Returns {allowed, now, q, t, j}: "1" when a charge was made, else "0";
--- now and the TATs after the call as decimal int64 ns. Go derives the
+-- Returns {allowed, now, q, t, j, at, why}: "1" when a charge was made,
+-- else "0"; now and the TATs after the call as decimal int64 ns; the time
+-- a charge was booked for (now but for a booking ahead) and the meter
+-- that set it (1 to 3, 0 for none), as Decide picks it. Go derives the
 -- earliest time, the reason and the status from them with the same pure
 -- functions Memory uses.
 --
@@ -70,6 +79,14 @@ local function add(a, b)
   return {s, n}
 end
 
+local function sub(a, b)
+  local s, n = a[1] - b[1], a[2] - b[2]
+  if n < 0 then
+    s, n = s - 1, n + G
+  end
+  return {s, n}
+end
+
 local function less(a, b)
   return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2])
 end
@@ -101,14 +118,29 @@ local key = KEYS[1]
 local op = ARGV[1]
 local clock = redis.call('TIME')
 local now = {tonumber(clock[1]), tonumber(clock[2]) * 1000}
-local raw = redis.call('HMGET', key, 'q', 't', 'j')
+local raw = redis.call('HMGET', key, 'q', 't', 'j', 'l', 'lt')
 local tat = {}
+local rested = true
 for i = 1, 3 do
   tat[i] = parse(raw[i]) or now
+  if less(now, tat[i]) then
+    rested = false
+  end
 end
 
-local function reply(allowed)
-  return {allowed, fmt(now), fmt(tat[1]), fmt(tat[2]), fmt(tat[3])}
+-- The lead in force: stored while the tenant is in debt, for a minute
+-- after it was given (LeadMemory).
+local ZERO = {0, 0}
+local lead, leadAt = ZERO, nil
+if not rested then
+  local l, lt = parse(raw[4]), parse(raw[5])
+  if l and lt and not less(add(lt, {60, 0}), now) then
+    lead, leadAt = l, lt
+  end
+end
+
+local function reply(allowed, at, why)
+  return {allowed, fmt(now), fmt(tat[1]), fmt(tat[2]), fmt(tat[3]), fmt(at or now), tostring(why or 0)}
 end
 
 -- store writes the TATs and lets the key expire when the tenant is at rest
@@ -129,24 +161,59 @@ local function store()
   redis.call('PEXPIRE', key, string.format('%d', ms))
 end
 
+-- forget drops the lead of a tenant a write finds at rest.
+local function forget()
+  if rested then
+    redis.call('HDEL', key, 'l', 'lt')
+  end
+end
+
 if op == 'c' then
-  -- Decide: a request conforms iff TAT <= now + tau on every meter on.
-  local limit = add(now, parse(ARGV[2]))
-  for i = 1, 3 do
-    if ARGV[3 + i] ~= '' and less(limit, tat[i]) then
-      return reply('0')
+  forget()
+  local given = parse(ARGV[8] or '0') or ZERO
+  local newLead = false
+  if less(ZERO, given) and not less(given, lead) then
+    lead, leadAt, newLead = given, now, true
+  end
+  local wait = sub(parse(ARGV[7] or '0') or ZERO, lead)
+  if wait[1] < 0 then
+    wait = ZERO
+  end
+  local function keepLead()
+    if newLead then
+      redis.call('HSET', key, 'l', fmt(lead), 'lt', fmt(leadAt))
     end
   end
-  -- Charge: TAT = max(TAT, now) + increment, all meters at once.
+  -- Decide: a request conforms iff TAT <= now + tau on every meter on;
+  -- else its earliest time is the latest TAT - tau.
+  local tau = parse(ARGV[2])
+  local at, why = now, 0
+  for i = 1, 3 do
+    if ARGV[3 + i] ~= '' then
+      local e = sub(tat[i], tau)
+      if less(now, e) and not less(e, at) then
+        at, why = e, i
+      end
+    end
+  end
+  if less(add(now, wait), at) then
+    keepLead()
+    return reply('0')
+  end
+  -- Charge as of at: TAT = max(TAT, at) + increment, all meters at once.
   for i = 1, 3 do
     local inc = ARGV[3 + i]
     if inc ~= '' then
-      tat[i] = add(maxp(tat[i], now), parse(inc))
+      tat[i] = add(maxp(tat[i], at), parse(inc))
     end
   end
   store()
-  return reply('1')
+  if less(now, maxp(maxp(tat[1], tat[2]), tat[3])) then
+    keepLead()
+  end
+  return reply('1', at, why)
 elseif op == 'x' then
+  forget()
   -- Reconcile: extra debt from max(TAT, now), a refund down to now at most.
   for i = 1, 3 do
     local d = parse(ARGV[3 + i])

@@ -127,6 +127,8 @@ func TestStoreTable(t *testing.T) {
 		{"meters-off-and-reload", tableMetersOff},
 		{"concurrent-frozen-clock", tableConcurrent},
 		{"refund", tableRefund},
+		{"book", tableBook},
+		{"book-lead", tableBookLead},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name+"/memory", func(t *testing.T) { tc.run(t, newMemoryHarness()) })
@@ -550,7 +552,9 @@ func sameDecision(a, b Decision) bool {
 
 // randomOp is one step of a differential trace.
 type randomOp struct {
-	kind     int // 0 charge, 1 peek, 2 reconcile, 3 status
+	kind     int // 0 charge, 1 peek, 2 reconcile, 3 status, 4 book
+	maxWait  time.Duration
+	lead     time.Duration
 	tenant   string
 	lim      *Limits
 	tokens   int64 // charged, or actual when reconciling
@@ -568,7 +572,9 @@ type randomOp struct {
 func nextOp(rng *rand.Rand, ls []*Limits) randomOp {
 	li := rng.IntN(len(ls))
 	op := randomOp{
-		kind:     rng.IntN(4),
+		kind:     rng.IntN(5),
+		maxWait:  time.Duration(rng.IntN(5000)) * time.Millisecond,
+		lead:     time.Duration(rng.IntN(3)*rng.IntN(1000)) * time.Millisecond,
 		tenant:   "t" + strconv.Itoa(li) + "-" + strconv.Itoa(rng.IntN(2)),
 		lim:      ls[li],
 		tokens:   int64(rng.IntN(2000)),
@@ -602,6 +608,8 @@ func apply(t testing.TB, s Store, op randomOp) (Decision, error) {
 	case 2:
 		st, err := s.Reconcile(bg, op.tenant, op.lim, op.estimate, op.tokens)
 		return Decision{Status: st}, err
+	case 4:
+		return s.Book(bg, op.tenant, op.lim, op.tokens, op.maxWait, op.lead)
 	}
 	st, err := s.Status(bg, op.tenant, op.lim)
 	return Decision{Status: st}, err
@@ -642,7 +650,10 @@ func TestRedisMatchesMemory(t *testing.T) {
 		if !sameDecision(md, rd) {
 			t.Fatalf("call %d %+v at %v:\nmemory %+v\nredis  %+v", i, op, mh.now(), md, rd)
 		}
-		if op.kind <= 1 {
+		if op.kind == 4 && md.Allowed && md.RetryAfter > 0 {
+			seen["booked ahead"]++
+		}
+		if op.kind <= 1 || op.kind == 4 {
 			if md.Allowed {
 				seen["allowed"]++
 			} else {
@@ -650,7 +661,7 @@ func TestRedisMatchesMemory(t *testing.T) {
 			}
 		}
 	}
-	for _, k := range []string{"allowed", "qps", "tokens", "joint"} {
+	for _, k := range []string{"allowed", "qps", "tokens", "joint", "booked ahead"} {
 		if seen[k] < 100 {
 			t.Errorf("only %d decisions %q in the trace, want at least 100 (%v)", seen[k], k, seen)
 		}
@@ -789,10 +800,11 @@ func TestRedisGarbledState(t *testing.T) {
 	for _, res := range [][]any{
 		nil,
 		{"1", "2", "3", "4"},
-		{"1", "2", "3", "4", int64(5)},
-		{"1", "2", "3", "4", "x"},
+		{"1", "2", "3", "4", "5", "6", int64(7)},
+		{"1", "2", "3", "4", "5", "6", "x"},
+		{"1", "2", "3", "4", "5", "6", "4"},
 	} {
-		if _, _, _, err := parseReply(res); !errors.Is(err, errReply) {
+		if _, _, _, _, _, err := parseReply(res); !errors.Is(err, errReply) {
 			t.Errorf("reply %v: error %v, want errReply", res, err)
 		}
 	}
@@ -1250,5 +1262,119 @@ func tableRefund(t *testing.T, h *storeHarness) {
 	}
 	if d := h.charge(t, "a", l, 1000); !d.Allowed {
 		t.Fatal("refused at rest")
+	}
+}
+
+// tableBook: bookings made at one instant by callers anywhere get the
+// tenant's successive earliest times, first come, first served, each
+// exactly the time a charge would have been allowed at had the requests
+// before it been charged as each started; a booking past maxWait charges
+// nothing and says when it could; a refund frees the last place for the
+// next booking; the binding meter is named.
+func tableBook(t *testing.T, h *storeHarness) {
+	l := MustCompile(Config{QPS: 10, BurstWindow: time.Second, BurstAllow: 0.2}) // 100 ms a request, tau 200 ms
+	book := func(maxWait time.Duration) Decision {
+		t.Helper()
+		d, err := h.store.Book(bg, "b", l, 1, maxWait, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	start := h.now()
+	// The burst (tau 200 ms: three requests at once), then 100 ms apart.
+	for i, ms := range []time.Duration{0, 0, 0, 100, 200, 300} {
+		want := ms * time.Millisecond
+		d := book(time.Second)
+		if !d.Allowed || !d.At.Equal(start.Add(want)) || d.RetryAfter != want {
+			t.Fatalf("booking %d: %+v, want booked at +%v", i, d, want)
+		}
+		if reason := Dimension(""); want > 0 && d.Reason != DimQPS || want == 0 && d.Reason != reason {
+			t.Fatalf("booking %d: reason %q", i, d.Reason)
+		}
+	}
+	// The next place is at +400 ms: not within 350 ms, nothing charged.
+	if d := book(350 * time.Millisecond); d.Allowed || !d.At.Equal(start.Add(400*time.Millisecond)) || d.Reason != DimQPS {
+		t.Fatalf("past maxWait: %+v, want refused, At +400ms", d)
+	}
+	if d := h.peek(t, "b", l, Backlog{}); !d.At.Equal(start.Add(400 * time.Millisecond)) {
+		t.Fatalf("a refused booking charged: the next time is %v, want +400ms", d.At.Sub(start))
+	}
+	// A refund gives the last place back.
+	if _, err := h.store.Refund(bg, "b", l, 1); err != nil {
+		t.Fatal(err)
+	}
+	if d := book(350 * time.Millisecond); !d.Allowed || !d.At.Equal(start.Add(300*time.Millisecond)) {
+		t.Fatalf("after a refund: %+v, want booked at +300ms", d)
+	}
+	// Booked as of its time: at +300 ms the charge is in the past; a
+	// request at the time of the last booking is refused until +400 ms, as
+	// it would be had each booked request been charged as it started.
+	h.set(h.ceil(start.Add(300 * time.Millisecond)))
+	if d := h.charge(t, "b", l, 1); d.Allowed || !d.At.Equal(start.Add(400*time.Millisecond)) {
+		t.Fatalf("charge at +300ms: %+v, want refused until +400ms", d)
+	}
+	// maxWait 0 is Charge.
+	if d := book(0); d.Allowed {
+		t.Fatalf("book(0) allowed while Charge refuses: %+v", d)
+	}
+}
+
+// tableBookLead: the longest lead any caller gave for a tenant shortens
+// every caller's horizon, for LeadMemory while the tenant stays in debt: a
+// caller giving no lead books to the same horizon as one that gave 300 ms
+// a moment ago; a lead older than LeadMemory, or one the tenant came to
+// rest since, counts no more.
+func tableBookLead(t *testing.T, h *storeHarness) {
+	l := MustCompile(Config{QPS: 10}) // 100 ms a request, no burst
+	book := func(maxWait, lead time.Duration) Decision {
+		t.Helper()
+		d, err := h.store.Book(bg, "c", l, 1, maxWait, lead)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	start := h.now()
+	for i := range 5 { // booked at +0 .. +400 ms
+		if d := book(time.Second, 0); !d.Allowed || d.RetryAfter != time.Duration(i)*100*time.Millisecond {
+			t.Fatalf("booking %d: %+v", i, d)
+		}
+	}
+	// The next place is +500 ms: within 600 ms, but not within 600 ms less
+	// a lead of 300 ms, given by this call...
+	if d := book(600*time.Millisecond, 300*time.Millisecond); d.Allowed {
+		t.Fatalf("with a lead of 300ms: %+v, want refused (+500ms > 600ms - 300ms)", d)
+	}
+	// ... nor by another caller's a moment ago.
+	if d := book(600*time.Millisecond, 0); d.Allowed {
+		t.Fatalf("after another caller's lead of 300ms: %+v, want refused", d)
+	}
+	if d := book(800*time.Millisecond, 0); !d.Allowed || d.RetryAfter != 500*time.Millisecond {
+		t.Fatalf("within 800ms less the lead: %+v, want booked at +500ms", d)
+	}
+	// A minute later (the tenant still in debt: a booking a minute
+	// ahead), the lead has lapsed.
+	for i := 0; i < 600; i++ {
+		book(time.Hour, 0)
+	}
+	h.set(h.ceil(start.Add(LeadMemory + time.Millisecond)))
+	d := h.peek(t, "c", l, Backlog{})
+	if d.Allowed {
+		t.Fatal("test setup: the tenant is at rest")
+	}
+	if b := book(d.RetryAfter, 0); !b.Allowed || b.RetryAfter != d.RetryAfter {
+		t.Fatalf("a minute after the lead was given: %+v, want booked at its earliest time %v", b, d.RetryAfter)
+	}
+	// A lead given, then the tenant at rest: forgotten by the next write.
+	if d := book(time.Hour, 10*time.Second); !d.Allowed {
+		t.Fatalf("%+v", d)
+	}
+	h.set(h.ceil(h.now().Add(time.Hour)))
+	if d := book(0, 0); !d.Allowed || d.RetryAfter != 0 {
+		t.Fatalf("at rest: %+v", d)
+	}
+	if d := book(150*time.Millisecond, 0); !d.Allowed || d.RetryAfter != 100*time.Millisecond {
+		t.Fatalf("after the tenant came to rest: %+v, want the old lead forgotten: booked at +100ms", d)
 	}
 }

@@ -1,6 +1,9 @@
 package quota
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Store keeps tenants' meters and makes each decision atomically. Every
 // method is one read-modify-write of one tenant's three theoretical arrival
@@ -21,6 +24,22 @@ type Store interface {
 	// Call it at dispatch; a refusal here (another request of the tenant
 	// charged since the Peek) leaves the state untouched.
 	Charge(ctx context.Context, tenant string, l *Limits, tokens int64) (Decision, error)
+	// Book is Charge for a request that may wait. The request is booked
+	// when the earliest time it may start is now, or no later than
+	// maxWait less the lead after now: it is then charged as of that time
+	// (see the package function Book) and the Decision is Allowed with
+	// At that time, RetryAfter the wait until it and Reason the meter
+	// that holds it ("" when it may start now); otherwise nothing is
+	// charged and the Decision is Charge's refusal. The lead is the
+	// longest any caller gave for the tenant within the last LeadMemory,
+	// this one's included, while the tenant stays in debt (a write that
+	// finds it at rest forgets it): what a caller needs between a
+	// request's start and maxWait (a gateway's wait for a slot), kept
+	// with the tenant's meters so that every caller books to the same
+	// horizon. The caller must not start the request before At. Bookings
+	// are first come, first served: a refund of one (Refund) frees its
+	// place for the next.
+	Book(ctx context.Context, tenant string, l *Limits, tokens int64, maxWait, lead time.Duration) (Decision, error)
 	// Reconcile corrects a charged request's tokens at completion: extra
 	// debt when actual > estimated, a refund when actual < estimated.
 	Reconcile(ctx context.Context, tenant string, l *Limits, estimated, actual int64) (Status, error)
