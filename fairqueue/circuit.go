@@ -447,6 +447,6 @@ func (q *Queue) Circuit() CircuitState {
 // outside the queue's lock, in order.
 func (q *Queue) SetCircuitObserver(fn func(CircuitEvent)) {
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	q.circuitObserver = fn
-	q.mu.Unlock()
 }

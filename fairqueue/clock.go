@@ -39,17 +39,17 @@ func (c *ManualClock) Now() time.Time {
 // Set moves the clock to t; the clock never goes backwards.
 func (c *ManualClock) Set(t time.Time) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if t.After(c.now) {
 		c.now = t
 	}
-	c.mu.Unlock()
 }
 
 // Advance moves the clock forward by d.
 func (c *ManualClock) Advance(d time.Duration) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.now = c.now.Add(d)
-	c.mu.Unlock()
 }
 
 // since returns t as nanoseconds from the queue's epoch, the form a ticket

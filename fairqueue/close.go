@@ -11,6 +11,7 @@ import "time"
 func (q *Queue) Close(detail string) {
 	now := q.clock.Now()
 	q.mu.Lock()
+	defer q.unlock()
 	if q.closed == "" {
 		q.closed = detail
 	}
@@ -30,7 +31,6 @@ func (q *Queue) Close(detail string) {
 		q.finishLocked(now, tk, stateCancelled, q.closedLocked())
 	}
 	q.noteIdleLocked()
-	q.unlock()
 }
 
 // closedRetryAfter is the Retry-After of a closed queue's refusals: the

@@ -145,6 +145,29 @@ type Config struct {
 
 // Validate reports the first problem in c.
 func (c *Config) Validate() error {
+	if err := c.validateLimits(); err != nil {
+		return err
+	}
+	classes, err := c.validateClasses()
+	if err != nil {
+		return err
+	}
+	if c.Circuit != nil {
+		if err := c.Circuit.Validate(); err != nil {
+			return err
+		}
+	}
+	if err := c.validateTenants(classes); err != nil {
+		return err
+	}
+	if err := c.validateFallback(); err != nil {
+		return err
+	}
+	return c.validateDegrade()
+}
+
+// validateLimits checks the queue's numeric limits.
+func (c *Config) validateLimits() error {
 	if c.MaxInflight <= 0 {
 		return fmt.Errorf("max_inflight must be positive, got %d", c.MaxInflight)
 	}
@@ -155,67 +178,79 @@ func (c *Config) Validate() error {
 		c.DefaultPerTenantMaxQueue < 0 || c.IdleForget < 0 {
 		return fmt.Errorf("queue and in-flight limits and idle_forget must not be negative")
 	}
+	return nil
+}
+
+// validateClasses checks the classes and returns their names.
+func (c *Config) validateClasses() (map[string]bool, error) {
 	seen := map[string]bool{}
 	for _, cl := range c.Classes {
-		if cl.Name == "" {
-			return fmt.Errorf("class with empty name")
-		}
-		if seen[cl.Name] {
-			return fmt.Errorf("class %q declared twice", cl.Name)
-		}
-		if cl.WaitBudget < 0 {
-			return fmt.Errorf("class %q: negative wait budget", cl.Name)
+		switch {
+		case cl.Name == "":
+			return nil, fmt.Errorf("class with empty name")
+		case seen[cl.Name]:
+			return nil, fmt.Errorf("class %q declared twice", cl.Name)
+		case cl.WaitBudget < 0:
+			return nil, fmt.Errorf("class %q: negative wait budget", cl.Name)
 		}
 		seen[cl.Name] = true
 	}
-	check := func(who string, t TenantConfig) error {
-		if !(t.Weight > 0) || math.IsInf(t.Weight, 0) {
-			return fmt.Errorf("%s: weight must be a positive number, got %v", who, t.Weight)
-		}
-		if !seen[t.Class] {
-			return fmt.Errorf("%s: unknown class %q", who, t.Class)
-		}
-		if t.MaxQueue < 0 || t.WaitBudget < 0 || t.MaxInflight < 0 {
-			return fmt.Errorf("%s: negative max_queue, max_inflight or wait_budget", who)
-		}
-		if t.Tier != "" && c.Circuit != nil && !slices.Contains(c.Circuit.Order, t.Tier) {
-			return fmt.Errorf("%s: tier %q is not in circuit_break's order %v", who, t.Tier, c.Circuit.Order)
-		}
-		return nil
-	}
-	if c.Circuit != nil {
-		if err := c.Circuit.Validate(); err != nil {
-			return err
-		}
-	}
+	return seen, nil
+}
+
+// validateTenants checks every tenant entry and the default one against
+// the classes declared.
+func (c *Config) validateTenants(classes map[string]bool) error {
 	for name, t := range c.Tenants {
 		if err := CheckTenantID(name); err != nil {
 			return fmt.Errorf("tenant %q: the name is not a valid tenant ID: it has %v", name, err)
 		}
-		if err := check(fmt.Sprintf("tenant %q", name), t); err != nil {
+		if err := c.validateTenant(fmt.Sprintf("tenant %q", name), t, classes); err != nil {
 			return err
 		}
 	}
-	if err := check("default_tenant", c.Default); err != nil {
-		return err
+	return c.validateTenant("default_tenant", c.Default, classes)
+}
+
+// validateTenant checks one tenant entry; who names it in the error.
+func (c *Config) validateTenant(who string, t TenantConfig, classes map[string]bool) error {
+	switch {
+	case !(t.Weight > 0) || math.IsInf(t.Weight, 0):
+		return fmt.Errorf("%s: weight must be a positive number, got %v", who, t.Weight)
+	case !classes[t.Class]:
+		return fmt.Errorf("%s: unknown class %q", who, t.Class)
+	case t.MaxQueue < 0 || t.WaitBudget < 0 || t.MaxInflight < 0:
+		return fmt.Errorf("%s: negative max_queue, max_inflight or wait_budget", who)
+	case t.Tier != "" && c.Circuit != nil && !slices.Contains(c.Circuit.Order, t.Tier):
+		return fmt.Errorf("%s: tier %q is not in circuit_break's order %v", who, t.Tier, c.Circuit.Order)
 	}
-	if c.Fallback != nil {
-		for _, name := range c.Fallback.Tenants {
-			if err := CheckTenantID(name); err != nil {
-				return fmt.Errorf("fallback: tenant %q is not a valid tenant ID: it has %v", name, err)
-			}
-		}
+	return nil
+}
+
+// validateFallback checks the names the fallback channel lists.
+func (c *Config) validateFallback() error {
+	if c.Fallback == nil {
+		return nil
 	}
-	if len(c.Degrade) > 0 {
-		names := make([]string, len(c.Classes))
-		for i, cl := range c.Classes {
-			names[i] = cl.Name
-		}
-		if _, err := degrade.NewLadder(c.Degrade, c.DegradeHold, names); err != nil {
-			return err
+	for _, name := range c.Fallback.Tenants {
+		if err := CheckTenantID(name); err != nil {
+			return fmt.Errorf("fallback: tenant %q is not a valid tenant ID: it has %v", name, err)
 		}
 	}
 	return nil
+}
+
+// validateDegrade checks the degrade ladder against the classes.
+func (c *Config) validateDegrade() error {
+	if len(c.Degrade) == 0 {
+		return nil
+	}
+	names := make([]string, len(c.Classes))
+	for i, cl := range c.Classes {
+		names[i] = cl.Name
+	}
+	_, err := degrade.NewLadder(c.Degrade, c.DegradeHold, names)
+	return err
 }
 
 // DefaultBudgetConfig is anti_starvation's defaults, the one source for

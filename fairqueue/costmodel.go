@@ -16,8 +16,8 @@ func (q *Queue) SetCostModel(overhead, promptWeight float64) {
 		return
 	}
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	q.costOverhead, q.costPromptWeight = overhead, promptWeight
-	q.mu.Unlock()
 }
 
 // learnedCostLocked prices a request under CostLearned, at least 1.

@@ -155,19 +155,19 @@ func (q *Queue) fallbackNextLocked(now time.Time) *Ticket {
 // SetFallbackHealthy sets the number of healthy fallback upstreams.
 func (q *Queue) SetFallbackHealthy(n int) {
 	q.mu.Lock()
+	defer q.unlock()
 	if q.fb != nil && n != q.fb.healthy {
 		q.fb.healthy = max(n, 0)
 		q.dispatchLocked(q.clock.Now())
 	}
-	q.unlock()
 }
 
 // Fallback reports whether the ticket was dispatched to the fallback
 // channel (valid once Wait returned nil).
 func (tk *Ticket) Fallback() bool {
 	tk.q.mu.Lock()
+	defer tk.q.mu.Unlock()
 	f := tk.fallback
-	tk.q.mu.Unlock()
 	return f
 }
 
@@ -177,13 +177,13 @@ func (tk *Ticket) Fallback() bool {
 func (tk *Ticket) AccountExhausted(until time.Time) {
 	q := tk.q
 	q.mu.Lock()
+	defer q.unlock()
 	switch {
 	case tk.fallback && q.fb != nil:
 		q.fb.until = maxTime(q.fb.until, until)
 	case !tk.fallback && q.up != nil:
 		q.up.until = maxTime(q.up.until, until)
 	}
-	q.unlock()
 }
 
 // AccountWait is how long the provider behind a channel (the fallback's

@@ -181,27 +181,9 @@ func (h *flowHeap) swap(i, j int) {
 
 // push adds f, which must not be in the heap and must have a head ticket.
 func (h *flowHeap) push(f *flow) {
-	if len(h.e) == cap(h.e) {
-		h.grow()
-	}
 	h.pos[f.id] = int32(len(h.e))
 	h.e = append(h.e, f.entry())
 	h.up(len(h.e) - 1)
-}
-
-// heapPad is how many unused entries precede a heap's first one, so that
-// the children of entry i, 4i+1 to 4i+4, start at a multiple of 128 bytes
-// from the allocation: with the 32-byte entries of a 4-ary heap each
-// level's comparison then reads two cache lines, not three. (Large
-// allocations are page-aligned; smaller heaps sit in cache anyway.)
-const heapPad = flowArity - 1
-
-// grow doubles the room of e, keeping heapPad entries before it.
-func (h *flowHeap) grow() {
-	n := max(2*cap(h.e), 8)
-	buf := make([]flowEntry, heapPad+len(h.e), heapPad+n)
-	copy(buf[heapPad:], h.e)
-	h.e = buf[heapPad:]
 }
 
 // remove takes f out of the heap; f must be in it.
@@ -222,8 +204,7 @@ func (h *flowHeap) remove(f *flow) {
 // rekey recomputes the tags of f, which is in the heap, and restores order.
 func (h *flowHeap) rekey(f *flow) {
 	i := int(h.pos[f.id])
-	// Only the tags change: seq stays in the entry, so the flow's second
-	// cache line is not read.
+	// Only the tags change: seq stays in the entry.
 	e := &h.e[i]
 	e.start, e.finish = f.tags()
 	h.fix(i)

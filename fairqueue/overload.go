@@ -177,8 +177,8 @@ func (q *Queue) LightMode(cls string) (degrade.Action, bool) {
 		return degrade.Action{}, false
 	}
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	a, ok := q.ov.light[cls]
-	q.mu.Unlock()
 	return a, ok
 }
 
@@ -193,6 +193,6 @@ func (q *Queue) DegradeLevel() int {
 // outside the queue's lock, in order.
 func (q *Queue) SetDegradeObserver(fn func(degrade.Transition)) {
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	q.degradeObserver = fn
-	q.mu.Unlock()
 }

@@ -83,12 +83,6 @@ type Queue struct {
 
 	classes []*classQ
 	tenants map[string]*tenant
-	// lastName and lastTenant are the tenant tenantLocked found last
-	// (nil: none): the handler asks for the same tenant twice a request,
-	// in PrecheckRequest and then Enqueue, with the same string, which
-	// compares equal at once.
-	lastName   string
-	lastTenant *tenant
 	// epoch is the clock's reading when the queue was made: tickets keep
 	// their times as nanoseconds from it (Queue.at).
 	epoch time.Time
@@ -244,21 +238,13 @@ type classQ struct {
 }
 
 type tenant struct {
-	// The fields are laid out by use: the first cache line holds what an
-	// enqueue reads and writes, the second what a dispatch adds; the rest
-	// is touched when the tenant comes and goes. With 100k tenants each
-	// line touched is a cache miss per request (see BenchmarkCycle), and
-	// the size (256 bytes, a size class whose objects are line-aligned)
-	// keeps the lines aligned.
-
 	// group is the group an undeclared tenant schedules inside; nil for a
 	// declared tenant and for the group itself. A tenant keeps the placement
 	// it was created with until it is idle (see Enqueue).
 	group *tenant
 	// cfg is the settings in force, refreshed by Reconfigure: the queue's
 	// own copy of the tenant's entry, or the one all undeclared tenants
-	// share (Queue.declared, Queue.undeclared), so that reading them
-	// costs no cache line of the tenant's own.
+	// share (Queue.declared, Queue.undeclared).
 	cfg *TenantConfig
 	// flowBuf backs flows for the usual single class, so that finding the
 	// tenant's flow reads this line (flowOfLocked). Flows are never taken
@@ -281,9 +267,6 @@ type tenant struct {
 	busy bool
 	// shareListed says the tenant is on Queue.shareDirty (shared.go).
 	shareListed bool
-	// gating is set while a request of the tenant holds a slot for its
-	// quota's charge off the lock (gate.go); out is set meanwhile.
-	gating bool
 
 	weight float64
 	// vt is the tenant's virtual time: service received / weight. It never
@@ -350,7 +333,6 @@ type flow struct {
 	// tokens is the estimated tokens queued in the flow (a quota's
 	// backlog, quota.go).
 	tokens int64
-	_      [16]byte // to 192 bytes, a size class whose objects are line-aligned
 }
 
 // queuedWork is the cost queued in f.
@@ -417,8 +399,8 @@ func New(cfg Config, clock Clock) (*Queue, error) {
 // SetObserver installs fn to be told of every ticket event.
 func (q *Queue) SetObserver(fn Observer) {
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	q.observer = fn
-	q.mu.Unlock()
 }
 
 // Clock returns the queue's clock.
@@ -514,12 +496,12 @@ func (q *Queue) SetHealthy(n int) {
 		n = 0
 	}
 	q.mu.Lock()
+	defer q.unlock()
 	if n != q.healthy {
 		now := q.clock.Now()
 		q.healthChangedLocked(now, n) // capacity, and early refusal's re-check
 		q.dispatchLocked(now)
 	}
-	q.unlock()
 }
 
 func (q *Queue) setCapacityLocked(healthy int) {
@@ -539,6 +521,7 @@ func (q *Queue) setCapacityLocked(healthy int) {
 // for now); only no healthy upstream refuses them.
 func (q *Queue) SetSlotLimit(n int) {
 	q.mu.Lock()
+	defer q.unlock()
 	if n < 0 {
 		n = -1
 	}
@@ -547,19 +530,18 @@ func (q *Queue) SetSlotLimit(n int) {
 		q.setCapacityLocked(q.healthy)
 		q.dispatchLocked(q.clock.Now())
 	}
-	q.unlock()
 }
 
 // SetPaused makes a class yield (paused) or compete normally. A paused
 // class is dispatched only when no unpaused class has a request waiting.
 func (q *Queue) SetPaused(class string, paused bool) {
 	q.mu.Lock()
+	defer q.unlock()
 	if cq := q.classLocked(class); cq != nil && cq.paused != paused {
 		cq.paused = paused
 		q.aheadPausedLocked(cq)
 		q.dispatchLocked(q.clock.Now())
 	}
-	q.unlock()
 }
 
 func (q *Queue) classLocked(name string) *classQ {
@@ -620,6 +602,12 @@ func (q *Queue) setTenantConfigsLocked() {
 // Enqueue admits r or refuses it with a *Rejection. An admitted request may
 // be dispatched before Enqueue returns. The caller must end the ticket with
 // Release (or let Wait end it), exactly as the Ticket documents.
+//
+// In order: the request is priced (intakeLocked); the gates that refuse
+// whatever the queue holds (circuit breaker, queue limits, throttle,
+// tenant quota) have their say (gatesLocked); the wait budget is decided
+// (decideLocked, unless it starts at once); then it starts at once or is
+// queued.
 func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	// A shared store's booking is made before the lock (gate.go).
 	now := q.clock.Now()
@@ -628,87 +616,40 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		now = q.clock.Now()
 	}
 	q.mu.Lock()
-	// A known tenant carries its settings, so the hot path does one map
-	// lookup, not one in the config and one in the state.
-	t := q.tenantLocked(r.Tenant)
-	if t != nil && t.queued == 0 && t.inflight == 0 && t.misplaced() {
-		q.forgetLocked(t)
-		t = nil
-	}
-	tc, known, cls := q.settingsLocked(t, r.Tenant, r.Class)
-	tokens := max(r.Cost, 1)
-	prompt := min(max(r.Prompt, 0), tokens)
-	cost := tokens
-	switch q.cfg.CostUnit {
-	case CostRequests:
-		cost = 1
-	case CostLearned:
-		cost = q.learnedCostLocked(prompt, tokens-prompt)
-	}
-	var rej *Rejection
-	if q.circuit != nil {
-		rej = q.circuitLocked(now, t, tc, r.Tenant, tokens)
-	}
-	if rej == nil {
-		rej = q.admitLocked(&clockReading{t: now, read: true}, t, r.Tenant, tc, known, tokens, max(r.Bytes, 0))
-	}
-	if rej == nil && q.ov.throttle != nil {
-		rej = q.throttleLocked(&clockReading{t: now, read: true}, cls, tc.Class, tokens, true)
-	}
-	var quotaWait time.Duration
-	var quotaReason quota.Dimension
-	if rej == nil && tc.Quota != nil {
-		quotaWait, quotaReason, rej = q.quotaAdmitLocked(now, t, r.Tenant, tc.Quota, r.Deadline, pre)
-	}
-	if tc.Quota == nil && pre.booked() {
+	defer q.unlock()
+	in := q.intakeLocked(&r)
+	hold, rej := q.gatesLocked(now, &r, &in, pre)
+	if in.tc.Quota == nil && pre.booked() {
 		// A reload took the quota away since the booking: give it back.
 		q.refundLaterLocked(r.Tenant, pre.limits, pre.tokens)
 		pre = nil
 	}
 	if rej != nil {
-		if pre.booked() {
-			q.refundLaterLocked(r.Tenant, pre.limits, pre.tokens)
-		}
-		q.unlock()
+		q.unbookRefusedLocked(r.Tenant, pre)
 		return nil, rej
 	}
-	if t == nil {
-		t = q.newTenantLocked(r.Tenant, tc, known, now)
+	if in.t == nil {
+		in.t = q.newTenantLocked(r.Tenant, in.tc, in.known, now)
 		if q.circuit != nil {
-			t.observeDemand(now, q.circuit.Config().Window, q.serviceTimeLocked(q.serviceOwnerLocked(t, r.Tenant)), tokens)
+			in.t.observeDemand(now, q.circuit.Config().Window, q.serviceTimeLocked(q.serviceOwnerLocked(in.t, r.Tenant)), in.tokens)
 		}
 	}
+	t := in.t
 	q.liftLocked(t)
-	cq := q.classLocked(cls)
-	// Without a deadline, or starting at once, there is nothing to decide.
-	decision, est := budget.Wait, Estimate{Known: true}
-	if !r.Deadline.IsZero() && !q.startsAtOnceLocked() {
-		decision, est = q.decideLocked(now, t, cq, cost, r.Deadline)
-	}
-	if decision == budget.Reject && q.fb != nil && q.fb.capacity() > 0 && q.fallbackListed(r.Tenant) {
-		decision = budget.Wait // the fallback takes it if the primary cannot
-	}
-	if decision == budget.Reject && q.up != nil &&
-		q.reservedInTimeLocked(now, t, quota.Backlog{Requests: int64(t.queued) + 1, Tokens: t.queuedCost + tokens}, r.Deadline) {
-		decision = budget.Wait // its reservation takes it, whatever tag order says
-	}
+	cq := q.classLocked(in.cls)
+	decision, est := q.budgetDecisionLocked(now, &r, &in, cq)
 	if decision == budget.Reject {
-		if pre.booked() {
-			q.refundLaterLocked(r.Tenant, pre.limits, pre.tokens)
-		}
-		q.unlock()
+		q.unbookRefusedLocked(r.Tenant, pre)
 		return nil, budgetRejection(est, r.Deadline.Sub(now))
 	}
-	if q.queued == 0 && q.startsNowLocked(t, tokens, r.Deadline, now) {
-		tk := q.startIdleLocked(&r, t, q.flowOfLocked(t, cq), cost, tokens, prompt, now)
-		q.unlock()
-		return tk, nil
+	if q.queued == 0 && q.startsNowLocked(t, in.tokens, r.Deadline, now) {
+		return q.startIdleLocked(&r, t, q.flowOfLocked(t, cq), in.cost, in.tokens, in.prompt, now), nil
 	}
-	tk := &Ticket{q: q, t: t, cost: cost, tokens: tokens, bytes: max(r.Bytes, 0),
-		deadline: r.Deadline, enqueued: q.since(now), dlIdx: -1, eta: max(est.ETA, quotaWait),
-		prompt: prompt}
-	if quotaWait > 0 {
-		tk.delay = &quotaDelay{wait: quotaWait, reason: quotaReason}
+	tk := &Ticket{q: q, t: t, cost: in.cost, tokens: in.tokens, bytes: max(r.Bytes, 0),
+		deadline: r.Deadline, enqueued: q.since(now), dlIdx: -1, eta: max(est.ETA, hold.wait),
+		prompt: in.prompt}
+	if hold.wait > 0 {
+		tk.delay = &quotaDelay{wait: hold.wait, reason: hold.reason}
 	}
 	if pre.booked() {
 		q.keepBookingLocked(now, t, tk, pre)
@@ -721,8 +662,101 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		q.promoteLocked(now, tk)
 	}
 	q.dispatchLocked(now)
-	q.unlock()
 	return tk, nil
+}
+
+// intake is a request as Enqueue prices it: its tenant's state (nil: not
+// remembered) and settings, its class, and its size in tokens and in the
+// queue's cost unit.
+type intake struct {
+	t                    *tenant
+	tc                   *TenantConfig
+	known                bool
+	cls                  string
+	tokens, prompt, cost int64
+}
+
+// intakeLocked prices r. A known tenant carries its settings, so the hot
+// path does one map lookup, not one in the config and one in the state.
+func (q *Queue) intakeLocked(r *Request) intake {
+	t := q.tenantLocked(r.Tenant)
+	if t != nil && t.queued == 0 && t.inflight == 0 && t.misplaced() {
+		q.forgetLocked(t)
+		t = nil
+	}
+	in := intake{t: t, tokens: max(r.Cost, 1)}
+	in.tc, in.known, in.cls = q.settingsLocked(t, r.Tenant, r.Class)
+	in.prompt = min(max(r.Prompt, 0), in.tokens)
+	in.cost = in.tokens
+	switch q.cfg.CostUnit {
+	case CostRequests:
+		in.cost = 1
+	case CostLearned:
+		in.cost = q.learnedCostLocked(in.prompt, in.tokens-in.prompt)
+	}
+	return in
+}
+
+// quotaHold is how long a tenant's quota holds an admitted request, and
+// on which meter.
+type quotaHold struct {
+	wait   time.Duration
+	reason quota.Dimension
+}
+
+// gatesLocked runs the admission gates that refuse r whatever is queued:
+// the circuit breaker, the queue's limits, the class's throttle and the
+// tenant's quota (with pre, the booking made before the lock).
+func (q *Queue) gatesLocked(now time.Time, r *Request, in *intake, pre *quotaBooking) (quotaHold, *Rejection) {
+	if q.circuit != nil {
+		if rej := q.circuitLocked(now, in.t, in.tc, r.Tenant, in.tokens); rej != nil {
+			return quotaHold{}, rej
+		}
+	}
+	if rej := q.admitLocked(&clockReading{t: now, read: true}, in.t, r.Tenant, in.tc, in.known, in.tokens, max(r.Bytes, 0)); rej != nil {
+		return quotaHold{}, rej
+	}
+	if q.ov.throttle != nil {
+		if rej := q.throttleLocked(&clockReading{t: now, read: true}, in.cls, in.tc.Class, in.tokens, true); rej != nil {
+			return quotaHold{}, rej
+		}
+	}
+	if in.tc.Quota == nil {
+		return quotaHold{}, nil
+	}
+	var h quotaHold
+	var rej *Rejection
+	h.wait, h.reason, rej = q.quotaAdmitLocked(now, in.t, r.Tenant, in.tc.Quota, r.Deadline, pre)
+	return h, rej
+}
+
+// budgetDecisionLocked decides r's wait budget: without a deadline, or
+// starting at once, there is nothing to decide. A refusal stands unless
+// the fallback channel or the tenant's reservation takes the request.
+func (q *Queue) budgetDecisionLocked(now time.Time, r *Request, in *intake, cq *classQ) (budget.Decision, Estimate) {
+	if r.Deadline.IsZero() || q.startsAtOnceLocked() {
+		return budget.Wait, Estimate{Known: true}
+	}
+	t := in.t
+	decision, est := q.decideLocked(now, t, cq, in.cost, r.Deadline)
+	if decision != budget.Reject {
+		return decision, est
+	}
+	if q.fb != nil && q.fb.capacity() > 0 && q.fallbackListed(r.Tenant) {
+		return budget.Wait, est // the fallback takes it if the primary cannot
+	}
+	if q.up != nil && q.reservedInTimeLocked(now, t, quota.Backlog{Requests: int64(t.queued) + 1, Tokens: t.queuedCost + in.tokens}, r.Deadline) {
+		return budget.Wait, est // its reservation takes it, whatever tag order says
+	}
+	return decision, est
+}
+
+// unbookRefusedLocked gives back the booking pre of a request refused at
+// admission.
+func (q *Queue) unbookRefusedLocked(tenant string, pre *quotaBooking) {
+	if pre.booked() {
+		q.refundLaterLocked(tenant, pre.limits, pre.tokens)
+	}
 }
 
 // startsNowLocked reports whether a request of t for tokens, with
@@ -765,14 +799,7 @@ func (q *Queue) startIdleLocked(r *Request, t *tenant, f *flow, cost, tokens, pr
 // tenantLocked returns the state of tenant name, nil when the queue does
 // not remember it.
 func (q *Queue) tenantLocked(name string) *tenant {
-	if t := q.lastTenant; t != nil && q.lastName == name {
-		return t
-	}
-	t := q.tenants[name]
-	if t != nil {
-		q.lastName, q.lastTenant = name, t
-	}
-	return t
+	return q.tenants[name]
 }
 
 // newTenantLocked creates the state of a tenant about to queue a request:
@@ -787,7 +814,6 @@ func (q *Queue) newTenantLocked(name string, tc *TenantConfig, known bool, now t
 		t.vt = q.group.vfloor
 	}
 	q.tenants[name] = t
-	q.lastName, q.lastTenant = name, t
 	q.addRosterLocked(t)
 	q.tenantPeak = max(q.tenantPeak, len(q.tenants))
 	t.idleSince = now.UnixNano()
@@ -1598,9 +1624,6 @@ func (q *Queue) forgetLocked(t *tenant) {
 		q.adm.boosts.Forget(t.name)
 	}
 	delete(q.tenants, t.name)
-	if q.lastTenant == t {
-		q.lastName, q.lastTenant = "", nil
-	}
 	q.removeRosterLocked(t)
 	// A Go map keeps its buckets when entries are deleted: once most of the
 	// tenants seen at the peak are gone, move the rest to a fresh map, so

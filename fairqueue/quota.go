@@ -330,11 +330,11 @@ func (q *Queue) reconcileDeferred(d deferredReconcile) {
 		return
 	}
 	q.mu.Lock()
+	defer q.unlock()
 	if d.quota != nil {
 		q.refundedLocked(d.t)
 	}
 	q.dispatchLocked(q.clock.Now())
-	q.unlock()
 }
 
 // refundedLocked ends what a refund to t's quota may end sooner: its

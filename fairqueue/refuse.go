@@ -281,87 +281,121 @@ func (q *Queue) refuseLocked(now time.Time) {
 		// usually comes back within seconds: the deadlines decide.
 		return
 	}
-	a := q.adm
-	h := max(q.healthy, a.peak)
-	r := q.refusalRateLocked(now, h)
-	if r <= 0 {
+	p, ok := q.refusalPassLocked(now)
+	if !ok {
 		return
 	}
-	promise := 0.0
+	a := q.adm
+	for i := min(p.flows, refuseFlows); i > 0 && p.refused < maxRefusals; i-- {
+		f := q.flowAtLocked(a.cursor)
+		if f == nil {
+			break
+		}
+		a.cursor++
+		if q.spareFlowLocked(now, f) {
+			continue
+		}
+		if f.t.cfg.Quota != nil && f.t != q.group && !q.remoteStore {
+			// A quota can hold what the slots would not.
+			p.refused += q.refuseQuotaFlowLocked(now, f, maxRefusals-p.refused)
+			if f.q.tail == nil {
+				continue
+			}
+		}
+		q.refuseFlowLocked(now, f, &p)
+	}
+}
+
+// refusalPass is what one early-refusal pass decides on: the peak healthy
+// count h, the refusal rate r, the promise rate (0: not learned), the
+// account's rate when it binds (0: it does not), the backlogged flows,
+// whether their ETAs are exact, and the refusals so far.
+type refusalPass struct {
+	h                int
+	r, promise, acct float64
+	flows            int
+	exact            bool
+	refused          int
+}
+
+// refusalPassLocked sets up a pass at now; false when the refusal rate is
+// unknown (refuse nothing).
+func (q *Queue) refusalPassLocked(now time.Time) (refusalPass, bool) {
+	a := q.adm
+	p := refusalPass{h: max(q.healthy, a.peak)}
+	p.r = q.refusalRateLocked(now, p.h)
+	if p.r <= 0 {
+		return p, false
+	}
 	if q.warmLocked(now) {
-		promise = a.rate.Rate(now, q.healthy)
+		p.promise = a.rate.Rate(now, q.healthy)
 	}
 	// Behind a provider account that binds (its rate is the refusal
 	// rate), the promise is held to it too, and a tenant's flow is
 	// expected to drain at its weight's share of it while the others stay
 	// backlogged (accountShare).
 	q.noteBackloggedLocked(now)
-	acct := 0.0
 	if q.accountBindsLocked(now) {
-		acct = q.accountRateLocked(now)
-		promise = min(promise, acct)
+		p.acct = q.accountRateLocked(now)
+		p.promise = min(p.promise, p.acct)
 	}
-	nflows := 0
 	for _, c := range q.classes {
-		nflows += c.flows.len()
+		p.flows += c.flows.len()
 	}
-	exact := nflows <= refuseExactFlows
-	refused := 0
-	for i := min(nflows, refuseFlows); i > 0 && refused < maxRefusals; i-- {
-		f := q.flowAtLocked(a.cursor)
-		if f == nil {
-			break
+	p.exact = p.flows <= refuseExactFlows
+	return p, true
+}
+
+// spareFlowLocked reports whether f's requests are left alone by the pass:
+// the fallback may serve what the primary cannot, or its tenant's
+// reservation takes its tail in time.
+func (q *Queue) spareFlowLocked(now time.Time, f *flow) bool {
+	if f.t == q.group {
+		return false
+	}
+	if q.fb != nil && q.fallbackListed(f.t.name) && q.fb.capacity() > 0 {
+		return true
+	}
+	return q.up != nil && q.up.res[f.t.name] != nil && f.q.tail != nil &&
+		q.reservedInTimeLocked(now, f.t, quota.Backlog{Requests: int64(f.t.queued), Tokens: f.t.queuedCost}, f.q.tail.deadline)
+}
+
+// refuseFlowLocked walks f from its tail, refusing while the ticket
+// misses its deadline (see the order above).
+func (q *Queue) refuseFlowLocked(now time.Time, f *flow, p *refusalPass) {
+	drain := f.drain.rate(now, f.out, q.adm.capTime) * float64(p.h)
+	expect := 0.0
+	if p.acct > 0 {
+		expect = q.accountShareLocked(f.t, p.acct)
+	}
+	young := 0
+	for tk := f.q.tail; tk != nil && p.refused < maxRefusals; {
+		if tk.deadline.IsZero() || tk.deadline.Sub(now) <= q.cfg.Admission.Margin {
+			// No deadline, or too close to it for any dispatch to count
+			// as on time: its budget has run out, which the expiry
+			// answers (queue_timeout), not an estimate.
+			return
 		}
-		a.cursor++
-		if q.fb != nil && f.t != q.group && q.fallbackListed(f.t.name) && q.fb.capacity() > 0 {
-			continue // the fallback may serve what the primary cannot
-		}
-		if q.up != nil && f.t != q.group && q.up.res[f.t.name] != nil && f.q.tail != nil &&
-			q.reservedInTimeLocked(now, f.t, quota.Backlog{Requests: int64(f.t.queued), Tokens: f.t.queuedCost}, f.q.tail.deadline) {
-			continue // its reservation takes its tail in time
-		}
-		if f.t.cfg.Quota != nil && f.t != q.group && !q.remoteStore {
-			// A quota can hold what the slots would not.
-			refused += q.refuseQuotaFlowLocked(now, f, maxRefusals-refused)
-			if f.q.tail == nil {
-				continue
+		// Late means past the deadline itself, not merely inside the
+		// margin before it: a request that would start within its last
+		// moments is left to start, or to expire.
+		eta := q.refusalETALocked(now, tk, p.r, p.promise, drain, expect, p.exact)
+		if !now.Add(eta).After(tk.deadline) || q.boostSavesLocked(now, tk, p.r) {
+			// Behind an account that binds, a request still short of its
+			// decision point passed on the refusal rate alone; those
+			// ahead of it may be past theirs, which the share decides:
+			// walk on, a few (the arrivals of a quarter of a budget).
+			if expect <= 0 || young >= refuseYoung || !q.beforeDecisionLocked(now, tk) {
+				return
 			}
+			young++
+			tk = tk.prev
+			continue
 		}
-		drain := f.drain.rate(now, f.out, a.capTime) * float64(h)
-		expect := 0.0
-		if acct > 0 {
-			expect = q.accountShareLocked(f.t, acct)
-		}
-		young := 0
-		for tk := f.q.tail; tk != nil && refused < maxRefusals; {
-			if tk.deadline.IsZero() || tk.deadline.Sub(now) <= q.cfg.Admission.Margin {
-				// No deadline, or too close to it for any dispatch to
-				// count as on time: its budget has run out, which the
-				// expiry answers (queue_timeout), not an estimate.
-				break
-			}
-			// Late means past the deadline itself, not merely inside the
-			// margin before it: a request that would start within its
-			// last moments is left to start, or to expire.
-			eta := q.refusalETALocked(now, tk, r, promise, drain, expect, exact)
-			if !now.Add(eta).After(tk.deadline) || q.boostSavesLocked(now, tk, r) {
-				// Behind an account that binds, a request still short of
-				// its decision point passed on the refusal rate alone;
-				// those ahead of it may be past theirs, which the share
-				// decides: walk on, a few (the arrivals of a quarter of
-				// a budget).
-				if expect <= 0 || young >= refuseYoung || !q.beforeDecisionLocked(now, tk) {
-					break
-				}
-				young++
-				tk = tk.prev
-				continue
-			}
-			prev := tk.prev
-			q.refuseQueuedLocked(now, tk, eta)
-			refused++
-			tk = prev
-		}
+		prev := tk.prev
+		q.refuseQueuedLocked(now, tk, eta)
+		p.refused++
+		tk = prev
 	}
 }
 

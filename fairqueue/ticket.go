@@ -32,13 +32,7 @@ const UnknownCost int64 = -1
 // first call on a live ticket has an effect, so a panic between Enqueue and
 // the end of the response cannot leak a slot.
 type Ticket struct {
-	// The fields are laid out by use: the first 64 bytes hold what
-	// queueing, dispatch and completion read and write, the next 64 what
-	// dispatch and completion add, so that with many tenants dispatching
-	// a ticket costs two cache misses and completing it none more. At 192
-	// bytes (a size class whose objects are line-aligned) the lines stay
-	// aligned; times are kept as nanoseconds from the queue's epoch
-	// (Queue.at) for that reason.
+	// Times are kept as nanoseconds from the queue's epoch (Queue.at).
 	q          *Queue
 	t          *tenant
 	f          *flow
@@ -109,13 +103,11 @@ func (tk *Ticket) QuotaReason() quota.Dimension {
 // response; ok is false when it was not charged (no quota, or not
 // dispatched). Call it after Wait returned nil.
 func (tk *Ticket) QuotaStatus() (st quota.Status, ok bool) {
-	// The accessors read fields, which cannot panic: they unlock without a
-	// defer (the handler calls several a request).
 	tk.q.mu.Lock()
+	defer tk.q.mu.Unlock()
 	if c := tk.ch; c != nil {
 		st, ok = c.quotaStatus, c.quota != nil
 	}
-	tk.q.mu.Unlock()
 	return st, ok
 }
 
@@ -239,9 +231,8 @@ func (tk *Ticket) Enqueued() time.Time { return tk.q.at(tk.enqueued) }
 // Dispatched returns the dispatch time, zero if never dispatched.
 func (tk *Ticket) Dispatched() time.Time {
 	tk.q.mu.Lock()
-	t := tk.dispatchedLocked()
-	tk.q.mu.Unlock()
-	return t
+	defer tk.q.mu.Unlock()
+	return tk.dispatchedLocked()
 }
 
 // dispatchedLocked is Dispatched.
@@ -255,9 +246,8 @@ func (tk *Ticket) dispatchedLocked() time.Time {
 // Boosted reports whether the ticket was dispatched from the boost lane.
 func (tk *Ticket) Boosted() bool {
 	tk.q.mu.Lock()
-	b := tk.boosted
-	tk.q.mu.Unlock()
-	return b
+	defer tk.q.mu.Unlock()
+	return tk.boosted
 }
 
 // ETA returns the wait predicted for the ticket, from its admission to
@@ -266,9 +256,8 @@ func (tk *Ticket) Boosted() bool {
 // queue could not predict it.
 func (tk *Ticket) ETA() time.Duration {
 	tk.q.mu.Lock()
-	eta := tk.eta
-	tk.q.mu.Unlock()
-	return eta
+	defer tk.q.mu.Unlock()
+	return tk.eta
 }
 
 // DispatchInfo is what the owner of a dispatched ticket reads of its
@@ -292,21 +281,19 @@ type DispatchInfo struct {
 func (tk *Ticket) Info() DispatchInfo {
 	q := tk.q
 	q.mu.Lock()
-	var d DispatchInfo
-	if tk.state == stateInflight || tk.state == stateReleased {
-		d = DispatchInfo{Dispatched: q.atLocked(tk.dispatched), Wait: time.Duration(tk.dispatched - tk.enqueued),
-			ETA: tk.eta, Boosted: tk.boosted, Fallback: tk.fallback, Quota: tk.ch != nil && tk.ch.quota != nil}
+	defer q.mu.Unlock()
+	if tk.state != stateInflight && tk.state != stateReleased {
+		return DispatchInfo{}
 	}
-	q.mu.Unlock()
-	return d
+	return DispatchInfo{Dispatched: q.atLocked(tk.dispatched), Wait: time.Duration(tk.dispatched - tk.enqueued),
+		ETA: tk.eta, Boosted: tk.boosted, Fallback: tk.fallback, Quota: tk.ch != nil && tk.ch.quota != nil}
 }
 
 // Err returns why the ticket ended without dispatch, or nil.
 func (tk *Ticket) Err() error {
 	tk.q.mu.Lock()
-	err := tk.err
-	tk.q.mu.Unlock()
-	return err
+	defer tk.q.mu.Unlock()
+	return tk.err
 }
 
 // ticketList is an intrusive doubly linked FIFO: removal from the middle

@@ -517,10 +517,10 @@ func (q *Queue) refundUpstreamTokensLocked(tk *Ticket) {
 // nothing remaining): nothing is dispatched to it before then.
 func (q *Queue) AccountExhausted(until time.Time) {
 	q.mu.Lock()
+	defer q.unlock()
 	if q.up != nil && until.After(q.up.until) {
 		q.up.until = until
 	}
-	q.unlock()
 }
 
 // UpstreamStatus is the account's state for metrics and reports.
