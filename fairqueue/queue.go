@@ -605,7 +605,7 @@ func (q *Queue) setTenantConfigsLocked() {
 //
 // In order: the request is priced (intakeLocked); the gates that refuse
 // whatever the queue holds (circuit breaker, queue limits, throttle,
-// tenant quota) have their say (gatesLocked); the wait budget is decided
+// tenant quota) have their say (admissionGatesLocked); the wait budget is decided
 // (decideLocked, unless it starts at once); then it starts at once or is
 // queued.
 func (q *Queue) Enqueue(r Request) (*Ticket, error) {
@@ -618,7 +618,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	q.mu.Lock()
 	defer q.unlock()
 	in := q.intakeLocked(&r)
-	hold, rej := q.gatesLocked(now, &r, &in, pre)
+	hold, rej := q.admissionGatesLocked(now, &r, &in, pre)
 	if in.tc.Quota == nil && pre.booked() {
 		// A reload took the quota away since the booking: give it back.
 		q.refundLaterLocked(r.Tenant, pre.limits, pre.tokens)
@@ -704,10 +704,10 @@ type quotaHold struct {
 	reason quota.Dimension
 }
 
-// gatesLocked runs the admission gates that refuse r whatever is queued:
+// admissionGatesLocked runs the gates that refuse r whatever is queued:
 // the circuit breaker, the queue's limits, the class's throttle and the
 // tenant's quota (with pre, the booking made before the lock).
-func (q *Queue) gatesLocked(now time.Time, r *Request, in *intake, pre *quotaBooking) (quotaHold, *Rejection) {
+func (q *Queue) admissionGatesLocked(now time.Time, r *Request, in *intake, pre *quotaBooking) (quotaHold, *Rejection) {
 	if q.circuit != nil {
 		if rej := q.circuitLocked(now, in.t, in.tc, r.Tenant, in.tokens); rej != nil {
 			return quotaHold{}, rej
@@ -1285,7 +1285,20 @@ func (q *Queue) noteIdleLocked() {
 }
 
 // dispatchLoopLocked starts what it can and reports whether it stopped
-// with a slot free and an eligible request waiting (the token gate).
+// with a slot free and an eligible request waiting (a gate shut).
+//
+// While a slot is free, the next request in tag order (nextLocked: the
+// boost lane, then the flows' heaps) meets the gates in turn:
+//
+//  1. the provider's pause (its Retry-After on a 429): nothing goes;
+//  2. the token cap: it waits for the tokens in flight to drain;
+//  3. its deadline: past it, it is answered (queue_timeout), not sent;
+//  4. its tenant's quota: its tenant is held, the next candidate goes;
+//  5. the provider account: the level it reported, then a draw; when the
+//     account cannot take it, a reserved tenant's request may go instead.
+//
+// Holds (a quota's, a tenant's cap) take a tenant's flows out of the heaps,
+// so nextLocked never offers what a hold keeps back.
 func (q *Queue) dispatchLoopLocked(now time.Time) (gated bool) {
 	if len(q.held) > 0 {
 		q.unholdDueLocked(now)
@@ -1305,67 +1318,113 @@ func (q *Queue) dispatchLoopLocked(now time.Time) (gated bool) {
 		if tk == nil {
 			return false
 		}
-		// Admission refuses a request larger than one upstream's token
-		// capacity, but a reload may lower the cap under a queued one: it
-		// still goes alone, so nothing deadlocks.
-		if q.tokenCap > 0 && q.inflight > 0 && q.inflightCost+tk.tokens > q.tokenCap {
+		if q.overTokenCapLocked(tk) {
 			return true
 		}
-		expired := !tk.deadline.IsZero() && !now.Before(tk.deadline)
-		if !expired && q.remoteStore {
-			// Booked at admission (gate.go): it goes at its tenant's
-			// next booked time, charged nothing more here.
-			if !q.bookedDueLocked(now, tk) {
-				continue
-			}
-		} else if !expired && tk.t.cfg.Quota != nil {
-			// Its tenant is held when its quota refuses; the others go on.
-			// With an account to draw on too, the tenant's quota is only
-			// asked here and charged once the account has taken it.
-			if q.up == nil && !q.chargeQuotaLocked(now, tk) || q.up != nil && !q.quotaAllowsLocked(now, tk) {
-				continue
-			}
-		}
-		if !expired && q.up != nil {
-			if ok, _ := q.levelAllowsLocked(now, tk); !ok {
-				q.up.heldAt = now
-				return true // the provider reported less left than tk needs
-			}
-		}
-		if !expired && q.up != nil && !q.upstreamChargeLocked(now, tk) {
-			// The account cannot take the request in tag order: only
-			// reserved tenants go, on their reservations, until it can.
-			if tk = q.reservedNextLocked(now); tk == nil {
-				return true
-			}
-			overtakes = false
-			if q.tokenCap > 0 && q.inflight > 0 && q.inflightCost+tk.tokens > q.tokenCap {
-				q.refundUpstreamLocked(tk)
-				return true
-			}
-			if tk.t.cfg.Quota != nil && !q.quotaAllowsLocked(now, tk) {
-				q.refundUpstreamLocked(tk)
-				continue
-			}
-		}
-		if !expired && q.up != nil && !q.remoteStore && tk.t.cfg.Quota != nil && !q.chargeQuotaLocked(now, tk) {
-			// A shared store: the tenant's quota was used elsewhere since
-			// the Peek. Its tenant is held now; the account gets its draw
-			// back.
-			q.refundUpstreamLocked(tk)
-			continue
-		}
-		// A dispatched ticket's flow is re-keyed once, by startLocked
-		// after the charge, rather than also here for the new head.
-		q.takeLocked(tk, expired)
-		if expired {
+		if !tk.deadline.IsZero() && !now.Before(tk.deadline) {
 			// Never dispatched after its deadline: the caller answers instead.
+			q.takeLocked(tk, true)
 			q.finishLocked(now, tk, stateExpired, q.timeoutLocked(now))
 			continue
 		}
-		q.startLocked(tk, now, q.since(now), overtakes)
+		next, v := q.dispatchGatesLocked(now, tk)
+		switch v {
+		case gateHeld:
+			continue
+		case gateShut:
+			return true
+		}
+		// A dispatched ticket's flow is re-keyed once, by startLocked
+		// after the charge, rather than also here for the new head.
+		q.takeLocked(next, false)
+		q.startLocked(next, now, q.since(now), overtakes && next == tk)
 	}
 	return false
+}
+
+// gateVerdict is what a dispatch gate says of the candidate in tag order.
+type gateVerdict int
+
+const (
+	gateOpen gateVerdict = iota // it goes (charged where the gate charges)
+	gateHeld                    // its tenant is held: the next candidate may go
+	gateShut                    // nothing more goes now
+)
+
+// overTokenCapLocked reports whether tk must wait for tokens in flight to
+// drain. Admission refuses a request larger than one upstream's token
+// capacity, but a reload may lower the cap under a queued one: it still
+// goes alone, so nothing deadlocks.
+func (q *Queue) overTokenCapLocked(tk *Ticket) bool {
+	return q.tokenCap > 0 && q.inflight > 0 && q.inflightCost+tk.tokens > q.tokenCap
+}
+
+// dispatchGatesLocked passes tk, the next request in tag order and within
+// its deadline, through the gates a dispatch has after the slot and the
+// token cap: its tenant's quota, then the provider account. The account
+// may send another request instead (a reserved tenant's, on its
+// reservation), which is returned.
+func (q *Queue) dispatchGatesLocked(now time.Time, tk *Ticket) (*Ticket, gateVerdict) {
+	if v := q.quotaGateLocked(now, tk); v != gateOpen || q.up == nil {
+		return tk, v
+	}
+	return q.accountGateLocked(now, tk)
+}
+
+// quotaGateLocked is the tenant quota's gate. On a shared store the
+// request was booked at admission (gate.go) and goes at its tenant's next
+// booked time, charged nothing more here. Otherwise its tenant is held
+// when its quota refuses; with an account to draw on too, the quota is
+// only asked here and charged once the account has taken the request.
+func (q *Queue) quotaGateLocked(now time.Time, tk *Ticket) gateVerdict {
+	switch {
+	case q.remoteStore:
+		if !q.bookedDueLocked(now, tk) {
+			return gateHeld
+		}
+	case tk.t.cfg.Quota == nil:
+	case q.up == nil:
+		if !q.chargeQuotaLocked(now, tk) {
+			return gateHeld
+		}
+	default:
+		if !q.quotaAllowsLocked(now, tk) {
+			return gateHeld
+		}
+	}
+	return gateOpen
+}
+
+// accountGateLocked is the provider account's gate: the level the
+// provider last reported, then a draw on the account. When the account
+// cannot take tk in tag order, only reserved tenants go, on their
+// reservations, until it can. Last, an in-process quota asked by
+// quotaGateLocked is charged; if it refuses after all, the account gets
+// its draw back.
+func (q *Queue) accountGateLocked(now time.Time, tk *Ticket) (*Ticket, gateVerdict) {
+	if ok, _ := q.levelAllowsLocked(now, tk); !ok {
+		q.up.heldAt = now
+		return tk, gateShut // the provider reported less left than tk needs
+	}
+	if !q.upstreamChargeLocked(now, tk) {
+		if tk = q.reservedNextLocked(now); tk == nil {
+			return nil, gateShut
+		}
+		if q.overTokenCapLocked(tk) {
+			q.refundUpstreamLocked(tk)
+			return tk, gateShut
+		}
+		if tk.t.cfg.Quota != nil && !q.remoteStore && !q.quotaAllowsLocked(now, tk) ||
+			q.remoteStore && !q.bookedDueLocked(now, tk) {
+			q.refundUpstreamLocked(tk)
+			return tk, gateHeld
+		}
+	}
+	if !q.remoteStore && tk.t.cfg.Quota != nil && !q.chargeQuotaLocked(now, tk) {
+		q.refundUpstreamLocked(tk)
+		return tk, gateHeld
+	}
+	return tk, gateOpen
 }
 
 // timeoutLocked is the answer to a request whose budget ran out queued.
