@@ -41,22 +41,27 @@ http://127.0.0.1:{{.Site}} {
 }
 `
 
+// The quota is high enough that each gateway sees about 550 of the
+// tenant's requests: a refusal rate per gateway then has a standard
+// error of about 3% of itself (binomial), and the 10% bound is three of
+// them. With 4 requests/s (110 a gateway) it was about 8%, and a run
+// under load failed the bound on noise alone (0.545, 0.573, 0.655).
 const (
-	cqwQPS     = 4  // the realtime tenant's quota, requests/s
-	cqwOffered = 11 // its requests/s over the three gateways: 2.75x
-	cqwSent    = 330
+	cqwQPS     = 20 // the realtime tenant's quota, requests/s
+	cqwOffered = 55 // its requests/s over the three gateways: 2.75x
+	cqwSent    = 1650
 	cqwBulk    = 10 // closed-loop bulk senders per gateway: its 4 slots stay busy
 )
 
 // TestClusterQuotaHeldThroughThreeGateways: three gateways behind a
-// round robin share a realtime tenant's quota (4 requests/s, 5 s budget)
+// round robin share a realtime tenant's quota (20 requests/s, 5 s budget)
 // while a batch tenant keeps every slot of every gateway busy with
 // requests of about 0.75 s, which run alike and so free their slots in
 // bunches. The tenant sends 2.75x its quota. Every answer is served or
 // refused at once at admission (429 quota_exceeded): none is a
 // queue_timeout (before: 25 of 330, the requests that lost the race for
 // the quota's next place to another gateway's, or waited for a slot past
-// their quota time); the three gateways refuse the same share of the
+// their quota time, at 4 requests/s); the three gateways refuse the same share of the
 // requests sent to them, within 10% of their mean (before: 0.58, 0.71 and
 // 0.76 in one run, each gateway refusing on its own estimate of the
 // others' queues); and the tenant is served its quota, within 5% (before:
