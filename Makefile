@@ -54,7 +54,7 @@ load: xcaddy
 	go -C xcaddy-test run ./fqload $(LOADFLAGS)
 
 # A sparse realtime tenant's waits under a flood, one gateway beside three
-# sharing the pool through Redis (issue 12's P95 bound; about a minute and a half;
+# sharing the pool through Redis (TestClusterSparseRealtime's 1.5x P95 bound; about a minute and a half;
 # needs redis-server, which `make test` installs).
 bench-cluster: xcaddy
 	go -C xcaddy-test test -run '^$$' -bench ClusterSparseRealtime -benchtime 1x ./e2e/

@@ -88,7 +88,7 @@ type ClusterConfig struct {
 	// last sync and charges each tenant that has requests queued with
 	// what the others served it meanwhile (package shares, one Redis
 	// stream). A tenant sending through several gateways then gets its
-	// weight's share of the cluster, not of each gateway; see README for
+	// weight's share of the cluster, not of each gateway; see docs/cluster.md for
 	// the bound. Redis down: each gateway is fair on its own.
 	ShareFairness bool `json:"share_fairness,omitempty"`
 }

@@ -6,7 +6,7 @@ import (
 )
 
 // TestPlaceholdersReachInnerProxy: the tenant, and the wait and cost known
-// at dispatch, are there for the inner proxy's header_up, as the README
+// at dispatch, are there for the inner proxy's header_up, as docs/http-contract.md
 // promises, through the lazy provider (placeholders.go).
 func TestPlaceholdersReachInnerProxy(t *testing.T) {
 	u := newFakeUpstream(t)

@@ -9,7 +9,7 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
-// The issue's shape: quota_defaults, a tenant with a tier and a quota
+// A full quota config: quota_defaults, a tenant with a tier and a quota
 // block, default_tenant with one, in the Caddyfile and in step with JSON.
 func TestCaddyfileQuota(t *testing.T) {
 	h, err := parseBlock(`fair_queue {

@@ -15,7 +15,7 @@ import (
 )
 
 // UpstreamQuotaConfig is the provider account behind the inner
-// reverse_proxy (seed 003): its requests and tokens per minute. Dispatch is
+// reverse_proxy: its requests and tokens per minute. Dispatch is
 // gated by it as by slots, each request's prompt and output cap
 // pre-deducted (what providers count at arrival) and its prompt corrected
 // to the provider's count; no 60 s window gets more than the limits,

@@ -7,7 +7,7 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
-// The fallback channel (seed 003): a second upstream pool, typically a
+// The fallback channel: a second upstream pool, typically a
 // second provider account, that the tenants it lists use transparently
 // when the primary cannot serve them: the primary account is out of quota
 // (the provider said so, or the shared pool is exhausted and the tenant's

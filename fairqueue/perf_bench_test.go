@@ -137,7 +137,7 @@ func BenchmarkStats(b *testing.B) {
 	}
 }
 
-// TestCycleAllocs holds the scheduling cycle to issue 14's one allocation
+// TestCycleAllocs holds the scheduling cycle to its one allocation
 // (the new request's ticket) at 10 and 100k tenants, in the rig of
 // BenchmarkScrapeDispatch: deadlines on every request, completions that
 // correct the estimate. Allocations are counted, not timed, so the bound

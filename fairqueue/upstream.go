@@ -10,7 +10,7 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
-// The upstream provider account's quota (seed 003): when the gateway fronts
+// The upstream provider account's quota: when the gateway fronts
 // a provider rather than its own GPUs, the bottleneck is the account's
 // requests and tokens per minute. Dispatch is gated by it as by slots: a
 // request goes only when a slot is free and the account has room for its

@@ -1,4 +1,4 @@
-// Package quota is the tenant quota engine of caddy-fair-queue (seed 004):
+// Package quota is the tenant quota engine of caddy-fair-queue:
 // per-tenant limits on requests per second, tokens per minute, and a joint
 // "request-equivalents per second" that weighs tokens against requests, each
 // with an elastic burst window that is paid back.

@@ -190,7 +190,7 @@ func (f *slotFlood) end() {
 	f.wg.Wait()
 }
 
-// TestClusterSharedSlotsRedisRestart (issue 12): Redis killed in the
+// TestClusterSharedSlotsRedisRestart: Redis killed in the
 // middle of a flood through three gateways sharing the pool and their
 // tenants' service, then restarted empty. No request fails because of it;
 // while it is down each gateway takes pool/instances (2 of 8); once it
@@ -262,7 +262,7 @@ func TestClusterSharedSlotsRedisRestart(t *testing.T) {
 	}
 }
 
-// TestClusterSharedSlots (issue 12): three gateways in front of one pool of
+// TestClusterSharedSlots: three gateways in front of one pool of
 // 2 fakes x 4 slots, each of which alone would fill the pool (its capacity
 // is the pool's 8): sharing the slots through Redis, the fakes never see
 // more than 8 requests at once under a flood through all three; a gateway
@@ -426,7 +426,7 @@ func clusterFloodRun(t *testing.T, prefix string, data map[string]any, floods ..
 	return done, gws
 }
 
-// TestClusterWeightedTenants (issue 12): two tenants of weights 2 and 1
+// TestClusterWeightedTenants: two tenants of weights 2 and 1
 // flood through different gateways sharing a pool of 6 slots: each
 // gateway's claim weighs its tenants' weights, so the pool serves them 2:1
 // (within 5%), not 1:1 as two gateways of equal demand would split it.
@@ -463,7 +463,7 @@ http://127.0.0.1:{{.Site}} {
 }
 `
 
-// TestClusterProviderAccount (issue 12): three gateways in front of one
+// TestClusterProviderAccount: three gateways in front of one
 // provider account of 6000 tokens/min draw on it together, through Redis:
 // over 8 s of a flood through all three, the tokens sent are the account's
 // rate x time + burst within 5%, not three times it.
@@ -513,7 +513,7 @@ func TestClusterProviderAccount(t *testing.T) {
 	}
 }
 
-// TestClusterSharedSlotsReleasedOnStop (issue 12): a gateway stopped the
+// TestClusterSharedSlotsReleasedOnStop: a gateway stopped the
 // usual way (SIGTERM) gives its grant of the shared slots back as it goes,
 // so the gateway left takes the whole pool, long before the lease (an
 // hour) would have given it back. (Requests the stopped gateway's clients
@@ -552,7 +552,7 @@ func TestClusterSharedSlotsReleasedOnStop(t *testing.T) {
 	}
 }
 
-// TestClusterSharedFairness (issue 12): tenant wide floods through both
+// TestClusterSharedFairness: tenant wide floods through both
 // gateways, tenant narrow through the second only, equal weights, one
 // pool of 6 slots. The first gateway claims 2 of them (one tenant's
 // weight), the second 4. Each gateway alone divides its slots among its

@@ -157,8 +157,8 @@ func sparseWaits(t testing.TB, rigs ...*sparseRig) [][]time.Duration {
 	return waits
 }
 
-// TestClusterSparseRealtime is issue 12's "a sparse realtime tenant's P95
-// wait within 1.5x of the single-instance run under the same flood": a
+// TestClusterSparseRealtime holds shared slots to "a sparse realtime tenant's
+// P95 wait within 1.5x of the single-instance run under the same flood": a
 // batch tenant floods a pool of 8 slots (2 fakes x 4, generations of 1 to
 // 3 s) with 24 clients through one gateway, and beside it, at the same
 // time, another pool through three gateways sharing it (share_slots),

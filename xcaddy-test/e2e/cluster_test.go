@@ -19,7 +19,7 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/harness"
 )
 
-// Cluster-wide tenant quotas end to end (issue 12): three gateways share
+// Cluster-wide tenant quotas end to end: three gateways share
 // one redis-server, so a tenant sending round-robin over them is held to
 // its quota, not three times it; when Redis dies no request fails for it,
 // each gateway decides on a third of the quota, and when it comes back
@@ -62,7 +62,7 @@ const (
 // timeouts), and a call over the timeout is an outage to the gateway
 // (quotas decided on its own share, pool/instances of the slots), which is
 // not what a test of the shared state measures. The tests of outages make
-// theirs by killing Redis. README's "Redis down or slow" says the same to
+// theirs by killing Redis. docs/cluster.md's "Redis down or slow" says the same to
 // users: a timeout below Redis's worst latency turns slowness into outages.
 const clusterTimeout = "1s"
 

@@ -41,7 +41,7 @@ func chromiumPath(t *testing.T) string {
 	return ""
 }
 
-// The dashboard's operator and password, behind basic_auth as the README
+// The dashboard's operator and password, behind basic_auth as docs/dashboard.md
 // mounts it.
 const (
 	dashUser     = "ops"

@@ -16,7 +16,7 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/harness"
 )
 
-// Early refusal end to end (issue 9): a gateway that names no
+// Early refusal end to end: a gateway that names no
 // throughput_prior knows nothing about its upstreams when a batch tenant
 // floods it with about three times what fits in its 10 s budget, all in
 // the first second. It must learn the rate from the flood itself (the busy

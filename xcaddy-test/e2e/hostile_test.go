@@ -45,7 +45,9 @@ http://127.0.0.1:{{.Site}} {
 }
 `
 
-// TestHostileInput: each attack of issue 8 through the binary, with the
+// TestHostileInput: each attack on the gateway's limits (huge max_tokens,
+// oversized and slow bodies, a flood of queued bodies, rotating tenant IDs,
+// a tenant past its in-flight cap) through the binary, with the
 // exact answer of the HTTP contract, the gateway alive, and a well-behaved
 // tenant served during it.
 func TestHostileInput(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/harness"
 )
 
-// A provider account (issue 11): the fake upstream enforces a TPM limit
+// A provider account: the fake upstream enforces a TPM limit
 // and answers 429 beyond it, as a provider does.
 
 const providerTmpl = `{

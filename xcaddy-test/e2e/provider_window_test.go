@@ -15,7 +15,7 @@ import (
 // A provider account against each way a provider keeps its minute: the
 // fake enforces the account as a token bucket, a rolling minute or a fixed
 // (clock) minute, charging prompt + max_tokens at arrival and answering
-// 429 beyond it. A 75 s peak at 1.75x the account, with the README's
+// 429 beyond it. A 75 s peak at 1.75x the account, with the documented
 // defaults (burst 2s, reserve_burst 6s): the gateway must send nothing the
 // provider refuses (its 429s <= 1% of what it sent), serve every VIP
 // request (reserved) within its budget, answer no caller server_busy after

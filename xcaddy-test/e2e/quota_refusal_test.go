@@ -18,8 +18,8 @@ import (
 // budget, and none after waiting out the budget (queue_timeout), even
 // when the gateway's estimate of a request is low. Here every request asks
 // for no max_tokens: the gateway prices it at default_max_tokens 50, the
-// model writes 150, so each costs the quota twice its estimate (the
-// issue's 181 against 261): the quota's real earliest times run later
+// model writes 150, so each costs the quota twice its estimate: the
+// quota's real earliest times run later
 // than admission first believes.
 
 const quotaRefusalTmpl = `{

@@ -15,7 +15,7 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/harness"
 )
 
-// Tenant quotas end to end (issue 10): a tenant over its token quota waits
+// Tenant quotas end to end: a tenant over its token quota waits
 // in its queue, holding no slot, when the quota allows it within its wait
 // budget, and is refused at once with 429 quota_exceeded and an exact
 // Retry-After when it does not; every answer to it carries OpenAI's
