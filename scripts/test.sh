@@ -55,6 +55,9 @@ go mod tidy -diff
 go -C xcaddy-test mod tidy -diff
 go -C cmd/fqsim mod tidy -diff
 
+echo "== docs: every test, file, make target and link README.md and docs/ name exists"
+./scripts/check-docs.sh
+
 echo "== go vet"
 go vet ./...
 go -C xcaddy-test vet ./...
