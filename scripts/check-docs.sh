@@ -1,5 +1,5 @@
 #!/bin/sh
-# (Not run by scripts/test.sh; run it after editing README.md or docs/.)
+# scripts/test.sh runs it first: a stale name fails at once.
 # Every test, benchmark, fuzz target, file and make target that README.md or
 # docs/*.md names must exist in the tree; every relative link must resolve.
 # Run from the repository root. Prints each missing name; exit 1 if any.
