@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -604,6 +606,66 @@ func TestClusterLeastConn(t *testing.T) {
 	hl, _ := mustLoad(t, fqConfig(queueName(t)+"_plain", u1, ""))
 	if _, ok := hl.proxy.LoadBalancing.SelectionPolicy.(*reverseproxy.LeastConnSelection); !ok {
 		t.Errorf("selection policy %T without share_slots, want least_conn", hl.proxy.LoadBalancing.SelectionPolicy)
+	}
+}
+
+// Concurrent Selects see one another's places at once, before
+// reverse_proxy counts a request on its upstream: a flood of requests
+// selected together fills each upstream to its target, never one past it
+// while another has room, and a request's end (or a retry's new Select)
+// frees its place. Before placements, every Select of a burst saw the
+// same counts and chose the same upstream.
+func TestClusterLeastConnConcurrentSelects(t *testing.T) {
+	u1, u2 := newFakeUpstream(t), newFakeUpstream(t)
+	mr := miniredis.RunT(t)
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"lcc:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
+	proxy := fmt.Sprintf(`{"handler":"reverse_proxy","upstreams":[{"dial":%q},{"dial":%q}]}`, u1.dial(), u2.dial())
+	h, _ := mustLoad(t, fmt.Sprintf(`{"name":%q,"tokenizer":"approx","proxy":%s,"cluster":%s}`, queueName(t), proxy, cluster))
+	p := h.proxy.LoadBalancing.SelectionPolicy.(*ClusterLeastConn)
+	if h.placed == nil || p.placed != h.placed {
+		t.Fatal("share_slots: the handler and its policy share no placements")
+	}
+	ups := h.proxy.Upstreams
+	eventually(t, "the first renewal", func() bool { return h.shared.slotView.Load() != nil })
+	targets := map[string]int{u1.dial(): 3, u2.dial(): 5}
+	h.shared.slotView.Store(&upstreamView{others: map[string]int{}, targets: targets})
+
+	const n = 8 // the targets' sum
+	places := make([]*placement, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range places {
+		wg.Go(func() {
+			r, pl := withPlacement(httptest.NewRequest("POST", "/", nil), h.placed)
+			places[i] = pl
+			<-start
+			if p.Select(ups, r, nil) == nil {
+				t.Error("no upstream selected")
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	got := map[string]int{}
+	for _, pl := range places {
+		got[pl.dial]++
+	}
+	if got[u1.dial()] != 3 || got[u2.dial()] != 5 {
+		t.Fatalf("%d concurrent selects placed %v, want the targets %v", n, got, targets)
+	}
+	// A retry moves its place; an end frees it.
+	r, pl := withPlacement(httptest.NewRequest("POST", "/", nil), h.placed)
+	_ = p.Select(ups, r, nil)
+	_ = p.Select(ups, r, nil)
+	if c := h.placed.n[u1.dial()] + h.placed.n[u2.dial()]; c != n+1 {
+		t.Errorf("after a retry %d places held, want %d (one per request)", c, n+1)
+	}
+	pl.release()
+	for _, pl := range places {
+		pl.release()
+	}
+	if len(h.placed.n) != 0 {
+		t.Errorf("places left after every request ended: %v", h.placed.n)
 	}
 }
 

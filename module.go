@@ -169,8 +169,11 @@ type Handler struct {
 	// least_conn, so dispatched requests spread over the free slots.
 	ProxyRaw json.RawMessage `json:"proxy,omitempty" caddy:"namespace=http.handlers inline_key=handler"`
 
-	proxy     *reverseproxy.Handler
-	shared    *sharedQueue
+	proxy  *reverseproxy.Handler
+	shared *sharedQueue
+	// placed is the shared queue's placements when the proxy selects with
+	// ClusterLeastConn (nil otherwise): each request carries its place.
+	placed    *placements
 	counter   llmapi.Counter // exact: for limits, light mode and streamed usage
 	estimator llmapi.Counter // bounded work: for the queue's order
 	qcfg      fairqueue.Config
@@ -599,7 +602,8 @@ func (h *Handler) joinQueue() error {
 	}
 	h.shared = val.(*sharedQueue)
 	if p, ok := h.proxy.LoadBalancing.SelectionPolicy.(*ClusterLeastConn); ok {
-		p.view = &h.shared.slotView
+		p.view, p.placed = &h.shared.slotView, &h.shared.placed
+		h.placed = p.placed
 	}
 	if err := h.shared.adopt(h); err != nil {
 		_, _ = queues.Delete(h.Name)

@@ -73,6 +73,9 @@ type sharedQueue struct {
 	// slotView is what the last renewal said of each upstream
 	// (ClusterLeastConn); nil when unknown.
 	slotView atomic.Pointer[upstreamView]
+	// placed is where ClusterLeastConn placed the requests in flight,
+	// across reloads (a request outlives the config that placed it).
+	placed placements
 	// slotGrant is the grant last applied (the cap on the queue's
 	// capacity), for the cluster_slot_grant gauge; -1 before the first.
 	slotGrant atomic.Int64

@@ -1,8 +1,10 @@
 package caddyfairqueue
 
 import (
+	"context"
 	"math/rand/v2"
 	"net/http"
+	"sync"
 	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2"
@@ -31,6 +33,65 @@ type ClusterLeastConn struct {
 	// view is the queue's last renewal's view of the upstreams, set by
 	// fair_queue.
 	view *atomic.Pointer[upstreamView]
+	// placed counts the queue's requests placed on each upstream and not
+	// yet ended, set by fair_queue (see placements).
+	placed *placements
+}
+
+// placements counts, by dial address, the requests Select placed on each
+// upstream that have not ended. reverse_proxy counts a request on its
+// upstream (NumRequests) only some steps after Select returns, so two
+// requests selected at once would both see the same room below a target
+// and go to the same upstream: at a flood's start, one upstream past its
+// share of the pool. Select places a request under the lock instead, so
+// the next Select sees it at once.
+type placements struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+// placement is one request's place, carried in its context from
+// fair_queue to Select: a retry (lb_retries) selects again, moving the
+// place, and the request's end frees it.
+type placement struct {
+	set  *placements
+	dial string // "" while not placed
+}
+
+// placementKey is the context key of a request's *placement.
+type placementKey struct{}
+
+// withPlacement returns r with a fresh placement in set, and the
+// placement, which the caller releases when the request ends.
+func withPlacement(r *http.Request, set *placements) (*http.Request, *placement) {
+	pl := &placement{set: set}
+	return r.WithContext(context.WithValue(r.Context(), placementKey{}, pl)), pl
+}
+
+// release frees the request's place, if it holds one.
+func (pl *placement) release() {
+	s := pl.set
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pl.moveLocked("")
+}
+
+// moveLocked frees the request's place and takes the one at dial ("":
+// none).
+func (pl *placement) moveLocked(dial string) {
+	s := pl.set
+	if pl.dial != "" {
+		if s.n[pl.dial]--; s.n[pl.dial] <= 0 {
+			delete(s.n, pl.dial)
+		}
+	}
+	pl.dial = dial
+	if dial != "" {
+		if s.n == nil {
+			s.n = make(map[string]int)
+		}
+		s.n[dial]++
+	}
 }
 
 // upstreamView is what a renewal of the grant says of each upstream, by
@@ -50,21 +111,44 @@ func (ClusterLeastConn) CaddyModule() caddy.ModuleInfo {
 
 // Select picks the available upstream with the most places left below
 // its target, then the fewest requests in flight cluster-wide, a random
-// one among ties.
-func (p *ClusterLeastConn) Select(pool reverseproxy.UpstreamPool, _ *http.Request, _ http.ResponseWriter) *reverseproxy.Upstream {
+// one among ties. A request fair_queue placed (placement in its context)
+// holds its place from here until it ends, so that concurrent Selects see
+// one another's choices.
+func (p *ClusterLeastConn) Select(pool reverseproxy.UpstreamPool, r *http.Request, _ http.ResponseWriter) *reverseproxy.Upstream {
 	var v upstreamView
 	if p.view != nil {
 		if cur := p.view.Load(); cur != nil {
 			v = *cur
 		}
 	}
+	var pl *placement
+	if r != nil {
+		pl, _ = r.Context().Value(placementKey{}).(*placement)
+	}
+	if pl == nil || p.placed == nil || pl.set != p.placed {
+		return pick(pool, v, nil)
+	}
+	p.placed.mu.Lock()
+	defer p.placed.mu.Unlock()
+	pl.moveLocked("") // a retry's place is chosen afresh
+	best := pick(pool, v, p.placed.n)
+	if best != nil {
+		pl.moveLocked(best.Dial)
+	}
+	return best
+}
+
+// pick is Select's choice given the view and the requests placed and not
+// yet counted by reverse_proxy (placed, by dial; nil: none): a request
+// counts once, as the larger of the two counts.
+func pick(pool reverseproxy.UpstreamPool, v upstreamView, placed map[string]int) *reverseproxy.Upstream {
 	var best *reverseproxy.Upstream
 	bestRoom, bestLoad, ties := 0, 0, 0
 	for _, u := range pool {
 		if !u.Available() {
 			continue
 		}
-		mine := u.NumRequests()
+		mine := max(u.NumRequests(), placed[u.Dial])
 		room, load := 0, mine+v.others[u.Dial]
 		if v.targets != nil {
 			room = max(v.targets[u.Dial]-mine, 0)

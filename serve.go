@@ -262,6 +262,11 @@ func (h *Handler) proxyAttempt(w http.ResponseWriter, r *http.Request, next cadd
 	if info.Fallback && h.Fallback != nil {
 		preq = h.Fallback.fallbackRequest(r)
 	}
+	if h.placed != nil && !info.Fallback {
+		var pl *placement
+		preq, pl = withPlacement(preq, h.placed)
+		defer pl.release()
+	}
 	perr := proxy.ServeHTTP(rec, preq, next)
 	if rec.provider429 {
 		// The proxy copied the refusal's headers: none of them is the
