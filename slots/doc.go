@@ -83,8 +83,12 @@
 // requests in flight where they are, then the rest of its grant one slot
 // at a time where the most room is left, room being the upstream's slots
 // less what the other live gateways hold there (the larger of their
-// targets and their requests in flight). Made each against the others',
-// the targets never hold an upstream past its slots (TestTargetsNeverOverUpstream);
+// targets and their requests in flight). What a gateway reports in flight
+// there is what it may have until it applies the targets returned: its
+// requests at the call, plus what it may dispatch during the round trip
+// by its last targets (at most what it holds beyond its requests in
+// flight). Made each against the others', the targets never hold an
+// upstream past its slots (TestTargetsNeverOverUpstream);
 // the caller places its requests below them first
 // (fair_queue_least_conn), and the pool's bound above holds whatever it
 // places.

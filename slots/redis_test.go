@@ -505,8 +505,12 @@ func testRenewedSince(t *testing.T, be *backend) {
 // Targets place each gateway's grant where the others leave room: over
 // random renewals of three gateways, each keeping its requests in flight
 // on each upstream within its last target (as fair_queue_least_conn
-// places them), no upstream is ever held past its slots by all of them
-// together, and a gateway with the pool to itself spreads it evenly.
+// places them), and dispatching during the renewal's round trip, by its
+// last target, as many as it holds beyond its requests in flight, no
+// upstream is ever held past its slots by all of them together, and a
+// gateway with the pool to itself spreads it evenly. (Without the
+// dispatches during the call counted, a renewal's new target could leave
+// them where another gateway was just given room.)
 func TestTargetsNeverOverUpstream(t *testing.T) { onBackends(t, testTargetsNeverOverUpstream) }
 
 func testTargetsNeverOverUpstream(t *testing.T, be *backend) {
@@ -515,10 +519,12 @@ func testTargetsNeverOverUpstream(t *testing.T, be *backend) {
 	names := []string{"a", "b", "c"}
 	target := map[string][]int{}
 	inflight := map[string][]int{}
+	capacity := map[string]int{}
 	for _, n := range names {
 		target[n], inflight[n] = make([]int, ups), make([]int, ups)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
+	during := 0 // requests dispatched during a renewal's round trip
 	for step := range 3000 {
 		n := names[rng.IntN(len(names))]
 		loads := make([]Load, ups)
@@ -529,18 +535,30 @@ func testTargetsNeverOverUpstream(t *testing.T, be *backend) {
 			total += inflight[n][u]
 			loads[u] = Load{Upstream: fmt.Sprintf("u%d", u), Inflight: inflight[n][u], Slots: per}
 		}
-		g, err := b.Sync(bg, Renewal{Instance: n, Slots: ups * per, Demand: 20, Holding: total, Weight: float64(1 + rng.IntN(3)), Loads: loads})
+		holding := max(total, capacity[n])
+		g, err := b.Sync(bg, Renewal{Instance: n, Slots: ups * per, Demand: 20, Holding: holding, Weight: float64(1 + rng.IntN(3)), Loads: loads})
 		if err != nil {
 			t.Fatal(err)
 		}
-		free := 0 // placements beyond the requests in flight
+		// Meanwhile it dispatched by its last targets, within what it
+		// held (the others' renewals may come before it applies the new
+		// ones: checked below as if they all did).
+		spare := holding - total
+		for _, u := range rng.Perm(ups) {
+			k := rng.IntN(min(max(target[n][u]-inflight[n][u], 0), spare) + 1)
+			inflight[n][u] += k
+			spare -= k
+			during += k
+		}
+		free := 0 // placements beyond the requests in flight when it called
 		for u := range ups {
 			target[n][u] = g.Targets[fmt.Sprintf("u%d", u)]
-			free += max(target[n][u]-inflight[n][u], 0)
+			free += max(target[n][u]-loads[u].Inflight, 0)
 		}
 		if free > max(g.Slots-total, 0) {
 			t.Fatalf("step %d: %s's targets %v leave %d places beside %d in flight, past its grant %d", step, n, target[n], free, total, g.Slots)
 		}
+		capacity[n] = min(g.Slots, target[n][0]+target[n][1]+target[n][2])
 		// Every upstream: the gateways' holds (target or in flight) within its slots.
 		for u := range ups {
 			held := 0
@@ -551,6 +569,9 @@ func testTargetsNeverOverUpstream(t *testing.T, be *backend) {
 				t.Fatalf("step %d: upstream u%d held %d > %d slots (targets %v, in flight %v)", step, u, held, per, target, inflight)
 			}
 		}
+	}
+	if during == 0 {
+		t.Fatal("no request was dispatched during a renewal: the case is not exercised")
 	}
 	// Alone with the pool: its grant spread over the three upstreams.
 	be.flush()

@@ -5,7 +5,8 @@
 -- since).
 -- KEYS[2]: the upstreams' hash, instance -> "<upstream> <in flight>
 -- <target> ..." (each gateway's requests in flight on each upstream of the
--- pool, and where it places its grant).
+-- pool, or as many as it may have there until it applies its targets, and
+-- where it places its grant).
 -- ARGV: instance, demand, inflight, slots, ttl_ms, weight_milli, channel,
 -- since_ms (0: not asked), then triples: upstream, this gateway's requests in flight on it, its
 -- slots (0 when unhealthy).
@@ -157,14 +158,30 @@ if #ARGV >= 11 then
       end
     end
   end
-  local list, left = {}, grant
+  local list, left, placed = {}, grant, 0
   for i = 9, #ARGV - 2, 3 do
     local u, f, c = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
     local room = math.max(c - (taken[u] or 0), 0)
     -- Every request in flight counts against the grant, where it is.
     left = left - f
+    placed = placed + f
     table.insert(list, {u = u, f = f, room = room, g = math.min(f, room)})
   end
+  -- What this gateway may have on each upstream until it applies the
+  -- targets returned: its requests there when it called, and more up to
+  -- its last target there, since it goes on dispatching by that target
+  -- during the round trip, as many as it holds beyond its requests in
+  -- flight. The others keep off that until its next renewal: without it,
+  -- when every gateway renews at once (a flood starting), a new target
+  -- could leave requests above it where the others were just given room.
+  local last = {}
+  local prev = redis.call('HGET', upkey, inst)
+  if prev then
+    for u, _, g in string.gmatch(prev, '(%S+) (%d+) (%d+)') do
+      last[u] = tonumber(g)
+    end
+  end
+  local spare = math.max(inflight - placed, 0)
   while left > 0 do
     local best = nil
     for _, e in ipairs(list) do
@@ -178,7 +195,8 @@ if #ARGV >= 11 then
   end
   local parts = {}
   for _, e in ipairs(list) do
-    table.insert(parts, e.u .. ' ' .. e.f .. ' ' .. e.g)
+    local may = e.f + math.min(math.max((last[e.u] or 0) - e.f, 0), spare)
+    table.insert(parts, e.u .. ' ' .. may .. ' ' .. e.g)
     table.insert(out, e.u)
     table.insert(out, others[e.u] or 0)
     table.insert(out, e.g)
