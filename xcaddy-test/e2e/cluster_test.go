@@ -37,7 +37,7 @@ http://127.0.0.1:{{.Site}} {
 			instances 3
 			timeout   ` + clusterTimeout + `
 		}
-		tenant metered weight 1 class interactive wait_budget 1s {
+		tenant metered weight 1 class interactive wait_budget {{.Budget}} {
 			quota tokens_per_min {{.TPM}} burst_window 10s burst_allow 0.2
 		}
 		reverse_proxy {{.Upstreams}} {
@@ -49,12 +49,23 @@ http://127.0.0.1:{{.Site}} {
 `
 
 const (
-	clusterTPM     = 60000 // 1000 tokens/s
-	clusterTau     = 2.0   // s: burst_allow 0.2 x burst_window 10s
-	clusterOutput  = 190   // output tokens per request; ~200 with the prompt
-	clusterOffered = 15    // requests/s over the three gateways: ~3x the quota
-	clusterBudget  = time.Second
+	clusterTPM     = 60000       // 1000 tokens/s
+	clusterTau     = 2.0         // s: burst_allow 0.2 x burst_window 10s
+	clusterOutput  = 190         // output tokens per request; ~200 with the prompt
+	clusterOffered = 15          // requests/s over the three gateways: ~3x the quota
+	clusterBudget  = time.Second // times Slowdown: see clusterWaitBudget
 )
+
+// clusterWaitBudget is the metered tenant's wait budget: clusterBudget
+// stretched by the machine's Slowdown. The test's bound is on the answers
+// (none a queue_timeout: each request's quota time is fixed at admission),
+// and with a 1 s budget on a 2-core machine running two busy loops and
+// the suite beside it a gateway stalled past a booked request's deadline
+// (2 of 306 queue_timeout in one such run): a budget is a wait the
+// gateway keeps, and a wait is what FQ_TEST_SLOWDOWN stretches. The quota
+// ratios below are unchanged by it (the down phase counts the booking
+// horizon, which is this budget).
+func clusterWaitBudget() time.Duration { return harness.Scale(clusterBudget) }
 
 // clusterTimeout is the timeout per Redis call of every cluster block in
 // these tests, not the 50ms default: a loopback redis-server on a loaded
@@ -149,7 +160,7 @@ func TestClusterQuota(t *testing.T) {
 	for range 3 {
 		p := harness.Ports(t, "Admin", "Site")
 		c := startCaddy(t, clusterTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
-			"Upstreams": addrs(fakes...), "TPM": clusterTPM, "Redis": rs.url()})
+			"Upstreams": addrs(fakes...), "TPM": clusterTPM, "Redis": rs.url(), "Budget": clusterWaitBudget()})
 		gws = append(gws, c)
 		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
 	}
@@ -328,10 +339,10 @@ func TestClusterQuota(t *testing.T) {
 	// at rest (a third of the burst each): together the quota again, far
 	// from three times it. The requests booked in Redis before it died
 	// still go, at their times: at most the booking horizon's worth of
-	// the quota (the 1 s budget) on top. Over the 8 s, a request is 2% of
+	// the quota (the budget) on top. Over the 8 s, a request is 2% of
 	// the tokens, and each of the three meters may be a request ahead at
 	// the end of the span: at most 1.10x.
-	expectDown := expect(down) + rate*clusterBudget.Seconds()
+	expectDown := expect(down) + rate*clusterWaitBudget().Seconds()
 	ratioDown := float64(down.tokens) / expectDown
 	t.Logf("redis down: %d requests, %d tokens over %v; quota allows %.0f (with the places booked before): ratio %.3f",
 		down.n, down.tokens, time.Duration(down.last-down.first), expectDown, ratioDown)

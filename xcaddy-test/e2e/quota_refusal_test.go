@@ -41,10 +41,13 @@ http://127.0.0.1:{{.Site}} {
 }
 `
 
-// TestQuotaHeldRefusedEarly: 6 requests/s of about 170 actual tokens
+// TestQuotaHeldRefusedEarly: 8 requests/s of about 170 actual tokens
 // against 30,000 tokens/min (about 2.9 of them a second) for 40 s; the
 // interactive budget is 15 s. It runs alone: refusals are timed against
-// the budget.
+// the budget. The offered rate gives about 200 refusals, so that the 1%
+// bound tolerates one straggler as stated: at 6 requests/s (about 80
+// refusals) it tolerated none, and one of 79 came late in a run with two
+// busy loops and the suite beside it.
 func TestQuotaHeldRefusedEarly(t *testing.T) {
 	fakes := startFakes(t, 1, "qre", harness.FakeOptions{Slots: 8, TTFT: 5 * time.Millisecond, PerToken: time.Millisecond,
 		DefaultOutput: 150})
@@ -60,7 +63,7 @@ func TestQuotaHeldRefusedEarly(t *testing.T) {
 	var mu sync.Mutex
 	var out []timedResult
 	var wg sync.WaitGroup
-	tick := time.NewTicker(time.Second / 6)
+	tick := time.NewTicker(time.Second / 8)
 	end := time.Now().Add(40 * time.Second)
 	for i := 0; time.Now().Before(end); i++ {
 		wg.Go(func() {
