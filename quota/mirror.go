@@ -131,6 +131,19 @@ func (m *Mirror) DecidesOn(l *Limits) *Limits { return l.Scale(m.share) }
 // tolerance and held this gateway back.
 func (m *Mirror) Holds() uint64 { return m.holds.Load() }
 
+// Pending reports whether charges were made since the last Sync: a
+// caller about to drop the Mirror syncs it once more if so.
+func (m *Mirror) Pending() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, e := range m.meters {
+		if e.requests != 0 || e.tokens != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // note records a call on key, with the net charge it made.
 func (m *Mirror) note(key string, l *Limits, requests, tokens int64) {
 	now := m.clock()

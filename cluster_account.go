@@ -1,0 +1,64 @@
+package caddyfairqueue
+
+import (
+	"context"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// The provider account in a cluster (docs/cluster-accounts.md). The queue
+// draws on the account (upstream_quota, its reservations, a fallback's
+// account) under its lock at every dispatch, so those draws are made on a
+// quota.Mirror: in memory, each gateway on 1/instances of the account. The
+// mirror's Sync, which pushes the gateway's draws to Redis and reads the
+// shared meters back, is the only network call, and it is made here, on a
+// goroutine of its own every sync interval, never under the queue's lock
+// nor on the tick.
+
+// syncAccount starts a sync of the account with Redis when a sync
+// interval has passed and none is in flight. A panic in it is logged (as
+// the tick's) and the next interval starts another.
+func (s *sharedQueue) syncAccount(h *Handler, now time.Time) {
+	cs := h.cluster
+	if cs == nil || cs.account == nil {
+		return
+	}
+	if now.UnixNano()-s.acctSyncAt.Load() < int64(cs.sync) || !s.acctSyncing.CompareAndSwap(false, true) {
+		return
+	}
+	s.acctSyncAt.Store(now.UnixNano())
+	go func() {
+		defer s.acctSyncing.Store(false)
+		defer guardBackground(h.logger, "the sync of the provider account", s.name, nil)
+		ok := cs.syncAccount(s.name, true)
+		switch {
+		case cs.closed.Load():
+		case !ok && s.acctUp.CompareAndSwap(true, false):
+			h.logger.Named("cluster").Warn("redis unreachable: the provider account is decided on this gateway's share (1/instances) without the others' draws until it answers",
+				zap.String("queue", s.name))
+		case ok && !s.acctUp.Swap(true):
+			h.logger.Named("cluster").Debug("syncing the provider account through redis", zap.String("queue", s.name))
+		}
+	}()
+}
+
+// syncAccount makes one Sync of the account, bounded by the cluster's
+// budget for each of its calls, and counts it (when counted: not the last
+// one, made as the client closes). It reports whether every call reached
+// Redis.
+func (cs *clusterStore) syncAccount(queue string, counted bool) bool {
+	// One call per meter (the account, each reservation, the fallback's
+	// account), each bounded by the store's own timeout (the budget).
+	ctx, cancel := context.WithTimeout(context.Background(), 4*cs.budget)
+	defer cancel()
+	start := time.Now()
+	err := cs.account.Sync(ctx)
+	if counted && !cs.closed.Load() {
+		clusterAccountSyncSeconds.WithLabelValues(queue).Observe(time.Since(start).Seconds())
+		if err != nil {
+			clusterAccountSyncErrors.WithLabelValues(queue).Inc()
+		}
+	}
+	return err == nil
+}
