@@ -43,14 +43,19 @@ func (s *sharedQueue) syncAccount(h *Handler, now time.Time) {
 	}()
 }
 
-// syncAccount makes one Sync of the account, bounded by the cluster's
-// budget for each of its calls, and counts it (when counted: not the last
-// one, made as the client closes). It reports whether every call reached
-// Redis.
+// syncAccount makes one Sync of the account and counts it (when
+// counted: not the last one, made as the client closes). It reports
+// whether every call reached Redis.
 func (cs *clusterStore) syncAccount(queue string, counted bool) bool {
 	// One call per meter (the account, each reservation, the fallback's
-	// account), each bounded by the store's own timeout (the budget).
-	ctx, cancel := context.WithTimeout(context.Background(), 4*cs.budget)
+	// account), each bounded by the store's own timeout (the budget); the
+	// whole by a few of them, or, for the last one, which a Cleanup waits
+	// for, by one.
+	bound := 4 * cs.budget
+	if !counted {
+		bound = cs.budget
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
 	start := time.Now()
 	err := cs.account.Sync(ctx)
