@@ -161,3 +161,47 @@ func TestAccountDecidedOffLockOnRemoteStore(t *testing.T) {
 		t.Logf("observed: %d of %d remote store calls under the lock with the account on it", store.underLock.Load(), store.calls.Load())
 	})
 }
+
+// TestAccountMirrorLargeRequestAtRest: on a gateway's share of an account
+// (a Mirror of instances 3: a third of 6000 tokens a minute, whose 2 s
+// burst holds 63 tokens), a request of 115 tokens is larger than the
+// burst; it fits only the meter at rest, and goes as soon as the meter
+// is at rest, one increment after the one before, not later (asked for
+// room it never gets, it waited its increment less the burst more:
+// requests of a cluster's gateways then used 0.6 of the account).
+func TestAccountMirrorLargeRequestAtRest(t *testing.T) {
+	cfg := testConfig(8, map[string]float64{"b": 1})
+	cfg.UpstreamQuota = &UpstreamQuota{TPM: 6000}
+	clk := NewManualClock(t0)
+	mirror := quota.NewMirror(quota.NewMemory(clk.Now), quota.MirrorOptions{Instances: 3, Clock: clk.Now})
+	cfg.AccountStore = mirror
+	q, err := New(cfg, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.SetHealthy(1)
+	first, err := q.Enqueue(Request{Tenant: "b", Cost: 115})
+	if err != nil || !dispatched(first) {
+		t.Fatalf("first request: %v, dispatched %v; want it sent on the meter at rest", err, dispatched(first))
+	}
+	second, err := q.Enqueue(Request{Tenant: "b", Cost: 115})
+	if err != nil || dispatched(second) {
+		t.Fatalf("second request: %v, dispatched %v; want it queued", err, dispatched(second))
+	}
+	inc := mirror.DecidesOn(q.up.acct).Increment(quota.DimTokens, 115)
+	if inc <= q.up.acct.Tolerance() {
+		t.Fatalf("the request's increment %v on the share is within the burst %v: not the case tested", inc, q.up.acct.Tolerance())
+	}
+	clk.Set(t0.Add(inc - time.Millisecond))
+	q.Tick()
+	if dispatched(second) {
+		t.Fatal("the second request went before the meter was at rest")
+	}
+	clk.Set(t0.Add(inc))
+	q.Tick()
+	if !dispatched(second) {
+		t.Errorf("the second request not sent when the meter came to rest (%v after the first)", inc)
+	}
+	first.Release(UnknownCost)
+	second.Release(UnknownCost)
+}

@@ -243,10 +243,22 @@ func newUpstream(cfg *Config, old *upstream) (*upstream, error) {
 // a meter at rest, or it never would.
 func (q *Queue) fitsLocked(key string, l *quota.Limits, tokens int64, tol time.Duration) (quota.Decision, bool) {
 	d, ok := q.fitsStrictLocked(key, l, tokens, tol)
-	if ok {
+	if ok || restedStatus(d.Status) {
 		return d, true
 	}
-	return d, restedStatus(d.Status)
+	if _, ok := q.accountStoreLocked().(quota.Scaled); ok {
+		// It fits at rest at the latest: a request larger than the
+		// burst would otherwise be told to wait for room it never gets
+		// (its own increment past the tolerance) and wait that much
+		// past the time it may go. On a gateway's share of a cluster's
+		// account (quota.Mirror) such requests are common: the share's
+		// burst is 1/instances of the account's. (The in-process store
+		// keeps the longer wait for now, and with it a single gateway's
+		// schedule unchanged.)
+		rest := max(d.Status.Requests.Reset, d.Status.Tokens.Reset, d.Status.Joint.Reset)
+		d.RetryAfter = min(d.RetryAfter, rest)
+	}
+	return d, false
 }
 
 // fitsStrictLocked is fitsLocked without the exception for a meter at
