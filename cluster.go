@@ -117,7 +117,9 @@ type clusterStore struct {
 	// memory under the queue's lock, synced with Redis off it
 	// (cluster_account.go).
 	account *quota.Mirror
-	closed  atomic.Bool
+	// accountKey is account's key in accounts.
+	accountKey string
+	closed     atomic.Bool
 	// broker shares the upstream slots (share_slots), nil otherwise;
 	// instances, sync and timeout are the config's.
 	broker *slots.Broker
@@ -236,7 +238,20 @@ func (h *Handler) provisionCluster() error {
 		// The account is drawn on under the queue's lock at every
 		// dispatch: decided in memory, on this gateway's share, and
 		// synced with Redis off the lock (syncAccount).
-		cs.account = quota.NewMirror(rs, quota.MirrorOptions{Instances: c.Instances})
+		// The mirror outlives the config (accounts): a reload keeps what
+		// this gateway drew, and its new client takes over the syncs.
+		cs.accountKey = accountKey(queue, c.Instances)
+		val, loaded, err := accounts.LoadOrNew(cs.accountKey, func() (caddy.Destructor, error) {
+			return accountMirror{quota.NewMirror(rs, quota.MirrorOptions{Instances: c.Instances})}, nil
+		})
+		if err != nil {
+			client.Close()
+			return err
+		}
+		cs.account = val.(accountMirror).Mirror
+		if loaded {
+			cs.account.SetShared(rs)
+		}
 		h.qcfg.AccountStore = cs.account
 	}
 	// The script in Redis beforehand makes the first decision one round
@@ -292,6 +307,9 @@ func (h *Handler) closeCluster() {
 		// closes (a reload's next config starts a mirror of its own,
 		// which reads them back at its first sync). One sync, bounded.
 		cs.syncAccount(h.Name, false)
+	}
+	if cs.account != nil {
+		_, _ = accounts.Delete(cs.accountKey)
 	}
 	// The once is spent here if no sync made the subscription: none can
 	// be made on a closing client.

@@ -2,7 +2,11 @@ package caddyfairqueue
 
 import (
 	"context"
+	"strconv"
 	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
+	"github.com/caddyserver/caddy/v2"
 
 	"go.uber.org/zap"
 )
@@ -15,6 +19,23 @@ import (
 // shared meters back, is the only network call, and it is made here, on a
 // goroutine of its own every sync interval, never under the queue's lock
 // nor on the tick.
+
+// accounts holds each queue's account mirror across config loads, as
+// queues holds the queue: a reload that started fresh local meters would
+// hand the gateway a second burst of its share of the account, which the
+// provider's minute does not forgive. Keyed by the queue's name and its
+// instances (a new count is a new share, so new meters).
+var accounts = caddy.NewUsagePool()
+
+// accountMirror is a Mirror in accounts; nothing to release.
+type accountMirror struct{ *quota.Mirror }
+
+func (accountMirror) Destruct() error { return nil }
+
+// accountKey names the account mirror of queue among instances gateways.
+func accountKey(queue string, instances int) string {
+	return queue + "\x00" + strconv.Itoa(max(instances, 1))
+}
 
 // syncAccount starts a sync of the account with Redis when a sync
 // interval has passed and none is in flight. A panic in it is logged (as

@@ -57,3 +57,40 @@ func TestClusterAccountMirror(t *testing.T) {
 	}
 	eventually(t, "failed syncs counted", func() bool { return counterValue(clusterAccountSyncErrors, name) > errs })
 }
+
+// TestClusterAccountMirrorSurvivesReload: a reload keeps the account's
+// mirror (what the gateway drew stays counted: fresh local meters would
+// give it a second burst of its share), hands its syncs to the new
+// config's Redis client, and the mirror is released with the queue's last
+// config.
+func TestClusterAccountMirrorSurvivesReload(t *testing.T) {
+	u := newFakeUpstream(t)
+	mr1, mr2 := miniredis.RunT(t), miniredis.RunT(t)
+	name := queueName(t)
+	cfg := func(mr *miniredis.Miniredis) string {
+		return fqConfig(name, u, fmt.Sprintf(`"upstream_quota":{"tpm":6000000,"rpm":60000},"cluster":{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"acct:"}`, mr.Addr()))
+	}
+	h1, stop1 := mustLoad(t, cfg(mr1))
+	g := newGateway(t, h1)
+	if r := g.post("a", chatBody("")); r.status != http.StatusOK {
+		t.Fatalf("before the reload: %d %s", r.status, r.body)
+	}
+	h2, stop2 := mustLoad(t, cfg(mr2))
+	if h2.cluster.account != h1.cluster.account {
+		t.Fatal("the reload made a new account mirror: the gateway's draws would start over")
+	}
+	stop1()
+	g.h.Store(h2)
+	mr1.FlushAll()
+	if r := g.post("a", chatBody("")); r.status != http.StatusOK {
+		t.Fatalf("after the reload: %d %s", r.status, r.body)
+	}
+	eventually(t, "the account's meter in the new redis, pushed by the new config's sync", func() bool { return mr2.Exists("acct:i{upstream}") })
+	if len(mr1.Keys()) != 0 {
+		t.Errorf("keys in the old redis after the reload: %v", mr1.Keys())
+	}
+	stop2()
+	if _, ok := accounts.References(accountKey(name, 2)); ok {
+		t.Error("the account mirror is still held after the queue's last config was cleaned up")
+	}
+}

@@ -78,7 +78,8 @@ const mirrorForget = time.Minute
 // and the local decisions go on. A Status is the local meter's, at
 // 1/Instances: what this gateway may still draw.
 type Mirror struct {
-	shared Syncer
+	sharedMu sync.Mutex
+	shared   Syncer // guarded by sharedMu
 	local  *Memory
 	share  float64
 	clock  func() time.Time
@@ -121,6 +122,16 @@ func NewMirror(shared Syncer, opts MirrorOptions) *Mirror {
 	}
 	return &Mirror{shared: shared, local: NewMemory(clock), share: instanceShare(opts.Instances),
 		clock: clock, meters: make(map[string]*mirrorMeter)}
+}
+
+// SetShared makes s the store the next Syncs push to, the local meters
+// kept: a config reload's new Redis client takes over the mirror, so the
+// gateway's draws stay counted across the reload instead of starting a
+// fresh burst.
+func (m *Mirror) SetShared(s Syncer) {
+	m.sharedMu.Lock()
+	defer m.sharedMu.Unlock()
+	m.shared = s
 }
 
 // DecidesOn implements Scaled: the local decisions are on 1/Instances of
@@ -219,6 +230,9 @@ func (m *Mirror) Status(ctx context.Context, tenant string, l *Limits) (Status, 
 func (m *Mirror) Sync(ctx context.Context) error {
 	m.syncMu.Lock()
 	defer m.syncMu.Unlock()
+	m.sharedMu.Lock()
+	shared := m.shared
+	m.sharedMu.Unlock()
 	now := m.clock()
 	var span time.Duration
 	if !m.lastSync.IsZero() {
@@ -239,7 +253,7 @@ func (m *Mirror) Sync(ctx context.Context) error {
 	var errs []error
 	for i := range m.batch {
 		p := &m.batch[i]
-		st, err := m.shared.Add(ctx, p.key, p.limits, p.requests, p.tokens)
+		st, err := shared.Add(ctx, p.key, p.limits, p.requests, p.tokens)
 		if err != nil {
 			errs = append(errs, err)
 			continue
