@@ -112,7 +112,14 @@ const defaultClusterTimeout = 50 * time.Millisecond
 type clusterStore struct {
 	client redis.UniversalClient
 	store  *quota.Fallback
-	closed atomic.Bool
+	// account keeps the provider account's meters (upstream_quota, its
+	// reservations, the fallback's account), nil without one: decided in
+	// memory under the queue's lock, synced with Redis off it
+	// (cluster_account.go).
+	account *quota.Mirror
+	// accountKey is account's key in accounts.
+	accountKey string
+	closed     atomic.Bool
 	// broker shares the upstream slots (share_slots), nil otherwise;
 	// instances, sync and timeout are the config's.
 	broker *slots.Broker
@@ -227,6 +234,26 @@ func (h *Handler) provisionCluster() error {
 	}
 	h.cluster = cs
 	h.qcfg.QuotaStore = cs.store
+	if h.qcfg.UpstreamQuota != nil || h.qcfg.Fallback != nil && h.qcfg.Fallback.UpstreamQuota != nil {
+		// The account is drawn on under the queue's lock at every
+		// dispatch: decided in memory, on this gateway's share, and
+		// synced with Redis off the lock (syncAccount).
+		// The mirror outlives the config (accounts): a reload keeps what
+		// this gateway drew, and its new client takes over the syncs.
+		cs.accountKey = accountKey(queue, c.Instances)
+		val, loaded, err := accounts.LoadOrNew(cs.accountKey, func() (caddy.Destructor, error) {
+			return accountMirror{quota.NewMirror(rs, quota.MirrorOptions{Instances: c.Instances})}, nil
+		})
+		if err != nil {
+			client.Close()
+			return err
+		}
+		cs.account = val.(accountMirror).Mirror
+		if loaded {
+			cs.account.SetShared(rs)
+		}
+		h.qcfg.AccountStore = cs.account
+	}
 	// The script in Redis beforehand makes the first decision one round
 	// trip. Redis may not be up yet: the first decision finds that out.
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
@@ -274,6 +301,15 @@ func (h *Handler) closeCluster() {
 	cs := h.cluster
 	if cs == nil || !cs.closed.CompareAndSwap(false, true) {
 		return
+	}
+	if cs.account != nil && cs.account.Pending() {
+		// The draws since the last sync go to Redis before the client
+		// closes (a reload's next config starts a mirror of its own,
+		// which reads them back at its first sync). One sync, bounded.
+		cs.syncAccount(h.Name, false)
+	}
+	if cs.account != nil {
+		_, _ = accounts.Delete(cs.accountKey)
 	}
 	// The once is spent here if no sync made the subscription: none can
 	// be made on a closing client.

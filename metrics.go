@@ -78,11 +78,25 @@ var (
 		Help: "Units charged to tenants' quotas, corrected to actual usage, by meter: requests (qps), tokens, request-equivalents (joint). rate()*60 over quota_limit is the tenant's occupancy.",
 	}, []string{"queue", "tenant", "meter"})
 	queueCollector = &stateCollector{}
+	// The provider account's syncs with the cluster's Redis
+	// (cluster_account.go).
+	clusterAccountSyncSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+		Name:    "cluster_account_sync_seconds",
+		Help:    "With upstream_quota (or a fallback's) and a cluster: how long each sync of the provider account with Redis took (this gateway's draws pushed, the shared meters read back), errors included. The account is decided in memory on 1/instances of it; only the sync waits on Redis, off the queue's lock.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+	}, []string{"queue"})
+	clusterAccountSyncErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+		Name: "cluster_account_sync_errors_total",
+		Help: "With upstream_quota (or a fallback's) and a cluster: syncs of the provider account with Redis that failed (unreachable or past the timeout). Their draws are not pushed; each gateway goes on deciding on its 1/instances of the account.",
+	}, []string{"queue"})
 )
 
 var collectors = []prometheus.Collector{requestsTotal, waitSeconds, estimatedTokens, actualTokens,
 	boostsTotal, etaRatio, budgetRefusals, budgetLeftRatio, degradeTransitions, quotaLimited, quotaCharged,
-	circuitTransitions, providerRefusals, fallbacks, usageClamped, queueCollector, clusterFallbacks, clusterShared, clusterShareFailures, clusterSlotMoves, clusterStateCollector, clusterRedisSeconds}
+	circuitTransitions, providerRefusals, fallbacks, usageClamped, queueCollector, clusterFallbacks, clusterShared, clusterShareFailures, clusterSlotMoves, clusterStateCollector, clusterRedisSeconds,
+	clusterAccountSyncSeconds, clusterAccountSyncErrors}
 
 // registerMetrics adds the collectors to a config's registry; registering
 // into a registry that already has them (two handlers, one config) is fine.

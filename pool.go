@@ -92,6 +92,12 @@ type sharedQueue struct {
 	sharesUp     atomic.Bool
 	shareMine    []shares.Served
 	shareTheirs  []shares.Served
+	// acctSyncAt and acctSyncing pace the syncs of the provider account
+	// with Redis (cluster_account.go); acctUp says whether the last one
+	// reached it.
+	acctSyncAt  atomic.Int64
+	acctSyncing atomic.Bool
+	acctUp      atomic.Bool
 
 	mu sync.Mutex
 	// owners are the handlers whose config loads have started, oldest
@@ -327,6 +333,7 @@ func (s *sharedQueue) tick() {
 		}
 		s.syncSlots(h, time.Now())
 		s.syncShares(h, time.Now())
+		s.syncAccount(h, time.Now())
 	}
 	s.q.Tick()
 	s.sample(h)

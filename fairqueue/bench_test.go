@@ -41,6 +41,8 @@ type cycleOpts struct {
 	// account: a provider account (upstream_quota) that never binds;
 	// tenantQuota: a tenant quota on every tenant that never binds.
 	account, tenantQuota bool
+	// mirror: the account on a quota.Mirror (Config.AccountStore).
+	mirror bool
 	// circuit: a circuit breaker that never trips (every arrival counted
 	// on it, every completion's busy time learned, its saturation told).
 	circuit bool
@@ -94,6 +96,23 @@ func BenchmarkCycleAccount(b *testing.B) {
 	}
 }
 
+// BenchmarkCycleAccountStore is BenchmarkCycleAccount's account on the
+// queue's in-process store (memory: a gateway alone) and on a
+// quota.Mirror (mirror: the AccountStore a cluster sets, here over a
+// Memory as its shared store): what the mirror's bookkeeping adds under
+// the lock. Its Sync, made off the lock every sync interval, is not part
+// of a cycle.
+func BenchmarkCycleAccountStore(b *testing.B) {
+	for _, n := range []int{10, 1000} {
+		b.Run(fmt.Sprintf("tenants=%d/memory", n), func(b *testing.B) {
+			benchCycle(b, n, cycleOpts{deadlines: true, backfill: true, declared: true, account: true})
+		})
+		b.Run(fmt.Sprintf("tenants=%d/mirror", n), func(b *testing.B) {
+			benchCycle(b, n, cycleOpts{deadlines: true, backfill: true, declared: true, account: true, mirror: true})
+		})
+	}
+}
+
 // BenchmarkCycleCircuit is BenchmarkCycleDeclared with a circuit
 // breaker over the tenants' two tiers, and with it and a provider account
 // (three resources): what the circuit adds to a scheduling cycle.
@@ -123,6 +142,9 @@ func benchCycle(b *testing.B, n int, o cycleOpts) {
 		cfg := q.Config()
 		if o.account {
 			cfg.UpstreamQuota = &UpstreamQuota{RPM: 6e10, TPM: 6e12}
+		}
+		if o.mirror {
+			cfg.AccountStore = quota.NewMirror(quota.NewMemory(clk.Now), quota.MirrorOptions{Clock: clk.Now})
 		}
 		if o.tenantQuota {
 			cfg.Default.Quota = quota.MustCompile(quota.Config{QPS: 1e8, TokensPerMin: 1e12})

@@ -132,6 +132,13 @@ type Config struct {
 	// QuotaStore keeps the tenants' quota meters; nil means an in-process
 	// store owned by the queue (kept across Reconfigure).
 	QuotaStore quota.Store
+	// AccountStore keeps the provider account's meters (UpstreamQuota,
+	// its reservations, the fallback's account), which the queue draws on
+	// under its lock as it dispatches; nil means QuotaStore (the
+	// in-process store when that is nil too). A cluster sets a
+	// quota.Mirror here: answered in memory, synced with Redis off the
+	// lock, so that no network call is made under it.
+	AccountStore quota.Store
 	// Circuit, when set, sheds tenants tier by tier, lowest first, while
 	// demand stays above what the upstreams serve (see circuit.go).
 	Circuit *degrade.CircuitConfig

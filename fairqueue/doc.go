@@ -149,8 +149,10 @@
 // # Several gateways (cluster)
 //
 // Several gateways in front of one pool each run a Queue. What they share
-// goes through the quota Store (Config.QuotaStore: tenant quotas and the
-// provider account) and through the slots each holds of the pool
+// goes through the quota Store (Config.QuotaStore: tenant quotas, and the
+// provider account unless Config.AccountStore keeps it apart: a
+// quota.Mirror, decided in memory on 1/instances of the account and
+// synced with the shared store off the lock) and through the slots each holds of the pool
 // (SetSlotLimit, from package slots): each gateway's capacity is its
 // grant, its weighted max-min fair share of the pool by demand, weighted
 // by BackloggedWeight, the weights of the tenants it has requests queued

@@ -34,7 +34,8 @@ type FallbackConfig struct {
 	UpstreamQuota *UpstreamQuota
 }
 
-// fallbackAccountKey is the fallback account's meter in the quota store.
+// fallbackAccountKey is the fallback account's meter in the account
+// store (accountStoreLocked).
 const fallbackAccountKey = "\x00fallback"
 
 type fallback struct {

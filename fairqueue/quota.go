@@ -39,6 +39,17 @@ func (q *Queue) quotaStoreLocked() quota.Store {
 	return q.quotas
 }
 
+// accountStoreLocked returns the store the provider account's meters are
+// kept in (the account, its reservations, the fallback's account):
+// Config.AccountStore, else the quota store. The queue calls it under its
+// lock (upstream.go, fallback.go).
+func (q *Queue) accountStoreLocked() quota.Store {
+	if q.cfg.AccountStore != nil {
+		return q.cfg.AccountStore
+	}
+	return q.quotaStoreLocked()
+}
+
 // quotaAdmitLocked is the quota's part of admission: how long the request
 // must wait for its tenant's quota behind the tenant's queued requests
 // (their estimates corrected by what the tenant's requests really cost,
@@ -204,7 +215,8 @@ func (q *Queue) reconcileQuotaLocked(tk *Ticket, actual int64) {
 // landed (refundedLocked). The in-process store, answering in
 // nanoseconds, reconciles under the lock as before.
 type deferredReconcile struct {
-	store          quota.Store
+	// store is the tenants' quota store, acct the account's.
+	store, acct    quota.Store
 	t              *tenant
 	quota          *quota.Limits // the tenant's quota charged, nil if none
 	upKey          string
@@ -220,12 +232,20 @@ type deferredReconcile struct {
 
 // deferReconcileLocked takes tk's reconciliations off tk when they are to
 // run after the lock (a shared store); completeLocked then finds nothing
-// to reconcile.
+// to reconcile. The account's are left to completeLocked when its store
+// is an AccountStore that answers in memory (a Mirror).
 func (q *Queue) deferReconcileLocked(tk *Ticket, actual, prompt int64) (deferredReconcile, bool) {
-	if q.cfg.QuotaStore == nil || actual < 0 || (tk.quotaLimits() == nil && tk.upLimits() == nil) {
+	if q.cfg.QuotaStore == nil || actual < 0 {
 		return deferredReconcile{}, false
 	}
-	d := deferredReconcile{store: q.cfg.QuotaStore, t: tk.t, quota: tk.quotaLimits(), up: tk.upLimits(),
+	up := tk.upLimits()
+	if q.cfg.AccountStore != nil && !isRemote(q.cfg.AccountStore) {
+		up = nil
+	}
+	if tk.quotaLimits() == nil && up == nil {
+		return deferredReconcile{}, false
+	}
+	d := deferredReconcile{store: q.cfg.QuotaStore, acct: q.accountStoreLocked(), t: tk.t, quota: tk.quotaLimits(), up: up,
 		tokens: tk.tokens, actual: actual, upCounted: providerCount(tk, prompt)}
 	if d.quota != nil {
 		q.noteQuotaUseLocked(tk, actual)
@@ -321,9 +341,9 @@ func (q *Queue) reconcileDeferred(d deferredReconcile) {
 		_, _ = d.store.Reconcile(context.Background(), d.t.name, d.quota, d.tokens, d.actual)
 	}
 	if d.up != nil && d.upCounted != d.tokens {
-		_, _ = d.store.Reconcile(context.Background(), d.upKey, d.up, d.tokens, d.upCounted)
+		_, _ = d.acct.Reconcile(context.Background(), d.upKey, d.up, d.tokens, d.upCounted)
 		if d.res != nil {
-			_, _ = d.store.Reconcile(context.Background(), d.resKey, d.res, d.tokens, d.upCounted)
+			_, _ = d.acct.Reconcile(context.Background(), d.resKey, d.res, d.tokens, d.upCounted)
 		}
 	}
 	if d.actual >= d.tokens {

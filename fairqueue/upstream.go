@@ -243,10 +243,22 @@ func newUpstream(cfg *Config, old *upstream) (*upstream, error) {
 // a meter at rest, or it never would.
 func (q *Queue) fitsLocked(key string, l *quota.Limits, tokens int64, tol time.Duration) (quota.Decision, bool) {
 	d, ok := q.fitsStrictLocked(key, l, tokens, tol)
-	if ok {
+	if ok || restedStatus(d.Status) {
 		return d, true
 	}
-	return d, restedStatus(d.Status)
+	if _, ok := q.accountStoreLocked().(quota.Scaled); ok {
+		// It fits at rest at the latest: a request larger than the
+		// burst would otherwise be told to wait for room it never gets
+		// (its own increment past the tolerance) and wait that much
+		// past the time it may go. On a gateway's share of a cluster's
+		// account (quota.Mirror) such requests are common: the share's
+		// burst is 1/instances of the account's. (The in-process store
+		// keeps the longer wait for now, and with it a single gateway's
+		// schedule unchanged.)
+		rest := max(d.Status.Requests.Reset, d.Status.Tokens.Reset, d.Status.Joint.Reset)
+		d.RetryAfter = min(d.RetryAfter, rest)
+	}
+	return d, false
 }
 
 // fitsStrictLocked is fitsLocked without the exception for a meter at
@@ -259,17 +271,23 @@ func (q *Queue) fitsLocked(key string, l *quota.Limits, tokens int64, tol time.D
 // not. The Decision carries the Status, and RetryAfter is how long until
 // the request fits.
 func (q *Queue) fitsStrictLocked(key string, l *quota.Limits, tokens int64, tol time.Duration) (quota.Decision, bool) {
-	st, err := q.quotaStoreLocked().Status(context.Background(), key, l)
+	st, err := q.accountStoreLocked().Status(context.Background(), key, l)
 	if err != nil {
 		return quota.Decision{Allowed: true}, true
 	}
 	d := quota.Decision{Status: st, Allowed: true}
+	inc := l
+	if sc, ok := q.accountStoreLocked().(quota.Scaled); ok {
+		// The request counts at what the store charges it (a Mirror:
+		// on this gateway's share of the account).
+		inc = sc.DecidesOn(l)
+	}
 	for _, dim := range []quota.Dimension{quota.DimQPS, quota.DimTokens, quota.DimJoint} {
 		m := st.Meter(dim)
 		if !m.Enabled {
 			continue
 		}
-		if over := m.Reset + l.Increment(dim, tokens) - tol; over > 0 {
+		if over := m.Reset + inc.Increment(dim, tokens) - tol; over > 0 {
 			d.Allowed = false
 			if over > d.RetryAfter {
 				d.RetryAfter, d.Reason = over, dim
@@ -304,7 +322,7 @@ func (q *Queue) reservedFitsLocked(tk *Ticket) bool {
 // drawLocked charges tk's estimate to meter key and records it on the
 // ticket for reconciliation.
 func (q *Queue) drawLocked(tk *Ticket, key string, l *quota.Limits) bool {
-	d, err := q.quotaStoreLocked().Charge(context.Background(), key, l, tk.tokens)
+	d, err := q.accountStoreLocked().Charge(context.Background(), key, l, tk.tokens)
 	switch {
 	case err != nil:
 		return true // a store that fails lets the request go, uncharged
@@ -333,7 +351,7 @@ func (q *Queue) refundUpstreamLocked(tk *Ticket) {
 	if tk.upLimits() == nil {
 		return
 	}
-	s := q.quotaStoreLocked()
+	s := q.accountStoreLocked()
 	_, _ = s.Refund(context.Background(), tk.ch.upKey, tk.ch.upLimits, tk.tokens)
 	if tk.ch.resLimits != nil {
 		_, _ = s.Refund(context.Background(), tk.ch.resKey, tk.ch.resLimits, tk.tokens)
@@ -394,7 +412,7 @@ func (q *Queue) drawReservedLocked(tk *Ticket) bool {
 	if !q.drawLocked(tk, upstreamPoolKey, q.up.acct) {
 		return false
 	}
-	d, err := q.quotaStoreLocked().Charge(context.Background(), key, l, tk.tokens)
+	d, err := q.accountStoreLocked().Charge(context.Background(), key, l, tk.tokens)
 	switch {
 	case err != nil:
 		return true // a store that fails lets the request go
@@ -419,7 +437,7 @@ func (q *Queue) reservedInTimeLocked(now time.Time, t *tenant, b quota.Backlog, 
 	if l == nil || !t.known || deadline.IsZero() {
 		return false
 	}
-	d, err := q.quotaStoreLocked().Peek(context.Background(), upstreamReservePfx+t.name, l, b)
+	d, err := q.accountStoreLocked().Peek(context.Background(), upstreamReservePfx+t.name, l, b)
 	if err != nil {
 		return false
 	}
@@ -477,7 +495,7 @@ func (q *Queue) reconcileUpstreamLocked(tk *Ticket, prompt int64) {
 		return
 	}
 	if counted := providerCount(tk, prompt); counted != tk.tokens {
-		s := q.quotaStoreLocked()
+		s := q.accountStoreLocked()
 		_, _ = s.Reconcile(context.Background(), tk.ch.upKey, tk.ch.upLimits, tk.tokens, counted)
 		if tk.ch.resLimits != nil {
 			_, _ = s.Reconcile(context.Background(), tk.ch.resKey, tk.ch.resLimits, tk.tokens, counted)
@@ -503,7 +521,7 @@ func (q *Queue) refundUpstreamTokensLocked(tk *Ticket) {
 	if tk.upLimits() == nil {
 		return
 	}
-	s := q.quotaStoreLocked()
+	s := q.accountStoreLocked()
 	_, _ = s.Reconcile(context.Background(), tk.ch.upKey, tk.ch.upLimits, tk.tokens, 0)
 	if tk.ch.resLimits != nil {
 		_, _ = s.Reconcile(context.Background(), tk.ch.resKey, tk.ch.resLimits, tk.tokens, 0)
@@ -553,7 +571,7 @@ func (q *Queue) Upstream() UpstreamStatus {
 	if u == nil {
 		return UpstreamStatus{}
 	}
-	s := q.quotaStoreLocked()
+	s := q.accountStoreLocked()
 	now := q.clock.Now()
 	u.sent.prune(now)
 	st := UpstreamStatus{Configured: true, Reserved: make(map[string]quota.Status, len(u.names)),
@@ -596,7 +614,7 @@ func (tk *Ticket) Requeue() bool {
 		tk.ch.booked = true
 		t.addBookingLocked(q.since(now))
 	case tk.quotaLimits() != nil:
-		_, _ = q.quotaStoreLocked().Refund(context.Background(), t.name, tk.ch.quota, tk.tokens)
+		_, _ = q.accountStoreLocked().Refund(context.Background(), t.name, tk.ch.quota, tk.tokens)
 		tk.ch.quota = nil
 	}
 	q.refundUpstreamTokensLocked(tk)

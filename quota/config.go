@@ -236,6 +236,27 @@ func (l *Limits) inc(i int, tokens int64) int64 {
 	return int64(v)
 }
 
+// netInc is how far a batch of requests and tokens moves meter i: the
+// increments of requests requests and of tokens tokens, summed before
+// rounding, either count negative (a net refund); 0 when i is off.
+func (l *Limits) netInc(i int, requests, tokens int64) int64 {
+	iv := l.interval[i]
+	if iv == 0 {
+		return 0
+	}
+	var units float64
+	switch i {
+	case dimQPS:
+		units = float64(requests)
+	case dimTokens:
+		units = float64(tokens)
+	default:
+		units = float64(requests) + float64(tokens)*l.weight
+	}
+	v := math.Round(units * iv)
+	return int64(min(max(v, -float64(maxInc)), float64(maxInc)))
+}
+
 // BacklogIncrement is how far the charges of backlog b advance meter d's
 // theoretical arrival time: the increments of its requests, summed
 // before rounding; 0 when d is off.

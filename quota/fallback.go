@@ -131,7 +131,7 @@ func NewFallback(primary Store, local *Memory, opts FallbackOptions) *Fallback {
 		rest:     make(map[string]int64),
 	}
 	if opts.Instances > 1 {
-		f.share, f.n = 1/float64(opts.Instances), int64(opts.Instances)
+		f.share, f.n = instanceShare(opts.Instances), int64(opts.Instances)
 	}
 	if opts.Retry > 0 {
 		f.retry = int64(opts.Retry)
@@ -280,6 +280,17 @@ func (f *Fallback) seenAtRest(tenant string) bool {
 	at, ok := f.rest[tenant]
 	f.restMu.Unlock()
 	return ok && at <= now
+}
+
+// instanceShare is the share of a store's limits each of n instances
+// decides on alone (a Fallback in an outage, a Mirror always): 1/n, so
+// that together they admit at most what the shared store would
+// (Limits.Scale); 1 for n <= 1.
+func instanceShare(n int) float64 {
+	if n <= 1 {
+		return 1
+	}
+	return 1 / float64(n)
 }
 
 // localLimits counts a local answer and returns the limits it decides on.

@@ -235,6 +235,22 @@ func Reconcile(t *TATs, l *Limits, now, estimated, actual int64) {
 	}
 }
 
+// Add moves every meter of t by a batch of charges decided elsewhere
+// (Mirror.Sync): requests requests and tokens tokens, either negative for
+// a net refund. A positive move adds debt from max(TAT, now), as Charge
+// does, without a test; a negative one takes it back, never below now,
+// as Reconcile does.
+func Add(t *TATs, l *Limits, now, requests, tokens int64) {
+	for i := 0; i < numDims; i++ {
+		switch d := l.netInc(i, requests, tokens); {
+		case d > 0:
+			t[i] = max(t[i], now) + d
+		case d < 0:
+			t[i] = max(t[i]+d, now)
+		}
+	}
+}
+
 // Refund moves every meter of t back by the increment of a request of
 // tokens, never below now (see Store.Refund).
 func Refund(t *TATs, l *Limits, now, tokens int64) {

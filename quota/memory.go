@@ -180,3 +180,38 @@ func (m *Memory) Len() int {
 	defer m.mu.Unlock()
 	return len(m.tenants)
 }
+
+// Add implements Syncer: a batch of charges decided elsewhere, added
+// without a test (see the package function Add).
+func (m *Memory) Add(_ context.Context, tenant string, l *Limits, requests, tokens int64) (Status, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.nowLocked()
+	t := m.writeLocked(tenant, now)
+	Add(&t, l, now, requests, tokens)
+	if t.Rested(now) {
+		delete(m.tenants, tenant)
+	} else {
+		m.tenants[tenant] = t
+	}
+	return StatusOf(&t, l, now), nil
+}
+
+// raise puts tenant's meters that l enables at least debt[i] ahead of
+// now, lowering none: a Mirror holding back for debt the cluster ran up
+// (Mirror.Sync).
+func (m *Memory) raise(tenant string, l *Limits, debt [numDims]int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.nowLocked()
+	t := m.stateLocked(tenant, now)
+	changed := false
+	for i := 0; i < numDims; i++ {
+		if l.interval[i] != 0 && debt[i] > 0 && now+debt[i] > t[i] {
+			t[i], changed = now+debt[i], true
+		}
+	}
+	if changed {
+		m.tenants[tenant] = t
+	}
+}

@@ -315,6 +315,25 @@ func (r *Redis) Refund(ctx context.Context, tenant string, l *Limits, tokens int
 	return StatusOf(&t, l, now), nil
 }
 
+// Add implements Syncer: the reconcile script with every meter moved by
+// the batch (one call; a read when the batch is empty).
+func (r *Redis) Add(ctx context.Context, tenant string, l *Limits, requests, tokens int64) (Status, error) {
+	if requests == 0 && tokens == 0 {
+		return r.Status(ctx, tenant, l)
+	}
+	move := func(i int) string {
+		if l.interval[i] == 0 {
+			return ""
+		}
+		return strconv.FormatInt(l.netInc(i, requests, tokens), 10)
+	}
+	_, now, t, err := r.run(ctx, tenant, opReconcile, "0", r.margin, move(dimQPS), move(dimTokens), move(dimJoint))
+	if err != nil {
+		return Status{}, err
+	}
+	return StatusOf(&t, l, now), nil
+}
+
 // Status implements Store: one read-only script call.
 func (r *Redis) Status(ctx context.Context, tenant string, l *Limits) (Status, error) {
 	_, now, t, err := r.run(ctx, tenant, opRead)

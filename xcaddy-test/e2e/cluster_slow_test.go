@@ -23,6 +23,7 @@ const clusterSlowTmpl = `{
 http://127.0.0.1:{{.Site}} {
 	fair_queue {
 		max_inflight 32
+		{{.Extra}}
 		cluster {
 			redis     redis://{{.Redis}}
 			instances 2
@@ -48,9 +49,16 @@ type slowGateway struct {
 
 func startSlowGateway(t *testing.T, redisAddr, timeout, prefix string, qps int, fakes []*harness.Fake) slowGateway {
 	t.Helper()
+	return startSlowGatewayWith(t, redisAddr, timeout, prefix, qps, "", fakes)
+}
+
+// startSlowGatewayWith is startSlowGateway with extra settings of the
+// fair_queue block (one line).
+func startSlowGatewayWith(t *testing.T, redisAddr, timeout, prefix string, qps int, extra string, fakes []*harness.Fake) slowGateway {
+	t.Helper()
 	p := harness.Ports(t, "Admin", "Site")
 	c := startCaddy(t, clusterSlowTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"], "Redis": redisAddr,
-		"Timeout": timeout, "Prefix": prefix, "QPS": qps, "Upstreams": addrs(fakes...)})
+		"Timeout": timeout, "Prefix": prefix, "QPS": qps, "Extra": extra, "Upstreams": addrs(fakes...)})
 	waitMetricEq(t, c, 64, "caddy_fair_queue_capacity")
 	return slowGateway{c, fmt.Sprintf("http://127.0.0.1:%d", p["Site"])}
 }
@@ -194,4 +202,64 @@ func TestClusterSlowRedis(t *testing.T) {
 		t.Errorf("redis down: the metered tenant was served %d requests in %v; want some, and at most %.0f (half its quota, locally)", served.Load(), took, allowed)
 	}
 	t.Logf("redis past timeout: %d metered requests served in %v (local share: 10/s)", served.Load(), took)
+}
+
+// TestClusterSlowRedisProviderAccount: TestClusterSlowRedis with a
+// provider account (upstream_quota), which every request draws on at
+// dispatch, under the queue's lock. With Redis 100 ms away each way and
+// timeout 500ms, the tenant without a quota is still served as fast as
+// with Redis next to the gateway (within 1.5x): the account is decided in
+// memory on the gateway's share of it (a quota.Mirror) and synced with
+// Redis off the lock (before, its Status and Charge went to Redis under
+// the lock, two round trips per dispatch that every tenant waited on). The
+// syncs reach Redis (cluster_account_sync_seconds counts them, none
+// failed). The account is large enough not to bind: what is measured is
+// the lock, not the account.
+func TestClusterSlowRedisProviderAccount(t *testing.T) {
+	rs := startRedis(t)
+	fakes := startFakes(t, 2, "cslowacct", harness.FakeOptions{Slots: 64, TTFT: time.Millisecond, PerToken: 100 * time.Microsecond})
+	far := harness.StartDelayProxy(t, rs.addr(), 100*time.Millisecond)
+	const account = "upstream_quota rpm 60000 tpm 10000000"
+	near := startSlowGatewayWith(t, rs.addr(), "500ms", "anear:", 20, account, fakes)
+	slow := startSlowGatewayWith(t, far.Addr(), "500ms", "afar:", 20, account, fakes)
+	waitMetricEq(t, slow.c, 1, "caddy_fair_queue_cluster_redis_up")
+
+	var tookNear, tookFar time.Duration
+	for i := range 2 {
+		d, codes := mixedRun(t, near, fmt.Sprint("anear", i))
+		tookNear += d
+		t.Logf("redis near, run %d: unmetered 400 in %v; answers %v", i, d, codes)
+		d, codes = mixedRun(t, slow, fmt.Sprint("afar", i))
+		tookFar += d
+		t.Logf("redis 100 ms away, run %d: unmetered 400 in %v; answers %v", i, d, codes)
+		for tenant, byCode := range codes {
+			for code, n := range byCode {
+				switch {
+				case code == "200 ":
+				case tenant == "metered" && (code == "429 quota_exceeded" || code == "503 wait_budget_exceeded"):
+				default:
+					t.Errorf("redis far: %d answers %q to %s", n, code, tenant)
+				}
+			}
+		}
+		if codes["free"]["200 "] != 400 {
+			t.Errorf("redis far: %d of the unmetered tenant's 400 served; want all", codes["free"]["200 "])
+		}
+	}
+	ratio := tookFar.Seconds() / tookNear.Seconds()
+	t.Logf("unmetered tenant with a provider account: %v with redis near, %v with redis 100 ms away: ratio %.2f", tookNear, tookFar, ratio)
+	if ratio > 1.5 {
+		t.Errorf("the unmetered tenant took %.2fx as long with redis 100 ms away (%v against %v); want at most 1.5x", ratio, tookFar, tookNear)
+	}
+	s := scrape(t, slow.c)
+	syncs, errs := metric(s, "caddy_fair_queue_cluster_account_sync_seconds_count"), metric(s, "caddy_fair_queue_cluster_account_sync_errors_total")
+	if syncs == 0 || errs != 0 {
+		t.Errorf("redis 200 ms round trip, timeout 500ms: %v syncs of the account, %v failed; want some, none failed", syncs, errs)
+	}
+	if syncs > 0 {
+		t.Logf("observed: %v syncs of the account, %.0f ms each on average", syncs, 1000*metric(s, "caddy_fair_queue_cluster_account_sync_seconds_sum")/syncs)
+	}
+	if up := metric(s, "caddy_fair_queue_cluster_redis_up"); up != 1 {
+		t.Errorf("redis_up %v with redis 200 ms away and timeout 500ms; want 1", up)
+	}
 }
