@@ -80,9 +80,9 @@ const mirrorForget = time.Minute
 type Mirror struct {
 	sharedMu sync.Mutex
 	shared   Syncer // guarded by sharedMu
-	local  *Memory
-	share  float64
-	clock  func() time.Time
+	local    *Memory
+	share    float64
+	clock    func() time.Time
 
 	mu     sync.Mutex
 	meters map[string]*mirrorMeter // guarded by mu
