@@ -166,8 +166,9 @@ func (s *sharedQueue) syncSlotsOnce(h *Handler) {
 	ctx, cancel := context.WithTimeout(context.Background(), cs.budget)
 	defer cancel()
 	since := s.slotRestoreSince.Load()
+	holds, loads := s.beginRenewal(h, holding)
 	g, err := cs.broker.Sync(ctx, slots.Renewal{Instance: s.instance, Slots: pool, Demand: demand,
-		Holding: holding, Weight: weight, Loads: slotLoads(h), Since: since})
+		Holding: holding, Weight: weight, Loads: loads, Since: since})
 	if cs.closed.Load() {
 		return // the config was replaced: its client is closed, the next one syncs
 	}
@@ -184,7 +185,7 @@ func (s *sharedQueue) syncSlotsOnce(h *Handler) {
 	}
 	s.slotWeight.Store(math.Float64bits(weight))
 	if g.Others != nil {
-		s.slotView.Store(&upstreamView{others: g.Others, targets: g.Targets})
+		s.slotView.Store(&upstreamView{others: g.Others, targets: g.Targets, holds: holds})
 	} else {
 		s.slotView.Store(nil) // Redis down: each gateway balances its own
 	}
@@ -262,13 +263,55 @@ func (s *sharedQueue) restoring(cs *clusterStore, g slots.Grant, since int64) bo
 	return since != 0
 }
 
+// beginRenewal starts a renewal: until it is applied, the gateway places
+// its requests within what the renewal's call will tell the others it may
+// have on each upstream (holdsUntilNext, as slots' sync.lua counts it),
+// not within its targets: a request ending during the call frees a place
+// the next one must take where it was, not below a target elsewhere that
+// the others may be given meanwhile. The loads are taken and the view
+// set under the placements' lock, which Select places under, so every
+// request placed before is in the loads and none after goes past them.
+// It returns the holds, which stand after the renewal too, beside its
+// targets, until the next one starts (nil while Redis is down: the view
+// is then nil and the gateway balances its own).
+func (s *sharedQueue) beginRenewal(h *Handler, holding int) (holds map[string]int, loads []slots.Load) {
+	s.placed.mu.Lock()
+	defer s.placed.mu.Unlock()
+	loads = slotLoads(h, s.placed.n)
+	if v := s.slotView.Load(); v != nil {
+		holds = holdsUntilNext(loads, v.targets, holding)
+		s.slotView.Store(&upstreamView{others: v.others, targets: holds})
+	}
+	return holds, loads
+}
+
+// holdsUntilNext is what a renewal tells the other gateways this one may
+// have on each upstream until its next renewal, as sync.lua counts it:
+// its requests there at the call (loads), plus, up to its targets then
+// (prev), as many as it holds beyond its requests in flight (holding less
+// the loads), which it may dispatch during the call.
+func holdsUntilNext(loads []slots.Load, prev map[string]int, holding int) map[string]int {
+	spare := holding
+	for _, l := range loads {
+		spare -= l.Inflight
+	}
+	holds := make(map[string]int, len(loads))
+	for _, l := range loads {
+		holds[l.Upstream] = l.Inflight + min(max(prev[l.Upstream]-l.Inflight, 0), max(spare, 0))
+	}
+	return holds
+}
+
 // slotLoads is what this gateway has in flight on each upstream of the
 // pool and what each holds (the others' ClusterLeastConn count the
 // former; the targets are made of both).
-func slotLoads(h *Handler) []slots.Load {
+// A request Select placed counts from then, not only once reverse_proxy
+// counts it (a moment later: see placements); placed is the places by
+// dial (nil: none).
+func slotLoads(h *Handler, placed map[string]int) []slots.Load {
 	loads := make([]slots.Load, 0, len(h.proxy.Upstreams))
 	for _, u := range h.proxy.Upstreams {
-		l := slots.Load{Upstream: u.Dial, Inflight: u.NumRequests()}
+		l := slots.Load{Upstream: u.Dial, Inflight: max(u.NumRequests(), placed[u.Dial])}
 		if u.Healthy() {
 			l.Slots = h.MaxInflight
 		}
@@ -302,7 +345,7 @@ func (s *sharedQueue) releaseSlots(h *Handler) {
 			err = cs.broker.Release(ctx, s.instance)
 		} else {
 			_, err = cs.broker.Sync(ctx, slots.Renewal{Instance: s.instance, Slots: h.MaxInflight * h.healthyUpstreams(),
-				Holding: inflight, Loads: slotLoads(h)})
+				Holding: inflight, Loads: slotLoads(h, s.placed.counts())})
 		}
 		cancel()
 		if inflight == 0 || err != nil || time.Now().After(deadline) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -19,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
+	"github.com/caddy-fair-queue/caddy-fair-queue/slots"
 )
 
 func TestClusterCaddyfile(t *testing.T) {
@@ -666,6 +668,61 @@ func TestClusterLeastConnConcurrentSelects(t *testing.T) {
 	}
 	if len(h.placed.n) != 0 {
 		t.Errorf("places left after every request ended: %v", h.placed.n)
+	}
+}
+
+// What a renewal tells the others this gateway may have on each upstream
+// (its requests there, plus up to its previous targets as many as it holds
+// beyond them) is where it places during the call, and room beside the
+// new targets until its next renewal: so a request ending during the call
+// is replaced where it was, and a target that moved away from an upstream
+// does not send requests past the room the others were given.
+func TestClusterLeastConnHoldsUntilNextRenewal(t *testing.T) {
+	loads := []slots.Load{{Upstream: "a", Inflight: 1, Slots: 4}, {Upstream: "b", Inflight: 0, Slots: 4}}
+	prev := map[string]int{"a": 3, "b": 1}
+	// Holding 3 with 1 in flight: 2 more may have gone out, by the old targets.
+	if got, want := holdsUntilNext(loads, prev, 3), map[string]int{"a": 3, "b": 1}; !maps.Equal(got, want) {
+		t.Errorf("holds %v, want %v", got, want)
+	}
+	// Holding no more than in flight: nothing beyond the loads.
+	if got, want := holdsUntilNext(loads, prev, 1), map[string]int{"a": 1, "b": 0}; !maps.Equal(got, want) {
+		t.Errorf("holds with nothing spare %v, want %v", got, want)
+	}
+
+	u1, u2 := newFakeUpstream(t), newFakeUpstream(t)
+	mr := miniredis.RunT(t)
+	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"lch:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
+	proxy := fmt.Sprintf(`{"handler":"reverse_proxy","upstreams":[{"dial":%q},{"dial":%q}]}`, u1.dial(), u2.dial())
+	h, _ := mustLoad(t, fmt.Sprintf(`{"name":%q,"tokenizer":"approx","proxy":%s,"cluster":%s}`, queueName(t), proxy, cluster))
+	p := h.proxy.LoadBalancing.SelectionPolicy.(*ClusterLeastConn)
+	eventually(t, "the first renewal", func() bool { return h.shared.slotView.Load() != nil })
+	// The new targets put nothing on u1; the renewal held 2 there.
+	h.shared.slotView.Store(&upstreamView{others: map[string]int{}, targets: map[string]int{u1.dial(): 0, u2.dial(): 0},
+		holds: map[string]int{u1.dial(): 2, u2.dial(): 0}})
+	var places []*placement
+	for range 2 {
+		r, pl := withPlacement(httptest.NewRequest("POST", "/", nil), h.placed)
+		if got := p.Select(h.proxy.Upstreams, r, nil); got == nil || got.Dial != u1.dial() {
+			t.Fatalf("with 2 held on %s: picked %v", u1.dial(), got)
+		}
+		places = append(places, pl)
+	}
+	// A renewal begins holding 3 (2 placed, 1 more may go): until it is
+	// applied, places within what its call tells the others.
+	holds, loads2 := h.shared.beginRenewal(h, 3)
+	if want := map[string]int{u1.dial(): 2, u2.dial(): 0}; !maps.Equal(holds, want) {
+		t.Errorf("the renewal's holds %v, want %v (2 in flight on %s, no target with room)", holds, want, u1.dial())
+	}
+	if v := h.shared.slotView.Load(); !maps.Equal(v.targets, holds) || v.holds != nil {
+		t.Errorf("during the renewal: targets %v, holds %v; want its holds as the targets", v.targets, v.holds)
+	}
+	for _, l := range loads2 {
+		if l.Upstream == u1.dial() && l.Inflight != 2 {
+			t.Errorf("the renewal's loads count %d on %s, want the 2 placed", l.Inflight, u1.dial())
+		}
+	}
+	for _, pl := range places {
+		pl.release()
 	}
 }
 

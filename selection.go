@@ -2,6 +2,7 @@ package caddyfairqueue
 
 import (
 	"context"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"sync"
@@ -68,6 +69,13 @@ func withPlacement(r *http.Request, set *placements) (*http.Request, *placement)
 	return r.WithContext(context.WithValue(r.Context(), placementKey{}, pl)), pl
 }
 
+// counts copies the places held, by dial.
+func (s *placements) counts() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.n)
+}
+
 // release frees the request's place, if it holds one.
 func (pl *placement) release() {
 	s := pl.set
@@ -99,6 +107,12 @@ func (pl *placement) moveLocked(dial string) {
 type upstreamView struct {
 	others  map[string]int // the other gateways' requests in flight
 	targets map[string]int // where this gateway places its grant
+	// holds is what the renewal told the others this gateway may have on
+	// each upstream until its next renewal (holdsUntilNext): room beside
+	// the targets for the requests it dispatched before it applied them.
+	// While the next renewal's call is made, the targets are that call's
+	// holds, and holds is nil (beginRenewal).
+	holds map[string]int
 }
 
 // CaddyModule returns the Caddy module information.
@@ -110,32 +124,41 @@ func (ClusterLeastConn) CaddyModule() caddy.ModuleInfo {
 }
 
 // Select picks the available upstream with the most places left below
-// its target, then the fewest requests in flight cluster-wide, a random
-// one among ties. A request fair_queue placed (placement in its context)
+// its target (or below what the last renewal holds for this gateway
+// there, until the next renewal starts: upstreamView.holds), then the
+// fewest requests in flight cluster-wide, a random one among ties. A request fair_queue placed (placement in its context)
 // holds its place from here until it ends, so that concurrent Selects see
 // one another's choices.
 func (p *ClusterLeastConn) Select(pool reverseproxy.UpstreamPool, r *http.Request, _ http.ResponseWriter) *reverseproxy.Upstream {
-	var v upstreamView
-	if p.view != nil {
-		if cur := p.view.Load(); cur != nil {
-			v = *cur
-		}
-	}
 	var pl *placement
 	if r != nil {
 		pl, _ = r.Context().Value(placementKey{}).(*placement)
 	}
 	if pl == nil || p.placed == nil || pl.set != p.placed {
-		return pick(pool, v, nil)
+		return pick(pool, p.loadView(), nil)
 	}
+	// The view is read under the lock a renewal takes its loads and sets
+	// the view under (beginRenewal): a place taken before is in the
+	// loads, one taken after is within the renewal's holds.
 	p.placed.mu.Lock()
 	defer p.placed.mu.Unlock()
+	v := p.loadView()
 	pl.moveLocked("") // a retry's place is chosen afresh
 	best := pick(pool, v, p.placed.n)
 	if best != nil {
 		pl.moveLocked(best.Dial)
 	}
 	return best
+}
+
+// loadView is the last renewal's view; empty when unknown.
+func (p *ClusterLeastConn) loadView() upstreamView {
+	if p.view != nil {
+		if cur := p.view.Load(); cur != nil {
+			return *cur
+		}
+	}
+	return upstreamView{}
 }
 
 // pick is Select's choice given the view and the requests placed and not
@@ -151,7 +174,7 @@ func pick(pool reverseproxy.UpstreamPool, v upstreamView, placed map[string]int)
 		mine := max(u.NumRequests(), placed[u.Dial])
 		room, load := 0, mine+v.others[u.Dial]
 		if v.targets != nil {
-			room = max(v.targets[u.Dial]-mine, 0)
+			room = max(max(v.targets[u.Dial], v.holds[u.Dial])-mine, 0)
 		}
 		switch {
 		case best == nil || room > bestRoom || (room == bestRoom && load < bestLoad):

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,18 +22,20 @@ import (
 //
 // The flood's start is checked too, when every gateway renews at once:
 // within a gateway, concurrent dispatches see one another's places in
-// Select (placements in selection.go), and across gateways a renewal
-// keeps the others off what the gateway may dispatch during its round
-// trip by its last target (slots' sync.lua). Before those two, with two
-// busy loops beside the test, a 5th request reached one server in 2 of 5
-// runs, and with the placements alone in 2 of 6, always 95 to 110 ms
-// into the flood. Before the per-upstream targets, the pool's total of 8
-// held while one server ran a 5th.
+// Select (placements in selection.go), and across gateways a renewal tells
+// the others what the gateway may have on each upstream until its next
+// one, and the gateway places within exactly that during the call
+// (beginRenewal). With the placements alone, with two busy loops beside
+// the test, 4 and 5 of 15 runs had a request reach a server as its 5th,
+// 95 to 190 ms into the flood; with both, 0 of 20. Before the
+// per-upstream targets, the pool's total of 8 held while one server ran a
+// 5th.
 func TestClusterSharedSlotsPerUpstream(t *testing.T) {
 	t.Parallel()
 	rs := startRedis(t)
 	fakes := startFakes(t, 2, "cperup", harness.FakeOptions{Slots: 4, TTFT: 5 * time.Millisecond, PerToken: 2 * time.Millisecond})
 	_, bases := startSlotGateways(t, rs, 3, "2s", false, fakes)
+	floodAt := time.Now().UnixNano()
 	flood := startSlotFlood(t, bases)
 	flood.waitServed(t, "the flood through all three", 60, 0, 1, 2)
 	// Ending the flood cancels the requests in flight: a gateway frees
@@ -49,7 +53,8 @@ func TestClusterSharedSlotsPerUpstream(t *testing.T) {
 			}
 			if n := generatingAt(recs, r); n >= 4 {
 				over++
-				t.Errorf("fake %d: %s arrived while %d others were generating: more were sent to it than its 4 slots", i, r.TestID, n)
+				t.Errorf("fake %d: %s arrived %v into the flood while %d others were generating: more were sent to it than its 4 slots (%s)",
+					i, r.TestID, time.Duration(r.ReceivedUnixNano-floodAt), n, generatingList(recs, r, floodAt))
 			}
 		}
 		t.Logf("fake %d: %d requests, %d sent beyond its slots", i, len(recs), over)
@@ -61,19 +66,42 @@ func TestClusterSharedSlotsPerUpstream(t *testing.T) {
 	}
 }
 
+// generatingList names the requests generatingAt counts, each with its
+// arrival and end of generation since the flood's start, for a failure's
+// message.
+func generatingList(recs map[string]harness.FakeRequest, r harness.FakeRequest, floodAt int64) string {
+	var b strings.Builder
+	for _, x := range generating(recs, r) {
+		fmt.Fprintf(&b, "%s %v-%v; ", x.TestID, time.Duration(x.ReceivedUnixNano-floodAt), time.Duration(generationEnd(x)-floodAt))
+	}
+	return b.String()
+}
+
 // generatingAt counts the requests other than r that had started at r's
 // arrival and had not ended their generation.
 func generatingAt(recs map[string]harness.FakeRequest, r harness.FakeRequest) int {
-	n := 0
+	return len(generating(recs, r))
+}
+
+// generating is the requests other than r that had started at r's
+// arrival and had not ended their generation.
+func generating(recs map[string]harness.FakeRequest, r harness.FakeRequest) []harness.FakeRequest {
+	var out []harness.FakeRequest
 	for _, x := range recs {
-		end := x.GeneratedUnixNano
-		if end == 0 {
-			end = x.FinishedUnixNano // it never finished generating
-		}
+		end := generationEnd(x)
 		if x.Seq != r.Seq && x.StartedUnixNano != 0 && x.StartedUnixNano <= r.ReceivedUnixNano &&
 			(end == 0 || end > r.ReceivedUnixNano) {
-			n++
+			out = append(out, x)
 		}
 	}
-	return n
+	return out
+}
+
+// generationEnd is when x ended its generation: its last bytes, or its
+// end if it never finished generating; 0 if neither.
+func generationEnd(x harness.FakeRequest) int64 {
+	if x.GeneratedUnixNano != 0 {
+		return x.GeneratedUnixNano
+	}
+	return x.FinishedUnixNano
 }
