@@ -271,24 +271,7 @@ func (l *Limits) BacklogIncrement(d Dimension, b Backlog) time.Duration {
 // backlogInc is how far the charges of a backlog advance meter i: the
 // increments of its requests, summed before rounding.
 func (l *Limits) backlogInc(i int, b Backlog) int64 {
-	iv := l.interval[i]
-	if iv == 0 {
-		return 0
-	}
-	var units float64
-	switch i {
-	case dimQPS:
-		units = float64(b.Requests)
-	case dimTokens:
-		units = float64(max(b.Tokens, 0))
-	default:
-		units = float64(b.Requests) + float64(max(b.Tokens, 0))*l.weight
-	}
-	v := math.Round(units * iv)
-	if v >= float64(maxInc) {
-		return maxInc
-	}
-	return int64(v)
+	return l.netInc(i, max(b.Requests, 0), max(b.Tokens, 0))
 }
 
 // perMinute is meter i's rate in its units per minute (the OpenAI headers'

@@ -137,32 +137,12 @@ func (m *Memory) Book(_ context.Context, tenant string, l *Limits, tokens int64,
 
 // Reconcile implements Store.
 func (m *Memory) Reconcile(_ context.Context, tenant string, l *Limits, estimated, actual int64) (Status, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	now := m.nowLocked()
-	t := m.writeLocked(tenant, now)
-	Reconcile(&t, l, now, estimated, actual)
-	if t.Rested(now) {
-		delete(m.tenants, tenant)
-	} else {
-		m.tenants[tenant] = t
-	}
-	return StatusOf(&t, l, now), nil
+	return m.correct(tenant, l, func(t *TATs, now int64) { Reconcile(t, l, now, estimated, actual) })
 }
 
 // Refund implements Store.
 func (m *Memory) Refund(_ context.Context, tenant string, l *Limits, tokens int64) (Status, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	now := m.nowLocked()
-	t := m.writeLocked(tenant, now)
-	Refund(&t, l, now, tokens)
-	if t.Rested(now) {
-		delete(m.tenants, tenant)
-	} else {
-		m.tenants[tenant] = t
-	}
-	return StatusOf(&t, l, now), nil
+	return m.correct(tenant, l, func(t *TATs, now int64) { Refund(t, l, now, tokens) })
 }
 
 // Status implements Store.
@@ -184,11 +164,17 @@ func (m *Memory) Len() int {
 // Add implements Syncer: a batch of charges decided elsewhere, added
 // without a test (see the package function Add).
 func (m *Memory) Add(_ context.Context, tenant string, l *Limits, requests, tokens int64) (Status, error) {
+	return m.correct(tenant, l, func(t *TATs, now int64) { Add(t, l, now, requests, tokens) })
+}
+
+// correct applies change, a correction without a test, to tenant's
+// meters, forgetting them once at rest, and reports them after it.
+func (m *Memory) correct(tenant string, l *Limits, change func(t *TATs, now int64)) (Status, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.nowLocked()
 	t := m.writeLocked(tenant, now)
-	Add(&t, l, now, requests, tokens)
+	change(&t, now)
 	if t.Rested(now) {
 		delete(m.tenants, tenant)
 	} else {

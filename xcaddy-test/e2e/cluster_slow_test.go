@@ -66,6 +66,35 @@ func startSlowGatewayWith(t *testing.T, redisAddr, timeout, prefix string, qps i
 // mixedRun sends 400 requests of an unmetered tenant (16 at a time) while
 // a metered tenant sends 100 (8 at a time), and returns how long the
 // unmetered ones took and every answer's code by tenant.
+// nearAndFar runs the mixed load through near and slow, twice each,
+// interleaved, so that the shared machine's noise hits both alike, and
+// returns the unmetered tenant's time through each. Every answer through
+// slow is a 200, or a documented refusal to the metered tenant; check
+// looks at each of slow's runs' answers too. id prefixes the runs' IDs.
+func nearAndFar(t *testing.T, near, slow slowGateway, id string, check func(codes map[string]map[string]int)) (tookNear, tookFar time.Duration) {
+	t.Helper()
+	for i := range 2 {
+		d, codes := mixedRun(t, near, fmt.Sprint(id, "near", i))
+		tookNear += d
+		t.Logf("redis near, run %d: unmetered 400 in %v; answers %v", i, d, codes)
+		d, codes = mixedRun(t, slow, fmt.Sprint(id, "far", i))
+		tookFar += d
+		t.Logf("redis 100 ms away, run %d: unmetered 400 in %v; answers %v", i, d, codes)
+		for tenant, byCode := range codes {
+			for code, n := range byCode {
+				switch {
+				case code == "200 ":
+				case tenant == "metered" && (code == "429 quota_exceeded" || code == "503 wait_budget_exceeded"):
+				default:
+					t.Errorf("redis far: %d answers %q to %s", n, code, tenant)
+				}
+			}
+		}
+		check(codes)
+	}
+	return tookNear, tookFar
+}
+
 func mixedRun(t *testing.T, g slowGateway, run string) (time.Duration, map[string]map[string]int) {
 	t.Helper()
 	cl := newClient(true)
@@ -130,30 +159,11 @@ func TestClusterSlowRedis(t *testing.T) {
 	slow := startSlowGateway(t, far.Addr(), "500ms", "far:", 20, fakes)
 	waitMetricEq(t, slow.c, 1, "caddy_fair_queue_cluster_redis_up")
 
-	// Side by side, twice each, interleaved: the shared machine's noise
-	// hits both alike.
-	var tookNear, tookFar time.Duration
-	for i := range 2 {
-		d, codes := mixedRun(t, near, fmt.Sprint("near", i))
-		tookNear += d
-		t.Logf("redis near, run %d: unmetered 400 in %v; answers %v", i, d, codes)
-		d, codes = mixedRun(t, slow, fmt.Sprint("far", i))
-		tookFar += d
-		t.Logf("redis 100 ms away, run %d: unmetered 400 in %v; answers %v", i, d, codes)
-		for tenant, byCode := range codes {
-			for code, n := range byCode {
-				switch {
-				case code == "200 ":
-				case tenant == "metered" && (code == "429 quota_exceeded" || code == "503 wait_budget_exceeded"):
-				default:
-					t.Errorf("redis far: %d answers %q to %s", n, code, tenant)
-				}
-			}
-		}
+	tookNear, tookFar := nearAndFar(t, near, slow, "", func(codes map[string]map[string]int) {
 		if codes["metered"]["200 "] == 0 {
 			t.Error("redis far: no metered request served")
 		}
-	}
+	})
 	ratio := tookFar.Seconds() / tookNear.Seconds()
 	t.Logf("unmetered tenant: %v with redis near, %v with redis 100 ms away: ratio %.2f", tookNear, tookFar, ratio)
 	if ratio > 1.5 {
@@ -224,28 +234,11 @@ func TestClusterSlowRedisProviderAccount(t *testing.T) {
 	slow := startSlowGatewayWith(t, far.Addr(), "500ms", "afar:", 20, account, fakes)
 	waitMetricEq(t, slow.c, 1, "caddy_fair_queue_cluster_redis_up")
 
-	var tookNear, tookFar time.Duration
-	for i := range 2 {
-		d, codes := mixedRun(t, near, fmt.Sprint("anear", i))
-		tookNear += d
-		t.Logf("redis near, run %d: unmetered 400 in %v; answers %v", i, d, codes)
-		d, codes = mixedRun(t, slow, fmt.Sprint("afar", i))
-		tookFar += d
-		t.Logf("redis 100 ms away, run %d: unmetered 400 in %v; answers %v", i, d, codes)
-		for tenant, byCode := range codes {
-			for code, n := range byCode {
-				switch {
-				case code == "200 ":
-				case tenant == "metered" && (code == "429 quota_exceeded" || code == "503 wait_budget_exceeded"):
-				default:
-					t.Errorf("redis far: %d answers %q to %s", n, code, tenant)
-				}
-			}
-		}
+	tookNear, tookFar := nearAndFar(t, near, slow, "a", func(codes map[string]map[string]int) {
 		if codes["free"]["200 "] != 400 {
 			t.Errorf("redis far: %d of the unmetered tenant's 400 served; want all", codes["free"]["200 "])
 		}
-	}
+	})
 	ratio := tookFar.Seconds() / tookNear.Seconds()
 	t.Logf("unmetered tenant with a provider account: %v with redis near, %v with redis 100 ms away: ratio %.2f", tookNear, tookFar, ratio)
 	if ratio > 1.5 {
