@@ -213,27 +213,7 @@ func (l *Limits) Increment(d Dimension, tokens int64) time.Duration {
 const maxInc = int64(1) << 60
 
 func (l *Limits) inc(i int, tokens int64) int64 {
-	iv := l.interval[i]
-	if iv == 0 {
-		return 0
-	}
-	if tokens < 0 {
-		tokens = 0
-	}
-	var units float64
-	switch i {
-	case dimQPS:
-		units = 1
-	case dimTokens:
-		units = float64(tokens)
-	default:
-		units = 1 + float64(tokens)*l.weight
-	}
-	v := math.Round(units * iv)
-	if v >= float64(maxInc) {
-		return maxInc
-	}
-	return int64(v)
+	return l.netInc(i, 1, max(tokens, 0))
 }
 
 // netInc is how far a batch of requests and tokens moves meter i: the

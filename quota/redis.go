@@ -153,10 +153,16 @@ const (
 // incArg is meter i's increment for tokens as a script argument: "" when
 // the meter is off.
 func incArg(l *Limits, i int, tokens int64) string {
+	return netIncArg(l, i, 1, max(tokens, 0))
+}
+
+// netIncArg is a batch's move of meter i (Limits.netInc) as a script
+// argument; "" when the meter is off.
+func netIncArg(l *Limits, i int, requests, tokens int64) string {
 	if l.interval[i] == 0 {
 		return ""
 	}
-	return strconv.FormatInt(l.inc(i, tokens), 10)
+	return strconv.FormatInt(l.netInc(i, requests, tokens), 10)
 }
 
 // run calls the script once and reads its reply: whether it charged, the
@@ -321,13 +327,8 @@ func (r *Redis) Add(ctx context.Context, tenant string, l *Limits, requests, tok
 	if requests == 0 && tokens == 0 {
 		return r.Status(ctx, tenant, l)
 	}
-	move := func(i int) string {
-		if l.interval[i] == 0 {
-			return ""
-		}
-		return strconv.FormatInt(l.netInc(i, requests, tokens), 10)
-	}
-	_, now, t, err := r.run(ctx, tenant, opReconcile, "0", r.margin, move(dimQPS), move(dimTokens), move(dimJoint))
+	_, now, t, err := r.run(ctx, tenant, opReconcile, "0", r.margin,
+		netIncArg(l, dimQPS, requests, tokens), netIncArg(l, dimTokens, requests, tokens), netIncArg(l, dimJoint, requests, tokens))
 	if err != nil {
 		return Status{}, err
 	}
