@@ -26,7 +26,11 @@ import (
 // the quota holds within 5% and every request gets an answer of the
 // contract.
 
-// clusterFailoverTmpl: .Where is the cluster block's Redis settings.
+// clusterFailoverTmpl: .Where is the cluster block's Redis settings;
+// .Budget the tenant's wait budget, stretched on a loaded machine as
+// TestClusterQuota's is (clusterWaitBudget): with a fixed 1 s, a gateway
+// stalled past a booked request's deadline once in a CI run (one
+// queue_timeout of 137 answers, no decision made locally).
 const clusterFailoverTmpl = `{
 	admin 127.0.0.1:{{.Admin}}
 	default_bind 127.0.0.1
@@ -41,7 +45,7 @@ http://127.0.0.1:{{.Site}} {
 			share_slots
 			share_fairness
 		}
-		tenant metered weight 1 class interactive wait_budget 1s {
+		tenant metered weight 1 class interactive wait_budget {{.Budget}} {
 			quota tokens_per_min {{.TPM}} burst_window 10s burst_allow 0.2
 		}
 		reverse_proxy {{.Upstreams}} {
@@ -188,7 +192,7 @@ func startFailoverGateways(t *testing.T, where string, fakes []*harness.Fake) ([
 	for range 3 {
 		p := harness.Ports(t, "Admin", "Site")
 		gws = append(gws, startCaddy(t, clusterFailoverTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
-			"Where": where, "TPM": clusterTPM, "Upstreams": addrs(fakes...)}))
+			"Where": where, "TPM": clusterTPM, "Upstreams": addrs(fakes...), "Budget": clusterWaitBudget()}))
 		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
 	}
 	waitFirstGrants(t, gws...)
@@ -203,7 +207,12 @@ func startFailoverGateways(t *testing.T, where string, fakes []*harness.Fake) ([
 func TestClusterRedisCluster(t *testing.T) {
 	var nodes []string
 	for range 3 {
-		addr, _, _ := redisProc(t, "--cluster-enabled", "yes", "--cluster-node-timeout", "2000")
+		// The cluster bus listens on a port of its own, by default the
+		// client port + 10000: that one would be drawn from the kernel's
+		// ephemeral range, where a test's outgoing connection can hold it
+		// (FreePort), so it is drawn like the client port.
+		bus := strconv.Itoa(harness.FreePort(t))
+		addr, _, _ := redisProc(t, "--cluster-enabled", "yes", "--cluster-port", bus, "--cluster-node-timeout", "2000")
 		nodes = append(nodes, addr)
 	}
 	out, err := exec.Command("redis-cli", append(append([]string{"--cluster", "create"}, nodes...), "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput()
