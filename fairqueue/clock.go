@@ -53,24 +53,10 @@ func (c *ManualClock) Advance(d time.Duration) {
 }
 
 // since returns t as nanoseconds from the queue's epoch, the form a ticket
-// keeps its times in (8 bytes, not time.Time's 24). The difference is taken
-// on the monotonic clock when both readings carry one, as Time.Sub does,
-// and is clamped ±292 years away (see Clock). A time given back by at is
-// the epoch plus that difference: with RealClock, the wall reading then
-// follows the monotonic clock across a step of the wall clock, which is
-// what the waits and deadlines computed from it want.
+// keeps its times in. The difference is taken on the monotonic clock when
+// both readings carry one (Time.Sub), so with RealClock a time given back
+// by at follows the monotonic clock across a step of the wall clock.
 func (q *Queue) since(t time.Time) int64 { return int64(t.Sub(q.epoch)) }
 
 // at returns the time off nanoseconds after the queue's epoch.
 func (q *Queue) at(off int64) time.Time { return q.epoch.Add(time.Duration(off)) }
-
-// atLocked is at, remembering its last answer: a request's dispatch time
-// is asked for by its handler (Ticket.Dispatched) and again when it
-// completes (the cold-start bound), and each conversion is a
-// time.Time.Add.
-func (q *Queue) atLocked(off int64) time.Time {
-	if off != q.atOff {
-		q.atOff, q.atTime = off, q.at(off)
-	}
-	return q.atTime
-}

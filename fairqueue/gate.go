@@ -82,7 +82,7 @@ func (q *Queue) bookQuota(r *Request, now time.Time) *quotaBooking {
 		q.mu.Unlock()
 		return nil
 	}
-	t := q.tenantLocked(r.Tenant)
+	t := q.tenants[r.Tenant]
 	tc, _, _ := q.settingsLocked(t, r.Tenant, r.Class)
 	if tc.Quota == nil {
 		q.mu.Unlock()

@@ -26,7 +26,7 @@ func (q *Queue) PrecheckRequest(r Request) *Rejection {
 	// The time is needed only to refuse or to peek at a throttle: read on
 	// demand, so that a request the queue takes costs no clock reading here.
 	var clk clockReading
-	t := q.tenantLocked(tenant)
+	t := q.tenants[tenant]
 	tc, known, class := q.settingsLocked(t, tenant, class)
 	if rej := q.admitLocked(&clk, t, r.Tenant, tc, known, max(tokens, 1), max(r.Bytes, 0)); rej != nil {
 		return rej

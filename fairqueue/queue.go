@@ -47,14 +47,10 @@ const (
 )
 
 // Observer is told of each ticket event, outside the queue's lock, one event
-// at a time (never concurrently) and in the order the events happened, over
-// all goroutines: a ticket's EventDispatched always comes before its
-// EventReleased. Normally the call that caused an event delivers it before
-// returning. When another goroutine is delivering at that moment, that
-// goroutine delivers it instead; in particular a call the observer itself
-// makes into the queue returns at once and its events follow as soon as the
-// current one has been handled. The simulator uses it to schedule
-// completions; metrics use it to record waits.
+// at a time and in the order the events happened, over all goroutines.
+// Normally the call that caused an event delivers it before returning; when
+// another goroutine is delivering at that moment (the observer itself
+// calling into the queue, say), that goroutine delivers it instead.
 type Observer func(ev Event, t *Ticket)
 
 // Queue is a weighted fair queue over a pool of upstream slots. All methods
@@ -62,9 +58,9 @@ type Observer func(ev Event, t *Ticket)
 //
 // Lock convention (as in Kubernetes' queueset): every field after mu is
 // guarded by mu, and so is every field of the tenants, flows, class queues
-// and tickets the queue holds. A method or function whose name ends in
-// Locked must be called with mu held and never releases it; every other
-// method takes mu itself (unlock releases it and delivers events).
+// and tickets the queue holds. A method whose name ends in Locked must be
+// called with mu held and never releases it; every other method takes mu
+// itself (unlock releases it and delivers events).
 type Queue struct {
 	clock Clock
 	// statsMu lets one Stats copy the tenants at a time (stats.go);
@@ -76,93 +72,76 @@ type Queue struct {
 	cfg      Config
 	healthy  int
 	capacity int
-	// slotLimit, when >= 0, caps capacity: the slots this instance holds
-	// of a pool several gateways share (SetSlotLimit); -1: none.
+	// slotLimit caps capacity when >= 0: this gateway's grant of a shared
+	// pool (SetSlotLimit).
 	slotLimit int
 	tokenCap  int64
 
 	classes []*classQ
 	tenants map[string]*tenant
 	// epoch is the clock's reading when the queue was made: tickets keep
-	// their times as nanoseconds from it (Queue.at).
+	// their times as nanoseconds from it (Queue.since).
 	epoch time.Time
-	// atOff and atTime are atLocked's last conversion.
-	atOff  int64
-	atTime time.Time
-	// declared and undeclared are the tenant settings the tenants point
-	// to (tenant.cfg), made from cfg by Reconfigure.
+	// declared and undeclared are the queue's copies of the tenant
+	// settings the tenants point to (tenant.cfg).
 	declared   map[string]*TenantConfig
 	undeclared *TenantConfig
-	// roster lists the tenants of the map in no order, each at its
-	// rosterIdx, so Stats can copy them in chunks, resuming by index
-	// between holds of the lock (stats.go).
-	roster []*tenant
-	// scan is Stats' cursor into roster while it copies (-1: no copy
-	// under way); scanMoved the tenants moved behind the cursor since.
+	// roster lists the tenants in no order, each at its rosterIdx, so that
+	// Stats can copy them in chunks; scan is its cursor (-1: no copy under
+	// way) and scanMoved the tenants moved behind the cursor since.
+	roster    []*tenant
 	scan      int
 	scanMoved []*tenant
 	// busyWeight is the summed weight of the busyN declared tenants with
-	// requests queued (BackloggedWeight), kept as they change.
+	// requests queued; backlogged is BackloggedWeight's value (float64
+	// bits), read without the lock.
 	busyWeight float64
 	busyN      int
-	// backlogged is BackloggedWeight's value (float64 bits), stored each
-	// time it changes so that it is read without the lock (the request
-	// path asks it for every queued request with share_slots).
 	backlogged atomic.Uint64
-	// lightOn is whether some degrade step trims a class now (ov.light
-	// is not empty), stored as it changes, so that LightMode, asked for
-	// every request, needs the lock only then.
+	// lightOn is whether some degrade step trims a class now, so that
+	// LightMode needs the lock only then.
 	lightOn atomic.Bool
-	// idleNow is Idle's answer: nothing queued and a slot free, stored by
-	// every dispatch (dispatchDoneLocked).
+	// idleNow is Idle's answer, stored by every dispatch.
 	idleNow atomic.Bool
 	// busyWas is the last state told to the rate estimator's SetBusy
-	// (busyTold: once at least), which dispatchLocked repeats only when
-	// it changes.
+	// (busyTold: at least once).
 	busyTold, busyWas bool
 	// tenantPeak is the most tenants remembered since tenants was made.
 	tenantPeak int
-	// shareServed is set once TakeServed is called (a gateway sharing its
-	// tenants' service); shareDirty lists the tenants charged since
-	// (shared.go).
+	// shareServed is set once TakeServed is called; shareDirty lists the
+	// tenants charged since (shared.go).
 	shareServed bool
 	shareDirty  []*tenant
 	shareNames  map[string]int
 	// holdNotes are the quota holds set since the last refuseHeldLocked.
 	holdNotes []holdNote
-	// group is the one top-level flow owner of all undeclared tenants
-	// (Config.Default): they share its weight and compete inside it.
+	// group is the one top-level flow owner of all undeclared tenants.
 	group     *tenant
 	boost     ticketList
 	deadlines deadlineHeap
 
-	// vfloor is the start tag of the latest dispatch: the virtual time an
-	// arriving tenant is lifted to when nobody is backlogged.
+	// vfloor is V: the start tag of the latest dispatch.
 	vfloor  float64
 	flowSeq uint64
 
 	queued     int
 	queuedCost int64
-	// queuedWork is queuedCost in cost units (the unit of virtual time and
-	// of the measured rate): tokens, 1 a request, or the learned cost.
+	// queuedWork is queuedCost in cost units (the unit of virtual time).
 	queuedWork      int64
 	inflight        int
 	inflightCost    int64
 	boostedInflight int
 	// queuedBytes is Request.Bytes summed over queued requests, and
-	// groupBytes over those of undeclared tenants (the group's byte cap).
+	// groupBytes over those of undeclared tenants.
 	queuedBytes, groupBytes int64
-	// waterCost is the token term of the water level: each queued request
-	// counted up to waterCap (see waterLocked).
+	// waterCost is the token term of the water level (see waterLocked).
 	waterCost int64
 	waterCap  int64
-	// idle lists the tenants that had nothing queued or in flight when
-	// listed, the longest idle first, so that Tick forgets them in
-	// O(forgotten) (see pruneLocked).
+	// idle lists the tenants with nothing queued or in flight, the longest
+	// idle first (see pruneLocked).
 	idle idleList
 	// held orders the tenants held by their quota, the earliest release
-	// first; quotas is the in-process quota store unless Config.QuotaStore
-	// names another.
+	// first; quotas is the in-process quota store.
 	held   holdHeap
 	quotas *quota.Memory
 	// rng draws the Retry-After jitter; seeded, so runs are reproducible.
@@ -174,9 +153,8 @@ type Queue struct {
 	adm             *admission
 	degradeObserver func(degrade.Transition)
 	transitions     []degrade.Transition
-	// circuit is the tiered circuit breaker, nil without one (circuit.go);
-	// circuitRes its resources, circuitUnits and circuitCaps scratch space
-	// for an arrival's units and the capacities.
+	// circuit is the circuit breaker, nil without one (circuit.go);
+	// circuitUnits and circuitCaps are scratch space.
 	circuit         *degrade.Circuit
 	circuitObserver func(CircuitEvent)
 	circuitEvents   []CircuitEvent
@@ -186,39 +164,33 @@ type Queue struct {
 	// satWas is the saturation last told to the circuit (satTold: since
 	// it was built).
 	satTold, satWas bool
-	// busySum and busyW make the queue's mean busy time per request
-	// (circuit.go); backlog marks the queued count for the backlog trend.
+	// busySum/busyW is the queue's mean busy time per request.
 	busySum, busyW float64
 	backlog        backlogMarks
-	// up is the provider account's quota, nil without one (upstream.go);
-	// fb the fallback channel, nil without one (fallback.go).
+	// up is the provider account, fb the fallback channel; nil without.
 	up *upstream
 	fb *fallback
-	// fbInflight counts the requests in flight on the fallback; it lives
-	// on the queue, not the fallback's config, so a reload that removes or
-	// re-adds the fallback keeps it right.
+	// fbInflight counts the requests in flight on the fallback; kept here
+	// so that a reload that removes or re-adds the fallback keeps it right.
 	fbInflight int
-	// costOverhead and costPromptWeight price a request under CostLearned
-	// (SetCostModel); 0 and 1 until a model is set.
+	// costOverhead and costPromptWeight price a request under CostLearned.
 	costOverhead, costPromptWeight float64
 	// events are produced under mu and not yet delivered; delivering is set
-	// while one goroutine hands them to the observer; spare is a delivered
-	// buffer kept for reuse, so steady operation does not allocate.
+	// while one goroutine hands them to the observer; spare is a buffer
+	// kept for reuse.
 	events     []pendingEvent
 	spare      []pendingEvent
 	delivering bool
 	// closed says why the queue was closed (Close); "" while open.
 	closed string
 
-	// remoteStore: cfg.QuotaStore is a quota.Remote (gate.go).
+	// remoteStore: cfg.QuotaStore is a quota.Remote (gate.go); offLock is
+	// its copy for Enqueue to read before it takes the lock.
 	remoteStore bool
-	// storeCalls are the store calls decisions under the lock left to be
-	// made once it is released (gate.go).
-	storeCalls []func()
-	// offLock is remoteStore, stored by Reconfigure, so that Enqueue knows
-	// without the lock whether to book before taking it;
-	// storeCallsInFlight counts the calls being made off the lock.
-	offLock            atomic.Bool
+	offLock     atomic.Bool
+	// storeCalls are the store calls left to be made once the lock is
+	// released; storeCallsInFlight counts those being made.
+	storeCalls         []func()
 	storeCallsInFlight atomic.Int64
 }
 
@@ -239,16 +211,12 @@ type classQ struct {
 
 type tenant struct {
 	// group is the group an undeclared tenant schedules inside; nil for a
-	// declared tenant and for the group itself. A tenant keeps the placement
-	// it was created with until it is idle (see Enqueue).
+	// declared tenant and for the group itself. A tenant keeps its
+	// placement until it is idle.
 	group *tenant
-	// cfg is the settings in force, refreshed by Reconfigure: the queue's
-	// own copy of the tenant's entry, or the one all undeclared tenants
-	// share (Queue.declared, Queue.undeclared).
+	// cfg is the settings in force (Queue.declared or Queue.undeclared).
 	cfg *TenantConfig
-	// flowBuf backs flows for the usual single class, so that finding the
-	// tenant's flow reads this line (flowOfLocked). Flows are never taken
-	// from a tenant, so flowBuf[0] stays its first.
+	// flowBuf backs flows for the usual single class.
 	flowBuf    [1]*flow
 	queued     int
 	inflight   int
@@ -256,9 +224,8 @@ type tenant struct {
 	queuedWork int64 // queuedCost in cost units
 	known      bool
 	// capped is set while the tenant is at its MaxInflight, held while its
-	// quota does not allow its next request yet (until heldUntil); out is
-	// set while either is: its flows are out of the heaps, so dispatch
-	// never sees them.
+	// quota holds it (until heldUntil); out while either is: its flows are
+	// out of the heaps.
 	capped bool
 	held   bool
 	out    bool
@@ -269,69 +236,59 @@ type tenant struct {
 	shareListed bool
 
 	weight float64
-	// vt is the tenant's virtual time: service received / weight. It never
-	// goes backwards while the tenant is backlogged: a refund for an
-	// over-estimate is kept in credit and taken off the tenant's next charges.
+	// vt is the virtual time: service received / weight. A refund is kept
+	// in credit and taken off the next charges, so vt never goes back.
 	vt     float64
 	credit float64
 	// served is the cost charged so far (estimates, corrected by back-fill).
 	served float64
 	flows  []*flow
-	// stamp marks the tenant as counted in the current ETA pass.
+	// stamp marks the tenant as counted in the current ETA walk.
 	stamp uint64
 
 	// idleSince is when the tenant last had nothing queued or in flight
-	// (Unix ns), kept up to date without touching the idle list.
+	// (Unix ns).
 	idleSince int64
 	name      string
-	// vfloor is, for the group, its inner virtual time: the largest start
-	// tag dispatched among its members.
+	// vfloor is, for the group, its inner V.
 	vfloor float64
 	// rosterIdx is the tenant's place in Queue.roster; -1 once forgotten.
 	rosterIdx int32
 	// heldIdx is the tenant's place in Queue.held, -1 when not held.
 	heldIdx int32
-	// idleAt orders the tenant on Queue.idle: its idleSince when it was put
-	// there.
+	// idleAt orders the tenant on Queue.idle: its idleSince when listed.
 	idleAt             int64
 	idlePrev, idleNext *tenant
 	// heldUntil (Unix ns) ends a quota hold.
 	heldUntil int64
-	// demand is the tenant's arriving rates, kept only with a circuit
-	// (circuit.go).
+	// demand is what only some tenants need (circuit.go).
 	demand *tenantDemand
 	// ahead is the tenant's place in the work-ahead index (ahead.go).
 	ahead aheadSlot
 	// shareDelta is the cost charged since the last TakeServed; remoteDebt
-	// is the cost ChargeRemote charged since the tenant last came back
-	// from idle, the most a remote refund may give back (shared.go).
+	// the cost ChargeRemote charged since the tenant was last idle, the
+	// most a remote refund may give back (shared.go).
 	shareDelta float64
 	remoteDebt float64
 }
 
 // flow is one tenant's FIFO of one class.
 type flow struct {
-	// What enqueue and dispatch read and write comes first, in one cache
-	// line: with 100k tenants each line is a miss (see BenchmarkCycle).
 	t  *tenant
 	q  ticketList
 	cq *classQ
 	// in and out count the cost that ever entered and left the flow; a
 	// ticket's mark is in when it entered, so mark-out is the cost still
-	// ahead of it, and in-out the cost queued.
+	// ahead of it.
 	in, out int64
 	id      int32 // slot in the heap it sits in: cq.flows, or the group flow's sub
-	// group: this is the undeclared tenants' group flow of cq, whose
-	// sub-heap orders its members' flows.
+	// group: this is the undeclared tenants' group flow of cq, and sub
+	// the heap of its members' backlogged flows.
 	group bool
-
-	// sub is, for a group flow, the heap of its members' backlogged flows;
-	// the group flow's head is the head of the sub-heap's top flow.
 	sub   *flowHeap
 	seq   uint64
 	drain flowDrain // early refusal's drain rate (refuse.go)
-	// tokens is the estimated tokens queued in the flow (a quota's
-	// backlog, quota.go).
+	// tokens is the estimated tokens queued in the flow.
 	tokens int64
 }
 
@@ -389,7 +346,6 @@ func New(cfg Config, clock Clock) (*Queue, error) {
 		group: &tenant{name: "(undeclared tenants)", heldIdx: -1},
 		rng:   rand.New(rand.NewPCG(0x6661697271756575, 0x7265747279))}
 	q.group.flows = q.group.flowBuf[:0]
-	q.atTime = q.at(0)
 	if err := q.Reconfigure(cfg); err != nil {
 		return nil, err
 	}
@@ -424,24 +380,21 @@ func (q *Queue) Reconfigure(cfg Config) error {
 		return err
 	}
 	q.mu.Lock()
+	defer q.unlock()
 	ov, err := newOverload(&cfg, q.ov)
 	if err != nil {
-		q.mu.Unlock()
 		return err
 	}
 	circuit, err := newCircuit(&cfg, q.circuit)
 	if err != nil {
-		q.mu.Unlock()
 		return err
 	}
 	up, err := newUpstream(&cfg, q.up)
 	if err != nil {
-		q.mu.Unlock()
 		return err
 	}
 	fb, err := newFallback(&cfg, q.fb)
 	if err != nil {
-		q.mu.Unlock()
 		return err
 	}
 	q.cfg, q.ov, q.circuit, q.up, q.fb = cfg, ov, circuit, up, fb
@@ -486,7 +439,6 @@ func (q *Queue) Reconfigure(cfg Config) error {
 	q.aheadResetLocked() // weights, classes and pauses may have changed
 	q.setCapacityLocked(q.healthy)
 	q.applyPausesLocked()
-	q.unlock()
 	return nil
 }
 
@@ -499,7 +451,9 @@ func (q *Queue) SetHealthy(n int) {
 	defer q.unlock()
 	if n != q.healthy {
 		now := q.clock.Now()
-		q.healthChangedLocked(now, n) // capacity, and early refusal's re-check
+		q.advanceCapLocked(now)
+		q.setCapacityLocked(n)
+		q.refuseLocked(now) // every queued ETA changed
 		q.dispatchLocked(now)
 	}
 }
@@ -513,12 +467,10 @@ func (q *Queue) setCapacityLocked(healthy int) {
 	q.tokenCap = q.cfg.MaxInflightTokens * int64(healthy)
 }
 
-// SetSlotLimit caps the capacity at n slots, whatever the healthy
-// upstreams allow: the share this instance holds of an upstream pool that
-// several gateways share (n < 0: no cap). A lower cap preempts nothing: no
-// request is dispatched until the in-flight ones are below it. With the
-// capacity at 0 requests still queue (another instance holds the slots
-// for now); only no healthy upstream refuses them.
+// SetSlotLimit caps the capacity at n slots (n < 0: no cap): this
+// gateway's grant of a pool several gateways share. A lower cap preempts
+// nothing. With the capacity at 0 requests still queue; only no healthy
+// upstream refuses them.
 func (q *Queue) SetSlotLimit(n int) {
 	q.mu.Lock()
 	defer q.unlock()
@@ -558,10 +510,9 @@ func (q *Queue) classLocked(name string) *classQ {
 func (t *tenant) misplaced() bool { return (t.group != nil) == t.known }
 
 // settingsLocked returns the settings a request of tenant name (its state
-// t, nil when none) is admitted with, and the class it is scheduled in:
-// cls, or the tenant's class when cls is empty or unknown. A known tenant
-// carries its settings (Reconfigure keeps them current), so the hot path
-// looks up no config map.
+// t, nil when none) is admitted with, whether the tenant is declared, and
+// the class it is scheduled in: cls, or the tenant's class when cls is
+// empty or unknown.
 func (q *Queue) settingsLocked(t *tenant, name, cls string) (*TenantConfig, bool, string) {
 	var tc *TenantConfig
 	var known bool
@@ -586,8 +537,8 @@ func (q *Queue) tenantConfigLocked(name string) (*TenantConfig, bool) {
 }
 
 // setTenantConfigsLocked makes the queue's own copies of q.cfg's tenant
-// settings, which the tenants point to. A reload makes new ones and points
-// every tenant at them; only SetQuotaWeight changes them in place.
+// settings, which the tenants point to; only SetQuotaWeight changes them
+// in place.
 func (q *Queue) setTenantConfigsLocked() {
 	q.undeclared = new(TenantConfig)
 	*q.undeclared = q.cfg.Default
@@ -603,13 +554,11 @@ func (q *Queue) setTenantConfigsLocked() {
 // be dispatched before Enqueue returns. The caller must end the ticket with
 // Release (or let Wait end it), exactly as the Ticket documents.
 //
-// In order: the request is priced (intakeLocked); the gates that refuse
-// whatever the queue holds (circuit breaker, queue limits, throttle,
-// tenant quota) have their say (admissionGatesLocked); the wait budget is decided
-// (decideLocked, unless it starts at once); then it starts at once or is
-// queued.
+// In order: a shared store's booking is made before the lock (gate.go);
+// the request is priced (intakeLocked); the gates that refuse whatever the
+// queue holds have their say (admissionGatesLocked); the wait budget is
+// decided; then it starts at once or is queued.
 func (q *Queue) Enqueue(r Request) (*Ticket, error) {
-	// A shared store's booking is made before the lock (gate.go).
 	now := q.clock.Now()
 	pre := q.bookQuota(&r, now)
 	if pre != nil {
@@ -649,7 +598,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		deadline: r.Deadline, enqueued: q.since(now), dlIdx: -1, eta: max(est.ETA, hold.wait),
 		prompt: in.prompt}
 	if hold.wait > 0 {
-		tk.delay = &quotaDelay{wait: hold.wait, reason: hold.reason}
+		tk.delay = &hold
 	}
 	if pre.booked() {
 		q.keepBookingLocked(now, t, tk, pre)
@@ -679,7 +628,7 @@ type intake struct {
 // intakeLocked prices r. A known tenant carries its settings, so the hot
 // path does one map lookup, not one in the config and one in the state.
 func (q *Queue) intakeLocked(r *Request) intake {
-	t := q.tenantLocked(r.Tenant)
+	t := q.tenants[r.Tenant]
 	if t != nil && t.queued == 0 && t.inflight == 0 && t.misplaced() {
 		q.forgetLocked(t)
 		t = nil
@@ -697,37 +646,27 @@ func (q *Queue) intakeLocked(r *Request) intake {
 	return in
 }
 
-// quotaHold is how long a tenant's quota holds an admitted request, and
-// on which meter.
-type quotaHold struct {
-	wait   time.Duration
-	reason quota.Dimension
-}
-
 // admissionGatesLocked runs the gates that refuse r whatever is queued:
 // the circuit breaker, the queue's limits, the class's throttle and the
 // tenant's quota (with pre, the booking made before the lock).
-func (q *Queue) admissionGatesLocked(now time.Time, r *Request, in *intake, pre *quotaBooking) (quotaHold, *Rejection) {
+func (q *Queue) admissionGatesLocked(now time.Time, r *Request, in *intake, pre *quotaBooking) (quotaDelay, *Rejection) {
 	if q.circuit != nil {
 		if rej := q.circuitLocked(now, in.t, in.tc, r.Tenant, in.tokens); rej != nil {
-			return quotaHold{}, rej
+			return quotaDelay{}, rej
 		}
 	}
 	if rej := q.admitLocked(&clockReading{t: now, read: true}, in.t, r.Tenant, in.tc, in.known, in.tokens, max(r.Bytes, 0)); rej != nil {
-		return quotaHold{}, rej
+		return quotaDelay{}, rej
 	}
 	if q.ov.throttle != nil {
 		if rej := q.throttleLocked(&clockReading{t: now, read: true}, in.cls, in.tc.Class, in.tokens, true); rej != nil {
-			return quotaHold{}, rej
+			return quotaDelay{}, rej
 		}
 	}
 	if in.tc.Quota == nil {
-		return quotaHold{}, nil
+		return quotaDelay{}, nil
 	}
-	var h quotaHold
-	var rej *Rejection
-	h.wait, h.reason, rej = q.quotaAdmitLocked(now, in.t, r.Tenant, in.tc.Quota, r.Deadline, pre)
-	return h, rej
+	return q.quotaAdmitLocked(now, in.t, r.Tenant, in.tc.Quota, r.Deadline, pre)
 }
 
 // budgetDecisionLocked decides r's wait budget: without a deadline, or
@@ -759,14 +698,10 @@ func (q *Queue) unbookRefusedLocked(tenant string, pre *quotaBooking) {
 	}
 }
 
-// startsNowLocked reports whether a request of t for tokens, with
-// deadline, admitted now goes at once with nothing to decide on its way
-// when nothing waits (the caller's test, inlined there, so that a queue
-// with a backlog makes no call): a slot is free, so it is the first in tag
-// order; its tenant is eligible, its deadline is ahead, and neither the
-// token gate, a quota, the provider account nor a quota hold due now has a
-// say. This is the idle path every request of a gateway with spare slots
-// takes.
+// startsNowLocked reports whether a request of t for tokens, admitted now
+// while nothing is queued, goes at once with nothing to decide: a slot is
+// free, its tenant is eligible, its deadline is ahead, and neither the
+// token gate, a quota, the provider account nor a hold has a say.
 func (q *Queue) startsNowLocked(t *tenant, tokens int64, deadline, now time.Time) bool {
 	return q.inflight < q.capacity && !t.out && t.cfg.Quota == nil &&
 		q.up == nil && len(q.held) == 0 &&
@@ -774,15 +709,9 @@ func (q *Queue) startsNowLocked(t *tenant, tokens int64, deadline, now time.Time
 		(deadline.IsZero() || now.Before(deadline))
 }
 
-// startIdleLocked makes the ticket of r, of tenant t in flow f, for
-// which startsNowLocked holds, and dispatches it, leaving what queueing it
-// (pushFlowLocked, the deadline heap) and dispatching it (dispatchLocked)
-// would leave, without the round trip through the heaps: the flow's intake
-// and outflow both count it, its drain measure starts again (it was
-// backlogged, for no time), and the work-ahead index is touched while
-// nothing is queued, which drops it. The heaps, the deadline heap, the
-// queued counts and the backlogged weight would come back to where they
-// are. Out of Enqueue's line, which a queue with a backlog runs through.
+// startIdleLocked makes the ticket of r, of tenant t in flow f, for which
+// startsNowLocked holds, and dispatches it, leaving what queueing and
+// dispatching it would leave without the round trip through the heaps.
 func (q *Queue) startIdleLocked(r *Request, t *tenant, f *flow, cost, tokens, prompt int64, now time.Time) *Ticket {
 	at := q.since(now)
 	tk := &Ticket{q: q, t: t, f: f, cost: cost, tokens: tokens, bytes: max(r.Bytes, 0),
@@ -794,12 +723,6 @@ func (q *Queue) startIdleLocked(r *Request, t *tenant, f *flow, cost, tokens, pr
 	q.startLocked(tk, now, at, false)
 	q.dispatchDoneLocked(now, false)
 	return tk
-}
-
-// tenantLocked returns the state of tenant name, nil when the queue does
-// not remember it.
-func (q *Queue) tenantLocked(name string) *tenant {
-	return q.tenants[name]
 }
 
 // newTenantLocked creates the state of a tenant about to queue a request:
@@ -822,20 +745,11 @@ func (q *Queue) newTenantLocked(name string, tc *TenantConfig, known bool, now t
 }
 
 // liftLocked applies the counter lift to a tenant about to queue: an idle
-// tenant (and an idle group) rejoins at the current virtual time of the
-// level it competes at, or where the service it really received puts it
-// if that is later.
+// tenant (and an idle group) rejoins at the virtual time of the level it
+// competes at, or where the service it received puts it if that is later.
+// With nothing queued it is in no heap, so only the work-ahead index
+// hears of the change.
 func (q *Queue) liftLocked(t *tenant) {
-	if t.queued == 0 || (t.group != nil && t.group.queued == 0) {
-		q.liftIdleLocked(t)
-	}
-}
-
-func (q *Queue) liftIdleLocked(t *tenant) {
-	// A tenant (or the group) with nothing queued has no flow in a heap,
-	// and its virtual time is in no other flow's key: re-keying
-	// (fixFlowsLocked) would leave every heap as it is, so only the
-	// work-ahead index hears of the change.
 	if g := t.group; g != nil && g.queued == 0 {
 		g.remoteDebt = 0
 		if v := max(g.vt-g.credit, q.vfloor); v != g.vt || g.credit != 0 {
@@ -890,17 +804,17 @@ func (q *Queue) admitLocked(clk *clockReading, t *tenant, name string, tc *Tenan
 			return rej
 		}
 	}
-	if q.cfg.MaxQueue > 0 && q.queued >= q.cfg.MaxQueue {
+	full := func(what string, have, limit int64) *Rejection {
 		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(clk.now(q), q.queuedWork),
-			Detail: fmt.Sprintf("%d requests queued (limit %d)", q.queued, q.cfg.MaxQueue)}
+			Detail: fmt.Sprintf("%d %s queued (limit %d)", have, what, limit)}
 	}
-	if q.cfg.MaxQueueTokens > 0 && q.queuedCost+tokens > q.cfg.MaxQueueTokens {
-		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(clk.now(q), q.queuedWork),
-			Detail: fmt.Sprintf("%d tokens queued (limit %d)", q.queuedCost, q.cfg.MaxQueueTokens)}
-	}
-	if q.cfg.MaxQueueBytes > 0 && q.queuedBytes+bytes > q.cfg.MaxQueueBytes {
-		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(clk.now(q), q.queuedWork),
-			Detail: fmt.Sprintf("%d bytes queued (limit %d)", q.queuedBytes, q.cfg.MaxQueueBytes)}
+	switch c := &q.cfg; {
+	case c.MaxQueue > 0 && q.queued >= c.MaxQueue:
+		return full("requests", int64(q.queued), int64(c.MaxQueue))
+	case c.MaxQueueTokens > 0 && q.queuedCost+tokens > c.MaxQueueTokens:
+		return full("tokens", q.queuedCost, c.MaxQueueTokens)
+	case c.MaxQueueBytes > 0 && q.queuedBytes+bytes > c.MaxQueueBytes:
+		return full("bytes", q.queuedBytes, c.MaxQueueBytes)
 	}
 	return nil
 }
@@ -1154,13 +1068,6 @@ func (q *Queue) fixFlowsLocked(t *tenant) {
 // capLocked makes t ineligible for dispatch while it is at its in-flight
 // cap (its flows leave the heaps) and eligible again below it.
 func (q *Queue) capLocked(t *tenant) {
-	if t.cfg.MaxInflight > 0 || t.capped {
-		q.recapLocked(t)
-	}
-}
-
-// recapLocked is capLocked for a tenant with a cap or capped.
-func (q *Queue) recapLocked(t *tenant) {
 	m := t.cfg.MaxInflight
 	if at := m > 0 && t.inflight >= m; at != t.capped {
 		t.capped = at
@@ -1189,11 +1096,9 @@ func (q *Queue) relinkLocked(t *tenant) {
 
 // nextLocked returns the ticket dispatch would start now, or nil, and
 // whether it overtakes tag order from the boost lane. The lane goes first
-// while boosted requests in flight are under the boost budget; past it, the
-// lane waits for tag order to run dry rather than idle a slot, and such a
-// dispatch overtakes nobody. Boosted requests of tenants at their in-flight
-// cap are passed over where they stand; the lane is short (the boost budget
-// bounds what the queue promotes), so the walk past them is too.
+// while boosted requests in flight are under the boost budget; past it, it
+// waits for tag order to run dry. Boosted requests of ineligible tenants
+// are passed over (the lane is short: the boost budget bounds it).
 func (q *Queue) nextLocked() (*Ticket, bool) {
 	var best, bestPaused *classQ
 	for _, cq := range q.classes {
@@ -1233,8 +1138,6 @@ func (q *Queue) nextLocked() (*Ticket, bool) {
 // dispatchLocked starts requests while capacity allows: the work-conserving
 // loop every state change ends with.
 func (q *Queue) dispatchLocked(now time.Time) {
-	// With every slot taken, no hold to end and no account, the loop has
-	// nothing to do: an enqueue into a full queue skips the call.
 	gated := false
 	if q.inflight < q.capacity || len(q.held) > 0 || q.up != nil {
 		gated = q.dispatchLoopLocked(now)
@@ -1243,11 +1146,8 @@ func (q *Queue) dispatchLocked(now time.Time) {
 }
 
 // dispatchDoneLocked is what dispatchLocked does once the primary's loop
-// stopped, gated telling whether it stopped at the token gate.
+// stopped, gated telling whether it stopped at a gate with a slot free.
 func (q *Queue) dispatchDoneLocked(now time.Time, gated bool) {
-	// The calls below do nothing without a fallback or a hold just set:
-	// tested here, so that they cost no call then (dispatch ends every
-	// state change).
 	if q.fb != nil {
 		q.dispatchFallbackLocked(now)
 	}
@@ -1255,15 +1155,8 @@ func (q *Queue) dispatchDoneLocked(now time.Time, gated bool) {
 		q.refuseHeldLocked(now)
 	}
 	// The throughput estimator counts completions only while a free slot
-	// would be filled at once: the system's capacity, not its demand. Work
-	// queued only by tenants that may not go (at their in-flight cap, held
-	// by their quota) would not fill it.
-	// A capacity of 0 (a shared pool's grant, for now) serves nothing:
-	// its idle time is no busy time.
-	//
-	// Told only of changes: the estimator splits busy time into buckets
-	// lazily, at its next call, so a SetBusy that changes nothing only
-	// costs its time arithmetic, twice a cycle (see BenchmarkCycle).
+	// would be filled at once: the system's capacity, not its demand. A
+	// capacity of 0 (a shared pool's grant, for now) serves nothing.
 	busy := gated || q.capacity > 0 && q.inflight >= q.capacity
 	if q.circuit != nil {
 		q.noteSaturationLocked(now, busy)
@@ -1275,9 +1168,8 @@ func (q *Queue) dispatchDoneLocked(now time.Time, gated bool) {
 	}
 }
 
-// noteIdleLocked stores Idle's answer, for every change of what is queued,
-// in flight or the capacity: dispatch ends each of them, and Close, which
-// empties the queue without one, calls it too.
+// noteIdleLocked stores Idle's answer after a change of what is queued, in
+// flight or the capacity: dispatch ends each of them, and Close calls it.
 func (q *Queue) noteIdleLocked() {
 	if idle := q.queued == 0 && q.inflight < q.capacity; idle != q.idleNow.Load() {
 		q.idleNow.Store(idle)
@@ -1322,7 +1214,6 @@ func (q *Queue) dispatchLoopLocked(now time.Time) (gated bool) {
 			return true
 		}
 		if !tk.deadline.IsZero() && !now.Before(tk.deadline) {
-			// Never dispatched after its deadline: the caller answers instead.
 			q.takeLocked(tk, true)
 			q.finishLocked(now, tk, stateExpired, q.timeoutLocked(now))
 			continue
@@ -1334,8 +1225,7 @@ func (q *Queue) dispatchLoopLocked(now time.Time) (gated bool) {
 		case gateShut:
 			return true
 		}
-		// A dispatched ticket's flow is re-keyed once, by startLocked
-		// after the charge, rather than also here for the new head.
+		// startLocked re-keys the flow once, after the charge.
 		q.takeLocked(next, false)
 		q.startLocked(next, now, q.since(now), overtakes && next == tk)
 	}
@@ -1352,9 +1242,7 @@ const (
 )
 
 // overTokenCapLocked reports whether tk must wait for tokens in flight to
-// drain. Admission refuses a request larger than one upstream's token
-// capacity, but a reload may lower the cap under a queued one: it still
-// goes alone, so nothing deadlocks.
+// drain. A request above the cap (a reload lowered it) still goes alone.
 func (q *Queue) overTokenCapLocked(tk *Ticket) bool {
 	return q.tokenCap > 0 && q.inflight > 0 && q.inflightCost+tk.tokens > q.tokenCap
 }
@@ -1373,9 +1261,9 @@ func (q *Queue) dispatchGatesLocked(now time.Time, tk *Ticket) (*Ticket, gateVer
 
 // quotaGateLocked is the tenant quota's gate. On a shared store the
 // request was booked at admission (gate.go) and goes at its tenant's next
-// booked time, charged nothing more here. Otherwise its tenant is held
-// when its quota refuses; with an account to draw on too, the quota is
-// only asked here and charged once the account has taken the request.
+// booked time. Otherwise its tenant is held when its quota refuses; with an
+// account, the quota is only asked here and charged once the account took
+// the request.
 func (q *Queue) quotaGateLocked(now time.Time, tk *Ticket) gateVerdict {
 	switch {
 	case q.remoteStore:
@@ -1504,14 +1392,10 @@ func (q *Queue) finishLocked(now time.Time, tk *Ticket, st ticketState, err erro
 // in flight, and puts it on the idle list unless it is there already.
 func (q *Queue) idleCheckLocked(t *tenant, now time.Time) {
 	if t.queued == 0 && t.inflight == 0 {
-		q.setIdleLocked(t, now)
-	}
-}
-
-func (q *Queue) setIdleLocked(t *tenant, now time.Time) {
-	t.idleSince = now.UnixNano()
-	if !t.onIdle {
-		q.idle.push(t)
+		t.idleSince = now.UnixNano()
+		if !t.onIdle {
+			q.idle.push(t)
+		}
 	}
 }
 
@@ -1521,11 +1405,10 @@ func (q *Queue) emitLocked(ev Event, tk *Ticket) {
 	}
 }
 
-// unlock releases the lock and then tells the observer what happened, so an
-// observer may call back into the queue. Only one goroutine delivers at a
-// time, draining batches until none is left, which keeps the events in the
-// order they happened even when batches are produced on several goroutines
-// or by the observer itself.
+// unlock releases the lock, makes the store calls left for after it, and
+// tells the observer what happened, so an observer may call back into the
+// queue. Only one goroutine delivers at a time, draining batches until none
+// is left, which keeps the events in order.
 func (q *Queue) unlock() {
 	if calls := q.storeCalls; len(calls) > 0 {
 		q.storeCalls = nil
@@ -1541,12 +1424,7 @@ func (q *Queue) unlock() {
 		q.events, q.spare = q.spare[:0], nil
 		q.mu.Unlock()
 		q.deliver(obs, evs)
-		// A batch is an event or two: dropping its tickets one by one
-		// costs less than clearing it with a call into the runtime
-		// (which a loop zeroing whole entries compiles to).
-		for i := range evs {
-			evs[i].t = nil
-		}
+		clear(evs)
 		q.mu.Lock()
 		q.spare = evs[:0]
 	}
@@ -1577,20 +1455,18 @@ func (q *Queue) deliver(obs Observer, evs []pendingEvent) {
 // reports false when the ticket is no longer queued or already boosted.
 func (q *Queue) Promote(tk *Ticket) bool {
 	q.mu.Lock()
+	defer q.unlock()
 	if tk.state != stateQueued {
-		q.mu.Unlock()
 		return false
 	}
 	now := q.clock.Now()
 	q.promoteLocked(now, tk)
 	q.dispatchLocked(now)
-	q.unlock()
 	return true
 }
 
 // maxForgetPerTick bounds the tenants one Tick forgets, so a tick stays
-// short after a burst of one-shot tenants: at the handler's 50 ms tick it
-// still forgets 20k tenants a second.
+// short after a burst of one-shot tenants.
 const maxForgetPerTick = 1024
 
 // Tick expires queued tickets whose deadline is within ExpiryMargin and
@@ -1628,24 +1504,15 @@ func (q *Queue) Tick() {
 }
 
 // pruneLocked forgets up to max tenants idle since IdleForget ago, the
-// longest idle first. What forgetting loses is bounded: a tenant's virtual
-// time is at most one request's charge (c/w, plus its back-fill) ahead of V
-// right after its last dispatch, and V only grows while it is away, so a
-// forgotten tenant that returns is lifted to V having dropped at most that
-// one request's service debt, no more than a brand-new tenant ID would
-// get. An undeclared tenant's debt stays in the group's virtual time, which
-// is never forgotten, so rotating IDs gains the undeclared tenants nothing
-// against declared ones. Unspent refunds (credit) go too: the tenant is
-// charged its estimates for work it never got back, which only errs
-// against the forgotten tenant itself.
+// longest idle first. A forgotten tenant that returns has dropped at most
+// one request's service debt (its vt is at most one charge ahead of V
+// after its last dispatch), no more than a new tenant ID would; an
+// undeclared tenant's debt stays in the group, which is never forgotten.
 //
-// The idle list is kept lazily, so that a tenant going busy and idle again
-// never touches it: a tenant stays listed while busy, and is put at the
-// tail once when it becomes idle while unlisted. When a listed tenant
-// reaches the head, one that is busy again leaves the list, one idle again
-// since it was listed moves to the tail with its new idleSince, and only
-// one idle for IdleForget is forgotten. Each step is O(1); a tenant that
-// was busy in between is forgotten within twice IdleForget.
+// The idle list is kept lazily: a tenant stays listed while busy. At the
+// head, one busy again leaves the list, one idle again since it was listed
+// moves to the tail, and only one idle for IdleForget is forgotten; so a
+// tenant is forgotten within twice IdleForget, at O(1) a step.
 func (q *Queue) pruneLocked(now time.Time, max int) {
 	cut := now.Add(-q.cfg.idleForget()).UnixNano()
 	for n := 0; n < max; n++ {
@@ -1667,8 +1534,7 @@ func (q *Queue) pruneLocked(now time.Time, max int) {
 
 // forgetLocked drops an idle tenant's state: its flows' heap slots, its
 // place on the idle list and, for an undeclared tenant, its boost history
-// (a new ID would start without one anyway; declared tenants are few and
-// keep theirs for the hourly limit).
+// (declared tenants keep theirs for the hourly limit).
 func (q *Queue) forgetLocked(t *tenant) {
 	for _, f := range t.flows {
 		f.heap().freeID(f.id)
@@ -1685,9 +1551,7 @@ func (q *Queue) forgetLocked(t *tenant) {
 	delete(q.tenants, t.name)
 	q.removeRosterLocked(t)
 	// A Go map keeps its buckets when entries are deleted: once most of the
-	// tenants seen at the peak are gone, move the rest to a fresh map, so
-	// memory follows the live tenants. The copy costs O(remaining), paid
-	// for by the three times as many deletions since the peak.
+	// tenants seen at the peak are gone, move the rest to a fresh map.
 	if n := len(q.tenants); n > q.tenantPeak {
 		q.tenantPeak = n
 	} else if q.tenantPeak >= 1024 && n < q.tenantPeak/4 {
@@ -1714,8 +1578,7 @@ func (q *Queue) release(tk *Ticket, actual, prompt int64) {
 		// free token capacity; what follows it may fit.
 		q.dispatchLocked(now)
 	case stateInflight:
-		// Only a shared store's reconciliations wait for the lock to go
-		// (deferReconcileLocked); the in-process one's run under it.
+		// A shared store's reconciliations wait for the lock to go.
 		if q.cfg.QuotaStore != nil {
 			if d, ok := q.deferReconcileLocked(tk, actual, prompt); ok {
 				q.completeLocked(now, tk, actual, prompt)
@@ -1752,10 +1615,7 @@ func (q *Queue) completeLocked(now time.Time, tk *Ticket, actual, prompt int64) 
 		actual = q.learnedCostLocked(min(tk.prompt, actual), actual-min(tk.prompt, actual))
 	}
 	if actual >= 0 && q.cfg.CostUnit != CostRequests && actual != tk.cost {
-		// Back-fill. Over-estimates are refunded through credit rather than
-		// by moving vt back: lowering vt now would let this tenant undercut
-		// the start tag a newcomer was lifted to while vt still held the
-		// estimate, and the small newcomer would lose its next-slot turn.
+		// Back-fill; an over-estimate is refunded as credit (see doc.go).
 		d := float64(actual - tk.cost)
 		t.served += d
 		q.noteServedLocked(t, d)

@@ -59,15 +59,15 @@ func (q *Queue) accountStoreLocked() quota.Store {
 // (pre, gate.go) decides: booked, the wait until its time; refused, the
 // refusal; none (a reload gave the tenant a quota since, or the store
 // failed), admitted uncharged.
-func (q *Queue) quotaAdmitLocked(now time.Time, t *tenant, name string, l *quota.Limits, deadline time.Time, pre *quotaBooking) (time.Duration, quota.Dimension, *Rejection) {
+func (q *Queue) quotaAdmitLocked(now time.Time, t *tenant, name string, l *quota.Limits, deadline time.Time, pre *quotaBooking) (quotaDelay, *Rejection) {
 	if q.remoteStore {
 		late := !deadline.IsZero() && pre != nil &&
 			!now.Add(pre.d.RetryAfter+pre.slotWait).Before(deadline.Add(-q.quotaMarginLocked()))
 		switch {
 		case pre == nil || pre.err != nil:
-			return 0, "", nil
+			return quotaDelay{}, nil
 		case pre.d.Allowed && (pre.d.RetryAfter <= 0 || !late):
-			return max(pre.d.RetryAfter, 0), pre.d.Reason, nil
+			return quotaDelay{max(pre.d.RetryAfter, 0), pre.d.Reason}, nil
 		case pre.d.Allowed:
 			// Booked in time, but the store's answer came so late that
 			// the place no longer leaves the request its wait for a
@@ -77,14 +77,14 @@ func (q *Queue) quotaAdmitLocked(now time.Time, t *tenant, name string, l *quota
 			rej := quotaRejection(d, quota.Backlog{})
 			rej.Detail = fmt.Sprintf("%s quota: this request may start in %v, which, after the quota store's slow answer, leaves it less time before its wait budget ends than requests wait for a slot past their quota's time (%v here)",
 				d.Reason, d.RetryAfter.Round(time.Millisecond), pre.slotWait.Round(time.Millisecond))
-			return 0, d.Reason, rej
+			return quotaDelay{reason: d.Reason}, rej
 		}
 		rej := quotaRejection(pre.d, quota.Backlog{})
 		if !deadline.IsZero() && now.Add(pre.d.RetryAfter).Before(deadline.Add(-q.quotaMarginLocked())) {
 			rej.Detail = fmt.Sprintf("%s quota: this request may start in %v, which leaves it less time before its wait budget ends than requests have lately waited for a slot past their quota's time (%v here)",
 				pre.d.Reason, pre.d.RetryAfter.Round(time.Millisecond), pre.slotWait.Round(time.Millisecond))
 		}
-		return 0, pre.d.Reason, rej
+		return quotaDelay{reason: pre.d.Reason}, rej
 	}
 	var ahead quota.Backlog
 	if t != nil {
@@ -92,19 +92,19 @@ func (q *Queue) quotaAdmitLocked(now time.Time, t *tenant, name string, l *quota
 	}
 	d, err := q.quotaStoreLocked().Peek(context.Background(), name, l, ahead)
 	if err != nil {
-		return 0, "", nil
+		return quotaDelay{}, nil
 	}
 	q.tickLagLocked(&d, l, ahead)
 	if d.RetryAfter <= 0 {
-		return 0, "", nil
+		return quotaDelay{}, nil
 	}
 	// It must go before its deadline less the margins: Tick expires what is
 	// within ExpiryMargin of its deadline before it dispatches.
 	// The store's time may be another clock (Redis): only the wait counts.
 	if at := now.Add(d.RetryAfter); !deadline.IsZero() && !at.Before(deadline.Add(-max(q.cfg.Admission.Margin, q.cfg.ExpiryMargin))) {
-		return 0, d.Reason, quotaRejection(d, ahead)
+		return quotaDelay{reason: d.Reason}, quotaRejection(d, ahead)
 	}
-	return d.RetryAfter, d.Reason, nil
+	return quotaDelay{d.RetryAfter, d.Reason}, nil
 }
 
 func quotaRejection(d quota.Decision, ahead quota.Backlog) *Rejection {

@@ -263,14 +263,6 @@ func (q *Queue) advanceCapLocked(now time.Time) {
 	}
 }
 
-// healthChangedLocked applies a new healthy count n: capacity follows at
-// once and every queued ETA is re-checked.
-func (q *Queue) healthChangedLocked(now time.Time, n int) {
-	q.advanceCapLocked(now)
-	q.setCapacityLocked(n)
-	q.refuseLocked(now)
-}
-
 // refuseLocked is one early-refusal pass (see above). Tick runs it, and
 // SetHealthy when capacity changes; a change of the throughput estimate
 // (once per 5 s bucket) is seen by the next tick.

@@ -240,7 +240,7 @@ func (tk *Ticket) dispatchedLocked() time.Time {
 	if tk.state != stateInflight && tk.state != stateReleased {
 		return time.Time{}
 	}
-	return tk.q.atLocked(tk.dispatched)
+	return tk.q.at(tk.dispatched)
 }
 
 // Boosted reports whether the ticket was dispatched from the boost lane.
@@ -285,7 +285,7 @@ func (tk *Ticket) Info() DispatchInfo {
 	if tk.state != stateInflight && tk.state != stateReleased {
 		return DispatchInfo{}
 	}
-	return DispatchInfo{Dispatched: q.atLocked(tk.dispatched), Wait: time.Duration(tk.dispatched - tk.enqueued),
+	return DispatchInfo{Dispatched: q.at(tk.dispatched), Wait: time.Duration(tk.dispatched - tk.enqueued),
 		ETA: tk.eta, Boosted: tk.boosted, Fallback: tk.fallback, Quota: tk.ch != nil && tk.ch.quota != nil}
 }
 
