@@ -598,7 +598,8 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		deadline: r.Deadline, enqueued: q.since(now), dlIdx: -1, eta: max(est.ETA, hold.wait),
 		prompt: in.prompt}
 	if hold.wait > 0 {
-		tk.delay = &hold
+		d := hold
+		tk.delay = &d
 	}
 	if pre.booked() {
 		q.keepBookingLocked(now, t, tk, pre)
