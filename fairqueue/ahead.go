@@ -26,48 +26,33 @@ import (
 // w and w x key, answer that in one descent each: O(log n).
 //
 // Which tenants count, and how, is what the walk over the heaps decides
-// (see workAheadLocked): a tenant counts when one of its flows is in the
-// heap of a class the request does not yield to, once however many flows
-// it has. The index therefore files each tenant by the classes its
-// backlogged flows sit in, in the order the walk visits them (the queue's
-// classes at the top level; the group's flows for its members):
+// (othersWalkLocked, the index's definition): a tenant counts once when one
+// of its flows is in the heap of a class the request does not yield to. The
+// index files each tenant by the classes its backlogged flows sit in, in the
+// order the walk visits them:
 //
 //   - tierFirst: a flow in an unpaused class, and the first flow visited is
 //     in an unpaused class;
-//   - tierLater: a flow in an unpaused class, but the first flow visited is
-//     in a paused class;
+//   - tierLater: a flow in an unpaused class, but the first visited is in a
+//     paused class;
 //   - tierPaused: flows in paused classes only.
 //
 // A request of an unpaused class counts tierFirst and tierLater up to its
-// finish tag (paused classes yield to it); one of a paused class counts
-// all of tierFirst's queued work and tierLater and tierPaused up to its
-// finish tag, which is what the walk adds for each. The requesting tenant
-// itself is subtracted by its own term. With no class paused every tenant
-// is in tierFirst.
+// finish tag; one of a paused class counts all of tierFirst's queued work
+// and tierLater and tierPaused up to its finish tag. The requesting tenant
+// is subtracted by its own term.
 //
-// Keeping it: each place where a tenant's virtual time, queued work, weight
-// or backlogged flows change marks the tenant (aheadTouchLocked, O(1)),
-// and an ETA first re-files the marked tenants, O(log n) each, so a
-// tenant that changed several times between two ETAs is re-filed once.
-// Each change marks at most two tenants (the tenant and its group), so the
-// upkeep is O(log n) amortised per change. A change of a class's pause
-// re-files the tenants with a flow in that class. A reload (weights) drops
-// the index, as does the queue running empty; the next ETA builds it again
-// from the heaps in bulk, O(F log F) for F backlogged flows (tens of ms
-// at 100k, BenchmarkAdmissionIndexBuild), paid once per such change. The
-// index is built only when an ETA is asked for, so a queue whose requests
-// carry no deadline never pays for it; it is dropped again when more tenants than twice its
-// size (and 1024) are marked without an ETA, so the marks never cost more
-// than a rebuild, and while at most aheadWalkMax flows are backlogged an
-// ETA walks them instead (othersWalkLocked, which defines what the index
-// computes), cheaper than the index's upkeep at that size.
+// Upkeep: a change to a tenant's virtual time, queued work, weight or flows
+// marks it (aheadTouchLocked, O(1)), and the next ETA re-files the marked
+// tenants, O(log n) each. A reload or the queue running empty drops the
+// index; the next ETA builds it in bulk from the heaps. It is dropped too
+// when more tenants than twice its size are marked without an ETA, and
+// while at most aheadWalkMax flows are backlogged an ETA walks them
+// instead, which costs less at that size.
 //
-// Precision: keys are kept relative to the level's virtual time when the
-// index was built, and the sums are recomputed from the children on every
-// update (never added to and taken from), so rounding does not accumulate;
-// an ETA differs from the walk's by the rounding of the sums, a few ulps of
-// |f - base| x the total weight, and by F's tolerance (finTolerance); the
-// property test bounds the difference at 1e-9 of the work queued.
+// Precision: keys are relative to the level's virtual time when the index
+// was built, and the sums are recomputed from the children on every update,
+// so rounding does not accumulate.
 
 // Tiers of the work-ahead index; tierNone, the zero value: not backlogged
 // in any heap (tiers[tierNone] stays empty).
@@ -138,17 +123,12 @@ type aheadIndex struct {
 
 // aheadTouchLocked marks t, and the group of an undeclared t, for
 // re-filing at the next ETA: call it after anything that may change a
-// tenant's virtual time, queued work or backlogged flows. O(1), and one
-// inlined test while no index is kept.
+// tenant's virtual time, queued work or backlogged flows.
 func (q *Queue) aheadTouchLocked(t *tenant) {
-	if q.adm.ahead.active {
-		q.aheadMarkLocked(t)
-	}
-}
-
-// aheadMarkLocked is aheadTouchLocked while the index is kept.
-func (q *Queue) aheadMarkLocked(t *tenant) {
 	x := &q.adm.ahead
+	if !x.active {
+		return
+	}
 	if q.queued == 0 {
 		// Nothing is backlogged: the index is empty, and the next ETA
 		// builds it from what is queued then.
@@ -178,15 +158,10 @@ func (x *aheadIndex) touch(t *tenant) {
 	}
 }
 
-// aheadResetLocked drops the index; the next ETA rebuilds it. Call it
-// when weights change.
-func (q *Queue) aheadResetLocked() { q.adm.ahead.reset() }
-
 // aheadPausedLocked re-files, at the next ETA, the tenants whose tier a
-// change of cq's pause may change: those with a flow in its heap, or, for
-// the group's members, in the heap of the group's flow of cq. When they
-// are more than half the index, the index is dropped instead: a build in
-// bulk is then cheaper than as many moves. O(tenants of cq).
+// change of cq's pause may change: those with a flow in its heap or in the
+// group's flow of cq. When they are more than half the index, the index is
+// dropped instead: a build in bulk is then cheaper.
 func (q *Queue) aheadPausedLocked(cq *classQ) {
 	x := &q.adm.ahead
 	if !x.active {
@@ -206,13 +181,16 @@ func (q *Queue) aheadPausedLocked(cq *classQ) {
 		x.reset()
 		return
 	}
-	for i := range cq.flows.e {
-		x.touch(cq.flows.flow(&cq.flows.e[i]).t)
-	}
+	x.touchHeap(&cq.flows)
 	if gf != nil {
-		for i := range gf.sub.e {
-			x.touch(gf.sub.flow(&gf.sub.e[i]).t)
-		}
+		x.touchHeap(gf.sub)
+	}
+}
+
+// touchHeap marks the owners of the flows in h.
+func (x *aheadIndex) touchHeap(h *flowHeap) {
+	for i := range h.e {
+		x.touch(h.flow(&h.e[i]).t)
 	}
 }
 
@@ -228,8 +206,7 @@ func (x *aheadIndex) reset() {
 	x.size = 0
 	clear(x.dirty)
 	if cap(x.nodes) > aheadKeepNodes {
-		// What a long queue needed goes with it: memory follows the
-		// backlog, and the next build allocates what it needs.
+		// Memory follows the backlog.
 		x.nodes, x.free, x.dirty = nil, nil, nil
 		return
 	}
@@ -258,14 +235,10 @@ func (q *Queue) aheadSyncLocked() {
 		// The tenants the walk would visit: the owners of the flows in
 		// the classes' heaps, and the members in the group flows' heaps.
 		for _, cq := range q.classes {
-			for i := range cq.flows.e {
-				x.touch(cq.flows.flow(&cq.flows.e[i]).t)
-			}
+			x.touchHeap(&cq.flows)
 		}
 		for _, gf := range q.group.flows {
-			for i := range gf.sub.e {
-				x.touch(gf.sub.flow(&gf.sub.e[i]).t)
-			}
+			x.touchHeap(gf.sub)
 		}
 		q.aheadBuildLocked()
 		return
@@ -283,9 +256,7 @@ func (q *Queue) aheadSyncLocked() {
 
 // aheadBuildLocked files the marked tenants into an empty index in bulk:
 // it sorts each tier's keys and builds balanced treaps from them, O(F log
-// F) for F tenants like F insertions, but several times faster (a sort of
-// keys in a flat array, no rotations), which matters when a reload or a
-// pause change drops the index under a long queue.
+// F) for F tenants, several times faster than F insertions.
 func (q *Queue) aheadBuildLocked() {
 	x := &q.adm.ahead
 	// First the tiers, to size the arrays; then the nodes.
@@ -342,8 +313,7 @@ type aheadKey struct {
 
 // build links the nodes of ks into a balanced treap and returns its root.
 // The priorities are drawn anew and handed out in decreasing order level
-// by level, so the heap order holds and the tree starts perfectly
-// balanced; later insertions keep it a treap.
+// by level, so the heap order holds.
 func (x *aheadIndex) build(ks []aheadKey) int32 {
 	slices.SortFunc(ks, func(a, b aheadKey) int {
 		switch {
@@ -468,10 +438,8 @@ func (q *Queue) aheadFileLocked(t *tenant) {
 	fin := vt + float64(qw)/t.weight
 	tr := &x.levels[lv].tiers[tier]
 	if s.tier == tier && x.nodes[s.start].w == t.weight {
-		// Still in its tier: move the key that changed, usually one. A
-		// dispatch moves vt and leaves F = vt + c/w where it was, up to
-		// rounding, which is not worth a move: keys within a few dozen
-		// ulps of the right one keep the sums as exact as the sums are.
+		// Still in its tier: move the key that changed. A dispatch leaves
+		// F = vt + c/w where it was up to rounding, not worth a move.
 		if x.nodes[s.start].key != vt {
 			tr.start = x.rekey(tr.start, s.start, vt)
 		}
@@ -684,15 +652,13 @@ func (x *aheadIndex) merge(a, b int32) int32 {
 }
 
 // aheadWalkMax is the most backlogged flows for which an ETA walks them
-// (othersWalkLocked) rather than keep the index: below about a hundred
-// flows the walk costs less than the index's upkeep (BenchmarkAdmissionETA).
+// (othersWalkLocked) rather than keep the index (BenchmarkAdmissionETA).
 const aheadWalkMax = 128
 
 // aheadWalkLocked reports whether an ETA walks the backlogged flows rather
 // than use the index: while they are at most walkMax, or, once the index
-// is kept, half that, so that each build of the index is paid for by at
-// least walkMax/2 flows' changes. Falling to half drops the index. O(number
-// of classes).
+// is kept, half that, so that each build is paid for by at least walkMax/2
+// flows' changes. Falling to half drops the index.
 func (q *Queue) aheadWalkLocked() bool {
 	x := &q.adm.ahead
 	limit := q.adm.walkMax

@@ -436,7 +436,7 @@ func (q *Queue) Reconfigure(cfg Config) error {
 	for _, cq := range q.classes {
 		cq.flows.rebuild()
 	}
-	q.aheadResetLocked() // weights, classes and pauses may have changed
+	q.adm.ahead.reset() // weights, classes and pauses may have changed
 	q.setCapacityLocked(q.healthy)
 	q.applyPausesLocked()
 	return nil
