@@ -1606,7 +1606,7 @@ func (q *Queue) completeLocked(now time.Time, tk *Ticket, actual, prompt int64) 
 	if tk.ch != nil {
 		// Both correct what dispatch charged, which tk.ch records.
 		q.reconcileQuotaLocked(tk, actual)
-		q.reconcileUpstreamLocked(tk, prompt)
+		q.reconcileUpstreamLocked(tk, providerCount(tk, prompt))
 	}
 	tk.state = stateReleased
 	tk.actual = actual

@@ -10,42 +10,27 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
-// The upstream provider account's quota: when the gateway fronts
-// a provider rather than its own GPUs, the bottleneck is the account's
-// requests and tokens per minute. Dispatch is gated by it as by slots: a
-// request goes only when a slot is free and the account has room for its
-// estimate, which is pre-deducted at dispatch and reconciled at
-// completion in the provider's own unit: providers count a request's
-// prompt and its output cap (max_tokens) when it arrives, whatever it then
-// generates, so only the prompt is corrected, to the count the provider
-// reported. Unlike a tenant quota, the request's own size counts before it
-// starts (quota.Decide behind a backlog of itself): a request is never
-// sent beyond what the account allows, or the provider would answer 429.
+// The upstream provider account's quota: when the gateway fronts a
+// provider rather than its own GPUs, the bottleneck is the account's
+// requests and tokens per minute. A request goes only when a slot is free
+// and the account has room for its estimate, which is drawn at dispatch and
+// corrected at completion to what the provider counts: the prompt it
+// reported plus the output cap. The request's own size counts before it
+// starts, so nothing is sent beyond what the account allows. The meters are
+// drawn at the limits spread over the minute plus the burst plus a guard
+// (drawShare), so no 60 s window of the provider's holds more than the
+// limits, whichever window it keeps (provider.go).
 //
-// Whichever window the provider keeps (provider.go), no 60 s window may
-// hold more than the account's limits: the meters are drawn at the limits
-// spread over the minute plus the burst plus a guard, so that the burst is
-// spent inside the minute rather than on top of it.
+// Reservations: shared traffic may take the account's debt up to its burst
+// tolerance less a headroom (ReserveBurst x each reservation's rate); a
+// tenant with TenantConfig.Reserve r may, on its reservation (a meter of
+// its own at r times the account's rates), take it up to the whole. So a
+// reserved tenant's request goes at once even while shared traffic holds
+// the account at its limit; beyond its reservation it competes by weight.
+// An unused reservation costs the others only the headroom.
 //
-// Reservations. Every request sent is charged to the account's meter. A
-// request of the shared traffic may take the meter's debt up to its burst
-// tolerance less a headroom; a tenant with TenantConfig.Reserve r may, on
-// its reservation, take it up to the whole tolerance: the headroom
-// (ReserveBurst x r of the account's rate, summed over the reservations)
-// is never taken by others, so a reserved tenant's request goes at once
-// even while the shared traffic holds the account at its limit, and then
-// what it drew comes out of what the others may send next. Its
-// reservation is a meter of its own at r times the account's rates with
-// ReserveBurst: what it may draw so, its rate guarantee; beyond it, it
-// competes with everyone for the shared part, by weight. Nothing is
-// partitioned: a reservation its tenant leaves unused costs the others
-// only the headroom, never its rate.
-//
-// The account can also be exhausted by the provider's own word
-// (AccountExhausted: its 429, or x-ratelimit-remaining-* at 0): then
-// nothing is dispatched to it until the time the provider gave; and what
-// the provider reports remaining caps what is sent before its next report
-// (ProviderLevel, provider.go).
+// The provider's own word (AccountExhausted, ProviderLevel) stops or caps
+// dispatch until the time it gave.
 
 // UpstreamQuota is a provider account's limits.
 type UpstreamQuota struct {
@@ -66,8 +51,7 @@ type UpstreamQuota struct {
 
 // DefaultUpstreamBurst is UpstreamQuota.Burst when unset: short, so that
 // the gateway never front-loads a minute's quota the provider may enforce
-// over shorter windows, and so that what the burst takes from the
-// sustained rate (drawShare) stays small.
+// over shorter windows.
 const DefaultUpstreamBurst = 2 * time.Second
 
 // DefaultReserveBurst is UpstreamQuota.ReserveBurst when unset: a
@@ -76,8 +60,7 @@ const DefaultReserveBurst = 6 * time.Second
 
 // providerWindow is the window providers count limits per minute over;
 // providerGuard is how much later than the gateway sent it a provider may
-// see a request (the request's own transfer, and clocks), allowed for so
-// that a provider's 60 s never holds more than the gateway's 61 s.
+// see a request.
 const (
 	providerWindow = time.Minute
 	providerGuard  = time.Second
@@ -101,12 +84,9 @@ func (u UpstreamQuota) reserveBurst() time.Duration {
 
 // drawShare is the share of the account's limits its meter is drawn at
 // with a burst tolerance of tau. A meter at rate r with tolerance tau
-// sends at most r x (D + tau) over any D (quota's guarantee 1, counting
-// each request's own size), so with r = limit / (window + guard + tau) no
-// window of the provider's, seen up to the guard late, holds more than
-// the limit, the burst included: 60/63 of the limits with the default 2 s
-// burst and no reservation, 60/64.2 with a 20% reservation's headroom
-// (6 s x 20%) added.
+// sends at most r x (D + tau) over any D, so with r = limit / (window +
+// guard + tau) no window of the provider's, seen up to the guard late,
+// holds more than the limit.
 func drawShare(tau time.Duration) float64 {
 	return providerWindow.Seconds() / (providerWindow + providerGuard + tau).Seconds()
 }
@@ -121,8 +101,7 @@ const (
 // upstream is the account as the queue applies it.
 type upstream struct {
 	// acct is the account's meter, which every request sent is charged
-	// to: shared draws may take its debt up to its tolerance less
-	// headroom, a reserved tenant's on its reservation up to the whole.
+	// to; shared draws leave it headroom.
 	acct     *quota.Limits
 	headroom time.Duration
 	// reserved tenants, sorted, with their reservations: meters at their
@@ -134,8 +113,7 @@ type upstream struct {
 	// tag order until then.
 	until, poolUntil time.Time
 	// tokensPerSec and requestsPerSec are the rates the account is drawn
-	// at: the circuit's capacity, and the refill assumed between the
-	// provider's reports.
+	// at.
 	tokensPerSec, requestsPerSec float64
 	// tpm and rpm are the account's limits per minute.
 	tpm, rpm float64
@@ -143,13 +121,11 @@ type upstream struct {
 	// is what the provider last reported remaining (provider.go).
 	sent  sendLog
 	level providerLevel
-	// heldAt is the latest time the account held dispatch back (its
-	// shared part exhausted, its provider's word): it binds, rather than
-	// the slots, while that is recent (accountBindsLocked).
+	// heldAt is the latest time the account held dispatch back
+	// (accountBindsLocked).
 	heldAt time.Time
 	// resRate is the tokens per second drawn on reservations, decayed
-	// over resRateTau from resAt (Unix ns): what the shared traffic does
-	// not get of the account (accountRateLocked).
+	// over resRateTau from resAt (Unix ns).
 	resRate float64
 	resAt   int64
 }
@@ -238,49 +214,22 @@ func newUpstream(cfg *Config, old *upstream) (*upstream, error) {
 }
 
 // fitsLocked asks the store whether a request of tokens fits meter key
-// now with its debt up to tol, counting its own size (see the file
-// comment); store errors let it go. A request larger than the burst fits
-// a meter at rest, or it never would.
+// now with its debt up to tol: one read of the meters' standing, and debt
+// + the request's own increment tested against tol on each (not a Peek
+// behind a backlog, which a cluster store scales by the gateway count).
+// Store errors let it go. A request larger than the burst fits a meter at
+// rest, or it never would.
 func (q *Queue) fitsLocked(key string, l *quota.Limits, tokens int64, tol time.Duration) (quota.Decision, bool) {
-	d, ok := q.fitsStrictLocked(key, l, tokens, tol)
-	if ok || restedStatus(d.Status) {
-		return d, true
-	}
-	if _, ok := q.accountStoreLocked().(quota.Scaled); ok {
-		// It fits at rest at the latest: a request larger than the
-		// burst would otherwise be told to wait for room it never gets
-		// (its own increment past the tolerance) and wait that much
-		// past the time it may go. On a gateway's share of a cluster's
-		// account (quota.Mirror) such requests are common: the share's
-		// burst is 1/instances of the account's. (The in-process store
-		// keeps the longer wait for now, and with it a single gateway's
-		// schedule unchanged.)
-		rest := max(d.Status.Requests.Reset, d.Status.Tokens.Reset, d.Status.Joint.Reset)
-		d.RetryAfter = min(d.RetryAfter, rest)
-	}
-	return d, false
-}
-
-// fitsStrictLocked is fitsLocked without the exception for a meter at
-// rest.
-//
-// It reads the meters' standing (one read) and tests debt + the request's
-// own increment against tol on each, rather than a Peek behind a backlog
-// of the request itself: a cluster store scales a backlog by the gateway
-// count (it stands for the others' queues), which the request itself is
-// not. The Decision carries the Status, and RetryAfter is how long until
-// the request fits.
-func (q *Queue) fitsStrictLocked(key string, l *quota.Limits, tokens int64, tol time.Duration) (quota.Decision, bool) {
-	st, err := q.accountStoreLocked().Status(context.Background(), key, l)
+	store := q.accountStoreLocked()
+	st, err := store.Status(context.Background(), key, l)
 	if err != nil {
 		return quota.Decision{Allowed: true}, true
 	}
 	d := quota.Decision{Status: st, Allowed: true}
 	inc := l
-	if sc, ok := q.accountStoreLocked().(quota.Scaled); ok {
-		// The request counts at what the store charges it (a Mirror:
-		// on this gateway's share of the account).
-		inc = sc.DecidesOn(l)
+	sc, scaled := store.(quota.Scaled)
+	if scaled {
+		inc = sc.DecidesOn(l) // what the store charges it (a Mirror: this gateway's share)
 	}
 	for _, dim := range []quota.Dimension{quota.DimQPS, quota.DimTokens, quota.DimJoint} {
 		m := st.Meter(dim)
@@ -294,14 +243,17 @@ func (q *Queue) fitsStrictLocked(key string, l *quota.Limits, tokens int64, tol 
 			}
 		}
 	}
-	return d, d.Allowed
-}
-
-// sharedFitsLocked is whether tk fits the account as shared traffic:
-// leaving the reservations' headroom free.
-func (q *Queue) sharedFitsLocked(tk *Ticket) (quota.Decision, bool) {
-	u := q.up
-	return q.fitsLocked(upstreamPoolKey, u.acct, tk.tokens, u.acct.Tolerance()-u.headroom)
+	if d.Allowed || restedStatus(d.Status) {
+		return d, true
+	}
+	if scaled {
+		// It fits at rest at the latest; on a gateway's share of a
+		// cluster's account such requests are common. (The in-process
+		// store keeps the longer wait, and a single gateway's schedule.)
+		rest := max(d.Status.Requests.Reset, d.Status.Tokens.Reset, d.Status.Joint.Reset)
+		d.RetryAfter = min(d.RetryAfter, rest)
+	}
+	return d, false
 }
 
 // reservedFitsLocked is whether tk fits its tenant's reservation and the
@@ -327,9 +279,7 @@ func (q *Queue) drawLocked(tk *Ticket, key string, l *quota.Limits) bool {
 	case err != nil:
 		return true // a store that fails lets the request go, uncharged
 	case !d.Allowed && !restedStatus(d.Status):
-		// A shared store: another gateway drew on the account since the
-		// Peek. No room after all.
-		return false
+		return false // another gateway drew on the account since the look
 	}
 	c := tk.chargeRecordLocked()
 	c.upKey, c.upLimits = key, l
@@ -381,7 +331,8 @@ func (q *Queue) upstreamChargeLocked(now time.Time, tk *Ticket) bool {
 	if now.Before(u.poolUntil) {
 		return false
 	}
-	d, ok := q.sharedFitsLocked(tk)
+	// As shared traffic: leaving the reservations' headroom free.
+	d, ok := q.fitsLocked(upstreamPoolKey, u.acct, tk.tokens, u.acct.Tolerance()-u.headroom)
 	if ok && q.drawLocked(tk, upstreamPoolKey, u.acct) {
 		return true
 	}
@@ -396,10 +347,8 @@ func (q *Queue) upstreamChargeLocked(now time.Time, tk *Ticket) bool {
 const accountBindsHold = 5 * time.Second
 
 // accountBindsLocked reports whether the provider account, rather than the
-// slots, is what holds dispatch back: it did within accountBindsHold.
-// Then a boost cannot make room (the slot it would take is not what
-// requests wait for) and a tenant's requests go at its share of the
-// account.
+// slots, holds dispatch back: it did within accountBindsHold. A boost then
+// makes no room, and a tenant's requests go at its share of the account.
 func (q *Queue) accountBindsLocked(now time.Time) bool {
 	u := q.up
 	return u != nil && !u.heldAt.IsZero() && now.Sub(u.heldAt) < accountBindsHold
@@ -417,8 +366,7 @@ func (q *Queue) drawReservedLocked(tk *Ticket) bool {
 	case err != nil:
 		return true // a store that fails lets the request go
 	case !d.Allowed && !restedStatus(d.Status):
-		// A shared store: used elsewhere since the look.
-		q.refundUpstreamLocked(tk)
+		q.refundUpstreamLocked(tk) // used elsewhere since the look
 		return false
 	}
 	tk.ch.resKey, tk.ch.resLimits = key, l
@@ -426,12 +374,9 @@ func (q *Queue) drawReservedLocked(tk *Ticket) bool {
 	return true
 }
 
-// reservedInTimeLocked reports whether t's reservation takes a request
-// of t before deadline (less the margins), behind the backlog given: the
-// tenant's requests queued ahead of it, and its own. Tag order does not
-// hold such a request back: a reservation that has room takes it whatever
-// the shared traffic queued, so the ETA that orders the shared traffic
-// does not refuse it. A store error answers no (the shared rules decide).
+// reservedInTimeLocked reports whether t's reservation takes a request of
+// t before deadline (less the margins), behind the backlog b, whatever the
+// shared traffic queued. A store error answers no.
 func (q *Queue) reservedInTimeLocked(now time.Time, t *tenant, b quota.Backlog, deadline time.Time) bool {
 	l := q.up.res[t.name]
 	if l == nil || !t.known || deadline.IsZero() {
@@ -441,7 +386,7 @@ func (q *Queue) reservedInTimeLocked(now time.Time, t *tenant, b quota.Backlog, 
 	if err != nil {
 		return false
 	}
-	return now.Add(d.RetryAfter).Before(deadline.Add(-max(q.cfg.Admission.Margin, q.cfg.ExpiryMargin)))
+	return now.Add(d.RetryAfter).Before(deadline.Add(-q.quotaMarginLocked()))
 }
 
 // reservedNextLocked is what may go while the shared part is exhausted:
@@ -459,9 +404,8 @@ func (q *Queue) reservedNextLocked(now time.Time) *Ticket {
 
 // bestHeadLocked is, among the named tenants eligible for dispatch, the
 // flow head with the smallest finish tag that ok accepts, passing over
-// heads whose deadline has come (Tick expires them). ok is asked only of
-// a head that would be the best so far. O(names x classes): the lists it
-// serves (reserved tenants, the fallback's) are a few VIPs.
+// heads whose deadline has come. ok is asked only of a head that would be
+// the best so far. O(names x classes): the lists are a few VIPs.
 func (q *Queue) bestHeadLocked(now time.Time, names []string, ok func(*Ticket) bool) *Ticket {
 	var best *Ticket
 	var bestKey flowEntry
@@ -485,16 +429,13 @@ func (q *Queue) bestHeadLocked(now time.Time, names []string, ok func(*Ticket) b
 }
 
 // reconcileUpstreamLocked corrects tk's draw on the account (and its
-// reservation) to what the provider counts: its prompt as the provider
-// reported it (prompt >= 0; negative: not reported, and the estimate
-// stands) plus the output cap, however much of it was generated. A
-// request that failed is left charged: the provider counted it when it
-// arrived.
-func (q *Queue) reconcileUpstreamLocked(tk *Ticket, prompt int64) {
+// reservation) to counted, what the provider counts of it (0 after a 429:
+// the attempt, not its tokens). A request that failed is left charged.
+func (q *Queue) reconcileUpstreamLocked(tk *Ticket, counted int64) {
 	if tk.upLimits() == nil {
 		return
 	}
-	if counted := providerCount(tk, prompt); counted != tk.tokens {
+	if counted != tk.tokens {
 		s := q.accountStoreLocked()
 		_, _ = s.Reconcile(context.Background(), tk.ch.upKey, tk.ch.upLimits, tk.tokens, counted)
 		if tk.ch.resLimits != nil {
@@ -512,22 +453,6 @@ func providerCount(tk *Ticket, prompt int64) int64 {
 		return tk.tokens
 	}
 	return max(tk.tokens-tk.prompt, 0) + prompt
-}
-
-// refundUpstreamTokensLocked takes tk's tokens back from the account, not
-// the request: a provider that refused it (429) counted the attempt, not
-// its tokens.
-func (q *Queue) refundUpstreamTokensLocked(tk *Ticket) {
-	if tk.upLimits() == nil {
-		return
-	}
-	s := q.accountStoreLocked()
-	_, _ = s.Reconcile(context.Background(), tk.ch.upKey, tk.ch.upLimits, tk.tokens, 0)
-	if tk.ch.resLimits != nil {
-		_, _ = s.Reconcile(context.Background(), tk.ch.resKey, tk.ch.resLimits, tk.tokens, 0)
-	}
-	q.unlogUpstreamLocked(tk, tk.tokens, 0)
-	tk.ch.upLimits, tk.ch.resLimits = nil, nil
 }
 
 // AccountExhausted records that the provider declared the account out of
@@ -587,10 +512,9 @@ func (q *Queue) Upstream() UpstreamStatus {
 
 // Requeue puts a dispatched ticket whose upstream refused it for want of
 // quota (a provider 429) back at the head of its tenant's queue: it frees
-// its slot, is not charged to its tenant (its tenant quota and the account
-// are refunded its tokens), and is dispatched again when the account has
-// room, or ends by its deadline like any queued request. Its owner calls
-// Wait again. It reports false when the ticket is not in flight.
+// its slot, is not charged to its tenant, and is dispatched again when the
+// account has room, or ends by its deadline. Its owner calls Wait again.
+// It reports false when the ticket is not in flight.
 func (tk *Ticket) Requeue() bool {
 	q := tk.q
 	q.mu.Lock()
@@ -599,16 +523,13 @@ func (tk *Ticket) Requeue() bool {
 		return false
 	}
 	if q.closed != "" {
-		// Nobody ticks or dispatches a closed queue: the owner answers.
 		q.mu.Unlock()
-		return false
+		return false // nobody ticks or dispatches a closed queue
 	}
 	now := q.clock.Now()
 	t := tk.t
-	// Not charged to its tenant, the request itself included; the
-	// provider counted the request it refused, not its tokens. On a
-	// shared store it keeps its booking instead, used again at once
-	// (gate.go): its tenant is charged for it once, when it is served.
+	// Not charged to its tenant; on a shared store it keeps its booking,
+	// used again at once (gate.go).
 	switch {
 	case tk.quotaLimits() != nil && q.remoteStore:
 		tk.ch.booked = true
@@ -617,14 +538,13 @@ func (tk *Ticket) Requeue() bool {
 		_, _ = q.accountStoreLocked().Refund(context.Background(), t.name, tk.ch.quota, tk.tokens)
 		tk.ch.quota = nil
 	}
-	q.refundUpstreamTokensLocked(tk)
+	q.reconcileUpstreamLocked(tk, 0)
 	if !tk.fallback {
 		q.adm.cold.Abandon(tk.dispatchedLocked(), float64(tk.cost))
 	}
 	q.leaveSlotLocked(tk)
 	tk.fallback, tk.boosted = false, false
-	// Not charged: the service it was charged at dispatch is refunded as
-	// credit, as an over-estimate's would be.
+	// The service charged at dispatch is refunded as credit.
 	d := -float64(tk.cost)
 	t.served += d
 	q.noteServedLocked(t, d)
