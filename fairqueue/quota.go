@@ -15,16 +15,11 @@ import (
 // A request is charged to its tenant's quota when it is dispatched, with its
 // estimated tokens, and reconciled with its actual tokens when it completes.
 // A tenant whose next request its quota does not allow yet is held: its
-// flows leave the heaps (as at its in-flight cap) until the quota's earliest
-// time, so it never holds a slot and the others take the capacity. Holds
-// end at the first dispatch attempt or Tick at or after that time (the
-// handler ticks every 50 ms).
-//
-// At admission, the tenant's queued requests are the backlog ahead of the
-// new one: the quota's earliest time behind them (quota.Decide) is part of
-// the request's ETA, and a request whose earliest time is past its deadline
-// is refused at once (ReasonQuotaExceeded) with that time as RetryAfter,
-// not capped: it is exact, and a client retrying sooner is refused again.
+// flows leave the heaps until the quota's earliest time, so it never holds
+// a slot. At admission, the quota's earliest time behind the tenant's
+// queued requests is part of the request's ETA; a request whose earliest
+// time is past its deadline is refused at once (ReasonQuotaExceeded) with
+// that exact time as RetryAfter, not capped.
 
 // quotaStoreLocked returns the store quotas are kept in, making the
 // in-process one on first use; it lives as long as the queue, so a reload
@@ -40,9 +35,7 @@ func (q *Queue) quotaStoreLocked() quota.Store {
 }
 
 // accountStoreLocked returns the store the provider account's meters are
-// kept in (the account, its reservations, the fallback's account):
-// Config.AccountStore, else the quota store. The queue calls it under its
-// lock (upstream.go, fallback.go).
+// kept in: Config.AccountStore, else the quota store.
 func (q *Queue) accountStoreLocked() quota.Store {
 	if q.cfg.AccountStore != nil {
 		return q.cfg.AccountStore
@@ -52,17 +45,16 @@ func (q *Queue) accountStoreLocked() quota.Store {
 
 // quotaAdmitLocked is the quota's part of admission: how long the request
 // must wait for its tenant's quota behind the tenant's queued requests
-// (their estimates corrected by what the tenant's requests really cost,
-// quotaRatio), or a refusal when that is past its deadline. A store error
-// admits the request (a quota store that is down must not take the
-// gateway with it). On a shared store the booking made before the lock
-// (pre, gate.go) decides: booked, the wait until its time; refused, the
-// refusal; none (a reload gave the tenant a quota since, or the store
-// failed), admitted uncharged.
+// (their estimates corrected by quotaRatio), or a refusal when that is past
+// its deadline. A store error admits the request. On a shared store the
+// booking made before the lock (pre, gate.go) decides; without one (a
+// reload gave the tenant a quota since, or the store failed) the request
+// is admitted uncharged.
 func (q *Queue) quotaAdmitLocked(now time.Time, t *tenant, name string, l *quota.Limits, deadline time.Time, pre *quotaBooking) (quotaDelay, *Rejection) {
+	margin := q.quotaMarginLocked()
 	if q.remoteStore {
 		late := !deadline.IsZero() && pre != nil &&
-			!now.Add(pre.d.RetryAfter+pre.slotWait).Before(deadline.Add(-q.quotaMarginLocked()))
+			!now.Add(pre.d.RetryAfter+pre.slotWait).Before(deadline.Add(-margin))
 		switch {
 		case pre == nil || pre.err != nil:
 			return quotaDelay{}, nil
@@ -80,7 +72,7 @@ func (q *Queue) quotaAdmitLocked(now time.Time, t *tenant, name string, l *quota
 			return quotaDelay{reason: d.Reason}, rej
 		}
 		rej := quotaRejection(pre.d, quota.Backlog{})
-		if !deadline.IsZero() && now.Add(pre.d.RetryAfter).Before(deadline.Add(-q.quotaMarginLocked())) {
+		if !deadline.IsZero() && now.Add(pre.d.RetryAfter).Before(deadline.Add(-margin)) {
 			rej.Detail = fmt.Sprintf("%s quota: this request may start in %v, which leaves it less time before its wait budget ends than requests have lately waited for a slot past their quota's time (%v here)",
 				pre.d.Reason, pre.d.RetryAfter.Round(time.Millisecond), pre.slotWait.Round(time.Millisecond))
 		}
@@ -90,18 +82,12 @@ func (q *Queue) quotaAdmitLocked(now time.Time, t *tenant, name string, l *quota
 	if t != nil {
 		ahead = quota.Backlog{Requests: int64(t.queued), Tokens: t.quotaTokens(t.queuedCost)}
 	}
-	d, err := q.quotaStoreLocked().Peek(context.Background(), name, l, ahead)
-	if err != nil {
+	d, ok := q.quotaTimeLocked(name, l, ahead)
+	if !ok || d.RetryAfter <= 0 {
 		return quotaDelay{}, nil
 	}
-	q.tickLagLocked(&d, l, ahead)
-	if d.RetryAfter <= 0 {
-		return quotaDelay{}, nil
-	}
-	// It must go before its deadline less the margins: Tick expires what is
-	// within ExpiryMargin of its deadline before it dispatches.
 	// The store's time may be another clock (Redis): only the wait counts.
-	if at := now.Add(d.RetryAfter); !deadline.IsZero() && !at.Before(deadline.Add(-max(q.cfg.Admission.Margin, q.cfg.ExpiryMargin))) {
+	if at := now.Add(d.RetryAfter); !deadline.IsZero() && !at.Before(deadline.Add(-margin)) {
 		return quotaDelay{reason: d.Reason}, quotaRejection(d, ahead)
 	}
 	return quotaDelay{d.RetryAfter, d.Reason}, nil
@@ -147,15 +133,11 @@ func (q *Queue) quotaAllowsLocked(now time.Time, tk *Ticket) bool {
 	return false
 }
 
-// Quota ratios. A quota is charged a request's estimate at dispatch and
-// corrected to its actual tokens at completion, so when a tenant's
-// estimates run low (a low default_max_tokens, a prompt the tokenizer
-// undercounts) its quota's earliest times run later than the estimates
-// of its queued requests say, and a request admitted on them finds out
-// only when its tenant is held. The ratio of actual to estimated tokens
-// of the tenant's recent completions corrects the estimates of its
-// queued requests wherever the queue predicts a quota time (admission,
-// early refusal); charges stay estimates.
+// Quota ratios. When a tenant's estimates run low, its quota's earliest
+// times run later than the estimates of its queued requests say. The ratio
+// of actual to estimated tokens of its recent completions corrects those
+// estimates wherever the queue predicts a quota time; charges stay
+// estimates.
 const (
 	// quotaRatioAlpha weighs one completion in the ratio: it follows the
 	// tenant's last few dozen requests.
@@ -207,13 +189,10 @@ func (q *Queue) reconcileQuotaLocked(tk *Ticket, actual int64) {
 	}
 }
 
-// Completions reconcile with a shared store (Config.QuotaStore set: the
-// cluster's Redis) after the queue's lock is released: a round trip there
-// must not hold every other decision of the queue, and a completion's
-// correction decides nothing by itself. The charge at dispatch stays under
-// the lock: it decides. A refund ends the tenant's hold once it has
-// landed (refundedLocked). The in-process store, answering in
-// nanoseconds, reconciles under the lock as before.
+// deferredReconcile is a completion's reconciliation with a shared store
+// (Config.QuotaStore set), made after the queue's lock is released: a round
+// trip there must not hold every other decision, and a correction decides
+// nothing by itself. The in-process store reconciles under the lock.
 type deferredReconcile struct {
 	// store is the tenants' quota store, acct the account's.
 	store, acct    quota.Store
@@ -231,9 +210,8 @@ type deferredReconcile struct {
 }
 
 // deferReconcileLocked takes tk's reconciliations off tk when they are to
-// run after the lock (a shared store); completeLocked then finds nothing
-// to reconcile. The account's are left to completeLocked when its store
-// is an AccountStore that answers in memory (a Mirror).
+// run after the lock; completeLocked then finds nothing to reconcile. The
+// account's stay when its store answers in memory (a Mirror).
 func (q *Queue) deferReconcileLocked(tk *Ticket, actual, prompt int64) (deferredReconcile, bool) {
 	if q.cfg.QuotaStore == nil || actual < 0 {
 		return deferredReconcile{}, false
@@ -262,27 +240,16 @@ func (q *Queue) deferReconcileLocked(tk *Ticket, actual, prompt int64) (deferred
 }
 
 // refuseQuotaFlowLocked refuses, from the tail of f (a flow of a tenant
-// with a quota) towards its head, the queued requests the quota cannot
-// let start before their deadline (less the margins), behind the
-// requests ahead of them in the flow, their estimates corrected by the
-// tenant's ratio: 429 quota_exceeded, Retry-After to the time it could.
-// Nothing of the tenant can start sooner in tag order, so they would
-// wait out their budget for a queue_timeout; admission decided on the
-// estimates alone, and what the tenant's requests really cost shows as
-// they complete. It stops at the first request that makes it (those
-// ahead of it have less ahead) and at max refusals; it returns how many
-// it refused.
-//
-// Each check is the store's exact earliest time (a Peek behind the
-// backlog). Only the in-process store is asked: on a shared one every
-// queued request holds a booking that fits its budget (gate.go).
+// with a quota) towards its head, the queued requests the quota cannot let
+// start before their deadline less the margins, behind the requests ahead
+// of them in the flow at the tenant's ratio: 429 quota_exceeded. It stops
+// at the first request that makes it and at max refusals, and returns how
+// many it refused. Only the in-process store is asked: on a shared one
+// every queued request holds a booking that fits its budget (gate.go).
 func (q *Queue) refuseQuotaFlowLocked(now time.Time, f *flow, max int) int {
 	t := f.t
 	l := t.cfg.Quota
-	margin := q.cfg.Admission.Margin
-	if q.cfg.ExpiryMargin > margin {
-		margin = q.cfg.ExpiryMargin
-	}
+	margin := q.quotaMarginLocked()
 	ratio := t.quotaRatio()
 	tokens, reqs := f.tokens, int64(f.q.n)
 	refused := 0
@@ -293,7 +260,7 @@ func (q *Queue) refuseQuotaFlowLocked(now time.Time, f *flow, max int) int {
 			return refused // its budget has run out: the expiry answers
 		}
 		ahead := quota.Backlog{Requests: reqs, Tokens: int64(math.Round(float64(tokens) * ratio))}
-		d, ok := q.quotaTimeLocked(t, l, ahead)
+		d, ok := q.quotaTimeLocked(t.name, l, ahead)
 		if !ok || now.Add(d.RetryAfter).Before(tk.deadline.Add(-margin)) {
 			return refused
 		}
@@ -310,27 +277,18 @@ func (q *Queue) refuseQuotaFlowLocked(now time.Time, f *flow, max int) int {
 	return refused
 }
 
-// tickLagLocked adds to d, the quota's earliest time for a request behind
-// ahead, what the holds' granularity adds: a held tenant goes at the
-// first tick at or after its quota allows it (Margin is three of them),
-// and when the quota's burst tolerance is shorter than that, the time
-// lost is lost for good (each charge counts from its dispatch), half a
-// tick per request ahead on average.
-func (q *Queue) tickLagLocked(d *quota.Decision, l *quota.Limits, ahead quota.Backlog) {
-	tick := q.cfg.Admission.Margin / 3
-	if l.Tolerance() >= tick || ahead.Requests <= 0 {
-		return
-	}
-	d.RetryAfter += time.Duration(ahead.Requests) * tick / 2
-	d.Allowed = d.RetryAfter <= 0
-}
-
-// quotaTimeLocked is the earliest time t's quota lets a request behind
+// quotaTimeLocked is the earliest time tenant's quota lets a request behind
 // ahead start, as a Decision (RetryAfter 0: now); false when the store
-// failed (no refusal on it).
-func (q *Queue) quotaTimeLocked(t *tenant, l *quota.Limits, ahead quota.Backlog) (quota.Decision, bool) {
-	d, err := q.quotaStoreLocked().Peek(context.Background(), t.name, l, ahead)
-	q.tickLagLocked(&d, l, ahead)
+// failed. It adds the holds' granularity: a held tenant goes at the first
+// tick after its quota allows it (Margin is three ticks), and when the
+// quota's burst tolerance is shorter than a tick the time is lost for good,
+// half a tick per request ahead on average.
+func (q *Queue) quotaTimeLocked(tenant string, l *quota.Limits, ahead quota.Backlog) (quota.Decision, bool) {
+	d, err := q.quotaStoreLocked().Peek(context.Background(), tenant, l, ahead)
+	if tick := q.cfg.Admission.Margin / 3; l.Tolerance() < tick && ahead.Requests > 0 {
+		d.RetryAfter += time.Duration(ahead.Requests) * tick / 2
+		d.Allowed = d.RetryAfter <= 0
+	}
 	return d, err == nil
 }
 
@@ -357,10 +315,10 @@ func (q *Queue) reconcileDeferred(d deferredReconcile) {
 	q.dispatchLocked(q.clock.Now())
 }
 
-// refundedLocked ends what a refund to t's quota may end sooner: its
-// hold. The next dispatch charges again and holds to the new time if it
-// must. (An account's wait for room is left to run out: ending it early
-// could let the primary take what its fallback was serving.)
+// refundedLocked ends t's hold after a refund to its quota: the next
+// dispatch charges again and holds to the new time if it must. (An
+// account's wait is left to run out: ending it early could let the primary
+// take what its fallback was serving.)
 func (q *Queue) refundedLocked(t *tenant) {
 	if t.heldIdx >= 0 {
 		q.unholdLocked(t)
@@ -397,20 +355,15 @@ type holdNote struct {
 
 // refuseHeldLocked answers at once, with the quota's refusal (429
 // quota_exceeded, Retry-After to the end of the hold), the queued requests
-// of each tenant held since its last call that the hold leaves no time
-// for: the heads of its flows whose deadline, less the margins, comes
-// before the quota allows the tenant's next request. Nothing of the
-// tenant can start before then, so they would wait out their budget for a
-// queue_timeout. This happens when the quota was spent by others after the
-// request was admitted: the other gateways of a cluster, charging the same
-// tenant's meters in Redis. As at admission, the quota's time is taken as
-// exact; a refund for an over-estimate in flight may end a hold sooner.
-// Run after the dispatch loop, never inside it: O(notes + refusals).
+// of each tenant held since its last call whose deadline, less the
+// margins, comes before the hold ends: they would only wait out their
+// budget. (The quota was spent after admission, by the tenant's requests
+// on other gateways.) Run after the dispatch loop: O(notes + refusals).
 func (q *Queue) refuseHeldLocked(now time.Time) {
 	if len(q.holdNotes) == 0 {
 		return
 	}
-	margin := max(q.cfg.Admission.Margin, q.cfg.ExpiryMargin)
+	margin := q.quotaMarginLocked()
 	for i := range q.holdNotes {
 		n := &q.holdNotes[i]
 		t := n.t
@@ -434,8 +387,7 @@ func (q *Queue) refuseHeldLocked(now time.Time) {
 				refuse(tk)
 			}
 		}
-		// Promoted ones wait in the boost lane, out of their flows (the
-		// boost budget keeps it short).
+		// Promoted ones wait in the boost lane (short: the boost budget).
 		for tk := q.boost.head; tk != nil; {
 			next := tk.next
 			if tk.t == t && late(tk) {
