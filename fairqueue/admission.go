@@ -172,26 +172,33 @@ func (q *Queue) othersWalkLocked(t *tenant, cq *classQ, own, finish float64) flo
 		t = t.group
 	}
 	for _, c := range q.classes {
-		if c.paused && !cq.paused {
-			continue // a paused class yields to this request
-		}
-		for i := range c.flows.e {
-			f := c.flows.flows[c.flows.e[i].id]
-			u := f.t
-			if u == t || u.stamp == a.stamp {
-				continue
-			}
-			u.stamp = a.stamp
-			if cq.paused && !c.paused {
-				ahead += float64(u.queuedWork) // yields to all of it
-				continue
-			}
-			if room := (finish - u.vt) * u.weight; room > 0 {
-				ahead += min(room, float64(u.queuedWork))
-			}
-		}
+		ahead = a.walkAhead(ahead, &c.flows, c, cq, t, finish)
 	}
 	return ahead
+}
+
+// walkAhead adds to sum the work of the owners of h's flows, in class c,
+// other than t, that a request of cq with virtual finish tag finish has
+// ahead of it, each owner counted once per stamp.
+func (a *admission) walkAhead(sum float64, h *flowHeap, c, cq *classQ, t *tenant, finish float64) float64 {
+	if c.paused && !cq.paused {
+		return sum // a paused class yields to this request
+	}
+	for i := range h.e {
+		u := h.flows[h.e[i].id].t
+		if u == t || u.stamp == a.stamp {
+			continue
+		}
+		u.stamp = a.stamp
+		if cq.paused && !c.paused {
+			sum += float64(u.queuedWork) // yields to all of it
+			continue
+		}
+		if room := (finish - u.vt) * u.weight; room > 0 {
+			sum += min(room, float64(u.queuedWork))
+		}
+	}
+	return sum
 }
 
 // workAheadOwnLocked is the part of workAheadLocked that is not the other

@@ -1,6 +1,7 @@
 package fairqueue
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -11,31 +12,24 @@ import (
 
 // Tiered circuit breaking (degrade.Circuit) as the queue applies it.
 //
-// Demand is measured in units whose capacity does not swing with the mix
-// of requests, each against its own capacity (the circuit's resources):
+// Demand is measured in units whose capacity does not swing with the mix of
+// requests, each against its own capacity (the circuit's resources):
 //
-//   - slots: busy time, in slot-seconds. A request's demand is the busy
-//     time its caller's requests have been taking (an exponentially
-//     weighted mean over the caller's last few dozen completions,
-//     dispatch to release; the undeclared tenants share one caller; a
-//     caller not seen complete yet takes the queue's mean), and capacity
-//     is the slots (healthy upstreams x max_inflight, or a shared pool's
-//     grant): slot-seconds per second. A long prompt with a short answer
-//     weighs what it keeps a slot busy, not its tokens.
-//   - inflight_tokens, with max_inflight_tokens: token-seconds, the
-//     request's tokens times its busy time, against the token capacity.
-//   - account_tokens and account_requests, with a provider account: the
-//     provider's own units (prompt + output cap, and requests) against
-//     the rates the account is drawn at.
+//   - slots: busy time. A request weighs the mean busy time of its caller's
+//     recent completions (the undeclared tenants share one caller; a new
+//     caller takes the queue's mean), against the slots: slot-seconds per
+//     second;
+//   - inflight_tokens: the request's tokens times its busy time, against the
+//     token capacity;
+//   - account_tokens and account_requests: the provider's units against the
+//     rates the account is drawn at.
 //
-// Every request that reaches Enqueue is counted, refused ones included.
-// The circuit is told when the upstreams are saturated (every slot busy
-// or the account or the token gate holding dispatch, with requests
-// waiting; dispatchDoneLocked), and sheds a tier only when they were for
-// most of its window: demand over the line while capacity idles is a
-// wrong estimate, not overload. Each Tick observes the circuit; a request
-// of a shed tier is refused at once (ReasonCircuitOpen) before it costs
-// anything else.
+// Every request that reaches Enqueue counts, refused ones included. The
+// circuit sheds a tier only when the upstreams were saturated (every slot
+// busy, or a gate holding dispatch, with requests waiting) for most of its
+// window: demand over the line while capacity idles is a wrong estimate,
+// not overload. A request of a shed tier is refused at once
+// (ReasonCircuitOpen).
 
 // The circuit's resources, by name (metrics label them so).
 const (
@@ -147,9 +141,8 @@ func (q *Queue) circuitLocked(now time.Time, t *tenant, tc *TenantConfig, name s
 }
 
 // serviceOwnerLocked is whose mean busy time prices a request of tenant
-// name (state t, nil when none): the tenant, or for an undeclared tenant
-// the group, so that one-shot tenant IDs share what their kind costs;
-// nil for a declared tenant the queue does not remember.
+// name (state t, nil when none): the tenant, or the group for an undeclared
+// one; nil for a declared tenant the queue does not remember.
 func (q *Queue) serviceOwnerLocked(t *tenant, name string) *tenant {
 	if t != nil {
 		if t.group != nil {
@@ -223,22 +216,18 @@ func (t *tenant) observeDemand(now time.Time, window time.Duration, busy float64
 	dm.tokens += float64(tokens) * 1e9 / tau
 }
 
-// tenantDemand is a tenant's arriving busy time, requests and tokens per
-// second, decayed from at (Unix ns), and, for the owner of a mean busy
-// time (serviceOwnerLocked), the weighted sum and weight of its
-// completions' busy times; and, for a tenant with a quota, the weighted
-// sums of its completed requests' estimated and actual tokens
-// (quotaRatio).
+// tenantDemand is what only some tenants need: the arriving busy time,
+// requests and tokens per second, decayed from at (Unix ns); the mean busy
+// time of an owner's completions (serviceOwnerLocked); a quota's ratio
+// (quotaRatio); and the times booked on its quota, earliest first
+// (gate.go).
 type tenantDemand struct {
 	at                 int64
 	busy, reqs, tokens float64
 	busySum, busyW     float64
 	estSum, actSum     float64
 	estN               int
-	// bookings are the times booked on the tenant's quota for its queued
-	// requests, earliest first (gate.go); kept here, with the rest of
-	// what only some tenants need, off the tenant's own lines.
-	bookings []int64
+	bookings           []int64
 }
 
 // demandAtLocked is t's arriving rates decayed to now.
@@ -296,16 +285,15 @@ type backlogMarks struct {
 	n      int // marks taken; the latest at (n-1) % 11
 }
 
-// markBacklogLocked takes a mark when a tenth of the window has passed
-// since the last.
-func (q *Queue) markBacklogLocked(now time.Time, window time.Duration) {
-	m := &q.backlog
+// mark takes a mark of queued at now when a tenth of the window has
+// passed since the last.
+func (m *backlogMarks) mark(now time.Time, window time.Duration, queued int) {
 	ns := now.UnixNano()
 	if m.n > 0 && ns-m.at[(m.n-1)%len(m.at)] < int64(window/10) {
 		return
 	}
 	k := m.n % len(m.at)
-	m.at[k], m.queued[k] = ns, q.queued
+	m.at[k], m.queued[k] = ns, queued
 	m.n++
 }
 
@@ -333,7 +321,7 @@ func (q *Queue) observeCircuitLocked(now time.Time) {
 	if q.circuit == nil {
 		return
 	}
-	q.markBacklogLocked(now, q.circuit.Config().Window)
+	q.backlog.mark(now, q.circuit.Config().Window, q.queued)
 	caps := q.circuitCapacityLocked()
 	for _, tr := range q.circuit.Observe(now, caps...) {
 		ev := CircuitEvent{CircuitTransition: tr, BacklogTrend: q.backlogTrendLocked(now)}
@@ -345,8 +333,7 @@ func (q *Queue) observeCircuitLocked(now time.Time) {
 }
 
 // shedCallersLocked lists the tenants of tier that were sending, the
-// largest demand first. It scans the remembered tenants: O(tenants), at a
-// shed only, which the circuit's hold makes rare.
+// largest demand first: O(tenants), at a shed only.
 func (q *Queue) shedCallersLocked(now time.Time, tier string, slots float64) []CircuitCaller {
 	window := q.circuit.Config().Window
 	var out []CircuitCaller
@@ -368,15 +355,7 @@ func (q *Queue) shedCallersLocked(now time.Time, tier string, slots float64) []C
 		}
 		out = append(out, c)
 	}
-	slices.SortFunc(out, func(a, b CircuitCaller) int {
-		switch {
-		case a.Demand > b.Demand:
-			return -1
-		case a.Demand < b.Demand:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b CircuitCaller) int { return cmp.Compare(b.Demand, a.Demand) })
 	if len(out) > maxCircuitCallers {
 		out = out[:maxCircuitCallers]
 	}

@@ -9,31 +9,18 @@ import (
 // Commitments behind a provider account.
 //
 // Behind an account that binds, a queued request is decided once, at its
-// decision point (a quarter of its budget, refuse.go), on the share of the
-// account its tenant's weight gets. That share is an average: the other
-// tenants' next arrivals move it, and a request kept on it could drift past
-// its deadline and end in queue_timeout, or be refused after a quarter of
-// its budget when the share is read again. Neither is an answer the
-// caller can use. So the decision is a commitment:
+// decision point (refuse.go), on the share of the account its tenant's
+// weight gets. That share is an average the others' arrivals move, so the
+// decision is a commitment:
 //
-//   - A request is kept only if its tenant's share dispatches it commitLead
-//     before its deadline (refusalETALocked).
-//   - Once kept, it is no longer re-decided on the share: it is refused
-//     only if it misses even at the refusal rate, in tag order.
-//   - A kept request whose deadline is within rescueHorizon and whose place
-//     in tag order now misses it goes to the boost lane, ahead of tag
-//     order, if the account can take the lane's work before its deadline
-//     (keepCommitmentsLocked). commitLead is the room that leaves.
+//   - a request is kept only if its tenant's share dispatches it commitLead
+//     before its deadline (refusalETALocked);
+//   - once kept, it is refused only if it misses even at the refusal rate;
+//   - a kept request due within rescueHorizon whose place in tag order now
+//     misses goes to the boost lane, if the account can take the lane's
+//     work in time (keepCommitmentsLocked).
 //
-// The lane only reorders what the account admits, within the last seconds
-// of the few requests the share misjudged; the other tenants' requests
-// still short of their decision point see the account's rate as it is and
-// are refused at theirs when it no longer serves them. In the simulator's
-// provider peak (a 75 s peak at 1.75x a 60k TPM account, Poisson or
-// periodic arrivals, seeds 1-20) this took the refusals after a quarter of
-// the budget from 1.3% of them to none (TestProviderPeakCommitments).
-// Rescues count as boosts (boosts_total); with boosting off
-// (boost_share_max 0) there is no lane and no rescue.
+// Rescues count as boosts; with boosting off there is no rescue.
 
 const (
 	// commitLead is how much before its deadline a request behind an

@@ -13,42 +13,25 @@ import (
 
 // Decisions on a shared quota store, off the lock.
 //
-// A remote store (Config.QuotaStore that is a quota.Remote: the cluster's
-// Redis) answers in a network round trip, which must never be made while
-// the queue's lock is held: every other decision of the queue, for tenants
-// with no quota at all, would wait on it, and a slow store would throttle
-// them all.
+// A remote store (a quota.Remote: the cluster's Redis) answers in a network
+// round trip, which is never made under the queue's lock: every other
+// decision, for tenants with no quota at all, would wait on it.
 //
-// Tenant quotas are booked at admission. Before it takes the lock, Enqueue
-// books the request on its tenant's quota (quota.Store.Book): the store
-// charges it as of the earliest time the quota lets it start, first come,
-// first served over every gateway that shares the store, if that time
-// leaves the request the wait for a slot before its deadline (the margins
-// and slotWaitLocked); otherwise nothing is charged and the request is
-// refused at once (429 quota_exceeded, Retry-After to that time). So a
-// request's quota time is known when it arrives and no other gateway can
-// take it afterwards: a gateway never races the others for the next unit
-// of a tenant's quota, and whichever gateway a request lands on, it is
-// refused on the same meters (not on an estimate of the other gateways'
-// queues).
+// Tenant quotas are booked at admission: before it takes the lock, Enqueue
+// books the request (quota.Store.Book) as of the earliest time the quota
+// lets it start, first come first served over every gateway, if that time
+// leaves the request its wait for a slot before its deadline; otherwise
+// nothing is charged and the request is refused at once. So a request's
+// quota time is known when it arrives, and whichever gateway it lands on,
+// it is refused on the same meters.
 //
-// Its tenant then keeps the booked times of its queued requests (its
-// bookings, earliest first): a booked request is dispatched, in its
-// tenant's order, on the earliest, without another call, and the tenant
-// is held (its flows out of the heaps, as by a quota hold) while that time
-// is ahead. A booked request that leaves without being dispatched
-// (cancelled, expired, refused while queued, refused at admission after
-// it booked, the queue closed) gives its booking back (Store.Refund, which
-// frees the last place of the tenant's schedule) after the lock is
-// released; its tenant drops its latest booked time. A request its
-// provider sends back (Requeue) keeps its booking and goes again at once.
-// A store error admits the request uncharged (a quota store that is down
-// must not take the gateway with it; the cluster's store decides locally
-// then).
-//
-// Completions reconcile after the lock (deferReconcileLocked), and every
-// other call a decision under the lock leaves behind (a refund) is made
-// on a goroutine of its own once the lock is released (storeCallsLocked).
+// Its tenant keeps the booked times of its queued requests, earliest first:
+// a booked request is dispatched on the earliest, and its tenant is held
+// while that time is ahead. A booked request that leaves undispatched gives
+// its booking back (Store.Refund) after the lock is released; one its
+// provider sends back (Requeue) keeps it. A store error admits the request
+// uncharged. Completions reconcile after the lock (deferReconcileLocked),
+// and refunds run on a goroutine of their own (runStoreCalls).
 
 // isRemote reports whether s says its calls go over a network.
 func isRemote(s quota.Store) bool {
@@ -108,22 +91,12 @@ func (q *Queue) quotaMarginLocked() time.Duration {
 }
 
 // slotWaitLocked is the lead a booking asks for (quota.Store.Book): how
-// long a request whose quota lets it go later must still allow for a
-// slot once it may. It is the longest a booked request has waited for
-// one past its booked time lately (lateWindow), and at least, while every
-// slot is taken or requests queue, the time until one frees on average
-// (half a mean request's work at the promise rate; nothing while the
-// queue knows no rate). The longest, not the mean: slots free in bunches
-// when the requests holding them take alike (they started together after
-// a stall and run as long), and a request due between two bunches waits
-// for the next. The quota is what holds such a request, so a horizon
-// shorter by that wait refuses no more of them over time (the quota
-// serves as many) but refuses at once, at its Retry-After, the one that
-// would have run out of budget waiting for a slot. The store keeps the
-// longest lead of the last minute over every gateway and books each to
-// the horizon it leaves: gateways that each used their own would not
-// refuse alike (the one with the shortest lead would take the places at
-// the end of the horizon, and its requests would be refused the least).
+// long a request must still allow for a slot once its quota lets it go. It
+// is the longest a booked request waited past its booked time lately
+// (lateWindow), and at least, while every slot is taken or requests queue,
+// the average time until one frees. The longest, not the mean: slots free
+// in bunches. The store keeps the longest lead of the last minute over
+// every gateway, so that all refuse alike.
 func (q *Queue) slotWaitLocked(now time.Time, cost int64) time.Duration {
 	w := q.adm.late.max(q.since(now))
 	if q.inflight < q.capacity && q.queued == 0 {
@@ -171,13 +144,11 @@ func (w *lateWindow) max(now int64) time.Duration {
 func bookGuarded(store quota.Store, tenant string, l *quota.Limits, tokens int64, maxWait, lead time.Duration) (d quota.Decision, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = errPanicked(r)
+			err = fmt.Errorf("fairqueue: the quota store panicked: %v", r)
 		}
 	}()
 	return store.Book(context.Background(), tenant, l, tokens, maxWait, lead)
 }
-
-func errPanicked(r any) error { return fmt.Errorf("fairqueue: the quota store panicked: %v", r) }
 
 // keepBookingLocked gives the ticket tk of tenant t the booking b:
 // charged to t's quota under b's limits, its time added to t's bookings.
@@ -188,8 +159,7 @@ func (q *Queue) keepBookingLocked(now time.Time, t *tenant, tk *Ticket, b *quota
 }
 
 // addBookingLocked adds a booked time (Queue.since's scale) to t's
-// bookings, kept earliest first. Bookings arrive about in order, so the
-// insertion is at the end but for the few that raced.
+// bookings, kept earliest first.
 func (t *tenant) addBookingLocked(at int64) {
 	if t.demand == nil {
 		t.demand = &tenantDemand{}
@@ -212,8 +182,7 @@ func (t *tenant) nextBookingLocked() (int64, bool) {
 
 // bookedDueLocked reports whether tk may be dispatched now as far as its
 // tenant's quota goes: it is not booked, or its tenant's earliest booked
-// time has come (a tenant's requests take its booked times in the order
-// they are dispatched). Otherwise its tenant is held until then.
+// time has come. Otherwise its tenant is held until then.
 func (q *Queue) bookedDueLocked(now time.Time, tk *Ticket) bool {
 	if tk.ch == nil || !tk.ch.booked {
 		return true
@@ -258,9 +227,8 @@ func (q *Queue) refundLaterLocked(tenant string, l *quota.Limits, tokens int64) 
 	})
 }
 
-// runStoreCalls makes the calls decisions under the lock left to be made
-// after it (storeCalls), on a goroutine of their own: the caller, which
-// may be the tick, waits for none of them.
+// runStoreCalls makes the calls left for after the lock (storeCalls) on a
+// goroutine of their own, which the caller does not wait for.
 func (q *Queue) runStoreCalls(calls []func()) {
 	q.storeCallsInFlight.Add(1)
 	go func() {
@@ -271,8 +239,8 @@ func (q *Queue) runStoreCalls(calls []func()) {
 	}()
 }
 
-// callGuarded runs a store call, a panic in it ignored as a failed call
-// is: it must not end the process from a goroutine of the queue's.
+// callGuarded runs a store call; a panic in it is ignored as a failed call
+// is, so that it never ends the process.
 func callGuarded(call func()) {
 	defer func() { _ = recover() }()
 	call()
