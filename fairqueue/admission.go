@@ -37,23 +37,17 @@ type admission struct {
 	boosts *budget.Boosts
 	// boostCost is the estimated cost waiting in the boost lane.
 	boostCost int64
-	// stamp deduplicates tenants with several flows in one walk over the
-	// heaps (the tests' oracle for the work-ahead index).
+	// stamp deduplicates tenants with several flows in one walk.
 	stamp uint64
 	// ahead is the work-ahead index (ahead.go).
 	ahead aheadIndex
-	// walkMax is the most backlogged flows for which an ETA walks them
-	// rather than keep the index (aheadWalkMax; tests and benchmarks move
-	// it: -1 always keeps the index).
+	// walkMax is aheadWalkMax (-1: always keep the index).
 	walkMax int
 	// cold bounds the rate before the estimator has a sample.
 	cold budget.ColdRate
 	// cursor is where the next early-refusal pass starts among the
-	// backlogged flows (refuseLocked).
-	cursor int
-	// subCursor walks the members of the undeclared group when the pass
-	// lands on it.
-	subCursor int
+	// backlogged flows, subCursor among the group's members.
+	cursor, subCursor int
 	// capTime is the healthy-upstream seconds elapsed up to capAt, the
 	// clock of the flows' drain rates; peak is the largest healthy count
 	// of the last peakHold, last seen at peakAt.
@@ -67,8 +61,7 @@ type admission struct {
 	// (Unix ns), when it was bwLast (refuse.go).
 	bwSum, bwW, bwLast float64
 	bwAt               int64
-	// late is how late booked requests went past their booked times
-	// (gate.go).
+	// late is how late booked requests went past their booked times.
 	late lateWindow
 }
 
@@ -100,20 +93,15 @@ type Estimate struct {
 
 // etaLocked predicts when a request of tenant t, class cq and cost cost,
 // with ownAhead of its tenant's cost queued before it, will be dispatched:
-// the work that tag order puts ahead of it (workAheadLocked) over the
-// measured rate. It costs O(log n) (workAheadLocked).
+// the work that tag order puts ahead of it over the measured rate (without
+// samples, the prior or the rate learned before an idle spell; 0: unknown).
 func (q *Queue) etaLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost int64) Estimate {
-	// Without samples the rate is the configured prior or the rate learned
-	// before an idle spell: both are estimates the operator or the queue
-	// stands by, so a flood on a cold queue is refused at admission rather
-	// than left to expire. With neither the rate is 0: unknown.
 	st := q.adm.rate.Stats(now, q.healthy)
 	if st.Rate <= 0 {
 		return Estimate{}
 	}
 	rate := st.Rate
 	if q.up != nil {
-		// Nothing goes faster than the account admits it.
 		rate = min(rate, q.accountRateLocked(now))
 	}
 	ahead := q.workAheadLocked(now, t, cq, ownAhead, cost, true)
@@ -122,20 +110,13 @@ func (q *Queue) etaLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost i
 
 // workAheadLocked is the work dispatched before a request of tenant t,
 // class cq and cost cost with ownAhead of its tenant's cost queued before
-// it: its tenant's own queue ahead of it, each other backlogged tenant's
-// queued cost up to the same virtual finish by weight, the boost lane, and
-// the work that frees a slot when none is free. With others false the
-// other tenants are left out: a lower bound in O(1). The full sum costs
-// O(log n) from the work-ahead index (ahead.go), plus the re-filing of the
-// tenants that changed since the previous ETA, O(log n) each; with at most
-// aheadWalkMax backlogged flows, a walk over them, which costs less.
-//
-// The other tenants counted are those with a flow in the heap of a class
-// the request does not yield to (a paused class yields to a request of an
-// unpaused one; a request of a paused class yields to all the work of the
-// tenants first met in an unpaused class), each once however many flows
-// it has; an undeclared tenant counts its fellow members inside the group
-// first, then the group as one tenant at the top level.
+// it: its tenant's own queue ahead of it, the boost lane, the work that
+// frees a slot, and, with others, each other backlogged tenant's queued
+// cost up to the same virtual finish by weight (othersWalkLocked defines
+// which count). Without others it is a lower bound in O(1); with them,
+// O(log n) from the work-ahead index (ahead.go), or a walk over at most
+// aheadWalkMax flows. An undeclared tenant counts its fellow members
+// inside the group first, then the group as one tenant at the top level.
 func (q *Queue) workAheadLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost int64, others bool) float64 {
 	ahead, finish := q.workAheadOwnLocked(now, t, ownAhead, cost)
 	if !others {
@@ -156,16 +137,17 @@ func (q *Queue) workAheadLocked(now time.Time, t *tenant, cq *classQ, ownAhead, 
 }
 
 // othersWalkLocked is the other tenants' part of workAheadLocked for a
-// request of t in cq with own of its tenant's work (its cost included)
-// and virtual finish tag finish, by a walk over every backlogged flow:
-// O(F). It is the work-ahead index's definition, and its oracle in tests.
+// request of t in cq with own of its tenant's work (its cost included) and
+// virtual finish tag finish, by a walk over every backlogged flow: O(F).
+// A tenant counts once when one of its flows is in the heap of a class
+// the request does not yield to (a paused class yields to an unpaused
+// request; a paused request yields to all the work of the tenants first
+// met in an unpaused class). It is the work-ahead index's definition.
 func (q *Queue) othersWalkLocked(t *tenant, cq *classQ, own, finish float64) float64 {
 	a := q.adm
 	ahead := 0.0
 	a.stamp++
 	if t.group != nil {
-		// An undeclared tenant: its fellow members first, then the group
-		// as one tenant at the top level.
 		var inner float64
 		inner, finish = q.memberAheadWalkLocked(t, cq, own, finish)
 		ahead += inner
@@ -245,9 +227,8 @@ func (q *Queue) boostAllowedLocked(now time.Time, tenant string) bool {
 	return ok
 }
 
-// boostRoomLocked reports whether one more boosted request may start. With
-// boosting by budget disabled, only explicit Promote calls fill the lane,
-// and the caller bounds them.
+// boostRoomLocked reports whether one more boosted request may start
+// (without a boost budget only Promote fills the lane).
 func (q *Queue) boostRoomLocked() bool {
 	if q.cfg.Admission.BoostShareMax <= 0 {
 		return true
@@ -259,21 +240,16 @@ func (q *Queue) boostRoomLocked() bool {
 // at once, whatever its tag: a slot is free and nothing waits.
 func (q *Queue) startsAtOnceLocked() bool { return q.inflight < q.capacity && q.queued == 0 }
 
-// decideLocked is the admission decision for a new request with a deadline.
-// Once the estimator has learned a rate from its own measurements, the
-// decision is made at the promise rate, a low quantile, refusal included.
-// Before (cold, or a prior only), a refusal needs more: the request must
-// miss even at the refusal rate (refusalRateLocked), the most the
-// upstreams can plausibly do. A request between the two is admitted, and
-// refused from the queue as soon as the measurement shows it cannot make
-// it (refuseLocked). The caller (Enqueue) has found that there is
-// something to decide: a deadline, and no slot to start in at once.
+// decideLocked is the admission decision for a new request with a deadline
+// that cannot start at once. Once the estimator has learned a rate, it is
+// made at the promise rate, a low quantile. Before, a refusal needs the
+// request to miss even at the refusal rate; one between the two is
+// admitted, and refused from the queue once the measurement shows it late.
 func (q *Queue) decideLocked(now time.Time, t *tenant, cq *classQ, cost int64, deadline time.Time) (budget.Decision, Estimate) {
 	own := t.queuedWork
 	est := q.etaLocked(now, t, cq, own, cost)
 	if !est.Known {
-		// No promise rate yet (cold, no prior): refuse only what the cold
-		// bound already shows to be late.
+		// No rate yet: refuse only what the cold bound shows to be late.
 		if q.cfg.Admission.FastFail {
 			work := q.workAheadLocked(now, t, cq, own, cost, true)
 			if late, eta := q.surelyLateLocked(now, t, cq, cost, deadline, work); late {
@@ -295,9 +271,6 @@ func (q *Queue) decideLocked(now time.Time, t *tenant, cq *classQ, cost int64, d
 	case d == budget.Reject && !q.cfg.Admission.FastFail:
 		d = budget.Wait
 	case d == budget.Reject && !q.warmLocked(now):
-		// The promise rate is still a guess (a prior, or a first sample
-		// taken as a flood started): refuse only what is late at the
-		// refusal rate; the queue refuses the rest once it has measured.
 		late, eta := q.surelyLateLocked(now, t, cq, cost, deadline, est.WorkAhead)
 		if !late {
 			d = budget.Wait
@@ -325,20 +298,15 @@ func (q *Queue) surelyLateLocked(now time.Time, t *tenant, cq *classQ, cost int6
 }
 
 // boostPlanLocked predicts the dispatch time of a new request if boosted,
-// at rate r, and whether a boost is possible at all (ok) and only later (later): not
-// now, but by the re-check once what stands in its way has gone, so
-// admission waits for it rather than refusing a request a boost will save.
+// at rate r, whether a boost is possible at all (ok), and whether only
+// later, by the re-check (later), so that admission waits for it rather
+// than refusing a request a boost will save:
 //
-//   - Its own flow holds a request due no sooner (ownDueFirst): boosting
-//     past it would only reorder the tenant's requests. That work is
-//     dispatched first (boosted itself if need be), so it is added to the
-//     boosted ETA; for a tenant whose own backlog is what makes it late,
-//     that ETA misses too and the request is refused.
-//   - The boost share is used up: the lane opens when one of the k boosted
-//     requests in flight or waiting completes. With C slots completing one
-//     request every MeanCost/rate on average, one of k given slots frees
-//     in about C/k times that.
-//   - The tenant's hourly allowance is used up: no boost.
+//   - its own flow holds a request due no sooner (ownDueFirst): that work
+//     is dispatched first, so it is added to the boosted ETA;
+//   - the boost share is used up: the lane opens when one of the k boosted
+//     requests completes, about C/k times MeanCost/rate for C slots;
+//   - the tenant's hourly allowance is used up: no boost.
 func (q *Queue) boostPlanLocked(now time.Time, t *tenant, cq *classQ, cost int64, deadline time.Time, r float64) (eta time.Duration, ok, later bool) {
 	a := q.adm
 	k := q.boostedInflight + q.boost.n
@@ -373,15 +341,12 @@ func budgetRejection(est Estimate, budgetLeft time.Duration) *Rejection {
 // promoteLocked moves a queued ticket into the boost lane and counts the
 // boost against its tenant's hourly allowance.
 func (q *Queue) promoteLocked(now time.Time, tk *Ticket) {
-	// The boost lane still counts as queued: only the links move.
+	// The boost lane counts as queued: only the links move.
 	q.unlinkTicketLocked(tk, true)
 	tk.state = stateBoosted
 	q.boost.pushBack(tk)
 	if !tk.deadline.IsZero() {
-		// Unlinking dropped it from the deadline heap too: put it back, so that
-		// Tick still answers it (queue_timeout) before its deadline when no
-		// slot frees in time, rather than when one finally does.
-		q.deadlines.push(tk)
+		q.deadlines.push(tk) // so that Tick still expires it
 	}
 	q.adm.boostCost += tk.cost
 	q.adm.boosts.Record(now, tk.t.name)
@@ -389,16 +354,13 @@ func (q *Queue) promoteLocked(now time.Time, tk *Ticket) {
 
 // recheckLocked re-decides queued requests whose deadline is near: one that
 // would now miss its deadline in tag order is boosted when the boost budget
-// allows and a boost would make it. Requests are visited in deadline order
-// up to a horizon, at most maxRecheck per tick, so a tick stays cheap however
-// long the queue: O(maxRecheck x log n), each ETA from the work-ahead index
-// (or a walk over at most aheadWalkMax flows).
+// allows and a boost would make it. At most maxRecheck are visited per
+// tick, in deadline order: O(maxRecheck x log n).
 func (q *Queue) recheckLocked(now time.Time) {
 	if q.cfg.Admission.BoostShareMax <= 0 || len(q.deadlines) == 0 {
 		return
 	}
-	// Behind a provider account that binds, a boost for a share of the
-	// slots makes no room (the account is what requests wait for): the
+	// Behind a provider account that binds, a boost makes no room: the
 	// lane only keeps the promises made at the decision point (commit.go).
 	if q.accountBindsLocked(now) {
 		q.keepCommitmentsLocked(now)
@@ -429,10 +391,8 @@ func (q *Queue) recheckLocked(now time.Time) {
 }
 
 // promiseLocked is the wait a re-check at now promises the queued tk,
-// whose place in tag order is eta away: counted from admission, as the
-// promise at admission is and as the wait it is measured against, and
-// held back as long as its tenant's quota still holds it (the delay
-// promised at admission, or the hold in force, whichever ends later).
+// whose place in tag order is eta away: counted from admission, and no
+// shorter than its tenant's quota holds it.
 func (q *Queue) promiseLocked(now time.Time, tk *Ticket, eta time.Duration) time.Duration {
 	waited := time.Duration(q.since(now) - tk.enqueued)
 	if d := tk.delay; d != nil {
@@ -446,12 +406,8 @@ func (q *Queue) promiseLocked(now time.Time, tk *Ticket, eta time.Duration) time
 
 // ownDueFirst reports whether flow f (nil: none) holds, ahead of tk (nil: a
 // request about to join its tail), a request due no later than deadline:
-// its head. Boosting past it would only reorder the tenant's own requests
-// at the expense of one due first, which then misses its own deadline in
-// turn, and spend the boost budget doing so; the boost is for a request
-// that tag order puts behind other tenants' work. Requests of one tenant
-// and class share a budget, so in a flow deadlines mostly follow arrival
-// order and the head is the one due first.
+// its head. Boosting past it would only reorder the tenant's own requests;
+// the boost is for a request tag order puts behind other tenants' work.
 func ownDueFirst(f *flow, tk *Ticket, deadline time.Time) bool {
 	if f == nil {
 		return false
@@ -465,9 +421,8 @@ const maxRecheck = 64
 
 // aheadInFlow is the cost queued ahead of tk in its own tenant: what its
 // flow took in before it and has not yet let out, plus its tenant's other
-// flows as a whole (they share its virtual time, so they interleave with it).
-// Counting by marks keeps this O(1); a request cancelled behind tk is counted
-// as if it had left ahead of it, which only makes the ETA a little short.
+// flows as a whole (they interleave with it). A request cancelled behind
+// tk counts as if it had left ahead of it: the ETA is a little short.
 func (q *Queue) aheadInFlow(tk *Ticket) int64 {
 	f := tk.f
 	ahead := max(0, tk.mark-f.out)

@@ -7,21 +7,14 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
-// The fallback channel: a second upstream pool, typically a
-// second provider account, that the tenants it lists use transparently
-// when the primary cannot serve them: the primary account is out of quota
-// (the provider said so, or the shared pool is exhausted and the tenant's
-// reservation has no room either), no primary upstream is healthy, or the
-// request has waited half its wait budget (its primary ETA misses). The
-// fallback has its own slots (FallbackConfig.MaxInflight per healthy
-// fallback upstream) and, optionally, its own account quota; a request it
-// serves is charged to its tenant as any other.
-//
-// After the primary's dispatch loop, the fallback's takes, among the
-// listed tenants' head requests that the primary cannot take, the one with
-// the smallest finish tag, while a fallback slot is free and its account
-// has room: O(listed tenants x classes) per dispatch, the list being a few
-// VIPs.
+// The fallback channel: a second upstream pool that the tenants it lists
+// use when the primary cannot serve them: the primary account is out of
+// quota, no primary upstream is healthy, or the request has waited half its
+// wait budget. It has its own slots and, optionally, its own account; a
+// request it serves is charged to its tenant as any other. After the
+// primary's dispatch loop, the fallback's takes the listed tenants' head
+// request with the smallest finish tag that the primary cannot take, while
+// it has a slot and room.
 
 // FallbackConfig is the fallback channel.
 type FallbackConfig struct {
@@ -141,9 +134,8 @@ func (q *Queue) dispatchFallbackLocked(now time.Time) {
 }
 
 // fallbackNextLocked is the listed tenants' head request with the
-// smallest finish tag that the primary cannot serve now; a request of
-// theirs in the boost lane goes first (the lane is short: the boost
-// budget bounds it).
+// smallest finish tag that the primary cannot serve now; one of theirs in
+// the boost lane goes first.
 func (q *Queue) fallbackNextLocked(now time.Time) *Ticket {
 	for tk := q.boost.head; tk != nil; tk = tk.next {
 		if !tk.t.out && q.fallbackListed(tk.t.name) && now.Before(tk.deadline) && q.primaryBlockedLocked(now, tk) {
@@ -168,8 +160,7 @@ func (q *Queue) SetFallbackHealthy(n int) {
 func (tk *Ticket) Fallback() bool {
 	tk.q.mu.Lock()
 	defer tk.q.mu.Unlock()
-	f := tk.fallback
-	return f
+	return tk.fallback
 }
 
 // AccountExhausted records that the provider behind the channel tk was

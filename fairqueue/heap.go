@@ -1,8 +1,7 @@
 package fairqueue
 
-// deadlineEntry is one queued ticket with a deadline. The deadline is copied
-// into the entry (as Unix nanoseconds) so that ordering the heap reads only
-// the heap's own array, not the tickets.
+// deadlineEntry is one queued ticket with a deadline (Unix ns), copied so
+// that ordering the heap reads only its own array.
 type deadlineEntry struct {
 	at int64
 	tk *Ticket
@@ -89,10 +88,8 @@ func (h deadlineHeap) down(i0 int) bool {
 }
 
 // flowEntry is one backlogged flow in a class's heap. The tags are copied
-// into the entry so that ordering the heap reads only the heap's own array:
-// with 100k backlogged tenants, chasing flow, tenant and ticket pointers on
-// every comparison costs a cache miss each. The entry holds no pointer (the
-// flow is found by id), so moving entries needs no GC write barrier.
+// into the entry so that ordering the heap reads only the heap's own array,
+// not the flows, tenants and tickets.
 type flowEntry struct {
 	start  float64 // the tenant's virtual time: the head request's start tag
 	finish float64 // start + head cost / weight
@@ -100,10 +97,8 @@ type flowEntry struct {
 	id     int32   // the flow's slot in flowHeap.pos and flowHeap.flows
 }
 
+// before orders entries by (finish, start, seq).
 func (a *flowEntry) before(b *flowEntry) bool {
-	// What "if a.finish != b.finish { return a.finish < b.finish }", and
-	// the same for start, say (NaN included), written so that a smaller
-	// finish tag, the usual case, is decided by one comparison.
 	if a.finish < b.finish {
 		return true
 	}
@@ -120,16 +115,12 @@ func (a *flowEntry) before(b *flowEntry) bool {
 }
 
 // flowArity is the flow heap's branching factor: a 4-ary heap is half as
-// deep as a binary one, and the children compared at each level sit in
-// adjacent memory.
+// deep as a binary one.
 const flowArity = 4
 
 // flowHeap is a 4-ary min-heap of the backlogged flows of one class,
 // ordered by (finish, start, seq). Each flow of the class has an id: flows[id]
 // is the flow, pos[id] its index in e or -1 when it is not in the heap.
-// Keeping the positions in one dense array rather than in the flows means a
-// move down the heap writes to memory that stays in cache, not to a flow
-// that, with many tenants, would be a cache miss each.
 type flowHeap struct {
 	e     []flowEntry
 	pos   []int32
@@ -159,8 +150,7 @@ func (h *flowHeap) newID(f *flow) int32 {
 }
 
 // freeID releases the slot of a forgotten flow, which is not in the heap.
-// When no slot is in use any more the arrays go too, so the slots a burst
-// of one-shot tenants needed do not outlive it.
+// When no slot is in use any more the arrays go too.
 func (h *flowHeap) freeID(id int32) {
 	h.flows[id] = nil
 	h.free = append(h.free, id)
@@ -223,9 +213,7 @@ func (h *flowHeap) rebuild() {
 	}
 }
 
-// fix restores order after the entry at i changed. An entry that now
-// comes before its parent goes up; any other goes down (down leaves one
-// that belongs at i where it is).
+// fix restores order after the entry at i changed.
 func (h *flowHeap) fix(i int) {
 	if i > 0 && h.e[i].before(&h.e[(i-1)/flowArity]) {
 		h.up(i)
@@ -234,8 +222,7 @@ func (h *flowHeap) fix(i int) {
 	h.down(i)
 }
 
-// up moves a hole rather than swapping at every level: each level writes
-// one entry and one position.
+// up moves the entry at j0 up to its place, moving a hole.
 func (h *flowHeap) up(j0 int) {
 	e := h.e
 	x := e[j0]
@@ -257,14 +244,10 @@ func (h *flowHeap) up(j0 int) {
 
 // down moves the entry at i0 down to its place, given that the subtrees
 // below it are in order, and reports whether it moved. It walks a hole
-// down the path of least children to a leaf without comparing them with
-// the entry, then moves the entry up from there (Floyd's bottom-up
-// sift): what down mostly sifts is a re-keyed or popped top, whose new
-// key is among the largest, so it belongs at or next to the bottom, and
-// the walk saves a comparison per level. The path is the one the classic sift follows and the
-// entries along it are in order, so every entry ends where the classic
-// sift puts it: the layout, which the early-refusal sweep and the ETA
-// walks visit in order, is the same.
+// down the path of least children to a leaf, then moves the entry up from
+// there (Floyd's bottom-up sift): every entry ends where the classic sift
+// puts it, which matters because the refusal sweep and the ETA walks visit
+// the heap in array order.
 func (h *flowHeap) down(i0 int) bool {
 	e, pos := h.e, h.pos
 	n := len(e)

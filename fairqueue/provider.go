@@ -7,32 +7,19 @@ import (
 
 // The provider's window, as the gateway keeps to it.
 //
-// Providers count an account's tokens and requests per minute in one of
-// three ways: a token bucket holding a minute's allowance, refilled
-// continuously; a fixed minute, reset on the minute; a rolling minute, the
-// last 60 s. A stream that never puts more than the limits into any 60 s
-// window is refused by none of them (a fixed minute is one such window; a
-// bucket full at the start refills at least as fast as a window slides).
-// The account's meters keep the gateway's own sends to that
-// (drawShare); the provider's reports correct it where the
-// provider counts more than the gateway sent (other users of the key, a
-// prompt counted differently):
+// Providers count an account's limits per minute as a token bucket, a fixed
+// minute or a rolling minute; a stream that never puts more than the limits
+// into any 60 s window is refused by none. The account's meters keep the
+// gateway's own sends to that (drawShare); the provider's reports correct
+// it where the provider counts more than the gateway sent:
 //
-//   - ProviderLevel: what the provider reports remaining (its
-//     x-ratelimit-remaining-* on any answer) is a level, not only a
-//     stop at 0. As of the moment the reporting request was sent, the
-//     account had that much left; what was sent since is taken off, and
-//     the refill the meters assume (their own rate) added. A request
-//     larger than that waits, whatever the meters allow, until the level
-//     has refilled to it, the provider reports again, or its reset time
-//     passes (then the report lapses). Of the reports, the one of the
-//     latest-sent request stands.
-//   - AccountExhausted: a 429, or a report of 0 left, stops dispatch
-//     until the provider's Retry-After or reset (record.go bounds it).
-//
-// The log of what was sent (sendLog) also reports how full the last
-// minute is (UpstreamStatus.WindowTokens): how close the account is to
-// its window.
+//   - ProviderLevel: what the provider reports remaining is a level as of
+//     when the reporting request was sent; what was sent since is taken
+//     off and the meters' refill added. A request larger than that waits
+//     until the level refills to it, the provider reports again, or the
+//     report lapses. The report of the latest-sent request stands.
+//   - AccountExhausted: a 429, or a report of 0 left, stops dispatch until
+//     the provider's Retry-After or reset.
 
 // sendLog records what was sent to the account over the last providerWindow
 // plus the guard: each entry a time and the tokens and requests sent then
@@ -126,11 +113,10 @@ type ProviderReport struct {
 const maxProviderReset = providerWindow + providerGuard
 
 // ProviderLevel records what the provider reported remaining in its answer
-// to tk (see provider.go): until the provider reports again or the reset
-// passes, no request is sent to the account beyond that level, less what
-// was sent since tk and plus the meters' refill. A report about a request
-// sent before the one whose report stands is older news and is ignored; so
-// are reports on a ticket that did not draw on the primary account.
+// to tk: until the provider reports again or the reset passes, no request
+// is sent to the account beyond that level, less what was sent since tk
+// plus the meters' refill. Older news, and reports on a ticket that did
+// not draw on the primary account, are ignored.
 func (tk *Ticket) ProviderLevel(r ProviderReport) {
 	q := tk.q
 	q.mu.Lock()
@@ -149,19 +135,18 @@ func (tk *Ticket) ProviderLevel(r ProviderReport) {
 	u.sent.prune(now)
 	tok, req := u.sent.since(asOf)
 	*lv = providerLevel{asOf: asOf, tokMark: u.sent.totalTokens, reqMark: u.sent.totalReqs}
-	if r.RemainingTokens >= 0 && u.tpm > 0 {
-		lv.tokBase = float64(r.RemainingTokens - tok)
-		lv.tokUntil = asOf + int64(min(max(r.ResetTokens, 0), maxProviderReset))
-		if r.ResetTokens <= 0 {
-			lv.tokUntil = asOf + int64(maxProviderReset)
+	// A report stands until its reset, at most maxProviderReset.
+	lapse := func(reset time.Duration) int64 {
+		if reset <= 0 {
+			reset = maxProviderReset
 		}
+		return asOf + int64(min(reset, maxProviderReset))
+	}
+	if r.RemainingTokens >= 0 && u.tpm > 0 {
+		lv.tokBase, lv.tokUntil = float64(r.RemainingTokens-tok), lapse(r.ResetTokens)
 	}
 	if r.RemainingRequests >= 0 && u.rpm > 0 {
-		lv.reqBase = float64(r.RemainingRequests - req)
-		lv.reqUntil = asOf + int64(min(max(r.ResetRequests, 0), maxProviderReset))
-		if r.ResetRequests <= 0 {
-			lv.reqUntil = asOf + int64(maxProviderReset)
-		}
+		lv.reqBase, lv.reqUntil = float64(r.RemainingRequests-req), lapse(r.ResetRequests)
 	}
 	// A higher level may let a request go that waited for it.
 	q.dispatchLocked(now)

@@ -53,14 +53,10 @@ const statsChunk = 256
 //
 // The totals (every field but Tenants) are one consistent instant. The
 // tenants are copied in chunks of statsChunk, the lock released between
-// chunks, so a scrape of 100k tenants never holds dispatch up for O(n):
-// each entry is consistent in itself and taken while its tenant was
-// remembered, every tenant remembered from the start of the copy to its
-// end appears exactly once, and one created or forgotten meanwhile may or
-// may not appear (a name forgotten and then seen again appears once, as
-// last copied). The entries may therefore sum to other totals than the
-// header's when requests move during the copy; with nothing moving
-// (the simulator, the tests on a virtual clock) they are one snapshot.
+// chunks, so a scrape never holds dispatch up for O(tenants): each entry
+// is consistent in itself, every tenant remembered for the whole copy
+// appears exactly once, and one created or forgotten meanwhile may or may
+// not appear (once at most). With nothing moving they are one snapshot.
 func (q *Queue) Stats(tenants bool) Stats {
 	if !tenants {
 		q.mu.Lock()
@@ -74,25 +70,22 @@ func (q *Queue) Stats(tenants bool) Stats {
 	q.mu.Lock()
 	n := len(q.roster)
 	q.mu.Unlock()
-	// Allocated outside the lock; grown outside it too if tenants arrive
-	// faster than the copy goes.
+	// Allocated, and grown, outside the lock.
 	out := make([]TenantStats, 0, n+n/16+statsChunk)
 	q.mu.Lock()
 	s := q.statsLocked()
 	q.scan = 0
 	for {
 		if need := statsChunk + len(q.scanMoved); cap(out)-len(out) < need {
-			// Forgets may have shrunk the roster below the cursor, so what
-			// is left ahead of it counts for 0, not less; and the new room
-			// is at least the need, or the loop would grow for ever.
+			// Forgets may have shrunk the roster below the cursor.
 			want := max(len(q.roster)-q.scan, 0) + need
 			q.mu.Unlock()
 			out = append(make([]TenantStats, 0, len(out)+max(2*want, need)), out...)
 			q.mu.Lock()
 			continue
 		}
-		// Tenants moved behind the cursor (forget's swap-remove) would
-		// be missed: they are copied here, unless forgotten since.
+		// Tenants moved behind the cursor (forget's swap-remove) are
+		// copied here, unless forgotten since.
 		for _, t := range q.scanMoved {
 			if t.rosterIdx >= 0 {
 				out = append(out, t.statsLocked())
@@ -112,9 +105,7 @@ func (q *Queue) Stats(tenants bool) Stats {
 			break
 		}
 		q.mu.Unlock()
-		// Let a dispatch waiting for the lock have it, rather than
-		// barging back in ahead of it.
-		runtime.Gosched()
+		runtime.Gosched() // let a dispatch waiting for the lock have it
 		if q.statsBetweenChunks != nil {
 			q.statsBetweenChunks()
 		}
@@ -122,8 +113,7 @@ func (q *Queue) Stats(tenants bool) Stats {
 	}
 	q.scan = -1
 	q.mu.Unlock()
-	// O(n log n), outside the lock. Stable, so that of two entries with
-	// one name the later copy is last, and kept.
+	// Stable, so that of two entries with one name the later copy is kept.
 	slices.SortStableFunc(out, func(a, b TenantStats) int { return strings.Compare(a.Name, b.Name) })
 	w := 0
 	for i := range out {
@@ -160,8 +150,8 @@ func (q *Queue) addRosterLocked(t *tenant) {
 }
 
 // removeRosterLocked unlists a forgotten tenant in O(1): the last tenant
-// takes its place. When that moves the last one from ahead of a Stats
-// copy's cursor to behind it, the copy is told (scanMoved).
+// takes its place, and a Stats copy is told when that moves it behind its
+// cursor (scanMoved).
 func (q *Queue) removeRosterLocked(t *tenant) {
 	i, last := int(t.rosterIdx), len(q.roster)-1
 	if m := q.roster[last]; i != last {
@@ -173,28 +163,18 @@ func (q *Queue) removeRosterLocked(t *tenant) {
 	q.roster[last] = nil
 	q.roster = q.roster[:last]
 	t.rosterIdx = -1
-	// Like the map (see forgetLocked), give back the room of a burst of
-	// tenants once most of them are gone.
+	// Like the map (forgetLocked), give back a burst's room.
 	if c := cap(q.roster); c >= 1024 && last < c/4 {
 		q.roster = append(make([]*tenant, 0, 2*last), q.roster...)
 	}
 }
 
-// busyLocked keeps BackloggedWeight's sum as t's queued count changes:
-// O(1), called where it (or the in-flight count) does.
+// busyLocked keeps BackloggedWeight's sum as t's queued count changes.
+// An undeclared tenant counts through the group (publishBackloggedLocked).
 func (q *Queue) busyLocked(t *tenant) {
-	// An undeclared tenant counts through the group, in BackloggedWeight.
-	if t.group == nil && (t.queued > 0) != t.busy {
-		q.setBusyLocked(t)
+	if t.group != nil || (t.queued > 0) == t.busy {
+		return
 	}
-}
-
-// setBusyLocked is busyLocked for a declared tenant that became
-// backlogged (t.queued > 0) or stopped being backlogged. Kept out of line
-// so that busyLocked, called on every count change, inlines to its test.
-//
-//go:noinline
-func (q *Queue) setBusyLocked(t *tenant) {
 	b := !t.busy
 	t.busy = b
 	switch {
@@ -233,14 +213,10 @@ func (q *Queue) publishBackloggedLocked() {
 
 // Water is the queue's fill level: the larger of queued requests over
 // MaxQueue and the token term over MaxQueueTokens (0 when neither is set).
-//
-// In the token term each queued request counts at most waterCap tokens:
-// MaxQueueTokens/MaxWaterShareInverse, or the mean room per request
-// (MaxQueueTokens/MaxQueue) when that is larger. So no single request moves
-// the water level by more than 1/MaxWaterShareInverse (5 points): one
-// maximum-size request on an empty queue cannot engage a step, while a
-// crowd of large requests still raises the level as its tokens do. The
-// admission caps themselves (MaxQueueTokens) count every token.
+// In the token term each queued request counts at most waterCap tokens
+// (MaxQueueTokens/MaxWaterShareInverse, or MaxQueueTokens/MaxQueue when
+// larger), so no single request moves the level by more than
+// 1/MaxWaterShareInverse, while a crowd of large requests still raises it.
 func (q *Queue) Water() float64 {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -296,22 +272,15 @@ func (q *Queue) recountWaterLocked() {
 }
 
 // Idle reports whether a request enqueued now would be dispatched at once:
-// nothing waits and a slot is free. The handler asks for every request,
-// so it reads, without the lock, what the latest change left
-// (noteIdleLocked).
+// nothing waits and a slot is free. It reads, without the lock, what the
+// latest change left (noteIdleLocked).
 func (q *Queue) Idle() bool { return q.idleNow.Load() }
 
-// BackloggedWeight is the weight of the backlogged tenants, those with
-// requests queued: the declared ones' weights, plus the undeclared
-// group's weight once if any of them has a request queued. It is what
-// this queue's claim on more of a pool shared with other gateways weighs
-// (cluster share_slots). Requests in flight do not count: they hold their
-// slots already (the claim's demand counts them), and counting them would
-// let a sparse tenant's request in flight on one gateway win that
-// gateway's other tenants the slots a sparse request queued on another
-// gateway is waiting for. O(1) and without the queue's lock: the sum is
-// kept as tenants become backlogged and not (busyLocked), and published
-// each time it changes.
+// BackloggedWeight is the weight of the tenants with requests queued (the
+// undeclared group's weight once if any of them has one): what this
+// queue's claim on a pool shared with other gateways weighs (cluster
+// share_slots). Requests in flight do not count: they hold their slots
+// already. O(1), without the lock.
 func (q *Queue) BackloggedWeight() float64 {
 	return math.Float64frombits(q.backlogged.Load())
 }

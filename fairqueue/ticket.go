@@ -49,15 +49,11 @@ type Ticket struct {
 	// dispatched is when the ticket was dispatched, valid while it is in
 	// flight or released (stateInflight, stateReleased).
 	dispatched int64
-	// ready is closed when the ticket leaves the queue; it is made only by
-	// a Wait that has to block, so the simulator and the fast path never
-	// allocate it.
+	// ready is closed when the ticket leaves the queue; only a Wait that
+	// has to block makes it.
 	ready chan struct{}
 	bytes int64 // Request.Bytes, counted against MaxQueueBytes while queued
-	// ch is what dispatch charged the request to, nil when nothing: kept
-	// off the ticket, so that one without quotas fits a smaller size
-	// class (what a queued request costs in memory and in allocation, see
-	// BenchmarkMemory).
+	// ch is what dispatch charged the request to, nil when nothing.
 	ch     *ticketCharge
 	actual int64
 
@@ -67,15 +63,15 @@ type Ticket struct {
 	mark int64
 	// eta is the latest predicted wait (admission, or a re-check).
 	eta time.Duration
-	// delay is set, before Enqueue returns the ticket and never after,
-	// when admission found the tenant's quota would hold the request.
+	// delay is set when admission found the tenant's quota would hold
+	// the request, before Enqueue returns the ticket.
 	delay *quotaDelay
 	// prompt is the prompt part of tokens (CostLearned).
 	prompt int64
 }
 
-// quotaDelay is how long admission found the tenant's quota would hold a
-// request, and the meter that said so.
+// quotaDelay is how long a tenant's quota holds an admitted request, and
+// the meter that said so.
 type quotaDelay struct {
 	wait   time.Duration
 	reason quota.Dimension
@@ -115,14 +111,12 @@ func (tk *Ticket) QuotaStatus() (st quota.Status, ok bool) {
 type ticketCharge struct {
 	// quota and quotaStatus are the limits the tenant's quota charged it
 	// under (nil: not charged) and the meters after the charge; booked,
-	// that the charge is a booking made at admission that the request
-	// has not yet used (gate.go).
+	// that the charge is a booking not yet used (gate.go).
 	quota       *quota.Limits
 	quotaStatus quota.Status
 	booked      bool
-	// upKey and upLimits are the account meter it drew on (upstream.go);
-	// nil limits: none. resKey and resLimits are the reservation it drew
-	// on besides, nil limits: none.
+	// upKey and upLimits are the account meter it drew on, resKey and
+	// resLimits the reservation besides; nil limits: none.
 	upKey     string
 	upLimits  *quota.Limits
 	resKey    string
@@ -209,9 +203,8 @@ func (tk *Ticket) ReleaseUsage(actual, prompt int64) { tk.q.release(tk, actual, 
 // Tenant returns the tenant name.
 func (tk *Ticket) Tenant() string { return tk.t.name }
 
-// Class returns the class the request is scheduled in: its flow's, which
-// is set before Enqueue returns the ticket and never changes, so this
-// needs no lock (and the ticket no copy of the name).
+// Class returns the class the request is scheduled in (its flow's, which
+// never changes: no lock).
 func (tk *Ticket) Class() string { return tk.f.cq.name }
 
 // Cost returns the estimated cost charged at dispatch (1 with CostRequests).
@@ -224,8 +217,7 @@ func (tk *Ticket) Tokens() int64 { return tk.tokens }
 // Deadline returns the dispatch deadline (zero if none).
 func (tk *Ticket) Deadline() time.Time { return tk.deadline }
 
-// Enqueued returns the admission time (the queue's epoch plus the time
-// since, see Queue.since).
+// Enqueued returns the admission time.
 func (tk *Ticket) Enqueued() time.Time { return tk.q.at(tk.enqueued) }
 
 // Dispatched returns the dispatch time, zero if never dispatched.
@@ -251,9 +243,8 @@ func (tk *Ticket) Boosted() bool {
 }
 
 // ETA returns the wait predicted for the ticket, from its admission to
-// its dispatch, at admission or at its latest re-check (the time waited
-// by then plus what was left), its quota's delay included; 0 when the
-// queue could not predict it.
+// its dispatch, at admission or at its latest re-check, its quota's delay
+// included; 0 when the queue could not predict it.
 func (tk *Ticket) ETA() time.Duration {
 	tk.q.mu.Lock()
 	defer tk.q.mu.Unlock()
@@ -276,8 +267,7 @@ type DispatchInfo struct {
 }
 
 // Info returns what the dispatch of tk decided, valid once Wait returned
-// nil (zero before), read under one lock where the accessors take one
-// each: the handler reads all of it for every request.
+// nil (zero before), under one lock where the accessors take one each.
 func (tk *Ticket) Info() DispatchInfo {
 	q := tk.q
 	q.mu.Lock()
