@@ -30,7 +30,6 @@ func (q *Queue) Close(detail string) {
 		q.unqueueLocked(tk)
 		q.finishLocked(now, tk, stateCancelled, q.closedLocked())
 	}
-	q.noteIdleLocked()
 }
 
 // closedRetryAfter is the Retry-After of a closed queue's refusals: the

@@ -95,27 +95,22 @@ type Config struct {
 	MaxQueueTokens int64
 	// Classes lists the classes of service; order does not imply priority.
 	Classes []ClassConfig
-	// MaxQueueBytes caps Request.Bytes summed over queued requests, so the
-	// memory queued bodies hold is bounded by configuration; 0 means
-	// unlimited. A single request larger than it is never admitted, so the
-	// caller's body limit should be below it.
+	// MaxQueueBytes caps Request.Bytes summed over queued requests; 0
+	// means unlimited. A single request larger than it is never admitted,
+	// so the caller's body limit should be below it.
 	MaxQueueBytes int64
 	// Tenants maps known tenant names to their settings.
 	Tenants map[string]TenantConfig
 	// Default applies to tenants not in Tenants, the undeclared tenants,
-	// as one group: Default.Weight is the weight of all of them together
-	// against the declared tenants, shared equally among those backlogged
-	// (each is a weighted fair queue of its own inside the group), and
-	// Default.MaxQueue caps their queued requests together. So rotating
-	// tenant IDs gains neither share nor room against declared tenants.
+	// as one group: Default.Weight is the weight of all of them together,
+	// shared equally among those backlogged, and Default.MaxQueue caps
+	// their queued requests together.
 	Default TenantConfig
 	// DefaultPerTenantMaxQueue caps each undeclared tenant's queued
 	// requests, inside the group's cap; 0 means only the group's cap.
 	DefaultPerTenantMaxQueue int
 	// IdleForget is how long a tenant with nothing queued or in flight is
-	// remembered; after it the tenant's state is dropped (see Queue.Tick),
-	// so memory after a burst of one-shot tenant IDs returns to its
-	// baseline. 0 means DefaultIdleForget.
+	// remembered (see Queue.Tick); 0 means DefaultIdleForget.
 	IdleForget time.Duration
 	// ExpiryMargin is how long before its deadline a still-queued request is
 	// expired, so the caller's answer reaches the client before the budget
@@ -133,11 +128,9 @@ type Config struct {
 	// store owned by the queue (kept across Reconfigure).
 	QuotaStore quota.Store
 	// AccountStore keeps the provider account's meters (UpstreamQuota,
-	// its reservations, the fallback's account), which the queue draws on
-	// under its lock as it dispatches; nil means QuotaStore (the
-	// in-process store when that is nil too). A cluster sets a
-	// quota.Mirror here: answered in memory, synced with Redis off the
-	// lock, so that no network call is made under it.
+	// its reservations, the fallback's account), drawn on under the
+	// queue's lock; nil means QuotaStore. A cluster sets a quota.Mirror,
+	// answered in memory, so that no network call is made under the lock.
 	AccountStore quota.Store
 	// Circuit, when set, sheds tenants tier by tier, lowest first, while
 	// demand stays above what the upstreams serve (see circuit.go).
@@ -260,11 +253,8 @@ func (c *Config) validateDegrade() error {
 	return err
 }
 
-// DefaultBudgetConfig is anti_starvation's defaults, the one source for
-// the handler and the simulator: fast-fail on, boosted requests at most 10%
-// of the slots, at most 200 boosts per tenant per rolling hour, and a
-// request counts as on time when dispatched DefaultMargin before its
-// deadline.
+// DefaultBudgetConfig is anti_starvation's defaults, for the handler and
+// the simulator.
 func DefaultBudgetConfig() BudgetConfig {
 	return BudgetConfig{FastFail: true, BoostShareMax: 0.10, PerTenantBoostHourly: 200,
 		Margin: DefaultMargin}
@@ -276,9 +266,7 @@ func DefaultBudgetConfig() BudgetConfig {
 const DefaultMargin = 150 * time.Millisecond
 
 // DefaultIdleForget is Config.IdleForget when unset: long enough that a
-// tenant pausing between requests keeps its place in virtual time, short
-// enough that with the forgetting bounded per Tick a burst of 100k one-shot
-// tenants is forgotten within a minute.
+// tenant pausing between requests keeps its place in virtual time.
 const DefaultIdleForget = 30 * time.Second
 
 func (c *Config) idleForget() time.Duration {
@@ -289,18 +277,10 @@ func (c *Config) idleForget() time.Duration {
 }
 
 // Budget returns the wait budget of a request of tenant t in class cls,
-// asking for requested (0: nothing asked): the one rule every caller uses.
-//
-//   - In the tenant's own class: the tenant's override when set, else the
-//     class default.
-//   - In another class (a request may only move itself to a class with a
-//     longer budget; the caller checks that): the longer of the tenant's
-//     override and that class's default, so moving to a more patient class
-//     never shortens the wait.
-//   - A requested budget shorter than that wins (budget.Budget): a request
-//     may shorten its budget, never lengthen it.
-//
-// 0 means no budget.
+// asking for requested (0: nothing asked); 0 means no budget. In the
+// tenant's own class it is the tenant's override when set, else the class
+// default; in another class, the longer of the two, so moving to a more
+// patient class never shortens the wait. A shorter requested budget wins.
 func (c *Config) Budget(t TenantConfig, cls string, requested time.Duration) time.Duration {
 	classDefault := c.ClassBudget(cls)
 	override := t.WaitBudget

@@ -93,7 +93,7 @@ func (q *Queue) primaryBlockedLocked(now time.Time, tk *Ticket) bool {
 	if now.Before(u.until) {
 		return true
 	}
-	if ok, _ := q.levelAllowsLocked(now, tk); !ok {
+	if !q.levelAllowsLocked(now, tk) {
 		return true
 	}
 	if !now.Before(u.poolUntil) {

@@ -245,8 +245,3 @@ func callGuarded(call func()) {
 	defer func() { _ = recover() }()
 	call()
 }
-
-// StoreCallsInFlight is the number of store calls made off the lock that
-// have not returned yet (tests: a queue with none has applied everything
-// it started).
-func (q *Queue) StoreCallsInFlight() int64 { return q.storeCallsInFlight.Load() }

@@ -283,3 +283,51 @@ func checkShares(tb testing.TB, what string, m map[string]float64, tenants []str
 		}
 	}
 }
+
+// Test-only entry points into the queue: production pauses classes through
+// the degrade ladder and promotes through the wait-budget logic.
+
+// Promote moves a queued ticket into the boost lane, ahead of tag order. It
+// reports false when the ticket is no longer queued or already boosted.
+func (q *Queue) Promote(tk *Ticket) bool {
+	q.mu.Lock()
+	defer q.unlock()
+	if tk.state != stateQueued {
+		return false
+	}
+	now := q.clock.Now()
+	q.promoteLocked(now, tk)
+	q.dispatchLocked(now)
+	return true
+}
+
+// SetPaused makes a class yield (paused) or compete normally; the ladder
+// sets it again at its next transition.
+func (q *Queue) SetPaused(class string, paused bool) {
+	q.mu.Lock()
+	defer q.unlock()
+	if cq := q.classLocked(class); cq != nil && cq.paused != paused {
+		cq.paused = paused
+		q.aheadPausedLocked(cq)
+		q.dispatchLocked(q.clock.Now())
+	}
+}
+
+// Precheck is PrecheckRequest for a request of tenant and class estimated
+// at tokens.
+func (q *Queue) Precheck(tenant, class string, tokens int64) *Rejection {
+	return q.PrecheckRequest(Request{Tenant: tenant, Class: class, Cost: tokens})
+}
+
+// Idle reports whether a request enqueued now would be dispatched at once:
+// nothing waits and a slot is free.
+func (q *Queue) Idle() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.queued == 0 && q.inflight < q.capacity
+}
+
+// StoreCallsInFlight is the number of store calls made off the lock that
+// have not returned yet: a queue with none has applied everything it
+// started.
+func (q *Queue) StoreCallsInFlight() int64 { return q.storeCallsInFlight.Load() }

@@ -8,9 +8,9 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
 )
 
-// LightMode and Idle read what the queue stored when its state changed,
-// without the lock: they must follow the ladder and the backlog through
-// engagement, recovery and reloads as the locked reads did.
+// LightMode reads what the queue stored when its state changed, without
+// the lock: it must follow the ladder through engagement, recovery and
+// reloads as a locked read would; Idle follows the backlog alongside.
 func TestLightModeAndIdleFollowTheQueue(t *testing.T) {
 	trim := degrade.Action{Kind: degrade.ActionLightMode, Class: "interactive", MaxInputTokens: 512, MaxTokens: 64}
 	cfg := testConfig(1, nil)

@@ -170,30 +170,12 @@ func (u *upstream) levelAt(now time.Time) (tokens, requests float64) {
 }
 
 // levelAllowsLocked reports whether the provider's last report leaves
-// room for tk now; when it does not, for how long at least (the refill up
-// to tk's size, at most until the report lapses).
-func (q *Queue) levelAllowsLocked(now time.Time, tk *Ticket) (bool, time.Duration) {
+// room for tk now (a lapsed report, NaN, leaves room).
+func (q *Queue) levelAllowsLocked(now time.Time, tk *Ticket) bool {
 	u := q.up
 	if u.level.asOf == 0 {
-		return true, 0
+		return true
 	}
 	tok, req := u.levelAt(now)
-	var wait time.Duration
-	ns := now.UnixNano()
-	if need := float64(tk.tokens) - tok; need > 0 && u.tokensPerSec > 0 {
-		wait = max(wait, min(seconds(need/u.tokensPerSec), time.Duration(u.level.tokUntil-ns)))
-	}
-	if need := 1 - req; need > 0 && u.requestsPerSec > 0 {
-		wait = max(wait, min(seconds(need/u.requestsPerSec), time.Duration(u.level.reqUntil-ns)))
-	}
-	return wait <= 0, wait
-}
-
-// seconds converts s seconds to a Duration, at least 1 ms and at most the
-// longest report.
-func seconds(s float64) time.Duration {
-	if !(s < maxProviderReset.Seconds()) {
-		return maxProviderReset
-	}
-	return max(time.Duration(s*float64(time.Second)), time.Millisecond)
+	return !(float64(tk.tokens) > tok && u.tokensPerSec > 0) && !(1 > req && u.requestsPerSec > 0)
 }

@@ -101,8 +101,6 @@ type Queue struct {
 	// lightOn is whether some degrade step trims a class now, so that
 	// LightMode needs the lock only then.
 	lightOn atomic.Bool
-	// idleNow is Idle's answer, stored by every dispatch.
-	idleNow atomic.Bool
 	// busyWas is the last state told to the rate estimator's SetBusy
 	// (busyTold: at least once).
 	busyTold, busyWas bool
@@ -480,18 +478,6 @@ func (q *Queue) SetSlotLimit(n int) {
 	if n != q.slotLimit {
 		q.slotLimit = n
 		q.setCapacityLocked(q.healthy)
-		q.dispatchLocked(q.clock.Now())
-	}
-}
-
-// SetPaused makes a class yield (paused) or compete normally. A paused
-// class is dispatched only when no unpaused class has a request waiting.
-func (q *Queue) SetPaused(class string, paused bool) {
-	q.mu.Lock()
-	defer q.unlock()
-	if cq := q.classLocked(class); cq != nil && cq.paused != paused {
-		cq.paused = paused
-		q.aheadPausedLocked(cq)
 		q.dispatchLocked(q.clock.Now())
 	}
 }
@@ -883,13 +869,8 @@ func (q *Queue) groupFullLocked(clk *clockReading, tc *TenantConfig, tokens, byt
 	return nil
 }
 
-// virtualTimeLocked is the virtual time an idle tenant rejoins at: V, the
-// largest start tag dispatched so far at the level where t competes (the
-// group's inner one for an undeclared tenant). It never decreases, and
-// lifting an arriving tenant to it is what a tenant that never left would
-// have reached by now (the self-clocked rule of SCFQ, with the start rather
-// than the finish tag so a newcomer is not put behind the request just
-// dispatched).
+// virtualTimeLocked is the virtual time an idle tenant rejoins at: V at the
+// level where t competes (the group's inner one for an undeclared tenant).
 func (q *Queue) virtualTimeLocked(t *tenant) float64 {
 	if t.group != nil {
 		return t.group.vfloor
@@ -1162,18 +1143,9 @@ func (q *Queue) dispatchDoneLocked(now time.Time, gated bool) {
 	if q.circuit != nil {
 		q.noteSaturationLocked(now, busy)
 	}
-	q.noteIdleLocked()
 	if !q.busyTold || busy != q.busyWas {
 		q.adm.rate.SetBusy(now, busy)
 		q.busyTold, q.busyWas = true, busy
-	}
-}
-
-// noteIdleLocked stores Idle's answer after a change of what is queued, in
-// flight or the capacity: dispatch ends each of them, and Close calls it.
-func (q *Queue) noteIdleLocked() {
-	if idle := q.queued == 0 && q.inflight < q.capacity; idle != q.idleNow.Load() {
-		q.idleNow.Store(idle)
 	}
 }
 
@@ -1291,7 +1263,7 @@ func (q *Queue) quotaGateLocked(now time.Time, tk *Ticket) gateVerdict {
 // quotaGateLocked is charged; if it refuses after all, the account gets
 // its draw back.
 func (q *Queue) accountGateLocked(now time.Time, tk *Ticket) (*Ticket, gateVerdict) {
-	if ok, _ := q.levelAllowsLocked(now, tk); !ok {
+	if !q.levelAllowsLocked(now, tk) {
 		q.up.heldAt = now
 		return tk, gateShut // the provider reported less left than tk needs
 	}
@@ -1450,20 +1422,6 @@ func (q *Queue) deliver(obs Observer, evs []pendingEvent) {
 		}
 	}
 	done = true
-}
-
-// Promote moves a queued ticket into the boost lane, ahead of tag order. It
-// reports false when the ticket is no longer queued or already boosted.
-func (q *Queue) Promote(tk *Ticket) bool {
-	q.mu.Lock()
-	defer q.unlock()
-	if tk.state != stateQueued {
-		return false
-	}
-	now := q.clock.Now()
-	q.promoteLocked(now, tk)
-	q.dispatchLocked(now)
-	return true
 }
 
 // maxForgetPerTick bounds the tenants one Tick forgets, so a tick stays

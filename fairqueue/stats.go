@@ -271,11 +271,6 @@ func (q *Queue) recountWaterLocked() {
 	}
 }
 
-// Idle reports whether a request enqueued now would be dispatched at once:
-// nothing waits and a slot is free. It reads, without the lock, what the
-// latest change left (noteIdleLocked).
-func (q *Queue) Idle() bool { return q.idleNow.Load() }
-
 // BackloggedWeight is the weight of the tenants with requests queued (the
 // undeclared group's weight once if any of them has one): what this
 // queue's claim on a pool shared with other gateways weighs (cluster
