@@ -1,6 +1,7 @@
 package fairqueue
 
 import (
+	"container/heap"
 	"fmt"
 	"time"
 
@@ -346,7 +347,7 @@ func (q *Queue) promoteLocked(now time.Time, tk *Ticket) {
 	tk.state = stateBoosted
 	q.boost.pushBack(tk)
 	if !tk.deadline.IsZero() {
-		q.deadlines.push(tk) // so that Tick still expires it
+		heap.Push(&q.deadlines, tk) // so that Tick still expires it
 	}
 	q.adm.boostCost += tk.cost
 	q.adm.boosts.Record(now, tk.t.name)

@@ -7,21 +7,33 @@ type deadlineEntry struct {
 	tk *Ticket
 }
 
-// deadlineHeap is a binary min-heap of the queued tickets that have a
-// deadline, earliest first; each ticket records its index (dlIdx) so that it
-// can be removed in O(log n) when it is dispatched or cancelled.
+// deadlineHeap is a binary min-heap (container/heap) of the queued tickets
+// that have a deadline, earliest first; each ticket records its index
+// (dlIdx) so that it can be removed in O(log n) when it leaves the queue.
 type deadlineHeap []deadlineEntry
 
-func (h deadlineHeap) swap(i, j int) {
+func (h deadlineHeap) Len() int           { return len(h) }
+func (h deadlineHeap) Less(i, j int) bool { return h[i].at < h[j].at }
+func (h deadlineHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].tk.dlIdx = int32(i)
-	h[j].tk.dlIdx = int32(j)
+	h[i].tk.dlIdx, h[j].tk.dlIdx = int32(i), int32(j)
 }
 
-func (h *deadlineHeap) push(tk *Ticket) {
+// Push adds x, a *Ticket with a deadline.
+func (h *deadlineHeap) Push(x any) {
+	tk := x.(*Ticket)
 	tk.dlIdx = int32(len(*h))
 	*h = append(*h, deadlineEntry{at: tk.deadline.UnixNano(), tk: tk})
-	h.up(len(*h) - 1)
+}
+
+func (h *deadlineHeap) Pop() any {
+	old := *h
+	n := len(old) - 1
+	tk := old[n].tk
+	old[n] = deadlineEntry{}
+	*h = old[:n]
+	tk.dlIdx = -1
+	return tk
 }
 
 // visitBefore calls fn for up to max tickets whose deadline is at or before
@@ -39,52 +51,6 @@ func (h deadlineHeap) visitBefore(limit int64, max int, fn func(*Ticket)) {
 		walk(2*i + 2)
 	}
 	walk(0)
-}
-
-// remove takes tk out of the heap; tk must be in it.
-func (h *deadlineHeap) remove(tk *Ticket) {
-	i := int(tk.dlIdx)
-	n := len(*h) - 1
-	if i != n {
-		h.swap(i, n)
-	}
-	(*h)[n] = deadlineEntry{}
-	*h = (*h)[:n]
-	tk.dlIdx = -1
-	if i != n && !h.down(i) {
-		h.up(i)
-	}
-}
-
-func (h deadlineHeap) up(j int) {
-	for j > 0 {
-		i := (j - 1) / 2
-		if h[j].at >= h[i].at {
-			break
-		}
-		h.swap(i, j)
-		j = i
-	}
-}
-
-func (h deadlineHeap) down(i0 int) bool {
-	i, n := i0, len(h)
-	for {
-		l := 2*i + 1
-		if l >= n {
-			break
-		}
-		j := l
-		if r := l + 1; r < n && h[r].at < h[l].at {
-			j = r
-		}
-		if h[j].at >= h[i].at {
-			break
-		}
-		h.swap(i, j)
-		i = j
-	}
-	return i > i0
 }
 
 // flowEntry is one backlogged flow in a class's heap. The tags are copied

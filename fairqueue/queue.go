@@ -592,7 +592,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	}
 	q.pushFlowLocked(tk, q.flowOfLocked(t, cq))
 	if !r.Deadline.IsZero() {
-		q.deadlines.push(tk)
+		heap.Push(&q.deadlines, tk)
 	}
 	if decision == budget.Boost {
 		q.promoteLocked(now, tk)
@@ -1022,7 +1022,7 @@ func (q *Queue) unlinkTicketLocked(tk *Ticket, rekey bool) {
 		}
 	}
 	if tk.dlIdx >= 0 {
-		q.deadlines.remove(tk)
+		heap.Remove(&q.deadlines, int(tk.dlIdx))
 	}
 }
 

@@ -1,6 +1,7 @@
 package fairqueue
 
 import (
+	"container/heap"
 	"context"
 	"fmt"
 	"math"
@@ -564,7 +565,7 @@ func (tk *Ticket) Requeue() bool {
 	}
 	q.countLocked(tk, 1)
 	if !tk.deadline.IsZero() {
-		q.deadlines.push(tk)
+		heap.Push(&q.deadlines, tk)
 	}
 	q.dispatchLocked(now)
 	q.unlock()
