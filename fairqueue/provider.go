@@ -23,51 +23,44 @@ import (
 
 // sendLog records what was sent to the account over the last providerWindow
 // plus the guard: each entry a time and the tokens and requests sent then
-// (negative for a draw taken back: refunded, or its prompt corrected),
-// oldest first, with running totals of everything ever logged.
+// (negative for a draw taken back), oldest first, with running totals of
+// everything ever logged.
 type sendLog struct {
-	at                      []int64 // Unix ns
-	tokens                  []int64
-	requests                []int64
-	head                    int // entries before head have left the window
-	totalTokens, totalReqs  int64
-	windowTokens, windowReq int64 // the entries from head on
+	e                      []sendEntry
+	head                   int // entries before head have left the window
+	totalTokens, totalReqs int64
+}
+
+type sendEntry struct {
+	at               int64 // Unix ns
+	tokens, requests int64
 }
 
 // add logs tokens and requests sent (or taken back) at now and drops what
 // has left the window.
 func (l *sendLog) add(now time.Time, tokens, requests int64) {
 	ns := now.UnixNano()
-	if n := len(l.at); n > l.head && l.at[n-1] >= ns {
+	if n := len(l.e); n > l.head && l.e[n-1].at >= ns {
 		// The same instant (or a clock read before the last): one entry.
-		l.tokens[n-1] += tokens
-		l.requests[n-1] += requests
+		l.e[n-1].tokens += tokens
+		l.e[n-1].requests += requests
 	} else {
-		l.at = append(l.at, ns)
-		l.tokens = append(l.tokens, tokens)
-		l.requests = append(l.requests, requests)
+		l.e = append(l.e, sendEntry{ns, tokens, requests})
 	}
 	l.totalTokens += tokens
 	l.totalReqs += requests
-	l.windowTokens += tokens
-	l.windowReq += requests
 	l.prune(now)
 }
 
 // prune drops the entries older than the window and the guard, and
-// compacts the slices once half of them is dropped.
+// compacts the slice once half of it is dropped.
 func (l *sendLog) prune(now time.Time) {
 	cut := now.Add(-providerWindow - providerGuard).UnixNano()
-	for l.head < len(l.at) && l.at[l.head] <= cut {
-		l.windowTokens -= l.tokens[l.head]
-		l.windowReq -= l.requests[l.head]
+	for l.head < len(l.e) && l.e[l.head].at <= cut {
 		l.head++
 	}
-	if l.head > 64 && l.head*2 > len(l.at) {
-		n := copy(l.at, l.at[l.head:])
-		copy(l.tokens, l.tokens[l.head:])
-		copy(l.requests, l.requests[l.head:])
-		l.at, l.tokens, l.requests = l.at[:n], l.tokens[:n], l.requests[:n]
+	if l.head > 64 && l.head*2 > len(l.e) {
+		l.e = l.e[:copy(l.e, l.e[l.head:])]
 		l.head = 0
 	}
 }
@@ -75,9 +68,9 @@ func (l *sendLog) prune(now time.Time) {
 // since sums what was logged after t (Unix ns), within the window:
 // O(entries after t), from the newest back.
 func (l *sendLog) since(t int64) (tokens, requests int64) {
-	for i := len(l.at) - 1; i >= l.head && l.at[i] > t; i-- {
-		tokens += l.tokens[i]
-		requests += l.requests[i]
+	for i := len(l.e) - 1; i >= l.head && l.e[i].at > t; i-- {
+		tokens += l.e[i].tokens
+		requests += l.e[i].requests
 	}
 	return tokens, requests
 }

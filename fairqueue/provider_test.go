@@ -118,13 +118,13 @@ func TestSendLog(t *testing.T) {
 	}
 	l.add(now, -10, 0)
 	// The last 61 s: 610 entries, the correction merged into the last.
-	if len(l.at)-l.head != 610 || l.windowTokens != 6090 {
-		t.Fatalf("kept %d entries (%d tokens), want the 61 s: 610 (6090)", len(l.at)-l.head, l.windowTokens)
+	if kept, _ := l.since(math.MinInt64); len(l.e)-l.head != 610 || kept != 6090 {
+		t.Fatalf("kept %d entries (%d tokens), want the 61 s: 610 (6090)", len(l.e)-l.head, kept)
 	}
 	if tok, req := l.inWindow(now); tok != 5990 || req != 600 {
 		t.Fatalf("after a correction %d %d", tok, req)
 	}
-	if len(l.at) > 2*611 {
-		t.Fatalf("never compacted: %d entries", len(l.at))
+	if len(l.e) > 2*611 {
+		t.Fatalf("never compacted: %d entries", len(l.e))
 	}
 }
