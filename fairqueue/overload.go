@@ -133,7 +133,7 @@ func (q *Queue) applyPausesLocked() {
 // new class's too. Both are peeked before either is charged, so a request
 // one refuses takes nothing from the other; with consume false nothing is
 // charged at all (Precheck).
-func (q *Queue) throttleLocked(clk *clockReading, cls, own string, cost int64, consume bool) *Rejection {
+func (q *Queue) throttleLocked(now time.Time, cls, own string, cost int64, consume bool) *Rejection {
 	thr, ownThr := q.ov.throttle[cls], (*degrade.Throttle)(nil)
 	if own != cls {
 		ownThr = q.ov.throttle[own]
@@ -141,7 +141,6 @@ func (q *Queue) throttleLocked(clk *clockReading, cls, own string, cost int64, c
 	if thr == nil && ownThr == nil {
 		return nil
 	}
-	now := clk.now(q)
 	tokens := int(min(max(cost, 1), 1<<31-1))
 	if thr != nil {
 		if ok, wait := thr.Peek(now, tokens); !ok {

@@ -10,19 +10,13 @@ package fairqueue
 // r.Bytes is taken from Content-Length; r.Deadline is not looked at.
 // Nothing is consumed (a throttle is only peeked at).
 func (q *Queue) PrecheckRequest(r Request) *Rejection {
-	tenant, class, tokens := r.Tenant, r.Class, r.Cost
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	// The time is needed only to refuse or to peek at a throttle: read on
-	// demand, so that a request the queue takes costs no clock reading here.
-	var clk clockReading
-	t := q.tenants[tenant]
-	tc, known, class := q.settingsLocked(t, tenant, class)
-	if rej := q.admitLocked(&clk, t, r.Tenant, tc, known, max(tokens, 1), max(r.Bytes, 0)); rej != nil {
+	now := q.clock.Now()
+	t := q.tenants[r.Tenant]
+	tc, known, class := q.settingsLocked(t, r.Tenant, r.Class)
+	if rej := q.admitLocked(now, t, r.Tenant, tc, known, max(r.Cost, 1), max(r.Bytes, 0)); rej != nil {
 		return rej
 	}
-	if q.ov.throttle != nil {
-		return q.throttleLocked(&clk, class, tc.Class, tokens, false)
-	}
-	return nil
+	return q.throttleLocked(now, class, tc.Class, r.Cost, false)
 }

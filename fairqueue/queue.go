@@ -642,11 +642,11 @@ func (q *Queue) admissionGatesLocked(now time.Time, r *Request, in *intake, pre 
 			return quotaDelay{}, rej
 		}
 	}
-	if rej := q.admitLocked(&clockReading{t: now, read: true}, in.t, r.Tenant, in.tc, in.known, in.tokens, max(r.Bytes, 0)); rej != nil {
+	if rej := q.admitLocked(now, in.t, r.Tenant, in.tc, in.known, in.tokens, max(r.Bytes, 0)); rej != nil {
 		return quotaDelay{}, rej
 	}
 	if q.ov.throttle != nil {
-		if rej := q.throttleLocked(&clockReading{t: now, read: true}, in.cls, in.tc.Class, in.tokens, true); rej != nil {
+		if rej := q.throttleLocked(now, in.cls, in.tc.Class, in.tokens, true); rej != nil {
 			return quotaDelay{}, rej
 		}
 	}
@@ -753,27 +753,11 @@ func (q *Queue) liftLocked(t *tenant) {
 	}
 }
 
-// clockReading is the queue's clock read once, when first needed: the
-// admission checks need the time only to refuse, so PrecheckRequest,
-// which mostly refuses nothing, reads no clock for them.
-type clockReading struct {
-	t    time.Time
-	read bool
-}
-
-// now returns the reading, taking it from q's clock on first use.
-func (c *clockReading) now(q *Queue) time.Time {
-	if !c.read {
-		c.t, c.read = q.clock.Now(), true
-	}
-	return c.t
-}
-
 // admitLocked applies the caps that do not depend on the request's class:
 // capacity, size, the tenant's and the group's queue, the global queue in
 // requests, tokens and bytes. t is nil for a tenant the queue does not
 // remember.
-func (q *Queue) admitLocked(clk *clockReading, t *tenant, name string, tc *TenantConfig, known bool, tokens, bytes int64) *Rejection {
+func (q *Queue) admitLocked(now time.Time, t *tenant, name string, tc *TenantConfig, known bool, tokens, bytes int64) *Rejection {
 	if rej := q.closedLocked(); rej != nil {
 		return rej
 	}
@@ -787,12 +771,12 @@ func (q *Queue) admitLocked(clk *clockReading, t *tenant, name string, tc *Tenan
 		}
 	}
 	if tc.MaxQueue > 0 || (!known && q.cfg.DefaultPerTenantMaxQueue > 0) {
-		if rej := q.tenantFullLocked(clk, t, tc, known, tokens, bytes); rej != nil {
+		if rej := q.tenantFullLocked(now, t, tc, known, tokens, bytes); rej != nil {
 			return rej
 		}
 	}
 	full := func(what string, have, limit int64) *Rejection {
-		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(clk.now(q), q.queuedWork),
+		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(now, q.queuedWork),
 			Detail: fmt.Sprintf("%d %s queued (limit %d)", have, what, limit)}
 	}
 	switch c := &q.cfg; {
@@ -824,16 +808,16 @@ func (q *Queue) tooLargeLocked(tokens int64) *Rejection {
 // tenantFullLocked applies the tenant's own queue cap and, for an
 // undeclared tenant, the group's cap (Default.MaxQueue) and the
 // per-undeclared-tenant cap.
-func (q *Queue) tenantFullLocked(clk *clockReading, t *tenant, tc *TenantConfig, known bool, tokens, bytes int64) *Rejection {
+func (q *Queue) tenantFullLocked(now time.Time, t *tenant, tc *TenantConfig, known bool, tokens, bytes int64) *Rejection {
 	own := tc.MaxQueue
 	if !known {
 		own = q.cfg.DefaultPerTenantMaxQueue
-		if rej := q.groupFullLocked(clk, tc, tokens, bytes); rej != nil {
+		if rej := q.groupFullLocked(now, tc, tokens, bytes); rej != nil {
 			return rej
 		}
 	}
 	if own > 0 && t != nil && t.queued >= own {
-		return &Rejection{Reason: ReasonTenantQueueFull, RetryAfter: q.drainRetryLocked(clk.now(q), t.queuedWork),
+		return &Rejection{Reason: ReasonTenantQueueFull, RetryAfter: q.drainRetryLocked(now, t.queuedWork),
 			Detail: fmt.Sprintf("tenant has %d requests queued (limit %d)", t.queued, own)}
 	}
 	return nil
@@ -844,13 +828,13 @@ func (q *Queue) tenantFullLocked(clk *clockReading, t *tenant, tc *TenantConfig,
 // their share of MaxQueueBytes and MaxQueueTokens, so that undeclared
 // traffic (one tenant ID or many) cannot fill the byte or token room the
 // declared tenants queue in either.
-func (q *Queue) groupFullLocked(clk *clockReading, tc *TenantConfig, tokens, bytes int64) *Rejection {
+func (q *Queue) groupFullLocked(now time.Time, tc *TenantConfig, tokens, bytes int64) *Rejection {
 	g := q.group
 	if tc.MaxQueue <= 0 {
 		return nil
 	}
 	full := func(what string, have, limit int64) *Rejection {
-		return &Rejection{Reason: ReasonTenantQueueFull, RetryAfter: q.drainRetryLocked(clk.now(q), g.queuedWork),
+		return &Rejection{Reason: ReasonTenantQueueFull, RetryAfter: q.drainRetryLocked(now, g.queuedWork),
 			Detail: fmt.Sprintf("undeclared tenants together have %d %s queued (limit %d)", have, what, limit)}
 	}
 	if g.queued >= tc.MaxQueue {
