@@ -220,14 +220,6 @@ func (q *Queue) boostETALocked(now time.Time, cost int64) time.Duration {
 	return budget.BoostETA(float64(a.boostCost), a.slotWork(now, cost), r)
 }
 
-// boostAllowedLocked checks the boost budget for one more boost of tenant.
-func (q *Queue) boostAllowedLocked(now time.Time, tenant string) bool {
-	a := q.adm
-	waiting := q.boost.n
-	ok, _ := a.boosts.Allow(now, tenant, q.boostedInflight+waiting, q.capacity)
-	return ok
-}
-
 // boostRoomLocked reports whether one more boosted request may start
 // (without a boost budget only Promote fills the lane).
 func (q *Queue) boostRoomLocked() bool {
@@ -381,7 +373,10 @@ func (q *Queue) recheckLocked(now time.Time) {
 		if !est.Known || !now.Add(est.ETA).After(tk.deadline.Add(-q.cfg.Admission.Margin)) {
 			continue
 		}
-		if ownDueFirst(tk.f, tk, tk.deadline) || !q.boostAllowedLocked(now, tk.t.name) {
+		if ownDueFirst(tk.f, tk, tk.deadline) {
+			continue
+		}
+		if ok, _ := q.adm.boosts.Allow(now, tk.t.name, q.boostedInflight+q.boost.n, q.capacity); !ok {
 			continue
 		}
 		if now.Add(q.boostETALocked(now, tk.cost)).After(tk.deadline.Add(-q.cfg.Admission.Margin)) {

@@ -2,12 +2,10 @@ package fairqueue
 
 import "time"
 
-// Close ends the queue: every request still queued (boost lane included)
-// ends at once with ReasonClosed, later Enqueues are refused with it, and
-// requests in flight run to completion and release as usual. A queue whose
-// config was removed by a reload is closed, so its waiters get an answer
-// rather than waiting on a queue nobody ticks. Close is idempotent; detail
-// says why, for the refusals.
+// Close ends the queue: every request still queued ends at once with
+// ReasonClosed, later Enqueues are refused with it, and requests in flight
+// run to completion. A queue whose config a reload removed is closed, so
+// its waiters get an answer. Close is idempotent; detail says why.
 func (q *Queue) Close(detail string) {
 	now := q.clock.Now()
 	q.mu.Lock()
@@ -32,8 +30,7 @@ func (q *Queue) Close(detail string) {
 	}
 }
 
-// closedRetryAfter is the Retry-After of a closed queue's refusals: the
-// config that replaced it is already serving.
+// closedRetryAfter is the Retry-After of a closed queue's refusals.
 const closedRetryAfter = time.Second
 
 // closedLocked is the refusal of a closed queue, nil while it is open.

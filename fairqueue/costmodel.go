@@ -6,11 +6,9 @@ import (
 )
 
 // SetCostModel sets how CostLearned prices a request: overhead + prompt x
-// promptWeight + completion, in completion-token units (a fitted model's
-// a/c and b/c: costmodel.Fit). It applies to requests enqueued from now
-// on and to the back-fill of those completing; requests already queued
-// keep the price they were charged. Non-finite or negative values are
-// ignored.
+// promptWeight + completion, in completion-token units (costmodel.Fit). It
+// applies to requests enqueued from now on and to back-fills; non-finite or
+// negative values are ignored.
 func (q *Queue) SetCostModel(overhead, promptWeight float64) {
 	if !(overhead >= 0) || !(promptWeight >= 0) || math.IsInf(overhead, 0) || math.IsInf(promptWeight, 0) {
 		return
@@ -30,10 +28,8 @@ func (q *Queue) learnedCostLocked(prompt, completion int64) int64 {
 }
 
 // SetQuotaWeight sets the token_to_qps_weight of every quota that takes it
-// from the learned cost model (TenantConfig.QuotaAutoWeight): their limits
-// are recompiled with w, for the next decisions; stored meters are kept.
-// A weight within 1% of the one in force changes nothing. O(declared
-// tenants), on the handler's tick.
+// from the learned cost model (TenantConfig.QuotaAutoWeight); stored meters
+// are kept, and a weight within 1% of the one in force changes nothing.
 func (q *Queue) SetQuotaWeight(w float64) {
 	if !(w > 0) || math.IsInf(w, 0) {
 		return

@@ -172,14 +172,6 @@ func (t *tenant) addBookingLocked(at int64) {
 	t.demand.bookings = slices.Insert(b, i, at)
 }
 
-// nextBookingLocked is t's earliest booked time; false when it has none.
-func (t *tenant) nextBookingLocked() (int64, bool) {
-	if t.demand == nil || len(t.demand.bookings) == 0 {
-		return 0, false
-	}
-	return t.demand.bookings[0], true
-}
-
 // bookedDueLocked reports whether tk may be dispatched now as far as its
 // tenant's quota goes: it is not booked, or its tenant's earliest booked
 // time has come. Otherwise its tenant is held until then.
@@ -187,11 +179,11 @@ func (q *Queue) bookedDueLocked(now time.Time, tk *Ticket) bool {
 	if tk.ch == nil || !tk.ch.booked {
 		return true
 	}
-	at, _ := tk.t.nextBookingLocked()
-	if at <= q.since(now) {
+	d := tk.t.demand
+	if d == nil || len(d.bookings) == 0 || d.bookings[0] <= q.since(now) {
 		return true
 	}
-	q.holdUntilLocked(tk.t, q.at(at))
+	q.holdUntilLocked(tk.t, q.at(d.bookings[0]))
 	return false
 }
 

@@ -13,8 +13,7 @@ type overload struct {
 	ladder *degrade.Ladder
 	steps  []degrade.Step
 	// bucket holds one token bucket per throttle step, kept across reloads
-	// while the step's name and rate stay the same, so a reload neither
-	// refills nor drains a live throttle.
+	// while the step's name and rate stay the same.
 	bucket []*degrade.Throttle
 
 	// Derived from the engaged steps; a higher step overrides a lower one
@@ -90,13 +89,6 @@ func (o *overload) derive() {
 	}
 }
 
-func (o *overload) level() int {
-	if o.ladder == nil {
-		return 0
-	}
-	return o.ladder.Level()
-}
-
 // observeLocked feeds the water level to the ladder and applies any change.
 func (q *Queue) observeWaterLocked(now time.Time) {
 	o := q.ov
@@ -128,11 +120,9 @@ func (q *Queue) applyPausesLocked() {
 }
 
 // throttleLocked admits a request of class cls from a tenant of class own
-// against the throttles of both: a request that lowers its class (cls !=
-// own) stays under its tenant's class's throttle, and comes under its
-// new class's too. Both are peeked before either is charged, so a request
-// one refuses takes nothing from the other; with consume false nothing is
-// charged at all (Precheck).
+// against the throttles of both (a request that lowers its class stays
+// under its tenant's class's throttle). Both are peeked before either is
+// charged; with consume false nothing is charged (PrecheckRequest).
 func (q *Queue) throttleLocked(now time.Time, cls, own string, cost int64, consume bool) *Rejection {
 	thr, ownThr := q.ov.throttle[cls], (*degrade.Throttle)(nil)
 	if own != cls {
@@ -170,8 +160,6 @@ func throttleRejection(cls, whose string, thr *degrade.Throttle, wait time.Durat
 // LightMode reports whether requests of class cls are to be trimmed now, and
 // to which limits (degrade action light_mode).
 func (q *Queue) LightMode(cls string) (degrade.Action, bool) {
-	// The handler asks for every request; nearly always no step trims
-	// anything, and the answer then needs no lock.
 	if !q.lightOn.Load() {
 		return degrade.Action{}, false
 	}
@@ -185,7 +173,10 @@ func (q *Queue) LightMode(cls string) (degrade.Action, bool) {
 func (q *Queue) DegradeLevel() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.ov.level()
+	if q.ov.ladder == nil {
+		return 0
+	}
+	return q.ov.ladder.Level()
 }
 
 // SetDegradeObserver installs fn to be told of every ladder transition,

@@ -425,7 +425,11 @@ func (q *Queue) Reconfigure(cfg Config) error {
 		q.capLocked(t)
 	}
 	q.recountBusyLocked() // weights changed
-	q.unholdAllLocked()
+	for len(q.held) > 0 {
+		// A tenant whose quota changed is charged again under the new
+		// limits at its next dispatch.
+		q.unholdLocked(q.held[0])
+	}
 	// Finish tags depend on weights, so every heap is re-keyed: the
 	// members' heaps first, since a group flow's key reads its sub-heap.
 	for _, gf := range q.group.flows {

@@ -250,7 +250,6 @@ func (q *Queue) refuseQuotaFlowLocked(now time.Time, f *flow, max int) int {
 	t := f.t
 	l := t.cfg.Quota
 	margin := q.quotaMarginLocked()
-	ratio := t.quotaRatio()
 	tokens, reqs := f.tokens, int64(f.q.n)
 	refused := 0
 	for tk := f.q.tail; tk != nil && refused < max; {
@@ -259,7 +258,7 @@ func (q *Queue) refuseQuotaFlowLocked(now time.Time, f *flow, max int) int {
 		if tk.deadline.IsZero() || tk.deadline.Sub(now) <= q.cfg.Admission.Margin {
 			return refused // its budget has run out: the expiry answers
 		}
-		ahead := quota.Backlog{Requests: reqs, Tokens: int64(math.Round(float64(tokens) * ratio))}
+		ahead := quota.Backlog{Requests: reqs, Tokens: t.quotaTokens(tokens)}
 		d, ok := q.quotaTimeLocked(t.name, l, ahead)
 		if !ok || now.Add(d.RetryAfter).Before(tk.deadline.Add(-margin)) {
 			return refused
@@ -410,14 +409,6 @@ func (q *Queue) unholdDueLocked(now time.Time) {
 func (q *Queue) unholdLocked(t *tenant) {
 	heap.Remove(&q.held, int(t.heldIdx))
 	q.relinkLocked(t)
-}
-
-// unholdAllLocked ends every hold, after a reload: a tenant whose quota
-// changed is charged again at its next dispatch under the new limits.
-func (q *Queue) unholdAllLocked() {
-	for len(q.held) > 0 {
-		q.unholdLocked(q.held[0])
-	}
 }
 
 // QuotaStatus reports tenant's standing on its quota, for the x-ratelimit-*

@@ -6,14 +6,9 @@ import (
 	"unicode/utf8"
 )
 
-// Tenant IDs. A tenant's name is a key of the queue's maps and of the
-// quota store, a log field, a row of the admin report and, for a declared
-// tenant, a metrics label. The queue keeps meters of its own in the same
-// store under names that begin with a NUL byte (the provider account's
-// pool, its reservations, the fallback account; the gateway's Redis probe
-// too). A valid tenant ID holds no control character, so no caller can
-// name itself into one of them: the handler refuses an invalid ID before
-// it reaches the queue, and Config.Validate refuses a declared one.
+// Tenant IDs. The queue keeps meters of its own in the quota store under
+// names that begin with a NUL byte; a valid tenant ID holds no control
+// character, so no caller can name itself into one of them.
 
 // MaxTenantIDLen bounds a tenant ID, in bytes.
 const MaxTenantIDLen = 256
@@ -44,14 +39,9 @@ func (e *TenantIDError) Error() string {
 
 // CheckTenantID returns nil when id may name a tenant, else a
 // *TenantIDError. A tenant ID is at most MaxTenantIDLen bytes of UTF-8
-// text whose every character is printable as unicode.IsPrint defines it
-// (letters, marks, numbers, punctuation, symbols, and the ASCII space).
-// So it refuses control characters (C0 such as NUL, tab, CR and LF; DEL;
-// C1), which reach internal names and forge log lines, and the invisible
-// ones (format characters such as bidi overrides and zero-width spaces,
-// spaces other than U+0020, private-use and unassigned code points), with
-// which two IDs that differ look the same in a log or a report. The empty
-// ID is valid: it names no tenant.
+// text whose every character is printable (unicode.IsPrint): control
+// characters reach internal names and forge log lines, and invisible ones
+// make two different IDs look the same. The empty ID names no tenant.
 func CheckTenantID(id string) error {
 	if len(id) > MaxTenantIDLen {
 		return &TenantIDError{Offset: MaxTenantIDLen, TooLong: true}
