@@ -77,8 +77,12 @@ type CircuitCaller struct {
 // maxCircuitCallers bounds the callers one event names.
 const maxCircuitCallers = 10
 
-// circuitResources lists the resources cfg's circuit measures demand in.
-func circuitResources(cfg *Config) []string {
+// newCircuit builds cfg's circuit, measuring demand in the resources cfg
+// has, and carries old's state over.
+func newCircuit(cfg *Config, old *degrade.Circuit) (*degrade.Circuit, error) {
+	if cfg.Circuit == nil {
+		return nil, nil
+	}
 	res := []string{ResourceSlots}
 	if cfg.MaxInflightTokens > 0 {
 		res = append(res, ResourceInflightTokens)
@@ -91,15 +95,7 @@ func circuitResources(cfg *Config) []string {
 			res = append(res, ResourceAccountRequests)
 		}
 	}
-	return res
-}
-
-// newCircuit builds cfg's circuit and carries old's state over.
-func newCircuit(cfg *Config, old *degrade.Circuit) (*degrade.Circuit, error) {
-	if cfg.Circuit == nil {
-		return nil, nil
-	}
-	c, err := degrade.NewCircuit(*cfg.Circuit, circuitResources(cfg)...)
+	c, err := degrade.NewCircuit(*cfg.Circuit, res...)
 	if err != nil {
 		return nil, err
 	}

@@ -18,7 +18,7 @@ type Request struct {
 	// Tenant names the tenant; unknown names get Config.Default.
 	Tenant string
 	// Class overrides the tenant's class when non-empty; the caller decides
-	// whether the override is allowed (only lowering, per the HTTP contract).
+	// whether the override is allowed.
 	Class string
 	// Cost is the estimated cost in tokens. With CostRequests the tenant is
 	// charged 1 per request instead, but Cost still counts against the
@@ -30,8 +30,7 @@ type Request struct {
 	// Deadline is when the request must have been dispatched; zero = none.
 	Deadline time.Time
 	// Bytes is the memory the request holds while it waits (its body and
-	// anything derived from it); it counts against Config.MaxQueueBytes
-	// from admission until it leaves the queue (dispatch, cancel, expiry).
+	// anything derived from it), counted against Config.MaxQueueBytes.
 	Bytes int64
 }
 
@@ -197,14 +196,13 @@ type pendingEvent struct {
 	t  *Ticket
 }
 
-// classQ holds the backlogged flows of one class.
+// classQ holds the backlogged flows of one class; group is the undeclared
+// tenants' group flow of it, nil until one of them queues in it.
 type classQ struct {
 	name   string
 	paused bool
 	flows  flowHeap
-	// group is the undeclared tenants' group flow of this class, nil until
-	// one of them queues in it.
-	group *flow
+	group  *flow
 }
 
 type tenant struct {
@@ -304,8 +302,7 @@ func (f *flow) head() *Ticket {
 	return f.q.head
 }
 
-// entry returns the flow's heap key: the start and finish tags of its head
-// request in its owner's virtual time. The flow must have a head.
+// entry returns the flow's heap key; the flow must have a head.
 func (f *flow) entry() flowEntry {
 	start, finish := f.tags()
 	return flowEntry{start: start, finish: finish, seq: f.seq, id: f.id}
@@ -317,8 +314,7 @@ func (f *flow) tags() (start, finish float64) {
 }
 
 // parent returns, for an undeclared tenant's flow, the group's flow of the
-// same class, whose sub-heap orders the members' flows; nil otherwise. A
-// tenant keeps its placement, in or out of the group, for its life.
+// same class, whose sub-heap orders the members' flows; nil otherwise.
 func (f *flow) parent() *flow {
 	if f.t.group != nil {
 		return f.cq.group
@@ -367,12 +363,10 @@ func (q *Queue) Config() Config {
 	return q.cfg
 }
 
-// Reconfigure applies cfg while requests are queued and in flight: weights,
-// caps, classes and capacity change; nothing queued or in flight is lost,
-// dropped or dispatched twice. Queued requests above a lowered cap stay. A
-// tenant that becomes declared or undeclared keeps its placement (its own
-// top-level flows, or a place inside the undeclared group) while it has
-// requests queued or in flight, and takes the new one when next idle.
+// Reconfigure applies cfg while requests are queued and in flight: nothing
+// queued or in flight is lost, dropped or dispatched twice, and queued
+// requests above a lowered cap stay. A tenant that becomes declared or
+// undeclared keeps its placement until it is next idle.
 func (q *Queue) Reconfigure(cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -430,8 +424,8 @@ func (q *Queue) Reconfigure(cfg Config) error {
 		// limits at its next dispatch.
 		q.unholdLocked(q.held[0])
 	}
-	// Finish tags depend on weights, so every heap is re-keyed: the
-	// members' heaps first, since a group flow's key reads its sub-heap.
+	// Finish tags depend on weights: re-key the members' heaps first, since
+	// a group flow's key reads its sub-heap.
 	for _, gf := range q.group.flows {
 		gf.sub.rebuild()
 	}
@@ -616,8 +610,7 @@ type intake struct {
 	tokens, prompt, cost int64
 }
 
-// intakeLocked prices r. A known tenant carries its settings, so the hot
-// path does one map lookup, not one in the config and one in the state.
+// intakeLocked prices r.
 func (q *Queue) intakeLocked(r *Request) intake {
 	t := q.tenants[r.Tenant]
 	if t != nil && t.queued == 0 && t.inflight == 0 && t.misplaced() {
@@ -660,8 +653,7 @@ func (q *Queue) admissionGatesLocked(now time.Time, r *Request, in *intake, pre 
 	return q.quotaAdmitLocked(now, in.t, r.Tenant, in.tc.Quota, r.Deadline, pre)
 }
 
-// budgetDecisionLocked decides r's wait budget: without a deadline, or
-// starting at once, there is nothing to decide. A refusal stands unless
+// budgetDecisionLocked decides r's wait budget. A refusal stands unless
 // the fallback channel or the tenant's reservation takes the request.
 func (q *Queue) budgetDecisionLocked(now time.Time, r *Request, in *intake, cq *classQ) (budget.Decision, Estimate) {
 	if r.Deadline.IsZero() || q.startsAtOnceLocked() {
@@ -716,10 +708,9 @@ func (q *Queue) startIdleLocked(r *Request, t *tenant, f *flow, cost, tokens, pr
 	return tk
 }
 
-// newTenantLocked creates the state of a tenant about to queue a request:
-// a declared tenant owns top-level flows, an undeclared one schedules
-// inside the group. It starts idle (on the idle list) until its request is
-// queued, so a tenant refused after this point is still forgotten.
+// newTenantLocked creates the state of a tenant about to queue a request.
+// It starts on the idle list, so a tenant refused after this point is
+// still forgotten.
 func (q *Queue) newTenantLocked(name string, tc *TenantConfig, known bool, now time.Time) *tenant {
 	t := &tenant{name: name, weight: tc.Weight, known: known, cfg: tc, heldIdx: -1}
 	t.flows = t.flowBuf[:0]
@@ -828,10 +819,9 @@ func (q *Queue) tenantFullLocked(now time.Time, t *tenant, tc *TenantConfig, kno
 }
 
 // groupFullLocked checks the undeclared tenants' room together: their
-// queue cap (Default.MaxQueue) and, in the same proportion of the queue's,
-// their share of MaxQueueBytes and MaxQueueTokens, so that undeclared
-// traffic (one tenant ID or many) cannot fill the byte or token room the
-// declared tenants queue in either.
+// queue cap (Default.MaxQueue) and the same share of MaxQueueBytes and
+// MaxQueueTokens, so that undeclared traffic cannot fill the declared
+// tenants' room either.
 func (q *Queue) groupFullLocked(now time.Time, tc *TenantConfig, tokens, bytes int64) *Rejection {
 	g := q.group
 	if tc.MaxQueue <= 0 {
@@ -1208,11 +1198,9 @@ func (q *Queue) overTokenCapLocked(tk *Ticket) bool {
 	return q.tokenCap > 0 && q.inflight > 0 && q.inflightCost+tk.tokens > q.tokenCap
 }
 
-// dispatchGatesLocked passes tk, the next request in tag order and within
-// its deadline, through the gates a dispatch has after the slot and the
-// token cap: its tenant's quota, then the provider account. The account
-// may send another request instead (a reserved tenant's, on its
-// reservation), which is returned.
+// dispatchGatesLocked passes tk through the gates after the slot, the
+// token cap and the deadline: its tenant's quota, then the provider
+// account, which may send another request instead (returned).
 func (q *Queue) dispatchGatesLocked(now time.Time, tk *Ticket) (*Ticket, gateVerdict) {
 	if v := q.quotaGateLocked(now, tk); v != gateOpen || q.up == nil {
 		return tk, v
