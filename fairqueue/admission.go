@@ -8,15 +8,13 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
 )
 
-// BudgetConfig turns wait budgets from deadlines the queue merely enforces
-// into promises it keeps: an ETA for every request with a deadline, a bounded
-// boost for those that would miss it, and an immediate refusal for those
-// that cannot make it even boosted.
+// BudgetConfig makes wait budgets promises: an ETA for every request with a
+// deadline, a bounded boost for those that would miss it, and an immediate
+// refusal for those that cannot make it even boosted.
 type BudgetConfig struct {
 	// FastFail refuses (ReasonBudgetExceeded) a request that cannot start
-	// before its deadline even if boosted: at admission, and while queued
-	// as soon as that is known with confidence (refuse.go). Off, such
-	// requests are queued and expire at their deadline.
+	// before its deadline even if boosted, at admission or while queued
+	// (refuse.go). Off, such requests expire at their deadline.
 	FastFail bool
 	// BoostShareMax is the largest share of dispatch capacity boosted
 	// requests may hold (budget.Boosts.Limit); 0 disables boosting.
@@ -66,9 +64,10 @@ type admission struct {
 	late lateWindow
 }
 
+// newAdmission makes the wait-budget state, or updates old's: measurements
+// and boost history outlive a reload.
 func newAdmission(cfg *BudgetConfig, old *admission) *admission {
 	if old != nil {
-		// Measurements and boost history outlive a reload.
 		old.boosts.Update(cfg.BoostShareMax, cfg.PerTenantBoostHourly)
 		return old
 	}
@@ -83,10 +82,9 @@ func newAdmission(cfg *BudgetConfig, old *admission) *admission {
 type Estimate struct {
 	// ETA is the predicted time until dispatch in tag order.
 	ETA time.Duration
-	// Known is false while the queue has no throughput estimate: no
-	// measurement yet, no configured Throughput.Prior, nothing learned
-	// before an idle spell. The queue then promises nothing and refuses
-	// only what the cold bound (budget.ColdRate) shows to be late.
+	// Known is false while the queue has no throughput estimate (no
+	// measurement, prior or rate learned before an idle spell): it then
+	// promises nothing.
 	Known bool
 	// WorkAhead is the estimated cost dispatched before the request.
 	WorkAhead float64

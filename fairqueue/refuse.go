@@ -41,16 +41,12 @@ import (
 // would have made it).
 
 const (
-	// refuseFlows is how many flows' tails one pass checks. A pass resumes
-	// where the previous one stopped, so with more backlogged flows every
-	// flow is still visited, every F/refuseFlows ticks.
+	// refuseFlows is how many flows' tails one pass checks.
 	refuseFlows = 64
 	// refuseExactFlows is the most backlogged flows for which a refusal's
 	// ETA counts the other tenants' work.
 	refuseExactFlows = 64
-	// maxRefusals bounds the refusals of one pass, so that a flood found
-	// late is refused over a few ticks rather than in one long hold of the
-	// lock.
+	// maxRefusals bounds the refusals of one pass (one hold of the lock).
 	maxRefusals = 1024
 )
 

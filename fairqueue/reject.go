@@ -76,16 +76,12 @@ type Rejection struct {
 	RetryAfter time.Duration
 	// Detail is a short human explanation (limits involved, ETA).
 	Detail string
-	// WhileQueued is set on a ReasonBudgetExceeded refusal of a request
-	// that had been admitted and was refused from the queue once its ETA
-	// showed it could no longer start in time (early refusal), and on a
-	// ReasonQuotaExceeded refusal of one whose tenant's quota hold ends
-	// after its deadline (refuseHeldLocked); clear for a refusal at
+	// WhileQueued is set on a refusal of a request that had been admitted
+	// (ReasonBudgetExceeded or ReasonQuotaExceeded); clear for a refusal at
 	// admission.
 	WhileQueued bool
 	// BudgetLeft is, on a ReasonBudgetExceeded refusal, the fraction of the
-	// request's wait budget still left when it was refused: 1 at admission,
-	// less the longer it waited. It says how early the caller was told.
+	// request's wait budget still left when it was refused (1 at admission).
 	BudgetLeft float64
 	// Quota is, on a ReasonQuotaExceeded refusal, the binding meter: qps,
 	// tokens or joint; QuotaStatus the tenant's meters at the refusal.
@@ -110,7 +106,7 @@ func (q *Queue) retryAfterLocked(eta time.Duration) time.Duration {
 // drainRetryLocked is the Retry-After of a refusal because a queue is full
 // or a budget ran out: the time the measured rate needs to serve the given
 // queued work (in cost units), since retrying sooner meets the same
-// backlog. Unknown rate: the floor, 1-2s.
+// backlog.
 func (q *Queue) drainRetryLocked(now time.Time, work int64) time.Duration {
 	var eta time.Duration
 	if r := q.adm.rate.Rate(now, q.healthy); r > 0 {

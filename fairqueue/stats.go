@@ -35,8 +35,7 @@ type Stats struct {
 	BoostedInflight int
 	// QueuedBytes is Request.Bytes summed over queued requests.
 	QueuedBytes int64
-	// Remembered is how many tenants the queue holds state for: those
-	// queued, in flight, or idle for less than IdleForget.
+	// Remembered is how many tenants the queue holds state for.
 	Remembered int
 	// Water is the queue's fill level (see Queue.Water).
 	Water   float64
@@ -44,8 +43,7 @@ type Stats struct {
 }
 
 // statsChunk is how many tenants Stats copies per hold of the queue's
-// lock: a few microseconds of copying, so a dispatch waits at most about
-// that long for a scrape, however many tenants there are.
+// lock: a few microseconds of copying.
 const statsChunk = 256
 
 // Stats returns a snapshot; with tenants, one entry per tenant the queue
@@ -191,7 +189,7 @@ func (q *Queue) busyLocked(t *tenant) {
 }
 
 // recountBusyLocked recomputes BackloggedWeight's sum after weights
-// changed (a reload, which is O(tenants) anyway).
+// changed.
 func (q *Queue) recountBusyLocked() {
 	q.busyWeight = 0
 	for _, t := range q.roster {
@@ -254,8 +252,7 @@ func waterCap(c *Config) int64 {
 	return capTokens
 }
 
-// recountWaterLocked recomputes the token term after its cap changed (a
-// reload): O(queued), as rare as reloads.
+// recountWaterLocked recomputes the token term after its cap changed.
 func (q *Queue) recountWaterLocked() {
 	q.waterCost = 0
 	add := func(l *ticketList) {

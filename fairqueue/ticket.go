@@ -28,9 +28,8 @@ const UnknownCost int64 = -1
 //   - Wait returns an error: the ticket has already ended (expired,
 //     cancelled, or the context ended) and holds no capacity.
 //
-// Release may always be called, any number of times, from a defer: only the
-// first call on a live ticket has an effect, so a panic between Enqueue and
-// the end of the response cannot leak a slot.
+// Release may be called any number of times, from a defer: only the first
+// call on a live ticket has an effect, so a panic cannot leak a slot.
 type Ticket struct {
 	// Times are kept as nanoseconds from the queue's epoch (Queue.at).
 	q          *Queue
@@ -251,8 +250,7 @@ func (tk *Ticket) ETA() time.Duration {
 	return tk.eta
 }
 
-// DispatchInfo is what the owner of a dispatched ticket reads of its
-// dispatch, as Ticket.Info returns it.
+// DispatchInfo is what Ticket.Info returns of a ticket's dispatch.
 type DispatchInfo struct {
 	// Dispatched is the dispatch time, Wait the time since admission.
 	Dispatched time.Time

@@ -38,15 +38,13 @@ type UpstreamQuota struct {
 	// RPM and TPM are the account's requests and tokens per minute; 0
 	// meters nothing in that dimension (at least one must be set).
 	RPM, TPM float64
-	// Burst is how far ahead of its rates the account may be drawn by the
-	// shared traffic: a full Burst of its rates may go at once after an
-	// idle period, inside the minute (see drawShare). Default
+	// Burst is how far ahead of its rates the shared traffic may draw the
+	// account, inside the minute (see drawShare). Default
 	// DefaultUpstreamBurst.
 	Burst time.Duration
-	// ReserveBurst is how much of its reservation's rate a reserved
-	// tenant may draw at once, whatever the shared traffic does: the
-	// account's meter keeps ReserveBurst x the reservation's rate free of
-	// the shared traffic. Default DefaultReserveBurst.
+	// ReserveBurst is how much of its reservation's rate a reserved tenant
+	// may draw at once, whatever the shared traffic does. Default
+	// DefaultReserveBurst.
 	ReserveBurst time.Duration
 }
 
@@ -156,9 +154,8 @@ func (u UpstreamQuota) limits(share float64, paced, burst time.Duration) (*quota
 		BurstWindow: burst, BurstAllow: 1}.Compile()
 }
 
-// newUpstream compiles cfg's account and reservations, keeping old's
-// exhaustion times and its log (a reload does not make the provider
-// forget).
+// newUpstream compiles cfg's account and reservations, keeping what old
+// knew of the provider (a reload does not make the provider forget).
 func newUpstream(cfg *Config, old *upstream) (*upstream, error) {
 	uq := cfg.UpstreamQuota
 	if uq == nil {
@@ -205,8 +202,6 @@ func newUpstream(cfg *Config, old *upstream) (*upstream, error) {
 	u.tokensPerSec, u.requestsPerSec = drawShare(tau)*uq.TPM/60, drawShare(tau)*uq.RPM/60
 	slices.Sort(u.names)
 	if old != nil {
-		// The provider forgets nothing on a reload: neither what was sent
-		// in its window nor what it last reported.
 		u.until, u.poolUntil = old.until, old.poolUntil
 		u.sent, u.level = old.sent, old.level
 		u.resRate, u.resAt, u.heldAt = old.resRate, old.resAt, old.heldAt
@@ -462,8 +457,8 @@ func providerCount(tk *Ticket, prompt int64) int64 {
 func (q *Queue) AccountExhausted(until time.Time) {
 	q.mu.Lock()
 	defer q.unlock()
-	if q.up != nil && until.After(q.up.until) {
-		q.up.until = until
+	if q.up != nil {
+		q.up.until = maxTime(q.up.until, until)
 	}
 }
 
@@ -479,8 +474,7 @@ type UpstreamStatus struct {
 	ExhaustedFor time.Duration
 	// TPM and RPM are the account's limits (0: not metered);
 	// WindowTokens and WindowRequests what this gateway sent to it in the
-	// last 60 s, as the provider counts (prompt + output cap): how close
-	// the account is to its window.
+	// last 60 s, as the provider counts.
 	TPM, RPM                     float64
 	WindowTokens, WindowRequests int64
 	// ProviderTokens and ProviderRequests are the provider's last report
