@@ -219,7 +219,7 @@ func (q *Queue) boostETALocked(now time.Time, cost int64) time.Duration {
 }
 
 // boostRoomLocked reports whether one more boosted request may start
-// (without a boost budget only Promote fills the lane).
+// (always, without a boost budget).
 func (q *Queue) boostRoomLocked() bool {
 	if q.cfg.Admission.BoostShareMax <= 0 {
 		return true
