@@ -134,8 +134,8 @@ type Queue struct {
 	// waterCost is the token term of the water level (see waterLocked).
 	waterCost int64
 	waterCap  int64
-	// idle lists the tenants with nothing queued or in flight, the longest
-	// idle first (see pruneLocked).
+	// idle lists the tenants that were idle when listed, the longest idle
+	// first (see pruneLocked).
 	idle idleList
 	// held orders the tenants held by their quota, the earliest release
 	// first; quotas is the in-process quota store.
