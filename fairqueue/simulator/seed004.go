@@ -16,9 +16,7 @@ import (
 // is refused on arrival (a 429), one within it is charged its estimate
 // (prompt + max_tokens) and reconciled with its actual tokens when it
 // completes, at arrival + service time (the pool is sized so that nothing
-// queues). The gateway's own integration, in which a tenant over quota stays
-// queued and ineligible until its quota allows when that fits its wait
-// budget, is a later step of issue 10; so is tiered circuit breaking.
+// queues).
 //
 // Every caller has a compute quota C in request-equivalents per second
 // (compute = 1 + tokens x Seed004Weight per request, the seed's weight,
