@@ -44,7 +44,7 @@
 // # Policies
 //
 // Policy builds a Scheduler for one run (EnginePolicy.Configure adjusts the
-// engine configuration; EngineScheduler exposes the Queue):
+// engine configuration):
 //
 //   - fifo: the engine with one tenant and one class, arrival order.
 //   - drr-requests: the engine with CostRequests and the weights.
