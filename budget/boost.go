@@ -83,8 +83,8 @@ func (b *Boosts) Allow(now time.Time, tenant string, boostedInflight, capacity i
 }
 
 // Record counts a boost of tenant at now. Times must not go backwards. With
-// perTenantHourly 0 nothing is stored. It also checks a couple of tenants
-// for expiry, so idle tenants are dropped without a separate Prune.
+// perTenantHourly 0 nothing is stored. It also sweeps two tenants, so idle
+// ones are dropped.
 func (b *Boosts) Record(now time.Time, tenant string) {
 	if b.perHour <= 0 {
 		return
