@@ -432,26 +432,16 @@ func (f Fit) PromptCostRatio() float64 {
 	return f.PerPromptToken / f.PerCompletionToken
 }
 
-// Cost is a request's cost in output-token units, prompt·b/c + completion:
-// its fitted busy time without the overhead, divided by the time of one
-// completion token. WFQ charging it makes tenants share upstream time
-// rather than raw tokens. Unless Ready it is prompt + completion, the
+// Cost is a request's cost in output-token units, prompt·b/c + completion
+// (see the package doc). Unless Ready it is prompt + completion, the
 // `tokens` cost, so a caller may use it unconditionally.
 func (f Fit) Cost(prompt, completion int64) float64 {
 	return float64(prompt)*f.PromptCostRatio() + float64(completion)
 }
 
-// TokenToQPSWeight is the weight of one token in request-equivalents, for
-// the quota's joint meter (1 + tokens·weight per request). A
-// request-equivalent is the busy time of a request with no tokens, the
-// overhead a; the weight is the busy time of one token of the observed mix,
-// (b·p̄ + c·q̄)/(p̄ + q̄), in those units:
-//
-//	weight = (b·p̄ + c·q̄) / (a·(p̄ + q̄))
-//
-// so that a request of the mean sizes is charged exactly its fitted busy
-// time, a + b·p̄ + c·q̄, in units of a. It is 0 (no learned weight; keep
-// the configured one) unless Ready with a positive overhead.
+// TokenToQPSWeight is the weight of one token in request-equivalents for
+// the quota's joint meter, (b·p̄ + c·q̄) / (a·(p̄ + q̄)) (see the package
+// doc); 0 (keep the configured one) unless Ready with a positive overhead.
 func (f Fit) TokenToQPSWeight() float64 {
 	tokens := f.MeanPrompt + f.MeanCompletion
 	if !f.Ready || !(f.Overhead > 0) || !(tokens > 0) {
