@@ -360,13 +360,8 @@ func (b *rowBuilder) finish() Row {
 }
 
 // etaError is the relative error |predicted - actual| / actual of a
-// dispatched request with a prediction. Requests dispatched at once (a
-// slot was free at admission) have no prediction and are left out: their
-// wait is 0, exactly as predicted, and a relative error is undefined.
-//
-// Boosted requests are left out too: a boost is decided exactly because
-// the tag-order ETA misses the deadline, and the boost, not the ETA,
-// then sets the wait.
+// dispatched request with a prediction, boosted ones left out (the boost,
+// not the ETA, set their wait).
 func etaError(r *Request, rec *Record) (float64, bool) {
 	if !rec.HasPrediction || rec.Boosted || (rec.State != StateInflight && rec.State != StateCompleted) {
 		return 0, false
