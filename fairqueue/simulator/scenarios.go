@@ -29,12 +29,10 @@ func pareto(scale, limit int64, alpha float64) Dist {
 // wait-budget scenarios.
 var budgetPolicyNames = []string{FIFOBudgets, WFQBudgets, WFQNoBoost, WFQNoFastFail}
 
-// withPrior is the default admission with a throughput prior: the rate, in
-// estimated tokens per second per upstream, the estimator assumes until it
-// has measured enough (budget.ThroughputConfig.Prior). An operator takes it
-// from a benchmark of the upstream; the scenarios take it from their own
-// request mix (NominalRate) times a factor below 1, since the estimator's
-// own measurement is a low quantile too.
+// withPrior is the default admission with a throughput prior, in estimated
+// tokens per second per upstream (budget.ThroughputConfig.Prior). The
+// scenarios take it from their own request mix's nominal rate times a
+// factor below 1, since the estimator's own measurement is a low quantile.
 func withPrior(prior float64) *fairqueue.BudgetConfig {
 	a := fairqueue.DefaultBudgetConfig()
 	a.Throughput.Prior = prior
