@@ -89,24 +89,19 @@ func (t *Throttle) admit(now time.Time, tokens int, consume bool) (ok bool, retr
 	} else if consume {
 		t.last = now
 	}
-	if !consume {
-		ok, w := t.check(now, tokens)
-		if ok {
-			return true, 0
-		}
-		return false, addSat(behind, w)
-	}
-
 	cost := t.cost(tokens)
 	need := min(cost, t.burst)
 	have := t.lim.TokensAt(now)
 	if have >= float64(need) {
-		if cost <= t.burst {
+		switch {
+		case !consume:
+			return true, 0
+		case cost <= t.burst:
 			// have >= cost at the same now: AllowN succeeds.
 			if t.lim.AllowN(now, cost) {
 				return true, 0
 			}
-		} else {
+		default:
 			// Oversized token request on a full bucket: raise the burst
 			// just long enough to reserve cost (driving tokens to
 			// burst-cost), then restore it. now == the limiter's last
@@ -141,17 +136,6 @@ func (t *Throttle) cost(tokens int) int {
 		return int(min(maxCost, math.MaxInt32))
 	}
 	return max(tokens, 1)
-}
-
-// check is the admission test of Admit without the consumption, at a now
-// no earlier than the latest seen.
-func (t *Throttle) check(now time.Time, tokens int) (bool, time.Duration) {
-	need := min(t.cost(tokens), t.burst)
-	have := t.lim.TokensAt(now)
-	if have >= float64(need) {
-		return true, 0
-	}
-	return false, t.wait(now, have, need)
 }
 
 // wait returns the smallest d > 0 such that the bucket holds need at now+d,
