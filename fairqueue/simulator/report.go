@@ -150,9 +150,7 @@ func (w *Workload) Summary() string {
 }
 
 // FormatBudgets writes the wait-budget comparison of several policies'
-// runs of one workload: one row per policy and tenant, then a line per
-// policy with its totals, then the comparisons the wait-budget policies
-// support (throughput with boost on and off, fast-fail precision).
+// runs of one workload (see the package doc).
 func FormatBudgets(w io.Writer, results []*Result) {
 	if len(results) == 0 {
 		return
