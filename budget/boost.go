@@ -50,9 +50,6 @@ func NewBoosts(shareMax float64, perTenantHourly int) *Boosts {
 	return b
 }
 
-// ShareMax returns the configured share (after clamping).
-func (b *Boosts) ShareMax() float64 { return b.share }
-
 // PerTenantHourly returns the configured per-tenant hourly limit (0: none).
 func (b *Boosts) PerTenantHourly() int { return b.perHour }
 
@@ -86,8 +83,8 @@ func (b *Boosts) Allow(now time.Time, tenant string, boostedInflight, capacity i
 }
 
 // Record counts a boost of tenant at now. Times must not go backwards. With
-// perTenantHourly 0 nothing is stored. It also checks a couple of tenants
-// for expiry, so idle tenants are dropped without a separate Prune.
+// perTenantHourly 0 nothing is stored. It also sweeps two tenants, so idle
+// ones are dropped.
 func (b *Boosts) Record(now time.Time, tenant string) {
 	if b.perHour <= 0 {
 		return
@@ -137,22 +134,6 @@ func (b *Boosts) Count(now time.Time, tenant string) int {
 // Tenants returns how many tenants are tracked (boosted within about the last
 // hour, until swept).
 func (b *Boosts) Tenants() int { return len(b.tenants) }
-
-// Prune drops every tenant whose boosts have all aged out, and returns how
-// many it dropped. O(tenants).
-func (b *Boosts) Prune(now time.Time) int {
-	cut := b.cutoff(now)
-	dropped := 0
-	for i := 0; i < len(b.list); {
-		if e := b.list[i]; e.newest() <= cut {
-			b.remove(e) // moves the last entry to i
-			dropped++
-		} else {
-			i++
-		}
-	}
-	return dropped
-}
 
 // Forget drops tenant's boost history at once, as when the scheduler
 // forgets an idle tenant, so boost memory follows the live tenants. A

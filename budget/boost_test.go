@@ -304,3 +304,22 @@ func TestBoostForget(t *testing.T) {
 		t.Fatal("a forgotten but still refused")
 	}
 }
+
+// ShareMax returns the configured share (after clamping).
+func (b *Boosts) ShareMax() float64 { return b.share }
+
+// Prune drops every tenant whose boosts have all aged out, and returns how
+// many it dropped. O(tenants).
+func (b *Boosts) Prune(now time.Time) int {
+	cut := b.cutoff(now)
+	dropped := 0
+	for i := 0; i < len(b.list); {
+		if e := b.list[i]; e.newest() <= cut {
+			b.remove(e) // moves the last entry to i
+			dropped++
+		} else {
+			i++
+		}
+	}
+	return dropped
+}

@@ -14,18 +14,13 @@ import "time"
 //
 //	rate <= slots x mean cost / S <= slots x mean cost / mean(ages, services)
 //
-// The completed requests alone give a second bound, tighter once a few
-// have completed: the first to complete are the short ones, so their mean
-// service time is, if anything, short of S too. Rate uses the larger of the
-// two means, the latter from ColdCompletions completions on.
+// The completed requests alone give a second, tighter bound (the first to
+// complete are the short ones); Rate uses the larger of the two means, the
+// latter from ColdCompletions completions on.
 //
-// An ETA computed at this rate is a lower bound of the real one (with the
-// slots kept busy), so a request that misses its deadline even at this
-// rate misses it for sure: it is what early refusal may act on before any
-// measurement, and it tightens by itself as the requests in flight age and
-// complete. It is not a promise: it is never used to admit.
-//
-// All methods are O(1) and allocation-free.
+// An ETA at this rate is a lower bound, so a request that misses its
+// deadline even at it misses for sure: early refusal may act on it before
+// any measurement. It is never used to admit. O(1), allocation-free.
 type ColdRate struct {
 	started bool
 	origin  time.Time

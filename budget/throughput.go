@@ -42,12 +42,9 @@ type ThroughputStats struct {
 	Rate        float64 // PerUpstream × healthy: what Rate returns
 	PerUpstream float64 // blended per-upstream rate
 	Measured    float64 // quantile of the sample rates (0 without samples)
-	// Mean is the window's busy-time-weighted mean per-upstream rate: all
-	// the cost the samples hold over all their busy time (0 without
-	// samples). Measured, a low quantile, is what the queue promises on;
-	// Mean is the unbiased estimate of what the window delivered, which
-	// early refusal uses so that it refuses only requests that miss at the
-	// rate the upstreams really run (see fairqueue's refuse.go).
+	// Mean is the samples' cost over their busy time (0 without samples):
+	// the unbiased rate early refusal uses, where Measured, a low quantile,
+	// is what the queue promises on.
 	Mean        float64
 	Samples     int           // samples in the window
 	Covered     time.Duration // busy time inside the samples

@@ -423,18 +423,6 @@ func (s *stats) rss(beta [3]float64) float64 {
 	return math.Max(r, 0)
 }
 
-// Predict is the fitted busy time of a request, or 0 unless Ready.
-func (f Fit) Predict(prompt, completion int64) time.Duration {
-	if !f.Ready {
-		return 0
-	}
-	sec := f.Overhead + f.PerPromptToken*float64(prompt) + f.PerCompletionToken*float64(completion)
-	if !(sec < float64(math.MaxInt64)/float64(time.Second)) {
-		return time.Duration(math.MaxInt64)
-	}
-	return time.Duration(math.Max(sec, 0) * float64(time.Second))
-}
-
 // PromptCostRatio is b/c: what one prompt token costs in completion
 // tokens. It is 1 unless Ready (tokens of both kinds count the same).
 func (f Fit) PromptCostRatio() float64 {
@@ -444,39 +432,16 @@ func (f Fit) PromptCostRatio() float64 {
 	return f.PerPromptToken / f.PerCompletionToken
 }
 
-// Cost is a request's cost in output-token units, prompt·b/c + completion:
-// its fitted busy time without the overhead, divided by the time of one
-// completion token. WFQ charging it makes tenants share upstream time
-// rather than raw tokens. Unless Ready it is prompt + completion, the
+// Cost is a request's cost in output-token units, prompt·b/c + completion
+// (see the package doc). Unless Ready it is prompt + completion, the
 // `tokens` cost, so a caller may use it unconditionally.
 func (f Fit) Cost(prompt, completion int64) float64 {
 	return float64(prompt)*f.PromptCostRatio() + float64(completion)
 }
 
-// BusyCost is a request's whole fitted busy time in output-token units,
-// (a + b·prompt)/c + completion: Cost plus the overhead. Charged as the
-// WFQ cost, tenants share upstream time including the per-request
-// overhead, so a tenant of many tiny requests pays for each; Cost leaves
-// the overhead out, as the token costs do. Unless Ready it is prompt +
-// completion.
-func (f Fit) BusyCost(prompt, completion int64) float64 {
-	if !f.Ready {
-		return f.Cost(prompt, completion)
-	}
-	return f.Overhead/f.PerCompletionToken + f.Cost(prompt, completion)
-}
-
-// TokenToQPSWeight is the weight of one token in request-equivalents, for
-// the quota's joint meter (1 + tokens·weight per request). A
-// request-equivalent is the busy time of a request with no tokens, the
-// overhead a; the weight is the busy time of one token of the observed mix,
-// (b·p̄ + c·q̄)/(p̄ + q̄), in those units:
-//
-//	weight = (b·p̄ + c·q̄) / (a·(p̄ + q̄))
-//
-// so that a request of the mean sizes is charged exactly its fitted busy
-// time, a + b·p̄ + c·q̄, in units of a. It is 0 (no learned weight; keep
-// the configured one) unless Ready with a positive overhead.
+// TokenToQPSWeight is the weight of one token in request-equivalents for
+// the quota's joint meter, (b·p̄ + c·q̄) / (a·(p̄ + q̄)) (see the package
+// doc); 0 (keep the configured one) unless Ready with a positive overhead.
 func (f Fit) TokenToQPSWeight() float64 {
 	tokens := f.MeanPrompt + f.MeanCompletion
 	if !f.Ready || !(f.Overhead > 0) || !(tokens > 0) {
@@ -487,22 +452,4 @@ func (f Fit) TokenToQPSWeight() float64 {
 		return 0
 	}
 	return w
-}
-
-// PromptWeight and CompletionWeight are b/a and c/a: one prompt token and
-// one completion token in request-equivalents. 0 unless Ready with a
-// positive overhead.
-func (f Fit) PromptWeight() float64 { return f.perRequest(f.PerPromptToken) }
-
-// CompletionWeight is c/a; see PromptWeight.
-func (f Fit) CompletionWeight() float64 { return f.perRequest(f.PerCompletionToken) }
-
-func (f Fit) perRequest(x float64) float64 {
-	if !f.Ready || !(f.Overhead > 0) {
-		return 0
-	}
-	if w := x / f.Overhead; !math.IsInf(w, 0) {
-		return w
-	}
-	return 0
 }

@@ -513,3 +513,46 @@ func assertFinite(t *testing.T, f Fit) {
 		t.Fatalf("negative prediction: %+v", f)
 	}
 }
+
+// Predict is the fitted busy time of a request, or 0 unless Ready.
+func (f Fit) Predict(prompt, completion int64) time.Duration {
+	if !f.Ready {
+		return 0
+	}
+	sec := f.Overhead + f.PerPromptToken*float64(prompt) + f.PerCompletionToken*float64(completion)
+	if !(sec < float64(math.MaxInt64)/float64(time.Second)) {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(math.Max(sec, 0) * float64(time.Second))
+}
+
+// BusyCost is a request's whole fitted busy time in output-token units,
+// (a + b·prompt)/c + completion: Cost plus the overhead. Charged as the
+// WFQ cost, tenants share upstream time including the per-request
+// overhead, so a tenant of many tiny requests pays for each; Cost leaves
+// the overhead out, as the token costs do. Unless Ready it is prompt +
+// completion.
+func (f Fit) BusyCost(prompt, completion int64) float64 {
+	if !f.Ready {
+		return f.Cost(prompt, completion)
+	}
+	return f.Overhead/f.PerCompletionToken + f.Cost(prompt, completion)
+}
+
+// PromptWeight and CompletionWeight are b/a and c/a: one prompt token and
+// one completion token in request-equivalents. 0 unless Ready with a
+// positive overhead.
+func (f Fit) PromptWeight() float64 { return f.perRequest(f.PerPromptToken) }
+
+// CompletionWeight is c/a; see PromptWeight.
+func (f Fit) CompletionWeight() float64 { return f.perRequest(f.PerCompletionToken) }
+
+func (f Fit) perRequest(x float64) float64 {
+	if !f.Ready || !(f.Overhead > 0) {
+		return 0
+	}
+	if w := x / f.Overhead; !math.IsInf(w, 0) {
+		return w
+	}
+	return 0
+}

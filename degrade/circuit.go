@@ -23,20 +23,16 @@ const (
 	MinCircuitWindow = 100 * time.Millisecond
 )
 
-// circuitBuckets is the number of complete buckets the demand window is cut
-// into. The ring holds one more, the current bucket; the oldest complete
-// bucket is counted in proportion to the part of it still inside the window,
-// so the measured rate of a steady stream does not saw-tooth as the window
-// slides bucket by bucket.
+// circuitBuckets is the number of complete buckets of the demand window;
+// the ring holds one more, the current bucket.
 const circuitBuckets = 10
 
 // CircuitConfig is the circuit_break block as the operator writes it:
 //
 //	circuit_break { trigger 1.3 recover 1.0 hold 10s window 10s order low mid high }
 //
-// Zero fields take the defaults (DefaultCircuit*), so a zero Hold means
-// DefaultCircuitHold, not "no hold". See "Circuit" in the package
-// documentation for what each line means.
+// Zero fields take the defaults (DefaultCircuit*): a zero Hold means
+// DefaultCircuitHold, not "no hold".
 type CircuitConfig struct {
 	// Trigger: tier k is shed when the demand of tier k, the tiers above
 	// it and tier-less arrivals, over the window, exceeds Trigger ×
@@ -123,15 +119,9 @@ func unset(isDefault bool) string {
 	return ""
 }
 
-// Circuit is the tiered circuit breaker: a sliding-window meter of demand
-// per tier on one or more resources, a meter of the time the upstreams
-// are saturated, and a Ladder with one step per sheddable tier, each step
-// driven by its own signal. Build it with NewCircuit; feed it every
-// arrival with Arrive, the upstreams' saturation with Saturated, and
-// their capacity with Observe; ask Shed at admission. See "Circuit" in
-// the package documentation for the model and the guarantees.
-//
-// A Circuit is not safe for concurrent use; the caller serialises all calls.
+// Circuit is the tiered circuit breaker of the package doc. Feed it every
+// arrival with Arrive, the upstreams' saturation with Saturated and their
+// capacity with Observe; ask Shed at admission. Not safe for concurrent use.
 type Circuit struct {
 	cfg       CircuitConfig // defaults applied; Order owned
 	resources []string      // what demand is measured in, one capacity each
@@ -241,13 +231,9 @@ func (t CircuitTransition) String() string {
 }
 
 // Arrive records the demand of one arriving request at now: units[r] in
-// resource r (the order NewCircuit was given; missing ones are 0). Call
-// it for every arrival, those refused because their tier is shed
-// included: their demand is what readmitting the tier would bring back. A
-// tier that is empty or not in Order is tier-less: never shed, but
-// counted in every tier's signal. Units that are NaN, infinite or <= 0
-// are ignored. Times earlier than the current bucket count in the current
-// bucket. No allocation.
+// resource r (NewCircuit's order; missing ones are 0). Call it for every
+// arrival, refused ones included. Units that are NaN, infinite or <= 0 are
+// ignored; times earlier than the current bucket count in it.
 func (c *Circuit) Arrive(now time.Time, tier string, units ...float64) {
 	c.credit(now)
 	b := c.bucket(c.cur)
@@ -281,9 +267,8 @@ func (c *Circuit) saturation() float64 { return min(c.rate[c.satCol], 1) }
 // Observe measures the demand at now against capacity (what the upstreams
 // can serve of each resource, in its units/s, NewCircuit's order), applies
 // the lines, the saturation gate and the hold rule, and returns the
-// transitions it made in the order made: nil, with no allocation, when
-// nothing changes. A capacity that is <= 0, NaN, infinite or missing is
-// no data on its resource, not overload; with none, nothing moves.
+// transitions made (nil when none). A capacity <= 0, NaN, infinite or
+// missing is no data on its resource.
 func (c *Circuit) Observe(now time.Time, capacity ...float64) []CircuitTransition {
 	if !c.signals(now, capacity) {
 		return nil
@@ -310,12 +295,9 @@ func (c *Circuit) Observe(now time.Time, capacity ...float64) []CircuitTransitio
 	return out
 }
 
-// Signals returns, for each sheddable tier (Order but the top), the
-// signal Observe would compare with the lines at now for capacity: the
-// largest over the resources of the demand of that tier, the tiers above
-// it and tier-less arrivals over the resource's capacity (a fresh slice;
-// nil when no capacity is data). It moves the window to now and changes
-// nothing else.
+// Signals returns, for each sheddable tier, the signal Observe would
+// compare with the lines at now for capacity (a fresh slice; nil when no
+// capacity is data). It moves the window to now and changes nothing else.
 func (c *Circuit) Signals(now time.Time, capacity ...float64) []float64 {
 	if !c.signals(now, capacity) {
 		return nil
@@ -414,19 +396,12 @@ func (c *Circuit) ReadmitIn(now time.Time, tier string) time.Duration {
 // Carry makes c, a circuit just built from a reloaded configuration, adopt
 // the live state of old, the circuit it replaces, and returns c's level.
 //
-// Shed state and hold timers follow Ladder.Carry on the sheddable tiers:
-// the longest common prefix of Order (top tier excluded) keeps its state, so
-// renaming or reordering a tier readmits it and every tier above it. The
-// demand window is carried by resource and tier name: c starts from old's
-// measured rate per resource and tier as if demand had been steady at it
-// over a whole window (a tier c does not know counts as tier-less, a
-// resource c does not measure is dropped, one old did not starts empty),
-// and so is the saturated share of the window, and whether the upstreams
-// are saturated; so a reload neither forgets an overload nor readmits
-// tiers because its window starts empty.
-//
-// Carry overwrites c's state; call it before c's first use. A nil old
-// leaves c unchanged. old is only read.
+// Shed state and hold timers follow Ladder.Carry on the sheddable tiers.
+// The window restarts from old's measured rate per resource and tier, by
+// name, as if steady over a whole window (an unknown tier counts as
+// tier-less, an unknown resource is dropped), with old's saturated share
+// and state: a reload neither forgets an overload nor readmits tiers on an
+// empty window. Call it before c's first use; a nil old changes nothing.
 func (c *Circuit) Carry(old *Circuit) int {
 	if old == nil {
 		return c.Level()

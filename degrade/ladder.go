@@ -11,12 +11,9 @@ import (
 // configuration does not set one.
 const DefaultHold = 5 * time.Second
 
-// Ladder is the degrade state machine: an ordered list of steps, the current
-// level, and each step's last transition time. Build it with NewLadder and
-// feed it water levels with Observe. See the package documentation for the
-// model, the exact hold rule and the guarantees.
-//
-// A Ladder is not safe for concurrent use; the caller serialises all calls.
+// Ladder is the degrade state machine of the package doc: build it with
+// NewLadder and feed it water levels with Observe. Not safe for concurrent
+// use.
 type Ladder struct {
 	steps   []Step
 	actions []Action // actions[i] == steps[i].Action
@@ -53,13 +50,9 @@ func (t Transition) String() string {
 // steps list is valid and yields a ladder that always stays at level 0.
 //
 // Every error names the offending step, e.g.
-// "degrade step L2: recover 0.90 must be below trigger 0.85". Checks, in step
-// order: the step on its own (non-empty name, 0 < recover < trigger, both
-// finite, a valid action: see Action), its class is known, its name is not a
-// duplicate, its trigger is above the previous step's trigger, and its
-// recovery line is not below the previous step's recovery line.
-//
-// NewLadder copies steps and knownClasses; the caller may reuse them.
+// "degrade step L2: recover 0.90 must be below trigger 0.85". Beyond each
+// step's own checks, names must be unique, triggers increase and recovery
+// lines never decrease. NewLadder copies its arguments.
 func NewLadder(steps []Step, hold time.Duration, knownClasses []string) (*Ladder, error) {
 	if hold < 0 {
 		return nil, fmt.Errorf("degrade: hold %s must not be negative", hold)
@@ -99,10 +92,8 @@ func NewLadder(steps []Step, hold time.Duration, knownClasses []string) (*Ladder
 	return newLadder(steps, hold), nil
 }
 
-// newLadder builds a ladder from steps its caller has already checked. It
-// is NewLadder without the checks, for the circuit breaker, whose steps
-// share one pair of lines (each step has its own signal) and carry no
-// action.
+// newLadder is NewLadder without the checks, for the circuit breaker,
+// whose steps share one pair of lines and carry no action.
 func newLadder(steps []Step, hold time.Duration) *Ladder {
 	l := &Ladder{
 		steps:   slices.Clone(steps),
@@ -118,20 +109,14 @@ func newLadder(steps []Step, hold time.Duration) *Ladder {
 }
 
 // Observe records the water level seen at now, applies the lines and the
-// hold rule, and returns the transitions made by this observation in the
-// order made: several when the water jumps past several lines, nil (with no
-// allocation) when nothing changes. The exact rule is in the package
-// documentation ("Hold rule").
+// hold rule, and returns the transitions made in order (nil when none).
 func (l *Ladder) Observe(now time.Time, water float64) []Transition {
 	return l.observe(now, water, nil)
 }
 
-// observe is Observe with one signal per step when waters is not nil: step
-// i is then compared with waters[i] (len(waters) == len(l.steps)) instead of
-// water. The hold rule and cumulative levels are the same either way; the
-// circuit breaker relies on it, with signals that never increase from one
-// step to the next (see "Circuit" in the package documentation), which is
-// what keeps one observation from both engaging and releasing.
+// observe is Observe with, when waters is not nil, step i compared with
+// waters[i] instead of water: the circuit breaker's signals, which never
+// increase from one step to the next.
 func (l *Ladder) observe(now time.Time, water float64, waters []float64) []Transition {
 	var out []Transition
 	for l.level < len(l.steps) {
@@ -199,18 +184,12 @@ func (l *Ladder) Steps() []Step { return slices.Clone(l.steps) }
 // Carry makes l, a ladder just built from a reloaded configuration, adopt the
 // live state of old, the ladder it replaces, and returns l's resulting level.
 //
-// The rule: let p be the length of the longest common prefix of step names
-// (l's step i and old's step i have the same Name for every i < p). For each
-// of those p steps, l takes over old's engaged/released state and its last
-// transition time (so hold timers run on across the reload); l's level
-// becomes min(old.Level(), p). Steps from p on start fresh: released and not
-// held. Only names are compared: a step whose lines or action changed keeps
-// its state, and the new lines and action apply from the next Observe (which
-// may then move it, subject to the carried hold). Engaged old steps beyond
-// the prefix simply end; Carry reports no Transition for them.
-//
-// Carry overwrites whatever state l had; call it before l's first Observe.
-// A nil old leaves l unchanged. old is only read.
+// The steps of the longest common prefix of step names, p, keep old's state
+// and last transition time (hold timers run on); l's level becomes
+// min(old.Level(), p) and later steps start fresh, with no Transition
+// reported. Only names are compared: changed lines or actions apply from
+// the next Observe. Call it before l's first Observe; a nil old changes
+// nothing.
 func (l *Ladder) Carry(old *Ladder) int {
 	if old == nil {
 		return l.level

@@ -19,23 +19,15 @@ const maxBurst = 1 << 30
 // × 1s), 1) units: requests for a request rate, estimated tokens for a token
 // rate. It starts full.
 //
-// Cost of one admission: 1 for a request rate; for a token rate, the
-// request's estimated tokens (at least 1). A request whose cost fits in the
-// bucket (cost <= burst) is admitted when the bucket holds at least cost. A
-// token request larger than the whole bucket would never fit; it is admitted
-// when the bucket is full and then charged in full, leaving the bucket in debt
-// (burst - cost, negative), so later admissions wait until the debt has been
-// refilled and the long-run rate still holds; the debt is capped at MaxDebt
-// of refill, so one huge request holds the class for a minute at most, not
-// for days, and no retryAfter exceeds a minute (MaxDebt plus the at most one
-// second a full bucket takes to refill). Refusals never consume anything.
+// An admission costs 1 for a request rate, the estimated tokens (at least
+// 1) for a token rate. A request larger than the whole bucket is admitted
+// when it is full and leaves it in debt, so the long-run rate still holds;
+// the debt is capped at MaxDebt of refill, so one huge request holds the
+// class for about a minute at most. Refusals consume nothing.
 //
-// Time that goes backwards (a now earlier than one already seen, as when
-// goroutines read a clock and then race for the lock) is treated as no time
-// passing: the bucket is evaluated at the latest now seen, and a retryAfter
-// is still relative to the caller's own now.
-//
-// A Throttle is safe for concurrent use.
+// A now earlier than one already seen (goroutines racing for the lock) is
+// no time passing; retryAfter stays relative to the caller's now. A
+// Throttle is safe for concurrent use.
 type Throttle struct {
 	mu    sync.Mutex
 	r     Rate
@@ -97,24 +89,19 @@ func (t *Throttle) admit(now time.Time, tokens int, consume bool) (ok bool, retr
 	} else if consume {
 		t.last = now
 	}
-	if !consume {
-		ok, w := t.check(now, tokens)
-		if ok {
-			return true, 0
-		}
-		return false, addSat(behind, w)
-	}
-
 	cost := t.cost(tokens)
 	need := min(cost, t.burst)
 	have := t.lim.TokensAt(now)
 	if have >= float64(need) {
-		if cost <= t.burst {
+		switch {
+		case !consume:
+			return true, 0
+		case cost <= t.burst:
 			// have >= cost at the same now: AllowN succeeds.
 			if t.lim.AllowN(now, cost) {
 				return true, 0
 			}
-		} else {
+		default:
 			// Oversized token request on a full bucket: raise the burst
 			// just long enough to reserve cost (driving tokens to
 			// burst-cost), then restore it. now == the limiter's last
@@ -149,17 +136,6 @@ func (t *Throttle) cost(tokens int) int {
 		return int(min(maxCost, math.MaxInt32))
 	}
 	return max(tokens, 1)
-}
-
-// check is the admission test of Admit without the consumption, at a now
-// no earlier than the latest seen.
-func (t *Throttle) check(now time.Time, tokens int) (bool, time.Duration) {
-	need := min(t.cost(tokens), t.burst)
-	have := t.lim.TokensAt(now)
-	if have >= float64(need) {
-		return true, 0
-	}
-	return false, t.wait(now, have, need)
 }
 
 // wait returns the smallest d > 0 such that the bucket holds need at now+d,

@@ -17,18 +17,13 @@
 // capacity nobody else wanted is not shown as taking more than its share,
 // and one that waited and got less is.
 //
-// Memory is bounded by configuration, not by traffic. A tenant's ring is
-// allocated on its first record and holds Minutes slots of
-// TenantMinuteBytes (320 bytes on 64-bit platforms): TenantBytes =
-// 460,800 bytes per tenant. The gateway's rings and the transitions add
-// FixedBytes (115,040 bytes) whatever the tenants: ten declared tenants
-// and _unknown, all busy, hold 5,183,840 bytes (about 5 MB). Tenants a reload removes are dropped
-// (Declare); a name that is not declared is counted under UnknownTenant,
-// so a client inventing tenant IDs cannot grow it. TestMemoryCost asserts
-// these figures.
+// Memory is bounded by configuration, not by traffic: a ring of
+// TenantBytes (about 450 KB) per tenant that recorded anything, plus
+// FixedBytes; ten busy tenants and _unknown hold about 5 MB. Tenants a
+// reload removes are dropped (Declare), and undeclared names count under
+// UnknownTenant, so a client inventing tenant IDs cannot grow it.
 //
-// The package is pure: time comes from the clock given to New, and every
+// The package is pure: time comes from the clock given to New. Every
 // method is safe for concurrent use (one mutex; recording allocates
-// nothing once a tenant's ring exists, about 45 ns a call: BenchmarkRecord). A nil
-// *History ignores records, so callers need no checks.
+// nothing once a tenant's ring exists). A nil *History ignores records.
 package history

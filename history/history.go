@@ -97,7 +97,7 @@ type gatewaySlot struct {
 	water, waterMax  float64
 }
 
-// Memory cost, asserted by TestMemoryCost (64-bit platforms).
+// Memory cost on 64-bit platforms.
 const (
 	// TenantMinuteBytes is one tenant's aggregates over one minute.
 	TenantMinuteBytes = 320

@@ -1,19 +1,12 @@
 // Command fqsim replays a scenario under several scheduling policies on a
-// virtual clock and prints one table block per policy, then, for the
-// wait-budget policies, their comparison, and for a scenario with a degrade
-// ladder, its timeline.
+// virtual clock and prints one table block per policy, then the
+// scenario's comparisons (wait budgets, degrade timeline, seed003's
+// provider account, seed004's quotas). Without -policy a scenario runs its
+// own policies, or else the standard ones. The model and the metrics are
+// documented in package fairqueue/simulator.
 //
 //	go -C cmd/fqsim run . -scenario seed000 [-policy all|budgets|fifo,wfq-tokens] [-seed N] [-plot DIR]
 //	go -C cmd/fqsim run . -scenario list
-//
-// seed003 also prints its provider-account measures side by side, and
-// seed004 its tenant-quota comparison (QPS-only, token-only
-// and joint limits).
-//
-// Without -policy a scenario runs its own default policies (the wait-budget
-// ones for seed000-stress, wfq-budgets for peak) or else the standard ones.
-// The model and every metric are documented in package
-// fairqueue/simulator.
 package main
 
 import (
@@ -163,7 +156,6 @@ func compare(w *simulator.Workload, budgets []*simulator.Result) error {
 	}
 	switch w.Scenario.Name {
 	case "seed003":
-		// seed003 is about the provider account: its measures side by side.
 		var reps []simulator.Seed003Report
 		for _, res := range budgets {
 			reps = append(reps, simulator.Seed003Measure(res))
@@ -171,7 +163,6 @@ func compare(w *simulator.Workload, budgets []*simulator.Result) error {
 		simulator.FormatSeed003(os.Stdout, reps)
 		fmt.Println()
 	case "seed004":
-		// seed004 is about tenant quotas: the three limiters side by side.
 		var quotas []*simulator.Seed004Result
 		for _, m := range simulator.QuotaModes {
 			r, err := simulator.RunSeed004(w, m)

@@ -286,3 +286,21 @@ func TestBudgetsOutage(t *testing.T) {
 			"want all refused during it, and admissions before and after", before, during, after)
 	}
 }
+
+// NominalRate is the throughput of one upstream of sc, in estimated tokens
+// per second, when its slots serve tenant's requests only: slots x mean
+// estimate / mean service time of the tenant's open-loop requests.
+func NominalRate(w *Workload, tenant string) float64 {
+	i := indexOf(w.Scenario, tenant)
+	var est, svc float64
+	for k := range w.Requests {
+		if r := &w.Requests[k]; r.Tenant == i {
+			est += float64(r.Estimate())
+			svc += r.Service().Seconds()
+		}
+	}
+	if svc == 0 {
+		return 0
+	}
+	return float64(w.Scenario.Slots) * est / svc
+}

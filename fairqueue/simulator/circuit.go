@@ -6,7 +6,7 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
 )
 
-// Circuit is issue 10's tiered circuit breaking: three tiers of callers
+// Circuit is tiered circuit breaking: three tiers of callers
 // (low 40%, mid 30%, high 30% of demand, two tenants each) send 1.5x what
 // the upstreams serve for three minutes, then 0.8x for three. The circuit
 // (trigger 1.3, recover 1.0, hold 10 s, window 10 s, order low mid high)

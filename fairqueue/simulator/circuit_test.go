@@ -30,7 +30,7 @@ func TestCircuit(t *testing.T) {
 			}
 			t.Fatalf("seed %d: transitions %q, want exactly [shed low, readmit low]", seed, got)
 		}
-		shed, back := evs[0].At.Sub(epoch), evs[1].At.Sub(epoch)
+		shed, back := evs[0].At.Sub(Epoch), evs[1].At.Sub(Epoch)
 		// The window must fill (10 s) and capacity be measured first.
 		if shed > 12*time.Second {
 			t.Errorf("seed %d: low shed at %v, want within 12 s of the overload (the window fills at 1.3/1.5 of 10 s)", seed, shed)
@@ -84,7 +84,7 @@ func TestCircuitMixShift(t *testing.T) {
 		if len(evs) != 2 || !evs[0].Up || evs[0].Tier != "low" || evs[1].Up || evs[1].Tier != "low" {
 			t.Fatalf("seed %d: transitions %q, want exactly [shed low, readmit low]", seed, got)
 		}
-		shed, back := evs[0].At.Sub(epoch), evs[1].At.Sub(epoch)
+		shed, back := evs[0].At.Sub(Epoch), evs[1].At.Sub(Epoch)
 		if shed <= CircuitMixOverload || shed > CircuitMixOverload+lag {
 			t.Errorf("seed %d: low shed at %v, want within %v of the overload at %v", seed, shed, lag, CircuitMixOverload)
 		}

@@ -20,12 +20,6 @@ type CostTruth struct {
 	Noise float64
 }
 
-// DefaultCostTruth is the simulator's fixed slot model (Request.Service):
-// 30 ms + 0.05 ms per prompt token + 15 ms per output token, noise-free.
-func DefaultCostTruth() CostTruth {
-	return CostTruth{Overhead: 30 * time.Millisecond, PerPrompt: 50 * time.Microsecond, PerOutput: 15 * time.Millisecond}
-}
-
 // Validate rejects negative times and noise outside [0, 1) (a factor of
 // 0 or below would make a request take no time).
 func (c CostTruth) Validate() error {

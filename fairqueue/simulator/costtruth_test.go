@@ -160,3 +160,9 @@ func TestCostModelOnCostMix(t *testing.T) {
 	}
 	t.Logf("worst relative errors over 10 seeds: after 1000 %.4f; after the change %.4f", worst, worstAfter)
 }
+
+// DefaultCostTruth is the simulator's fixed slot model (Request.Service):
+// 30 ms + 0.05 ms per prompt token + 15 ms per output token, noise-free.
+func DefaultCostTruth() CostTruth {
+	return CostTruth{Overhead: 30 * time.Millisecond, PerPrompt: 50 * time.Microsecond, PerOutput: 15 * time.Millisecond}
+}

@@ -35,10 +35,9 @@ type EarlyReport struct {
 	MaxDelay     time.Duration
 	MaxDelayFrac float64
 	OverQuarter  int
-	// Warm counts the Right refusals of requests that arrived WarmAfter or
-	// more after the run's first dispatch; WarmMaxDelay is the longest
-	// time to refusal among them and OverWarmLimit how many took longer
-	// than WarmLimit.
+	// Warm counts the Right refusals of requests arriving WarmAfter or more
+	// after the first dispatch; WarmMaxDelay and OverWarmLimit are their
+	// longest time to refusal and how many exceeded WarmLimit.
 	Warm          int
 	WarmMaxDelay  time.Duration
 	OverWarmLimit int

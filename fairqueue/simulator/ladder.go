@@ -49,7 +49,7 @@ func (res *Result) Episodes() []Episode {
 		}
 	}
 	for _, tr := range res.Transitions {
-		at := tr.At.Sub(epoch)
+		at := tr.At.Sub(Epoch)
 		k := len(eps) - 1
 		for k > 0 && eps[k].From > at {
 			k--
@@ -74,7 +74,7 @@ func (res *Result) Episodes() []Episode {
 func (res *Result) LevelAt(t time.Duration) int {
 	level := 0
 	for _, tr := range res.Transitions {
-		if tr.At.Sub(epoch) > t {
+		if tr.At.Sub(Epoch) > t {
 			break
 		}
 		level = tr.To
@@ -157,13 +157,13 @@ func timelineRows(res *Result, every time.Duration) [][]string {
 	rows := [][]string{{"t", "water", "level", "queued", "event"}}
 	k := 0
 	flush := func(upTo time.Duration) {
-		for ; k < len(res.Transitions) && res.Transitions[k].At.Sub(epoch) <= upTo; k++ {
+		for ; k < len(res.Transitions) && res.Transitions[k].At.Sub(Epoch) <= upTo; k++ {
 			tr := res.Transitions[k]
 			verb := "released"
 			if tr.Up {
 				verb = "engaged"
 			}
-			rows = append(rows, []string{dur(tr.At.Sub(epoch)), fmt.Sprintf("%.3f", tr.Water), fmt.Sprintf("L%d", tr.To), "",
+			rows = append(rows, []string{dur(tr.At.Sub(Epoch)), fmt.Sprintf("%.3f", tr.Water), fmt.Sprintf("L%d", tr.To), "",
 				fmt.Sprintf("%s %s: %s", tr.Step, verb, sc.Degrade[stepIndex(sc, tr.Step)].Action)})
 		}
 	}

@@ -360,13 +360,8 @@ func (b *rowBuilder) finish() Row {
 }
 
 // etaError is the relative error |predicted - actual| / actual of a
-// dispatched request with a prediction. Requests dispatched at once (a
-// slot was free at admission) have no prediction and are left out: their
-// wait is 0, exactly as predicted, and a relative error is undefined.
-//
-// Boosted requests are left out too: a boost is decided exactly because
-// the tag-order ETA misses the deadline, and the boost, not the ETA,
-// then sets the wait.
+// dispatched request with a prediction, boosted ones left out (the boost,
+// not the ETA, set their wait).
 func etaError(r *Request, rec *Record) (float64, bool) {
 	if !rec.HasPrediction || rec.Boosted || (rec.State != StateInflight && rec.State != StateCompleted) {
 		return 0, false
@@ -400,26 +395,6 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	}
 	i := int(math.Ceil(p*float64(len(sorted)))) - 1
 	return sorted[max(0, min(i, len(sorted)-1))]
-}
-
-// ServedBetween returns, per tenant, the actual tokens served in [from, to):
-// each request's actual cost is spread evenly over its service time, so a
-// request cut by the window counts in proportion.
-func (res *Result) ServedBetween(from, to time.Duration) []float64 {
-	out := make([]float64, len(res.Scenario.Tenants))
-	for id := range res.Requests {
-		rec := &res.Records[id]
-		if rec.State != StateCompleted {
-			continue
-		}
-		lo, hi := max(rec.Dispatch, from), min(rec.Complete, to)
-		if hi <= lo {
-			continue
-		}
-		r := &res.Requests[id]
-		out[r.Tenant] += float64(r.Actual()) * float64(hi-lo) / float64(rec.Complete-rec.Dispatch)
-	}
-	return out
 }
 
 // windowedJain computes Jain's index of weighted shares in every window

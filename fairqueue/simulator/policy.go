@@ -85,8 +85,7 @@ type ladderInfo interface {
 // deadlines whatever Scenario.EnforceBudgets says.
 type budgetPolicy interface{ EnforcesBudgets() bool }
 
-// Policy builds a Scheduler for a run. New policies (wait budgets, boost)
-// plug in by implementing it.
+// Policy builds a Scheduler for a run.
 type Policy interface {
 	Name() string
 	New(sc *Scenario, clock *fairqueue.ManualClock, env Env) (Scheduler, error)
@@ -115,20 +114,9 @@ const (
 	WFQNoFastFail = "wfq-budgets-nofastfail"
 )
 
-// BudgetPolicies returns the wait-budget policies in report order. All
-// enforce each request's class budget as a deadline (arrival + budget).
-//
-//   - fifo-budgets: fifo with deadlines and neither boost nor fast-fail:
-//     requests that cannot start in time wait and expire (what callers saw
-//     before wait budgets). It keeps the scenario's throughput settings, so
-//     its ETAs (recorded, not acted on) are comparable.
-//   - wfq-budgets: wfq-tokens with the scenario's Admission config
-//     (DefaultAdmission: fast-fail on, boost share 0.10, 200 boosts per
-//     tenant per hour, margin 150 ms).
-//   - wfq-budgets-noboost: the same with BoostShareMax 0.
-//   - wfq-budgets-nofastfail: the same with FastFail off: requests that
-//     cannot make their budget are queued and expire, which is the
-//     counterfactual that measures fast-fail precision.
+// BudgetPolicies returns the wait-budget policies in report order (see the
+// package doc). fifo-budgets keeps the scenario's throughput settings, so
+// its ETAs (recorded, not acted on) are comparable.
 func BudgetPolicies() []Policy {
 	return []Policy{
 		EnginePolicy{PolicyName: FIFOBudgets, CostUnit: fairqueue.CostTokens, SingleTenant: true, Budgets: true,
@@ -141,15 +129,11 @@ func BudgetPolicies() []Policy {
 	}
 }
 
-// DefaultAdmission is the seed's anti_starvation configuration, the
-// handler's defaults (fairqueue.DefaultBudgetConfig).
-func DefaultAdmission() fairqueue.BudgetConfig { return fairqueue.DefaultBudgetConfig() }
-
 func (sc *Scenario) admission() fairqueue.BudgetConfig {
 	if sc.Admission != nil {
 		return *sc.Admission
 	}
-	return DefaultAdmission()
+	return fairqueue.DefaultBudgetConfig()
 }
 
 // PolicyByName returns the standard or budget policy called name.
@@ -334,9 +318,6 @@ func (e *EngineScheduler) Transitions() []degrade.Transition { return e.transiti
 // work queued: with a token cap, the next request may not fit.
 func (e *EngineScheduler) MayIdle() bool { return e.mayIdle }
 
-// Queue exposes the engine, for policies built on top of this adapter.
-func (e *EngineScheduler) Queue() *fairqueue.Queue { return e.q }
-
 func (e *EngineScheduler) observe(ev fairqueue.Event, tk *fairqueue.Ticket) {
 	if ev == fairqueue.EventReleased {
 		return // Complete caused it; nothing to schedule.
@@ -437,12 +418,8 @@ func (e *EngineScheduler) Tick() {
 // Err reports observer events the adapter could not attribute.
 func (e *EngineScheduler) Err() error { return e.err }
 
-// PriorityPolicy is the strict-priority baseline: classes are served in
-// Scenario.Classes order (realtime > interactive > batch), FIFO within a
-// class, with the same slot model as the engine (Slots per healthy
-// upstream, non-preemptive, work-conserving). It ignores tenants and
-// weights, so it shows the best latency a class can get by starving
-// everyone below it. It is the simulator's own code, not the engine's.
+// PriorityPolicy is the strict-priority baseline of the package doc, the
+// simulator's own code on the engine's slot model.
 type PriorityPolicy struct{}
 
 // Name returns "priority".

@@ -150,9 +150,7 @@ func (w *Workload) Summary() string {
 }
 
 // FormatBudgets writes the wait-budget comparison of several policies'
-// runs of one workload: one row per policy and tenant, then a line per
-// policy with its totals, then the comparisons the wait-budget policies
-// support (throughput with boost on and off, fast-fail precision).
+// runs of one workload (see the package doc).
 func FormatBudgets(w io.Writer, results []*Result) {
 	if len(results) == 0 {
 		return
@@ -322,43 +320,32 @@ func (res *Result) HealthEffects(window time.Duration) []HealthEffect {
 			if i >= 0 {
 				name = sc.Tenants[i].Name
 			}
-			e := HealthEffect{At: h.At, Healthy: h.Healthy, Tenant: name}
-			var before, after []time.Duration
-			var nb, na, rb, ra int
+			// Index 0 is the window before the change, 1 the one after.
+			var preds [2][]time.Duration
+			var n, refused [2]int
 			for id := range res.Requests {
 				r, rec := &res.Requests[id], &res.Records[id]
-				if i >= 0 && r.Tenant != i {
+				if i >= 0 && r.Tenant != i || r.Arrival < h.At-window || r.Arrival >= h.At+window {
 					continue
 				}
 				side := 0
-				switch {
-				case r.Arrival >= h.At-window && r.Arrival < h.At:
-					side, nb = -1, nb+1
-				case r.Arrival >= h.At && r.Arrival < h.At+window:
-					side, na = 1, na+1
-				default:
-					continue
+				if r.Arrival >= h.At {
+					side = 1
 				}
+				n[side]++
 				if rec.State == StateRejected && rec.Reason == fairqueue.ReasonBudgetExceeded {
-					if side < 0 {
-						rb++
-					} else {
-						ra++
-					}
+					refused[side]++
 				}
-				switch {
-				case side < 0 && rec.HasPrediction:
-					before = append(before, rec.Predicted)
-				case side > 0 && rec.HasPrediction:
-					after = append(after, rec.Predicted)
+				if rec.HasPrediction {
+					preds[side] = append(preds[side], rec.Predicted)
 				}
 			}
-			slices.Sort(before)
-			slices.Sort(after)
-			e.NBefore, e.NAfter = len(before), len(after)
-			e.ETABefore, e.ETAAfter = percentile(before, 0.5), percentile(after, 0.5)
-			e.RefusedBefore, e.RefusedAft = frac(rb, nb), frac(ra, na)
-			out = append(out, e)
+			slices.Sort(preds[0])
+			slices.Sort(preds[1])
+			out = append(out, HealthEffect{At: h.At, Healthy: h.Healthy, Tenant: name,
+				NBefore: len(preds[0]), NAfter: len(preds[1]),
+				ETABefore: percentile(preds[0], 0.5), ETAAfter: percentile(preds[1], 0.5),
+				RefusedBefore: frac(refused[0], n[0]), RefusedAft: frac(refused[1], n[1])})
 		}
 	}
 	return out

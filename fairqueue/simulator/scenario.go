@@ -32,8 +32,7 @@ type Scenario struct {
 	// met-budget rate and enforced as deadlines only with EnforceBudgets.
 	Classes []Class
 	Tenants []TenantSpec
-	// Duration ends closed-loop (ArrivalBacklogged) arrivals and bounds the
-	// window in which their shares are measured (Result.ServedBetween).
+	// Duration ends closed-loop (ArrivalBacklogged) arrivals.
 	Duration time.Duration
 	// EnforceBudgets gives every request a deadline of arrival + budget,
 	// so the scheduler expires requests that cannot start in time. Off by
@@ -49,34 +48,27 @@ type Scenario struct {
 	// 50 ms.
 	TickPeriod time.Duration
 
-	// Admission is the engine's wait-budget configuration (ETA, boost,
-	// fast-fail) used by the budget policies (BudgetPolicies), which also
-	// enforce every request's class budget as a deadline whatever
-	// EnforceBudgets says. nil means DefaultAdmission().
+	// Admission is the budget policies' wait-budget configuration; nil
+	// means fairqueue.DefaultBudgetConfig().
 	Admission *fairqueue.BudgetConfig
 	// MaxQueue caps queued requests in the engine (0: no cap); with it the
 	// water level queued/MaxQueue drives Degrade.
 	MaxQueue int
 	// Degrade is the engine's degrade ladder (Config.Degrade) and
-	// DegradeHold its hold time (0: degrade.DefaultHold). The engine
-	// policies apply it, except fifo, whose single class would turn every
-	// class action into one on all traffic. With a ladder the simulator
-	// asks Queue.LightMode before each submission and trims the request,
-	// and records the water level and level over time (Result.Timeline).
+	// DegradeHold its hold time (0: degrade.DefaultHold), applied by the
+	// engine policies but fifo.
 	Degrade     []degrade.Step
 	DegradeHold time.Duration
-	// Circuit is the engine's tiered circuit breaker (Config.Circuit);
-	// tenants name their tier in TenantSpec.Tier. The engine policies
-	// apply it, except fifo (one tenant, no tiers).
+	// Circuit is the engine's tiered circuit breaker (Config.Circuit),
+	// applied by the engine policies but fifo; see TenantSpec.Tier.
 	Circuit *degrade.CircuitConfig
 	// UpstreamQuota is the provider account every policy's engine is gated
 	// by (Config.UpstreamQuota): for fifo it is the global limiter; the
 	// other engine policies also apply TenantSpec.Reserve.
 	UpstreamQuota *fairqueue.UpstreamQuota
-	// Fallback is the engine's fallback channel (Config.Fallback) with
-	// its own slots; Exhausted lists times the primary provider declares
-	// its account exhausted (as on a 429). Both apply to the engine
-	// policies that are not single-tenant.
+	// Fallback is the engine's fallback channel (Config.Fallback);
+	// Exhausted lists times the primary provider declares its account
+	// exhausted (as on a 429). Neither applies to fifo.
 	Fallback  *FallbackSpec
 	Exhausted []Exhaustion
 	// Policies names the policies command sim runs by default; nil means
@@ -142,12 +134,9 @@ const (
 	// ArrivalPhases: a Poisson process whose rate is Phases[k].Rate during
 	// [Phases[k].Start, Phases[k].End); phases must not overlap.
 	ArrivalPhases
-	// ArrivalBacklogged: a closed loop that keeps Queue requests waiting.
-	// Queue requests arrive at Start; each time one leaves the queue
-	// (dispatched or expired) the next arrives at that instant, until
-	// Scenario.Duration. Arrival times therefore depend on the policy, but
-	// the k-th request of the tenant is the same in every run: its sizes
-	// come from the tenant's own random stream.
+	// ArrivalBacklogged: a closed loop that keeps Queue requests waiting
+	// from Start until Scenario.Duration: the next arrives the instant one
+	// leaves the queue.
 	ArrivalBacklogged
 )
 
@@ -159,13 +148,8 @@ type Arrivals struct {
 	Interval   time.Duration
 	Start, End time.Duration
 	Queue      int
-	// Alongside names another (open-loop) tenant: this tenant keeps
-	// arriving while t < first arrival of that tenant + (service time of
-	// all its requests + service time of this tenant's requests so far) /
-	// capacity. That is when the named tenant's work would be done by any
-	// work-conserving scheduler at full capacity, so this tenant keeps
-	// arriving for as long as the other is backlogged, whatever the
-	// policy, and the rule does not depend on any run.
+	// Alongside names an open-loop tenant this one keeps arriving beside
+	// for as long as it is backlogged (the rule is in the package doc).
 	Alongside string
 	// Phases are the rate phases of ArrivalPhases.
 	Phases []Phase
@@ -353,10 +337,6 @@ func (sc *Scenario) validate() error {
 			return fmt.Errorf("tenant %s: %w", sc.Tenants[i].Name, err)
 		}
 	}
-	return sc.validateHealth()
-}
-
-func (sc *Scenario) validateHealth() error {
 	for i, h := range sc.Health {
 		if h.Healthy < 0 || h.Healthy > sc.Upstreams || i > 0 && h.At < sc.Health[i-1].At {
 			return fmt.Errorf("health timeline entry %d out of order or range", i)

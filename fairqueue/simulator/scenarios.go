@@ -29,34 +29,14 @@ func pareto(scale, limit int64, alpha float64) Dist {
 // wait-budget scenarios.
 var budgetPolicyNames = []string{FIFOBudgets, WFQBudgets, WFQNoBoost, WFQNoFastFail}
 
-// withPrior is DefaultAdmission with a throughput prior: the rate, in
-// estimated tokens per second per upstream, the estimator assumes until it
-// has measured enough (budget.ThroughputConfig.Prior). An operator takes it
-// from a benchmark of the upstream; the scenarios take it from their own
-// request mix (NominalRate) times a factor below 1, since the estimator's
-// own measurement is a low quantile too.
+// withPrior is the default admission with a throughput prior, in estimated
+// tokens per second per upstream (budget.ThroughputConfig.Prior). The
+// scenarios take it from their own request mix's nominal rate times a
+// factor below 1, since the estimator's own measurement is a low quantile.
 func withPrior(prior float64) *fairqueue.BudgetConfig {
-	a := DefaultAdmission()
+	a := fairqueue.DefaultBudgetConfig()
 	a.Throughput.Prior = prior
 	return &a
-}
-
-// NominalRate is the throughput of one upstream of sc, in estimated tokens
-// per second, when its slots serve tenant's requests only: slots x mean
-// estimate / mean service time of the tenant's open-loop requests.
-func NominalRate(w *Workload, tenant string) float64 {
-	i := indexOf(w.Scenario, tenant)
-	var est, svc float64
-	for k := range w.Requests {
-		if r := &w.Requests[k]; r.Tenant == i {
-			est += float64(r.Estimate())
-			svc += r.Service().Seconds()
-		}
-	}
-	if svc == 0 {
-		return 0
-	}
-	return float64(w.Scenario.Slots) * est / svc
 }
 
 // Seed000 is seed document 000: a department floods the gateway with 5000
@@ -202,7 +182,7 @@ func ColdStart() *Scenario {
 	sc := Seed000()
 	sc.Name = "cold-start"
 	sc.Description = "seed000 with no throughput prior: the rate is learned from the flood itself"
-	a := DefaultAdmission()
+	a := fairqueue.DefaultBudgetConfig()
 	sc.Admission = &a
 	return sc
 }
@@ -212,7 +192,7 @@ func ColdStart() *Scenario {
 // tenant with a 10 s budget that sends about three times what fits in it
 // (570 short requests of about 0.5 s) in its first second.
 func ColdFlood() *Scenario {
-	a := DefaultAdmission()
+	a := fairqueue.DefaultBudgetConfig()
 	return &Scenario{
 		Name:        "cold-flood",
 		Description: "570 x ~0.5 s batch requests (10 s budget) in 1 s on a cold gateway, no prior; 2x4 slots",

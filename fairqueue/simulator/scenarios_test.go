@@ -291,3 +291,23 @@ func runSeed(t testing.TB, name string, seed uint64, policies []Policy) (map[str
 	}
 	return out, list
 }
+
+// ServedBetween returns, per tenant, the actual tokens served in [from, to):
+// each request's actual cost is spread evenly over its service time, so a
+// request cut by the window counts in proportion.
+func (res *Result) ServedBetween(from, to time.Duration) []float64 {
+	out := make([]float64, len(res.Scenario.Tenants))
+	for id := range res.Requests {
+		rec := &res.Records[id]
+		if rec.State != StateCompleted {
+			continue
+		}
+		lo, hi := max(rec.Dispatch, from), min(rec.Complete, to)
+		if hi <= lo {
+			continue
+		}
+		r := &res.Requests[id]
+		out[r.Tenant] += float64(r.Actual()) * float64(hi-lo) / float64(rec.Complete-rec.Dispatch)
+	}
+	return out
+}

@@ -127,3 +127,25 @@ func seed003NoReserve() Policy {
 			}
 		}}
 }
+
+// VIPSuccess is the share of the VIP requests arriving during the
+// primary's outage that were served within their budget, and how many the
+// fallback served.
+func VIPSuccess(res *Result) (rate float64, n, fellBack int) {
+	served := 0
+	for i := range res.Requests {
+		q := &res.Requests[i]
+		if res.Scenario.Tenants[q.Tenant].Name != "vip" || q.Arrival < Seed003OutageStart || q.Arrival >= Seed003OutageEnd {
+			continue
+		}
+		n++
+		rec := &res.Records[i]
+		if rec.State == StateInflight || rec.State == StateCompleted {
+			served++
+			if rec.Fallback {
+				fellBack++
+			}
+		}
+	}
+	return frac(served, n), n, fellBack
+}

@@ -16,9 +16,7 @@ import (
 // is refused on arrival (a 429), one within it is charged its estimate
 // (prompt + max_tokens) and reconciled with its actual tokens when it
 // completes, at arrival + service time (the pool is sized so that nothing
-// queues). The gateway's own integration, in which a tenant over quota stays
-// queued and ineligible until its quota allows when that fits its wait
-// budget, is a later step of issue 10; so is tiered circuit breaking.
+// queues).
 //
 // Every caller has a compute quota C in request-equivalents per second
 // (compute = 1 + tokens x Seed004Weight per request, the seed's weight,
@@ -32,17 +30,9 @@ import (
 //     token meter never binds before the joint one) and weight 0.0008.
 //
 // All three have the seed's burst window: 0.2 above the rate for 10 s.
-//
-// Measures (Seed004Result):
-//
-//   - misfire rate: requests refused, over all requests, of the callers
-//     within their joint quota (offered compute, in actual tokens, <= C over
-//     the run), legitimate spikes included;
-//   - spike survival: the share of the normal caller's spikes in which
-//     every request was admitted (and, for information, the share of its
-//     spike requests admitted);
-//   - the big-token caller's served compute (actual tokens of admitted
-//     requests) per second, against its C.
+// Seed004Result holds the measures: misfires among the callers within
+// their quota, the normal caller's spike survival, and the big-token
+// caller's served compute against its C.
 
 // Seed004Weight is the seed's token_to_qps_weight: 1250 tokens weigh as
 // much as one request.

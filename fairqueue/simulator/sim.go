@@ -11,13 +11,9 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
-// epoch is the virtual start of every run. Its value is irrelevant; a fixed
-// one keeps runs reproducible.
-var epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
-
 // Epoch is the virtual start of every run: times the engine reports (a
 // circuit event's At) are Epoch plus the run's time.
-var Epoch = epoch
+var Epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // State is where a request ended up.
 type State uint8
@@ -40,18 +36,9 @@ type Record struct {
 	Complete time.Duration
 	// Left is when the request left the queue: dispatched or expired.
 	Left time.Duration
-	// Limit is the slot-free limit: from arrival until the next slot freed
-	// in this run (0 if a slot was free on arrival). No non-preemptive
-	// scheduler could have started the request sooner.
-	Limit time.Duration
-	// OrderLimit is the in-order slot-free limit: from arrival until the
-	// (q+1)-th slot freed after it, where q is the number of the tenant's
-	// own requests queued at its arrival (0 if a slot was free). Every
-	// policy here serves a tenant's requests in arrival order, so each of
-	// those q needs a slot of its own first: no such scheduler could have
-	// started the request sooner. It differs from Limit when a tenant's
-	// requests pile up behind a gap in completions.
-	OrderLimit time.Duration
+	// Limit and OrderLimit are the slot-free and in-order limits (see the
+	// package doc).
+	Limit, OrderLimit time.Duration
 
 	// Reason says why a rejected or expired request was not dispatched
 	// (fast-fail is fairqueue.ReasonBudgetExceeded, expiry
@@ -62,11 +49,9 @@ type Record struct {
 	// Queued reports that the request was queued at admission rather than
 	// dispatched inside Submit.
 	Queued bool
-	// Predicted is the wait the scheduler predicted at admission
-	// (Ticket.ETA); HasPrediction is set when the request was queued and
-	// the prediction is positive (the engine gives 0 when it cannot
-	// predict, and a request dispatched at once needs no prediction), and
-	// for a fast-failed request, whose refusal states the prediction.
+	// Predicted is the wait predicted at admission (Ticket.ETA);
+	// HasPrediction is set when it is positive for a queued request, and
+	// for a fast-failed one, whose refusal states it.
 	Predicted     time.Duration
 	HasPrediction bool
 	// Boosted reports a dispatch from the boost lane, ahead of tag order.
@@ -157,15 +142,12 @@ type sim struct {
 	inflight     int
 	queued       int
 	tenantQueued []int
-	// served is each tenant's service in actual-cost-corrected tokens:
-	// the estimate at dispatch, corrected to the actual cost at completion
-	// (what the engine's Stats().Tenants[i].Served reports for CostTokens),
-	// kept here so every policy is measured in the same unit.
+	// served is each tenant's service: the estimate at dispatch, corrected
+	// to the actual cost at completion, so every policy is measured alike.
 	served []float64
 
-	// freed counts the slots freed so far (completions that leave fewer
-	// requests in flight than capacity, and capacity added). A request that finds no free slot on
-	// arrival waits in limits until freed reaches its target.
+	// freed counts the slots freed so far; a request that finds no free
+	// slot on arrival waits in limits until freed reaches its target.
 	freed  uint64
 	limits minHeap[limitEntry]
 
@@ -190,10 +172,9 @@ type sim struct {
 	// The optional scheduler interfaces, nil when not implemented.
 	admit  admitInfo
 	ladder ladderInfo
-	// boostLimit is the boost budget's limit at the current capacity;
-	// boostedAtDrop the boosted requests in flight when capacity last
-	// shrank (in-flight work is not preempted, so they may exceed the new
-	// limit until they complete).
+	// boostLimit is the boost budget at the current capacity;
+	// boostedAtDrop the boosted requests in flight when it last shrank,
+	// which may exceed the new limit until they complete.
 	boostLimit    int
 	boostedAtDrop int
 	maxBoosted    int
@@ -201,16 +182,14 @@ type sim struct {
 	timeline      []Sample
 }
 
-// Run replays w under p and measures it. An error means the run could not
-// be carried out; scheduler misbehaviour (capacity exceeded, a request
-// dispatched twice, a slot left idle with work queued) is reported in
-// Result.Violations instead, so it shows up next to the numbers.
+// Run replays w under p and measures it. Scheduler misbehaviour is not an
+// error but listed in Result.Violations, next to the numbers.
 func Run(w *Workload, p Policy) (*Result, error) {
 	sc := w.Scenario
 	s := &sim{
 		sc:           sc,
 		w:            w,
-		clock:        fairqueue.NewManualClock(epoch),
+		clock:        fairqueue.NewManualClock(Epoch),
 		reqs:         append([]Request(nil), w.Requests...),
 		recs:         make([]Record, len(w.Requests)),
 		tenantQueued: make([]int, len(sc.Tenants)),
@@ -289,7 +268,7 @@ func (s *sim) loop() {
 			break
 		}
 		s.now = ev.at
-		s.clock.Set(epoch.Add(ev.at))
+		s.clock.Set(Epoch.Add(ev.at))
 		switch ev.kind {
 		case evComplete:
 			s.complete(ev.arg)
@@ -529,9 +508,7 @@ func (s *sim) DispatchedFallback(id int) {
 }
 
 // checkBoost records whether the dispatch of id was boosted and checks the
-// boost budget: boosted requests in flight never exceed
-// budget.Boosts.Limit(capacity), except by those already in flight when
-// capacity shrank.
+// boost budget (see boostLimit).
 func (s *sim) checkBoost(id int) {
 	rec := &s.recs[id]
 	rec.Boosted = s.admit.Boosted(id)
@@ -574,16 +551,14 @@ func (s *sim) complete(id int) {
 	rec := &s.recs[id]
 	r := &s.reqs[id]
 	rec.State, rec.Complete = StateCompleted, s.now
+	s.served[r.Tenant] += float64(r.Actual() - r.Estimate())
 	if rec.Fallback {
 		s.fbInflight--
-		s.served[r.Tenant] += float64(r.Actual() - r.Estimate())
-		s.sched.Complete(id, r.Actual())
-		return
-	}
-	s.inflight--
-	s.served[r.Tenant] += float64(r.Actual() - r.Estimate())
-	if s.inflight < s.capacity {
-		s.slotsFreed(1)
+	} else {
+		s.inflight--
+		if s.inflight < s.capacity {
+			s.slotsFreed(1)
+		}
 	}
 	s.sched.Complete(id, r.Actual())
 }
@@ -600,15 +575,11 @@ func (s *sim) addQueued(tenant, d int) {
 	}
 }
 
-// diffTracker measures the largest service difference between two tenants
-// of equal weight over any interval in which both stay backlogged (have a
-// request queued): for each such pair and each joint-backlog period it
-// tracks D = served_i - served_j at every dispatch of either tenant, and
-// the result is the largest max(D) - min(D) over all periods. This is the
-// quantity the VTC paper bounds by about twice the largest request cost.
-// It costs O(backlogged tenants of the group) per dispatch, so groups of
-// more than maxDiffGroup tenants are left out (Overall.MaxDiff is NaN when
-// no group qualifies).
+// diffTracker measures the max service diff of the package doc: for each
+// pair of equal-weight tenants and each period both stay backlogged, it
+// tracks D = served_i - served_j at every dispatch of either, and keeps the
+// largest max(D) - min(D). Groups of more than maxDiffGroup tenants are left
+// out (O(group) per dispatch); Overall.MaxDiff is NaN when none qualifies.
 type diffTracker struct {
 	group []int   // tenant -> index of its weight group
 	back  [][]int // group -> backlogged tenants
