@@ -75,6 +75,7 @@ type scratch struct {
 	texts   []textRef
 	calls   []textRef // a message's tool calls' texts (see walker)
 	strs    []string
+	tail    []byte // the end of a response (see ParseUsage)
 }
 
 var scratchPool = sync.Pool{New: func() any {
@@ -90,6 +91,7 @@ func getScratch() *scratch { return scratchPool.Get().(*scratch) }
 const (
 	maxPooledTexts = 1 << 10
 	maxPooledPath  = 64
+	maxPooledTail  = 4 << 10
 )
 
 func (sc *scratch) release() {
@@ -102,6 +104,9 @@ func (sc *scratch) release() {
 	sc.texts, sc.calls, sc.strs, sc.path = sc.texts[:0], sc.calls[:0], sc.strs[:0], sc.path[:0]
 	if cap(sc.texts) > maxPooledTexts || cap(sc.calls) > maxPooledTexts {
 		sc.texts, sc.calls, sc.strs = nil, nil, nil
+	}
+	if cap(sc.tail) > maxPooledTail {
+		sc.tail = nil
 	}
 	if cap(sc.path) > maxPooledPath {
 		sc.path = sc.pathBuf[:0]
