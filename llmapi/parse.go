@@ -101,15 +101,6 @@ func (r *Request) allTexts() bool {
 	return r.walked && (r.nTexts <= inlineTexts || len(r.more) == r.nTexts-inlineTexts)
 }
 
-// Texts returns the prompt text, one entry per separately tokenized string
-// (message contents, names, tool calls, tool definitions), decoded from
-// the body. It copies every string, on every call: it is meant for tests
-// and diagnostics, not for the request path.
-func (r *Request) Texts() []string {
-	var sc scratch
-	return textStrings(r.gatherTexts(&sc, 1))
-}
-
 // BodyError reports a request body the gateway cannot use. Its message is
 // written for the API client, to be returned in a 400 response.
 type BodyError struct {
@@ -214,30 +205,6 @@ type topLevel struct {
 // slot returns where the member named key goes, or nil for members the
 // gateway does not read.
 func (t *topLevel) slot(key []byte) *[]byte {
-	if v := t.settingSlot(key); v != nil {
-		return v
-	}
-	switch string(key) {
-	case "messages":
-		return &t.Messages
-	case "system":
-		return &t.System
-	case "prompt":
-		return &t.Prompt
-	case "input":
-		return &t.Input
-	case "instructions":
-		return &t.Instructions
-	case "tools":
-		return &t.Tools
-	case "functions":
-		return &t.Functions
-	}
-	return t.shapeSlot(key)
-}
-
-// settingSlot is slot for the members that are not prompt.
-func (t *topLevel) settingSlot(key []byte) *[]byte {
 	switch string(key) {
 	case "model":
 		return &t.Model
@@ -255,13 +222,20 @@ func (t *topLevel) settingSlot(key []byte) *[]byte {
 		return &t.N
 	case "best_of":
 		return &t.BestOf
-	}
-	return nil
-}
-
-// shapeSlot is slot for the members only read to infer the kind.
-func (t *topLevel) shapeSlot(key []byte) *[]byte {
-	switch string(key) {
+	case "messages":
+		return &t.Messages
+	case "system":
+		return &t.System
+	case "prompt":
+		return &t.Prompt
+	case "input":
+		return &t.Input
+	case "instructions":
+		return &t.Instructions
+	case "tools":
+		return &t.Tools
+	case "functions":
+		return &t.Functions
 	case "anthropic_version":
 		return &t.AnthropicVersion
 	case "stop_sequences":

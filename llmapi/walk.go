@@ -18,15 +18,11 @@ type textRef struct {
 	compact bool
 }
 
-// textStrings returns the texts to tokenize, copied out of the body into
-// one allocation (decoded or compacted as need be), which the caller drops
-// once counted: a prompt of a million escaped one-letter strings costs one
-// buffer, not a million strings.
-func textStrings(texts []textRef) []string { return appendTextStrings(nil, texts) }
-
-// appendTextStrings is textStrings appending to dst, so that the request
-// path can reuse a pooled slice (see scratch).
-func appendTextStrings(dst []string, texts []textRef) []string {
+// textStrings appends the texts to tokenize to dst, copied out of the
+// body into one allocation (decoded or compacted as need be), which the
+// caller drops once counted: a prompt of a million escaped one-letter
+// strings costs one buffer, not a million strings.
+func textStrings(dst []string, texts []textRef) []string {
 	if len(texts) == 0 {
 		return dst
 	}
