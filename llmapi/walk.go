@@ -451,7 +451,7 @@ func (w *walker) streamOptions(raw []byte) error {
 	}
 	var v [1][]byte
 	w.push("stream_options")
-	err := w.fieldsOf(raw, []string{"include_usage"}, v[:])
+	err := w.from(raw, func(jsontext.Kind) error { return w.fields([]string{"include_usage"}, v[:], nil) })
 	w.pop()
 	if err != nil {
 		return err
@@ -462,8 +462,10 @@ func (w *walker) streamOptions(raw []byte) error {
 
 // fields reads the rest of the object the walk has begun, collecting the
 // raw values of the members named in names into vals, in the same order.
-// A name given twice is an error, after which nothing more is collected.
-func (w *walker) fields(names []string, vals [][]byte) error {
+// walk, when not nil, is offered the value of each, begun with a token of
+// kind k, and reports whether it read it where it stands. A name given
+// twice is an error, after which nothing more is collected.
+func (w *walker) fields(names []string, vals [][]byte, walk func(j int, k jsontext.Kind) bool) error {
 	r := w.rd
 	var err error
 	for r.member() {
@@ -474,16 +476,18 @@ func (w *walker) fields(names []string, vals [][]byte) error {
 		case vals[j] != nil:
 			r.skip()
 			err = w.errorIn(names[j], "%s", duplicateMsg)
-		default:
+		case walk == nil:
 			vals[j] = r.value()
+		default:
+			k := r.next()
+			start := r.start
+			if !walk(j, k) {
+				r.finish(k)
+			}
+			vals[j] = r.since(start)
 		}
 	}
 	return err
-}
-
-// fieldsOf is fields for the object raw.
-func (w *walker) fieldsOf(raw []byte, names []string, vals [][]byte) error {
-	return w.from(raw, func(jsontext.Kind) error { return w.fields(names, vals) })
 }
 
 func indexOf(names []string, name []byte) int {
@@ -560,29 +564,19 @@ func (w *walker) message(k jsontext.Kind, anthropic bool) (role []byte, err erro
 	var m [msgFields][]byte
 	var contentErr, callsErr error
 	w.calls = w.calls[:0]
-	for r.member() {
-		j := indexOf(messageFields, r.name())
-		switch {
-		case err != nil || j < 0:
-			r.skip()
-		case m[j] != nil:
-			r.skip()
-			err = w.errorIn(messageFields[j], "%s", duplicateMsg)
-		case j == msgContent || j == msgToolCalls:
-			k := r.next()
-			start := r.start
-			if j == msgContent {
-				w.push("content")
-				contentErr = w.content(k, anthropic)
-				w.pop()
-			} else {
-				callsErr = w.toolCalls(k)
-			}
-			m[j] = r.since(start)
+	err = w.fields(messageFields, m[:], func(j int, k jsontext.Kind) bool {
+		switch j {
+		case msgContent:
+			w.push("content")
+			contentErr = w.content(k, anthropic)
+			w.pop()
+		case msgToolCalls:
+			callsErr = w.toolCalls(k)
 		default:
-			m[j] = r.value()
+			return false
 		}
-	}
+		return true
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -654,31 +648,23 @@ func (w *walker) addCall(k jsontext.Kind) error {
 		return nil
 	}
 	start := r.start
-	var callErr, fnErr error
-	seen, object := false, false
-	for r.member() {
-		switch {
-		case string(r.name()) != "function" || callErr != nil:
-			r.skip()
-		case seen:
-			r.skip()
-			callErr = w.errorIn("function", "%s", duplicateMsg)
-		default:
-			seen = true
-			if k := r.next(); k == '{' {
-				object = true
-				w.push("function")
-				fnErr = w.function()
-				w.pop()
-			} else {
-				r.finish(k)
-			}
+	var fn [1][]byte
+	var fnErr error
+	object := false
+	err := w.fields(callFields, fn[:], func(_ int, k jsontext.Kind) bool {
+		if k != '{' {
+			return false
 		}
-	}
+		object = true
+		w.push("function")
+		fnErr = w.function()
+		w.pop()
+		return true
+	})
 	raw := r.since(start)
 	switch {
-	case callErr != nil:
-		return callErr
+	case err != nil:
+		return err
 	case object:
 		return fnErr
 	}
@@ -686,13 +672,15 @@ func (w *walker) addCall(k jsontext.Kind) error {
 	return nil
 }
 
+var callFields = []string{"function"}
+
 var functionFields = []string{"name", "arguments"}
 
 // function adds the rest of the function call object the walk has begun:
 // its name and arguments.
 func (w *walker) function() error {
 	var v [2][]byte
-	if err := w.fields(functionFields, v[:]); err != nil {
+	if err := w.fields(functionFields, v[:], nil); err != nil {
 		return err
 	}
 	w.addText(v[0])
@@ -783,27 +771,16 @@ type partRead struct {
 // walking its content in place unless its type, when it comes first, says
 // it is no tool result.
 func (w *walker) readPart(p *partRead, anthropic bool) {
-	r := w.rd
-	for r.member() {
-		j := indexOf(partNames, r.name())
-		switch {
-		case p.err != nil || j < 0:
-			r.skip()
-		case p.v[j] != nil:
-			r.skip()
-			p.err = w.errorIn(partNames[j], "%s", duplicateMsg)
-		case j == partContent && (p.v[partType] == nil || stringIs(p.v[partType], "tool_result")):
-			p.before, p.walked = w.mark(), true
-			k := r.next()
-			start := r.start
-			w.push("content")
-			p.contentErr = w.content(k, anthropic)
-			w.pop()
-			p.v[j] = r.since(start)
-		default:
-			p.v[j] = r.value()
+	p.err = w.fields(partNames, p.v[:], func(j int, k jsontext.Kind) bool {
+		if j != partContent || p.v[partType] != nil && !stringIs(p.v[partType], "tool_result") {
+			return false
 		}
-	}
+		p.before, p.walked = w.mark(), true
+		w.push("content")
+		p.contentErr = w.content(k, anthropic)
+		w.pop()
+		return true
+	})
 }
 
 // addPart adds a part or block other than a tool result, by its type.
@@ -888,7 +865,7 @@ func (w *walker) addItem(k jsontext.Kind) error {
 		return w.errorf("must be an object, got %s", typeName(byte(k)))
 	}
 	var v [partFields][]byte
-	if err := w.fields(partNames, v[:]); err != nil {
+	if err := w.fields(partNames, v[:], nil); err != nil {
 		return err
 	}
 	if present(v[partType]) && rawType(v[partType]) != '"' {
