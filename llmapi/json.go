@@ -267,32 +267,32 @@ func (rs *readers) release() {
 }
 
 // members calls f with each member name (decoded, valid during the call)
-// and raw value of the object raw, until f returns false; raw that is not
-// an object has none.
-func (rs *readers) members(raw []byte, f func(name, value []byte) bool) {
+// and raw value of the object raw, and reports whether raw is one; raw
+// that is not an object has none.
+func (rs *readers) members(raw []byte, f func(name, value []byte)) bool {
 	if rawType(raw) != '{' {
-		return
+		return false
 	}
 	r := rs.open(raw, 0)
 	defer rs.close()
 	r.next()
 	for r.member() {
 		name := r.name()
-		if v := r.value(); v != nil && !f(name, v) {
-			return
+		if v := r.value(); v != nil {
+			f(name, v)
 		}
 	}
+	return r.err == nil
 }
 
 // member returns the raw value of the last member named key of the object
 // raw (JSON's last-wins rule), or nil.
 func (rs *readers) member(raw []byte, key string) []byte {
 	var v []byte
-	rs.members(raw, func(k, val []byte) bool {
+	rs.members(raw, func(k, val []byte) {
 		if string(k) == key {
 			v = val
 		}
-		return true
 	})
 	return v
 }

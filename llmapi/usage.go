@@ -339,32 +339,24 @@ func (s *StreamScanner) handleEvent(d []byte) {
 		return
 	}
 	var typ, choices, usage, delta, message, response []byte
-	r := s.rs.open(d, 0)
-	r.next()
-	for r.member() {
-		var v *[]byte
-		switch string(r.name()) {
+	isObject := s.rs.members(d, func(k, v []byte) {
+		switch string(k) {
 		case "type":
-			v = &typ
+			typ = v
 		case "choices":
-			v = &choices
+			choices = v
 		case "usage":
-			v = &usage
+			usage = v
 		case "delta":
-			v = &delta
+			delta = v
 		case "message":
-			v = &message
+			message = v
 		case "response":
-			v = &response
-		default:
-			r.skip()
-			continue
+			response = v
 		}
-		*v = r.value()
-	}
-	s.rs.close()
-	if r.err != nil {
-		return // not a JSON object
+	})
+	if !isObject {
+		return
 	}
 	s.events++
 	if hasUsage {
@@ -404,14 +396,13 @@ func (s *StreamScanner) eventText(typ, choices, delta, message, response []byte,
 		return
 	}
 	s.rs.each(choices, func(c []byte) {
-		s.rs.members(c, func(k, v []byte) bool {
+		s.rs.members(c, func(k, v []byte) {
 			switch string(k) {
 			case "text":
 				s.addText(v)
 			case "delta":
 				s.addDelta(v)
 			}
-			return true
 		})
 	})
 }
@@ -419,7 +410,7 @@ func (s *StreamScanner) eventText(typ, choices, delta, message, response []byte,
 // addDelta adds an OpenAI chat delta's generated text: content, reasoning
 // (as vLLM and others stream it) and tool-call arguments.
 func (s *StreamScanner) addDelta(d []byte) {
-	s.rs.members(d, func(k, v []byte) bool {
+	s.rs.members(d, func(k, v []byte) {
 		switch string(k) {
 		case "content", "reasoning_content", "reasoning", "refusal":
 			s.addText(v)
@@ -430,7 +421,6 @@ func (s *StreamScanner) addDelta(d []byte) {
 				s.addText(s.rs.member(f, "arguments"))
 			})
 		}
-		return true
 	})
 }
 
