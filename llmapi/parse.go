@@ -236,6 +236,13 @@ func (t *topLevel) slot(key []byte) *[]byte {
 		return &t.Tools
 	case "functions":
 		return &t.Functions
+	}
+	return t.shapeSlot(key)
+}
+
+// shapeSlot is slot for the members only read to infer the kind.
+func (t *topLevel) shapeSlot(key []byte) *[]byte {
+	switch string(key) {
 	case "anthropic_version":
 		return &t.AnthropicVersion
 	case "stop_sequences":

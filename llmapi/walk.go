@@ -732,55 +732,43 @@ func (w *walker) content(k jsontext.Kind, anthropic bool) error {
 //
 // A tool_result block's content is more content, which may hold further
 // tool results: that is where nesting is unbounded, so the content is walked
-// in place. When the block's type comes after its content in the object,
-// the content is walked on speculation and its texts and errors are
-// dropped if the type turns out to be another.
+// in place, unless the block's type, when it comes first, says it is no
+// tool result. When the type comes after the content, the content is
+// walked on speculation and its texts and errors are dropped if the type
+// turns out to be another.
 func (w *walker) part(k jsontext.Kind, anthropic bool) error {
 	if k != '{' {
 		w.rd.finish(k)
 		return w.errorf("must be an object, got %s", typeName(byte(k)))
 	}
-	var p partRead
-	w.readPart(&p, anthropic)
-	typ, err := p.v[partType], p.err
+	var v [partFields][]byte
+	var before mark
+	var contentErr error
+	walked := false
+	err := w.fields(partNames, v[:], func(j int, k jsontext.Kind) bool {
+		if j != partContent || v[partType] != nil && !stringIs(v[partType], "tool_result") {
+			return false
+		}
+		before, walked = w.mark(), true
+		w.push("content")
+		contentErr = w.content(k, anthropic)
+		w.pop()
+		return true
+	})
+	typ := v[partType]
 	if err == nil && present(typ) && rawType(typ) != '"' {
 		err = w.errorIn("type", "must be a string, got %s", typeName(rawType(typ)))
 	}
 	if err == nil && stringIs(typ, "tool_result") {
-		return p.contentErr
+		return contentErr
 	}
-	if p.walked {
-		w.reset(p.before)
+	if walked {
+		w.reset(before)
 	}
 	if err != nil {
 		return err
 	}
-	return w.addPart(&p.v)
-}
-
-// partRead is what reading a part's members found.
-type partRead struct {
-	v          [partFields][]byte
-	err        error // the first duplicate
-	walked     bool  // the content was walked, from before
-	before     mark
-	contentErr error
-}
-
-// readPart reads the members of the part the walk has begun into p,
-// walking its content in place unless its type, when it comes first, says
-// it is no tool result.
-func (w *walker) readPart(p *partRead, anthropic bool) {
-	p.err = w.fields(partNames, p.v[:], func(j int, k jsontext.Kind) bool {
-		if j != partContent || p.v[partType] != nil && !stringIs(p.v[partType], "tool_result") {
-			return false
-		}
-		p.before, p.walked = w.mark(), true
-		w.push("content")
-		p.contentErr = w.content(k, anthropic)
-		w.pop()
-		return true
-	})
+	return w.addPart(&v)
 }
 
 // addPart adds a part or block other than a tool result, by its type.
