@@ -126,11 +126,9 @@ func (r *reader) name() []byte {
 	if len(raw) < 2 {
 		return nil
 	}
-	for _, c := range raw {
-		if c == '\\' {
-			r.unescaped = unquote(r.unescaped[:0], raw)
-			return r.unescaped
-		}
+	if bytes.IndexByte(raw, '\\') >= 0 {
+		r.unescaped = unquote(r.unescaped[:0], raw)
+		return r.unescaped
 	}
 	return raw[1 : len(raw)-1]
 }
