@@ -20,7 +20,7 @@ const MaxDepth = 64
 
 // Options of every decoder: members the gateway does not read may repeat
 // (it refuses duplicates only of the members it reads, see
-// duplicateError), and strings may hold invalid UTF-8, which
+// duplicateMsg), and strings may hold invalid UTF-8, which
 // encoding/json, and so json.Valid and the servers written with it,
 // accepts too.
 var decodeOptions = []jsontext.Options{jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true)}

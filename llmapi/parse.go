@@ -156,14 +156,10 @@ func fieldError(field, format string, args ...any) *BodyError {
 	return &BodyError{Field: field, Msg: fmt.Sprintf(format, args...), Offset: -1}
 }
 
-// duplicateError refuses a member given twice. JSON decoders disagree on
+// duplicateMsg refuses a member given twice. JSON decoders disagree on
 // duplicates (Go's and Python's keep the last, others the first), so a body
 // with two max_tokens could be estimated with one and served with the
 // other; refusing it is the only way to see what the upstream will.
-func duplicateError(field string) *BodyError {
-	return fieldError(field, "%s", duplicateMsg)
-}
-
 const duplicateMsg = "appears more than once in the same object (keys are compared after decoding escapes such as \\u005f); send it once"
 
 func depthError(off int) *BodyError {

@@ -269,7 +269,7 @@ func (w *walker) members(top *topLevel) error {
 		case *slot != nil:
 			r.skip()
 			if err == nil && r.err == nil {
-				err = duplicateError(string(name))
+				err = w.errorIn(string(name), "%s", duplicateMsg)
 			}
 		case err == nil:
 			*slot = w.topValue(top, order, slot)
