@@ -32,8 +32,9 @@ func (u Usage) Total() int { return u.Prompt + u.Completion }
 // no backslash, the one before the other is a letter), so in valid JSON it
 // is a whole string; when it opens an object's members that run to the end
 // of the text, that object is the top level one, and this usage the last
-// of it. Otherwise the whole body is read, and a response that stops being
-// JSON counts the usage read before.
+// of it. The text before is then not read: a response that is not JSON
+// there still counts that usage. Otherwise the whole body is read, and a
+// response that stops being JSON counts the usage read before.
 func ParseUsage(body []byte) (Usage, bool) {
 	sc := getScratch()
 	defer sc.release()
