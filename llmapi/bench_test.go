@@ -210,6 +210,10 @@ func BenchmarkParseUsage(b *testing.B) {
 	}
 	sb.WriteString(`],"model":"text-embedding-3-small","usage":{"prompt_tokens":512,"total_tokens":512}}`)
 	b.Run("embeddings", func(b *testing.B) { benchParseUsage(b, []byte(sb.String())) })
+	// A stream's final chunk, with usage and no choices.
+	b.Run("stream_final", func(b *testing.B) {
+		benchParseUsage(b, []byte(`{"id":"chatcmpl-9","object":"chat.completion.chunk","created":1717000000,"model":"gpt-4o-mini","system_fingerprint":"fp_1","choices":[],"usage":{"prompt_tokens":812,"completion_tokens":498,"total_tokens":1310}}`))
+	})
 }
 
 func benchParseUsage(b *testing.B, body []byte) {

@@ -22,10 +22,6 @@ const (
 	Approx     = "approx"
 )
 
-// CounterNames lists the names NewCounter accepts, for configuration errors
-// and help texts.
-func CounterNames() []string { return []string{CL100kBase, O200kBase, Approx} }
-
 // DefaultExactBytes is the per-request budget of text that the BPE
 // counters returned by NewCounter tokenize exactly: 64 KiB costs a few ms of
 // one core; beyond it the count is extrapolated (see WithExactBudget). The

@@ -237,3 +237,6 @@ func TestAlignForward(t *testing.T) {
 }
 
 func isRuneStart(s string, i int) bool { return s[i]&0xC0 != 0x80 }
+
+// CounterNames lists the names NewCounter accepts.
+func CounterNames() []string { return []string{CL100kBase, O200kBase, Approx} }

@@ -88,7 +88,7 @@ func promptTokens(r *Request, texts []textRef, c Counter, strs []string) (int64,
 	if len(texts) == 0 {
 		return p, strs
 	}
-	strs = appendTextStrings(strs, texts)
+	strs = textStrings(strs, texts)
 	n := clamp(countTexts(c, strs))
 	if len(texts) < r.nTexts {
 		var sampled int64

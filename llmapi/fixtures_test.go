@@ -125,3 +125,11 @@ func mustCounter(tb testing.TB, name string) Counter {
 	}
 	return c
 }
+
+// Texts returns the prompt text, one entry per separately tokenized string
+// (message contents, names, tool calls, tool definitions), decoded from
+// the body.
+func (r *Request) Texts() []string {
+	var sc scratch
+	return textStrings(nil, r.gatherTexts(&sc, 1))
+}

@@ -31,12 +31,12 @@ func FuzzInlineTexts(f *testing.F) {
 			return
 		}
 		texts, _ := walkTexts(req)
-		walked := textStrings(texts)
+		walked := textStrings(nil, texts)
 		if len(walked) != req.nTexts {
 			t.Fatalf("nTexts %d, walk gathers %d", req.nTexts, len(walked))
 		}
 		if req.allTexts() {
-			kept := textStrings(append(req.texts[:min(req.nTexts, inlineTexts)], req.more...))
+			kept := textStrings(nil, append(req.texts[:min(req.nTexts, inlineTexts)], req.more...))
 			if !slices.Equal(kept, walked) {
 				t.Fatalf("kept %q, walk %q", kept, walked)
 			}

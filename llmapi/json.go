@@ -20,7 +20,7 @@ const MaxDepth = 64
 
 // Options of every decoder: members the gateway does not read may repeat
 // (it refuses duplicates only of the members it reads, see
-// duplicateError), and strings may hold invalid UTF-8, which
+// duplicateMsg), and strings may hold invalid UTF-8, which
 // encoding/json, and so json.Valid and the servers written with it,
 // accepts too.
 var decodeOptions = []jsontext.Options{jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true)}
@@ -126,11 +126,9 @@ func (r *reader) name() []byte {
 	if len(raw) < 2 {
 		return nil
 	}
-	for _, c := range raw {
-		if c == '\\' {
-			r.unescaped = unquote(r.unescaped[:0], raw)
-			return r.unescaped
-		}
+	if bytes.IndexByte(raw, '\\') >= 0 {
+		r.unescaped = unquote(r.unescaped[:0], raw)
+		return r.unescaped
 	}
 	return raw[1 : len(raw)-1]
 }
@@ -267,32 +265,32 @@ func (rs *readers) release() {
 }
 
 // members calls f with each member name (decoded, valid during the call)
-// and raw value of the object raw, until f returns false; raw that is not
-// an object has none.
-func (rs *readers) members(raw []byte, f func(name, value []byte) bool) {
+// and raw value of the object raw, and reports whether raw is one; raw
+// that is not an object has none.
+func (rs *readers) members(raw []byte, f func(name, value []byte)) bool {
 	if rawType(raw) != '{' {
-		return
+		return false
 	}
 	r := rs.open(raw, 0)
 	defer rs.close()
 	r.next()
 	for r.member() {
 		name := r.name()
-		if v := r.value(); v != nil && !f(name, v) {
-			return
+		if v := r.value(); v != nil {
+			f(name, v)
 		}
 	}
+	return r.err == nil
 }
 
 // member returns the raw value of the last member named key of the object
 // raw (JSON's last-wins rule), or nil.
 func (rs *readers) member(raw []byte, key string) []byte {
 	var v []byte
-	rs.members(raw, func(k, val []byte) bool {
+	rs.members(raw, func(k, val []byte) {
 		if string(k) == key {
 			v = val
 		}
-		return true
 	})
 	return v
 }

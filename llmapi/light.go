@@ -400,7 +400,7 @@ func (t *trimmer) join(dropped [][]int) []byte {
 func (m *lmMessage) tokens(c Counter) int {
 	if m.cost < 0 {
 		r := &m.parsed
-		m.cost = r.Messages*MessageOverhead + r.Names + r.Images*ImageTokens + r.TokenIDs + countTexts(c, textStrings(m.texts))
+		m.cost = r.Messages*MessageOverhead + r.Names + r.Images*ImageTokens + r.TokenIDs + countTexts(c, textStrings(nil, m.texts))
 	}
 	return m.cost
 }
@@ -486,7 +486,7 @@ func truncateUnit(rs *readers, msgs []lmMessage, u []int, budget int, anthropic 
 		// Tokens of the message that are not its content stay.
 		w := walker{rs: rs, r: &Request{}, collect: true}
 		_ = w.from(content, func(k jsontext.Kind) error { return w.content(k, anthropic) })
-		contentCost := w.r.Images*ImageTokens + countTexts(c, textStrings(w.texts))
+		contentCost := w.r.Images*ImageTokens + countTexts(c, textStrings(nil, w.texts))
 		newContent := shrinkContent(rs, content, share-(m.cost-contentCost), anthropic, false, c)
 		if newContent != nil {
 			m.raw = rewriteTop(rs, m.raw, map[string][]byte{"content": newContent})
@@ -523,7 +523,7 @@ func shrinkContent(rs *readers, content []byte, budget int, anthropic, nested bo
 		w := walker{rs: rs, r: &Request{}, collect: true}
 		_ = w.from(p, func(k jsontext.Kind) error { return w.part(k, anthropic) })
 		results[i] = stringIs(rs.member(p, "type"), "tool_result")
-		n := countTexts(c, textStrings(w.texts))
+		n := countTexts(c, textStrings(nil, w.texts))
 		fixedCost += w.r.Images * ImageTokens
 		if nested && results[i] {
 			fixedCost += n

@@ -45,10 +45,9 @@ func roles(msgs []testMsg) string {
 func topMembers(body []byte) (keys []string, vals map[string]string) {
 	vals = map[string]string{}
 	var rs readers
-	rs.members(body, func(k, v []byte) bool {
+	rs.members(body, func(k, v []byte) {
 		keys = append(keys, string(k))
 		vals[string(k)] = string(v)
-		return true
 	})
 	return keys, vals
 }

@@ -101,15 +101,6 @@ func (r *Request) allTexts() bool {
 	return r.walked && (r.nTexts <= inlineTexts || len(r.more) == r.nTexts-inlineTexts)
 }
 
-// Texts returns the prompt text, one entry per separately tokenized string
-// (message contents, names, tool calls, tool definitions), decoded from
-// the body. It copies every string, on every call: it is meant for tests
-// and diagnostics, not for the request path.
-func (r *Request) Texts() []string {
-	var sc scratch
-	return textStrings(r.gatherTexts(&sc, 1))
-}
-
 // BodyError reports a request body the gateway cannot use. Its message is
 // written for the API client, to be returned in a 400 response.
 type BodyError struct {
@@ -165,14 +156,10 @@ func fieldError(field, format string, args ...any) *BodyError {
 	return &BodyError{Field: field, Msg: fmt.Sprintf(format, args...), Offset: -1}
 }
 
-// duplicateError refuses a member given twice. JSON decoders disagree on
+// duplicateMsg refuses a member given twice. JSON decoders disagree on
 // duplicates (Go's and Python's keep the last, others the first), so a body
 // with two max_tokens could be estimated with one and served with the
 // other; refusing it is the only way to see what the upstream will.
-func duplicateError(field string) *BodyError {
-	return fieldError(field, "%s", duplicateMsg)
-}
-
 const duplicateMsg = "appears more than once in the same object (keys are compared after decoding escapes such as \\u005f); send it once"
 
 func depthError(off int) *BodyError {
@@ -214,30 +201,6 @@ type topLevel struct {
 // slot returns where the member named key goes, or nil for members the
 // gateway does not read.
 func (t *topLevel) slot(key []byte) *[]byte {
-	if v := t.settingSlot(key); v != nil {
-		return v
-	}
-	switch string(key) {
-	case "messages":
-		return &t.Messages
-	case "system":
-		return &t.System
-	case "prompt":
-		return &t.Prompt
-	case "input":
-		return &t.Input
-	case "instructions":
-		return &t.Instructions
-	case "tools":
-		return &t.Tools
-	case "functions":
-		return &t.Functions
-	}
-	return t.shapeSlot(key)
-}
-
-// settingSlot is slot for the members that are not prompt.
-func (t *topLevel) settingSlot(key []byte) *[]byte {
 	switch string(key) {
 	case "model":
 		return &t.Model
@@ -255,8 +218,22 @@ func (t *topLevel) settingSlot(key []byte) *[]byte {
 		return &t.N
 	case "best_of":
 		return &t.BestOf
+	case "messages":
+		return &t.Messages
+	case "system":
+		return &t.System
+	case "prompt":
+		return &t.Prompt
+	case "input":
+		return &t.Input
+	case "instructions":
+		return &t.Instructions
+	case "tools":
+		return &t.Tools
+	case "functions":
+		return &t.Functions
 	}
-	return nil
+	return t.shapeSlot(key)
 }
 
 // shapeSlot is slot for the members only read to infer the kind.

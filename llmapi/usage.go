@@ -24,25 +24,42 @@ func (u Usage) Total() int { return u.Prompt + u.Completion }
 // and Anthropic's input_tokens/output_tokens (Anthropic's cache reads and
 // writes are added to the prompt, as the estimate counted them). It reports
 // false when there is none, as in error bodies. Of members named usage the
-// last counts, as JSON decoders read them; a response that stops being
-// JSON counts the usage read before.
+// last counts, as JSON decoders read them.
+//
+// Servers write usage last, after what can be large (an embeddings
+// response's vectors), so ParseUsage first reads from the last "usage" of
+// the text on. Neither of its quotes can be escaped (the byte before it is
+// no backslash, the one before the other is a letter), so in valid JSON it
+// is a whole string; when it opens an object's members that run to the end
+// of the text, that object is the top level one, and this usage the last
+// of it. The text before is then not read: a response that is not JSON
+// there still counts that usage. Otherwise the whole body is read, and a
+// response that stops being JSON counts the usage read before.
 func ParseUsage(body []byte) (Usage, bool) {
 	sc := getScratch()
 	defer sc.release()
-	p, c, ok := lastUsage(&sc.rs, body)
+	p, c, ok, whole := -1, -1, false, false
+	if i := bytes.LastIndex(body, keyUsage); i > 0 && body[i-1] != '\\' {
+		sc.tail = append(append(sc.tail[:0], '{'), body[i:]...)
+		p, c, ok, whole = lastUsage(&sc.rs, sc.tail)
+	}
+	if !whole {
+		p, c, ok, _ = lastUsage(&sc.rs, body)
+	}
 	if !ok {
 		return Usage{}, false
 	}
 	return Usage{Prompt: max(p, 0), Completion: max(c, 0), Reported: c >= 0}, true
 }
 
-// lastUsage reads the usage of the response body, with the readers rs.
-func lastUsage(rs *readers, body []byte) (prompt, completion int, ok bool) {
+// lastUsage reads the usage of the response body, with the readers rs,
+// and reports whether body was one JSON object.
+func lastUsage(rs *readers, body []byte) (prompt, completion int, ok, whole bool) {
 	prompt, completion = -1, -1
 	r := rs.open(body, 0)
 	defer rs.close()
 	if r.next() != '{' {
-		return prompt, completion, false
+		return prompt, completion, false, false
 	}
 	for r.member() {
 		if string(r.name()) != "usage" {
@@ -54,7 +71,8 @@ func lastUsage(rs *readers, body []byte) (prompt, completion int, ok bool) {
 			prompt, completion, ok = p, c, uok
 		}
 	}
-	return prompt, completion, ok
+	r.end()
+	return prompt, completion, ok, r.err == nil
 }
 
 // decodeUsage reads the usage object raw (see usage).
@@ -322,32 +340,24 @@ func (s *StreamScanner) handleEvent(d []byte) {
 		return
 	}
 	var typ, choices, usage, delta, message, response []byte
-	r := s.rs.open(d, 0)
-	r.next()
-	for r.member() {
-		var v *[]byte
-		switch string(r.name()) {
+	isObject := s.rs.members(d, func(k, v []byte) {
+		switch string(k) {
 		case "type":
-			v = &typ
+			typ = v
 		case "choices":
-			v = &choices
+			choices = v
 		case "usage":
-			v = &usage
+			usage = v
 		case "delta":
-			v = &delta
+			delta = v
 		case "message":
-			v = &message
+			message = v
 		case "response":
-			v = &response
-		default:
-			r.skip()
-			continue
+			response = v
 		}
-		*v = r.value()
-	}
-	s.rs.close()
-	if r.err != nil {
-		return // not a JSON object
+	})
+	if !isObject {
+		return
 	}
 	s.events++
 	if hasUsage {
@@ -387,14 +397,13 @@ func (s *StreamScanner) eventText(typ, choices, delta, message, response []byte,
 		return
 	}
 	s.rs.each(choices, func(c []byte) {
-		s.rs.members(c, func(k, v []byte) bool {
+		s.rs.members(c, func(k, v []byte) {
 			switch string(k) {
 			case "text":
 				s.addText(v)
 			case "delta":
 				s.addDelta(v)
 			}
-			return true
 		})
 	})
 }
@@ -402,7 +411,7 @@ func (s *StreamScanner) eventText(typ, choices, delta, message, response []byte,
 // addDelta adds an OpenAI chat delta's generated text: content, reasoning
 // (as vLLM and others stream it) and tool-call arguments.
 func (s *StreamScanner) addDelta(d []byte) {
-	s.rs.members(d, func(k, v []byte) bool {
+	s.rs.members(d, func(k, v []byte) {
 		switch string(k) {
 		case "content", "reasoning_content", "reasoning", "refusal":
 			s.addText(v)
@@ -413,7 +422,6 @@ func (s *StreamScanner) addDelta(d []byte) {
 				s.addText(s.rs.member(f, "arguments"))
 			})
 		}
-		return true
 	})
 }
 

@@ -124,6 +124,9 @@ func usageSeeds() []string {
 		`{"a":1 "usage":{}}`, `<html>`, ``, ` `, `{`, `{"usage":{"prompt_tokens":99999999999999999999}}`,
 		`{"usage":{"prompt_tokens":2147483646.99999999999,"completion_tokens":1e400,"input_tokens":12.9999999999999999}}`,
 		`{"usage":{"cache_read_input_tokens":1,"cache_read_input_tokens":2,"input_tokens":3}}`,
+		`{"foo\"usage":{"prompt_tokens":5}}`, `{"usage":{"prompt_tokens":1},"data":[{"usage":{"prompt_tokens":2}}]}`,
+		`{"usage":{"prompt_tokens":1},"x":{"usage":{"prompt_tokens":2}}}`, `{"usage":{"prompt_tokens":1},"us\u0061ge":{"prompt_tokens":2}}`,
+		`{"a":"\\","usage":{"prompt_tokens":3}}`, `{"k":"\\\"usage\":{\"prompt_tokens\":9}}"}`, `{"usage":{"prompt_tokens":4},"id":"usage"}`,
 	}
 }
 

@@ -18,15 +18,11 @@ type textRef struct {
 	compact bool
 }
 
-// textStrings returns the texts to tokenize, copied out of the body into
-// one allocation (decoded or compacted as need be), which the caller drops
-// once counted: a prompt of a million escaped one-letter strings costs one
-// buffer, not a million strings.
-func textStrings(texts []textRef) []string { return appendTextStrings(nil, texts) }
-
-// appendTextStrings is textStrings appending to dst, so that the request
-// path can reuse a pooled slice (see scratch).
-func appendTextStrings(dst []string, texts []textRef) []string {
+// textStrings appends the texts to tokenize to dst, copied out of the
+// body into one allocation (decoded or compacted as need be), which the
+// caller drops once counted: a prompt of a million escaped one-letter
+// strings costs one buffer, not a million strings.
+func textStrings(dst []string, texts []textRef) []string {
 	if len(texts) == 0 {
 		return dst
 	}
@@ -75,6 +71,7 @@ type scratch struct {
 	texts   []textRef
 	calls   []textRef // a message's tool calls' texts (see walker)
 	strs    []string
+	tail    []byte // the end of a response (see ParseUsage)
 }
 
 var scratchPool = sync.Pool{New: func() any {
@@ -90,6 +87,7 @@ func getScratch() *scratch { return scratchPool.Get().(*scratch) }
 const (
 	maxPooledTexts = 1 << 10
 	maxPooledPath  = 64
+	maxPooledTail  = 4 << 10
 )
 
 func (sc *scratch) release() {
@@ -102,6 +100,9 @@ func (sc *scratch) release() {
 	sc.texts, sc.calls, sc.strs, sc.path = sc.texts[:0], sc.calls[:0], sc.strs[:0], sc.path[:0]
 	if cap(sc.texts) > maxPooledTexts || cap(sc.calls) > maxPooledTexts {
 		sc.texts, sc.calls, sc.strs = nil, nil, nil
+	}
+	if cap(sc.tail) > maxPooledTail {
+		sc.tail = nil
 	}
 	if cap(sc.path) > maxPooledPath {
 		sc.path = sc.pathBuf[:0]
@@ -268,7 +269,7 @@ func (w *walker) members(top *topLevel) error {
 		case *slot != nil:
 			r.skip()
 			if err == nil && r.err == nil {
-				err = duplicateError(string(name))
+				err = w.errorIn(string(name), "%s", duplicateMsg)
 			}
 		case err == nil:
 			*slot = w.topValue(top, order, slot)
@@ -450,7 +451,7 @@ func (w *walker) streamOptions(raw []byte) error {
 	}
 	var v [1][]byte
 	w.push("stream_options")
-	err := w.fieldsOf(raw, []string{"include_usage"}, v[:])
+	err := w.from(raw, func(jsontext.Kind) error { return w.fields([]string{"include_usage"}, v[:], nil) })
 	w.pop()
 	if err != nil {
 		return err
@@ -461,8 +462,10 @@ func (w *walker) streamOptions(raw []byte) error {
 
 // fields reads the rest of the object the walk has begun, collecting the
 // raw values of the members named in names into vals, in the same order.
-// A name given twice is an error, after which nothing more is collected.
-func (w *walker) fields(names []string, vals [][]byte) error {
+// walk, when not nil, is offered the value of each, begun with a token of
+// kind k, and reports whether it read it where it stands. A name given
+// twice is an error, after which nothing more is collected.
+func (w *walker) fields(names []string, vals [][]byte, walk func(j int, k jsontext.Kind) bool) error {
 	r := w.rd
 	var err error
 	for r.member() {
@@ -473,16 +476,18 @@ func (w *walker) fields(names []string, vals [][]byte) error {
 		case vals[j] != nil:
 			r.skip()
 			err = w.errorIn(names[j], "%s", duplicateMsg)
-		default:
+		case walk == nil:
 			vals[j] = r.value()
+		default:
+			k := r.next()
+			start := r.start
+			if !walk(j, k) {
+				r.finish(k)
+			}
+			vals[j] = r.since(start)
 		}
 	}
 	return err
-}
-
-// fieldsOf is fields for the object raw.
-func (w *walker) fieldsOf(raw []byte, names []string, vals [][]byte) error {
-	return w.from(raw, func(jsontext.Kind) error { return w.fields(names, vals) })
 }
 
 func indexOf(names []string, name []byte) int {
@@ -559,29 +564,19 @@ func (w *walker) message(k jsontext.Kind, anthropic bool) (role []byte, err erro
 	var m [msgFields][]byte
 	var contentErr, callsErr error
 	w.calls = w.calls[:0]
-	for r.member() {
-		j := indexOf(messageFields, r.name())
-		switch {
-		case err != nil || j < 0:
-			r.skip()
-		case m[j] != nil:
-			r.skip()
-			err = w.errorIn(messageFields[j], "%s", duplicateMsg)
-		case j == msgContent || j == msgToolCalls:
-			k := r.next()
-			start := r.start
-			if j == msgContent {
-				w.push("content")
-				contentErr = w.content(k, anthropic)
-				w.pop()
-			} else {
-				callsErr = w.toolCalls(k)
-			}
-			m[j] = r.since(start)
+	err = w.fields(messageFields, m[:], func(j int, k jsontext.Kind) bool {
+		switch j {
+		case msgContent:
+			w.push("content")
+			contentErr = w.content(k, anthropic)
+			w.pop()
+		case msgToolCalls:
+			callsErr = w.toolCalls(k)
 		default:
-			m[j] = r.value()
+			return false
 		}
-	}
+		return true
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -653,31 +648,23 @@ func (w *walker) addCall(k jsontext.Kind) error {
 		return nil
 	}
 	start := r.start
-	var callErr, fnErr error
-	seen, object := false, false
-	for r.member() {
-		switch {
-		case string(r.name()) != "function" || callErr != nil:
-			r.skip()
-		case seen:
-			r.skip()
-			callErr = w.errorIn("function", "%s", duplicateMsg)
-		default:
-			seen = true
-			if k := r.next(); k == '{' {
-				object = true
-				w.push("function")
-				fnErr = w.function()
-				w.pop()
-			} else {
-				r.finish(k)
-			}
+	var fn [1][]byte
+	var fnErr error
+	object := false
+	err := w.fields(callFields, fn[:], func(_ int, k jsontext.Kind) bool {
+		if k != '{' {
+			return false
 		}
-	}
+		object = true
+		w.push("function")
+		fnErr = w.function()
+		w.pop()
+		return true
+	})
 	raw := r.since(start)
 	switch {
-	case callErr != nil:
-		return callErr
+	case err != nil:
+		return err
 	case object:
 		return fnErr
 	}
@@ -685,13 +672,15 @@ func (w *walker) addCall(k jsontext.Kind) error {
 	return nil
 }
 
+var callFields = []string{"function"}
+
 var functionFields = []string{"name", "arguments"}
 
 // function adds the rest of the function call object the walk has begun:
 // its name and arguments.
 func (w *walker) function() error {
 	var v [2][]byte
-	if err := w.fields(functionFields, v[:]); err != nil {
+	if err := w.fields(functionFields, v[:], nil); err != nil {
 		return err
 	}
 	w.addText(v[0])
@@ -743,66 +732,43 @@ func (w *walker) content(k jsontext.Kind, anthropic bool) error {
 //
 // A tool_result block's content is more content, which may hold further
 // tool results: that is where nesting is unbounded, so the content is walked
-// in place. When the block's type comes after its content in the object,
-// the content is walked on speculation and its texts and errors are
-// dropped if the type turns out to be another.
+// in place, unless the block's type, when it comes first, says it is no
+// tool result. When the type comes after the content, the content is
+// walked on speculation and its texts and errors are dropped if the type
+// turns out to be another.
 func (w *walker) part(k jsontext.Kind, anthropic bool) error {
 	if k != '{' {
 		w.rd.finish(k)
 		return w.errorf("must be an object, got %s", typeName(byte(k)))
 	}
-	var p partRead
-	w.readPart(&p, anthropic)
-	typ, err := p.v[partType], p.err
+	var v [partFields][]byte
+	var before mark
+	var contentErr error
+	walked := false
+	err := w.fields(partNames, v[:], func(j int, k jsontext.Kind) bool {
+		if j != partContent || v[partType] != nil && !stringIs(v[partType], "tool_result") {
+			return false
+		}
+		before, walked = w.mark(), true
+		w.push("content")
+		contentErr = w.content(k, anthropic)
+		w.pop()
+		return true
+	})
+	typ := v[partType]
 	if err == nil && present(typ) && rawType(typ) != '"' {
 		err = w.errorIn("type", "must be a string, got %s", typeName(rawType(typ)))
 	}
 	if err == nil && stringIs(typ, "tool_result") {
-		return p.contentErr
+		return contentErr
 	}
-	if p.walked {
-		w.reset(p.before)
+	if walked {
+		w.reset(before)
 	}
 	if err != nil {
 		return err
 	}
-	return w.addPart(&p.v)
-}
-
-// partRead is what reading a part's members found.
-type partRead struct {
-	v          [partFields][]byte
-	err        error // the first duplicate
-	walked     bool  // the content was walked, from before
-	before     mark
-	contentErr error
-}
-
-// readPart reads the members of the part the walk has begun into p,
-// walking its content in place unless its type, when it comes first, says
-// it is no tool result.
-func (w *walker) readPart(p *partRead, anthropic bool) {
-	r := w.rd
-	for r.member() {
-		j := indexOf(partNames, r.name())
-		switch {
-		case p.err != nil || j < 0:
-			r.skip()
-		case p.v[j] != nil:
-			r.skip()
-			p.err = w.errorIn(partNames[j], "%s", duplicateMsg)
-		case j == partContent && (p.v[partType] == nil || stringIs(p.v[partType], "tool_result")):
-			p.before, p.walked = w.mark(), true
-			k := r.next()
-			start := r.start
-			w.push("content")
-			p.contentErr = w.content(k, anthropic)
-			w.pop()
-			p.v[j] = r.since(start)
-		default:
-			p.v[j] = r.value()
-		}
-	}
+	return w.addPart(&v)
 }
 
 // addPart adds a part or block other than a tool result, by its type.
@@ -887,7 +853,7 @@ func (w *walker) addItem(k jsontext.Kind) error {
 		return w.errorf("must be an object, got %s", typeName(byte(k)))
 	}
 	var v [partFields][]byte
-	if err := w.fields(partNames, v[:]); err != nil {
+	if err := w.fields(partNames, v[:], nil); err != nil {
 		return err
 	}
 	if present(v[partType]) && rawType(v[partType]) != '"' {
