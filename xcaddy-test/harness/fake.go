@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/fakellm/fakeapi"
 )
 
 // FakeOptions configure a fakellm process. Zero values keep fakellm's own
@@ -29,49 +31,12 @@ type FakeOptions struct {
 	Bin           string   // fakellm binary; default BuildFake(t)
 }
 
-// FakeStats is fakellm's /debug/stats.
-type FakeStats struct {
-	Received   uint64 `json:"received"`
-	Completed  uint64 `json:"completed"`
-	ClientGone uint64 `json:"client_gone"`
-	BadRequest uint64 `json:"bad_request"`
-	// RateLimited counts the fake's 429s for its -tpm/-rpm account limits;
-	// ChargedTokens what its account counted of the requests it took
-	// (prompt + max_tokens).
-	RateLimited   uint64 `json:"rate_limited"`
-	ChargedTokens uint64 `json:"charged_tokens"`
-	Running       int    `json:"running"`
-	Waiting       int    `json:"waiting"`
-	// Held counts requests holding a slot before their first token while
-	// the fake is paused: at Slots, no slot frees until Resume.
-	Held    int  `json:"held"`
-	Paused  bool `json:"paused"`
-	Healthy bool `json:"healthy"`
-}
-
-// FakeRequest is one entry of fakellm's /debug/requests.
-type FakeRequest struct {
-	Seq              uint64            `json:"seq"`
-	Path             string            `json:"path"`
-	Tenant           string            `json:"tenant"`  // X-Tenant-ID
-	TestID           string            `json:"test_id"` // X-Test-Id
-	Headers          map[string]string `json:"headers"` // first value of each
-	Body             string            `json:"body"`    // first 64 KiB
-	BodyBytes        int               `json:"body_bytes"`
-	Stream           bool              `json:"stream"`
-	PromptTokens     int               `json:"prompt_tokens"`
-	OutputTokens     int               `json:"output_tokens"`
-	ReceivedUnixNano int64             `json:"received_unix_nano"`
-	StartedUnixNano  int64             `json:"started_unix_nano"` // slot acquired; 0: never
-	StartSeq         uint64            `json:"start_seq"`         // 1, 2, 3... in slot order; 0: never
-	// GeneratedUnixNano: the generation ended, the answer's last bytes
-	// not yet written (0: never); anything sent on its completion arrives
-	// after it.
-	GeneratedUnixNano int64  `json:"generated_unix_nano"`
-	FinishedUnixNano  int64  `json:"finished_unix_nano"`
-	Status            int    `json:"status"`
-	Outcome           string `json:"outcome"` // in_flight, ok, client_gone, bad_request, aborted
-}
+// FakeStats is fakellm's /debug/stats, FakeRequest an entry of its
+// /debug/requests.
+type (
+	FakeStats   = fakeapi.Stats
+	FakeRequest = fakeapi.Record
+)
 
 // fakeCount numbers unnamed fakes so that two of them never share a name.
 var fakeCount atomic.Int64
