@@ -84,7 +84,7 @@ func redisProc(t *testing.T, args ...string) (addr, dir string, cmd *exec.Cmd) {
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	c := redis.NewClient(&redis.Options{Addr: addr})
 	defer c.Close()
-	waitFor(t, "redis-server at "+addr+" to answer PING", func() (bool, string) {
+	harness.WaitFor(t, "redis-server at "+addr+" to answer PING", func() (bool, string) {
 		err := c.Ping(context.Background()).Err()
 		out, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
 		return err == nil, fmt.Sprintf("%v; its log:\n%s", err, out)
@@ -221,7 +221,7 @@ func TestClusterRedisCluster(t *testing.T) {
 	}
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: nodes})
 	defer cc.Close()
-	waitFor(t, "the cluster's state ok on every node", func() (bool, string) {
+	harness.WaitFor(t, "the cluster's state ok on every node", func() (bool, string) {
 		for _, n := range nodes {
 			c := redis.NewClient(&redis.Options{Addr: n})
 			info, err := c.ClusterInfo(context.Background()).Result()
@@ -273,7 +273,7 @@ func TestClusterSentinelFailover(t *testing.T) {
 	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinel})
 	defer sc.Close()
 	ctx := context.Background()
-	waitFor(t, "the sentinel to know the replica, in sync", func() (bool, string) {
+	harness.WaitFor(t, "the sentinel to know the replica, in sync", func() (bool, string) {
 		reps, err := sc.Replicas(ctx, "mymaster").Result()
 		if err != nil || len(reps) != 1 {
 			return false, fmt.Sprint(reps, err)
@@ -292,7 +292,7 @@ func TestClusterSentinelFailover(t *testing.T) {
 	if err := sc.Failover(ctx, "mymaster").Err(); err != nil {
 		t.Fatalf("SENTINEL FAILOVER: %v", err)
 	}
-	waitFor(t, "the sentinel to name the replica primary", func() (bool, string) {
+	harness.WaitFor(t, "the sentinel to name the replica primary", func() (bool, string) {
 		a, err := sc.GetMasterAddrByName(ctx, "mymaster").Result()
 		return err == nil && len(a) == 2 && a[0]+":"+a[1] == replica, fmt.Sprint(a, err)
 	})
@@ -300,7 +300,7 @@ func TestClusterSentinelFailover(t *testing.T) {
 	// replica came as the scripts' effects, not as EVALSHA).
 	rc := redis.NewClient(&redis.Options{Addr: replica})
 	defer rc.Close()
-	waitFor(t, "the gateways' scripts running on the new primary", func() (bool, string) {
+	harness.WaitFor(t, "the gateways' scripts running on the new primary", func() (bool, string) {
 		info := rc.Info(ctx, "commandstats").Val()
 		return strings.Contains(info, "cmdstat_evalsha:calls="), "no EVALSHA on the new primary yet"
 	})

@@ -95,7 +95,7 @@ func TestClusterTenantNamedAfterInternalKeys(t *testing.T) {
 	}
 	// The stream is written once a tenant was served (an entry per sync
 	// with service to send).
-	waitFor(t, "the stream of served cost", func() (bool, string) {
+	harness.WaitFor(t, "the stream of served cost", func() (bool, string) {
 		typ := rc.Type(ctx, "keys:stream{shares}").Val()
 		return typ == "stream", "type " + typ
 	})
@@ -120,7 +120,7 @@ func TestClusterTenantNamedAfterInternalKeys(t *testing.T) {
 	}
 	// Every meter comes back to rest within its second and is deleted;
 	// the pool and the stream stay.
-	waitFor(t, "the tenants' meters gone at rest", func() (bool, string) {
+	harness.WaitFor(t, "the tenants' meters gone at rest", func() (bool, string) {
 		keys := rc.Keys(ctx, "keys:t{*").Val()
 		return len(keys) == 0, fmt.Sprintf("left: %q", keys)
 	})

@@ -83,7 +83,7 @@ func maxConcurrent(t *testing.T, fakes ...*harness.Fake) int {
 func waitFirstGrants(t testing.TB, gws ...*harness.Caddy) {
 	t.Helper()
 	for i, c := range gws {
-		waitFor(t, fmt.Sprintf("gateway %d's first grant of the shared slots", i), func() (bool, string) {
+		harness.WaitFor(t, fmt.Sprintf("gateway %d's first grant of the shared slots", i), func() (bool, string) {
 			return strings.Contains(c.Logs(), "sharing the upstream slots through redis"), "no grant logged yet"
 		})
 	}
@@ -170,7 +170,7 @@ func (f *slotFlood) servedNow() map[int]int {
 func (f *slotFlood) waitServed(t *testing.T, what string, n int, gws ...int) {
 	t.Helper()
 	base := f.servedNow()
-	waitFor(t, fmt.Sprintf("%s: %d more requests served through each of gateways %v", what, n, gws), func() (bool, string) {
+	harness.WaitFor(t, fmt.Sprintf("%s: %d more requests served through each of gateways %v", what, n, gws), func() (bool, string) {
 		now := f.servedNow()
 		for _, g := range gws {
 			if now[g]-base[g] < n {
@@ -221,7 +221,7 @@ func TestClusterSharedSlotsRedisRestart(t *testing.T) {
 	}
 	flood.waitServed(t, "the flood without Redis", 20, 0, 1, 2)
 	rs.start()
-	waitFor(t, "the grants from Redis again, adding up to the pool", func() (bool, string) {
+	harness.WaitFor(t, "the grants from Redis again, adding up to the pool", func() (bool, string) {
 		g := grants()
 		return sum(g) == 8, fmt.Sprintf("grants %v", g)
 	})
@@ -239,7 +239,7 @@ func TestClusterSharedSlotsRedisRestart(t *testing.T) {
 	cl := newClient(true)
 	defer cl.CloseIdleConnections()
 	tries := 0
-	waitFor(t, "gateway 1 hearing gateway 0's claims after the restart", func() (bool, string) {
+	harness.WaitFor(t, "gateway 1 hearing gateway 0's claims after the restart", func() (bool, string) {
 		tries++ // each try its own id: the fakes' records check that none reached them twice
 		r := send(context.Background(), cl, bases[0], chatReq{Tenant: "rt", TestID: fmt.Sprint("rt-after-restart-", tries), MaxTokens: 5, IgnoreEOS: true})
 		if r.Err != nil || r.Status != http.StatusOK {
@@ -396,7 +396,7 @@ func clusterFloodRun(t *testing.T, prefix string, data map[string]any, floods ..
 	each := func(what string, base map[string]int, n int) map[string]int {
 		t.Helper()
 		var now map[string]int
-		waitFor(t, fmt.Sprintf("%s: %d requests served to each tenant", what, n), func() (bool, string) {
+		harness.WaitFor(t, fmt.Sprintf("%s: %d requests served to each tenant", what, n), func() (bool, string) {
 			mu.Lock()
 			now = maps.Clone(served)
 			mu.Unlock()

@@ -98,7 +98,7 @@ func sparseWaits(t testing.TB, rigs ...*sparseRig) [][]time.Duration {
 		}
 	}
 	for _, rig := range rigs {
-		waitFor(t, fmt.Sprintf("the flood through %d gateway(s) filling the pool's 8 slots with a backlog in the gateways", rig.n), func() (bool, string) {
+		harness.WaitFor(t, fmt.Sprintf("the flood through %d gateway(s) filling the pool's 8 slots with a backlog in the gateways", rig.n), func() (bool, string) {
 			running, queued := 0, 0.0
 			for _, f := range rig.fakes {
 				running += f.Stats().Running

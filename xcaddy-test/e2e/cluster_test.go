@@ -53,11 +53,11 @@ const (
 	clusterTau     = 2.0         // s: burst_allow 0.2 x burst_window 10s
 	clusterOutput  = 190         // output tokens per request; ~200 with the prompt
 	clusterOffered = 15          // requests/s over the three gateways: ~3x the quota
-	clusterBudget  = time.Second // times Slowdown: see clusterWaitBudget
+	clusterBudget  = time.Second // scaled: see clusterWaitBudget
 )
 
 // clusterWaitBudget is the metered tenant's wait budget: clusterBudget
-// stretched by the machine's Slowdown. The test's bound is on the answers
+// stretched by harness.Scale. The test's bound is on the answers
 // (none a queue_timeout: each request's quota time is fixed at admission),
 // and with a 1 s budget on a 2-core machine running two busy loops and
 // the suite beside it a gateway stalled past a booked request's deadline
@@ -112,7 +112,7 @@ func (r *redisServer) start() {
 	if err := r.cmd.Start(); err != nil {
 		r.t.Fatalf("starting redis-server: %v", err)
 	}
-	waitFor(r.t, "redis-server to answer PING", func() (bool, string) {
+	harness.WaitFor(r.t, "redis-server to answer PING", func() (bool, string) {
 		conn, err := net.DialTimeout("tcp", r.addr(), time.Second)
 		if err != nil {
 			return false, err.Error()
@@ -239,7 +239,7 @@ func TestClusterQuota(t *testing.T) {
 		waitMetricEq(t, c, 1, "caddy_fair_queue_cluster_redis_up")
 	}
 	// C: with Redis again, until it has served the tenant a few times.
-	waitFor(t, "five requests served with redis back", func() (bool, string) {
+	harness.WaitFor(t, "five requests served with redis back", func() (bool, string) {
 		mu.Lock()
 		defer mu.Unlock()
 		n := 0

@@ -108,7 +108,6 @@ type Server struct {
 	// rpm and tpm are the account's meters (ratelimit.go), under mu.
 	rpm, tpm meter
 
-	reg       *prometheus.Registry
 	requests  *prometheus.CounterVec
 	completed prometheus.Counter
 }
@@ -135,7 +134,7 @@ func New(cfg Config) *Server {
 	s.healthy.Store(!cfg.Down)
 
 	// A registry per server keeps several fakes in one test process apart.
-	s.reg = prometheus.NewRegistry()
+	reg := prometheus.NewRegistry()
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fake_llm_requests_total",
 		Help: "Requests received, by path.",
@@ -144,7 +143,7 @@ func New(cfg Config) *Server {
 		Name: "fake_llm_completed_total",
 		Help: "Requests whose response was fully written.",
 	})
-	s.reg.MustRegister(s.requests, s.completed,
+	reg.MustRegister(s.requests, s.completed,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "fake_llm_running",
 			Help: "Requests holding a generation slot.",
@@ -163,7 +162,7 @@ func New(cfg Config) *Server {
 	mux.HandleFunc("POST /admin/health", s.handleSetHealth)
 	mux.HandleFunc("POST /admin/pause", s.handlePause)
 	mux.HandleFunc("POST /admin/resume", s.handleResume)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /debug/requests", s.handleRequests)
 	mux.HandleFunc("GET /debug/stats", s.handleStats)
 	mux.HandleFunc("POST /debug/reset", s.handleReset)

@@ -45,9 +45,9 @@ func Standalone(parent context.Context, name string, logw io.Writer, f func(t te
 	return nil
 }
 
-// standaloneTB is Standalone's testing.TB. The embedded interface is nil:
-// it only supplies TB's unexported method; every exported one is defined
-// below, so none reaches it.
+// standaloneTB is Standalone's testing.TB: the methods the harness and the
+// load tool call. The embedded interface is nil; it supplies TB's
+// unexported method, and calling any other (Skip, Setenv...) panics.
 type standaloneTB struct {
 	testing.TB
 
@@ -57,7 +57,6 @@ type standaloneTB struct {
 
 	mu       sync.Mutex
 	failed   bool
-	skipped  bool
 	firstErr string
 	cleanups []func()
 	tempDirs []string
@@ -98,8 +97,6 @@ func (s *standaloneTB) fail(msg string) {
 	}
 }
 
-func (s *standaloneTB) ArtifactDir() string    { return s.TempDir() }
-func (s *standaloneTB) Attr(key, value string) { s.Logf("attr %s=%s", key, value) }
 func (s *standaloneTB) Cleanup(f func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -110,9 +107,10 @@ func (s *standaloneTB) Errorf(format string, args ...any) {
 	s.Logf(format, args...)
 	s.fail(fmt.Sprintf(format, args...))
 }
-func (s *standaloneTB) Fail()             { s.fail("") }
-func (s *standaloneTB) FailNow()          { s.fail(""); runtime.Goexit() }
-func (s *standaloneTB) Fatal(args ...any) { s.Error(args...); runtime.Goexit() }
+func (s *standaloneTB) Fatal(args ...any) {
+	s.Error(args...)
+	runtime.Goexit()
+}
 func (s *standaloneTB) Fatalf(format string, args ...any) {
 	s.Errorf(format, args...)
 	runtime.Goexit()
@@ -127,43 +125,6 @@ func (s *standaloneTB) Log(args ...any) { fmt.Fprintln(s.out, args...) }
 func (s *standaloneTB) Logf(format string, args ...any) {
 	fmt.Fprintf(s.out, format+"\n", args...)
 }
-func (s *standaloneTB) Name() string { return s.name }
-func (s *standaloneTB) Setenv(key, value string) {
-	prev, had := os.LookupEnv(key)
-	if err := os.Setenv(key, value); err != nil {
-		s.Fatal(err)
-	}
-	s.Cleanup(func() {
-		if had {
-			os.Setenv(key, prev)
-		} else {
-			os.Unsetenv(key)
-		}
-	})
-}
-func (s *standaloneTB) Chdir(dir string) {
-	prev, err := os.Getwd()
-	if err != nil {
-		s.Fatal(err)
-	}
-	if err := os.Chdir(dir); err != nil {
-		s.Fatal(err)
-	}
-	s.Cleanup(func() { os.Chdir(prev) })
-}
-func (s *standaloneTB) Skip(args ...any) { s.Log(args...); s.SkipNow() }
-func (s *standaloneTB) SkipNow() {
-	s.mu.Lock()
-	s.skipped = true
-	s.mu.Unlock()
-	runtime.Goexit()
-}
-func (s *standaloneTB) Skipf(format string, args ...any) { s.Logf(format, args...); s.SkipNow() }
-func (s *standaloneTB) Skipped() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.skipped
-}
 func (s *standaloneTB) TempDir() string {
 	d, err := os.MkdirTemp("", "fairqueue-"+s.name+"-")
 	if err != nil {
@@ -175,4 +136,3 @@ func (s *standaloneTB) TempDir() string {
 	return d
 }
 func (s *standaloneTB) Context() context.Context { return s.ctx }
-func (s *standaloneTB) Output() io.Writer        { return s.out }
