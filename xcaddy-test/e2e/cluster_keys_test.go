@@ -55,14 +55,14 @@ http://127.0.0.1:{{.Site}} {
 // made locally or sync fails while Redis is up.
 func TestClusterTenantNamedAfterInternalKeys(t *testing.T) {
 	t.Parallel()
-	rs := startRedis(t)
+	rs := harness.StartRedis(t)
 	fakes := startFakes(t, 1, "ckeys", harness.FakeOptions{Slots: 4})
 	p := harness.Ports(t, "Admin", "Site")
-	c := startCaddy(t, clusterKeysTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"], "Upstreams": addrs(fakes...), "Redis": rs.url()})
+	c := startCaddy(t, clusterKeysTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"], "Upstreams": addrs(fakes...), "Redis": rs.URL()})
 	base := fmt.Sprintf("http://127.0.0.1:%d", p["Site"])
 	waitMetricEq(t, c, 1, "caddy_fair_queue_cluster_redis_up")
 	waitMetricEq(t, c, 4, "caddy_fair_queue_cluster_slot_grant")
-	rc := redis.NewClient(&redis.Options{Addr: rs.addr()})
+	rc := redis.NewClient(&redis.Options{Addr: rs.Addr()})
 	defer rc.Close()
 	ctx := context.Background()
 

@@ -93,14 +93,14 @@ func waitFirstGrants(t testing.TB, gws ...*harness.Caddy) {
 // sharing the pool of fakes through rs, with fairness their tenants'
 // service too, and waits for every one's first grant; it returns them and
 // their base URLs.
-func startSlotGateways(t *testing.T, rs *redisServer, n int, leaseTTL string, fairness bool, fakes []*harness.Fake) ([]*harness.Caddy, []string) {
+func startSlotGateways(t *testing.T, rs *harness.Redis, n int, leaseTTL string, fairness bool, fakes []*harness.Fake) ([]*harness.Caddy, []string) {
 	t.Helper()
 	var gws []*harness.Caddy
 	var bases []string
 	for range n {
 		p := harness.Ports(t, "Admin", "Site")
 		gws = append(gws, startCaddy(t, clusterSlotsTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
-			"Upstreams": addrs(fakes...), "Instances": n, "LeaseTTL": leaseTTL, "Fairness": fairness, "Redis": rs.url()}))
+			"Upstreams": addrs(fakes...), "Instances": n, "LeaseTTL": leaseTTL, "Fairness": fairness, "Redis": rs.URL()}))
 		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
 	}
 	waitFirstGrants(t, gws...)
@@ -202,7 +202,7 @@ func (f *slotFlood) end() {
 // t.Parallel): Redis restarts on the port it had, which another test's
 // client could take meanwhile.
 func TestClusterSharedSlotsRedisRestart(t *testing.T) {
-	rs := startRedis(t)
+	rs := harness.StartRedis(t)
 	fakes := startFakes(t, 2, "crestart", harness.FakeOptions{Slots: 4, TTFT: 10 * time.Millisecond, PerToken: 4 * time.Millisecond})
 	gws, bases := startSlotGateways(t, rs, 3, "2s", true, fakes)
 	flood := startSlotFlood(t, bases)
@@ -215,12 +215,12 @@ func TestClusterSharedSlotsRedisRestart(t *testing.T) {
 	}
 	sum := func(g []float64) float64 { return g[0] + g[1] + g[2] }
 	flood.waitServed(t, "the flood on Redis", 20, 0, 1, 2)
-	rs.kill()
+	rs.Kill()
 	for _, c := range gws {
 		waitMetricEq(t, c, 2, "caddy_fair_queue_cluster_slot_grant")
 	}
 	flood.waitServed(t, "the flood without Redis", 20, 0, 1, 2)
-	rs.start()
+	rs.Start()
 	harness.WaitFor(t, "the grants from Redis again, adding up to the pool", func() (bool, string) {
 		g := grants()
 		return sum(g) == 8, fmt.Sprintf("grants %v", g)
@@ -270,7 +270,7 @@ func TestClusterSharedSlotsRedisRestart(t *testing.T) {
 // take them.
 func TestClusterSharedSlots(t *testing.T) {
 	t.Parallel()
-	rs := startRedis(t)
+	rs := harness.StartRedis(t)
 	fakes := startFakes(t, 2, "cslots", harness.FakeOptions{Slots: 4, TTFT: 10 * time.Millisecond, PerToken: 4 * time.Millisecond})
 	gws, bases := startSlotGateways(t, rs, 3, "2s", false, fakes)
 	flood := startSlotFlood(t, bases)
@@ -357,13 +357,13 @@ const (
 // more than the pool.
 func clusterFloodRun(t *testing.T, prefix string, data map[string]any, floods ...tenantFlood) (map[string]int, []*harness.Caddy) {
 	t.Helper()
-	rs := startRedis(t)
+	rs := harness.StartRedis(t)
 	fakes := startFakes(t, 2, prefix, harness.FakeOptions{Slots: 3, TTFT: 10 * time.Millisecond, PerToken: 4 * time.Millisecond})
 	var bases []string
 	var gws []*harness.Caddy
 	for range 2 {
 		p := harness.Ports(t, "Admin", "Site")
-		d := map[string]any{"Admin": p["Admin"], "Site": p["Site"], "Upstreams": addrs(fakes...), "Redis": rs.url()}
+		d := map[string]any{"Admin": p["Admin"], "Site": p["Site"], "Upstreams": addrs(fakes...), "Redis": rs.URL()}
 		maps.Copy(d, data)
 		gws = append(gws, startCaddy(t, clusterTwoTenantsTmpl, d))
 		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
@@ -469,13 +469,13 @@ http://127.0.0.1:{{.Site}} {
 // rate x time + burst within 5%, not three times it.
 func TestClusterProviderAccount(t *testing.T) {
 	t.Parallel()
-	rs := startRedis(t)
+	rs := harness.StartRedis(t)
 	fakes := startFakes(t, 1, "cacct", harness.FakeOptions{Slots: 16, TTFT: 5 * time.Millisecond, PerToken: 200 * time.Microsecond})
 	var bases []string
 	for range 3 {
 		p := harness.Ports(t, "Admin", "Site")
 		c := startCaddy(t, clusterAccountTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"], "Upstreams": addrs(fakes...),
-			"Redis": rs.url()})
+			"Redis": rs.URL()})
 		waitMetricEq(t, c, 1, "caddy_fair_queue_cluster_redis_up")
 		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
 	}
@@ -520,7 +520,7 @@ func TestClusterProviderAccount(t *testing.T) {
 // send as it stops may fail; they are not counted.)
 func TestClusterSharedSlotsReleasedOnStop(t *testing.T) {
 	t.Parallel()
-	rs := startRedis(t)
+	rs := harness.StartRedis(t)
 	fakes := startFakes(t, 2, "crel", harness.FakeOptions{Slots: 4, TTFT: 10 * time.Millisecond, PerToken: 4 * time.Millisecond})
 	// A lease far longer than the test and its waits: a grant that comes
 	// back does so because its gateway gave it back, not because it

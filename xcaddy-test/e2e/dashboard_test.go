@@ -217,7 +217,7 @@ func hashPassword(t *testing.T, password string) string {
 func TestDashboardInBrowser(t *testing.T) {
 	t.Parallel()
 	chromium := chromiumPath(t)
-	rs := startRedis(t)
+	rs := harness.StartRedis(t)
 	hash := hashPassword(t, dashPassword)
 	fakes := startFakes(t, 2, "dash", harness.FakeOptions{Slots: 4, TTFT: 5 * time.Millisecond, PerToken: 2 * time.Millisecond})
 	var gws []*harness.Caddy
@@ -225,7 +225,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	for range 2 {
 		p := harness.Ports(t, "Admin", "Site")
 		gws = append(gws, startCaddy(t, dashTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
-			"Upstreams": addrs(fakes...), "User": dashUser, "Hash": hash, "Long": longTenant, "Redis": rs.url()}))
+			"Upstreams": addrs(fakes...), "User": dashUser, "Hash": hash, "Long": longTenant, "Redis": rs.URL()}))
 		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
 	}
 	for _, c := range gws {
