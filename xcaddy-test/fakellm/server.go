@@ -78,7 +78,7 @@ type waiter struct {
 	rec   *fakeapi.Record
 }
 
-// Server is the fake model server. It is an http.Handler.
+// Server is the fake model server, an http.Handler.
 type Server struct {
 	cfg Config
 	log *log.Logger
@@ -375,7 +375,6 @@ func (s *Server) newRecord(r *http.Request, body []byte) *fakeapi.Record {
 	return rec
 }
 
-// stamp sets *at to now under the server's lock.
 func (s *Server) stamp(at *int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -471,11 +470,11 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, parse func([]b
 		return
 	}
 	defer s.release()
-	if err := s.waitResumed(ctx); err != nil {
-		s.finish(rec, 0, s.gone())
-		return
+	err := s.waitResumed(ctx)
+	if err == nil {
+		err = sleep(ctx, s.cfg.TTFT)
 	}
-	if err := sleep(ctx, s.cfg.TTFT); err != nil {
+	if err != nil {
 		s.finish(rec, 0, s.gone())
 		return
 	}
@@ -618,23 +617,24 @@ func (s *Server) fail(w http.ResponseWriter, wire api, rec *fakeapi.Record, msg 
 // {"error":{message,type,code}} or Anthropic's
 // {"type":"error","error":{type,message}}.
 func writeError(w http.ResponseWriter, wire api, status int, msg, code string) {
-	typ := map[int]string{http.StatusBadRequest: "invalid_request_error", http.StatusTooManyRequests: "rate_limit_error",
-		http.StatusServiceUnavailable: "overloaded_error"}[status]
+	types := errorTypes[status]
 	if wire == apiMessages {
-		writeJSON(w, status, map[string]any{"type": "error", "error": map[string]any{"type": typ, "message": msg}})
+		writeJSON(w, status, map[string]any{"type": "error", "error": map[string]any{"type": types[1], "message": msg}})
 		return
-	}
-	if status == http.StatusTooManyRequests {
-		typ = "tokens" // as OpenAI types its rate-limit errors
-	}
-	if status == http.StatusServiceUnavailable {
-		typ = "server_error"
 	}
 	var c any
 	if code != "" {
 		c = code
 	}
-	writeJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": c}})
+	writeJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "type": types[0], "code": c}})
+}
+
+// errorTypes is the error type of each status the fake answers: OpenAI's,
+// Anthropic's.
+var errorTypes = map[int][2]string{
+	http.StatusBadRequest:         {"invalid_request_error", "invalid_request_error"},
+	http.StatusTooManyRequests:    {"tokens", "rate_limit_error"},
+	http.StatusServiceUnavailable: {"server_error", "overloaded_error"},
 }
 
 // outputTokens: with ignore_eos the model generates exactly the limit (or the

@@ -26,7 +26,6 @@ type FakeOptions struct {
 	PerToken      time.Duration
 	DefaultOutput int
 	Down          bool     // start with /health answering 503
-	Port          int      // 0: a free port chosen by the fake itself
 	Args          []string // extra command-line flags
 	Bin           string   // fakellm binary; default BuildFake(t)
 }
@@ -45,7 +44,6 @@ var fakeCount atomic.Int64
 type Fake struct {
 	t    testing.TB
 	opts FakeOptions
-	bin  string
 	out  *logSink
 	port int
 	proc *process
@@ -55,9 +53,8 @@ type Fake struct {
 // or 503), and stops it when the test ends.
 func StartFake(t testing.TB, opts FakeOptions) *Fake {
 	t.Helper()
-	bin := opts.Bin
-	if bin == "" {
-		bin = BuildFake(t)
+	if opts.Bin == "" {
+		opts.Bin = BuildFake(t)
 	}
 	if opts.Name == "" {
 		opts.Name = fmt.Sprint("fake", fakeCount.Add(1))
@@ -66,13 +63,11 @@ func StartFake(t testing.TB, opts FakeOptions) *Fake {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &Fake{t: t, opts: opts, bin: bin, out: &logSink{file: file}, port: opts.Port}
+	f := &Fake{t: t, opts: opts, out: &logSink{file: file}}
 	dumpOnFailure(t, "fakellm "+opts.Name, f.out)
 	t.Cleanup(func() {
 		if f.proc != nil && !f.proc.exited() {
-			if err := f.proc.stop(); err != nil {
-				t.Errorf("harness: fakellm %s did not stop cleanly: %v", f.Name(), err)
-			}
+			f.Stop()
 		}
 		file.Close()
 	})
@@ -101,13 +96,13 @@ func (f *Fake) start() {
 	args = append(args, f.opts.Args...)
 
 	mark := len(f.out.String())
-	p, err := startProcess(f.bin, args, os.Environ(), f.out)
+	p, err := startProcess(f.opts.Bin, args, os.Environ(), f.out)
 	if err != nil {
 		f.t.Fatalf("harness: starting fakellm: %v", err)
 	}
 	f.proc = p
-	// fakellm prints its address first thing, so port 0 works without the
-	// race of picking a free port for another process.
+	// The first start listens on port 0 and reads the port fakellm prints
+	// (no race for a free port); a restart reuses it.
 	err = p.waitReady(func() (bool, error) {
 		if f.port == 0 {
 			port, ok := listeningPort(f.out.String()[mark:])
