@@ -16,7 +16,7 @@ import (
 // the process management. It behaves like a test's T where the harness
 // relies on it: Fatal ends f (runtime.Goexit, so f must call it from its own
 // goroutine, as in a test), Cleanup functions run last-in first-out once f
-// has returned, TempDir is removed afterwards, and Context is cancelled just
+// has returned (a TempDir's removal among them), and Context is cancelled just
 // before the cleanups, or when parent is (e.g. on an interrupt, which then
 // stops a build in progress). Log output goes to logw (nil: discarded). The
 // error says whether f failed (Error, Fatal or Fail) and why.
@@ -26,12 +26,7 @@ func Standalone(parent context.Context, name string, logw io.Writer, f func(t te
 	}
 	ctx, cancel := context.WithCancel(parent)
 	s := &standaloneTB{name: name, out: logw, ctx: ctx}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		f(s)
-	}()
-	<-done
+	goexitSafe(func() { f(s) })
 	cancel()
 	s.runCleanups()
 	s.mu.Lock()
@@ -59,7 +54,6 @@ type standaloneTB struct {
 	failed   bool
 	firstErr string
 	cleanups []func()
-	tempDirs []string
 }
 
 func (s *standaloneTB) runCleanups() {
@@ -67,25 +61,22 @@ func (s *standaloneTB) runCleanups() {
 		s.mu.Lock()
 		n := len(s.cleanups)
 		if n == 0 {
-			dirs := s.tempDirs
-			s.tempDirs = nil
 			s.mu.Unlock()
-			for _, d := range dirs {
-				os.RemoveAll(d)
-			}
 			return
 		}
 		fn := s.cleanups[n-1]
 		s.cleanups = s.cleanups[:n-1]
 		s.mu.Unlock()
-		// A Fatal inside a cleanup ends only that cleanup, as in a test.
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			fn()
-		}()
-		<-done
+		goexitSafe(fn) // a Fatal inside a cleanup ends only that cleanup
 	}
+}
+
+// goexitSafe runs f on a goroutine of its own and waits for it, so that
+// f's Fatal (runtime.Goexit) ends f, not the caller.
+func goexitSafe(f func()) {
+	var wg sync.WaitGroup
+	wg.Go(f)
+	wg.Wait()
 }
 
 func (s *standaloneTB) fail(msg string) {
@@ -130,9 +121,7 @@ func (s *standaloneTB) TempDir() string {
 	if err != nil {
 		s.Fatal(err)
 	}
-	s.mu.Lock()
-	s.tempDirs = append(s.tempDirs, d)
-	s.mu.Unlock()
+	s.Cleanup(func() { os.RemoveAll(d) })
 	return d
 }
 func (s *standaloneTB) Context() context.Context { return s.ctx }
