@@ -34,16 +34,9 @@ type Caddy struct {
 func StartCaddy(t testing.TB, bin, caddyfile string) *Caddy {
 	t.Helper()
 	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "Caddyfile")
-	if err := os.WriteFile(cfgPath, []byte(caddyfile), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	// Adapting first gives the addresses to wait for, and a clear error for a
 	// Caddyfile that does not parse.
-	adapted, err := adapt(bin, dir, cfgPath)
-	if err != nil {
-		t.Fatalf("harness: %v", err)
-	}
+	cfgPath, adapted := adapt(t, bin, dir, caddyfile)
 	admin, listeners, err := addresses(adapted)
 	if err != nil {
 		t.Fatalf("harness: %v\nCaddyfile:\n%s", err, caddyfile)
@@ -142,27 +135,26 @@ func (c *Caddy) Kill() {
 // Adapt runs "caddy adapt" on caddyfile and returns the JSON config.
 func Adapt(t testing.TB, bin, caddyfile string) []byte {
 	t.Helper()
-	dir := t.TempDir()
-	p := filepath.Join(dir, "Caddyfile")
-	if err := os.WriteFile(p, []byte(caddyfile), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	out, err := adapt(bin, dir, p)
-	if err != nil {
-		t.Fatalf("harness: %v", err)
-	}
+	_, out := adapt(t, bin, t.TempDir(), caddyfile)
 	return out
 }
 
-func adapt(bin, dir, file string) ([]byte, error) {
-	cmd := exec.Command(bin, "adapt", "--config", file, "--adapter", "caddyfile")
-	cmd.Env = caddyEnv(dir)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("caddy adapt %s: %v\n%s", filepath.Base(file), err, stderr.String())
+// adapt writes caddyfile to dir/Caddyfile and adapts it.
+func adapt(t testing.TB, bin, dir, caddyfile string) (path string, adapted []byte) {
+	t.Helper()
+	path = filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(path, []byte(caddyfile), 0o644); err != nil {
+		t.Fatal(err)
 	}
-	return stdout.Bytes(), nil
+	cmd := exec.Command(bin, "adapt", "--config", path, "--adapter", "caddyfile")
+	cmd.Env = caddyEnv(dir)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	adapted, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("harness: caddy adapt Caddyfile: %v\n%s", err, stderr.String())
+	}
+	return path, adapted
 }
 
 // Validate runs "caddy validate" on a config file, with an adapter when

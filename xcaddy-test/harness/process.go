@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -173,11 +174,8 @@ func httpStatus(method, url, contentType string, body []byte) (int, []byte, erro
 		return 0, nil, err
 	}
 	defer resp.Body.Close()
-	var b bytes.Buffer
-	if _, err := b.ReadFrom(resp.Body); err != nil {
-		return resp.StatusCode, b.Bytes(), err
-	}
-	return resp.StatusCode, b.Bytes(), nil
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
 }
 
 var errNotTCP = errors.New("not a TCP address")
