@@ -764,13 +764,21 @@ func (g generation) prefixedID() string {
 	return "cmpl-" + g.id
 }
 
-// respond spends the whole generation time, then writes one JSON body.
-func (s *Server) respond(ctx context.Context, w http.ResponseWriter, g generation) error {
+// generateAll spends the whole generation time and returns the text.
+func (s *Server) generateAll(ctx context.Context, g generation) (string, error) {
 	if err := sleep(ctx, time.Duration(g.usage.CompletionTokens)*s.cfg.PerToken); err != nil {
-		return err
+		return "", err
 	}
 	g.generated()
-	text := strings.Repeat(outputToken, g.usage.CompletionTokens)
+	return strings.Repeat(outputToken, g.usage.CompletionTokens), nil
+}
+
+// respond spends the whole generation time, then writes one JSON body.
+func (s *Server) respond(ctx context.Context, w http.ResponseWriter, g generation) error {
+	text, err := s.generateAll(ctx, g)
+	if err != nil {
+		return err
+	}
 	var choice map[string]any
 	if g.api == apiChat {
 		choice = map[string]any{"index": 0, "finish_reason": g.finishReason,
