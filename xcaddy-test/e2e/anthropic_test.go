@@ -1,13 +1,9 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -93,30 +89,11 @@ type anthropicResult struct {
 // scripts/test.sh with npm ci in xcaddy-test/anthropic-client) on a plan.
 func runAnthropicClient(t *testing.T, base string, plan []anthropicStep) []anthropicResult {
 	t.Helper()
-	dir, err := filepath.Abs("../anthropic-client")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@anthropic-ai", "sdk")); err != nil {
-		t.Fatalf("the official Anthropic client is not installed: run 'npm ci' in %s (scripts/test.sh does): %v", dir, err)
-	}
 	p, err := json.Marshal(plan)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "client.mjs")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "FQ_BASE="+base, "FQ_PLAN="+string(p))
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr []byte
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = ee.Stderr
-		}
-		t.Fatalf("node client.mjs: %v\n%s\n%s", err, out, stderr)
-	}
+	out := harness.NodeClient(t, "../anthropic-client", "@anthropic-ai/sdk", "FQ_BASE="+base, "FQ_PLAN="+string(p))
 	var res []anthropicResult
 	if err := json.Unmarshal(out, &res); err != nil {
 		t.Fatalf("client output: %v: %s", err, out)

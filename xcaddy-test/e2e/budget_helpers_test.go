@@ -80,7 +80,7 @@ const accessLogTmpl = `log {
 func (l accessLog) waitOf(t *testing.T, id string) time.Duration {
 	t.Helper()
 	var e map[string]any
-	waitFor(t, id+"'s entry in the access log", func() (bool, string) {
+	harness.WaitFor(t, id+"'s entry in the access log", func() (bool, string) {
 		e = accessLogFields(t, string(l))[id]
 		return e != nil, "not logged yet"
 	})

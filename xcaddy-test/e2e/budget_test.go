@@ -298,7 +298,7 @@ func TestBudgetBoostUnderFlood(t *testing.T) {
 	// first token, which no request does while paused but the ones that
 	// took their slot after the pause (or just before it, before they
 	// looked). The gateway agrees: all its slots in flight.
-	waitFor(t, "every upstream slot held at the paused fakes (their held count) and in flight at the gateway (its inflight gauge)", func() (bool, string) {
+	harness.WaitFor(t, "every upstream slot held at the paused fakes (their held count) and in flight at the gateway (its inflight gauge)", func() (bool, string) {
 		held := 0
 		for _, f := range fakes {
 			held += f.Stats().Held

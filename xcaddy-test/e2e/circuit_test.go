@@ -112,7 +112,7 @@ func TestCircuitShedsLowTier(t *testing.T) {
 	isShed := func(r result) bool {
 		return isCode(timedResult{result: r}, http.StatusTooManyRequests, "circuit_open")
 	}
-	waitFor(t, "bulk answered circuit_open 34 times while the circuit holds low shed", func() (bool, string) {
+	harness.WaitFor(t, "bulk answered circuit_open 34 times while the circuit holds low shed", func() (bool, string) {
 		n := bulk.count(isShed)
 		return n >= 34, fmt.Sprintf("%d circuit_open answers", n)
 	})

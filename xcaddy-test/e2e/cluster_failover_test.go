@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,42 +54,6 @@ http://127.0.0.1:{{.Site}} {
 	}
 }
 `
-
-// redisProc starts redis-server with args on a free port of its own
-// directory and waits until it answers PING; the test's cleanup kills it.
-func redisProc(t *testing.T, args ...string) (addr, dir string, cmd *exec.Cmd) {
-	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Fatal("redis-server is not on PATH: install Debian's redis-server package (scripts/test.sh does)")
-	}
-	port := harness.FreePort(t)
-	dir = t.TempDir()
-	addr = "127.0.0.1:" + strconv.Itoa(port)
-	full := append([]string{}, args...)
-	full = append(full, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir)
-	if !slices.Contains(args, "--sentinel") {
-		full = append(full, "--save", "", "--appendonly", "no")
-	}
-	cmd = exec.Command("redis-server", full...)
-	log, err := os.Create(filepath.Join(dir, "redis.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer log.Close()
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	defer c.Close()
-	waitFor(t, "redis-server at "+addr+" to answer PING", func() (bool, string) {
-		err := c.Ping(context.Background()).Err()
-		out, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
-		return err == nil, fmt.Sprintf("%v; its log:\n%s", err, out)
-	})
-	return addr, dir, cmd
-}
 
 // quotaLoad sends clusterOffered requests a second of the metered tenant
 // round-robin over bases until stop is closed, each of ~200 tokens, and
@@ -212,7 +175,7 @@ func TestClusterRedisCluster(t *testing.T) {
 		// ephemeral range, where a test's outgoing connection can hold it
 		// (FreePort), so it is drawn like the client port.
 		bus := strconv.Itoa(harness.FreePort(t))
-		addr, _, _ := redisProc(t, "--cluster-enabled", "yes", "--cluster-port", bus, "--cluster-node-timeout", "2000")
+		addr := harness.StartRedis(t, "--cluster-enabled", "yes", "--cluster-port", bus, "--cluster-node-timeout", "2000").Addr()
 		nodes = append(nodes, addr)
 	}
 	out, err := exec.Command("redis-cli", append(append([]string{"--cluster", "create"}, nodes...), "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput()
@@ -221,7 +184,7 @@ func TestClusterRedisCluster(t *testing.T) {
 	}
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: nodes})
 	defer cc.Close()
-	waitFor(t, "the cluster's state ok on every node", func() (bool, string) {
+	harness.WaitFor(t, "the cluster's state ok on every node", func() (bool, string) {
 		for _, n := range nodes {
 			c := redis.NewClient(&redis.Options{Addr: n})
 			info, err := c.ClusterInfo(context.Background()).Result()
@@ -261,19 +224,19 @@ func TestClusterRedisCluster(t *testing.T) {
 // it (deciding locally for the moments it takes), every request gets an
 // answer of the contract, and the quota holds within 5% over the run.
 func TestClusterSentinelFailover(t *testing.T) {
-	primary, _, _ := redisProc(t)
-	replica, _, _ := redisProc(t, "--replicaof", "127.0.0.1", strings.Split(primary, ":")[1])
+	primary := harness.StartRedis(t).Addr()
+	replica := harness.StartRedis(t, "--replicaof", "127.0.0.1", strings.Split(primary, ":")[1]).Addr()
 	sdir := t.TempDir()
 	conf := filepath.Join(sdir, "sentinel.conf")
 	if err := os.WriteFile(conf, []byte(fmt.Sprintf("sentinel monitor mymaster 127.0.0.1 %s 1\n"+
 		"sentinel down-after-milliseconds mymaster 2000\nsentinel failover-timeout mymaster 10000\n", strings.Split(primary, ":")[1])), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	sentinel, _, _ := redisProc(t, conf, "--sentinel")
+	sentinel := harness.StartRedis(t, conf, "--sentinel").Addr()
 	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinel})
 	defer sc.Close()
 	ctx := context.Background()
-	waitFor(t, "the sentinel to know the replica, in sync", func() (bool, string) {
+	harness.WaitFor(t, "the sentinel to know the replica, in sync", func() (bool, string) {
 		reps, err := sc.Replicas(ctx, "mymaster").Result()
 		if err != nil || len(reps) != 1 {
 			return false, fmt.Sprint(reps, err)
@@ -292,7 +255,7 @@ func TestClusterSentinelFailover(t *testing.T) {
 	if err := sc.Failover(ctx, "mymaster").Err(); err != nil {
 		t.Fatalf("SENTINEL FAILOVER: %v", err)
 	}
-	waitFor(t, "the sentinel to name the replica primary", func() (bool, string) {
+	harness.WaitFor(t, "the sentinel to name the replica primary", func() (bool, string) {
 		a, err := sc.GetMasterAddrByName(ctx, "mymaster").Result()
 		return err == nil && len(a) == 2 && a[0]+":"+a[1] == replica, fmt.Sprint(a, err)
 	})
@@ -300,7 +263,7 @@ func TestClusterSentinelFailover(t *testing.T) {
 	// replica came as the scripts' effects, not as EVALSHA).
 	rc := redis.NewClient(&redis.Options{Addr: replica})
 	defer rc.Close()
-	waitFor(t, "the gateways' scripts running on the new primary", func() (bool, string) {
+	harness.WaitFor(t, "the gateways' scripts running on the new primary", func() (bool, string) {
 		info := rc.Info(ctx, "commandstats").Val()
 		return strings.Contains(info, "cmdstat_evalsha:calls="), "no EVALSHA on the new primary yet"
 	})

@@ -55,14 +55,14 @@ http://127.0.0.1:{{.Site}} {
 // made locally or sync fails while Redis is up.
 func TestClusterTenantNamedAfterInternalKeys(t *testing.T) {
 	t.Parallel()
-	rs := startRedis(t)
+	rs := harness.StartRedis(t)
 	fakes := startFakes(t, 1, "ckeys", harness.FakeOptions{Slots: 4})
 	p := harness.Ports(t, "Admin", "Site")
-	c := startCaddy(t, clusterKeysTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"], "Upstreams": addrs(fakes...), "Redis": rs.url()})
+	c := startCaddy(t, clusterKeysTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"], "Upstreams": addrs(fakes...), "Redis": rs.URL()})
 	base := fmt.Sprintf("http://127.0.0.1:%d", p["Site"])
 	waitMetricEq(t, c, 1, "caddy_fair_queue_cluster_redis_up")
 	waitMetricEq(t, c, 4, "caddy_fair_queue_cluster_slot_grant")
-	rc := redis.NewClient(&redis.Options{Addr: rs.addr()})
+	rc := redis.NewClient(&redis.Options{Addr: rs.Addr()})
 	defer rc.Close()
 	ctx := context.Background()
 
@@ -95,7 +95,7 @@ func TestClusterTenantNamedAfterInternalKeys(t *testing.T) {
 	}
 	// The stream is written once a tenant was served (an entry per sync
 	// with service to send).
-	waitFor(t, "the stream of served cost", func() (bool, string) {
+	harness.WaitFor(t, "the stream of served cost", func() (bool, string) {
 		typ := rc.Type(ctx, "keys:stream{shares}").Val()
 		return typ == "stream", "type " + typ
 	})
@@ -120,7 +120,7 @@ func TestClusterTenantNamedAfterInternalKeys(t *testing.T) {
 	}
 	// Every meter comes back to rest within its second and is deleted;
 	// the pool and the stream stay.
-	waitFor(t, "the tenants' meters gone at rest", func() (bool, string) {
+	harness.WaitFor(t, "the tenants' meters gone at rest", func() (bool, string) {
 		keys := rc.Keys(ctx, "keys:t{*").Val()
 		return len(keys) == 0, fmt.Sprintf("left: %q", keys)
 	})

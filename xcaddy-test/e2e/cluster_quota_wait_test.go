@@ -68,14 +68,14 @@ const (
 // 39%, the quota's time lost to the waits for slots). It runs alone: it
 // measures shares of a paced load, which another test's load would skew.
 func TestClusterQuotaHeldThroughThreeGateways(t *testing.T) {
-	rs := startRedis(t)
+	rs := harness.StartRedis(t)
 	fakes := startFakes(t, 2, "cqw", harness.FakeOptions{Slots: 64, TTFT: 5 * time.Millisecond, PerToken: 5 * time.Millisecond})
 	var gws []*harness.Caddy
 	var bases []string
 	for range 3 {
 		p := harness.Ports(t, "Admin", "Site")
 		c := startCaddy(t, clusterQuotaWaitTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
-			"Upstreams": addrs(fakes...), "QPS": cqwQPS, "Redis": rs.url()})
+			"Upstreams": addrs(fakes...), "QPS": cqwQPS, "Redis": rs.URL()})
 		gws = append(gws, c)
 		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
 	}

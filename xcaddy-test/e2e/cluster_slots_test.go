@@ -83,7 +83,7 @@ func maxConcurrent(t *testing.T, fakes ...*harness.Fake) int {
 func waitFirstGrants(t testing.TB, gws ...*harness.Caddy) {
 	t.Helper()
 	for i, c := range gws {
-		waitFor(t, fmt.Sprintf("gateway %d's first grant of the shared slots", i), func() (bool, string) {
+		harness.WaitFor(t, fmt.Sprintf("gateway %d's first grant of the shared slots", i), func() (bool, string) {
 			return strings.Contains(c.Logs(), "sharing the upstream slots through redis"), "no grant logged yet"
 		})
 	}
@@ -93,14 +93,14 @@ func waitFirstGrants(t testing.TB, gws ...*harness.Caddy) {
 // sharing the pool of fakes through rs, with fairness their tenants'
 // service too, and waits for every one's first grant; it returns them and
 // their base URLs.
-func startSlotGateways(t *testing.T, rs *redisServer, n int, leaseTTL string, fairness bool, fakes []*harness.Fake) ([]*harness.Caddy, []string) {
+func startSlotGateways(t *testing.T, rs *harness.Redis, n int, leaseTTL string, fairness bool, fakes []*harness.Fake) ([]*harness.Caddy, []string) {
 	t.Helper()
 	var gws []*harness.Caddy
 	var bases []string
 	for range n {
 		p := harness.Ports(t, "Admin", "Site")
 		gws = append(gws, startCaddy(t, clusterSlotsTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
-			"Upstreams": addrs(fakes...), "Instances": n, "LeaseTTL": leaseTTL, "Fairness": fairness, "Redis": rs.url()}))
+			"Upstreams": addrs(fakes...), "Instances": n, "LeaseTTL": leaseTTL, "Fairness": fairness, "Redis": rs.URL()}))
 		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
 	}
 	waitFirstGrants(t, gws...)
@@ -170,7 +170,7 @@ func (f *slotFlood) servedNow() map[int]int {
 func (f *slotFlood) waitServed(t *testing.T, what string, n int, gws ...int) {
 	t.Helper()
 	base := f.servedNow()
-	waitFor(t, fmt.Sprintf("%s: %d more requests served through each of gateways %v", what, n, gws), func() (bool, string) {
+	harness.WaitFor(t, fmt.Sprintf("%s: %d more requests served through each of gateways %v", what, n, gws), func() (bool, string) {
 		now := f.servedNow()
 		for _, g := range gws {
 			if now[g]-base[g] < n {
@@ -202,7 +202,7 @@ func (f *slotFlood) end() {
 // t.Parallel): Redis restarts on the port it had, which another test's
 // client could take meanwhile.
 func TestClusterSharedSlotsRedisRestart(t *testing.T) {
-	rs := startRedis(t)
+	rs := harness.StartRedis(t)
 	fakes := startFakes(t, 2, "crestart", harness.FakeOptions{Slots: 4, TTFT: 10 * time.Millisecond, PerToken: 4 * time.Millisecond})
 	gws, bases := startSlotGateways(t, rs, 3, "2s", true, fakes)
 	flood := startSlotFlood(t, bases)
@@ -215,13 +215,13 @@ func TestClusterSharedSlotsRedisRestart(t *testing.T) {
 	}
 	sum := func(g []float64) float64 { return g[0] + g[1] + g[2] }
 	flood.waitServed(t, "the flood on Redis", 20, 0, 1, 2)
-	rs.kill()
+	rs.Kill()
 	for _, c := range gws {
 		waitMetricEq(t, c, 2, "caddy_fair_queue_cluster_slot_grant")
 	}
 	flood.waitServed(t, "the flood without Redis", 20, 0, 1, 2)
-	rs.start()
-	waitFor(t, "the grants from Redis again, adding up to the pool", func() (bool, string) {
+	rs.Start()
+	harness.WaitFor(t, "the grants from Redis again, adding up to the pool", func() (bool, string) {
 		g := grants()
 		return sum(g) == 8, fmt.Sprintf("grants %v", g)
 	})
@@ -239,7 +239,7 @@ func TestClusterSharedSlotsRedisRestart(t *testing.T) {
 	cl := newClient(true)
 	defer cl.CloseIdleConnections()
 	tries := 0
-	waitFor(t, "gateway 1 hearing gateway 0's claims after the restart", func() (bool, string) {
+	harness.WaitFor(t, "gateway 1 hearing gateway 0's claims after the restart", func() (bool, string) {
 		tries++ // each try its own id: the fakes' records check that none reached them twice
 		r := send(context.Background(), cl, bases[0], chatReq{Tenant: "rt", TestID: fmt.Sprint("rt-after-restart-", tries), MaxTokens: 5, IgnoreEOS: true})
 		if r.Err != nil || r.Status != http.StatusOK {
@@ -270,7 +270,7 @@ func TestClusterSharedSlotsRedisRestart(t *testing.T) {
 // take them.
 func TestClusterSharedSlots(t *testing.T) {
 	t.Parallel()
-	rs := startRedis(t)
+	rs := harness.StartRedis(t)
 	fakes := startFakes(t, 2, "cslots", harness.FakeOptions{Slots: 4, TTFT: 10 * time.Millisecond, PerToken: 4 * time.Millisecond})
 	gws, bases := startSlotGateways(t, rs, 3, "2s", false, fakes)
 	flood := startSlotFlood(t, bases)
@@ -357,13 +357,13 @@ const (
 // more than the pool.
 func clusterFloodRun(t *testing.T, prefix string, data map[string]any, floods ...tenantFlood) (map[string]int, []*harness.Caddy) {
 	t.Helper()
-	rs := startRedis(t)
+	rs := harness.StartRedis(t)
 	fakes := startFakes(t, 2, prefix, harness.FakeOptions{Slots: 3, TTFT: 10 * time.Millisecond, PerToken: 4 * time.Millisecond})
 	var bases []string
 	var gws []*harness.Caddy
 	for range 2 {
 		p := harness.Ports(t, "Admin", "Site")
-		d := map[string]any{"Admin": p["Admin"], "Site": p["Site"], "Upstreams": addrs(fakes...), "Redis": rs.url()}
+		d := map[string]any{"Admin": p["Admin"], "Site": p["Site"], "Upstreams": addrs(fakes...), "Redis": rs.URL()}
 		maps.Copy(d, data)
 		gws = append(gws, startCaddy(t, clusterTwoTenantsTmpl, d))
 		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
@@ -396,7 +396,7 @@ func clusterFloodRun(t *testing.T, prefix string, data map[string]any, floods ..
 	each := func(what string, base map[string]int, n int) map[string]int {
 		t.Helper()
 		var now map[string]int
-		waitFor(t, fmt.Sprintf("%s: %d requests served to each tenant", what, n), func() (bool, string) {
+		harness.WaitFor(t, fmt.Sprintf("%s: %d requests served to each tenant", what, n), func() (bool, string) {
 			mu.Lock()
 			now = maps.Clone(served)
 			mu.Unlock()
@@ -469,13 +469,13 @@ http://127.0.0.1:{{.Site}} {
 // rate x time + burst within 5%, not three times it.
 func TestClusterProviderAccount(t *testing.T) {
 	t.Parallel()
-	rs := startRedis(t)
+	rs := harness.StartRedis(t)
 	fakes := startFakes(t, 1, "cacct", harness.FakeOptions{Slots: 16, TTFT: 5 * time.Millisecond, PerToken: 200 * time.Microsecond})
 	var bases []string
 	for range 3 {
 		p := harness.Ports(t, "Admin", "Site")
 		c := startCaddy(t, clusterAccountTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"], "Upstreams": addrs(fakes...),
-			"Redis": rs.url()})
+			"Redis": rs.URL()})
 		waitMetricEq(t, c, 1, "caddy_fair_queue_cluster_redis_up")
 		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
 	}
@@ -520,7 +520,7 @@ func TestClusterProviderAccount(t *testing.T) {
 // send as it stops may fail; they are not counted.)
 func TestClusterSharedSlotsReleasedOnStop(t *testing.T) {
 	t.Parallel()
-	rs := startRedis(t)
+	rs := harness.StartRedis(t)
 	fakes := startFakes(t, 2, "crel", harness.FakeOptions{Slots: 4, TTFT: 10 * time.Millisecond, PerToken: 4 * time.Millisecond})
 	// A lease far longer than the test and its waits: a grant that comes
 	// back does so because its gateway gave it back, not because it

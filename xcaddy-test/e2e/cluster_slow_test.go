@@ -152,10 +152,10 @@ func mixedRun(t *testing.T, g slowGateway, run string) (time.Duration, map[strin
 // down: redis_up 0, and the metered tenant is held to its local share of
 // the quota.
 func TestClusterSlowRedis(t *testing.T) {
-	rs := startRedis(t)
+	rs := harness.StartRedis(t)
 	fakes := startFakes(t, 2, "cslow", harness.FakeOptions{Slots: 64, TTFT: time.Millisecond, PerToken: 100 * time.Microsecond})
-	far := harness.StartDelayProxy(t, rs.addr(), 100*time.Millisecond)
-	near := startSlowGateway(t, rs.addr(), "500ms", "near:", 20, fakes)
+	far := harness.StartDelayProxy(t, rs.Addr(), 100*time.Millisecond)
+	near := startSlowGateway(t, rs.Addr(), "500ms", "near:", 20, fakes)
 	slow := startSlowGateway(t, far.Addr(), "500ms", "far:", 20, fakes)
 	waitMetricEq(t, slow.c, 1, "caddy_fair_queue_cluster_redis_up")
 
@@ -226,11 +226,11 @@ func TestClusterSlowRedis(t *testing.T) {
 // failed). The account is large enough not to bind: what is measured is
 // the lock, not the account.
 func TestClusterSlowRedisProviderAccount(t *testing.T) {
-	rs := startRedis(t)
+	rs := harness.StartRedis(t)
 	fakes := startFakes(t, 2, "cslowacct", harness.FakeOptions{Slots: 64, TTFT: time.Millisecond, PerToken: 100 * time.Microsecond})
-	far := harness.StartDelayProxy(t, rs.addr(), 100*time.Millisecond)
+	far := harness.StartDelayProxy(t, rs.Addr(), 100*time.Millisecond)
 	const account = "upstream_quota rpm 60000 tpm 10000000"
-	near := startSlowGatewayWith(t, rs.addr(), "500ms", "anear:", 20, account, fakes)
+	near := startSlowGatewayWith(t, rs.Addr(), "500ms", "anear:", 20, account, fakes)
 	slow := startSlowGatewayWith(t, far.Addr(), "500ms", "afar:", 20, account, fakes)
 	waitMetricEq(t, slow.c, 1, "caddy_fair_queue_cluster_redis_up")
 

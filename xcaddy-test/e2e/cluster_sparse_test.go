@@ -56,14 +56,14 @@ type sparseRig struct {
 	bases []string
 }
 
-func startSparse(t testing.TB, rs *redisServer, n int, syncEvery string) *sparseRig {
+func startSparse(t testing.TB, rs *harness.Redis, n int, syncEvery string) *sparseRig {
 	t.Helper()
 	r := &sparseRig{n: n, fakes: startFakes(t, 2, fmt.Sprintf("sparse%d", n),
 		harness.FakeOptions{Slots: 4, TTFT: 20 * time.Millisecond, PerToken: 20 * time.Millisecond})}
 	for range n {
 		p := harness.Ports(t, "Admin", "Site")
 		r.gws = append(r.gws, startCaddy(t, clusterSparseTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
-			"Upstreams": addrs(r.fakes...), "Instances": n, "Sync": syncEvery, "Redis": rs.url()}))
+			"Upstreams": addrs(r.fakes...), "Instances": n, "Sync": syncEvery, "Redis": rs.URL()}))
 		r.bases = append(r.bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
 	}
 	if n > 1 {
@@ -98,7 +98,7 @@ func sparseWaits(t testing.TB, rigs ...*sparseRig) [][]time.Duration {
 		}
 	}
 	for _, rig := range rigs {
-		waitFor(t, fmt.Sprintf("the flood through %d gateway(s) filling the pool's 8 slots with a backlog in the gateways", rig.n), func() (bool, string) {
+		harness.WaitFor(t, fmt.Sprintf("the flood through %d gateway(s) filling the pool's 8 slots with a backlog in the gateways", rig.n), func() (bool, string) {
 			running, queued := 0, 0.0
 			for _, f := range rig.fakes {
 				running += f.Stats().Running
@@ -175,7 +175,7 @@ func sparseWaits(t testing.TB, rigs ...*sparseRig) [][]time.Duration {
 // minute and a half.
 func TestClusterSparseRealtime(t *testing.T) {
 	t.Parallel()
-	rs := startRedis(t)
+	rs := harness.StartRedis(t)
 	w := sparseWaits(t, startSparse(t, rs, 1, "100ms"), startSparse(t, rs, 3, "100ms"))
 	one, three := w[0], w[1]
 	if len(one) < sparseSenders*sparseEach*9/10 || len(three) < sparseSenders*sparseEach*9/10 {
@@ -206,7 +206,7 @@ func sparseP95(w []time.Duration) time.Duration { return w[min(len(w)-1, len(w)*
 // loads; 1.203 with the targets.
 func BenchmarkClusterSparseRealtime(b *testing.B) {
 	for range b.N {
-		rs := startRedis(b)
+		rs := harness.StartRedis(b)
 		w := sparseWaits(b, startSparse(b, rs, 1, "100ms"), startSparse(b, rs, 3, "100ms"))
 		one, three := w[0], w[1]
 		p95 := sparseP95

@@ -1,16 +1,10 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -53,11 +47,11 @@ const (
 	clusterTau     = 2.0         // s: burst_allow 0.2 x burst_window 10s
 	clusterOutput  = 190         // output tokens per request; ~200 with the prompt
 	clusterOffered = 15          // requests/s over the three gateways: ~3x the quota
-	clusterBudget  = time.Second // times Slowdown: see clusterWaitBudget
+	clusterBudget  = time.Second // scaled: see clusterWaitBudget
 )
 
 // clusterWaitBudget is the metered tenant's wait budget: clusterBudget
-// stretched by the machine's Slowdown. The test's bound is on the answers
+// stretched by harness.Scale. The test's bound is on the answers
 // (none a queue_timeout: each request's quota time is fixed at admission),
 // and with a 1 s budget on a 2-core machine running two busy loops and
 // the suite beside it a gateway stalled past a booked request's deadline
@@ -77,72 +71,6 @@ func clusterWaitBudget() time.Duration { return harness.Scale(clusterBudget) }
 // users: a timeout below Redis's worst latency turns slowness into outages.
 const clusterTimeout = "1s"
 
-// redisServer is a redis-server process the test starts, kills and
-// restarts on one port.
-type redisServer struct {
-	t    testing.TB
-	port int
-	dir  string
-	cmd  *exec.Cmd
-}
-
-func startRedis(t testing.TB) *redisServer {
-	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Fatal("redis-server is not on PATH: install Debian's redis-server package (scripts/test.sh does) to run the cluster test")
-	}
-	r := &redisServer{t: t, port: harness.FreePort(t), dir: t.TempDir()}
-	r.start()
-	t.Cleanup(r.kill)
-	return r
-}
-
-// start runs redis-server without persistence (a restart forgets every
-// key, as a crashed cache does) and waits until it answers PING.
-func (r *redisServer) start() {
-	r.t.Helper()
-	r.cmd = exec.Command("redis-server", "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", r.dir)
-	logFile, err := os.OpenFile(filepath.Join(r.dir, "redis.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	defer logFile.Close() // the child has its own descriptor
-	r.cmd.Stdout, r.cmd.Stderr = logFile, logFile
-	if err := r.cmd.Start(); err != nil {
-		r.t.Fatalf("starting redis-server: %v", err)
-	}
-	waitFor(r.t, "redis-server to answer PING", func() (bool, string) {
-		conn, err := net.DialTimeout("tcp", r.addr(), time.Second)
-		if err != nil {
-			return false, err.Error()
-		}
-		defer conn.Close()
-		_ = conn.SetDeadline(time.Now().Add(time.Second))
-		if _, err := conn.Write([]byte("PING\r\n")); err != nil {
-			return false, err.Error()
-		}
-		line, err := bufio.NewReader(conn).ReadString('\n')
-		out, _ := os.ReadFile(filepath.Join(r.dir, "redis.log"))
-		return strings.HasPrefix(line, "+PONG"), fmt.Sprintf("%q %v; redis-server's output:\n%s", line, err, out)
-	})
-}
-
-func (r *redisServer) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port)) }
-
-// url is the server's redis:// URL, for a cluster block.
-func (r *redisServer) url() string { return "redis://" + r.addr() }
-
-// kill ends the server at once (SIGKILL: its connections drop as in a
-// crash).
-func (r *redisServer) kill() {
-	if r.cmd != nil && r.cmd.Process != nil {
-		_ = r.cmd.Process.Kill()
-		_ = r.cmd.Wait()
-		r.cmd = nil
-	}
-}
-
 // clusterResult is one answer of the load, with the phase it was sent in.
 type clusterResult struct {
 	result
@@ -153,14 +81,14 @@ type clusterResult struct {
 // and starts another on the same port, which another test's client could
 // take meanwhile.
 func TestClusterQuota(t *testing.T) {
-	rs := startRedis(t)
+	rs := harness.StartRedis(t)
 	fakes := startFakes(t, 2, "cluster", harness.FakeOptions{Slots: 16, TTFT: 5 * time.Millisecond, PerToken: 50 * time.Microsecond})
 	var gws []*harness.Caddy
 	var bases []string
 	for range 3 {
 		p := harness.Ports(t, "Admin", "Site")
 		c := startCaddy(t, clusterTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
-			"Upstreams": addrs(fakes...), "TPM": clusterTPM, "Redis": rs.url(), "Budget": clusterWaitBudget()})
+			"Upstreams": addrs(fakes...), "TPM": clusterTPM, "Redis": rs.URL(), "Budget": clusterWaitBudget()})
 		gws = append(gws, c)
 		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
 	}
@@ -225,7 +153,7 @@ func TestClusterQuota(t *testing.T) {
 		}
 	}
 	killed := time.Now()
-	rs.kill()
+	rs.Kill()
 	setPhase("B")
 	// B: 8 s without (a measurement window too).
 	for _, c := range gws {
@@ -233,13 +161,13 @@ func TestClusterQuota(t *testing.T) {
 	}
 	time.Sleep(time.Until(killed.Add(8 * time.Second)))
 	restarted := time.Now()
-	rs.start()
+	rs.Start()
 	setPhase("C")
 	for _, c := range gws {
 		waitMetricEq(t, c, 1, "caddy_fair_queue_cluster_redis_up")
 	}
 	// C: with Redis again, until it has served the tenant a few times.
-	waitFor(t, "five requests served with redis back", func() (bool, string) {
+	harness.WaitFor(t, "five requests served with redis back", func() (bool, string) {
 		mu.Lock()
 		defer mu.Unlock()
 		n := 0

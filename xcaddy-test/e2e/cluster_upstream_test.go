@@ -32,7 +32,7 @@ import (
 // 5th.
 func TestClusterSharedSlotsPerUpstream(t *testing.T) {
 	t.Parallel()
-	rs := startRedis(t)
+	rs := harness.StartRedis(t)
 	fakes := startFakes(t, 2, "cperup", harness.FakeOptions{Slots: 4, TTFT: 5 * time.Millisecond, PerToken: 2 * time.Millisecond})
 	_, bases := startSlotGateways(t, rs, 3, "2s", false, fakes)
 	floodAt := time.Now().UnixNano()

@@ -217,7 +217,7 @@ func hashPassword(t *testing.T, password string) string {
 func TestDashboardInBrowser(t *testing.T) {
 	t.Parallel()
 	chromium := chromiumPath(t)
-	rs := startRedis(t)
+	rs := harness.StartRedis(t)
 	hash := hashPassword(t, dashPassword)
 	fakes := startFakes(t, 2, "dash", harness.FakeOptions{Slots: 4, TTFT: 5 * time.Millisecond, PerToken: 2 * time.Millisecond})
 	var gws []*harness.Caddy
@@ -225,7 +225,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	for range 2 {
 		p := harness.Ports(t, "Admin", "Site")
 		gws = append(gws, startCaddy(t, dashTmpl, map[string]any{"Admin": p["Admin"], "Site": p["Site"],
-			"Upstreams": addrs(fakes...), "User": dashUser, "Hash": hash, "Long": longTenant, "Redis": rs.url()}))
+			"Upstreams": addrs(fakes...), "User": dashUser, "Hash": hash, "Long": longTenant, "Redis": rs.URL()}))
 		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", p["Site"]))
 	}
 	for _, c := range gws {
@@ -276,7 +276,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	drive(longTenant, 2, 16, 50*time.Millisecond)
 	drive("stranger-1", 1, 8, 100*time.Millisecond)
 	drive("stranger-2", 1, 8, 100*time.Millisecond)
-	waitFor(t, "the ladder to engage and refusals of beta and gamma", func() (bool, string) {
+	harness.WaitFor(t, "the ladder to engage and refusals of beta and gamma", func() (bool, string) {
 		st, _ := fetchState(t, stateURL)
 		byCode := map[string]int64{}
 		for _, tn := range st.Tenants {
@@ -290,7 +290,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	})
 	// Load until the gateway's own history covers eight seconds of it, so
 	// the charts have a history to draw.
-	waitFor(t, "eight seconds of the load in the dashboard's history", func() (bool, string) {
+	harness.WaitFor(t, "eight seconds of the load in the dashboard's history", func() (bool, string) {
 		st, _ := fetchState(t, base+"/fair-queue/api/state?queue=dash&window=5m")
 		return st.SpanSecs >= 8, fmt.Sprintf("%.1f s covered", st.SpanSecs)
 	})
@@ -299,7 +299,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	t.Logf("load: %d answers, %d refused", sent.Load(), refused.Load())
 	// Quiet: nothing queued or in flight, the ladder released, so the 1h
 	// numbers stand still while the page and the test read them.
-	waitFor(t, "the gateway to drain and the ladder to release", func() (bool, string) {
+	harness.WaitFor(t, "the gateway to drain and the ladder to release", func() (bool, string) {
 		st, _ := fetchState(t, stateURL)
 		return st.Gateway.Queued == 0 && st.Gateway.Inflight == 0 && len(st.Transitions) >= 2 && st.Gateway.Water == 0,
 			fmt.Sprintf("queued %d inflight %d transitions %d", st.Gateway.Queued, st.Gateway.Inflight, len(st.Transitions))
@@ -604,7 +604,7 @@ func checkDashboardPage(t *testing.T, chromium, url, stateURL, locale string, ti
 	first, err := chromedp.Run(bctx, chromedp.Poll[string](`(() => {
 		const s = document.getElementById("status");
 		return s && s.dataset.state !== "loading" ? s.dataset.state + ": " + s.textContent : "";
-	})()`, chromedp.WithPollingTimeout(pollTimeout)))
+	})()`, chromedp.WithPollingTimeout(harness.PollTimeout)))
 	if err != nil || !strings.HasPrefix(first, "ok: ") {
 		t.Fatalf("the page's first poll: %q %v (%v)", first, err, problems())
 	}
@@ -623,7 +623,7 @@ func checkDashboardPage(t *testing.T, chromium, url, stateURL, locale string, ti
 	n, _ := strconv.Atoi(polls)
 	if _, err := chromedp.Run(bctx, chromedp.Poll[bool](fmt.Sprintf(
 		`document.body.dataset.window === "1h" && Number(document.body.dataset.polls) >= %d`, n+2),
-		chromedp.WithPollingTimeout(pollTimeout))); err != nil {
+		chromedp.WithPollingTimeout(harness.PollTimeout))); err != nil {
 		t.Fatalf("waiting for the page to poll the 1h window: %v", err)
 	}
 	view, err := chromedp.Run(bctx, chromedp.Evaluate[pageView](readPage))
@@ -842,7 +842,7 @@ func checkDashboardPage(t *testing.T, chromium, url, stateURL, locale string, ti
 	}
 	if _, err := chromedp.Run(bctx, chromedp.Poll[bool](
 		`document.body.dataset.window === "5m" && document.querySelector("#chart-water path.series.water") !== null`,
-		chromedp.WithPollingTimeout(pollTimeout))); err != nil {
+		chromedp.WithPollingTimeout(harness.PollTimeout))); err != nil {
 		t.Fatalf("waiting for the page to poll the 5m window: %v", err)
 	}
 	view5, err := chromedp.Run(bctx, chromedp.Evaluate[pageView](readPage))

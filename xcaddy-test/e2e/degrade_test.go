@@ -253,7 +253,7 @@ func TestDegradeLadder(t *testing.T) {
 			t.Errorf("%s: cancelled, yet got an answer: %v", h.id, r)
 		}
 		var fresh []string
-		waitFor(t, fmt.Sprintf("one dispatch after freeing slot %d", i+1), func() (bool, string) {
+		harness.WaitFor(t, fmt.Sprintf("one dispatch after freeing slot %d", i+1), func() (bool, string) {
 			fresh = fresh[:0]
 			for id := range records(t, fakes...) {
 				if !strings.HasPrefix(id, "hold-") && !seen[id] {
@@ -283,7 +283,7 @@ func TestDegradeLadder(t *testing.T) {
 			t.Errorf("once no other class waits, batch must take the free slots; dispatch %s", id)
 		}
 	}
-	waitFor(t, "the eight dispatched requests, and only they, in flight at the fakes", func() (bool, string) {
+	harness.WaitFor(t, "the eight dispatched requests, and only they, in flight at the fakes", func() (bool, string) {
 		ids := inFlightAtFakes(t, fakes)
 		n := 0
 		for _, id := range ids {
@@ -301,7 +301,7 @@ func TestDegradeLadder(t *testing.T) {
 	// by one. The gateway's slots are what the pause must not idle.)
 	pause(false)
 	pause(true)
-	waitFor(t, "the eight finished and eight batch requests in flight in their place", func() (bool, string) {
+	harness.WaitFor(t, "the eight finished and eight batch requests in flight in their place", func() (bool, string) {
 		ids := inFlightAtFakes(t, fakes)
 		batch := 0
 		for _, id := range ids {

@@ -147,7 +147,7 @@ http://127.0.0.1:{{.Site}} {
 		r := await(t, next, "next")
 		expectServed(t, r)
 
-		waitFor(t, "the fake to record stream-0 as client_gone", func() (bool, string) {
+		harness.WaitFor(t, "the fake to record stream-0 as client_gone", func() (bool, string) {
 			rec := records(t, fakes...)["stream-0"]
 			return rec.Outcome == "client_gone", fmt.Sprintf("%+v", rec)
 		})

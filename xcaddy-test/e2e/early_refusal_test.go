@@ -111,7 +111,7 @@ func TestEarlyRefusalColdFlood(t *testing.T) {
 	// client's view adds the time to deliver the answer, on a loaded
 	// machine not the gateway's to bound (logged as observed).
 	var logged map[string]map[string]any
-	waitFor(t, fmt.Sprintf("the %d flood requests in the access log", n), func() (bool, string) {
+	harness.WaitFor(t, fmt.Sprintf("the %d flood requests in the access log", n), func() (bool, string) {
 		logged = accessLogFields(t, string(log))
 		got := 0
 		for _, r := range out {

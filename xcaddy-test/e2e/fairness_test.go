@@ -117,7 +117,7 @@ func runFlood(t *testing.T, base, label string, fakes []*harness.Fake, backlog f
 				MaxTokens: floodMaxTokens, IgnoreEOS: true})
 		})
 	}
-	waitFor(t, label+": the whole flood arrived, the fakes' slots held", backlog)
+	harness.WaitFor(t, label+": the whole flood arrived, the fakes' slots held", backlog)
 	for _, f := range fakes {
 		f.Resume()
 	}

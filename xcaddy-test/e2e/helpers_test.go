@@ -4,7 +4,7 @@
 // on durations: the machines these run on are shared and noisy. Waiting for
 // a state (a metric, a fake's counter, a log line) is a polling loop whose
 // bound only turns a hang into a failure that names the state it waited
-// for; the bound grows with harness.Slowdown (FQ_TEST_SLOWDOWN).
+// for; the bound grows with FQ_TEST_SLOWDOWN (harness.Scale).
 //
 // Tests that share nothing with the others (their own fakes, gateways and
 // ports, no machine-wide state) call t.Parallel; those that measure shares
@@ -31,12 +31,7 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/harness"
 )
 
-// pollTimeout bounds every wait for a state, times harness.Slowdown; it is
-// not an assertion on speed, only a way to turn a hang into a failure with
-// context.
-var pollTimeout = harness.Scale(30 * time.Second)
-
-// requestTimeout bounds a single request, times harness.Slowdown; the
+// requestTimeout bounds a single request, scaled (harness.Scale); the
 // longest test request is a few seconds of generation, so hitting it means
 // something hangs.
 var requestTimeout = harness.Scale(90 * time.Second)
@@ -341,14 +336,14 @@ func knownMetric(name string) bool {
 // waitMetric polls the gateway's metrics until cond holds.
 func waitMetric(t *testing.T, c *harness.Caddy, what string, cond func(harness.Series) bool) harness.Series {
 	t.Helper()
-	deadline := time.Now().Add(pollTimeout)
+	deadline := time.Now().Add(harness.PollTimeout)
 	for {
 		s := scrape(t, c)
 		if cond(s) {
 			return s
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("waiting for %s: not reached within %s; fair_queue series now:\n%s", what, pollTimeout, fairQueueSeries(s))
+			t.Fatalf("waiting for %s: not reached within %s; fair_queue series now:\n%s", what, harness.PollTimeout, fairQueueSeries(s))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -375,22 +370,6 @@ func fairQueueSeries(s harness.Series) string {
 		return fmt.Sprintf("  (none; metric names: %v)", s.Names())
 	}
 	return strings.Join(lines, "\n")
-}
-
-// waitFor polls cond until it reports true; detail says what it saw last.
-func waitFor(t testing.TB, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(pollTimeout)
-	for {
-		ok, detail := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting for %s: not reached within %s; last: %s", what, pollTimeout, detail)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // --- fakes ---
@@ -441,7 +420,7 @@ func running(t *testing.T, fakes ...*harness.Fake) int {
 // waitRunning waits until the fakes together run exactly n requests.
 func waitRunning(t *testing.T, n int, fakes ...*harness.Fake) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("%d requests running at the fakes", n), func() (bool, string) {
+	harness.WaitFor(t, fmt.Sprintf("%d requests running at the fakes", n), func() (bool, string) {
 		got := running(t, fakes...)
 		return got == n, fmt.Sprintf("%d running", got)
 	})

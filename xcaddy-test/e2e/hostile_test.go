@@ -446,7 +446,7 @@ http://127.0.0.1:{{.Site}} {
 		go worker(func() string { return "d2" }, "d2")
 		go worker(func() string { return fmt.Sprintf("sybil-%d", seq.Add(1)) }, "sybil")
 	}
-	waitFor(t, "900 requests served", func() (bool, string) {
+	harness.WaitFor(t, "900 requests served", func() (bool, string) {
 		mu.Lock()
 		defer mu.Unlock()
 		n := served["d1"] + served["d2"] + served["sybil"]

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -79,9 +80,9 @@ func TestLoadToolRuns(t *testing.T) {
 	// there, then check it did not go past.
 	fairTotal := sent[loadtest.SiteFair] + rep.Warmup[loadtest.SiteFair]
 	var served float64
-	harness.Eventually(t, "fair_queue to count the fair site's requests", func() bool {
+	harness.WaitFor(t, "fair_queue to count the fair site's requests", func() (bool, string) {
 		served = harness.Metrics(t, metricsURL).Sum("caddy_fair_queue_requests_total", "queue", loadtest.QueueName, "outcome", "served") - servedBefore
-		return served >= float64(fairTotal)
+		return served >= float64(fairTotal), fmt.Sprintf("%v served", served)
 	})
 	if served != float64(fairTotal) {
 		t.Errorf("caddy_fair_queue_requests_total{outcome=served} grew by %v, want %d (the fair site's requests)", served, fairTotal)

@@ -69,7 +69,7 @@ func TestPlaceholdersThroughBinary(t *testing.T) {
 		"ph-invalid": {"fq_tenant": "acme", "fq_outcome": "invalid_request"},
 	}
 	var got map[string]map[string]any
-	waitFor(t, "both requests in the access log", func() (bool, string) {
+	harness.WaitFor(t, "both requests in the access log", func() (bool, string) {
 		got = accessLogFields(t, accessLog)
 		return len(got) == len(want), fmt.Sprintf("%d of %d logged", len(got), len(want))
 	})

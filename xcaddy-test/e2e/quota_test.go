@@ -5,9 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -184,26 +181,7 @@ type clientStep struct {
 // id:maxRetries:maxTokens steps.
 func runOpenAIClient(t *testing.T, base, tenant, plan string) []clientStep {
 	t.Helper()
-	dir, err := filepath.Abs("../openai-client")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai")); err != nil {
-		t.Fatalf("the official openai client is not installed: run 'npm ci' in %s (scripts/test.sh does): %v", dir, err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), harness.Scale(2*time.Minute))
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "client.mjs")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "FQ_BASE="+base, "FQ_TENANT="+tenant, "FQ_PLAN="+plan)
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr []byte
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = ee.Stderr
-		}
-		t.Fatalf("node client.mjs: %v\n%s\n%s", err, out, stderr)
-	}
+	out := harness.NodeClient(t, "../openai-client", "openai", "FQ_BASE="+base, "FQ_TENANT="+tenant, "FQ_PLAN="+plan)
 	var steps []clientStep
 	if err := json.Unmarshal(out, &steps); err != nil {
 		t.Fatalf("client output: %v: %s", err, out)

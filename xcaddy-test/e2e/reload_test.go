@@ -97,7 +97,7 @@ func TestReloadUnderLoad(t *testing.T) {
 			})
 		}
 	}
-	waitFor(t, "60 requests served and a queue in the gateway", func() (bool, string) {
+	harness.WaitFor(t, "60 requests served and a queue in the gateway", func() (bool, string) {
 		depth := metric(scrape(t, c), "caddy_fair_queue_queue_depth")
 		return completed.Load() >= 60 && depth > 0, fmt.Sprintf("%d completed, queue depth %v", completed.Load(), depth)
 	})
@@ -111,7 +111,7 @@ func TestReloadUnderLoad(t *testing.T) {
 		t.Fatalf("reload refused: %v", err)
 	}
 	at := completed.Load()
-	waitFor(t, "60 more requests served after the reload", func() (bool, string) {
+	harness.WaitFor(t, "60 more requests served after the reload", func() (bool, string) {
 		return completed.Load() >= at+60, fmt.Sprintf("%d completed since", completed.Load()-at)
 	})
 	stop.Store(true)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"time"
 )
 
 // Anthropic's Messages API (POST /v1/messages), as the official clients
@@ -150,34 +149,26 @@ func (g generation) stopReason() string {
 	}
 }
 
-// anthropicUsage is the usage object of a message: the prompt's and the
-// generated tokens.
-func (g generation) anthropicUsage() any {
-	if g.garbageUsage {
-		return map[string]any{"input_tokens": "many", "output_tokens": -7}
-	}
-	return map[string]int{"input_tokens": g.usage.PromptTokens, "output_tokens": g.usage.CompletionTokens}
-}
-
-// toolInput is the input of the tool call: the generated tokens.
-func (g generation) toolInput() map[string]string {
-	return map[string]string{"query": strings.Repeat(outputToken, g.usage.CompletionTokens)}
-}
-
-// respondMessage spends the whole generation time, then writes the message.
+// respondMessage spends the whole generation time, then writes the message:
+// a text block of the tokens, or a tool call whose input is
+// {"query": the tokens}.
 func (s *Server) respondMessage(ctx context.Context, w http.ResponseWriter, g generation) error {
-	if err := sleep(ctx, time.Duration(g.usage.CompletionTokens)*s.cfg.PerToken); err != nil {
+	text, err := s.generateAll(ctx, g)
+	if err != nil {
 		return err
 	}
-	g.generated()
-	block := map[string]any{"type": "text", "text": strings.Repeat(outputToken, g.usage.CompletionTokens)}
+	block := map[string]any{"type": "text", "text": text}
 	if g.tool != "" {
-		block = map[string]any{"type": "tool_use", "id": "toolu_" + g.id, "name": g.tool, "input": g.toolInput()}
+		block = map[string]any{"type": "tool_use", "id": "toolu_" + g.id, "name": g.tool, "input": map[string]string{"query": text}}
+	}
+	var usage any = map[string]int{"input_tokens": g.usage.PromptTokens, "output_tokens": g.usage.CompletionTokens}
+	if g.garbageUsage {
+		usage = map[string]any{"input_tokens": "many", "output_tokens": -7}
 	}
 	return writeJSON(w, http.StatusOK, map[string]any{
 		"id": "msg_" + g.id, "type": "message", "role": "assistant", "model": g.model,
 		"content": []any{block}, "stop_reason": g.stopReason(), "stop_sequence": nil,
-		"usage": g.anthropicUsage(),
+		"usage": usage,
 	})
 }
 

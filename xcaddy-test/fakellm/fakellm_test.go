@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/fakellm/fakeapi"
 	"io"
 	"math"
 	"net/http"
@@ -106,7 +107,7 @@ func (f *fixture) background(ctx context.Context, wg *sync.WaitGroup, body strin
 // waitFor polls the server state until cond holds. It waits for progress
 // that is bound to happen; it never asserts on how long that takes (the
 // deadline only turns a hang into a readable failure).
-func (f *fixture) waitFor(what string, cond func(Stats) bool) {
+func (f *fixture) waitFor(what string, cond func(fakeapi.Stats) bool) {
 	f.t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -121,9 +122,9 @@ func (f *fixture) waitFor(what string, cond func(Stats) bool) {
 	}
 }
 
-func (f *fixture) record(testID string) Record {
+func (f *fixture) record(testID string) fakeapi.Record {
 	f.t.Helper()
-	var found []Record
+	var found []fakeapi.Record
 	for _, r := range f.s.Records() {
 		if r.TestID == testID {
 			found = append(found, r)
@@ -151,7 +152,7 @@ func TestFIFOSlotOrder(t *testing.T) {
 	// arrival order is known; the first takes the slot, the others queue.
 	for i := range n {
 		results[i] = f.background(ctx, &wg, chatBody, "X-Test-Id", fmt.Sprint("r", i))
-		f.waitFor(fmt.Sprintf("request %d to arrive", i), func(st Stats) bool {
+		f.waitFor(fmt.Sprintf("request %d to arrive", i), func(st fakeapi.Stats) bool {
 			return st.Running == 1 && st.Waiting == i
 		})
 	}
@@ -167,7 +168,7 @@ func TestFIFOSlotOrder(t *testing.T) {
 		if r.StartSeq != uint64(i+1) {
 			t.Errorf("request r%d started as #%d, want #%d (FIFO)", i, r.StartSeq, i+1)
 		}
-		if r.Outcome != OutcomeOK {
+		if r.Outcome != fakeapi.OutcomeOK {
 			t.Errorf("request r%d: outcome %q", i, r.Outcome)
 		}
 	}
@@ -183,8 +184,8 @@ func TestSlotLimit(t *testing.T) {
 	for range 7 {
 		f.background(context.Background(), &wg, chatBody)
 	}
-	f.waitFor("7 requests to arrive", func(st Stats) bool { return st.Running+st.Waiting == 7 })
-	f.waitFor("the 3 running held before their first token", func(st Stats) bool { return st.Held == 3 })
+	f.waitFor("7 requests to arrive", func(st fakeapi.Stats) bool { return st.Running+st.Waiting == 7 })
+	f.waitFor("the 3 running held before their first token", func(st fakeapi.Stats) bool { return st.Held == 3 })
 	st := f.s.Stats()
 	if st.Running != 3 || st.Waiting != 4 || st.Held != 3 {
 		t.Fatalf("with 3 slots and 7 requests: running %d waiting %d held %d, want 3, 4 and 3", st.Running, st.Waiting, st.Held)
@@ -277,9 +278,9 @@ func TestStreamFlushesFirstChunkBeforeTheRest(t *testing.T) {
 
 	// Leaving mid-stream frees the slot at once.
 	cancel()
-	f.waitFor("the slot to be freed", func(st Stats) bool { return st.Running == 0 })
-	f.waitFor("the outcome to be recorded", func(st Stats) bool { return st.ClientGone == 1 })
-	if r := f.record("s"); r.Outcome != OutcomeClientGone || r.FinishedUnixNano == 0 {
+	f.waitFor("the slot to be freed", func(st fakeapi.Stats) bool { return st.Running == 0 })
+	f.waitFor("the outcome to be recorded", func(st fakeapi.Stats) bool { return st.ClientGone == 1 })
+	if r := f.record("s"); r.Outcome != fakeapi.OutcomeClientGone || r.FinishedUnixNano == 0 {
 		t.Errorf("record %+v", r)
 	}
 }
@@ -485,7 +486,7 @@ func TestInvalidRequests(t *testing.T) {
 		if err := json.Unmarshal([]byte(body), &e); err != nil || e.Error.Message == "" || e.Error.Type == "" {
 			t.Errorf("%s: error body %s", tc.body, body)
 		}
-		if r := f.record(tc.body); r.Outcome != OutcomeBadRequest || r.StartSeq != 0 || r.Status != 400 {
+		if r := f.record(tc.body); r.Outcome != fakeapi.OutcomeBadRequest || r.StartSeq != 0 || r.Status != 400 {
 			t.Errorf("%s: record %+v", tc.body, r)
 		}
 	}
@@ -511,19 +512,19 @@ func TestDisconnectWhileWaitingFreesThePlace(t *testing.T) {
 	defer cancel2()
 
 	r1 := f.background(ctx1, &wg, chatBody, "X-Test-Id", "holder")
-	f.waitFor("holder to take the slot", func(st Stats) bool { return st.Running == 1 })
+	f.waitFor("holder to take the slot", func(st fakeapi.Stats) bool { return st.Running == 1 })
 	r2 := f.background(ctx2, &wg, chatBody, "X-Test-Id", "quitter")
-	f.waitFor("quitter to queue", func(st Stats) bool { return st.Waiting == 1 })
+	f.waitFor("quitter to queue", func(st fakeapi.Stats) bool { return st.Waiting == 1 })
 	r3 := f.background(bg, &wg, chatBody, "X-Test-Id", "patient")
-	f.waitFor("patient to queue", func(st Stats) bool { return st.Waiting == 2 })
+	f.waitFor("patient to queue", func(st fakeapi.Stats) bool { return st.Waiting == 2 })
 
 	// A client that leaves the queue is gone from it at once...
 	cancel2()
-	f.waitFor("quitter to leave the queue", func(st Stats) bool { return st.Waiting == 1 && st.ClientGone == 1 })
+	f.waitFor("quitter to leave the queue", func(st fakeapi.Stats) bool { return st.Waiting == 1 && st.ClientGone == 1 })
 	// ...and one that leaves while holding a slot (here: paused before its
 	// first token) hands the slot to the next in line.
 	cancel1()
-	f.waitFor("patient to get the slot", func(st Stats) bool {
+	f.waitFor("patient to get the slot", func(st fakeapi.Stats) bool {
 		return st.Waiting == 0 && st.Running == 1 && st.ClientGone == 2
 	})
 	f.s.Resume()
@@ -539,13 +540,13 @@ func TestDisconnectWhileWaitingFreesThePlace(t *testing.T) {
 		t.Errorf("patient: %d", got)
 	}
 	holder, quitter, patient := f.record("holder"), f.record("quitter"), f.record("patient")
-	if holder.Outcome != OutcomeClientGone || holder.StartSeq != 1 {
+	if holder.Outcome != fakeapi.OutcomeClientGone || holder.StartSeq != 1 {
 		t.Errorf("holder %+v", holder)
 	}
-	if quitter.Outcome != OutcomeClientGone || quitter.StartSeq != 0 || quitter.StartedUnixNano != 0 {
+	if quitter.Outcome != fakeapi.OutcomeClientGone || quitter.StartSeq != 0 || quitter.StartedUnixNano != 0 {
 		t.Errorf("quitter %+v", quitter)
 	}
-	if patient.Outcome != OutcomeOK || patient.StartSeq != 2 {
+	if patient.Outcome != fakeapi.OutcomeOK || patient.StartSeq != 2 {
 		t.Errorf("patient %+v", patient)
 	}
 	if st := f.s.Stats(); st.Running != 0 || st.Completed != 1 {
@@ -600,7 +601,7 @@ func TestDebugEndpoints(t *testing.T) {
 	}
 	f.do(http.MethodPost, "/v1/completions", `{"prompt":"x"}`, "X-Test-Id", "other")
 
-	var recs []Record
+	var recs []fakeapi.Record
 	_, body := f.do(http.MethodGet, "/debug/requests?test_id=dbg", "")
 	if err := json.Unmarshal([]byte(body), &recs); err != nil {
 		t.Fatal(err)
@@ -610,7 +611,7 @@ func TestDebugEndpoints(t *testing.T) {
 	}
 	for i, r := range recs {
 		if r.Seq != uint64(i+1) || r.Path != "/v1/chat/completions" || r.Tenant != fmt.Sprint("tenant", i) ||
-			r.TestID != "dbg" || r.Outcome != OutcomeOK || r.Status != 200 || r.Headers["X-Extra"] != "e" ||
+			r.TestID != "dbg" || r.Outcome != fakeapi.OutcomeOK || r.Status != 200 || r.Headers["X-Extra"] != "e" ||
 			r.OutputTokens != 1 || r.BodyBytes != len(bodies[i]) {
 			t.Errorf("record %d: %+v", i, r)
 		}
@@ -629,7 +630,7 @@ func TestDebugEndpoints(t *testing.T) {
 		t.Errorf("tenant filter: %v %+v", err, recs)
 	}
 
-	var st Stats
+	var st fakeapi.Stats
 	_, body = f.do(http.MethodGet, "/debug/stats", "")
 	if err := json.Unmarshal([]byte(body), &st); err != nil {
 		t.Fatal(err)
@@ -642,7 +643,7 @@ func TestDebugEndpoints(t *testing.T) {
 	f.s.Pause()
 	var wg sync.WaitGroup
 	res := f.background(context.Background(), &wg, chatBody, "X-Test-Id", "straddler")
-	f.waitFor("straddler to start", func(st Stats) bool { return st.Running == 1 })
+	f.waitFor("straddler to start", func(st fakeapi.Stats) bool { return st.Running == 1 })
 	if got, _ := f.do(http.MethodPost, "/debug/reset", ""); got != 200 {
 		t.Fatalf("reset: %d", got)
 	}
@@ -686,11 +687,11 @@ func TestCloseAbortsRequests(t *testing.T) {
 	f.s.Pause()
 	var wg sync.WaitGroup
 	res := f.background(context.Background(), &wg, chatBody, "X-Test-Id", "paused")
-	f.waitFor("the request to start", func(st Stats) bool { return st.Running == 1 })
+	f.waitFor("the request to start", func(st fakeapi.Stats) bool { return st.Running == 1 })
 	f.s.Close()
 	wg.Wait()
 	<-res
-	if r := f.record("paused"); r.Outcome != OutcomeAborted {
+	if r := f.record("paused"); r.Outcome != fakeapi.OutcomeAborted {
 		t.Errorf("record %+v", r)
 	}
 	if st, _ := f.do(http.MethodPost, "/v1/chat/completions", chatBody); st != http.StatusServiceUnavailable {

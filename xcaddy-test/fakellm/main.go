@@ -27,34 +27,32 @@ import (
 )
 
 func main() {
-	def := DefaultConfig()
+	cfg := DefaultConfig()
 	listen := flag.String("listen", "127.0.0.1:8001", "address to listen on (port 0 picks a free port)")
-	name := flag.String("name", def.Name, "name echoed in the X-Fake-Upstream response header")
-	slots := flag.Int("slots", def.Slots, "concurrent generation slots; more requests wait in a FIFO queue")
-	ttft := flag.Duration("ttft", def.TTFT, "time to first token, after a slot is acquired")
-	perToken := flag.Duration("per-token", def.PerToken, "time per output token")
-	defOut := flag.Int("default-output", def.DefaultOutput, "output tokens without ignore_eos: min(max_tokens, default-output)")
-	down := flag.Bool("down", false, "start with /health answering 503")
-	tpm := flag.Float64("tpm", 0, "the account's tokens per minute (prompt + max_tokens); beyond it, 429. 0: no limit")
-	rpm := flag.Float64("rpm", 0, "the account's requests per minute; beyond it, 429. 0: no limit")
-	window := flag.String("limit-window", WindowBucket, "how the account counts its minute: bucket (refilled continuously), rolling (the last 60 s) or fixed (the clock's minutes)")
+	flag.StringVar(&cfg.Name, "name", cfg.Name, "name echoed in the X-Fake-Upstream response header")
+	flag.IntVar(&cfg.Slots, "slots", cfg.Slots, "concurrent generation slots; more requests wait in a FIFO queue")
+	flag.DurationVar(&cfg.TTFT, "ttft", cfg.TTFT, "time to first token, after a slot is acquired")
+	flag.DurationVar(&cfg.PerToken, "per-token", cfg.PerToken, "time per output token")
+	flag.IntVar(&cfg.DefaultOutput, "default-output", cfg.DefaultOutput, "output tokens without ignore_eos: min(max_tokens, default-output)")
+	flag.BoolVar(&cfg.Down, "down", false, "start with /health answering 503")
+	flag.Float64Var(&cfg.TPM, "tpm", 0, "the account's tokens per minute (prompt + max_tokens); beyond it, 429. 0: no limit")
+	flag.Float64Var(&cfg.RPM, "rpm", 0, "the account's requests per minute; beyond it, 429. 0: no limit")
+	flag.StringVar(&cfg.Window, "limit-window", WindowBucket, "how the account counts its minute: bucket (refilled continuously), rolling (the last 60 s) or fixed (the clock's minutes)")
 	flag.Parse()
-	if err := validWindow(*window); err != nil {
+	if err := validWindow(cfg.Window); err != nil {
 		fmt.Fprintln(os.Stderr, "fakellm:", err)
 		os.Exit(2)
 	}
 
-	logger := log.New(os.Stderr, "fakellm["+*name+"] ", log.LstdFlags|log.Lmicroseconds)
-	if err := run(*listen, Config{
-		Name: *name, Slots: *slots, TTFT: *ttft, PerToken: *perToken,
-		DefaultOutput: *defOut, Down: *down, Logger: logger, TPM: *tpm, RPM: *rpm, Window: *window,
-	}, logger); err != nil {
-		logger.Print(err)
+	cfg.Logger = log.New(os.Stderr, "fakellm["+cfg.Name+"] ", log.LstdFlags|log.Lmicroseconds)
+	if err := run(*listen, cfg); err != nil {
+		cfg.Logger.Print(err)
 		os.Exit(1)
 	}
 }
 
-func run(listen string, cfg Config, logger *log.Logger) error {
+func run(listen string, cfg Config) error {
+	logger := cfg.Logger
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/fakellm/fakeapi"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -72,79 +73,12 @@ const (
 	outputToken = "tok "
 )
 
-// Outcomes recorded in /debug/requests.
-const (
-	OutcomeInFlight   = "in_flight"
-	OutcomeOK         = "ok"
-	OutcomeClientGone = "client_gone"  // client disconnected while waiting or generating
-	OutcomeBadRequest = "bad_request"  // body was not a valid request (400)
-	OutcomeAborted    = "aborted"      // the server shut down mid-request
-	OutcomeLimited    = "rate_limited" // beyond the account's TPM/RPM (429)
-)
-
-// Record is one request as seen by the fake, served by /debug/requests.
-type Record struct {
-	Seq  uint64 `json:"seq"`
-	Path string `json:"path"`
-	// Tenant and TestID are the X-Tenant-ID and X-Test-Id request headers.
-	Tenant string `json:"tenant"`
-	TestID string `json:"test_id"`
-	// Headers holds the first value of every request header, so a test can
-	// prove what the gateway added or stripped.
-	Headers map[string]string `json:"headers"`
-	// Body is the first 64 KiB of the body; BodyBytes its full length.
-	Body      string `json:"body"`
-	BodyBytes int    `json:"body_bytes"`
-	Stream    bool   `json:"stream"`
-	// PromptTokens and OutputTokens are the fake's own counts (see countPrompt).
-	PromptTokens     int   `json:"prompt_tokens"`
-	OutputTokens     int   `json:"output_tokens"`
-	ReceivedUnixNano int64 `json:"received_unix_nano"`
-	// StartedUnixNano is when the request got a slot (0: never). StartSeq
-	// numbers slot grants 1, 2, 3... so start order is exact even when two
-	// clocks readings tie.
-	StartedUnixNano int64  `json:"started_unix_nano"`
-	StartSeq        uint64 `json:"start_seq"`
-	// GeneratedUnixNano is when the generation ended, just before the
-	// answer's last bytes were written (0: never): a request sent on this
-	// one's completion arrives after it, however late the server's own
-	// bookkeeping (FinishedUnixNano) runs on a busy machine.
-	GeneratedUnixNano int64  `json:"generated_unix_nano"`
-	FinishedUnixNano  int64  `json:"finished_unix_nano"`
-	Status            int    `json:"status"`
-	Outcome           string `json:"outcome"`
-
-	// epoch ties the record to the counters it may update: requests in
-	// flight across a /debug/reset must not count in the new epoch.
-	epoch uint64
-}
-
-// Stats is the body of /debug/stats.
-type Stats struct {
-	Received   uint64 `json:"received"`
-	Completed  uint64 `json:"completed"`
-	ClientGone uint64 `json:"client_gone"`
-	BadRequest uint64 `json:"bad_request"`
-	// RateLimited counts 429s for the account's TPM/RPM; ChargedTokens
-	// what the account counted of the requests it took (prompt +
-	// max_tokens), with a TPM.
-	RateLimited   uint64 `json:"rate_limited"`
-	ChargedTokens uint64 `json:"charged_tokens"`
-	Running       int    `json:"running"`
-	Waiting       int    `json:"waiting"`
-	// Held counts the requests holding a slot, before their first token,
-	// until Resume: with the server paused and Held at Slots, no slot frees.
-	Held    int  `json:"held"`
-	Paused  bool `json:"paused"`
-	Healthy bool `json:"healthy"`
-}
-
 type waiter struct {
 	ready chan struct{} // closed when the slot is handed over
-	rec   *Record
+	rec   *fakeapi.Record
 }
 
-// Server is the fake model server. It is an http.Handler.
+// Server is the fake model server, an http.Handler.
 type Server struct {
 	cfg Config
 	log *log.Logger
@@ -165,14 +99,15 @@ type Server struct {
 	resumed  chan struct{}
 	seq      uint64
 	startSeq uint64
-	epoch    uint64
-	records  []*Record
-	stats    Stats // only the counters are used; Running/Waiting are live
+	// resetSeq is seq at the last Reset: requests in flight across it
+	// (Seq <= resetSeq) no longer count.
+	resetSeq uint64
+	records  []*fakeapi.Record
+	stats    fakeapi.Stats // only the counters are used; the gauges are live
 
 	// rpm and tpm are the account's meters (ratelimit.go), under mu.
 	rpm, tpm meter
 
-	reg       *prometheus.Registry
 	requests  *prometheus.CounterVec
 	completed prometheus.Counter
 }
@@ -199,7 +134,7 @@ func New(cfg Config) *Server {
 	s.healthy.Store(!cfg.Down)
 
 	// A registry per server keeps several fakes in one test process apart.
-	s.reg = prometheus.NewRegistry()
+	reg := prometheus.NewRegistry()
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fake_llm_requests_total",
 		Help: "Requests received, by path.",
@@ -208,7 +143,7 @@ func New(cfg Config) *Server {
 		Name: "fake_llm_completed_total",
 		Help: "Requests whose response was fully written.",
 	})
-	s.reg.MustRegister(s.requests, s.completed,
+	reg.MustRegister(s.requests, s.completed,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "fake_llm_running",
 			Help: "Requests holding a generation slot.",
@@ -227,7 +162,7 @@ func New(cfg Config) *Server {
 	mux.HandleFunc("POST /admin/health", s.handleSetHealth)
 	mux.HandleFunc("POST /admin/pause", s.handlePause)
 	mux.HandleFunc("POST /admin/resume", s.handleResume)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /debug/requests", s.handleRequests)
 	mux.HandleFunc("GET /debug/stats", s.handleStats)
 	mux.HandleFunc("POST /debug/reset", s.handleReset)
@@ -266,7 +201,7 @@ func (s *Server) Resume() {
 }
 
 // Stats returns the counters since the last reset and the live gauges.
-func (s *Server) Stats() Stats {
+func (s *Server) Stats() fakeapi.Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.stats
@@ -279,10 +214,10 @@ func (s *Server) Stats() Stats {
 }
 
 // Records returns copies of the recorded requests, oldest first.
-func (s *Server) Records() []Record {
+func (s *Server) Records() []fakeapi.Record {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]Record, len(s.records))
+	out := make([]fakeapi.Record, len(s.records))
 	for i, r := range s.records {
 		out[i] = *r
 	}
@@ -295,15 +230,15 @@ func (s *Server) Records() []Record {
 func (s *Server) Reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.epoch++
+	s.resetSeq = s.seq
 	s.records = nil
-	s.stats = Stats{}
+	s.stats = fakeapi.Stats{}
 }
 
 // --- slots ---
 
 // acquire waits, in FIFO order, for a generation slot.
-func (s *Server) acquire(ctx context.Context, rec *Record) error {
+func (s *Server) acquire(ctx context.Context, rec *fakeapi.Record) error {
 	s.mu.Lock()
 	if s.running < s.cfg.Slots && len(s.queue) == 0 {
 		s.running++
@@ -353,7 +288,7 @@ func (s *Server) releaseLocked() {
 	s.running--
 }
 
-func (s *Server) markStartedLocked(rec *Record) {
+func (s *Server) markStartedLocked(rec *fakeapi.Record) {
 	s.startSeq++
 	rec.StartSeq = s.startSeq
 	rec.StartedUnixNano = time.Now().UnixNano()
@@ -404,7 +339,7 @@ type usage struct {
 	TotalTokens      int `json:"total_tokens"`
 }
 
-func (s *Server) newRecord(r *http.Request, body []byte) *Record {
+func (s *Server) newRecord(r *http.Request, body []byte) *fakeapi.Record {
 	h := make(map[string]string, len(r.Header))
 	for k, v := range r.Header {
 		if len(v) > 0 {
@@ -415,7 +350,7 @@ func (s *Server) newRecord(r *http.Request, body []byte) *Record {
 	if len(rb) > maxRecordedBody {
 		rb = rb[:maxRecordedBody]
 	}
-	rec := &Record{
+	rec := &fakeapi.Record{
 		Path:             r.URL.Path,
 		Tenant:           r.Header.Get("X-Tenant-ID"),
 		TestID:           r.Header.Get("X-Test-Id"),
@@ -423,12 +358,11 @@ func (s *Server) newRecord(r *http.Request, body []byte) *Record {
 		Body:             string(rb),
 		BodyBytes:        len(body),
 		ReceivedUnixNano: time.Now().UnixNano(),
-		Outcome:          OutcomeInFlight,
+		Outcome:          fakeapi.OutcomeInFlight,
 	}
 	s.mu.Lock()
 	s.seq++
 	rec.Seq = s.seq
-	rec.epoch = s.epoch
 	s.records = append(s.records, rec)
 	if len(s.records) > maxRecords {
 		n := copy(s.records, s.records[len(s.records)-maxRecords:])
@@ -441,31 +375,30 @@ func (s *Server) newRecord(r *http.Request, body []byte) *Record {
 	return rec
 }
 
-// stamp sets *at to now under the server's lock.
 func (s *Server) stamp(at *int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	*at = time.Now().UnixNano()
 }
 
-func (s *Server) finish(rec *Record, status int, outcome string) {
+func (s *Server) finish(rec *fakeapi.Record, status int, outcome string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rec.Status = status
 	rec.Outcome = outcome
 	rec.FinishedUnixNano = time.Now().UnixNano()
-	if outcome == OutcomeOK {
+	if outcome == fakeapi.OutcomeOK {
 		s.completed.Inc()
 	}
-	if rec.epoch != s.epoch {
+	if rec.Seq <= s.resetSeq {
 		return
 	}
 	switch outcome {
-	case OutcomeOK:
+	case fakeapi.OutcomeOK:
 		s.stats.Completed++
-	case OutcomeClientGone:
+	case fakeapi.OutcomeClientGone:
 		s.stats.ClientGone++
-	case OutcomeBadRequest:
+	case fakeapi.OutcomeBadRequest:
 		s.stats.BadRequest++
 	}
 }
@@ -537,11 +470,11 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, parse func([]b
 		return
 	}
 	defer s.release()
-	if err := s.waitResumed(ctx); err != nil {
-		s.finish(rec, 0, s.gone())
-		return
+	err := s.waitResumed(ctx)
+	if err == nil {
+		err = sleep(ctx, s.cfg.TTFT)
 	}
-	if err := sleep(ctx, s.cfg.TTFT); err != nil {
+	if err != nil {
 		s.finish(rec, 0, s.gone())
 		return
 	}
@@ -549,14 +482,14 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, parse func([]b
 		s.finish(rec, http.StatusOK, s.gone())
 		return
 	}
-	s.finish(rec, http.StatusOK, OutcomeOK)
+	s.finish(rec, http.StatusOK, fakeapi.OutcomeOK)
 }
 
 // accept reads and records a request and says what to generate for it;
 // or it answers at once (ok false) when the server is shutting down
 // (503), the request is invalid (400) or beyond the account's limits
 // (429).
-func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byte) (spec, error)) (g generation, rec *Record, ok bool) {
+func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byte) (spec, error)) (g generation, rec *fakeapi.Record, ok bool) {
 	wire := apiChat
 	if r.URL.Path == "/v1/messages" {
 		wire = apiMessages
@@ -567,7 +500,7 @@ func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byt
 	w.Header().Set("X-Fake-Seq", strconv.FormatUint(rec.Seq, 10))
 	if s.base.Err() != nil {
 		writeError(w, wire, http.StatusServiceUnavailable, "fakellm is shutting down", "")
-		s.finish(rec, http.StatusServiceUnavailable, OutcomeAborted)
+		s.finish(rec, http.StatusServiceUnavailable, fakeapi.OutcomeAborted)
 		return generation{}, nil, false
 	}
 	sp, err := readSpec(body, err, parse)
@@ -600,7 +533,7 @@ func readSpec(body []byte, readErr error, parse func([]byte) (spec, error)) (spe
 
 // rateLimited records the request's sizes and charges it to the account;
 // beyond the account's limits it answers 429 with the time to retry.
-func (s *Server) rateLimited(w http.ResponseWriter, wire api, rec *Record, sp spec, out int) bool {
+func (s *Server) rateLimited(w http.ResponseWriter, wire api, rec *fakeapi.Record, sp spec, out int) bool {
 	// A provider counts the output cap asked for, not what is generated.
 	asked := sp.prompt + out
 	if sp.limit != nil {
@@ -621,22 +554,18 @@ func (s *Server) rateLimited(w http.ResponseWriter, wire api, rec *Record, sp sp
 	w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retry.Seconds()))))
 	w.Header().Set("Retry-After-Ms", strconv.FormatInt(retry.Milliseconds()+1, 10))
 	writeError(w, wire, http.StatusTooManyRequests, "Rate limit reached for requests or tokens per minute", "rate_limit_exceeded")
-	s.finish(rec, http.StatusTooManyRequests, OutcomeLimited)
+	s.finish(rec, http.StatusTooManyRequests, fakeapi.OutcomeLimited)
 	return true
 }
 
 // newGeneration is the answer to request r: out tokens of sp's model (the
 // server's name when it names none), with the faults r's headers ask for.
-func (s *Server) newGeneration(r *http.Request, rec *Record, sp spec, out int, finishReason string) generation {
+func (s *Server) newGeneration(r *http.Request, rec *fakeapi.Record, sp spec, out int, finishReason string) generation {
 	g := generation{
+		spec:         sp,
 		generated:    func() { s.stamp(&rec.GeneratedUnixNano) },
 		id:           fmt.Sprintf("fake-%d", rec.Seq),
 		created:      time.Now().Unix(),
-		model:        sp.model,
-		api:          sp.api,
-		stream:       sp.stream,
-		includeUsage: sp.includeUsage,
-		tool:         sp.tool,
 		usage:        usage{PromptTokens: sp.prompt, CompletionTokens: out, TotalTokens: sp.prompt + out},
 		finishReason: finishReason,
 	}
@@ -674,37 +603,38 @@ func (s *Server) answer(ctx context.Context, w http.ResponseWriter, g generation
 // gone names why a request ended early: the server closing or the client.
 func (s *Server) gone() string {
 	if s.base.Err() != nil {
-		return OutcomeAborted
+		return fakeapi.OutcomeAborted
 	}
-	return OutcomeClientGone
+	return fakeapi.OutcomeClientGone
 }
 
-func (s *Server) fail(w http.ResponseWriter, wire api, rec *Record, msg string) {
+func (s *Server) fail(w http.ResponseWriter, wire api, rec *fakeapi.Record, msg string) {
 	writeError(w, wire, http.StatusBadRequest, msg, "")
-	s.finish(rec, http.StatusBadRequest, OutcomeBadRequest)
+	s.finish(rec, http.StatusBadRequest, fakeapi.OutcomeBadRequest)
 }
 
 // writeError answers an error in the shape of the request's API: OpenAI's
 // {"error":{message,type,code}} or Anthropic's
 // {"type":"error","error":{type,message}}.
 func writeError(w http.ResponseWriter, wire api, status int, msg, code string) {
-	typ := map[int]string{http.StatusBadRequest: "invalid_request_error", http.StatusTooManyRequests: "rate_limit_error",
-		http.StatusServiceUnavailable: "overloaded_error"}[status]
+	types := errorTypes[status]
 	if wire == apiMessages {
-		writeJSON(w, status, map[string]any{"type": "error", "error": map[string]any{"type": typ, "message": msg}})
+		writeJSON(w, status, map[string]any{"type": "error", "error": map[string]any{"type": types[1], "message": msg}})
 		return
-	}
-	if status == http.StatusTooManyRequests {
-		typ = "tokens" // as OpenAI types its rate-limit errors
-	}
-	if status == http.StatusServiceUnavailable {
-		typ = "server_error"
 	}
 	var c any
 	if code != "" {
 		c = code
 	}
-	writeJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": c}})
+	writeJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "type": types[0], "code": c}})
+}
+
+// errorTypes is the error type of each status the fake answers: OpenAI's,
+// Anthropic's.
+var errorTypes = map[int][2]string{
+	http.StatusBadRequest:         {"invalid_request_error", "invalid_request_error"},
+	http.StatusTooManyRequests:    {"tokens", "rate_limit_error"},
+	http.StatusServiceUnavailable: {"server_error", "overloaded_error"},
 }
 
 // outputTokens: with ignore_eos the model generates exactly the limit (or the
@@ -795,16 +725,12 @@ func countContent(raw json.RawMessage) (int, error) {
 	return n, nil
 }
 
+// generation is the answer to one request.
 type generation struct {
-	// generated stamps the record's GeneratedUnixNano.
-	generated    func()
+	spec
+	generated    func() // stamps the record's GeneratedUnixNano
 	id           string
 	created      int64
-	model        string
-	api          api
-	stream       bool
-	includeUsage bool   // OpenAI's stream_options.include_usage
-	tool         string // Anthropic: the tool the answer calls ("": none)
 	usage        usage
 	finishReason string
 	garbageUsage bool // report a usage object of the wrong types
@@ -838,13 +764,21 @@ func (g generation) prefixedID() string {
 	return "cmpl-" + g.id
 }
 
-// respond spends the whole generation time, then writes one JSON body.
-func (s *Server) respond(ctx context.Context, w http.ResponseWriter, g generation) error {
+// generateAll spends the whole generation time and returns the text.
+func (s *Server) generateAll(ctx context.Context, g generation) (string, error) {
 	if err := sleep(ctx, time.Duration(g.usage.CompletionTokens)*s.cfg.PerToken); err != nil {
-		return err
+		return "", err
 	}
 	g.generated()
-	text := strings.Repeat(outputToken, g.usage.CompletionTokens)
+	return strings.Repeat(outputToken, g.usage.CompletionTokens), nil
+}
+
+// respond spends the whole generation time, then writes one JSON body.
+func (s *Server) respond(ctx context.Context, w http.ResponseWriter, g generation) error {
+	text, err := s.generateAll(ctx, g)
+	if err != nil {
+		return err
+	}
 	var choice map[string]any
 	if g.api == apiChat {
 		choice = map[string]any{"index": 0, "finish_reason": g.finishReason,

@@ -1,24 +1,10 @@
-// Command fqload is the through-the-binary load test (make load): it builds
-// Caddy with the plugin via xcaddy (cached by source hash, as the end-to-end
-// tests do), starts one Caddy with a plain reverse_proxy site and a
-// fair_queue site in front of the same fast upstream, and alternates rounds
-// of small chat completions between them with vegeta. It prints each round
-// and the medians and fair/plain ratios of throughput, p50, p99 and Caddy's
-// CPU time per request (see package loadtest).
-//
-// By default it runs the rounds at max rate (a fixed number of workers,
-// each sending as soon as it is answered), then again at a fixed rate of a
-// quarter of the plain site's median max-rate throughput, where latency is
-// the request's own rather than the queueing of a saturated box (at max
-// rate with a fixed number of workers, p50 is about workers / throughput).
-// With -control a second plain site stands in for fair_queue, to see the
-// noise floor of the ratios on the machine at hand.
-//
-// With -backlog it runs the backlogged mode instead (loadtest.Options.Backlog):
-// a flood of 32 KB prompts against an upstream that takes 20 ms a request,
-// through plain, fair_queue with its queue empty, and a fair_queue whose
-// queue always holds most of the requests, rounds alternating; the report
-// adds the backlogged request's CPU over the idle one's.
+// Command fqload is the through-the-binary load test (make load): one
+// xcaddy-built Caddy with a plain reverse_proxy site and a fair_queue site
+// in front of the same fast upstream, rounds of small chat completions
+// alternating between them (package loadtest), first at max rate, then at
+// a fixed fraction of plain's throughput. -control puts a second plain
+// site in fair_queue's place (the noise floor); -backlog runs the
+// backlogged mode (loadtest.Options.Backlog). See docs/performance.md.
 package main
 
 import (
@@ -51,19 +37,14 @@ func main() {
 	flag.DurationVar(&o.UpstreamDelay, "upstream-delay", loadtest.BacklogOptions().UpstreamDelay, "the upstream's time per request in backlogged mode")
 	caddyBin := flag.String("caddy", "", "Caddy binary with the plugin; default: build it with xcaddy from this checkout (cached)")
 	flag.Parse()
-	if o.Backlog {
-		// The mode's own worker count unless the command line sets one.
-		set := map[string]bool{}
-		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
-		if !set["workers"] {
-			o.Workers = loadtest.BacklogOptions().Workers
-		}
+	workersSet := false
+	flag.Visit(func(f *flag.Flag) { workersSet = workersSet || f.Name == "workers" })
+	if o.Backlog && !workersSet {
+		o.Workers = loadtest.BacklogOptions().Workers // the mode's own unless set
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	// The harness logs little when all goes well (a build starting), and
-	// the processes' output when something fails.
 	err := harness.Standalone(ctx, "fqload", os.Stderr, func(t testing.TB) {
 		bin := *caddyBin
 		if bin == "" {

@@ -9,7 +9,6 @@
 package harness
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -55,36 +54,24 @@ var (
 // declares ModulePath.
 func RepoRoot(t testing.TB) string {
 	t.Helper()
-	root, err := findRepoRoot()
+	dir, err := os.Getwd()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return root
-}
-
-func findRepoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
 	for d := dir; ; d = filepath.Dir(d) {
 		if modulePathOf(filepath.Join(d, "go.mod")) == ModulePath {
-			return d, nil
+			return d
 		}
 		if filepath.Dir(d) == d {
-			return "", fmt.Errorf("harness: no go.mod for module %s above %s", ModulePath, dir)
+			t.Fatalf("harness: no go.mod for module %s above %s", ModulePath, dir)
 		}
 	}
 }
 
 func modulePathOf(gomod string) string {
-	b, err := os.ReadFile(gomod)
-	if err != nil {
-		return ""
-	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "module"); ok {
+	b, _ := os.ReadFile(gomod)
+	for line := range strings.Lines(string(b)) {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "module"); ok {
 			return strings.Trim(strings.TrimSpace(rest), `"`)
 		}
 	}
@@ -104,33 +91,21 @@ func modulePathOf(gomod string) string {
 // processes build once: the others wait on a file lock.
 func BuildCaddy(t testing.TB) string {
 	t.Helper()
-	return buildCaddyFrom(t, RepoRoot(t), ModulePath)
-}
-
-// buildCaddyFrom builds the module at root (whose path is modPath) into
-// Caddy. It is separate from BuildCaddy so the build path can be exercised on
-// a stand-in module.
-func buildCaddyFrom(t testing.TB, root, modPath string) string {
-	t.Helper()
+	root := RepoRoot(t)
 	xcaddy, err := findXcaddy()
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, err := sourceKey(root, []string{"xcaddy-test"}, "caddy "+CaddyVersion+" "+modPath)
+	key, err := sourceKey(root, []string{"xcaddy-test"}, "caddy "+CaddyVersion+" "+ModulePath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return cachedBuild(t, "caddy", key, func(ctx context.Context, out string, log io.Writer) error {
-		t.Logf("harness: building Caddy %s with %s from %s (a cold build takes minutes)", CaddyVersion, modPath, root)
-		cmd := exec.CommandContext(ctx, xcaddy, "build", CaddyVersion,
-			"--with", modPath+"@v0.0.0="+root, "--output", out)
+		t.Logf("harness: building Caddy %s with %s from %s (a cold build takes minutes)", CaddyVersion, ModulePath, root)
 		// Outside any module, so that nothing around the working directory
 		// can steer xcaddy.
-		cmd.Dir = os.TempDir()
-		cmd.Env = os.Environ()
-		cmd.Stdout, cmd.Stderr = log, log
-		cmd.WaitDelay = 10 * time.Second
-		return cmd.Run()
+		return run(ctx, os.TempDir(), log, xcaddy, "build", CaddyVersion,
+			"--with", ModulePath+"@v0.0.0="+root, "--output", out)
 	})
 }
 
@@ -144,13 +119,18 @@ func BuildFake(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return cachedBuild(t, "fakellm", key, func(ctx context.Context, out string, log io.Writer) error {
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./fakellm")
-		cmd.Dir = filepath.Join(root, "xcaddy-test") // its own module
-		cmd.Env = os.Environ()
-		cmd.Stdout, cmd.Stderr = log, log
-		cmd.WaitDelay = 10 * time.Second
-		return cmd.Run()
+		// xcaddy-test is a module of its own.
+		return run(ctx, filepath.Join(root, "xcaddy-test"), log, "go", "build", "-o", out, "./fakellm")
 	})
+}
+
+// run runs a build command in dir, its output to log.
+func run(ctx context.Context, dir string, log io.Writer, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.WaitDelay = 10 * time.Second
+	return cmd.Run()
 }
 
 // CacheDir is where built binaries are kept: $FAIRQUEUE_CADDY_CACHE, or
@@ -225,75 +205,63 @@ func sourceKey(root string, skip []string, salt string, only ...string) (string,
 	return hex.EncodeToString(h.Sum(nil))[:20], nil
 }
 
-// sourceFiles lists, relative to root and sorted, the files sourceKey hashes.
+// sourceFiles lists, relative to root and sorted, the files sourceKey
+// hashes: go.mod, go.sum, and below each of only (default: root) the
+// non-test Go files and what they embed. A file named in only (a nested
+// module's go.mod) is taken as it is.
 func sourceFiles(root string, skip, only []string) ([]string, error) {
 	set := map[string]bool{}
 	for _, rel := range []string{"go.mod", "go.sum"} {
-		if _, err := os.Stat(filepath.Join(root, rel)); err == nil {
+		if isFile(filepath.Join(root, rel)) {
 			set[rel] = true
 		}
 	}
-	tops := []string{"."}
-	if len(only) > 0 {
-		tops = only
+	if len(only) == 0 {
+		only = []string{"."}
 	}
-	for _, top := range tops {
-		if fi, err := os.Stat(filepath.Join(root, top)); err == nil && fi.Mode().IsRegular() {
-			set[top] = true // a file named in only (a nested module's go.mod)
+	for _, top := range only {
+		if isFile(filepath.Join(root, top)) {
+			set[top] = true
 			continue
 		}
-		if err := addSources(set, root, top, skip); err != nil {
+		err := filepath.WalkDir(filepath.Join(root, top), func(path string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			rel, err := filepath.Rel(root, path)
+			if err != nil {
+				return err
+			}
+			if d.IsDir() {
+				return sourceDir(path, rel, skip)
+			}
+			if !strings.HasSuffix(rel, ".go") || strings.HasSuffix(rel, "_test.go") {
+				return nil
+			}
+			set[rel] = true
+			embedded, err := embeddedFiles(path)
+			for _, e := range embedded {
+				if r, err := filepath.Rel(root, e); err == nil {
+					set[r] = true
+				}
+			}
+			return err
+		})
+		if err != nil {
 			return nil, fmt.Errorf("harness: hashing sources: %w", err)
 		}
 	}
 	return slices.Sorted(maps.Keys(set)), nil
 }
 
-// addSources adds to set the non-test Go files below root/top, and the
-// files they embed, leaving out the directories sourceDir leaves out.
-func addSources(set map[string]bool, root, top string, skip []string) error {
-	return filepath.WalkDir(filepath.Join(root, top), func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(root, path)
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			return sourceDir(path, rel, skip)
-		}
-		if !strings.HasSuffix(rel, ".go") || strings.HasSuffix(rel, "_test.go") {
-			return nil
-		}
-		set[rel] = true
-		embedded, err := embeddedFiles(path)
-		if err != nil {
-			return err
-		}
-		for _, e := range embedded {
-			if r, err := filepath.Rel(root, e); err == nil {
-				set[r] = true
-			}
-		}
-		return nil
-	})
-}
-
 // sourceDir returns filepath.SkipDir for a directory whose files are not
 // part of the build: hidden, _-prefixed, testdata, listed in skip (relative
 // to root), or a nested module; nil for the others.
 func sourceDir(path, rel string, skip []string) error {
-	if rel == "." {
-		return nil
-	}
 	name := filepath.Base(path)
-	if strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata" ||
-		slices.Contains(skip, filepath.ToSlash(rel)) {
+	if rel != "." && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata" ||
+		slices.Contains(skip, filepath.ToSlash(rel)) || isFile(filepath.Join(path, "go.mod"))) {
 		return filepath.SkipDir
-	}
-	if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil {
-		return filepath.SkipDir // a nested module is not part of this one
 	}
 	return nil
 }

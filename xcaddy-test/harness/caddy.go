@@ -10,19 +10,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
 
 // Caddy is a running Caddy process.
 type Caddy struct {
-	t   testing.TB
-	dir string
-	out *logSink
-
-	mu    sync.Mutex
-	admin string // host:port of the admin endpoint; changes when a reload moves it
+	out   *logSink
+	admin string // host:port of the admin endpoint
 	proc  *process
 }
 
@@ -39,16 +34,9 @@ type Caddy struct {
 func StartCaddy(t testing.TB, bin, caddyfile string) *Caddy {
 	t.Helper()
 	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "Caddyfile")
-	if err := os.WriteFile(cfgPath, []byte(caddyfile), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	// Adapting first gives the addresses to wait for, and a clear error for a
 	// Caddyfile that does not parse.
-	adapted, err := adapt(bin, dir, cfgPath)
-	if err != nil {
-		t.Fatalf("harness: %v", err)
-	}
+	cfgPath, adapted := adapt(t, bin, dir, caddyfile)
 	admin, listeners, err := addresses(adapted)
 	if err != nil {
 		t.Fatalf("harness: %v\nCaddyfile:\n%s", err, caddyfile)
@@ -58,7 +46,7 @@ func StartCaddy(t testing.TB, bin, caddyfile string) *Caddy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &Caddy{t: t, dir: dir, out: &logSink{file: file}, admin: admin}
+	c := &Caddy{out: &logSink{file: file}, admin: admin}
 	dumpOnFailure(t, "caddy", c.out)
 	t.Cleanup(func() {
 		c.Stop()
@@ -100,37 +88,21 @@ func caddyEnv(dir string) []string {
 
 // AdminURL is the base URL of Caddy's admin endpoint, e.g. for
 // Metrics(t, c.AdminURL()+"/metrics").
-func (c *Caddy) AdminURL() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return "http://" + c.admin
-}
+func (c *Caddy) AdminURL() string { return "http://" + c.admin }
 
 // Logs returns everything Caddy printed so far.
 func (c *Caddy) Logs() string { return c.out.String() }
 
 // PID is the Caddy process's id, e.g. to read its CPU time from /proc; it
 // stays the same across Reload.
-func (c *Caddy) PID() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.proc.cmd.Process.Pid
-}
+func (c *Caddy) PID() int { return c.proc.cmd.Process.Pid }
 
 // Reload replaces the running configuration through the admin API (POST
 // /load with Content-Type text/caddyfile), as an operator would under load.
-// It returns an error carrying the response body when Caddy refuses the new
-// configuration; Caddy then keeps running the old one.
+// The new configuration must keep the admin address. It returns an error
+// carrying the response body when Caddy refuses the new configuration;
+// Caddy then keeps running the old one.
 func (c *Caddy) Reload(caddyfile string) error {
-	// If the new config moves the admin endpoint, follow it. A Caddyfile that
-	// does not adapt here is still posted: the test may want Caddy's answer.
-	cfgPath := filepath.Join(c.dir, fmt.Sprintf("Caddyfile.reload-%d", time.Now().UnixNano()))
-	var newAdmin string
-	if err := os.WriteFile(cfgPath, []byte(caddyfile), 0o644); err == nil {
-		if adapted, err := adapt(c.proc.cmd.Path, c.dir, cfgPath); err == nil {
-			newAdmin, _, _ = addresses(adapted)
-		}
-	}
 	code, body, err := httpStatus("POST", c.AdminURL()+"/load", "text/caddyfile", []byte(caddyfile))
 	if err != nil {
 		return fmt.Errorf("reload: %w", err)
@@ -138,17 +110,12 @@ func (c *Caddy) Reload(caddyfile string) error {
 	if code != 200 {
 		return fmt.Errorf("reload: status %d: %s", code, bytes.TrimSpace(body))
 	}
-	if newAdmin != "" {
-		c.mu.Lock()
-		c.admin = newAdmin
-		c.mu.Unlock()
-	}
 	return nil
 }
 
 // Stop ends Caddy with SIGTERM (a graceful stop, which waits for responses in
 // flight), killing it if it has not exited after ten seconds (times
-// Slowdown). It returns nil when Caddy exited cleanly. Calling it again is
+// scaled). It returns nil when Caddy exited cleanly. Calling it again is
 // harmless.
 func (c *Caddy) Stop() error {
 	if c.proc == nil {
@@ -168,27 +135,26 @@ func (c *Caddy) Kill() {
 // Adapt runs "caddy adapt" on caddyfile and returns the JSON config.
 func Adapt(t testing.TB, bin, caddyfile string) []byte {
 	t.Helper()
-	dir := t.TempDir()
-	p := filepath.Join(dir, "Caddyfile")
-	if err := os.WriteFile(p, []byte(caddyfile), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	out, err := adapt(bin, dir, p)
-	if err != nil {
-		t.Fatalf("harness: %v", err)
-	}
+	_, out := adapt(t, bin, t.TempDir(), caddyfile)
 	return out
 }
 
-func adapt(bin, dir, file string) ([]byte, error) {
-	cmd := exec.Command(bin, "adapt", "--config", file, "--adapter", "caddyfile")
-	cmd.Env = caddyEnv(dir)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("caddy adapt %s: %v\n%s", filepath.Base(file), err, stderr.String())
+// adapt writes caddyfile to dir/Caddyfile and adapts it.
+func adapt(t testing.TB, bin, dir, caddyfile string) (path string, adapted []byte) {
+	t.Helper()
+	path = filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(path, []byte(caddyfile), 0o644); err != nil {
+		t.Fatal(err)
 	}
-	return stdout.Bytes(), nil
+	cmd := exec.Command(bin, "adapt", "--config", path, "--adapter", "caddyfile")
+	cmd.Env = caddyEnv(dir)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	adapted, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("harness: caddy adapt Caddyfile: %v\n%s", err, stderr.String())
+	}
+	return path, adapted
 }
 
 // Validate runs "caddy validate" on a config file, with an adapter when

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/fakellm/fakeapi"
 )
 
 // FakeOptions configure a fakellm process. Zero values keep fakellm's own
@@ -24,54 +26,16 @@ type FakeOptions struct {
 	PerToken      time.Duration
 	DefaultOutput int
 	Down          bool     // start with /health answering 503
-	Port          int      // 0: a free port chosen by the fake itself
 	Args          []string // extra command-line flags
 	Bin           string   // fakellm binary; default BuildFake(t)
 }
 
-// FakeStats is fakellm's /debug/stats.
-type FakeStats struct {
-	Received   uint64 `json:"received"`
-	Completed  uint64 `json:"completed"`
-	ClientGone uint64 `json:"client_gone"`
-	BadRequest uint64 `json:"bad_request"`
-	// RateLimited counts the fake's 429s for its -tpm/-rpm account limits;
-	// ChargedTokens what its account counted of the requests it took
-	// (prompt + max_tokens).
-	RateLimited   uint64 `json:"rate_limited"`
-	ChargedTokens uint64 `json:"charged_tokens"`
-	Running       int    `json:"running"`
-	Waiting       int    `json:"waiting"`
-	// Held counts requests holding a slot before their first token while
-	// the fake is paused: at Slots, no slot frees until Resume.
-	Held    int  `json:"held"`
-	Paused  bool `json:"paused"`
-	Healthy bool `json:"healthy"`
-}
-
-// FakeRequest is one entry of fakellm's /debug/requests.
-type FakeRequest struct {
-	Seq              uint64            `json:"seq"`
-	Path             string            `json:"path"`
-	Tenant           string            `json:"tenant"`  // X-Tenant-ID
-	TestID           string            `json:"test_id"` // X-Test-Id
-	Headers          map[string]string `json:"headers"` // first value of each
-	Body             string            `json:"body"`    // first 64 KiB
-	BodyBytes        int               `json:"body_bytes"`
-	Stream           bool              `json:"stream"`
-	PromptTokens     int               `json:"prompt_tokens"`
-	OutputTokens     int               `json:"output_tokens"`
-	ReceivedUnixNano int64             `json:"received_unix_nano"`
-	StartedUnixNano  int64             `json:"started_unix_nano"` // slot acquired; 0: never
-	StartSeq         uint64            `json:"start_seq"`         // 1, 2, 3... in slot order; 0: never
-	// GeneratedUnixNano: the generation ended, the answer's last bytes
-	// not yet written (0: never); anything sent on its completion arrives
-	// after it.
-	GeneratedUnixNano int64  `json:"generated_unix_nano"`
-	FinishedUnixNano  int64  `json:"finished_unix_nano"`
-	Status            int    `json:"status"`
-	Outcome           string `json:"outcome"` // in_flight, ok, client_gone, bad_request, aborted
-}
+// FakeStats is fakellm's /debug/stats, FakeRequest an entry of its
+// /debug/requests.
+type (
+	FakeStats   = fakeapi.Stats
+	FakeRequest = fakeapi.Record
+)
 
 // fakeCount numbers unnamed fakes so that two of them never share a name.
 var fakeCount atomic.Int64
@@ -80,7 +44,6 @@ var fakeCount atomic.Int64
 type Fake struct {
 	t    testing.TB
 	opts FakeOptions
-	bin  string
 	out  *logSink
 	port int
 	proc *process
@@ -90,9 +53,8 @@ type Fake struct {
 // or 503), and stops it when the test ends.
 func StartFake(t testing.TB, opts FakeOptions) *Fake {
 	t.Helper()
-	bin := opts.Bin
-	if bin == "" {
-		bin = BuildFake(t)
+	if opts.Bin == "" {
+		opts.Bin = BuildFake(t)
 	}
 	if opts.Name == "" {
 		opts.Name = fmt.Sprint("fake", fakeCount.Add(1))
@@ -101,13 +63,11 @@ func StartFake(t testing.TB, opts FakeOptions) *Fake {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &Fake{t: t, opts: opts, bin: bin, out: &logSink{file: file}, port: opts.Port}
+	f := &Fake{t: t, opts: opts, out: &logSink{file: file}}
 	dumpOnFailure(t, "fakellm "+opts.Name, f.out)
 	t.Cleanup(func() {
 		if f.proc != nil && !f.proc.exited() {
-			if err := f.proc.stop(); err != nil {
-				t.Errorf("harness: fakellm %s did not stop cleanly: %v", f.Name(), err)
-			}
+			f.Stop()
 		}
 		file.Close()
 	})
@@ -136,13 +96,13 @@ func (f *Fake) start() {
 	args = append(args, f.opts.Args...)
 
 	mark := len(f.out.String())
-	p, err := startProcess(f.bin, args, os.Environ(), f.out)
+	p, err := startProcess(f.opts.Bin, args, os.Environ(), f.out)
 	if err != nil {
 		f.t.Fatalf("harness: starting fakellm: %v", err)
 	}
 	f.proc = p
-	// fakellm prints its address first thing, so port 0 works without the
-	// race of picking a free port for another process.
+	// The first start listens on port 0 and reads the port fakellm prints
+	// (no race for a free port); a restart reuses it.
 	err = p.waitReady(func() (bool, error) {
 		if f.port == 0 {
 			port, ok := listeningPort(f.out.String()[mark:])

@@ -122,7 +122,10 @@ func TestTwoFakes(t *testing.T) {
 			resp.Body.Close()
 			results <- resp.StatusCode
 		})
-		a.WaitStats(fmt.Sprint("request ", i), func(st FakeStats) bool { return st.Received == uint64(i+1) && st.Running == 1 && st.Waiting == i })
+		WaitFor(t, fmt.Sprint("request ", i), func() (bool, string) {
+			st := a.Stats()
+			return st.Received == uint64(i+1) && st.Running == 1 && st.Waiting == i, fmt.Sprintf("%+v", st)
+		})
 	}
 	a.Resume()
 	wg.Wait()

@@ -121,19 +121,19 @@ func Key(name string, labelPairs ...string) string {
 // with no pairs, every series of the metric. Absent series count as 0, like
 // a counter that was never incremented.
 func (s Series) Sum(name string, labelPairs ...string) float64 {
-	want := pairs(labelPairs)
+	var want []string
+	for k, v := range pairs(labelPairs) {
+		want = append(want, fmt.Sprintf(`,%s="%s",`, k, labelEscaper.Replace(v)))
+	}
 	var sum float64
 	for k, v := range s {
-		n, labels, ok := parseKey(k)
-		if !ok || n != name {
-			continue
-		}
-		match := true
-		for lk, lv := range want {
-			if got, ok := labels[lk]; !ok || got != lv {
-				match = false
-				break
-			}
+		n, labels, _ := strings.Cut(k, "{")
+		// Between commas, a label is matched whole: a value's quotes are
+		// escaped, so `="` never starts inside one.
+		labels = "," + strings.TrimSuffix(labels, "}") + ","
+		match := n == name
+		for _, w := range want {
+			match = match && strings.Contains(labels, w)
 		}
 		if match {
 			sum += v
@@ -147,9 +147,8 @@ func (s Series) Sum(name string, labelPairs ...string) float64 {
 func (s Series) Names() []string {
 	set := map[string]bool{}
 	for k := range s {
-		if n, _, ok := parseKey(k); ok {
-			set[n] = true
-		}
+		n, _, _ := strings.Cut(k, "{")
+		set[n] = true
 	}
 	return slices.Sorted(maps.Keys(set))
 }
@@ -163,44 +162,4 @@ func pairs(kv []string) map[string]string {
 		m[kv[i]] = kv[i+1]
 	}
 	return m
-}
-
-// parseKey reverses key.
-func parseKey(k string) (string, map[string]string, bool) {
-	name, rest, ok := strings.Cut(k, "{")
-	if !ok {
-		return k, nil, true
-	}
-	labels := map[string]string{}
-	rest, ok = strings.CutSuffix(rest, "}")
-	if !ok {
-		return "", nil, false
-	}
-	for rest != "" {
-		lk, after, ok := strings.Cut(rest, `="`)
-		if !ok {
-			return "", nil, false
-		}
-		var v strings.Builder
-		i := 0
-		for ; i < len(after) && after[i] != '"'; i++ {
-			c := after[i]
-			if c == '\\' && i+1 < len(after) {
-				i++
-				switch after[i] {
-				case 'n':
-					c = '\n'
-				default:
-					c = after[i]
-				}
-			}
-			v.WriteByte(c)
-		}
-		if i == len(after) {
-			return "", nil, false
-		}
-		labels[lk] = v.String()
-		rest = strings.TrimPrefix(after[i+1:], ",")
-	}
-	return name, labels, true
 }

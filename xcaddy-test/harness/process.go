@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,12 +16,12 @@ import (
 
 const (
 	// startTimeout bounds how long a process may take to become ready
-	// (times Slowdown). It is not an assertion: it only turns a hang into a
+	// (scaled). It is not an assertion: it only turns a hang into a
 	// failure with logs.
 	startTimeout = 60 * time.Second
 	// stopTimeout is how long a process gets to exit after SIGTERM before it
 	// is killed (Caddy waits for streaming responses on a graceful stop),
-	// times Slowdown.
+	// scaled.
 	stopTimeout = 10 * time.Second
 	// tailBytes is how much of a process's output is dumped on failure.
 	tailBytes = 16 << 10
@@ -29,7 +30,7 @@ const (
 // client talks to the admin and debug endpoints. Without keep-alives no
 // connection goroutine outlives a call, which keeps goleak quiet in tests
 // that use the harness. Its timeout, like every guard here, is stretched
-// by Slowdown.
+// by Scale.
 var client = &http.Client{
 	Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil},
 	Timeout:   Scale(60 * time.Second),
@@ -173,11 +174,8 @@ func httpStatus(method, url, contentType string, body []byte) (int, []byte, erro
 		return 0, nil, err
 	}
 	defer resp.Body.Close()
-	var b bytes.Buffer
-	if _, err := b.ReadFrom(resp.Body); err != nil {
-		return resp.StatusCode, b.Bytes(), err
-	}
-	return resp.StatusCode, b.Bytes(), nil
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
 }
 
 var errNotTCP = errors.New("not a TCP address")

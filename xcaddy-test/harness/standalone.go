@@ -16,7 +16,7 @@ import (
 // the process management. It behaves like a test's T where the harness
 // relies on it: Fatal ends f (runtime.Goexit, so f must call it from its own
 // goroutine, as in a test), Cleanup functions run last-in first-out once f
-// has returned, TempDir is removed afterwards, and Context is cancelled just
+// has returned (a TempDir's removal among them), and Context is cancelled just
 // before the cleanups, or when parent is (e.g. on an interrupt, which then
 // stops a build in progress). Log output goes to logw (nil: discarded). The
 // error says whether f failed (Error, Fatal or Fail) and why.
@@ -26,12 +26,7 @@ func Standalone(parent context.Context, name string, logw io.Writer, f func(t te
 	}
 	ctx, cancel := context.WithCancel(parent)
 	s := &standaloneTB{name: name, out: logw, ctx: ctx}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		f(s)
-	}()
-	<-done
+	goexitSafe(func() { f(s) })
 	cancel()
 	s.runCleanups()
 	s.mu.Lock()
@@ -45,9 +40,9 @@ func Standalone(parent context.Context, name string, logw io.Writer, f func(t te
 	return nil
 }
 
-// standaloneTB is Standalone's testing.TB. The embedded interface is nil:
-// it only supplies TB's unexported method; every exported one is defined
-// below, so none reaches it.
+// standaloneTB is Standalone's testing.TB: the methods the harness and the
+// load tool call. The embedded interface is nil; it supplies TB's
+// unexported method, and calling any other (Skip, Setenv...) panics.
 type standaloneTB struct {
 	testing.TB
 
@@ -57,10 +52,8 @@ type standaloneTB struct {
 
 	mu       sync.Mutex
 	failed   bool
-	skipped  bool
 	firstErr string
 	cleanups []func()
-	tempDirs []string
 }
 
 func (s *standaloneTB) runCleanups() {
@@ -68,25 +61,22 @@ func (s *standaloneTB) runCleanups() {
 		s.mu.Lock()
 		n := len(s.cleanups)
 		if n == 0 {
-			dirs := s.tempDirs
-			s.tempDirs = nil
 			s.mu.Unlock()
-			for _, d := range dirs {
-				os.RemoveAll(d)
-			}
 			return
 		}
 		fn := s.cleanups[n-1]
 		s.cleanups = s.cleanups[:n-1]
 		s.mu.Unlock()
-		// A Fatal inside a cleanup ends only that cleanup, as in a test.
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			fn()
-		}()
-		<-done
+		goexitSafe(fn) // a Fatal inside a cleanup ends only that cleanup
 	}
+}
+
+// goexitSafe runs f on a goroutine of its own and waits for it, so that
+// f's Fatal (runtime.Goexit) ends f, not the caller.
+func goexitSafe(f func()) {
+	var wg sync.WaitGroup
+	wg.Go(f)
+	wg.Wait()
 }
 
 func (s *standaloneTB) fail(msg string) {
@@ -98,8 +88,6 @@ func (s *standaloneTB) fail(msg string) {
 	}
 }
 
-func (s *standaloneTB) ArtifactDir() string    { return s.TempDir() }
-func (s *standaloneTB) Attr(key, value string) { s.Logf("attr %s=%s", key, value) }
 func (s *standaloneTB) Cleanup(f func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -110,9 +98,10 @@ func (s *standaloneTB) Errorf(format string, args ...any) {
 	s.Logf(format, args...)
 	s.fail(fmt.Sprintf(format, args...))
 }
-func (s *standaloneTB) Fail()             { s.fail("") }
-func (s *standaloneTB) FailNow()          { s.fail(""); runtime.Goexit() }
-func (s *standaloneTB) Fatal(args ...any) { s.Error(args...); runtime.Goexit() }
+func (s *standaloneTB) Fatal(args ...any) {
+	s.Error(args...)
+	runtime.Goexit()
+}
 func (s *standaloneTB) Fatalf(format string, args ...any) {
 	s.Errorf(format, args...)
 	runtime.Goexit()
@@ -127,52 +116,12 @@ func (s *standaloneTB) Log(args ...any) { fmt.Fprintln(s.out, args...) }
 func (s *standaloneTB) Logf(format string, args ...any) {
 	fmt.Fprintf(s.out, format+"\n", args...)
 }
-func (s *standaloneTB) Name() string { return s.name }
-func (s *standaloneTB) Setenv(key, value string) {
-	prev, had := os.LookupEnv(key)
-	if err := os.Setenv(key, value); err != nil {
-		s.Fatal(err)
-	}
-	s.Cleanup(func() {
-		if had {
-			os.Setenv(key, prev)
-		} else {
-			os.Unsetenv(key)
-		}
-	})
-}
-func (s *standaloneTB) Chdir(dir string) {
-	prev, err := os.Getwd()
-	if err != nil {
-		s.Fatal(err)
-	}
-	if err := os.Chdir(dir); err != nil {
-		s.Fatal(err)
-	}
-	s.Cleanup(func() { os.Chdir(prev) })
-}
-func (s *standaloneTB) Skip(args ...any) { s.Log(args...); s.SkipNow() }
-func (s *standaloneTB) SkipNow() {
-	s.mu.Lock()
-	s.skipped = true
-	s.mu.Unlock()
-	runtime.Goexit()
-}
-func (s *standaloneTB) Skipf(format string, args ...any) { s.Logf(format, args...); s.SkipNow() }
-func (s *standaloneTB) Skipped() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.skipped
-}
 func (s *standaloneTB) TempDir() string {
 	d, err := os.MkdirTemp("", "fairqueue-"+s.name+"-")
 	if err != nil {
 		s.Fatal(err)
 	}
-	s.mu.Lock()
-	s.tempDirs = append(s.tempDirs, d)
-	s.mu.Unlock()
+	s.Cleanup(func() { os.RemoveAll(d) })
 	return d
 }
 func (s *standaloneTB) Context() context.Context { return s.ctx }
-func (s *standaloneTB) Output() io.Writer        { return s.out }

@@ -3,35 +3,35 @@ package harness
 import (
 	"testing"
 	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/testwait"
 )
 
-// WaitTimeout bounds Eventually, times Slowdown. It is a guard against
-// hangs, not an assertion on speed: tests assert on order and counts, never
-// on durations.
-var WaitTimeout = 30 * time.Second
+// Scale stretches a guard (how long to wait for an event before failing) by
+// the machine's slowdown factor, FQ_TEST_SLOWDOWN (see package testwait).
+// Never use it on a bound being asserted.
+func Scale(d time.Duration) time.Duration { return testwait.Scale(d) }
 
-// Eventually polls cond until it holds, failing the test with what when it
-// has not after WaitTimeout (scaled). Use it to wait for progress that is
-// bound to happen (a request reaching the fake, a queue filling up).
-func Eventually(t testing.TB, what string, cond func() bool) {
+// PollTimeout bounds WaitFor, scaled. It turns a hang into a failure that
+// names the state waited for; tests assert on order and counts, never on
+// durations.
+var PollTimeout = Scale(30 * time.Second)
+
+// WaitFor polls cond until it reports true, failing the test after
+// PollTimeout with what and cond's last detail (what it saw). Use it for
+// progress that is bound to happen (a request reaching the fake, a queue
+// filling up).
+func WaitFor(t testing.TB, what string, cond func() (bool, string)) {
 	t.Helper()
-	limit := Scale(WaitTimeout)
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("harness: gave up after %s waiting for %s", limit, what)
+	deadline := time.Now().Add(PollTimeout)
+	for {
+		ok, detail := cond()
+		if ok {
+			return
 		}
-		time.Sleep(5 * time.Millisecond)
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: not reached within %s; last: %s", what, PollTimeout, detail)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// WaitStats polls the fake's stats until cond holds and returns them.
-func (f *Fake) WaitStats(what string, cond func(FakeStats) bool) FakeStats {
-	f.t.Helper()
-	var st FakeStats
-	Eventually(f.t, what, func() bool {
-		st = f.Stats()
-		return cond(st)
-	})
-	return st
 }

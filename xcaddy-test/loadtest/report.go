@@ -16,8 +16,8 @@ import (
 // Linux fixes at 100 for user space whatever the kernel's tick rate.
 const userHZ = 100
 
-// processCPU is a process's CPU time so far, user + system, all its threads
-// (/proc/<pid>/stat fields 14 and 15), in steps of 10 ms.
+// processCPU is a process's CPU time so far, user + system (/proc/<pid>/stat
+// fields 14 and 15), in steps of 10 ms.
 func processCPU(pid int) (time.Duration, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
@@ -54,32 +54,26 @@ func selfCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// Figures are one site's medians over its rounds.
+// Figures are one site's medians over its rounds (Requests and Errors:
+// sums).
 type Figures struct {
-	Throughput    float64 // requests answered 200 per second
-	P50, P99      time.Duration
-	CPUPerRequest time.Duration // Caddy's CPU time per request
-	// ToolCPUPerRequest is the load tool's (vegeta and upstream).
-	ToolCPUPerRequest time.Duration
-	Requests          int // sum over the rounds
-	Errors            int // sum over the rounds
+	Throughput                       float64
+	P50, P99                         time.Duration
+	CPUPerRequest, ToolCPUPerRequest time.Duration
+	Requests, Errors                 int
 }
 
 // Summary compares the sites.
 type Summary struct {
-	// Plain is the plain reverse_proxy site, Fair the site each pair runs
-	// second: fair_queue, or the control site in control mode.
+	// Fair is the site each pair runs second: fair_queue, or the control.
 	Plain, Fair Figures
-	// ThroughputRatio, P50Ratio, P99Ratio and CPURatio are Fair over Plain
-	// of the medians (0 when plain's figure is 0).
+	// The ratios are Fair over Plain of the medians (0 when plain's is 0).
 	ThroughputRatio, P50Ratio, P99Ratio, CPURatio float64
-	// PairThroughput, PairP50 and PairCPU are Fair over Plain round by
-	// round (the i-th second-site round against the i-th plain round, which ran
-	// just before it): their spread shows how noisy the machine was.
+	// The Pair ratios are Fair over Plain round by round (each fair round
+	// against the plain round just before it): their spread shows the noise.
 	PairThroughput, PairP50, PairCPU []float64
-	// Backlog is the backlog site in backlogged mode (Options.Backlog);
-	// BacklogCPURatio its CPU per request over Fair's, the same path with
-	// the queue empty, and PairBacklogCPU that round by round.
+	// Backlog is the backlog site (Options.Backlog); its CPU ratios are
+	// over Fair's, the same path with the queue empty.
 	Backlog         Figures
 	BacklogCPURatio float64
 	PairBacklogCPU  []float64

@@ -1,23 +1,16 @@
 // Package loadtest measures what fair_queue costs through the xcaddy-built
-// binary: one Caddy serves two sites in front of the same fast upstream, a
-// plain reverse_proxy and a fair_queue, and rounds of small chat completions
-// alternate between them (plain, fair, plain, fair...) so that whatever else
-// the shared machine does in the meantime lands on both about equally. Each
-// round reports throughput, p50 and p99 latency, errors and the Caddy
-// process's CPU time per request (utime + stime from /proc, steadier than
-// wall time on a shared machine); the summary gives medians over rounds and
-// the fair/plain ratios.
-//
-// The load comes from vegeta (github.com/tsenart/vegeta/v12) used as a
-// library: max-rate mode with a fixed number of workers, or a fixed rate.
-// The command is xcaddy-test/fqload (make load); the end-to-end test
-// TestLoadToolRuns runs a short version and checks the machinery, never the
-// ratios.
+// binary: one Caddy serves a plain reverse_proxy site and a fair_queue site
+// in front of the same fast upstream, and rounds of small chat completions
+// alternate between them (plain, fair, plain...) so that whatever else the
+// shared machine does lands on both about equally. Each round reports
+// throughput, p50 and p99, errors and Caddy's CPU time per request (from
+// /proc, steadier than wall time); the summary gives medians over rounds
+// and the fair/plain ratios. The load comes from vegeta used as a library.
+// The command is xcaddy-test/fqload (make load); TestLoadToolRuns checks
+// the machinery, never the ratios.
 package loadtest
 
 import (
-	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -29,23 +22,20 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/xcaddy-test/harness"
 )
 
-// QueueName is the fair_queue's name in the load Caddyfile, the queue label
-// of its metrics.
-const QueueName = "load"
-
-// BacklogQueueName is the backlog site's fair_queue (see Options.Backlog),
-// whose max_inflight is BacklogInflight: far fewer slots than the load keeps
-// requests in flight, so the rest wait in its queue.
 const (
+	// QueueName is the fair site's queue (the queue label of its metrics).
+	QueueName = "load"
+	// BacklogQueueName is the backlog site's queue (Options.Backlog), with
+	// BacklogInflight slots: far fewer than the requests the load keeps in
+	// flight, so the rest wait in it.
 	BacklogQueueName = "load_backlog"
 	BacklogInflight  = 16
 )
 
-// caddyfileTmpl is the Caddy under test: the same upstream behind a plain
-// reverse_proxy, behind a second identical one (the control, see
-// Options.Control) and behind fair_queue. max_inflight is set above the number
-// of requests the load keeps in flight, so fair_queue never holds a request
-// back: what the comparison shows is its per-request cost, not queueing.
+// caddyfileTmpl serves the same upstream through a plain reverse_proxy, a
+// second identical one (the control, Options.Control), fair_queue, and the
+// backlog site. The fair site's max_inflight is above the requests the load
+// keeps in flight: the comparison shows its per-request cost, not queueing.
 const caddyfileTmpl = `{
 	admin 127.0.0.1:{{.Admin}}
 	auto_https off
@@ -77,77 +67,62 @@ http://127.0.0.1:{{.Backlog}} {
 
 // Rig is a running Caddy with the sites and their upstream.
 type Rig struct {
-	// Caddy is the process under test; its PID gives the CPU figures.
-	Caddy *harness.Caddy
-	// Upstream is the fast in-process upstream both sites proxy to.
+	Caddy    *harness.Caddy // its PID gives the CPU figures
 	Upstream *Upstream
-	// PlainURL, ControlURL and FairURL are the sites' base URLs: a plain
-	// reverse_proxy, another one just like it, and fair_queue. BacklogURL
-	// is a fair_queue with BacklogInflight slots (Options.Backlog).
+	// The sites' base URLs (see caddyfileTmpl).
 	PlainURL, ControlURL, FairURL, BacklogURL string
-	// Caddyfile is the configuration Caddy runs.
-	Caddyfile string
 }
 
-// Start starts the upstream and Caddy (the binary at caddyBin, e.g.
-// harness.BuildCaddy) with the three sites, and stops both when t ends.
-// maxInflight is fair_queue's max_inflight: keep it above the requests the
-// load keeps in flight (Options.MaxInflight).
+// Start starts the upstream and Caddy (the binary at caddyBin) with the
+// sites, and stops both when t ends. maxInflight is the fair site's
+// max_inflight (Options.MaxInflight).
 func Start(t testing.TB, caddyBin string, maxInflight int) *Rig {
 	t.Helper()
-	up, err := StartUpstream()
+	up, err := startUpstream()
 	if err != nil {
 		t.Fatalf("loadtest: upstream: %v", err)
 	}
-	t.Cleanup(func() { up.Close() })
+	t.Cleanup(up.close)
 	p := harness.Ports(t, "Admin", "Plain", "Control", "Fair", "Backlog")
 	cf := harness.Render(t, caddyfileTmpl, map[string]any{
 		"Admin": p["Admin"], "Plain": p["Plain"], "Control": p["Control"], "Fair": p["Fair"], "Backlog": p["Backlog"],
 		"Upstream": up.Addr(), "Queue": QueueName, "MaxInflight": maxInflight,
 		"BacklogQueue": BacklogQueueName, "BacklogInflight": BacklogInflight,
 	})
-	c := harness.StartCaddy(t, caddyBin, cf)
+	url := func(site string) string { return "http://127.0.0.1:" + strconv.Itoa(p[site]) }
 	return &Rig{
-		Caddy:      c,
-		Upstream:   up,
-		PlainURL:   "http://127.0.0.1:" + strconv.Itoa(p["Plain"]),
-		ControlURL: "http://127.0.0.1:" + strconv.Itoa(p["Control"]),
-		FairURL:    "http://127.0.0.1:" + strconv.Itoa(p["Fair"]),
-		BacklogURL: "http://127.0.0.1:" + strconv.Itoa(p["Backlog"]),
-		Caddyfile:  cf,
+		Caddy:    harness.StartCaddy(t, caddyBin, cf),
+		Upstream: up,
+		PlainURL: url("Plain"), ControlURL: url("Control"), FairURL: url("Fair"), BacklogURL: url("Backlog"),
 	}
 }
 
 // completion is the upstream's answer to every request: a small chat
-// completion with usage, as BenchmarkProxy's upstream answers, so fair_queue
-// reads actual usage as it would from a model server.
+// completion with usage, so fair_queue reads usage as from a model server.
 var completion = []byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m",` +
 	`"choices":[{"index":0,"message":{"role":"assistant","content":"Hello there, how are you?"},"finish_reason":"stop"}],` +
 	`"usage":{"prompt_tokens":25,"completion_tokens":7,"total_tokens":32}}`)
 
 // Upstream is a model server as fast as a loopback HTTP server gets: no
-// slots, no latency unless SetDelay gives it one, no request record
-// (fakellm keeps one per request, which would add its own cost to both
-// sides of the comparison).
+// slots, no latency unless SetDelay gives it one, no request record (which
+// would add its own cost to both sides of the comparison).
 type Upstream struct {
 	ln     net.Listener
 	srv    *http.Server
 	served atomic.Uint64
 	delay  atomic.Int64 // ns before each answer
-	done   chan error
 }
 
 // SetDelay makes the upstream answer each request d after reading it, as a
 // model server takes its time: a slow upstream fills fair_queue's slots.
 func (u *Upstream) SetDelay(d time.Duration) { u.delay.Store(int64(d)) }
 
-// StartUpstream listens on a free loopback port and serves until Close.
-func StartUpstream() (*Upstream, error) {
+func startUpstream() (*Upstream, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	u := &Upstream{ln: ln, done: make(chan error, 1)}
+	u := &Upstream{ln: ln}
 	clen := strconv.Itoa(len(completion))
 	u.srv = &http.Server{
 		ReadHeaderTimeout: 10 * time.Second,
@@ -163,7 +138,7 @@ func StartUpstream() (*Upstream, error) {
 			u.served.Add(1)
 		}),
 	}
-	go func() { u.done <- u.srv.Serve(ln) }()
+	go u.srv.Serve(ln)
 	return u, nil
 }
 
@@ -173,11 +148,4 @@ func (u *Upstream) Addr() string { return u.ln.Addr().String() }
 // Served is how many requests the upstream has answered.
 func (u *Upstream) Served() uint64 { return u.served.Load() }
 
-// Close stops the upstream, cutting its connections.
-func (u *Upstream) Close() error {
-	err := u.srv.Close()
-	if serr := <-u.done; !errors.Is(serr, http.ErrServerClosed) && err == nil {
-		err = fmt.Errorf("upstream: %w", serr)
-	}
-	return err
-}
+func (u *Upstream) close() { u.srv.Close() }

@@ -28,54 +28,37 @@ const (
 	SiteBacklog = "backlog"
 )
 
-// waitHeader is set by fair_queue on every response it serves: its presence
-// proves a request went through fair_queue, its absence that it did not.
+// waitHeader is on every response fair_queue serves, and on no other.
 const waitHeader = "X-Fair-Queue-Wait-Ms"
 
 // Options shape a run.
 type Options struct {
-	// Rounds is the number of rounds per site; they alternate plain, fair,
-	// plain, fair...
-	Rounds int
-	// Duration is the length of one round.
-	Duration time.Duration
-	// Warmup is sent to each site before the first round and not counted:
-	// it opens the connections and fills caches on both paths.
+	Rounds   int           // per site; they alternate plain, fair, plain...
+	Duration time.Duration // of one round
+	// Warmup is sent to each site before the first round, not counted: it
+	// opens the connections and fills caches on both paths.
 	Warmup time.Duration
-	// Workers is the number of requests in flight in max-rate mode (vegeta
-	// workers, each sending its next request when the last is answered),
-	// and the starting workers at a fixed rate (which adds up to 4x as many
-	// when they are all busy).
+	// Workers is the requests in flight at max rate (vegeta workers, each
+	// sending when its last request is answered), and the starting workers
+	// at a fixed rate (up to 4x as many when all are busy).
 	Workers int
-	// Rate is requests per second; 0 is max-rate mode.
-	Rate int
-	// Tenants is the number of tenants the requests rotate through (their
-	// X-Tenant-ID: t0, t1...).
-	Tenants int
+	Rate    int // requests per second; 0: max rate
+	Tenants int // the requests' X-Tenant-ID rotates over t0, t1...
 	// Control puts a second plain reverse_proxy site in fair_queue's place:
-	// the "fair/plain" ratios then compare two identical sites, and show
-	// how far the machine's noise, and running second in each pair, move
-	// them without any difference in the handler.
+	// the ratios then show the machine's noise floor.
 	Control bool
 	// ProfileDir, when set, receives a CPU profile of Caddy for each
-	// measured round (Caddy's /debug/pprof/profile on its admin endpoint,
-	// for the round's whole seconds), named <site>-<round>.pprof: `go tool
-	// pprof -diff_base plain-0.pprof fair-0.pprof` shows where fair_queue's
-	// extra time goes in the binary. The load tool's own profile over the
-	// round (vegeta and the upstream) goes to tool-<site>-<round>.pprof.
+	// measured round, <site>-<round>.pprof (from its admin endpoint), and
+	// the load tool's own, tool-<site>-<round>.pprof.
 	ProfileDir string
-	// Backlog is the backlogged mode: every site gets prompts of
-	// PromptBytes, the upstream answers each request UpstreamDelay after it
-	// arrives, and a third site runs after fair in each round: the backlog
-	// site, a fair_queue with BacklogInflight slots, where all but
-	// BacklogInflight of the workers' requests wait in the queue. fair,
-	// with slots for every worker, is the same request path with its
+	// Backlog is the backlogged mode: prompts of PromptBytes, an upstream
+	// taking UpstreamDelay a request, and a third site after fair in each
+	// round, the backlog site, where all but BacklogInflight of the
+	// workers' requests wait in the queue. fair is the same path with its
 	// queue empty: backlog's CPU per request over fair's is what a backlog
 	// adds to a request's cost.
-	Backlog bool
-	// PromptBytes is the size of the prompt in backlogged mode.
-	PromptBytes int
-	// UpstreamDelay is the upstream's time per request in backlogged mode.
+	Backlog       bool
+	PromptBytes   int
 	UpstreamDelay time.Duration
 }
 
@@ -92,13 +75,11 @@ func DefaultOptions() Options {
 	return Options{Rounds: 6, Duration: 5 * time.Second, Warmup: time.Second, Workers: 8, Tenants: 4}
 }
 
-// BacklogOptions is what make load runs in backlogged mode: a flood of
-// 32 KB prompts from 64 workers against an upstream that takes 20 ms a
-// request, so that the backlog site always has 48 requests waiting. Its
-// 16 slots pass up to 800 requests a second, more than two cores of
-// Caddy serve of these prompts, so that the backlog and fair sites both
-// run as fast as Caddy can: CPU per request compares at the same load,
-// the process's fixed costs (its tickers, health checks) spread alike.
+// BacklogOptions is what make load runs in backlogged mode: 32 KB prompts
+// from 64 workers, an upstream taking 20 ms, so the backlog site always
+// has 48 requests waiting. Its 16 slots pass up to 800 requests a second,
+// more than two cores of Caddy serve: the backlog and fair sites both run
+// as fast as Caddy can, so CPU per request compares at the same load.
 func BacklogOptions() Options {
 	o := DefaultOptions()
 	o.Backlog, o.Workers, o.PromptBytes, o.UpstreamDelay = true, 64, 32<<10, 20*time.Millisecond
@@ -125,49 +106,45 @@ var Body = []byte(`{"model":"m","messages":[{"role":"system","content":"You are 
 
 // Round is one round's figures.
 type Round struct {
-	// Site is SitePlain or SiteFair; Index counts the site's rounds from 0.
 	Site  string
-	Index int
-	// Requests were sent; OK were answered 200; Errors are the rest
-	// (another status or a transport error), ErrorSample one of them.
+	Index int // the site's rounds from 0
+	// Errors are the requests not answered 200 (another status or a
+	// transport error), ErrorSample one of them.
 	Requests, OK, Errors int
 	ErrorSample          string
-	// ViaFairQueue counts responses carrying fair_queue's X-Fair-Queue-Wait-Ms.
-	ViaFairQueue int
-	// Elapsed is from the first request sent to the last answer received.
-	Elapsed time.Duration
-	// Throughput is OK responses per second of Elapsed.
-	Throughput float64
-	// P50 and P99 are latency quantiles over every request of the round.
-	P50, P99 time.Duration
-	// CaddyCPU is the Caddy process's CPU time (user + system) over the
-	// round, CPUPerRequest that over Requests; both 0 when /proc is not
-	// readable (not Linux).
+	ViaFairQueue         int           // answers carrying waitHeader
+	Elapsed              time.Duration // first request sent to last answer
+	Throughput           float64       // OK per second of Elapsed
+	P50, P99             time.Duration // over every request
+	// CaddyCPU is Caddy's CPU time (user + system) over the round,
+	// CPUPerRequest that per request; 0 when /proc is not readable.
 	CaddyCPU, CPUPerRequest time.Duration
-	// ToolCPUPerRequest is this process's CPU time per request: vegeta and
-	// the upstream (and whatever else the process runs). At max rate on a
-	// small machine they share the cores with Caddy, so the throughput
-	// ratio follows the ratio of the sums of both CPU figures.
+	// ToolCPUPerRequest is this process's (vegeta and the upstream, which
+	// share the cores with Caddy at max rate).
 	ToolCPUPerRequest time.Duration
 }
 
 // Report is a run's rounds, in the order they ran.
 type Report struct {
 	Options Options
-	// Warmup counts the warm-up requests sent to each site (all of them
-	// also reached the upstream), and WarmupOK those answered 200.
+	// Warmup counts the warm-up requests sent to each site, WarmupOK those
+	// answered 200.
 	Warmup, WarmupOK map[string]int
 	Rounds           []Round
-	// CPUNote says why the CPU figures are missing, if they are.
-	CPUNote string
+	CPUNote          string // why the CPU figures are missing, if they are
+}
+
+// site is one site of a run: its targets and its client for the whole run.
+type site struct {
+	name string
+	tgt  vegeta.Targeter
+	cl   *http.Client
 }
 
 // Run sends the warm-up to each site, then o.Rounds rounds per site,
-// alternating plain and fair (or control), and returns their figures.
-// progress (may be nil) gets one line per round as it ends. Failed
-// requests are counted in the rounds, not returned: the error is for bad
-// options, or ctx ending the run (the report then holds the rounds so far,
-// the last one cut short).
+// alternating, and returns their figures; progress (may be nil) gets a line
+// per round. Failed requests are counted in the rounds: the error is for
+// bad options, or ctx ending the run (the report holds the rounds so far).
 func Run(ctx context.Context, rig *Rig, o Options, progress io.Writer) (*Report, error) {
 	if o.Rounds < 1 || o.Duration <= 0 || o.Workers < 1 || o.Tenants < 1 || o.Rate < 0 ||
 		o.Backlog && (o.PromptBytes < 1 || o.Workers <= BacklogInflight || o.Control) {
@@ -187,23 +164,15 @@ func Run(ctx context.Context, rig *Rig, o Options, progress io.Writer) (*Report,
 	if _, err := processCPU(pid); err != nil {
 		rep.CPUNote = fmt.Sprintf("no CPU figures: %v", err)
 	}
-	sites := []struct {
-		name string
-		tgt  vegeta.Targeter
-		cl   *http.Client
-	}{
-		{SitePlain, targeter(rig.PlainURL, o.Tenants, body), newClient(o.maxWorkers())},
-		{SiteFair, targeter(rig.FairURL, o.Tenants, body), newClient(o.maxWorkers())},
+	newSite := func(name, url string) site {
+		return site{name, targeter(url, o.Tenants, body), newClient(o.maxWorkers())}
 	}
+	sites := []site{newSite(SitePlain, rig.PlainURL), newSite(SiteFair, rig.FairURL)}
 	if o.Control {
-		sites[1].name, sites[1].tgt = SiteControl, targeter(rig.ControlURL, o.Tenants, body)
+		sites[1] = newSite(SiteControl, rig.ControlURL)
 	}
 	if o.Backlog {
-		sites = append(sites, struct {
-			name string
-			tgt  vegeta.Targeter
-			cl   *http.Client
-		}{SiteBacklog, targeter(rig.BacklogURL, o.Tenants, body), newClient(o.maxWorkers())})
+		sites = append(sites, newSite(SiteBacklog, rig.BacklogURL))
 	}
 	for _, s := range sites {
 		defer s.cl.CloseIdleConnections()
@@ -231,10 +200,9 @@ func Run(ctx context.Context, rig *Rig, o Options, progress io.Writer) (*Report,
 	return rep, nil
 }
 
-// startProfile starts fetching a CPU profile of Caddy over the coming
-// round into o.ProfileDir/name.pprof, and returns the func that waits for
-// it. Without o.ProfileDir it does nothing. The profile covers the round's
-// whole seconds (pprof takes no finer duration), at least one.
+// startProfile starts profiling Caddy and this process over the coming
+// round into o.ProfileDir (nothing without it), and returns the func that
+// ends it. Caddy's covers the round's whole seconds, at least one.
 func startProfile(ctx context.Context, rig *Rig, o Options, name string) func() error {
 	if o.ProfileDir == "" {
 		return func() error { return nil }
@@ -299,9 +267,7 @@ func targeter(base string, tenants int, body []byte) vegeta.Targeter {
 }
 
 // newClient is one site's client for the whole run, keeping an idle
-// connection per worker, so that connections carry over from round to
-// round (vegeta's attacker ends with its attack; the client passed to it
-// does not).
+// connection per worker, so connections carry over from round to round.
 func newClient(workers int) *http.Client {
 	return &http.Client{
 		Timeout: 30 * time.Second,
@@ -317,19 +283,12 @@ func newClient(workers int) *http.Client {
 
 // attack runs one round against a site and measures it.
 func attack(ctx context.Context, cl *http.Client, tgt vegeta.Targeter, o Options, d time.Duration, name string, pid int) Round {
-	opts := []func(*vegeta.Attacker){
-		vegeta.Client(cl),
-		vegeta.Workers(uint64(o.Workers)),
-		vegeta.Redirects(vegeta.NoFollow),
-	}
-	// Max rate: a fixed set of workers, each sending as soon as it is
-	// answered. At a fixed rate vegeta adds workers when all are busy; the
-	// cap keeps a stalled moment of the shared machine from growing them,
-	// and their connections, without bound (new connections per request
-	// would measure the TCP handshake, not the handler), so an overloaded
-	// round falls behind its rate instead.
-	opts = append(opts, vegeta.MaxWorkers(uint64(o.maxWorkers())))
-	atk := vegeta.NewAttacker(opts...)
+	// At a fixed rate vegeta adds workers when all are busy; the cap keeps
+	// a stalled moment of the shared machine from growing them, and their
+	// connections, without bound (new connections would measure the TCP
+	// handshake, not the handler): an overloaded round falls behind instead.
+	atk := vegeta.NewAttacker(vegeta.Client(cl), vegeta.Workers(uint64(o.Workers)),
+		vegeta.Redirects(vegeta.NoFollow), vegeta.MaxWorkers(uint64(o.maxWorkers())))
 	stop := context.AfterFunc(ctx, func() { atk.Stop() })
 	defer stop()
 
@@ -389,8 +348,8 @@ func quantile(ds []time.Duration, q float64) time.Duration {
 }
 
 // Prompt is a chat completion request of about size bytes: a system prompt
-// and user messages of English and Chinese sentences, as a long document or
-// RAG prompt is. The same size gives the same body on every run.
+// and user messages of English and Chinese sentences, like a long RAG
+// prompt. The same size gives the same body on every run.
 func Prompt(size int) []byte {
 	en := strings.Fields("the gateway queue tenant request model server token budget wait fair share weight " +
 		"upstream slot latency throughput batch realtime interactive prompt response stream usage quota limit " +
