@@ -85,11 +85,9 @@ func (h *Handler) onCircuit(ev fairqueue.CircuitEvent) {
 }
 
 var (
-	circuitTransitions = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "circuit_transitions_total",
-		Help: "Circuit breaker transitions, by tier and direction (shed, readmitted).",
-	}, []string{"queue", "tier", "direction"})
+	circuitTransitions = counterVec("circuit_transitions_total",
+		"Circuit breaker transitions, by tier and direction (shed, readmitted).",
+		"queue", "tier", "direction")
 	descCircuitShed = prometheus.NewDesc(fqName("circuit_shed"),
 		"1 while the circuit breaker sheds the tier, else 0.", []string{"queue", "tier"}, nil)
 	descCircuitDemand = prometheus.NewDesc(fqName("circuit_demand"),
@@ -109,17 +107,14 @@ func collectCircuit(ch chan<- prometheus.Metric, name string, st fairqueue.Circu
 	if !st.Configured {
 		return
 	}
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
-	gauge(descCircuitSaturation, st.Saturation, name)
-	gauge(descCircuitBacklogTrend, st.BacklogTrend, name)
+	gauge(ch, descCircuitSaturation, st.Saturation, name)
+	gauge(ch, descCircuitBacklogTrend, st.BacklogTrend, name)
 	for r, res := range st.Resources {
-		gauge(descCircuitCapacity, st.ResourceCapacity[r], name, res)
+		gauge(ch, descCircuitCapacity, st.ResourceCapacity[r], name, res)
 		d := st.ResourceDemand[r]
-		gauge(descCircuitDemand, d[len(d)-1], name, "", res)
+		gauge(ch, descCircuitDemand, d[len(d)-1], name, "", res)
 		for i, tier := range st.Tiers {
-			gauge(descCircuitDemand, d[i], name, tier, res)
+			gauge(ch, descCircuitDemand, d[i], name, tier, res)
 		}
 	}
 	for i, tier := range st.Tiers {
@@ -127,9 +122,9 @@ func collectCircuit(ch chan<- prometheus.Metric, name string, st fairqueue.Circu
 		if st.Shed[i] {
 			shed = 1
 		}
-		gauge(descCircuitShed, shed, name, tier)
+		gauge(ch, descCircuitShed, shed, name, tier)
 		if i < len(st.Signals) {
-			gauge(descCircuitSignal, st.Signals[i], name, tier)
+			gauge(ch, descCircuitSignal, st.Signals[i], name, tier)
 		}
 	}
 }

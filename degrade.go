@@ -128,11 +128,9 @@ func (h *Handler) loadEvents() error {
 }
 
 var (
-	degradeTransitions = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "degrade_transitions_total",
-		Help: "Degrade ladder transitions, by step and direction.",
-	}, []string{"queue", "step", "direction"})
+	degradeTransitions = counterVec("degrade_transitions_total",
+		"Degrade ladder transitions, by step and direction.",
+		"queue", "step", "direction")
 	descDegradeLevel = prometheus.NewDesc(fqName("degrade_level"),
 		"Engaged degrade steps (0 = normal).", []string{"queue"}, nil)
 )

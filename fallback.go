@@ -8,7 +8,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
@@ -110,20 +109,10 @@ func (h *Handler) provisionFallback(ctx caddy.Context) error {
 	if fb.MaxInflight < 0 {
 		return fmt.Errorf("fallback: max_inflight must not be negative")
 	}
-	raw, err := proxyDefaults(fb.ProxyRaw, "least_conn")
-	if err != nil {
-		return fmt.Errorf("fallback proxy: %v", err)
+	var err error
+	if fb.proxy, err = loadReverseProxy(ctx, fb, &fb.ProxyRaw, "least_conn", "fallback proxy"); err != nil {
+		return err
 	}
-	fb.ProxyRaw = raw
-	mod, err := ctx.LoadModule(fb, "ProxyRaw")
-	if err != nil {
-		return fmt.Errorf("loading the fallback proxy: %v", err)
-	}
-	p, ok := mod.(*reverseproxy.Handler)
-	if !ok {
-		return fmt.Errorf("fallback proxy must be a reverse_proxy handler, got %T", mod)
-	}
-	fb.proxy = p
 	fb.strip = fallbackStripped
 	if h.tenantHeader != "" && !slices.Contains(fb.strip, h.tenantHeader) {
 		fb.strip = append(slices.Clip(fb.strip), h.tenantHeader)
@@ -181,8 +170,6 @@ func (h *Handler) channelProxy(a *admission, fallback bool, hdr http.Header) (*r
 	return h.proxy, a.body
 }
 
-var fallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-	Name: "fallbacks_total",
-	Help: "Requests served by the fallback channel, by tenant.",
-}, []string{"queue", "tenant"})
+var fallbacks = counterVec("fallbacks_total",
+	"Requests served by the fallback channel, by tenant.",
+	"queue", "tenant")

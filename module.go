@@ -1,6 +1,7 @@
 package caddyfairqueue
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"net/textproto"
@@ -316,39 +317,17 @@ var builtinClasses = []fairqueue.ClassConfig{
 }
 
 func (h *Handler) setDefaults() {
-	if h.Name == "" {
-		h.Name = "default"
-	}
-	if h.TenantKey == "" {
-		h.TenantKey = "{http.request.header.X-Tenant-ID}"
-	}
-	if h.CostUnit == "" {
-		h.CostUnit = "estimated_tokens"
-	}
-	if h.Tokenizer == "" {
-		h.Tokenizer = "cl100k_base"
-	}
-	if h.DefaultMaxTokens == 0 {
-		h.DefaultMaxTokens = 512
-	}
-	if h.MaxBody == 0 {
-		h.MaxBody = 8 << 20
-	}
-	if h.MaxInflight == 0 {
-		h.MaxInflight = 16
-	}
-	if h.MaxQueue == 0 {
-		h.MaxQueue = 10000
-	}
-	if h.BodyTimeout == 0 {
-		h.BodyTimeout = caddy.Duration(30 * time.Second)
-	}
-	if h.MaxRequestTokens == 0 {
-		h.MaxRequestTokens = 131072
-	}
-	if h.MaxQueueBytes == 0 {
-		h.MaxQueueBytes = 256 << 20
-	}
+	h.Name = cmp.Or(h.Name, "default")
+	h.TenantKey = cmp.Or(h.TenantKey, "{http.request.header.X-Tenant-ID}")
+	h.CostUnit = cmp.Or(h.CostUnit, "estimated_tokens")
+	h.Tokenizer = cmp.Or(h.Tokenizer, "cl100k_base")
+	h.DefaultMaxTokens = cmp.Or(h.DefaultMaxTokens, 512)
+	h.MaxBody = cmp.Or(h.MaxBody, 8<<20)
+	h.MaxInflight = cmp.Or(h.MaxInflight, 16)
+	h.MaxQueue = cmp.Or(h.MaxQueue, 10000)
+	h.BodyTimeout = cmp.Or(h.BodyTimeout, caddy.Duration(30*time.Second))
+	h.MaxRequestTokens = cmp.Or(h.MaxRequestTokens, 131072)
+	h.MaxQueueBytes = cmp.Or(h.MaxQueueBytes, 256<<20)
 }
 
 // queueConfig turns the handler's JSON into the scheduler's config.
@@ -558,7 +537,7 @@ func (h *Handler) compile() error {
 		h.classIdx[c.Name] = c.WaitBudget
 	}
 	h.tenantHeader = headerPlaceholder(h.TenantKey)
-	h.metrics = newMetricsCache(h.Name)
+	h.metrics = &metricsCache{queue: h.Name}
 	if err := h.provisionDegrade(); err != nil {
 		return err
 	}
@@ -576,19 +555,26 @@ func (h *Handler) loadProxy(ctx caddy.Context) error {
 		policy = "fair_queue_least_conn"
 	}
 	var err error
-	if h.ProxyRaw, err = proxyDefaults(h.ProxyRaw, policy); err != nil {
-		return fmt.Errorf("proxy: %v", err)
+	h.proxy, err = loadReverseProxy(ctx, h, &h.ProxyRaw, policy, "proxy")
+	return err
+}
+
+// loadReverseProxy loads the reverse_proxy whose JSON is *raw, the ProxyRaw
+// of owner, with proxyDefaults applied; what names it in errors.
+func loadReverseProxy(ctx caddy.Context, owner any, raw *json.RawMessage, policy, what string) (*reverseproxy.Handler, error) {
+	var err error
+	if *raw, err = proxyDefaults(*raw, policy); err != nil {
+		return nil, fmt.Errorf("%s: %v", what, err)
 	}
-	mod, err := ctx.LoadModule(h, "ProxyRaw")
+	mod, err := ctx.LoadModule(owner, "ProxyRaw")
 	if err != nil {
-		return fmt.Errorf("loading proxy: %v", err)
+		return nil, fmt.Errorf("loading %s: %v", what, err)
 	}
 	proxy, ok := mod.(*reverseproxy.Handler)
 	if !ok {
-		return fmt.Errorf("proxy must be a reverse_proxy handler, got %T", mod)
+		return nil, fmt.Errorf("%s must be a reverse_proxy handler, got %T", what, mod)
 	}
-	h.proxy = proxy
-	return nil
+	return proxy, nil
 }
 
 // joinQueue joins the queue of h's name, made if it is the first user.

@@ -203,7 +203,7 @@ func (h *Handler) release(tk *fairqueue.Ticket, a *admission) {
 	if used < 0 {
 		used = int64(a.cost.Total())
 	}
-	a.m.observeQuotaUse(h.Name, a.label, a.charged, used)
+	a.m.observeQuotaUse(a.charged, used)
 	h.history().QuotaCharged(a.label, used)
 }
 
@@ -238,7 +238,7 @@ func (h *Handler) proxyAttempt(w http.ResponseWriter, r *http.Request, next cadd
 	if attempt == 1 {
 		// A request is dispatched once, however often a provider refuses
 		// it (the wait grows; the ETA was for the first).
-		a.m.observeDispatch(h.Name, a.label, info.Boosted, info.ETA, info.Wait)
+		a.m.observeDispatch(info.Boosted, info.ETA, info.Wait)
 		// The history records them with the outcome (record): one lock of
 		// the queue's history per request.
 		a.boosted, a.eta = info.Boosted, info.ETA
@@ -457,7 +457,7 @@ func (h *Handler) actualCost(rec *usageRecorder, a *admission, failed bool) int6
 		prompt, completion := h.boundUsage(a, prompt, u.Completion)
 		a.usageKnown, a.usedPrompt, a.usedCompletion = !failed, prompt, completion
 		actual := int64(prompt + completion)
-		a.m.observeActual(h.Name, a.label, float64(actual))
+		a.m.observeActual(float64(actual))
 		a.used = actual
 		return actual
 	}
@@ -510,7 +510,7 @@ func (h *Handler) answer(w http.ResponseWriter, repl *caddy.Replacer, a *admissi
 // the outcome.
 func (h *Handler) record(a *admission, outcome string, wait time.Duration) {
 	a.phWaitKnown, a.phWait, a.phOutcome = true, wait, outcome
-	a.m.observeOutcome(h.Name, a.label, outcome, wait, float64(a.cost.Total()))
+	a.m.observeOutcome(outcome, wait, float64(a.cost.Total()))
 	h.history().Outcome(a.label, history.Answer{Code: outcome, Wait: wait, Tokens: a.used,
 		Boosted: a.boosted, ETA: a.eta})
 	if outcome != outcomeServed {

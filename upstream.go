@@ -61,11 +61,9 @@ func parseReserve(v string) (float64, error) {
 }
 
 var (
-	providerRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "provider_refusals_total",
-		Help: "Provider 429s kept from clients: the request went back to its tenant's queue, uncharged.",
-	}, []string{"queue", "tenant"})
+	providerRefusals = counterVec("provider_refusals_total",
+		"Provider 429s kept from clients: the request went back to its tenant's queue, uncharged.",
+		"queue", "tenant")
 	descUpstreamRemaining = prometheus.NewDesc(fqName("upstream_quota_remaining"),
 		"What the provider account has left to send at once, by meter (requests, tokens) and bucket (pool, or reserve:<tenant>).", []string{"queue", "bucket", "meter"}, nil)
 	descUpstreamExhausted = prometheus.NewDesc(fqName("upstream_exhausted_seconds"),
@@ -81,28 +79,25 @@ func collectUpstream(ch chan<- prometheus.Metric, name string, st fairqueue.Upst
 	if !st.Configured {
 		return
 	}
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
-	gauge(descUpstreamExhausted, st.ExhaustedFor.Seconds(), name)
+	gauge(ch, descUpstreamExhausted, st.ExhaustedFor.Seconds(), name)
 	if st.TPM > 0 {
-		gauge(descUpstreamWindow, float64(st.WindowTokens)/st.TPM, name, "tokens")
+		gauge(ch, descUpstreamWindow, float64(st.WindowTokens)/st.TPM, name, "tokens")
 	}
 	if st.RPM > 0 {
-		gauge(descUpstreamWindow, float64(st.WindowRequests)/st.RPM, name, "requests")
+		gauge(ch, descUpstreamWindow, float64(st.WindowRequests)/st.RPM, name, "requests")
 	}
 	if !math.IsNaN(st.ProviderTokens) {
-		gauge(descUpstreamProvider, st.ProviderTokens, name, "tokens")
+		gauge(ch, descUpstreamProvider, st.ProviderTokens, name, "tokens")
 	}
 	if !math.IsNaN(st.ProviderRequests) {
-		gauge(descUpstreamProvider, st.ProviderRequests, name, "requests")
+		gauge(ch, descUpstreamProvider, st.ProviderRequests, name, "requests")
 	}
 	bucket := func(b string, s quota.Status) {
 		if s.Requests.Enabled {
-			gauge(descUpstreamRemaining, float64(s.Requests.Remaining), name, b, "requests")
+			gauge(ch, descUpstreamRemaining, float64(s.Requests.Remaining), name, b, "requests")
 		}
 		if s.Tokens.Enabled {
-			gauge(descUpstreamRemaining, float64(s.Tokens.Remaining), name, b, "tokens")
+			gauge(ch, descUpstreamRemaining, float64(s.Tokens.Remaining), name, b, "tokens")
 		}
 	}
 	bucket("pool", st.Pool)

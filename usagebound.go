@@ -3,7 +3,6 @@ package caddyfairqueue
 import (
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -57,8 +56,6 @@ func clampLogger(l *zap.Logger) *zap.Logger {
 	}))
 }
 
-var usageClamped = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-	Name: "usage_clamped_total",
-	Help: "Served requests whose reported usage exceeded what the request could use (the larger of twice its estimate and max_request_tokens) and was charged at that bound instead.",
-}, []string{"queue", "tenant"})
+var usageClamped = counterVec("usage_clamped_total",
+	"Served requests whose reported usage exceeded what the request could use (the larger of twice its estimate and max_request_tokens) and was charged at that bound instead.",
+	"queue", "tenant")
