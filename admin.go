@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 
@@ -76,12 +77,7 @@ func (adminReport) CaddyModule() caddy.ModuleInfo {
 
 // Routes returns a route for the /fair_queue/report endpoint.
 func (a adminReport) Routes() []caddy.AdminRoute {
-	return []caddy.AdminRoute{
-		{
-			Pattern: "/fair_queue/report",
-			Handler: caddy.AdminHandlerFunc(a.handleReport),
-		},
-	}
+	return []caddy.AdminRoute{{Pattern: "/fair_queue/report", Handler: caddy.AdminHandlerFunc(a.handleReport)}}
 }
 
 // Tenants per queue in one answer of the report, by default and at most
@@ -99,10 +95,7 @@ const (
 // of the previous page (which needs ?queue=, a cursor being one queue's).
 func (adminReport) handleReport(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet {
-		return caddy.APIError{
-			HTTPStatus: http.StatusMethodNotAllowed,
-			Err:        fmt.Errorf("method not allowed"),
-		}
+		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method not allowed")}
 	}
 	query := r.URL.Query()
 	only := query.Get("queue")
@@ -111,22 +104,13 @@ func (adminReport) handleReport(w http.ResponseWriter, r *http.Request) error {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 	}
 
-	// Collect the queues first, so the pool's lock is not held while each
-	// queue's own lock is taken.
-	var live []*sharedQueue
-	queues.Range(func(_, value any) bool {
-		if s, ok := value.(*sharedQueue); ok && s != nil && (only == "" || s.name == only) {
-			live = append(live, s)
-		}
-		return true
-	})
-	if only != "" && len(live) == 0 {
-		return caddy.APIError{
-			HTTPStatus: http.StatusNotFound,
-			Err:        fmt.Errorf("unknown queue: %q", only),
-		}
+	live := liveQueues()
+	if only != "" {
+		live = slices.DeleteFunc(live, func(s *sharedQueue) bool { return s.name != only })
 	}
-	sort.Slice(live, func(i, j int) bool { return live[i].name < live[j].name })
+	if only != "" && len(live) == 0 {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown queue: %q", only)}
+	}
 
 	results := make([]queueReport, 0, len(live))
 	for _, s := range live {
@@ -135,10 +119,7 @@ func (adminReport) handleReport(w http.ResponseWriter, r *http.Request) error {
 
 	w.Header().Set("Content-Type", "application/json")
 	if err := json.NewEncoder(w).Encode(results); err != nil {
-		return caddy.APIError{
-			HTTPStatus: http.StatusInternalServerError,
-			Err:        err,
-		}
+		return caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
 	}
 	return nil
 }

@@ -475,20 +475,6 @@ func (h *Handler) history() *history.History {
 	return h.shared.hist
 }
 
-// historyQuotaDelay records a request its quota made wait in its queue.
-func (h *Handler) historyQuotaDelay(label string, tk *fairqueue.Ticket) {
-	if tk.QuotaWait() > 0 {
-		h.history().QuotaLimited(label, string(tk.QuotaReason()), false)
-	}
-}
-
-// historyRefusal records a quota refusal.
-func (h *Handler) historyRefusal(label string, rej *fairqueue.Rejection) {
-	if rej.Reason == fairqueue.ReasonQuotaExceeded {
-		h.history().QuotaLimited(label, string(rej.Quota), true)
-	}
-}
-
 // declaredTenants lists cfg's declared tenants, the ones the history
 // keeps under their own names.
 func declaredTenants(cfg fairqueue.Config) []string {

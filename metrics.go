@@ -407,9 +407,11 @@ var descName = regexp.MustCompile(`fqName: "([^"]+)"`)
 // Interface guards
 var _ prometheus.Collector = (*stateCollector)(nil)
 
-// observeQuotaDelay counts a request admitted to wait for its quota.
-func observeQuotaDelay(queue, tenant string, tk *fairqueue.Ticket) {
+// observeQuotaDelay counts and records a request its quota made wait in
+// its queue.
+func (h *Handler) observeQuotaDelay(label string, tk *fairqueue.Ticket) {
 	if tk.QuotaWait() > 0 {
-		quotaLimited.WithLabelValues(queue, tenant, string(tk.QuotaReason()), "delayed").Inc()
+		quotaLimited.WithLabelValues(h.Name, label, string(tk.QuotaReason()), "delayed").Inc()
+		h.history().QuotaLimited(label, string(tk.QuotaReason()), false)
 	}
 }

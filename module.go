@@ -50,15 +50,10 @@ type Handler struct {
 	CostUnit string `json:"cost_unit,omitempty"`
 
 	// Tokenizer counts prompt tokens: "cl100k_base" (default), "o200k_base",
-	// or "approx" (a fast byte heuristic). The estimate only orders the
-	// queue, and the usage the upstream reports replaces it when the
-	// response ends, so its work per request is bounded (about 4096
-	// vocabulary lookups): a prompt of up to about 500 tokens is counted
-	// exactly, a longer one estimated from samples, within 3% of the exact
-	// count (see llmapi.NewEstimator).
-	// Where a count decides something (max_request_tokens, light_mode's
-	// max_input_tokens), the prompt is counted exactly, up to 64 KiB of
-	// text.
+	// or "approx" (a fast byte heuristic). For the queue's order a long
+	// prompt is estimated from samples (llmapi.NewEstimator); where a count
+	// decides something (max_request_tokens, light_mode's
+	// max_input_tokens), it is exact up to 64 KiB of text.
 	Tokenizer string `json:"tokenizer,omitempty"`
 
 	// DefaultMaxTokens is the output cap assumed when a request names none.
@@ -112,11 +107,10 @@ type Handler struct {
 	Tenants map[string]*TenantConfig `json:"tenants,omitempty"`
 
 	// DefaultTenant applies to tenants not listed in Tenants, as one group:
-	// its weight is the share of all unknown tenants together (fair among
-	// themselves inside it) and its max_queue caps their queued requests
-	// together, so rotating tenant IDs cannot outweigh or crowd out the
-	// declared tenants. Default: weight 1, class batch, max_queue half of
-	// the queue's. Their metrics share one label.
+	// its weight and max_queue are those of all unknown tenants together,
+	// so rotating tenant IDs cannot outweigh or crowd out the declared
+	// tenants. Default: weight 1, class batch, max_queue half of the
+	// queue's. Their metrics share one label.
 	DefaultTenant *TenantConfig `json:"default_tenant,omitempty"`
 
 	// RejectUnknownTenants answers requests of unlisted tenants (and
@@ -124,11 +118,10 @@ type Handler struct {
 	RejectUnknownTenants bool `json:"reject_unknown_tenants,omitempty"`
 
 	// HandleErrors hands the gateway's own refusals (429, 503, 413, ...) to
-	// the site's handle_errors routes as errors with their status, instead
-	// of answering them in the OpenAI error shape, so a site can render its
-	// own page. Retry-After is still set; the placeholders
+	// the site's handle_errors routes instead of answering them in the
+	// OpenAI error shape. Retry-After is still set; the placeholders
 	// {http.fair_queue.error_code}, {http.fair_queue.error_message} and
-	// {http.fair_queue.retry_after} say what happened. Default: off.
+	// {http.fair_queue.retry_after} say what happened.
 	HandleErrors bool `json:"handle_errors,omitempty"`
 
 	// QuotaDefaults is the shape of every tenant quota that does not set
@@ -157,17 +150,12 @@ type Handler struct {
 
 	// Cluster shares the queue's tenant quotas with the other gateways
 	// whose queue of the same name names the same Redis, so that N
-	// gateways hold each tenant to its quota rather than N times it. It
-	// is the queue's, not a global option: several queues in one Caddy
-	// may use different Redis servers, or none. Upstream slots and fair
-	// shares stay per instance.
+	// gateways hold each tenant to its quota rather than N times it.
 	Cluster *ClusterConfig `json:"cluster,omitempty"`
 
 	// ProxyRaw is the reverse_proxy handler that serves dispatched requests.
-	// Its upstreams' health (active and passive checks) sets the queue's
-	// capacity. Dynamic upstreams have no health state: they count as one
-	// healthy upstream. Unless it names a selection policy, the proxy uses
-	// least_conn, so dispatched requests spread over the free slots.
+	// Its healthy upstreams set the queue's capacity (dynamic upstreams
+	// count as one). Unless it names a selection policy, it uses least_conn.
 	ProxyRaw json.RawMessage `json:"proxy,omitempty" caddy:"namespace=http.handlers inline_key=handler"`
 
 	proxy  *reverseproxy.Handler
@@ -183,23 +171,18 @@ type Handler struct {
 	ctx       caddy.Context
 	events    *caddyevents.App
 	classIdx  map[string]time.Duration
-	// tenantHeader is the request header tenant_key consists of when it
-	// is one request-header placeholder (the default), its name
-	// canonical; "" for any other key, which ReplaceAll evaluates (see
-	// tenantOf).
+	// tenantHeader is the canonical name of the header tenant_key reads
+	// when it is one request-header placeholder, else "" (see tenantOf).
 	tenantHeader string
-	// metrics caches this handler's metric children per tenant label.
-	metrics *metricsCache
-	left    bool // Cleanup ran: the handler no longer counts as a user of its queue
-	// gone is the queue this handler was the last user of, once Cleanup
-	// removed it.
-	gone *sharedQueue
+	metrics      *metricsCache
+	left         bool         // Cleanup ran: no longer a user of its queue
+	gone         *sharedQueue // the queue Cleanup removed as its last user
 	// quotaAuto: some quota takes its token_to_qps_weight from the
-	// learned cost model (costmodel.go).
+	// learned cost model.
 	quotaAuto bool
 	// committed is set once this handler's config is in force in the
-	// shared queue (sharedQueue.adopt).
-	// (A pointer: the Handler value is copied by Caddy's module registry.)
+	// shared queue (sharedQueue.adopt); a pointer, as Caddy copies the
+	// Handler value.
 	committed *atomic.Bool
 	// cluster is the Redis client and quota store of Cluster, which this
 	// handler owns and closes at Cleanup.
@@ -514,10 +497,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 }
 
 // compile builds and validates what the request path and the scheduler
-// need from the config: the tokenizers, the scheduler's config, the class
-// budgets, the tenant key and the degrade ladder. It touches no shared
-// state, so a bad config fails the load with its cause named and the
-// running queue untouched.
+// need from the config. It touches no shared state, so a bad config fails
+// the load with the running queue untouched.
 func (h *Handler) compile() error {
 	var err error
 	if h.counter, err = llmapi.NewCounter(h.Tokenizer); err != nil {
@@ -602,17 +583,12 @@ func (h *Handler) joinQueue() error {
 // proxyDefaults gives the inner proxy what a queue in front of it needs,
 // unless the config says otherwise:
 //
-//   - the least_conn selection policy (policy; fair_queue_least_conn with
-//     share_slots, which counts the other gateways' requests too).
-//     Capacity is max_inflight summed over
-//     the healthy upstreams, so dispatched requests must spread by load:
-//     with Caddy's default (random), two requests can land on one full
-//     upstream while another has a free slot, and wait in the model
-//     server's own queue.
-//   - an HTTP transport read_timeout of defaultReadTimeout: the longest an
-//     upstream may stay silent, before its response headers or between two
-//     reads of a stream. Without it a model server that hangs holds a
-//     dispatch slot, and the queue's capacity, forever.
+//   - the selection policy given (least_conn, or fair_queue_least_conn
+//     with share_slots): capacity is max_inflight per healthy upstream, so
+//     requests must spread by load; Caddy's default (random) can send two
+//     to one full upstream while another has a free slot.
+//   - an HTTP transport read_timeout of defaultReadTimeout, so a model
+//     server that hangs cannot hold a dispatch slot forever.
 func proxyDefaults(raw json.RawMessage, policy string) (json.RawMessage, error) {
 	var proxy map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &proxy); err != nil {
@@ -671,14 +647,13 @@ func subObject(m map[string]json.RawMessage, key string) (map[string]json.RawMes
 // Cleanup leaves the queue. Requests still waiting or streaming keep
 // working: nothing they wait on hangs off this config's context.
 func (h *Handler) Cleanup() error {
-	// After leaving the queue (below), so that the queue already runs on
-	// the next config's quota store, or is gone, when the client closes.
+	// After leaving the queue, so that it already runs on the next
+	// config's quota store, or is gone, when the client closes.
 	defer h.closeCluster()
 	if h.shared == nil || h.left {
 		return nil
 	}
-	// Requests this handler admitted may still be running and use
-	// h.shared: it stays; left makes a second Cleanup a no-op.
+	// Requests this handler admitted may still use h.shared: it stays.
 	h.left = true
 	h.shared.abandon(h)
 	deleted, err := queues.Delete(h.Name)
@@ -719,10 +694,7 @@ var (
 
 // headerPlaceholder returns the header's canonical name when key is
 // exactly one request-header placeholder, such as
-// "{http.request.header.X-Tenant-ID}"; "" otherwise. For such a key,
-// ReplaceAll(key, "") is the header's values joined by commas, "" when
-// absent (Caddy's http replacer), which tenantOf reads from the request
-// itself.
+// "{http.request.header.X-Tenant-ID}"; "" otherwise.
 func headerPlaceholder(key string) string {
 	const prefix = "http.request.header."
 	if len(key) < 2 || key[0] != '{' || key[len(key)-1] != '}' {
