@@ -41,111 +41,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 	return fq, nil
 }
 
-// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
-//
-//	fair_queue [<matcher>] {
-//	    name                <name>
-//	    tenant_key          <placeholder>
-//	    cost_unit           estimated_tokens|requests|learned
-//	    tokenizer           cl100k_base|o200k_base|approx
-//	    default_max_tokens  <n>
-//	    max_body            <size>
-//	    body_timeout        <duration>
-//	    max_request_tokens  <n>
-//	    max_inflight        <n>
-//	    max_inflight_tokens <n>
-//	    max_queue           <n>
-//	    max_queue_tokens    <n>
-//	    max_queue_bytes     <size>
-//	    handle_errors       # refusals go to the site's handle_errors routes
-//
-//	    # classes of service (realtime 5s, interactive 15s and batch 300s
-//	    # always exist; a class line changes a budget or adds a class)
-//	    class <name> wait_budget <duration>
-//
-//	    # tenants
-//	    tenant <name> [weight <n>] [class <class>] [wait_budget <duration>] [max_queue <n>]
-//	                  [max_inflight <n>] [max_request_tokens <n>] [tier <tier>] [{
-//	        quota [qps <n>] [tokens_per_min <n>] [token_to_qps_weight <w>] [joint_cap <f>]
-//	              [burst_window <duration>] [burst_allow <fraction>]
-//	    }]
-//	    default_tenant [<same options and block>]   # all unknown tenants, as one group
-//	    default_tenant reject
-//
-//	    # the provider account behind reverse_proxy; tenants may reserve a share
-//	    upstream_quota [tpm <n>] [rpm <n>] [burst <duration>] [reserve_burst <duration>]
-//	    tenant <name> ... reserve <percent>
-//
-//	    # a second channel the listed tenants use when the primary cannot serve them
-//	    fallback {
-//	        tenants <name>...
-//	        model_map <model> <fallback model>
-//	        max_inflight <n>
-//	        upstream_quota [tpm <n>] [rpm <n>] [burst <duration>]
-//	        # the caller's credentials (Authorization, Cookie, X-Api-Key...)
-//	        # are not passed on; header_up sets the fallback's own, or
-//	        # passes one on: header_up Authorization {http.request.header.Authorization}
-//	        reverse_proxy <upstreams...> {
-//	            <reverse_proxy subdirectives...>
-//	        }
-//	    }
-//
-//	    # shed tiers, lowest first, while the upstreams are saturated and
-//	    # demand stays above capacity
-//	    circuit_break {
-//	        trigger <ratio>      # default 1.3
-//	        recover <ratio>      # default 1.0
-//	        hold    <duration>   # default 10s
-//	        window  <duration>   # default 10s
-//	        saturation <share>   # default 0.9 (90% of the window)
-//	        order   <tier> <tier> [<tier>...]   # lowest first; the last is never shed
-//	    }
-//
-//	    # the shape of every tenant quota that does not set its own
-//	    quota_defaults {
-//	        token_to_qps_weight <w>|auto    # default 0.0008; auto: from the learned cost model
-//	        joint_cap           <f>         # default 1.0
-//	        burst_window        <duration>  # default 10s
-//	        burst_allow         <fraction>  # default 0.2
-//	    }
-//
-//	    # tenant quotas shared with the other gateways of this queue's name
-//	    # through one Redis (only quotas: slots and fair shares stay local)
-//	    cluster {
-//	        redis     <url>       # redis:// or rediss:// (TLS); {env.REDIS_URL}
-//	        instances <n>         # gateways sharing it; each keeps 1/n while Redis is down (default 1)
-//	        timeout   <duration>  # per Redis command's read and write (default 50ms)
-//	        prefix    <string>    # key prefix (default fq:quota:<queue name>:)
-//	    }
-//
-//	    # bounded boost for requests about to miss their budget
-//	    anti_starvation off
-//	    anti_starvation {
-//	        boost_share_max         <fraction>
-//	        per_tenant_boost_hourly <n>
-//	        fast_fail               on|off
-//	        throughput_prior        <cost units/s per upstream>
-//	    }
-//
-//	    # degrade ladder, steps in order of rising trigger
-//	    degrade {
-//	        hold <duration>
-//	        <step> trigger <level> recover <level> pause <class>
-//	        <step> trigger <level> recover <level> light_mode <class> [max_input_tokens <n>] [max_tokens <n>]
-//	        <step> trigger <level> recover <level> throttle <class> <rate>
-//	    }
-//
-//	    # the proxy that serves dispatched requests (required)
-//	    reverse_proxy [<upstreams...>] {
-//	        <reverse_proxy subdirectives...>
-//	    }
-//	}
-//
-// Sizes take units (8MB, 8MiB); durations are Caddy durations (5s, 1m,
-// 1d); levels are fractions of the queue, 0 < recover < trigger <= 1;
-// rates are <n>/s, <n>/m, <n>tok/s or <n>tok/m. Each subdirective other
-// than class and tenant may be given once, and each class and tenant name
-// once. `anti_starvation off` means boost_share_max 0 and fast_fail off.
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens, one
+// method per subdirective; docs/configuration.md has the syntax. Sizes take units (8MB, 8MiB); durations are Caddy durations (5s,
+// 1m, 1d). Each subdirective other than class and tenant may be given
+// once, and each class and tenant name once.
 //
 // A handle_response block in the inner reverse_proxy needs the Caddyfile
 // helper that only the fair_queue directive has: UnmarshalCaddyfile on its
@@ -341,9 +240,6 @@ func (p *cfParser) tenant() error {
 	if err != nil {
 		return err
 	}
-	if err := p.tenantBlock(who, tc); err != nil {
-		return err
-	}
 	if p.h.Tenants == nil {
 		p.h.Tenants = make(map[string]*TenantConfig)
 	}
@@ -373,14 +269,8 @@ func (p *cfParser) defaultTenant() error {
 		return nil
 	}
 	tc, err := p.tenantOptions("default_tenant", tok, args)
-	if err != nil {
-		return err
-	}
-	if err := p.tenantBlock("default_tenant", tc); err != nil {
-		return err
-	}
 	p.h.DefaultTenant = tc
-	return nil
+	return err
 }
 
 // tenantBlock parses a tenant's optional block: `quota <pairs...>`.
@@ -685,8 +575,8 @@ func (p *cfParser) quotaPair(q *QuotaConfig, who, key, v string, rates bool, wan
 	return d.Errf("%s: unknown setting %q (want %s)", who, key, want)
 }
 
-// tenantOptions parses [weight <n>] [class <class>] [wait_budget <duration>]
-// [max_queue <n>], in any order, each at most once.
+// tenantOptions parses a tenant's options ([weight <n>] [class <class>]
+// ..., in any order, each at most once) and its block.
 func (p *cfParser) tenantOptions(who string, tok caddyfile.Token, args []string) (*TenantConfig, error) {
 	d := p.d
 	tc := new(TenantConfig)
@@ -745,7 +635,7 @@ func (p *cfParser) tenantOptions(who string, tok caddyfile.Token, args []string)
 			}
 		}
 	}
-	return tc, nil
+	return tc, p.tenantBlock(who, tc)
 }
 
 // antiStarvation parses `anti_starvation off` and the anti_starvation block.
