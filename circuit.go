@@ -14,14 +14,9 @@ import (
 // CircuitBreakConfig sheds callers tier by tier under real overload: while
 // the model servers are saturated with requests waiting (for Saturation
 // of Window) and the demand of the tiers still admitted stays above
-// Trigger times what they serve, the lowest of them is shed (429
-// circuit_open); the last shed tier is readmitted once demand with it
-// readmitted is below Recover. Demand is what arrives (shed requests
-// included), averaged over Window, in units whose capacity does not swing
-// with the mix of requests: busy time against the slots (each caller's
-// requests weigh the time they have been keeping a slot busy), and, behind
-// a provider account, its tokens and requests against its rates. The top
-// tier of Order is never shed, nor is a tenant without a tier.
+// Trigger times capacity, the lowest of them is shed (429 circuit_open);
+// the last shed tier is readmitted once demand with it is below Recover.
+// The top tier of Order is never shed, nor is a tenant without a tier.
 type CircuitBreakConfig struct {
 	// Trigger is the demand/capacity ratio above which the next tier is
 	// shed. Default 1.3.
@@ -36,9 +31,9 @@ type CircuitBreakConfig struct {
 	// Order lists the tiers, lowest (shed first) to highest (never shed);
 	// tenants name theirs with tier. At least two.
 	Order []string `json:"order,omitempty"`
-	// Saturation is the least share of Window the model servers (or the
-	// provider account) must have been saturated, with requests waiting,
-	// for a tier to be shed. In (0, 1]; default 0.9.
+	// Saturation is the least share of Window the upstreams must have been
+	// saturated, with requests waiting, for a tier to be shed. In (0, 1];
+	// default 0.9.
 	Saturation float64 `json:"saturation,omitempty"`
 }
 

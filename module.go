@@ -26,27 +26,22 @@ func init() {
 }
 
 // Handler is a fair queue in front of a reverse proxy to OpenAI-compatible
-// model servers. It identifies the tenant of each request, estimates its
-// token cost, and holds it in the tenant's sub-queue until weighted fair
-// queuing grants it a slot on a healthy upstream; requests that cannot start
-// within their wait budget are told so at once.
+// model servers: it holds each request in its tenant's sub-queue until
+// weighted fair queuing grants it a slot on a healthy upstream.
 type Handler struct {
-	// Name of the queue. Handlers with the same name share one queue, which
-	// survives config reloads with everything queued and in flight; use one
-	// handler per name. Default: "default".
+	// Name of the queue, which survives config reloads with everything
+	// queued and in flight; use one handler per name. Default: "default".
 	Name string `json:"name,omitempty"`
 
 	// TenantKey is a placeholder that evaluates to the tenant of a request.
-	// Default: {http.request.header.X-Tenant-ID}. After an authentication
-	// handler, {http.auth.user.id} is the secure choice: a header can be
-	// set by anyone.
+	// Default: {http.request.header.X-Tenant-ID}; {http.auth.user.id}
+	// after an authentication handler is the secure choice.
 	TenantKey string `json:"tenant_key,omitempty"`
 
 	// CostUnit is what fairness is measured in: "estimated_tokens" (default:
 	// prompt tokens plus output cap, corrected by actual usage),
-	// "requests" (every request costs 1), or "learned": model-server time,
-	// as the cost model the queue learns from served requests prices it
-	// (estimated_tokens until the fit is ready).
+	// "requests", or "learned" (model-server time, from the cost model the
+	// queue learns; estimated_tokens until the fit is ready).
 	CostUnit string `json:"cost_unit,omitempty"`
 
 	// Tokenizer counts prompt tokens: "cl100k_base" (default), "o200k_base",
@@ -64,16 +59,14 @@ type Handler struct {
 	// get 413. Default: 8 MiB.
 	MaxBody int64 `json:"max_body,omitempty"`
 
-	// BodyTimeout bounds the time to receive a whole request body; a body
-	// still incomplete then gets 408 request_timeout. The wait budget
-	// counts from when the body is complete. Default: 30s.
+	// BodyTimeout bounds the time to receive a whole request body (else
+	// 408 request_timeout); the wait budget starts after it. Default: 30s.
 	BodyTimeout caddy.Duration `json:"body_timeout,omitempty"`
 
 	// MaxRequestTokens caps one request's estimated cost (prompt tokens
-	// plus output cap, times n); above it, 400 context_length_exceeded.
-	// A tenant may override it. max_inflight_tokens and max_queue_tokens,
-	// when set and lower, cap it too: a request above them could never be
-	// dispatched or queued. Default: 131072.
+	// plus output cap, times n); above it, 400 context_length_exceeded. A
+	// tenant may override it; lower max_inflight_tokens or max_queue_tokens
+	// cap it too. Default: 131072.
 	MaxRequestTokens int64 `json:"max_request_tokens,omitempty"`
 
 	// MaxInflight is the number of concurrent requests per healthy upstream.
@@ -84,23 +77,22 @@ type Handler struct {
 	// per healthy upstream (a model server's KV-cache budget).
 	MaxInflightTokens int64 `json:"max_inflight_tokens,omitempty"`
 
-	// MaxQueue caps the queued requests of all tenants; beyond it requests
-	// get 503 server_busy. It is also the denominator of the water level the
-	// degrade ladder watches. Default: 10000.
+	// MaxQueue caps the queued requests of all tenants (503 server_busy)
+	// and is the denominator of the degrade ladder's water level. Default:
+	// 10000.
 	MaxQueue int `json:"max_queue,omitempty"`
 
 	// MaxQueueTokens, when set, caps the queued estimated tokens as well.
 	MaxQueueTokens int64 `json:"max_queue_tokens,omitempty"`
 
-	// MaxQueueBytes caps the request bodies held by queued requests, so
-	// memory is bounded by configuration, not by traffic; beyond it, 503
-	// server_busy. Default: 256 MiB.
+	// MaxQueueBytes caps the request bodies held by queued requests (503
+	// server_busy). Default: 256 MiB.
 	MaxQueueBytes int64 `json:"max_queue_bytes,omitempty"`
 
-	// Classes of service and their default wait budgets. realtime (5s),
-	// interactive (15s) and batch (300s) always exist; entries here change
-	// their budgets or add classes. A request may move itself to a class
-	// with a longer budget (header X-Fair-Queue-Class), never a shorter one.
+	// Classes of service and their wait budgets: realtime (5s), interactive
+	// (15s) and batch (300s) always exist; entries here change their
+	// budgets or add classes. A request may lower its class
+	// (X-Fair-Queue-Class).
 	Classes []*ClassConfig `json:"classes,omitempty"`
 
 	// Tenants maps tenant names to their settings.
@@ -125,8 +117,7 @@ type Handler struct {
 	HandleErrors bool `json:"handle_errors,omitempty"`
 
 	// QuotaDefaults is the shape of every tenant quota that does not set
-	// its own: token_to_qps_weight (default 0.0008), joint_cap (1.0),
-	// burst_window (10s) and burst_allow (0.2). Rates belong to tenants.
+	// its own (no rates: those belong to tenants).
 	QuotaDefaults *QuotaConfig `json:"quota_defaults,omitempty"`
 
 	// UpstreamQuota is the provider account's requests and tokens per
@@ -207,30 +198,24 @@ type TenantConfig struct {
 	Class string `json:"class,omitempty"`
 	// WaitBudget overrides the class's wait budget.
 	WaitBudget caddy.Duration `json:"wait_budget,omitempty"`
-	// MaxQueue caps this tenant's queued requests; beyond it, 429
-	// tenant_queue_full. For default_tenant it caps all unknown tenants
-	// together.
+	// MaxQueue caps this tenant's queued requests (429 tenant_queue_full);
+	// for default_tenant, all unknown tenants' together.
 	MaxQueue int `json:"max_queue,omitempty"`
-	// MaxInflight caps this tenant's requests in flight: at the cap its
-	// queued requests wait and others take the free slots. For
-	// default_tenant it caps each unknown tenant. 0: no cap.
+	// MaxInflight caps this tenant's requests in flight; for
+	// default_tenant, each unknown tenant's. 0: no cap.
 	MaxInflight int `json:"max_inflight,omitempty"`
 	// MaxRequestTokens overrides the queue's max_request_tokens.
 	MaxRequestTokens int64 `json:"max_request_tokens,omitempty"`
 	// Quota caps the tenant's requests and tokens per unit of time, even
-	// when capacity is idle: a request its quota does not allow yet waits
-	// in the tenant's queue (holding no slot) when the quota allows it
-	// within its wait budget, and gets 429 quota_exceeded with an exact
-	// Retry-After otherwise. For default_tenant, each unknown tenant gets
-	// this quota of its own. Fields left out come from quota_defaults.
+	// when capacity is idle: a request waits for it in the tenant's queue
+	// if the quota allows it within its wait budget, else gets 429
+	// quota_exceeded. For default_tenant, each unknown tenant gets this
+	// quota of its own. Fields left out come from quota_defaults.
 	Quota *QuotaConfig `json:"quota,omitempty"`
 	// Reserve is the share of upstream_quota only this tenant may draw
-	// from (a fraction in (0, 1), e.g. 0.2); it draws from its
-	// reservation first, then competes for the shared rest by weight.
+	// from, in (0, 1); beyond it, it competes for the rest by weight.
 	Reserve float64 `json:"reserve,omitempty"`
-	// Tier names the tenant's tier for circuit breaking (circuit_break
-	// order): under sustained overload the lowest tiers are shed first and
-	// the top tier never.
+	// Tier names the tenant's tier in circuit_break's order.
 	Tier string `json:"tier,omitempty"`
 }
 
@@ -243,15 +228,11 @@ type AntiStarvation struct {
 	// hour. Default 200; 0 means no per-tenant cap.
 	PerTenantBoostHourly *int `json:"per_tenant_boost_hourly,omitempty"`
 	// FastFail refuses requests whose estimated dispatch time is beyond
-	// their budget (503 wait_budget_exceeded): at admission, and while
-	// queued as soon as the queue knows they can no longer make it.
-	// Default true.
+	// their budget (503 wait_budget_exceeded), at admission and while
+	// queued. Default true.
 	FastFail *bool `json:"fast_fail,omitempty"`
 	// ThroughputPrior is the rate, in cost units per second per healthy
-	// upstream, assumed before the queue has measured its own. Without it
-	// a freshly started gateway promises nothing until it has measured,
-	// and refuses only what is late at a bound it takes from the busy
-	// slots, the age of the requests in flight and the first completions.
+	// upstream, assumed before the queue has measured its own.
 	ThroughputPrior float64 `json:"throughput_prior,omitempty"`
 }
 
@@ -422,9 +403,8 @@ func (h *Handler) tenantConfig(who string, t *TenantConfig) (fairqueue.TenantCon
 	return tc, nil
 }
 
-// checkLimits refuses negative sizes, durations and token limits (the
-// JSON form can say anything): each would either refuse every request or
-// silently lift a bound.
+// checkLimits refuses negative sizes, durations and token limits, which
+// the JSON form can say.
 func (h *Handler) checkLimits() error {
 	for _, l := range []struct {
 		name string
