@@ -320,31 +320,15 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		collectCircuit(ch, name, s.q.Circuit())
 		collectUpstream(ch, name, s.q.Upstream())
 		collectCostModel(ch, name, s.cost.Fit())
-		type agg struct {
-			depth, inflight int
-			queued          int64
-		}
-		per := make(map[string]*agg, len(st.Tenants))
 		for _, t := range st.Tenants {
-			label := t.Name
-			if !t.Known {
-				label = unknownTenantLabel
-			} else {
-				gauge(ch, descWeight, t.Weight, name, label)
+			if t.Known {
+				gauge(ch, descWeight, t.Weight, name, t.Name)
 			}
-			a := per[label]
-			if a == nil {
-				a = &agg{}
-				per[label] = a
-			}
-			a.depth += t.Queued
-			a.inflight += t.Inflight
-			a.queued += t.QueuedCost
 		}
-		for label, a := range per {
-			gauge(ch, descDepth, float64(a.depth), name, label)
-			gauge(ch, descQueuedTokens, float64(a.queued), name, label)
-			gauge(ch, descInflight, float64(a.inflight), name, label)
+		for label, l := range loadByLabel(st.Tenants) {
+			gauge(ch, descDepth, float64(l.queued), name, label)
+			gauge(ch, descQueuedTokens, float64(l.queuedCost), name, label)
+			gauge(ch, descInflight, float64(l.inflight), name, label)
 		}
 		qcfg := s.q.Config()
 		tierOf := func(tc fairqueue.TenantConfig) string {
@@ -377,6 +361,33 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		return true
 	})
+}
+
+// labelLoad is what the tenants of one metrics label hold now.
+type labelLoad struct {
+	queued, inflight int
+	queuedCost       int64
+}
+
+// loadByLabel sums the tenants' load per metrics label, the undeclared
+// ones under unknownTenantLabel.
+func loadByLabel(tenants []fairqueue.TenantStats) map[string]*labelLoad {
+	per := make(map[string]*labelLoad, len(tenants))
+	for _, t := range tenants {
+		label := t.Name
+		if !t.Known {
+			label = unknownTenantLabel
+		}
+		l := per[label]
+		if l == nil {
+			l = &labelLoad{}
+			per[label] = l
+		}
+		l.queued += t.Queued
+		l.inflight += t.Inflight
+		l.queuedCost += t.QueuedCost
+	}
+	return per
 }
 
 // MetricNames lists the fully qualified names of every metric the plugin

@@ -362,13 +362,9 @@ func (h *Handler) classes() ([]fairqueue.ClassConfig, error) {
 			return nil, fmt.Errorf("class: a class needs a name")
 		}
 		cc := fairqueue.ClassConfig{Name: c.Name, WaitBudget: time.Duration(c.WaitBudget)}
-		replaced := false
-		for i := range classes {
-			if classes[i].Name == c.Name {
-				classes[i], replaced = cc, true
-			}
-		}
-		if !replaced {
+		if i := slices.IndexFunc(classes, func(x fairqueue.ClassConfig) bool { return x.Name == c.Name }); i >= 0 {
+			classes[i] = cc
+		} else {
 			classes = append(classes, cc)
 		}
 	}
@@ -378,21 +374,12 @@ func (h *Handler) classes() ([]fairqueue.ClassConfig, error) {
 // tenantConfig is the scheduler's config of a tenant (who names it in
 // errors): weight 1 and class batch unless t says otherwise.
 func (h *Handler) tenantConfig(who string, t *TenantConfig) (fairqueue.TenantConfig, error) {
-	tc := fairqueue.TenantConfig{Weight: 1, Class: "batch"}
 	if t == nil {
-		return tc, nil
+		return fairqueue.TenantConfig{Weight: 1, Class: "batch"}, nil
 	}
-	if t.Weight != 0 {
-		tc.Weight = t.Weight
-	}
-	if t.Class != "" {
-		tc.Class = t.Class
-	}
-	tc.WaitBudget = time.Duration(t.WaitBudget)
-	tc.MaxQueue = t.MaxQueue
-	tc.MaxInflight = t.MaxInflight
-	tc.Tier = t.Tier
-	tc.Reserve = t.Reserve
+	tc := fairqueue.TenantConfig{Weight: cmp.Or(t.Weight, 1), Class: cmp.Or(t.Class, "batch"),
+		WaitBudget: time.Duration(t.WaitBudget), MaxQueue: t.MaxQueue, MaxInflight: t.MaxInflight,
+		Tier: t.Tier, Reserve: t.Reserve}
 	l, err := compileQuota(who+": quota", t.Quota, h.QuotaDefaults)
 	if err != nil {
 		return tc, err
