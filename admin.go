@@ -16,10 +16,9 @@ func init() {
 	caddy.RegisterModule(adminReport{})
 }
 
-// adminReport is a module that provides the /fair_queue/report endpoint
-// for the Caddy admin API: a per-tenant report of every live fair queue,
-// so fairness can be checked without a metrics stack. Caddy loads every
-// admin.api.* module when it starts its admin server; no config is needed.
+// adminReport provides the /fair_queue/report endpoint of the Caddy admin
+// API: a per-tenant report of every live fair queue. Caddy loads every
+// admin.api.* module; no config is needed.
 type adminReport struct{}
 
 // queueReport is one live queue in the report.
@@ -81,8 +80,7 @@ func (a adminReport) Routes() []caddy.AdminRoute {
 }
 
 // Tenants per queue in one answer of the report, by default and at most
-// (?limit=N): with tenants from a credential, or many one-off IDs, a
-// queue can remember 100k of them.
+// (?limit=N): a queue can remember 100k of them.
 const (
 	reportDefaultLimit = 100
 	reportMaxLimit     = 1000
@@ -132,9 +130,8 @@ type reportPage struct {
 	cursor bool
 }
 
-// parsePage reads ?limit= and ?cursor=. A cursor is the last name of the
-// previous page, base64url-encoded: opaque, and safe in a URL whatever
-// the name's bytes.
+// parsePage reads ?limit= and ?cursor=, the last name of the previous
+// page, base64url-encoded.
 func parsePage(limit, cursor string, oneQueue bool) (reportPage, error) {
 	p := reportPage{limit: reportDefaultLimit}
 	if limit != "" {

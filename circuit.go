@@ -48,8 +48,8 @@ func (c *CircuitBreakConfig) engine() *degrade.CircuitConfig {
 		Hold: time.Duration(c.Hold), Window: time.Duration(c.Window), Order: c.Order, Saturation: c.Saturation}
 }
 
-// onCircuit logs, counts and emits one circuit transition; a shed names
-// the callers of the tier and how much each was sending.
+// onCircuit logs, counts and emits one circuit transition, with the
+// callers of the tier and how much each was sending.
 func (h *Handler) onCircuit(ev fairqueue.CircuitEvent) {
 	dir := "readmitted"
 	if ev.Up {

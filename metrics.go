@@ -109,20 +109,14 @@ func registerMetrics(reg *prometheus.Registry) error {
 	return nil
 }
 
-// metricsCache holds one handler's metric children per tenant label, so
-// that a served request updates its series without hashing its labels
-// into every vector it touches. Labels are bounded as the series are:
-// declared tenants under their names, every other tenant as
-// unknownTenantLabel. The collectors outlive config reloads and nothing
-// deletes their children, so a child cached by a handler stays the one a
-// scrape reads; a reload's new handler starts a cache of its own.
+// metricsCache holds one handler's metric children per tenant label
+// (bounded: declared tenants and unknownTenantLabel), so that a served
+// request updates its series without hashing its labels into every
+// vector. Nothing deletes the collectors' children, so a cached child
+// stays the one a scrape reads.
 type metricsCache struct {
 	queue string
-	// m maps a label to its *tenantMetrics. A sync.Map, whose keys are
-	// written once and then only read: the request path finds its
-	// tenant's children without a lock or any write to memory the other
-	// cores read.
-	m sync.Map
+	m     sync.Map // label -> *tenantMetrics; written once, then only read
 }
 
 // of returns label's children.
@@ -135,9 +129,8 @@ func (c *metricsCache) of(label string) *tenantMetrics {
 }
 
 // tenantMetrics are one (queue, tenant label)'s children in the vectors
-// the served path updates. Each is made the first time it is used, as
-// WithLabelValues would make it, so a scrape shows the same series as
-// before the cache: a tenant never boosted has no boosts_total series.
+// the served path updates, each made when first used, as WithLabelValues
+// would make it.
 type tenantMetrics struct {
 	queue, label string
 
@@ -261,8 +254,8 @@ func fqName(name string) string {
 	return prometheus.BuildFQName(metricsNamespace, metricsSubsystem, name)
 }
 
-// stateCollector reads queue state at scrape time, so the hot path updates
-// no gauges.
+// stateCollector reads queue state at scrape time, so the request path
+// updates no gauges.
 type stateCollector struct{}
 
 var (
@@ -391,9 +384,8 @@ func loadByLabel(tenants []fairqueue.TenantStats) map[string]*labelLoad {
 }
 
 // MetricNames lists the fully qualified names of every metric the plugin
-// exports, from the collectors themselves: documentation and tests use it
-// to refer to metrics that exist (a series that was never observed is
-// absent from a scrape, and must not be mistaken for a renamed one).
+// exports, from the collectors themselves, for documentation and tests (a
+// series never observed is absent from a scrape).
 func MetricNames() []string {
 	ch := make(chan *prometheus.Desc, 64)
 	go func() {

@@ -26,11 +26,9 @@ func (h *Handler) refusal(a *admission, rej *fairqueue.Rejection) *apiError {
 }
 
 // answerRequeuedRejection answers a request that a provider refused for
-// want of quota, that went back to the queue and was then refused there
-// (its budget ran out waiting for the account, or its quota or an early
-// refusal ended it): it was sent upstream, so the answer says so, and
-// its Retry-After is at least accountWait, how long the provider still
-// declares the account out of quota.
+// want of quota and the queue then refused: the answer says it was sent
+// upstream, and its Retry-After is at least accountWait, how long the
+// provider still declares the account out of quota.
 func (h *Handler) answerRequeuedRejection(w http.ResponseWriter, repl *caddy.Replacer, a *admission, rej *fairqueue.Rejection, accountWait time.Duration) error {
 	e := h.refusal(a, rej)
 	e.retryAfter = max(e.retryAfter, accountWait)
