@@ -42,9 +42,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 }
 
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens, one
-// method per subdirective; docs/configuration.md has the syntax. Sizes take units (8MB, 8MiB); durations are Caddy durations (5s,
-// 1m, 1d). Each subdirective other than class and tenant may be given
-// once, and each class and tenant name once.
+// method per subdirective; docs/configuration.md has the syntax. Each
+// subdirective other than class and tenant may be given once, and each
+// class and tenant name once.
 //
 // A handle_response block in the inner reverse_proxy needs the Caddyfile
 // helper that only the fair_queue directive has: UnmarshalCaddyfile on its

@@ -260,10 +260,7 @@ type dashTier struct {
 // serveState answers the page's poll.
 func (d *Dashboard) serveState(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	winName := q.Get("window")
-	if winName == "" {
-		winName = "5m"
-	}
+	winName := cmp.Or(q.Get("window"), "5m")
 	window, err := history.ParseWindow(winName)
 	if err != nil {
 		return jsonError(w, http.StatusBadRequest, err.Error())
@@ -380,13 +377,8 @@ func dashboardState(s *sharedQueue, window time.Duration) dashState {
 	g.Circuit = dashCircuit{Configured: circ.Configured, Level: circ.Level, Capacity: circ.Capacity,
 		Tierless: circ.Tierless, Tiers: []dashTier{}}
 	if cc := cfg.Circuit; cc != nil {
-		g.Circuit.Trigger, g.Circuit.Recover = cc.Trigger, cc.Recover
-		if g.Circuit.Trigger == 0 {
-			g.Circuit.Trigger = degrade.DefaultCircuitTrigger
-		}
-		if g.Circuit.Recover == 0 {
-			g.Circuit.Recover = degrade.DefaultCircuitRecover
-		}
+		g.Circuit.Trigger = cmp.Or(cc.Trigger, degrade.DefaultCircuitTrigger)
+		g.Circuit.Recover = cmp.Or(cc.Recover, degrade.DefaultCircuitRecover)
 	}
 	for i, tier := range circ.Tiers {
 		g.Circuit.Tiers = append(g.Circuit.Tiers, dashTier{Name: tier, Shed: circ.Shed[i], Demand: circ.Demand[i]})

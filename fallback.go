@@ -125,11 +125,7 @@ func (h *Handler) fallbackBody(a *admission) []byte {
 	if err := json.Unmarshal(a.body, &m); err != nil {
 		return a.body
 	}
-	b, err := json.Marshal(to)
-	if err != nil {
-		return a.body
-	}
-	m["model"] = b
+	m["model"], _ = json.Marshal(to) // a string always marshals
 	out, err := json.Marshal(m)
 	if err != nil {
 		return a.body
