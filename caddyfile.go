@@ -660,9 +660,7 @@ func (p *cfParser) antiStarvation() error {
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opened = true
 		opt := d.Val()
-		switch opt {
-		case "boost_share_max", "per_tenant_boost_hourly", "fast_fail", "throughput_prior":
-		default:
+		if !slices.Contains([]string{"boost_share_max", "per_tenant_boost_hourly", "fast_fail", "throughput_prior"}, opt) {
 			return d.Errf("anti_starvation: unknown option %q (want boost_share_max, per_tenant_boost_hourly, fast_fail or throughput_prior)", opt)
 		}
 		if seen[opt] {
@@ -767,15 +765,9 @@ func (p *cfParser) degrade() error {
 		if _, err := degrade.NewLadder(steps, 0, stepClasses); err != nil {
 			return d.WrapErr(err)
 		}
-		ds := &DegradeStep{
-			Name:           step.Name,
-			Trigger:        step.Trigger,
-			Recover:        step.Recover,
-			Action:         step.Action.Kind.String(),
-			Class:          step.Action.Class,
-			MaxInputTokens: step.Action.MaxInputTokens,
-			MaxTokens:      step.Action.MaxTokens,
-		}
+		ds := &DegradeStep{Name: step.Name, Trigger: step.Trigger, Recover: step.Recover,
+			Action: step.Action.Kind.String(), Class: step.Action.Class,
+			MaxInputTokens: step.Action.MaxInputTokens, MaxTokens: step.Action.MaxTokens}
 		if step.Action.Kind == degrade.ActionThrottle {
 			ds.Rate = args[len(args)-1] // as written; ParseStep validated it
 		}
