@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 
@@ -15,10 +16,9 @@ func init() {
 	caddy.RegisterModule(adminReport{})
 }
 
-// adminReport is a module that provides the /fair_queue/report endpoint
-// for the Caddy admin API: a per-tenant report of every live fair queue,
-// so fairness can be checked without a metrics stack. Caddy loads every
-// admin.api.* module when it starts its admin server; no config is needed.
+// adminReport provides the /fair_queue/report endpoint of the Caddy admin
+// API: a per-tenant report of every live fair queue. Caddy loads every
+// admin.api.* module; no config is needed.
 type adminReport struct{}
 
 // queueReport is one live queue in the report.
@@ -76,17 +76,11 @@ func (adminReport) CaddyModule() caddy.ModuleInfo {
 
 // Routes returns a route for the /fair_queue/report endpoint.
 func (a adminReport) Routes() []caddy.AdminRoute {
-	return []caddy.AdminRoute{
-		{
-			Pattern: "/fair_queue/report",
-			Handler: caddy.AdminHandlerFunc(a.handleReport),
-		},
-	}
+	return []caddy.AdminRoute{{Pattern: "/fair_queue/report", Handler: caddy.AdminHandlerFunc(a.handleReport)}}
 }
 
 // Tenants per queue in one answer of the report, by default and at most
-// (?limit=N): with tenants from a credential, or many one-off IDs, a
-// queue can remember 100k of them.
+// (?limit=N): a queue can remember 100k of them.
 const (
 	reportDefaultLimit = 100
 	reportMaxLimit     = 1000
@@ -99,10 +93,7 @@ const (
 // of the previous page (which needs ?queue=, a cursor being one queue's).
 func (adminReport) handleReport(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet {
-		return caddy.APIError{
-			HTTPStatus: http.StatusMethodNotAllowed,
-			Err:        fmt.Errorf("method not allowed"),
-		}
+		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method not allowed")}
 	}
 	query := r.URL.Query()
 	only := query.Get("queue")
@@ -111,22 +102,13 @@ func (adminReport) handleReport(w http.ResponseWriter, r *http.Request) error {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 	}
 
-	// Collect the queues first, so the pool's lock is not held while each
-	// queue's own lock is taken.
-	var live []*sharedQueue
-	queues.Range(func(_, value any) bool {
-		if s, ok := value.(*sharedQueue); ok && s != nil && (only == "" || s.name == only) {
-			live = append(live, s)
-		}
-		return true
-	})
-	if only != "" && len(live) == 0 {
-		return caddy.APIError{
-			HTTPStatus: http.StatusNotFound,
-			Err:        fmt.Errorf("unknown queue: %q", only),
-		}
+	live := liveQueues()
+	if only != "" {
+		live = slices.DeleteFunc(live, func(s *sharedQueue) bool { return s.name != only })
 	}
-	sort.Slice(live, func(i, j int) bool { return live[i].name < live[j].name })
+	if only != "" && len(live) == 0 {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown queue: %q", only)}
+	}
 
 	results := make([]queueReport, 0, len(live))
 	for _, s := range live {
@@ -135,10 +117,7 @@ func (adminReport) handleReport(w http.ResponseWriter, r *http.Request) error {
 
 	w.Header().Set("Content-Type", "application/json")
 	if err := json.NewEncoder(w).Encode(results); err != nil {
-		return caddy.APIError{
-			HTTPStatus: http.StatusInternalServerError,
-			Err:        err,
-		}
+		return caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
 	}
 	return nil
 }
@@ -151,9 +130,8 @@ type reportPage struct {
 	cursor bool
 }
 
-// parsePage reads ?limit= and ?cursor=. A cursor is the last name of the
-// previous page, base64url-encoded: opaque, and safe in a URL whatever
-// the name's bytes.
+// parsePage reads ?limit= and ?cursor=, the last name of the previous
+// page, base64url-encoded.
 func parsePage(limit, cursor string, oneQueue bool) (reportPage, error) {
 	p := reportPage{limit: reportDefaultLimit}
 	if limit != "" {

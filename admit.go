@@ -20,9 +20,9 @@ const (
 )
 
 // admit resolves tenant, class and budget, reads and parses the body, and
-// estimates its cost. The checks that need no body come first, so a request
-// that will be refused anyway costs no read, no parse and no tokenizing, and
-// a client that sent "Expect: 100-continue" is refused before it uploads.
+// estimates its cost. The checks that need no body come first, so a
+// request refused anyway costs no read, and a client that sent "Expect:
+// 100-continue" is refused before it uploads.
 func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer) (*admission, *apiError) {
 	a := &admission{arrived: time.Now(), path: r.URL.Path, promptReported: -1}
 	a.tenant = h.tenantOf(r, repl)
@@ -52,8 +52,6 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 // and metrics; known reports whether the tenant is declared.
 func (h *Handler) identify(a *admission) (known bool, aerr *apiError) {
 	if err := fairqueue.CheckTenantID(a.tenant); err != nil {
-		// Tenant IDs are map keys, store keys, log fields and report
-		// rows: the queue's own meters have names no valid ID can take.
 		// The answer does not echo the ID (it may be a credential).
 		a.tenant, a.label = a.tenant[:min(len(a.tenant), fairqueue.MaxTenantIDLen)], unknownTenantLabel
 		a.m = h.metrics.of(a.label)
@@ -78,12 +76,10 @@ func (h *Handler) identify(a *admission) (known bool, aerr *apiError) {
 }
 
 // receive reads the body within body_timeout, and starts the wait budget
-// once it is complete: a slow upload is the client's time, not the
-// queue's.
+// once it is complete: a slow upload is the client's time.
 func (h *Handler) receive(w http.ResponseWriter, r *http.Request, a *admission) *apiError {
-	// The buffers of bodies being received count against max_queue_bytes
-	// too, on their own, as they grow: many slow or large uploads must not
-	// pin more memory than the queue may hold.
+	// Bodies being received count against max_queue_bytes too, as their
+	// buffers grow.
 	var held int64
 	reserve := func(n int64) bool {
 		if !h.shared.reserveReading(n, h.MaxQueueBytes) {
@@ -100,7 +96,6 @@ func (h *Handler) receive(w http.ResponseWriter, r *http.Request, a *admission) 
 	h.shared.reading.Add(-held)
 	if err != nil {
 		if r.Context().Err() != nil && !errors.Is(err, errBodyTimeout) {
-			// The client left mid-upload: nobody is left to answer.
 			return &apiError{status: statusClientClosed, code: outcomeClientGone, message: "The client went away."}
 		}
 		return h.bodyError(err)
@@ -128,10 +123,8 @@ func (h *Handler) estimate(a *admission, known bool) *apiError {
 	if int64(a.cost.Total())+int64(len(body)) <= limit {
 		return nil
 	}
-	// A text token is at least one byte, so the estimate can be off by no
-	// more than the body's size: near the limit, decide on the exact count
-	// (it samples prompts beyond 64 KiB of text), never on an estimate that
-	// adversarial text could push either way.
+	// A text token is at least one byte, so the estimate is off by at most
+	// the body's size: near the limit, decide on the exact count.
 	if !a.light {
 		a.cost = llmapi.Estimate(req, h.counter, h.DefaultMaxTokens)
 	}
@@ -145,10 +138,8 @@ func (h *Handler) estimate(a *admission, known bool) *apiError {
 }
 
 // tenantOf evaluates tenant_key. The usual key, one request-header
-// placeholder, is read from the request's header (see
-// Handler.tenantHeader): what ReplaceAll returns for it, without parsing
-// the key, walking the replacer's providers and boxing the value on every
-// request.
+// placeholder, is read from the header directly: what ReplaceAll returns
+// for it (the values joined by commas), without its cost.
 func (h *Handler) tenantOf(r *http.Request, repl *caddy.Replacer) string {
 	if h.tenantHeader != "" {
 		switch v := r.Header[h.tenantHeader]; len(v) {
@@ -202,9 +193,8 @@ func (h *Handler) classAndBudget(r *http.Request, a *admission) *apiError {
 }
 
 // requestTokenLimit is the largest cost one request of a tenant may have,
-// and the setting that sets it. A request above max_inflight_tokens or
-// max_queue_tokens could never be dispatched or queued, so it is refused
-// like one above max_request_tokens rather than parked.
+// and the setting that sets it; a request above max_inflight_tokens or
+// max_queue_tokens could never be dispatched or queued.
 func (h *Handler) requestTokenLimit(tenant string, known bool) (int64, string) {
 	limit, what := h.MaxRequestTokens, "max_request_tokens"
 	t := h.DefaultTenant

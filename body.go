@@ -10,21 +10,17 @@ import (
 	"time"
 )
 
-// Bounds on reading a request body. A gateway in front of a shared cluster
-// reads bodies from every caller, so what one slow or lying client can pin
-// must be bounded by configuration, not by what the client announces.
+// Bounds on reading a request body: what one slow or lying client can pin
+// is bounded by configuration, not by what the client announces.
 const (
 	// bodyPrealloc is the most allocated for a body before its bytes
-	// arrive: a client announcing Content-Length: 8MB and trickling one
-	// byte at a time then pins 64 KiB, not 8 MB.
+	// arrive.
 	bodyPrealloc = 64 << 10
 
 	// lingerBytes and lingerTime bound the read-and-discard after a refusal
-	// of a body that is still arriving (413, or a refusal before the body
-	// was read). Closing a connection with unread bytes makes the kernel
-	// send a reset, which many clients (Python's urllib among them) report
-	// instead of the 413 already sent; draining lets them read it. The
-	// bound keeps a hostile client from holding the handler longer.
+	// of a body that is still arriving. Closing a connection with unread
+	// bytes makes the kernel send a reset, which many clients report
+	// instead of the answer already sent; draining lets them read it.
 	lingerBytes = 128 << 20
 	lingerTime  = 10 * time.Second
 )
@@ -37,13 +33,9 @@ var errBodyTimeout = errors.New("request body not complete within body_timeout")
 // already hold what the gateway allows (max_queue_bytes).
 var errReceivingFull = errors.New("request bodies being received are at max_queue_bytes")
 
-// readBody reads the whole body by deadline (none when zero), growing
-// its buffer as bytes arrive: it never preallocates more than bodyPrealloc
-// however large the announced Content-Length, and it stops at maxBody (a
-// *http.MaxBytesError). watch is the request's timer for it.
-//
-// reserve (may be nil) is asked for every byte of buffer before it is
-// allocated; when it says no, the read stops with errReceivingFull.
+// readBody reads the whole body by deadline (none when zero) with
+// readGrowing, stopping at maxBody (a *http.MaxBytesError). watch is the
+// request's timer for it.
 func readBody(w http.ResponseWriter, r *http.Request, maxBody int64, deadline time.Time, watch *bodyRead, reserve func(int64) bool) ([]byte, error) {
 	rd := r.Body
 	if r.ProtoMajor != 1 || r.ContentLength < 0 || r.ContentLength > maxBody {
@@ -63,13 +55,12 @@ func readBody(w http.ResponseWriter, r *http.Request, maxBody int64, deadline ti
 	return b, err
 }
 
-// readGrowing reads rd to EOF, asking reserve for each buffer before it is
-// allocated (errReceivingFull when refused). The buffer starts at the announced length
-// (at most bodyPrealloc) and grows fourfold as bytes arrive, up to the
-// announced length or maxBody: a client pins at most eight times what it
-// has sent (and never more than bodyPrealloc before it sends), a lying
-// Content-Length costs nothing until it is backed by bytes, and an honest
-// 1 MiB body costs about 1.3 MiB of allocations.
+// readGrowing reads rd to EOF, asking reserve (may be nil) for each
+// buffer before it is allocated (errReceivingFull when refused). The
+// buffer starts at the announced length (at most bodyPrealloc) and grows
+// fourfold as bytes arrive, up to the announced length or maxBody: a
+// client pins at most eight times what it has sent, and a lying
+// Content-Length costs nothing until it is backed by bytes.
 func readGrowing(rd io.Reader, contentLength, maxBody int64, reserve func(int64) bool) ([]byte, error) {
 	if reserve == nil {
 		reserve = func(int64) bool { return true }
@@ -84,8 +75,7 @@ func readGrowing(rd io.Reader, contentLength, maxBody int64, reserve func(int64)
 	}
 	b := make([]byte, 0, first)
 	// Made when first needed: a body that fits its announced length
-	// never is, and an array here would be allocated for every body (it
-	// escapes through rd.Read).
+	// never needs it.
 	var probe []byte
 	for {
 		var n int
@@ -122,25 +112,20 @@ func readGrowing(rd io.Reader, contentLength, maxBody int64, reserve func(int64)
 	}
 }
 
-// bodyRead bounds the time to receive one request body: a timer ends the
-// read when the deadline passes before done. A read blocked on the
-// connection then returns a timeout (the connection's read deadline is set
-// to now); where the writer reaches no connection that takes a deadline,
-// the body is closed. The connection's deadline is touched only then, so
-// the server's own deadlines stay as configured, and a deadline that fired
-// stays, so that net/http's drain of an unread body is bounded too. (A
-// timer per read costs about 1,400 instructions and two allocations, well
-// under a microsecond.)
+// bodyRead bounds the time to receive one request body: when the deadline
+// passes before done, a timer sets the connection's read deadline to now
+// (or, where the writer reaches no connection that takes one, closes the
+// body), so a blocked read returns a timeout. The connection's deadline is
+// touched only then, and stays, so net/http's drain of an unread body is
+// bounded too.
 type bodyRead struct {
 	timer *time.Timer
 	w     http.ResponseWriter
 	body  io.Closer
 
 	mu sync.Mutex
-	// fired: the deadline passed while the body was being read, so the
-	// read that failed then failed for the timeout, which a closed body's
-	// error does not say. ended: done ran, and a timer that fires anyway
-	// leaves the connection alone.
+	// fired: the deadline passed while the body was read (a closed body's
+	// error does not say so). ended: done ran; a late timer does nothing.
 	fired, ended bool
 }
 
@@ -210,11 +195,9 @@ func (h *Handler) tooLarge() *apiError {
 // linger reads and discards what the client is still sending of a refused
 // request, bounded in bytes and time, so the client reads the answer
 // rather than a connection reset. With flush, the answer already written
-// is sent first; without (handle_errors: Caddy writes the answer after the
-// handler returns), the client is drained before it is answered. A client
-// that asked "Expect: 100-continue" was refused before it sent anything:
-// reading would invite it to upload, so nothing is read and the server
-// closes the connection.
+// is sent first; without (handle_errors), the client is drained before
+// Caddy answers. A client that asked "Expect: 100-continue" is not invited
+// to upload.
 func linger(w http.ResponseWriter, r *http.Request, flush bool) {
 	if r.Body == nil || r.Body == http.NoBody || r.Header.Get("Expect") != "" {
 		return

@@ -1,6 +1,7 @@
 package caddyfairqueue
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"slices"
@@ -31,121 +32,19 @@ func init() {
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	fq := new(Handler)
 	rp, _, err := fq.unmarshalCaddyfile(h.Dispenser)
+	if err == nil {
+		fq.ProxyRaw, err = finalizedProxy(rp, h)
+	}
 	if err != nil {
 		return nil, err
 	}
-	if err := rp.FinalizeUnmarshalCaddyfile(h); err != nil {
-		return nil, fmt.Errorf("reverse_proxy: %w", err)
-	}
-	fq.ProxyRaw = caddyconfig.JSONModuleObject(rp, "handler", "reverse_proxy", nil)
 	return fq, nil
 }
 
-// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
-//
-//	fair_queue [<matcher>] {
-//	    name                <name>
-//	    tenant_key          <placeholder>
-//	    cost_unit           estimated_tokens|requests|learned
-//	    tokenizer           cl100k_base|o200k_base|approx
-//	    default_max_tokens  <n>
-//	    max_body            <size>
-//	    body_timeout        <duration>
-//	    max_request_tokens  <n>
-//	    max_inflight        <n>
-//	    max_inflight_tokens <n>
-//	    max_queue           <n>
-//	    max_queue_tokens    <n>
-//	    max_queue_bytes     <size>
-//	    handle_errors       # refusals go to the site's handle_errors routes
-//
-//	    # classes of service (realtime 5s, interactive 15s and batch 300s
-//	    # always exist; a class line changes a budget or adds a class)
-//	    class <name> wait_budget <duration>
-//
-//	    # tenants
-//	    tenant <name> [weight <n>] [class <class>] [wait_budget <duration>] [max_queue <n>]
-//	                  [max_inflight <n>] [max_request_tokens <n>] [tier <tier>] [{
-//	        quota [qps <n>] [tokens_per_min <n>] [token_to_qps_weight <w>] [joint_cap <f>]
-//	              [burst_window <duration>] [burst_allow <fraction>]
-//	    }]
-//	    default_tenant [<same options and block>]   # all unknown tenants, as one group
-//	    default_tenant reject
-//
-//	    # the provider account behind reverse_proxy; tenants may reserve a share
-//	    upstream_quota [tpm <n>] [rpm <n>] [burst <duration>] [reserve_burst <duration>]
-//	    tenant <name> ... reserve <percent>
-//
-//	    # a second channel the listed tenants use when the primary cannot serve them
-//	    fallback {
-//	        tenants <name>...
-//	        model_map <model> <fallback model>
-//	        max_inflight <n>
-//	        upstream_quota [tpm <n>] [rpm <n>] [burst <duration>]
-//	        # the caller's credentials (Authorization, Cookie, X-Api-Key...)
-//	        # are not passed on; header_up sets the fallback's own, or
-//	        # passes one on: header_up Authorization {http.request.header.Authorization}
-//	        reverse_proxy <upstreams...> {
-//	            <reverse_proxy subdirectives...>
-//	        }
-//	    }
-//
-//	    # shed tiers, lowest first, while the upstreams are saturated and
-//	    # demand stays above capacity
-//	    circuit_break {
-//	        trigger <ratio>      # default 1.3
-//	        recover <ratio>      # default 1.0
-//	        hold    <duration>   # default 10s
-//	        window  <duration>   # default 10s
-//	        saturation <share>   # default 0.9 (90% of the window)
-//	        order   <tier> <tier> [<tier>...]   # lowest first; the last is never shed
-//	    }
-//
-//	    # the shape of every tenant quota that does not set its own
-//	    quota_defaults {
-//	        token_to_qps_weight <w>|auto    # default 0.0008; auto: from the learned cost model
-//	        joint_cap           <f>         # default 1.0
-//	        burst_window        <duration>  # default 10s
-//	        burst_allow         <fraction>  # default 0.2
-//	    }
-//
-//	    # tenant quotas shared with the other gateways of this queue's name
-//	    # through one Redis (only quotas: slots and fair shares stay local)
-//	    cluster {
-//	        redis     <url>       # redis:// or rediss:// (TLS); {env.REDIS_URL}
-//	        instances <n>         # gateways sharing it; each keeps 1/n while Redis is down (default 1)
-//	        timeout   <duration>  # per Redis command's read and write (default 50ms)
-//	        prefix    <string>    # key prefix (default fq:quota:<queue name>:)
-//	    }
-//
-//	    # bounded boost for requests about to miss their budget
-//	    anti_starvation off
-//	    anti_starvation {
-//	        boost_share_max         <fraction>
-//	        per_tenant_boost_hourly <n>
-//	        fast_fail               on|off
-//	        throughput_prior        <cost units/s per upstream>
-//	    }
-//
-//	    # degrade ladder, steps in order of rising trigger
-//	    degrade {
-//	        hold <duration>
-//	        <step> trigger <level> recover <level> pause <class>
-//	        <step> trigger <level> recover <level> light_mode <class> [max_input_tokens <n>] [max_tokens <n>]
-//	        <step> trigger <level> recover <level> throttle <class> <rate>
-//	    }
-//
-//	    # the proxy that serves dispatched requests (required)
-//	    reverse_proxy [<upstreams...>] {
-//	        <reverse_proxy subdirectives...>
-//	    }
-//	}
-//
-// Sizes take units (8MB, 8MiB); durations are Caddy durations (5s, 1m,
-// 1d); levels are fractions of the queue, 0 < recover < trigger <= 1;
-// rates are <n>/s, <n>/m, <n>tok/s or <n>tok/m. Each subdirective other
-// than class and tenant may be given once, and each class and tenant name
-// once. `anti_starvation off` means boost_share_max 0 and fast_fail off.
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens, one
+// method per subdirective; docs/configuration.md has the syntax. Each
+// subdirective other than class and tenant may be given once, and each
+// class and tenant name once.
 //
 // A handle_response block in the inner reverse_proxy needs the Caddyfile
 // helper that only the fair_queue directive has: UnmarshalCaddyfile on its
@@ -158,11 +57,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if handleResponse != nil {
 		return handleResponse.Err("reverse_proxy: handle_response inside fair_queue is only supported when parsed as the fair_queue directive of a Caddyfile")
 	}
-	if err := rp.FinalizeUnmarshalCaddyfile(httpcaddyfile.Helper{}); err != nil {
-		return fmt.Errorf("reverse_proxy: %w", err)
-	}
-	h.ProxyRaw = caddyconfig.JSONModuleObject(rp, "handler", "reverse_proxy", nil)
-	return nil
+	h.ProxyRaw, err = finalizedProxy(rp, httpcaddyfile.Helper{})
+	return err
 }
 
 // cfParser holds the state of one fair_queue block being parsed.
@@ -225,21 +121,15 @@ func (h *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser) (*reverseproxy.Hand
 func (p *cfParser) subdirective() error {
 	d, h := p.d, p.h
 	sub := d.Val()
-	switch sub {
-	case "class", "tenant":
-	default:
+	if sub != "class" && sub != "tenant" {
 		if err := p.onlyOnce(sub); err != nil {
 			return err
 		}
 	}
+	var err error
 	switch sub {
 	case "name":
-		v, err := p.oneArg(sub)
-		if err != nil {
-			return err
-		}
-		h.Name = v
-
+		h.Name, err = p.oneArg(sub)
 	case "tenant_key":
 		v, err := p.oneArg(sub)
 		if err != nil {
@@ -250,111 +140,63 @@ func (p *cfParser) subdirective() error {
 				"use a placeholder such as {http.request.header.%s} or {http.auth.user.id}", v, v)
 		}
 		h.TenantKey = v
-
 	case "cost_unit":
-		v, err := p.oneArg(sub)
-		if err != nil {
-			return err
-		}
-		if v != "estimated_tokens" && v != "requests" && v != "learned" {
-			return d.Errf("cost_unit: unknown unit %q (want estimated_tokens, requests or learned)", v)
-		}
-		h.CostUnit = v
-
+		h.CostUnit, err = p.choiceArg(sub, "unit", "estimated_tokens", "requests", "learned")
 	case "tokenizer":
-		v, err := p.oneArg(sub)
-		if err != nil {
-			return err
-		}
-		switch v {
-		case llmapi.CL100kBase, llmapi.O200kBase, llmapi.Approx:
-		default:
-			return d.Errf("tokenizer: unknown tokenizer %q (want %s, %s or %s)",
-				v, llmapi.CL100kBase, llmapi.O200kBase, llmapi.Approx)
-		}
-		h.Tokenizer = v
-
+		h.Tokenizer, err = p.choiceArg(sub, "tokenizer", llmapi.CL100kBase, llmapi.O200kBase, llmapi.Approx)
 	case "default_max_tokens":
-		return p.posIntArg(sub, &h.DefaultMaxTokens)
-
+		err = p.posIntArg(sub, &h.DefaultMaxTokens)
 	case "max_body":
-		return p.sizeArg(sub, &h.MaxBody)
-
+		err = p.sizeArg(sub, &h.MaxBody)
 	case "max_queue_bytes":
-		return p.sizeArg(sub, &h.MaxQueueBytes)
-
+		err = p.sizeArg(sub, &h.MaxQueueBytes)
 	case "body_timeout":
-		v, err := p.oneArg(sub)
-		if err != nil {
-			return err
-		}
-		h.BodyTimeout, err = p.duration(sub, v)
-		return err
-
+		h.BodyTimeout, err = p.durationArg(sub)
 	case "max_request_tokens":
-		return p.posInt64Arg(sub, &h.MaxRequestTokens)
-
+		err = p.posInt64Arg(sub, &h.MaxRequestTokens)
 	case "handle_errors":
 		if d.NextArg() {
 			return d.Errf("handle_errors takes no arguments, got %q", d.Val())
 		}
-		if err := p.noBlock(sub); err != nil {
-			return err
-		}
 		h.HandleErrors = true
-
+		err = p.noBlock(sub)
 	case "max_inflight":
-		return p.posIntArg(sub, &h.MaxInflight)
-
+		err = p.posIntArg(sub, &h.MaxInflight)
 	case "max_inflight_tokens":
-		return p.posInt64Arg(sub, &h.MaxInflightTokens)
-
+		err = p.posInt64Arg(sub, &h.MaxInflightTokens)
 	case "max_queue":
-		return p.posIntArg(sub, &h.MaxQueue)
-
+		err = p.posIntArg(sub, &h.MaxQueue)
 	case "max_queue_tokens":
-		return p.posInt64Arg(sub, &h.MaxQueueTokens)
-
+		err = p.posInt64Arg(sub, &h.MaxQueueTokens)
 	case "class":
-		return p.class()
-
+		err = p.class()
 	case "tenant":
-		return p.tenant()
-
+		err = p.tenant()
 	case "default_tenant":
-		return p.defaultTenant()
-
+		err = p.defaultTenant()
 	case "anti_starvation":
-		return p.antiStarvation()
-
+		err = p.antiStarvation()
 	case "degrade":
-		return p.degrade()
-
+		err = p.degrade()
 	case "quota_defaults":
-		return p.quotaDefaults()
-
+		err = p.quotaDefaults()
 	case "circuit_break":
-		return p.circuitBreak()
-
+		err = p.circuitBreak()
 	case "upstream_quota":
-		return p.upstreamQuota()
-
+		h.UpstreamQuota, err = p.upstreamQuota(sub)
 	case "fallback":
-		return p.fallback()
-
+		err = p.fallback()
 	case "cluster":
-		return p.cluster()
-
+		err = p.cluster()
 	case "reverse_proxy":
-		return p.reverseProxy()
-
+		err = p.reverseProxy()
 	default:
 		return d.Errf("unknown subdirective %q in fair_queue (want name, tenant_key, cost_unit, tokenizer, "+
 			"default_max_tokens, max_body, body_timeout, max_request_tokens, max_inflight, max_inflight_tokens, "+
 			"max_queue, max_queue_tokens, max_queue_bytes, class, tenant, default_tenant, handle_errors, "+
 			"quota_defaults, circuit_break, upstream_quota, fallback, cluster, anti_starvation, degrade or reverse_proxy)", sub)
 	}
-	return nil
+	return err
 }
 
 // class parses `class <name> wait_budget <duration>`.
@@ -398,9 +240,6 @@ func (p *cfParser) tenant() error {
 	if err != nil {
 		return err
 	}
-	if err := p.tenantBlock(who, tc); err != nil {
-		return err
-	}
 	if p.h.Tenants == nil {
 		p.h.Tenants = make(map[string]*TenantConfig)
 	}
@@ -430,14 +269,8 @@ func (p *cfParser) defaultTenant() error {
 		return nil
 	}
 	tc, err := p.tenantOptions("default_tenant", tok, args)
-	if err != nil {
-		return err
-	}
-	if err := p.tenantBlock("default_tenant", tc); err != nil {
-		return err
-	}
 	p.h.DefaultTenant = tc
-	return nil
+	return err
 }
 
 // tenantBlock parses a tenant's optional block: `quota <pairs...>`.
@@ -450,8 +283,8 @@ func (p *cfParser) tenantBlock(who string, tc *TenantConfig) error {
 		if tc.Quota != nil {
 			return d.Errf("%s: quota given twice", who)
 		}
-		q, err := p.quotaPairs(who+": quota", d.RemainingArgs(), true)
-		if err != nil {
+		q := new(QuotaConfig)
+		if err := p.quotaPairs(q, make(map[string]bool), who+": quota", d.RemainingArgs(), true); err != nil {
 			return err
 		}
 		if q.QPS == 0 && q.TokensPerMin == 0 {
@@ -468,22 +301,10 @@ func (p *cfParser) tenantBlock(who string, tc *TenantConfig) error {
 // fallback parses the fallback block: tenants, model_map, max_inflight,
 // upstream_quota and its reverse_proxy.
 func (p *cfParser) fallback() error {
-	d := p.d
-	if args := d.RemainingArgs(); len(args) > 0 {
-		return d.Errf("fallback: unexpected argument %q (the settings go in a block)", args[0])
-	}
-	start := d.Token()
+	start := p.d.Token()
 	fb := new(FallbackConfig)
-	seen := make(map[string]bool)
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		key := d.Val()
-		if seen[key] && key != "model_map" {
-			return d.Errf("fallback: %s given twice", key)
-		}
-		seen[key] = true
-		if err := p.fallbackSetting(fb, key); err != nil {
-			return err
-		}
+	if err := p.block("fallback", func(key string) error { return p.fallbackSetting(fb, key) }, "model_map"); err != nil {
+		return err
 	}
 	if fb.Tenants == nil || fb.ProxyRaw == nil {
 		return errAt(start, "fallback: want 'tenants <name>...' and a 'reverse_proxy <upstreams...>' in its block")
@@ -495,6 +316,7 @@ func (p *cfParser) fallback() error {
 // fallbackSetting parses one line of the fallback block.
 func (p *cfParser) fallbackSetting(fb *FallbackConfig, key string) error {
 	d := p.d
+	var err error
 	switch key {
 	case "tenants":
 		fb.Tenants = d.RemainingArgs()
@@ -507,21 +329,16 @@ func (p *cfParser) fallbackSetting(fb *FallbackConfig, key string) error {
 	case "max_inflight":
 		return p.posIntArg("fallback: max_inflight", &fb.MaxInflight)
 	case "upstream_quota":
-		uq, err := p.upstreamQuotaArgs("fallback: upstream_quota")
-		if err != nil {
-			return err
-		}
-		fb.UpstreamQuota = uq
-		return nil
+		fb.UpstreamQuota, err = p.upstreamQuota("fallback: upstream_quota")
+		return err
 	case "reverse_proxy":
-		rp, err := p.innerProxy()
+		rp, err := parseProxy(d.NextSegment())
+		if err == nil {
+			fb.ProxyRaw, err = finalizedProxy(rp, httpcaddyfile.Helper{})
+		}
 		if err != nil {
 			return fmt.Errorf("fallback: %w", err)
 		}
-		if err := rp.FinalizeUnmarshalCaddyfile(httpcaddyfile.Helper{}); err != nil {
-			return fmt.Errorf("fallback: reverse_proxy: %w", err)
-		}
-		fb.ProxyRaw = caddyconfig.JSONModuleObject(rp, "handler", "reverse_proxy", nil)
 		return nil
 	}
 	return d.Errf("fallback: unknown setting %q (want tenants, model_map, max_inflight, upstream_quota or reverse_proxy)", key)
@@ -544,19 +361,9 @@ func (p *cfParser) modelMap(fb *FallbackConfig) error {
 	return p.noBlock("fallback: model_map")
 }
 
-// upstreamQuota parses `upstream_quota [tpm <n>] [rpm <n>] [burst <duration>]
-// [reserve_burst <duration>]`.
-func (p *cfParser) upstreamQuota() error {
-	uq, err := p.upstreamQuotaArgs("upstream_quota")
-	if err != nil {
-		return err
-	}
-	p.h.UpstreamQuota = uq
-	return nil
-}
-
-// upstreamQuotaArgs parses the arguments of an upstream_quota line.
-func (p *cfParser) upstreamQuotaArgs(who string) (*UpstreamQuotaConfig, error) {
+// upstreamQuota parses the arguments of an upstream_quota line: [tpm <n>]
+// [rpm <n>] [burst <duration>] [reserve_burst <duration>].
+func (p *cfParser) upstreamQuota(who string) (*UpstreamQuotaConfig, error) {
 	d := p.d
 	args := d.RemainingArgs()
 	if err := p.noBlock(who); err != nil {
@@ -611,36 +418,24 @@ func (p *cfParser) upstreamQuotaArgs(who string) (*UpstreamQuotaConfig, error) {
 // window, saturation and order, one per line. The engine checks the ranges
 // (degrade.CircuitConfig.Validate) and that tenants' tiers are in order.
 func (p *cfParser) circuitBreak() error {
-	d := p.d
-	if args := d.RemainingArgs(); len(args) > 0 {
-		return d.Errf("circuit_break: unexpected argument %q (the settings go in a block)", args[0])
-	}
 	cb := new(CircuitBreakConfig)
-	seen := make(map[string]bool)
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		key := d.Val()
-		args := d.RemainingArgs()
-		if seen[key] {
-			return d.Errf("circuit_break: %s given twice", key)
-		}
-		seen[key] = true
-		if err := p.noBlock("circuit_break: " + key); err != nil {
-			return err
-		}
-		if err := p.circuitSetting(cb, key, args); err != nil {
-			return err
-		}
+	if err := p.block("circuit_break", func(key string) error { return p.circuitSetting(cb, key) }); err != nil {
+		return err
 	}
 	if cb.Order == nil {
-		return d.Errf("circuit_break: missing 'order <lowest tier> ... <highest tier>'")
+		return p.d.Errf("circuit_break: missing 'order <lowest tier> ... <highest tier>'")
 	}
 	p.h.CircuitBreak = cb
 	return nil
 }
 
 // circuitSetting parses one line of the circuit_break block.
-func (p *cfParser) circuitSetting(cb *CircuitBreakConfig, key string, args []string) error {
+func (p *cfParser) circuitSetting(cb *CircuitBreakConfig, key string) error {
 	d := p.d
+	args := d.RemainingArgs()
+	if err := p.noBlock("circuit_break: " + key); err != nil {
+		return err
+	}
 	if key == "order" {
 		if len(args) < 2 || slices.Contains(args, "}") {
 			return d.Errf("circuit_break: order wants at least two tiers, lowest first, on its line (e.g. 'order low mid high')")
@@ -690,84 +485,46 @@ func (p *cfParser) demandRatio(key, v string) (float64, error) {
 // quotaDefaults parses the quota_defaults block: one setting per line, or
 // several pairs on a line.
 func (p *cfParser) quotaDefaults() error {
-	d := p.d
-	if args := d.RemainingArgs(); len(args) > 0 {
-		return d.Errf("quota_defaults: unexpected argument %q (the settings go in a block)", args[0])
-	}
 	q := new(QuotaConfig)
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		line, err := p.quotaPairs("quota_defaults", append([]string{d.Val()}, d.RemainingArgs()...), false)
-		if err != nil {
-			return err
-		}
-		if err := mergeQuotaPairs(q, line); err != nil {
-			return d.Errf("quota_defaults: %v", err)
-		}
+	seen := make(map[string]bool)
+	err := p.block("quota_defaults", func(key string) error {
+		return p.quotaPairs(q, seen, "quota_defaults", append([]string{key}, p.d.RemainingArgs()...), false)
+	})
+	if err != nil {
+		return err
 	}
 	p.h.QuotaDefaults = q
 	return nil
 }
 
-// mergeQuotaPairs adds the settings of one quota_defaults line to q,
-// refusing one given twice.
-func mergeQuotaPairs(q, line *QuotaConfig) error {
-	twice := func(name string) error { return fmt.Errorf("%s given twice", name) }
-	if line.TokenToQPSWeight != nil || line.TokenToQPSWeightAuto {
-		if q.TokenToQPSWeight != nil || q.TokenToQPSWeightAuto {
-			return twice("token_to_qps_weight")
-		}
-		q.TokenToQPSWeight, q.TokenToQPSWeightAuto = line.TokenToQPSWeight, line.TokenToQPSWeightAuto
-	}
-	if line.JointCap != nil {
-		if q.JointCap != nil {
-			return twice("joint_cap")
-		}
-		q.JointCap = line.JointCap
-	}
-	if line.BurstWindow != 0 {
-		if q.BurstWindow != 0 {
-			return twice("burst_window")
-		}
-		q.BurstWindow = line.BurstWindow
-	}
-	if line.BurstAllow != nil {
-		if q.BurstAllow != nil {
-			return twice("burst_allow")
-		}
-		q.BurstAllow = line.BurstAllow
-	}
-	return nil
-}
-
-// quotaPairs parses `<setting> <value>` pairs of a quota: qps and
+// quotaPairs parses `<setting> <value>` pairs of a quota into q: qps and
 // tokens_per_min (rates, only when rates is set), token_to_qps_weight,
-// joint_cap, burst_window and burst_allow. Ranges are checked when the
-// quota is compiled (package quota names the field and the range).
-func (p *cfParser) quotaPairs(who string, args []string, rates bool) (*QuotaConfig, error) {
+// joint_cap, burst_window and burst_allow, each once (seen). Ranges are
+// checked when the quota is compiled (package quota names the field and
+// the range).
+func (p *cfParser) quotaPairs(q *QuotaConfig, seen map[string]bool, who string, args []string, rates bool) error {
 	d := p.d
-	q := new(QuotaConfig)
 	want := "token_to_qps_weight, joint_cap, burst_window or burst_allow"
 	if rates {
 		want = "qps, tokens_per_min, " + want
 	}
 	if slices.Contains(args, "}") {
-		return nil, d.Errf("%s: a closing brace must be on a line of its own (Caddyfile blocks span lines)", who)
+		return d.Errf("%s: a closing brace must be on a line of its own (Caddyfile blocks span lines)", who)
 	}
-	seen := make(map[string]bool)
 	for i := 0; i < len(args); i += 2 {
 		key := args[i]
 		if seen[key] {
-			return nil, d.Errf("%s: %s given twice", who, key)
+			return d.Errf("%s: %s given twice", who, key)
 		}
 		seen[key] = true
 		if i+1 >= len(args) {
-			return nil, d.Errf("%s: missing value after %s", who, key)
+			return d.Errf("%s: missing value after %s", who, key)
 		}
 		if err := p.quotaPair(q, who, key, args[i+1], rates, want); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return q, nil
+	return nil
 }
 
 // quotaPair sets one `<setting> <value>` pair of a quota (see quotaPairs).
@@ -818,8 +575,8 @@ func (p *cfParser) quotaPair(q *QuotaConfig, who, key, v string, rates bool, wan
 	return d.Errf("%s: unknown setting %q (want %s)", who, key, want)
 }
 
-// tenantOptions parses [weight <n>] [class <class>] [wait_budget <duration>]
-// [max_queue <n>], in any order, each at most once.
+// tenantOptions parses a tenant's options ([weight <n>] [class <class>]
+// ..., in any order, each at most once) and its block.
 func (p *cfParser) tenantOptions(who string, tok caddyfile.Token, args []string) (*TenantConfig, error) {
 	d := p.d
 	tc := new(TenantConfig)
@@ -878,7 +635,7 @@ func (p *cfParser) tenantOptions(who string, tok caddyfile.Token, args []string)
 			}
 		}
 	}
-	return tc, nil
+	return tc, p.tenantBlock(who, tc)
 }
 
 // antiStarvation parses `anti_starvation off` and the anti_starvation block.
@@ -903,9 +660,7 @@ func (p *cfParser) antiStarvation() error {
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opened = true
 		opt := d.Val()
-		switch opt {
-		case "boost_share_max", "per_tenant_boost_hourly", "fast_fail", "throughput_prior":
-		default:
+		if !slices.Contains([]string{"boost_share_max", "per_tenant_boost_hourly", "fast_fail", "throughput_prior"}, opt) {
 			return d.Errf("anti_starvation: unknown option %q (want boost_share_max, per_tenant_boost_hourly, fast_fail or throughput_prior)", opt)
 		}
 		if seen[opt] {
@@ -982,11 +737,8 @@ func (p *cfParser) degrade() error {
 				return d.Errf("degrade: hold given twice (first at %s:%d)", holdTok.File, holdTok.Line)
 			}
 			holdTok = &tok
-			v, err := p.oneArg("degrade: hold")
-			if err != nil {
-				return err
-			}
-			if dc.Hold, err = p.duration("degrade: hold", v); err != nil {
+			var err error
+			if dc.Hold, err = p.durationArg("degrade: hold"); err != nil {
 				return err
 			}
 			continue
@@ -1013,15 +765,9 @@ func (p *cfParser) degrade() error {
 		if _, err := degrade.NewLadder(steps, 0, stepClasses); err != nil {
 			return d.WrapErr(err)
 		}
-		ds := &DegradeStep{
-			Name:           step.Name,
-			Trigger:        step.Trigger,
-			Recover:        step.Recover,
-			Action:         step.Action.Kind.String(),
-			Class:          step.Action.Class,
-			MaxInputTokens: step.Action.MaxInputTokens,
-			MaxTokens:      step.Action.MaxTokens,
-		}
+		ds := &DegradeStep{Name: step.Name, Trigger: step.Trigger, Recover: step.Recover,
+			Action: step.Action.Kind.String(), Class: step.Action.Class,
+			MaxInputTokens: step.Action.MaxInputTokens, MaxTokens: step.Action.MaxTokens}
 		if step.Action.Kind == degrade.ActionThrottle {
 			ds.Rate = args[len(args)-1] // as written; ParseStep validated it
 		}
@@ -1058,12 +804,6 @@ func (p *cfParser) reverseProxy() error {
 	return nil
 }
 
-// innerProxy parses a reverse_proxy block other than the queue's own (the
-// fallback's). handle_response is not supported there.
-func (p *cfParser) innerProxy() (*reverseproxy.Handler, error) {
-	return parseProxy(p.d.NextSegment())
-}
-
 // parseProxy parses one reverse_proxy segment and requires upstreams.
 func parseProxy(seg caddyfile.Segment) (*reverseproxy.Handler, error) {
 	rp := new(reverseproxy.Handler)
@@ -1074,6 +814,15 @@ func parseProxy(seg caddyfile.Segment) (*reverseproxy.Handler, error) {
 		return nil, errAt(seg[0], "reverse_proxy: no upstreams: list them after reverse_proxy, or use 'to' or 'dynamic' in its block")
 	}
 	return rp, nil
+}
+
+// finalizedProxy finalizes a parsed reverse_proxy with the Caddyfile helper
+// and returns it as a handler's JSON.
+func finalizedProxy(rp *reverseproxy.Handler, h httpcaddyfile.Helper) (json.RawMessage, error) {
+	if err := rp.FinalizeUnmarshalCaddyfile(h); err != nil {
+		return nil, fmt.Errorf("reverse_proxy: %w", err)
+	}
+	return caddyconfig.JSONModuleObject(rp, "handler", "reverse_proxy", nil), nil
 }
 
 // checkClassRefs checks that every class named by a tenant or a degrade
@@ -1114,6 +863,39 @@ func (p *cfParser) oneArg(what string) (string, error) {
 		return "", p.d.Errf("%s: want exactly one argument, got %d", what, len(args))
 	}
 	return args[0], p.noBlock(what)
+}
+
+// choiceArg returns the single argument of the subdirective at the
+// cursor, one of valid (a noun names them in the error).
+func (p *cfParser) choiceArg(sub, noun string, valid ...string) (string, error) {
+	v, err := p.oneArg(sub)
+	if err == nil && !slices.Contains(valid, v) {
+		last := len(valid) - 1
+		err = p.d.Errf("%s: unknown %s %q (want %s or %s)", sub, noun, v, strings.Join(valid[:last], ", "), valid[last])
+	}
+	return v, err
+}
+
+// block parses a block of settings, one per line: the line has no
+// arguments, and each setting is given at most once unless repeatable;
+// set parses the line at the cursor, whose first token is key.
+func (p *cfParser) block(sub string, set func(key string) error, repeatable ...string) error {
+	d := p.d
+	if args := d.RemainingArgs(); len(args) > 0 {
+		return d.Errf("%s: unexpected argument %q (the settings go in a block)", sub, args[0])
+	}
+	seen := make(map[string]bool)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		key := d.Val()
+		if seen[key] && !slices.Contains(repeatable, key) {
+			return d.Errf("%s: %s given twice", sub, key)
+		}
+		seen[key] = true
+		if err := set(key); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // noBlock fails if a block opens after the current line.

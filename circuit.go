@@ -14,14 +14,9 @@ import (
 // CircuitBreakConfig sheds callers tier by tier under real overload: while
 // the model servers are saturated with requests waiting (for Saturation
 // of Window) and the demand of the tiers still admitted stays above
-// Trigger times what they serve, the lowest of them is shed (429
-// circuit_open); the last shed tier is readmitted once demand with it
-// readmitted is below Recover. Demand is what arrives (shed requests
-// included), averaged over Window, in units whose capacity does not swing
-// with the mix of requests: busy time against the slots (each caller's
-// requests weigh the time they have been keeping a slot busy), and, behind
-// a provider account, its tokens and requests against its rates. The top
-// tier of Order is never shed, nor is a tenant without a tier.
+// Trigger times capacity, the lowest of them is shed (429 circuit_open);
+// the last shed tier is readmitted once demand with it is below Recover.
+// The top tier of Order is never shed, nor is a tenant without a tier.
 type CircuitBreakConfig struct {
 	// Trigger is the demand/capacity ratio above which the next tier is
 	// shed. Default 1.3.
@@ -36,9 +31,9 @@ type CircuitBreakConfig struct {
 	// Order lists the tiers, lowest (shed first) to highest (never shed);
 	// tenants name theirs with tier. At least two.
 	Order []string `json:"order,omitempty"`
-	// Saturation is the least share of Window the model servers (or the
-	// provider account) must have been saturated, with requests waiting,
-	// for a tier to be shed. In (0, 1]; default 0.9.
+	// Saturation is the least share of Window the upstreams must have been
+	// saturated, with requests waiting, for a tier to be shed. In (0, 1];
+	// default 0.9.
 	Saturation float64 `json:"saturation,omitempty"`
 }
 
@@ -53,8 +48,8 @@ func (c *CircuitBreakConfig) engine() *degrade.CircuitConfig {
 		Hold: time.Duration(c.Hold), Window: time.Duration(c.Window), Order: c.Order, Saturation: c.Saturation}
 }
 
-// onCircuit logs, counts and emits one circuit transition; a shed names
-// the callers of the tier and how much each was sending.
+// onCircuit logs, counts and emits one circuit transition, with the
+// callers of the tier and how much each was sending.
 func (h *Handler) onCircuit(ev fairqueue.CircuitEvent) {
 	dir := "readmitted"
 	if ev.Up {
@@ -85,11 +80,9 @@ func (h *Handler) onCircuit(ev fairqueue.CircuitEvent) {
 }
 
 var (
-	circuitTransitions = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "circuit_transitions_total",
-		Help: "Circuit breaker transitions, by tier and direction (shed, readmitted).",
-	}, []string{"queue", "tier", "direction"})
+	circuitTransitions = counterVec("circuit_transitions_total",
+		"Circuit breaker transitions, by tier and direction (shed, readmitted).",
+		"queue", "tier", "direction")
 	descCircuitShed = prometheus.NewDesc(fqName("circuit_shed"),
 		"1 while the circuit breaker sheds the tier, else 0.", []string{"queue", "tier"}, nil)
 	descCircuitDemand = prometheus.NewDesc(fqName("circuit_demand"),
@@ -109,17 +102,14 @@ func collectCircuit(ch chan<- prometheus.Metric, name string, st fairqueue.Circu
 	if !st.Configured {
 		return
 	}
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
-	gauge(descCircuitSaturation, st.Saturation, name)
-	gauge(descCircuitBacklogTrend, st.BacklogTrend, name)
+	gauge(ch, descCircuitSaturation, st.Saturation, name)
+	gauge(ch, descCircuitBacklogTrend, st.BacklogTrend, name)
 	for r, res := range st.Resources {
-		gauge(descCircuitCapacity, st.ResourceCapacity[r], name, res)
+		gauge(ch, descCircuitCapacity, st.ResourceCapacity[r], name, res)
 		d := st.ResourceDemand[r]
-		gauge(descCircuitDemand, d[len(d)-1], name, "", res)
+		gauge(ch, descCircuitDemand, d[len(d)-1], name, "", res)
 		for i, tier := range st.Tiers {
-			gauge(descCircuitDemand, d[i], name, tier, res)
+			gauge(ch, descCircuitDemand, d[i], name, tier, res)
 		}
 	}
 	for i, tier := range st.Tiers {
@@ -127,9 +117,9 @@ func collectCircuit(ch chan<- prometheus.Metric, name string, st fairqueue.Circu
 		if st.Shed[i] {
 			shed = 1
 		}
-		gauge(descCircuitShed, shed, name, tier)
+		gauge(ch, descCircuitShed, shed, name, tier)
 		if i < len(st.Signals) {
-			gauge(descCircuitSignal, st.Signals[i], name, tier)
+			gauge(ch, descCircuitSignal, st.Signals[i], name, tier)
 		}
 	}
 }

@@ -9,15 +9,10 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
-// The learned cost model (package costmodel): every queue fits, from the
-// requests its primary upstreams served, busy time ≈ a + b·prompt +
-// c·completion (dispatch to last byte). The fit is reported in the admin
-// API and the metrics whatever the cost unit; with cost_unit learned the
-// queue prices requests by it (a/c + prompt·b/c + completion, in
-// completion-token units), so tenants share model-server time rather than
-// raw tokens.
-
-// observeCost feeds a served request to its queue's cost model.
+// observeCost feeds a request its primary upstreams served to its queue's
+// cost model (package costmodel): busy time ≈ a + b·prompt + c·completion,
+// dispatch to last byte. With cost_unit learned the queue prices requests
+// by it, in completion-token units (applyCostModel).
 func (h *Handler) observeCost(a *admission, d fairqueue.DispatchInfo) {
 	if !a.usageKnown || d.Fallback {
 		return

@@ -1,6 +1,7 @@
 package caddyfairqueue
 
 import (
+	"cmp"
 	"embed"
 	"encoding/json"
 	"fmt"
@@ -25,9 +26,7 @@ import (
 func init() {
 	caddy.RegisterModule(Dashboard{})
 	httpcaddyfile.RegisterHandlerDirective("fair_queue_dashboard", parseDashboardCaddyfile)
-	// After metrics, like it a page at a path: fair_queue (before
-	// reverse_proxy) answers every request it matches, so a dashboard
-	// next to it in one route must come first.
+	// Before fair_queue, which answers every request it matches.
 	httpcaddyfile.RegisterDirectiveOrder("fair_queue_dashboard", httpcaddyfile.After, "metrics")
 }
 
@@ -39,10 +38,8 @@ var dashboardFiles embed.FS
 // defaultRefresh is how often the page polls its state.
 const defaultRefresh = 3 * time.Second
 
-// Dashboard serves a live page of the fair queues' state and history:
-// per-tenant waits, outcomes, shares, quota use, boosts and ETA accuracy,
-// and the gateway's capacity, water level and transitions. Mount it where
-// you want it, behind your own authentication:
+// Dashboard serves a live page of the fair queues' state and history.
+// Mount it behind your own authentication:
 //
 //	handle_path /fair-queue/* {
 //	    fair_queue_dashboard
@@ -123,10 +120,8 @@ func parseDashboardCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandle
 	return d, err
 }
 
-// ServeHTTP answers the page, its assets and its state; anything else
-// under the dashboard's path is 404. The page refers to its assets and
-// its state by relative URLs, so it works under any base path that ends
-// in a slash.
+// ServeHTTP answers the page, its assets and its state, by relative URLs
+// under any base path that ends in a slash; anything else is 404.
 func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
@@ -168,8 +163,7 @@ func serveAsset(w http.ResponseWriter, r *http.Request, name string) error {
 }
 
 // dashState is the JSON of GET <base>/api/state: the queue's live state
-// and its history over the window. Its Tenants replace the history
-// report's, with live and configured fields added.
+// and its history over the window.
 type dashState struct {
 	history.Report
 	Queue  string   `json:"queue"`
@@ -194,30 +188,20 @@ type dashTenant struct {
 	Tier     string `json:"tier,omitempty"`
 	Queued   int    `json:"queued"`
 	Inflight int    `json:"inflight"`
-	// QuotaNow is the standing of each meter of the tenant's quota now
-	// (the window's averages are in quota); absent for a tenant without
+	// QuotaNow is each meter of the tenant's quota now; absent without
 	// one and for _unknown, whose callers each have their own.
 	QuotaNow []dashMeter `json:"quota_now,omitempty"`
-	// QuotaWeightLearned: the joint meter weighs tokens by the learned
-	// cost model's token_to_qps_weight (token_to_qps_weight auto), not a
-	// configured one.
-	QuotaWeightLearned bool `json:"quota_weight_learned,omitempty"`
-	// QuotaBurst is the quota's elastic window: burst_allow above the
-	// rates for burst_window seconds (zero: none).
-	QuotaBurst dashBurst `json:"quota_burst"`
+	// QuotaWeightLearned: token_to_qps_weight auto.
+	QuotaWeightLearned bool      `json:"quota_weight_learned,omitempty"`
+	QuotaBurst         dashBurst `json:"quota_burst"`
 }
 
-// dashMeter is one quota meter's standing now, as the x-ratelimit-*
-// headers report it.
+// dashMeter is one quota meter (qps, tokens or joint) now, as the
+// x-ratelimit-* headers report it.
 type dashMeter struct {
-	// Meter is qps, tokens or joint.
-	Meter string `json:"meter"`
-	// LimitPerMin is the rate per minute: requests, tokens, or
-	// request-equivalents.
-	LimitPerMin int64 `json:"limit_per_min"`
-	// Remaining is what may be charged now, back to back, without a wait.
-	Remaining int64 `json:"remaining"`
-	// ResetSeconds is how long until the meter is at rest again.
+	Meter        string  `json:"meter"`
+	LimitPerMin  int64   `json:"limit_per_min"`
+	Remaining    int64   `json:"remaining"`
 	ResetSeconds float64 `json:"reset_seconds"`
 }
 
@@ -229,27 +213,21 @@ type dashBurst struct {
 
 // dashGateway is the gateway now.
 type dashGateway struct {
-	Capacity         int         `json:"capacity"`
-	TokenCapacity    int64       `json:"token_capacity"`
-	HealthyUpstreams int         `json:"healthy_upstreams"`
-	Queued           int         `json:"queued"`
-	Inflight         int         `json:"inflight"`
-	BoostedInflight  int         `json:"boosted_inflight"`
-	Water            float64     `json:"water"`
-	DegradeLevel     int         `json:"degrade_level"`
-	Ladder           []dashStep  `json:"ladder"`
-	Circuit          dashCircuit `json:"circuit"`
-	// CostModel is the learned cost model (the admin report's view), and
-	// CostUnit what fairness is measured in: with "learned" the model
-	// prices the requests, else it is only reported.
-	CostModel costModelReport `json:"cost_model"`
-	CostUnit  string          `json:"cost_unit"`
-	// LearnedWeightTenants are the tenants whose quota's joint meter takes
-	// the learned token_to_qps_weight (token_to_qps_weight auto); every
-	// other quota weighs tokens by its configured weight.
-	LearnedWeightTenants []string `json:"learned_weight_tenants"`
-	BoostShareMax        float64  `json:"boost_share_max"`
-	BoostBudgetHourly    int      `json:"boost_budget_hourly"`
+	Capacity             int             `json:"capacity"`
+	TokenCapacity        int64           `json:"token_capacity"`
+	HealthyUpstreams     int             `json:"healthy_upstreams"`
+	Queued               int             `json:"queued"`
+	Inflight             int             `json:"inflight"`
+	BoostedInflight      int             `json:"boosted_inflight"`
+	Water                float64         `json:"water"`
+	DegradeLevel         int             `json:"degrade_level"`
+	Ladder               []dashStep      `json:"ladder"`
+	Circuit              dashCircuit     `json:"circuit"`
+	CostModel            costModelReport `json:"cost_model"`
+	CostUnit             string          `json:"cost_unit"`
+	LearnedWeightTenants []string        `json:"learned_weight_tenants"` // token_to_qps_weight auto
+	BoostShareMax        float64         `json:"boost_share_max"`
+	BoostBudgetHourly    int             `json:"boost_budget_hourly"`
 }
 
 // dashStep is one degrade ladder step with its lines.
@@ -282,10 +260,7 @@ type dashTier struct {
 // serveState answers the page's poll.
 func (d *Dashboard) serveState(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	winName := q.Get("window")
-	if winName == "" {
-		winName = "5m"
-	}
+	winName := cmp.Or(q.Get("window"), "5m")
 	window, err := history.ParseWindow(winName)
 	if err != nil {
 		return jsonError(w, http.StatusBadRequest, err.Error())
@@ -327,24 +302,19 @@ func liveQueues() []*sharedQueue {
 }
 
 // pickQueue is the queue named by the request, else the configured one,
-// else the only one, else "default"; nil when the named one is not live.
+// else the only one, else "default", else the first; nil when the named
+// one is not live.
 func pickQueue(live []*sharedQueue, asked, configured string) *sharedQueue {
-	name := asked
-	if name == "" {
-		name = configured
-	}
+	name := cmp.Or(asked, configured)
 	if name == "" && len(live) == 1 {
 		return live[0]
 	}
-	if name == "" {
-		name = "default"
-	}
 	for _, s := range live {
-		if s.name == name {
+		if s.name == cmp.Or(name, "default") {
 			return s
 		}
 	}
-	if asked == "" && configured == "" && len(live) > 0 {
+	if name == "" && len(live) > 0 {
 		return live[0]
 	}
 	return nil
@@ -369,21 +339,7 @@ func dashboardState(s *sharedQueue, window time.Duration) dashState {
 	sort.Strings(learned)
 	rep := s.hist.Query(window, params)
 
-	type live struct{ queued, inflight int }
-	now := map[string]*live{}
-	for _, t := range stats.Tenants {
-		label := t.Name
-		if !t.Known {
-			label = unknownTenantLabel
-		}
-		l := now[label]
-		if l == nil {
-			l = &live{}
-			now[label] = l
-		}
-		l.queued += t.Queued
-		l.inflight += t.Inflight
-	}
+	now := loadByLabel(stats.Tenants)
 	st := dashState{Report: rep, Queue: s.name, Now: time.Now().UTC(), MemoryBytes: s.hist.MemoryBytes(),
 		Outcomes: history.Outcomes[:], QuotaReason: history.QuotaReasons[:]}
 	st.Tenants = make([]dashTenant, 0, len(rep.Tenants))
@@ -421,13 +377,8 @@ func dashboardState(s *sharedQueue, window time.Duration) dashState {
 	g.Circuit = dashCircuit{Configured: circ.Configured, Level: circ.Level, Capacity: circ.Capacity,
 		Tierless: circ.Tierless, Tiers: []dashTier{}}
 	if cc := cfg.Circuit; cc != nil {
-		g.Circuit.Trigger, g.Circuit.Recover = cc.Trigger, cc.Recover
-		if g.Circuit.Trigger == 0 {
-			g.Circuit.Trigger = degrade.DefaultCircuitTrigger
-		}
-		if g.Circuit.Recover == 0 {
-			g.Circuit.Recover = degrade.DefaultCircuitRecover
-		}
+		g.Circuit.Trigger = cmp.Or(cc.Trigger, degrade.DefaultCircuitTrigger)
+		g.Circuit.Recover = cmp.Or(cc.Recover, degrade.DefaultCircuitRecover)
 	}
 	for i, tier := range circ.Tiers {
 		g.Circuit.Tiers = append(g.Circuit.Tiers, dashTier{Name: tier, Shed: circ.Shed[i], Demand: circ.Demand[i]})
@@ -475,20 +426,6 @@ func (h *Handler) history() *history.History {
 	return h.shared.hist
 }
 
-// historyQuotaDelay records a request its quota made wait in its queue.
-func (h *Handler) historyQuotaDelay(label string, tk *fairqueue.Ticket) {
-	if tk.QuotaWait() > 0 {
-		h.history().QuotaLimited(label, string(tk.QuotaReason()), false)
-	}
-}
-
-// historyRefusal records a quota refusal.
-func (h *Handler) historyRefusal(label string, rej *fairqueue.Rejection) {
-	if rej.Reason == fairqueue.ReasonQuotaExceeded {
-		h.history().QuotaLimited(label, string(rej.Quota), true)
-	}
-}
-
 // declaredTenants lists cfg's declared tenants, the ones the history
 // keeps under their own names.
 func declaredTenants(cfg fairqueue.Config) []string {
@@ -507,8 +444,8 @@ type sampler struct {
 }
 
 // sample records the gateway's state in the history, on every tick, with
-// the tenants that have work waiting, which the history's fair shares
-// need. h is the handler whose config is in force (nil: none yet).
+// the tenants that have work waiting (for the fair shares). h is the
+// handler whose config is in force (nil: none yet).
 func (s *sharedQueue) sample(h *Handler) {
 	st := s.q.Stats(false)
 	smp := &s.sampler

@@ -16,9 +16,8 @@ import (
 // operators can hook alerts to it (events { on fair_queue_degrade ... }).
 const degradeEvent = "fair_queue_degrade"
 
-// provisionDegrade turns the JSON ladder into the scheduler's steps;
-// fairqueue.Config.Validate checks them (lines, order, classes) with the
-// step named in the error.
+// provisionDegrade turns the JSON ladder into the scheduler's steps
+// (fairqueue.Config.Validate checks them).
 func (h *Handler) provisionDegrade() error {
 	if h.Degrade == nil || len(h.Degrade.Steps) == 0 {
 		return nil
@@ -51,14 +50,10 @@ func (h *Handler) provisionDegrade() error {
 }
 
 // applyDegrade trims the body of a request whose class is in light mode
-// and re-estimates its cost. Throttling is the scheduler's (it answers
-// class_throttled at Enqueue). A body light mode cannot trim is served as
-// it is: the mode lowers cost where it can, it never refuses.
-//
-// A request that lowered its class (X-Fair-Queue-Class) is trimmed when
-// its own class or its tenant's is in light mode, to the tighter limits
-// of the two: lowering the class must not escape the tenant's degrade
-// actions (the scheduler throttles it by both classes likewise).
+// and re-estimates its cost; a body it cannot trim is served as it is.
+// A request that lowered its class (X-Fair-Queue-Class) is trimmed to the
+// tighter limits of its class and its tenant's, so lowering the class
+// cannot escape the tenant's degrade actions.
 func (h *Handler) applyDegrade(a *admission) {
 	act, ok := h.shared.q.LightMode(a.class)
 	if own := a.tc.Class; own != a.class {
@@ -128,11 +123,9 @@ func (h *Handler) loadEvents() error {
 }
 
 var (
-	degradeTransitions = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "degrade_transitions_total",
-		Help: "Degrade ladder transitions, by step and direction.",
-	}, []string{"queue", "step", "direction"})
+	degradeTransitions = counterVec("degrade_transitions_total",
+		"Degrade ladder transitions, by step and direction.",
+		"queue", "step", "direction")
 	descDegradeLevel = prometheus.NewDesc(fqName("degrade_level"),
 		"Engaged degrade steps (0 = normal).", []string{"queue"}, nil)
 )

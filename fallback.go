@@ -8,17 +8,15 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
-// FallbackConfig is a second upstream pool, typically a second provider
-// account or key, that the tenants it lists use transparently when the
-// primary cannot serve them: the primary account is out of quota, no
-// primary upstream is healthy, or the request has waited half its wait
-// budget. Responses say which channel served them
-// (X-Fair-Queue-Channel: primary|fallback).
+// FallbackConfig is a second upstream pool, typically another provider
+// account, that the tenants it lists use when the primary cannot serve
+// them: its account is out of quota, no primary upstream is healthy, or
+// the request has waited half its wait budget. Responses say which channel
+// served them (X-Fair-Queue-Channel: primary|fallback).
 type FallbackConfig struct {
 	// Tenants lists the tenants that may use the fallback.
 	Tenants []string `json:"tenants,omitempty"`
@@ -32,9 +30,8 @@ type FallbackConfig struct {
 	// minute.
 	UpstreamQuota *UpstreamQuotaConfig `json:"upstream_quota,omitempty"`
 	// ProxyRaw is the reverse_proxy that serves the fallback; its own
-	// header_up carries the fallback's credentials. The caller's
-	// credentials are not passed on (see fallbackStripped) unless its
-	// header_up sets them, e.g. header_up Authorization
+	// header_up sets the fallback's credentials. The caller's are not
+	// passed on unless it sets them, e.g. header_up Authorization
 	// {http.request.header.Authorization}.
 	ProxyRaw json.RawMessage `json:"proxy,omitempty" caddy:"namespace=http.handlers inline_key=handler"`
 
@@ -43,25 +40,11 @@ type FallbackConfig struct {
 	strip []string
 }
 
-// fallbackStripped are the request headers the fallback never receives
-// from the caller, canonical. The fallback is another account, usually
-// another provider's: the caller's credentials for the gateway or the
-// primary must not reach it, nor what names the caller's account or
-// describes the network behind the gateway.
-//
-//   - Credentials: Authorization and Proxy-Authorization, Cookie,
-//     X-Api-Key (Anthropic's, and many gateways'), Api-Key (Azure
-//     OpenAI's), X-Goog-Api-Key (Google's).
-//   - The caller's account at the primary: OpenAI-Organization and
-//     OpenAI-Project (a provider refuses a key with another account's).
-//   - Addresses behind the gateway: Forwarded, X-Forwarded-For,
-//     X-Forwarded-Host, X-Forwarded-Proto, X-Real-IP as the caller sent
-//     them. The fallback's reverse_proxy still adds its own X-Forwarded-*
-//     (the gateway's peer), as for any upstream; header_up
-//     -X-Forwarded-* removes those too.
-//
-// The tenant_key header is stripped as well (it may be a key itself).
-// Everything else, and the query string, passes as for the primary.
+// fallbackStripped are the request headers the fallback, another
+// account, never receives from the caller (canonical): credentials, the
+// caller's account at the primary, and the addresses behind the gateway
+// as the caller sent them (the fallback's reverse_proxy still adds its
+// own X-Forwarded-*). The tenant_key header is stripped as well.
 var fallbackStripped = []string{
 	"Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "Api-Key", "X-Goog-Api-Key",
 	"Openai-Organization", "Openai-Project",
@@ -69,10 +52,8 @@ var fallbackStripped = []string{
 }
 
 // fallbackRequest is r as the fallback's proxy gets it: a shallow copy
-// whose header has the caller's credentials removed (fallbackStripped).
-// r keeps its header, so the replacer's {http.request.header.*}, which
-// reads r, still holds them for a header_up that passes one on, and a
-// later attempt at the primary sends them.
+// without the caller's credentials (fallbackStripped). r keeps them, for
+// a header_up that passes one on and a later attempt at the primary.
 func (c *FallbackConfig) fallbackRequest(r *http.Request) *http.Request {
 	out := new(http.Request)
 	*out = *r
@@ -110,20 +91,10 @@ func (h *Handler) provisionFallback(ctx caddy.Context) error {
 	if fb.MaxInflight < 0 {
 		return fmt.Errorf("fallback: max_inflight must not be negative")
 	}
-	raw, err := proxyDefaults(fb.ProxyRaw, "least_conn")
-	if err != nil {
-		return fmt.Errorf("fallback proxy: %v", err)
+	var err error
+	if fb.proxy, err = loadReverseProxy(ctx, fb, &fb.ProxyRaw, "least_conn", "fallback proxy"); err != nil {
+		return err
 	}
-	fb.ProxyRaw = raw
-	mod, err := ctx.LoadModule(fb, "ProxyRaw")
-	if err != nil {
-		return fmt.Errorf("loading the fallback proxy: %v", err)
-	}
-	p, ok := mod.(*reverseproxy.Handler)
-	if !ok {
-		return fmt.Errorf("fallback proxy must be a reverse_proxy handler, got %T", mod)
-	}
-	fb.proxy = p
 	fb.strip = fallbackStripped
 	if h.tenantHeader != "" && !slices.Contains(fb.strip, h.tenantHeader) {
 		fb.strip = append(slices.Clip(fb.strip), h.tenantHeader)
@@ -154,11 +125,7 @@ func (h *Handler) fallbackBody(a *admission) []byte {
 	if err := json.Unmarshal(a.body, &m); err != nil {
 		return a.body
 	}
-	b, err := json.Marshal(to)
-	if err != nil {
-		return a.body
-	}
-	m["model"] = b
+	m["model"], _ = json.Marshal(to) // a string always marshals
 	out, err := json.Marshal(m)
 	if err != nil {
 		return a.body
@@ -181,8 +148,6 @@ func (h *Handler) channelProxy(a *admission, fallback bool, hdr http.Header) (*r
 	return h.proxy, a.body
 }
 
-var fallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-	Name: "fallbacks_total",
-	Help: "Requests served by the fallback channel, by tenant.",
-}, []string{"queue", "tenant"})
+var fallbacks = counterVec("fallbacks_total",
+	"Requests served by the fallback channel, by tenant.",
+	"queue", "tenant")

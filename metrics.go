@@ -24,59 +24,36 @@ const (
 // Collectors are package-level: Caddy makes a new registry per config load,
 // and each Provision registers the same collectors into it.
 var (
-	requestsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "requests_total",
-		Help: "Requests handled, by tenant and outcome (served, or the error code answered).",
-	}, []string{"queue", "tenant", "outcome"})
-	waitSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name:    "wait_seconds",
-		Help:    "Time served requests waited in the queue before dispatch.",
-		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 15, 30, 60, 120, 300},
-	}, []string{"queue", "tenant"})
-	estimatedTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "estimated_tokens_total",
-		Help: "Estimated cost (prompt tokens + output cap) of dispatched requests.",
-	}, []string{"queue", "tenant"})
-	actualTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "actual_tokens_total",
-		Help: "Actual tokens (prompt + completion) reported or counted for completed requests.",
-	}, []string{"queue", "tenant"})
-	boostsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "boosts_total",
-		Help: "Requests dispatched ahead of tag order to meet their wait budget.",
-	}, []string{"queue", "tenant"})
-	etaRatio = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name:    "eta_ratio",
-		Help:    "Predicted wait / actual wait of queued requests that were dispatched (1 = exact).",
-		Buckets: []float64{0.25, 0.5, 0.67, 0.8, 0.9, 1, 1.1, 1.25, 1.5, 2, 4},
-	}, []string{"queue", "tenant"})
-	budgetRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "budget_refusals_total",
-		Help: "Requests answered wait_budget_exceeded, by moment: at_admission, or while_queued (admitted, then refused once their ETA showed they could not start in time).",
-	}, []string{"queue", "tenant", "moment"})
-	budgetLeftRatio = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name:    "budget_left_ratio",
-		Help:    "Fraction of its wait budget a request had left when refused with wait_budget_exceeded (1 at admission): how early the caller was told.",
-		Buckets: []float64{0.1, 0.25, 0.5, 0.75, 0.8, 0.9, 0.95, 0.99, 1},
-	}, []string{"queue", "moment"})
-	quotaLimited = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "quota_limited_total",
-		Help: "Requests a tenant's quota limited, by meter (qps, tokens, joint) and action: delayed (queued until the quota allowed it) or refused (429 quota_exceeded).",
-	}, []string{"queue", "tenant", "reason", "action"})
-	quotaCharged = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "quota_charged_total",
-		Help: "Units charged to tenants' quotas, corrected to actual usage, by meter: requests (qps), tokens, request-equivalents (joint). rate()*60 over quota_limit is the tenant's occupancy.",
-	}, []string{"queue", "tenant", "meter"})
+	requestsTotal = counterVec("requests_total",
+		"Requests handled, by tenant and outcome (served, or the error code answered).",
+		"queue", "tenant", "outcome")
+	waitSeconds = histogramVec("wait_seconds",
+		"Time served requests waited in the queue before dispatch.",
+		[]float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 15, 30, 60, 120, 300}, "queue", "tenant")
+	estimatedTokens = counterVec("estimated_tokens_total",
+		"Estimated cost (prompt tokens + output cap) of dispatched requests.",
+		"queue", "tenant")
+	actualTokens = counterVec("actual_tokens_total",
+		"Actual tokens (prompt + completion) reported or counted for completed requests.",
+		"queue", "tenant")
+	boostsTotal = counterVec("boosts_total",
+		"Requests dispatched ahead of tag order to meet their wait budget.",
+		"queue", "tenant")
+	etaRatio = histogramVec("eta_ratio",
+		"Predicted wait / actual wait of queued requests that were dispatched (1 = exact).",
+		[]float64{0.25, 0.5, 0.67, 0.8, 0.9, 1, 1.1, 1.25, 1.5, 2, 4}, "queue", "tenant")
+	budgetRefusals = counterVec("budget_refusals_total",
+		"Requests answered wait_budget_exceeded, by moment: at_admission, or while_queued (admitted, then refused once their ETA showed they could not start in time).",
+		"queue", "tenant", "moment")
+	budgetLeftRatio = histogramVec("budget_left_ratio",
+		"Fraction of its wait budget a request had left when refused with wait_budget_exceeded (1 at admission): how early the caller was told.",
+		[]float64{0.1, 0.25, 0.5, 0.75, 0.8, 0.9, 0.95, 0.99, 1}, "queue", "moment")
+	quotaLimited = counterVec("quota_limited_total",
+		"Requests a tenant's quota limited, by meter (qps, tokens, joint) and action: delayed (queued until the quota allowed it) or refused (429 quota_exceeded).",
+		"queue", "tenant", "reason", "action")
+	quotaCharged = counterVec("quota_charged_total",
+		"Units charged to tenants' quotas, corrected to actual usage, by meter: requests (qps), tokens, request-equivalents (joint). rate()*60 over quota_limit is the tenant's occupancy.",
+		"queue", "tenant", "meter")
 	queueCollector = &stateCollector{}
 	// The provider account's syncs with the cluster's Redis
 	// (cluster_account.go).
@@ -92,6 +69,23 @@ var (
 		Help: "With upstream_quota (or a fallback's) and a cluster: syncs of the provider account with Redis that failed (unreachable or past the timeout). Their draws are not pushed; each gateway goes on deciding on its 1/instances of the account.",
 	}, []string{"queue"})
 )
+
+// counterVec and histogramVec make the vectors named
+// caddy_fair_queue_<name>.
+func counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: name, Help: help}, labels)
+}
+
+func histogramVec(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: name, Help: help, Buckets: buckets}, labels)
+}
+
+// gauge sends a gauge's value at scrape time.
+func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {
+	ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+}
 
 var collectors = []prometheus.Collector{requestsTotal, waitSeconds, estimatedTokens, actualTokens,
 	boostsTotal, etaRatio, budgetRefusals, budgetLeftRatio, degradeTransitions, quotaLimited, quotaCharged,
@@ -115,50 +109,18 @@ func registerMetrics(reg *prometheus.Registry) error {
 	return nil
 }
 
-func observeOutcome(queue, tenant, outcome string, wait time.Duration, est float64) {
-	requestsTotal.WithLabelValues(queue, tenant, outcome).Inc()
-	if outcome == outcomeServed || outcome == outcomeProxyError {
-		waitSeconds.WithLabelValues(queue, tenant).Observe(wait.Seconds())
-		estimatedTokens.WithLabelValues(queue, tenant).Add(est)
-	}
-}
-
-// observeDispatch records what the wait-budget logic did for a request.
-func observeDispatch(queue, tenant string, boosted bool, eta, wait time.Duration) {
-	if boosted {
-		boostsTotal.WithLabelValues(queue, tenant).Inc()
-	}
-	if eta > 0 && wait > 0 {
-		etaRatio.WithLabelValues(queue, tenant).Observe(eta.Seconds() / wait.Seconds())
-	}
-}
-
-// metricsCache holds one handler's metric children per tenant label, so
-// that a served request updates its series without hashing its labels
-// into every vector it touches. Labels are bounded as the series are:
-// declared tenants under their names, every other tenant as
-// unknownTenantLabel. The collectors outlive config reloads and nothing
-// deletes their children, so a child cached by a handler stays the one a
-// scrape reads; a reload's new handler starts a cache of its own.
+// metricsCache holds one handler's metric children per tenant label
+// (bounded: declared tenants and unknownTenantLabel), so that a served
+// request updates its series without hashing its labels into every
+// vector. Nothing deletes the collectors' children, so a cached child
+// stays the one a scrape reads.
 type metricsCache struct {
 	queue string
-	// m maps a label to its *tenantMetrics. A sync.Map, whose keys are
-	// written once and then only read: the request path finds its
-	// tenant's children without a lock or any write to memory the other
-	// cores read.
-	m sync.Map
+	m     sync.Map // label -> *tenantMetrics; written once, then only read
 }
 
-func newMetricsCache(queue string) *metricsCache {
-	return &metricsCache{queue: queue}
-}
-
-// of returns label's children; nil from a nil cache (a handler that was
-// not provisioned), whose methods fall back to the vectors.
+// of returns label's children.
 func (c *metricsCache) of(label string) *tenantMetrics {
-	if c == nil {
-		return nil
-	}
 	if t, ok := c.m.Load(label); ok {
 		return t.(*tenantMetrics)
 	}
@@ -167,9 +129,8 @@ func (c *metricsCache) of(label string) *tenantMetrics {
 }
 
 // tenantMetrics are one (queue, tenant label)'s children in the vectors
-// the served path updates. Each is made the first time it is used, as
-// WithLabelValues would make it, so a scrape shows the same series as
-// before the cache: a tenant never boosted has no boosts_total series.
+// the served path updates, each made when first used, as WithLabelValues
+// would make it.
 type tenantMetrics struct {
 	queue, label string
 
@@ -198,10 +159,10 @@ func (t *tenantMetrics) initQuota() {
 	}
 }
 
-// observeQuotaUse is observeQuotaUse through the cache.
-func (t *tenantMetrics) observeQuotaUse(queue, tenant string, l *quota.Limits, tokens int64) {
-	if t == nil || l == nil {
-		observeQuotaUse(queue, tenant, l, tokens)
+// observeQuotaUse counts what a completed request used of its tenant's
+// quota, in each meter's units, from its actual tokens.
+func (t *tenantMetrics) observeQuotaUse(l *quota.Limits, tokens int64) {
+	if l == nil {
 		return
 	}
 	t.quotaOnce.Do(t.initQuota)
@@ -231,11 +192,15 @@ func (t *tenantMetrics) initETA() {
 	t.eta = etaRatio.WithLabelValues(t.queue, t.label)
 }
 
-// observeOutcome is observeOutcome through the cache for the served
-// outcome; queue and tenant are t's (they name the series when t is nil).
-func (t *tenantMetrics) observeOutcome(queue, tenant, outcome string, wait time.Duration, est float64) {
-	if t == nil || outcome != outcomeServed {
-		observeOutcome(queue, tenant, outcome, wait, est)
+// observeOutcome counts a request's outcome and, for one proxied, its
+// wait and estimated cost.
+func (t *tenantMetrics) observeOutcome(outcome string, wait time.Duration, est float64) {
+	if outcome != outcomeServed {
+		requestsTotal.WithLabelValues(t.queue, t.label, outcome).Inc()
+		if outcome == outcomeProxyError {
+			waitSeconds.WithLabelValues(t.queue, t.label).Observe(wait.Seconds())
+			estimatedTokens.WithLabelValues(t.queue, t.label).Add(est)
+		}
 		return
 	}
 	t.servedOnce.Do(t.initServed)
@@ -244,11 +209,10 @@ func (t *tenantMetrics) observeOutcome(queue, tenant, outcome string, wait time.
 	t.estimated.Add(est)
 }
 
-// observeDispatch is observeDispatch through the cache.
-func (t *tenantMetrics) observeDispatch(queue, tenant string, boosted bool, eta, wait time.Duration) {
-	if t == nil || boosted {
-		observeDispatch(queue, tenant, boosted, eta, wait)
-		return
+// observeDispatch records what the wait-budget logic did for a request.
+func (t *tenantMetrics) observeDispatch(boosted bool, eta, wait time.Duration) {
+	if boosted {
+		boostsTotal.WithLabelValues(t.queue, t.label).Inc()
 	}
 	if eta > 0 && wait > 0 {
 		t.etaOnce.Do(t.initETA)
@@ -256,12 +220,7 @@ func (t *tenantMetrics) observeDispatch(queue, tenant string, boosted bool, eta,
 	}
 }
 
-// observeActual is observeActual through the cache.
-func (t *tenantMetrics) observeActual(queue, tenant string, v float64) {
-	if t == nil {
-		observeActual(queue, tenant, v)
-		return
-	}
+func (t *tenantMetrics) observeActual(v float64) {
 	t.actualOnce.Do(t.initActual)
 	t.actual.Add(v)
 }
@@ -290,17 +249,13 @@ func observeRefusal(queue, tenant string, rej *fairqueue.Rejection) {
 	budgetLeftRatio.WithLabelValues(queue, moment).Observe(rej.BudgetLeft)
 }
 
-func observeActual(queue, tenant string, v float64) {
-	actualTokens.WithLabelValues(queue, tenant).Add(v)
-}
-
 // fqName is a metric's full name: caddy_fair_queue_<name>.
 func fqName(name string) string {
 	return prometheus.BuildFQName(metricsNamespace, metricsSubsystem, name)
 }
 
-// stateCollector reads queue state at scrape time, so the hot path updates
-// no gauges.
+// stateCollector reads queue state at scrape time, so the request path
+// updates no gauges.
 type stateCollector struct{}
 
 var (
@@ -349,43 +304,24 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		st := s.q.Stats(true)
 		name := s.name
-		gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-		}
-		gauge(descHealthy, float64(st.Healthy), name)
-		gauge(descCapacity, float64(st.Capacity), name)
-		gauge(descTokenCapacity, float64(st.TokenCapacity), name)
-		gauge(descWater, st.Water, name)
-		gauge(descBoosted, float64(st.BoostedInflight), name)
-		gauge(descDegradeLevel, float64(s.q.DegradeLevel()), name)
+		gauge(ch, descHealthy, float64(st.Healthy), name)
+		gauge(ch, descCapacity, float64(st.Capacity), name)
+		gauge(ch, descTokenCapacity, float64(st.TokenCapacity), name)
+		gauge(ch, descWater, st.Water, name)
+		gauge(ch, descBoosted, float64(st.BoostedInflight), name)
+		gauge(ch, descDegradeLevel, float64(s.q.DegradeLevel()), name)
 		collectCircuit(ch, name, s.q.Circuit())
 		collectUpstream(ch, name, s.q.Upstream())
 		collectCostModel(ch, name, s.cost.Fit())
-		type agg struct {
-			depth, inflight int
-			queued          int64
-		}
-		per := make(map[string]*agg, len(st.Tenants))
 		for _, t := range st.Tenants {
-			label := t.Name
-			if !t.Known {
-				label = unknownTenantLabel
-			} else {
-				gauge(descWeight, t.Weight, name, label)
+			if t.Known {
+				gauge(ch, descWeight, t.Weight, name, t.Name)
 			}
-			a := per[label]
-			if a == nil {
-				a = &agg{}
-				per[label] = a
-			}
-			a.depth += t.Queued
-			a.inflight += t.Inflight
-			a.queued += t.QueuedCost
 		}
-		for label, a := range per {
-			gauge(descDepth, float64(a.depth), name, label)
-			gauge(descQueuedTokens, float64(a.queued), name, label)
-			gauge(descInflight, float64(a.inflight), name, label)
+		for label, l := range loadByLabel(st.Tenants) {
+			gauge(ch, descDepth, float64(l.queued), name, label)
+			gauge(ch, descQueuedTokens, float64(l.queuedCost), name, label)
+			gauge(ch, descInflight, float64(l.inflight), name, label)
 		}
 		qcfg := s.q.Config()
 		tierOf := func(tc fairqueue.TenantConfig) string {
@@ -394,9 +330,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			return tc.Tier
 		}
-		gauge(descTenantInfo, 1, name, unknownTenantLabel, tierOf(qcfg.Default), qcfg.Default.Class)
+		gauge(ch, descTenantInfo, 1, name, unknownTenantLabel, tierOf(qcfg.Default), qcfg.Default.Class)
 		for tenant, tc := range qcfg.Tenants {
-			gauge(descTenantInfo, 1, name, tenant, tierOf(tc), tc.Class)
+			gauge(ch, descTenantInfo, 1, name, tenant, tierOf(tc), tc.Class)
 		}
 		for tenant, tc := range qcfg.Tenants {
 			if tc.Quota == nil {
@@ -407,12 +343,12 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 				continue
 			}
 			if st.Joint.Enabled {
-				gauge(descQuotaWeight, tc.Quota.Config().TokenToQPSWeight, name, tenant)
+				gauge(ch, descQuotaWeight, tc.Quota.Config().TokenToQPSWeight, name, tenant)
 			}
 			for _, d := range []quota.Dimension{quota.DimQPS, quota.DimTokens, quota.DimJoint} {
 				if m := st.Meter(d); m.Enabled {
-					gauge(descQuotaLimit, float64(m.Limit), name, tenant, string(d))
-					gauge(descQuotaDebt, m.Reset.Seconds(), name, tenant, string(d))
+					gauge(ch, descQuotaLimit, float64(m.Limit), name, tenant, string(d))
+					gauge(ch, descQuotaDebt, m.Reset.Seconds(), name, tenant, string(d))
 				}
 			}
 		}
@@ -420,10 +356,36 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	})
 }
 
+// labelLoad is what the tenants of one metrics label hold now.
+type labelLoad struct {
+	queued, inflight int
+	queuedCost       int64
+}
+
+// loadByLabel sums the tenants' load per metrics label, the undeclared
+// ones under unknownTenantLabel.
+func loadByLabel(tenants []fairqueue.TenantStats) map[string]*labelLoad {
+	per := make(map[string]*labelLoad, len(tenants))
+	for _, t := range tenants {
+		label := t.Name
+		if !t.Known {
+			label = unknownTenantLabel
+		}
+		l := per[label]
+		if l == nil {
+			l = &labelLoad{}
+			per[label] = l
+		}
+		l.queued += t.Queued
+		l.inflight += t.Inflight
+		l.queuedCost += t.QueuedCost
+	}
+	return per
+}
+
 // MetricNames lists the fully qualified names of every metric the plugin
-// exports, from the collectors themselves: documentation and tests use it
-// to refer to metrics that exist (a series that was never observed is
-// absent from a scrape, and must not be mistaken for a renamed one).
+// exports, from the collectors themselves, for documentation and tests (a
+// series never observed is absent from a scrape).
 func MetricNames() []string {
 	ch := make(chan *prometheus.Desc, 64)
 	go func() {
@@ -448,27 +410,11 @@ var descName = regexp.MustCompile(`fqName: "([^"]+)"`)
 // Interface guards
 var _ prometheus.Collector = (*stateCollector)(nil)
 
-// observeQuotaUse counts what a completed request used of its tenant's
-// quota, in each meter's units, from its actual tokens.
-func observeQuotaUse(queue, tenant string, l *quota.Limits, tokens int64) {
-	if l == nil {
-		return
-	}
-	c := l.Config()
-	if c.QPS > 0 {
-		quotaCharged.WithLabelValues(queue, tenant, string(quota.DimQPS)).Inc()
-	}
-	if c.TokensPerMin > 0 {
-		quotaCharged.WithLabelValues(queue, tenant, string(quota.DimTokens)).Add(float64(tokens))
-	}
-	if l.Enabled(quota.DimJoint) {
-		quotaCharged.WithLabelValues(queue, tenant, string(quota.DimJoint)).Add(1 + float64(tokens)*c.TokenToQPSWeight)
-	}
-}
-
-// observeQuotaDelay counts a request admitted to wait for its quota.
-func observeQuotaDelay(queue, tenant string, tk *fairqueue.Ticket) {
+// observeQuotaDelay counts and records a request its quota made wait in
+// its queue.
+func (h *Handler) observeQuotaDelay(label string, tk *fairqueue.Ticket) {
 	if tk.QuotaWait() > 0 {
-		quotaLimited.WithLabelValues(queue, tenant, string(tk.QuotaReason()), "delayed").Inc()
+		quotaLimited.WithLabelValues(h.Name, label, string(tk.QuotaReason()), "delayed").Inc()
+		h.history().QuotaLimited(label, string(tk.QuotaReason()), false)
 	}
 }

@@ -1,6 +1,7 @@
 package caddyfairqueue
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"net/textproto"
@@ -25,39 +26,29 @@ func init() {
 }
 
 // Handler is a fair queue in front of a reverse proxy to OpenAI-compatible
-// model servers. It identifies the tenant of each request, estimates its
-// token cost, and holds it in the tenant's sub-queue until weighted fair
-// queuing grants it a slot on a healthy upstream; requests that cannot start
-// within their wait budget are told so at once.
+// model servers: it holds each request in its tenant's sub-queue until
+// weighted fair queuing grants it a slot on a healthy upstream.
 type Handler struct {
-	// Name of the queue. Handlers with the same name share one queue, which
-	// survives config reloads with everything queued and in flight; use one
-	// handler per name. Default: "default".
+	// Name of the queue, which survives config reloads with everything
+	// queued and in flight; use one handler per name. Default: "default".
 	Name string `json:"name,omitempty"`
 
 	// TenantKey is a placeholder that evaluates to the tenant of a request.
-	// Default: {http.request.header.X-Tenant-ID}. After an authentication
-	// handler, {http.auth.user.id} is the secure choice: a header can be
-	// set by anyone.
+	// Default: {http.request.header.X-Tenant-ID}; {http.auth.user.id}
+	// after an authentication handler is the secure choice.
 	TenantKey string `json:"tenant_key,omitempty"`
 
 	// CostUnit is what fairness is measured in: "estimated_tokens" (default:
 	// prompt tokens plus output cap, corrected by actual usage),
-	// "requests" (every request costs 1), or "learned": model-server time,
-	// as the cost model the queue learns from served requests prices it
-	// (estimated_tokens until the fit is ready).
+	// "requests", or "learned" (model-server time, from the cost model the
+	// queue learns; estimated_tokens until the fit is ready).
 	CostUnit string `json:"cost_unit,omitempty"`
 
 	// Tokenizer counts prompt tokens: "cl100k_base" (default), "o200k_base",
-	// or "approx" (a fast byte heuristic). The estimate only orders the
-	// queue, and the usage the upstream reports replaces it when the
-	// response ends, so its work per request is bounded (about 4096
-	// vocabulary lookups): a prompt of up to about 500 tokens is counted
-	// exactly, a longer one estimated from samples, within 3% of the exact
-	// count (see llmapi.NewEstimator).
-	// Where a count decides something (max_request_tokens, light_mode's
-	// max_input_tokens), the prompt is counted exactly, up to 64 KiB of
-	// text.
+	// or "approx" (a fast byte heuristic). For the queue's order a long
+	// prompt is estimated from samples (llmapi.NewEstimator); where a count
+	// decides something (max_request_tokens, light_mode's
+	// max_input_tokens), it is exact up to 64 KiB of text.
 	Tokenizer string `json:"tokenizer,omitempty"`
 
 	// DefaultMaxTokens is the output cap assumed when a request names none.
@@ -68,16 +59,14 @@ type Handler struct {
 	// get 413. Default: 8 MiB.
 	MaxBody int64 `json:"max_body,omitempty"`
 
-	// BodyTimeout bounds the time to receive a whole request body; a body
-	// still incomplete then gets 408 request_timeout. The wait budget
-	// counts from when the body is complete. Default: 30s.
+	// BodyTimeout bounds the time to receive a whole request body (else
+	// 408 request_timeout); the wait budget starts after it. Default: 30s.
 	BodyTimeout caddy.Duration `json:"body_timeout,omitempty"`
 
 	// MaxRequestTokens caps one request's estimated cost (prompt tokens
-	// plus output cap, times n); above it, 400 context_length_exceeded.
-	// A tenant may override it. max_inflight_tokens and max_queue_tokens,
-	// when set and lower, cap it too: a request above them could never be
-	// dispatched or queued. Default: 131072.
+	// plus output cap, times n); above it, 400 context_length_exceeded. A
+	// tenant may override it; lower max_inflight_tokens or max_queue_tokens
+	// cap it too. Default: 131072.
 	MaxRequestTokens int64 `json:"max_request_tokens,omitempty"`
 
 	// MaxInflight is the number of concurrent requests per healthy upstream.
@@ -88,34 +77,32 @@ type Handler struct {
 	// per healthy upstream (a model server's KV-cache budget).
 	MaxInflightTokens int64 `json:"max_inflight_tokens,omitempty"`
 
-	// MaxQueue caps the queued requests of all tenants; beyond it requests
-	// get 503 server_busy. It is also the denominator of the water level the
-	// degrade ladder watches. Default: 10000.
+	// MaxQueue caps the queued requests of all tenants (503 server_busy)
+	// and is the denominator of the degrade ladder's water level. Default:
+	// 10000.
 	MaxQueue int `json:"max_queue,omitempty"`
 
 	// MaxQueueTokens, when set, caps the queued estimated tokens as well.
 	MaxQueueTokens int64 `json:"max_queue_tokens,omitempty"`
 
-	// MaxQueueBytes caps the request bodies held by queued requests, so
-	// memory is bounded by configuration, not by traffic; beyond it, 503
-	// server_busy. Default: 256 MiB.
+	// MaxQueueBytes caps the request bodies held by queued requests (503
+	// server_busy). Default: 256 MiB.
 	MaxQueueBytes int64 `json:"max_queue_bytes,omitempty"`
 
-	// Classes of service and their default wait budgets. realtime (5s),
-	// interactive (15s) and batch (300s) always exist; entries here change
-	// their budgets or add classes. A request may move itself to a class
-	// with a longer budget (header X-Fair-Queue-Class), never a shorter one.
+	// Classes of service and their wait budgets: realtime (5s), interactive
+	// (15s) and batch (300s) always exist; entries here change their
+	// budgets or add classes. A request may lower its class
+	// (X-Fair-Queue-Class).
 	Classes []*ClassConfig `json:"classes,omitempty"`
 
 	// Tenants maps tenant names to their settings.
 	Tenants map[string]*TenantConfig `json:"tenants,omitempty"`
 
 	// DefaultTenant applies to tenants not listed in Tenants, as one group:
-	// its weight is the share of all unknown tenants together (fair among
-	// themselves inside it) and its max_queue caps their queued requests
-	// together, so rotating tenant IDs cannot outweigh or crowd out the
-	// declared tenants. Default: weight 1, class batch, max_queue half of
-	// the queue's. Their metrics share one label.
+	// its weight and max_queue are those of all unknown tenants together,
+	// so rotating tenant IDs cannot outweigh or crowd out the declared
+	// tenants. Default: weight 1, class batch, max_queue half of the
+	// queue's. Their metrics share one label.
 	DefaultTenant *TenantConfig `json:"default_tenant,omitempty"`
 
 	// RejectUnknownTenants answers requests of unlisted tenants (and
@@ -123,16 +110,14 @@ type Handler struct {
 	RejectUnknownTenants bool `json:"reject_unknown_tenants,omitempty"`
 
 	// HandleErrors hands the gateway's own refusals (429, 503, 413, ...) to
-	// the site's handle_errors routes as errors with their status, instead
-	// of answering them in the OpenAI error shape, so a site can render its
-	// own page. Retry-After is still set; the placeholders
+	// the site's handle_errors routes instead of answering them in the
+	// OpenAI error shape. Retry-After is still set; the placeholders
 	// {http.fair_queue.error_code}, {http.fair_queue.error_message} and
-	// {http.fair_queue.retry_after} say what happened. Default: off.
+	// {http.fair_queue.retry_after} say what happened.
 	HandleErrors bool `json:"handle_errors,omitempty"`
 
 	// QuotaDefaults is the shape of every tenant quota that does not set
-	// its own: token_to_qps_weight (default 0.0008), joint_cap (1.0),
-	// burst_window (10s) and burst_allow (0.2). Rates belong to tenants.
+	// its own (no rates: those belong to tenants).
 	QuotaDefaults *QuotaConfig `json:"quota_defaults,omitempty"`
 
 	// UpstreamQuota is the provider account's requests and tokens per
@@ -156,17 +141,12 @@ type Handler struct {
 
 	// Cluster shares the queue's tenant quotas with the other gateways
 	// whose queue of the same name names the same Redis, so that N
-	// gateways hold each tenant to its quota rather than N times it. It
-	// is the queue's, not a global option: several queues in one Caddy
-	// may use different Redis servers, or none. Upstream slots and fair
-	// shares stay per instance.
+	// gateways hold each tenant to its quota rather than N times it.
 	Cluster *ClusterConfig `json:"cluster,omitempty"`
 
 	// ProxyRaw is the reverse_proxy handler that serves dispatched requests.
-	// Its upstreams' health (active and passive checks) sets the queue's
-	// capacity. Dynamic upstreams have no health state: they count as one
-	// healthy upstream. Unless it names a selection policy, the proxy uses
-	// least_conn, so dispatched requests spread over the free slots.
+	// Its healthy upstreams set the queue's capacity (dynamic upstreams
+	// count as one). Unless it names a selection policy, it uses least_conn.
 	ProxyRaw json.RawMessage `json:"proxy,omitempty" caddy:"namespace=http.handlers inline_key=handler"`
 
 	proxy  *reverseproxy.Handler
@@ -182,23 +162,18 @@ type Handler struct {
 	ctx       caddy.Context
 	events    *caddyevents.App
 	classIdx  map[string]time.Duration
-	// tenantHeader is the request header tenant_key consists of when it
-	// is one request-header placeholder (the default), its name
-	// canonical; "" for any other key, which ReplaceAll evaluates (see
-	// tenantOf).
+	// tenantHeader is the canonical name of the header tenant_key reads
+	// when it is one request-header placeholder, else "" (see tenantOf).
 	tenantHeader string
-	// metrics caches this handler's metric children per tenant label.
-	metrics *metricsCache
-	left    bool // Cleanup ran: the handler no longer counts as a user of its queue
-	// gone is the queue this handler was the last user of, once Cleanup
-	// removed it.
-	gone *sharedQueue
+	metrics      *metricsCache
+	left         bool         // Cleanup ran: no longer a user of its queue
+	gone         *sharedQueue // the queue Cleanup removed as its last user
 	// quotaAuto: some quota takes its token_to_qps_weight from the
-	// learned cost model (costmodel.go).
+	// learned cost model.
 	quotaAuto bool
 	// committed is set once this handler's config is in force in the
-	// shared queue (sharedQueue.adopt).
-	// (A pointer: the Handler value is copied by Caddy's module registry.)
+	// shared queue (sharedQueue.adopt); a pointer, as Caddy copies the
+	// Handler value.
 	committed *atomic.Bool
 	// cluster is the Redis client and quota store of Cluster, which this
 	// handler owns and closes at Cleanup.
@@ -223,30 +198,24 @@ type TenantConfig struct {
 	Class string `json:"class,omitempty"`
 	// WaitBudget overrides the class's wait budget.
 	WaitBudget caddy.Duration `json:"wait_budget,omitempty"`
-	// MaxQueue caps this tenant's queued requests; beyond it, 429
-	// tenant_queue_full. For default_tenant it caps all unknown tenants
-	// together.
+	// MaxQueue caps this tenant's queued requests (429 tenant_queue_full);
+	// for default_tenant, all unknown tenants' together.
 	MaxQueue int `json:"max_queue,omitempty"`
-	// MaxInflight caps this tenant's requests in flight: at the cap its
-	// queued requests wait and others take the free slots. For
-	// default_tenant it caps each unknown tenant. 0: no cap.
+	// MaxInflight caps this tenant's requests in flight; for
+	// default_tenant, each unknown tenant's. 0: no cap.
 	MaxInflight int `json:"max_inflight,omitempty"`
 	// MaxRequestTokens overrides the queue's max_request_tokens.
 	MaxRequestTokens int64 `json:"max_request_tokens,omitempty"`
 	// Quota caps the tenant's requests and tokens per unit of time, even
-	// when capacity is idle: a request its quota does not allow yet waits
-	// in the tenant's queue (holding no slot) when the quota allows it
-	// within its wait budget, and gets 429 quota_exceeded with an exact
-	// Retry-After otherwise. For default_tenant, each unknown tenant gets
-	// this quota of its own. Fields left out come from quota_defaults.
+	// when capacity is idle: a request waits for it in the tenant's queue
+	// if the quota allows it within its wait budget, else gets 429
+	// quota_exceeded. For default_tenant, each unknown tenant gets this
+	// quota of its own. Fields left out come from quota_defaults.
 	Quota *QuotaConfig `json:"quota,omitempty"`
 	// Reserve is the share of upstream_quota only this tenant may draw
-	// from (a fraction in (0, 1), e.g. 0.2); it draws from its
-	// reservation first, then competes for the shared rest by weight.
+	// from, in (0, 1); beyond it, it competes for the rest by weight.
 	Reserve float64 `json:"reserve,omitempty"`
-	// Tier names the tenant's tier for circuit breaking (circuit_break
-	// order): under sustained overload the lowest tiers are shed first and
-	// the top tier never.
+	// Tier names the tenant's tier in circuit_break's order.
 	Tier string `json:"tier,omitempty"`
 }
 
@@ -259,15 +228,11 @@ type AntiStarvation struct {
 	// hour. Default 200; 0 means no per-tenant cap.
 	PerTenantBoostHourly *int `json:"per_tenant_boost_hourly,omitempty"`
 	// FastFail refuses requests whose estimated dispatch time is beyond
-	// their budget (503 wait_budget_exceeded): at admission, and while
-	// queued as soon as the queue knows they can no longer make it.
-	// Default true.
+	// their budget (503 wait_budget_exceeded), at admission and while
+	// queued. Default true.
 	FastFail *bool `json:"fast_fail,omitempty"`
 	// ThroughputPrior is the rate, in cost units per second per healthy
-	// upstream, assumed before the queue has measured its own. Without it
-	// a freshly started gateway promises nothing until it has measured,
-	// and refuses only what is late at a bound it takes from the busy
-	// slots, the age of the requests in flight and the first completions.
+	// upstream, assumed before the queue has measured its own.
 	ThroughputPrior float64 `json:"throughput_prior,omitempty"`
 }
 
@@ -316,39 +281,17 @@ var builtinClasses = []fairqueue.ClassConfig{
 }
 
 func (h *Handler) setDefaults() {
-	if h.Name == "" {
-		h.Name = "default"
-	}
-	if h.TenantKey == "" {
-		h.TenantKey = "{http.request.header.X-Tenant-ID}"
-	}
-	if h.CostUnit == "" {
-		h.CostUnit = "estimated_tokens"
-	}
-	if h.Tokenizer == "" {
-		h.Tokenizer = "cl100k_base"
-	}
-	if h.DefaultMaxTokens == 0 {
-		h.DefaultMaxTokens = 512
-	}
-	if h.MaxBody == 0 {
-		h.MaxBody = 8 << 20
-	}
-	if h.MaxInflight == 0 {
-		h.MaxInflight = 16
-	}
-	if h.MaxQueue == 0 {
-		h.MaxQueue = 10000
-	}
-	if h.BodyTimeout == 0 {
-		h.BodyTimeout = caddy.Duration(30 * time.Second)
-	}
-	if h.MaxRequestTokens == 0 {
-		h.MaxRequestTokens = 131072
-	}
-	if h.MaxQueueBytes == 0 {
-		h.MaxQueueBytes = 256 << 20
-	}
+	h.Name = cmp.Or(h.Name, "default")
+	h.TenantKey = cmp.Or(h.TenantKey, "{http.request.header.X-Tenant-ID}")
+	h.CostUnit = cmp.Or(h.CostUnit, "estimated_tokens")
+	h.Tokenizer = cmp.Or(h.Tokenizer, "cl100k_base")
+	h.DefaultMaxTokens = cmp.Or(h.DefaultMaxTokens, 512)
+	h.MaxBody = cmp.Or(h.MaxBody, 8<<20)
+	h.MaxInflight = cmp.Or(h.MaxInflight, 16)
+	h.MaxQueue = cmp.Or(h.MaxQueue, 10000)
+	h.BodyTimeout = cmp.Or(h.BodyTimeout, caddy.Duration(30*time.Second))
+	h.MaxRequestTokens = cmp.Or(h.MaxRequestTokens, 131072)
+	h.MaxQueueBytes = cmp.Or(h.MaxQueueBytes, 256<<20)
 }
 
 // queueConfig turns the handler's JSON into the scheduler's config.
@@ -419,13 +362,9 @@ func (h *Handler) classes() ([]fairqueue.ClassConfig, error) {
 			return nil, fmt.Errorf("class: a class needs a name")
 		}
 		cc := fairqueue.ClassConfig{Name: c.Name, WaitBudget: time.Duration(c.WaitBudget)}
-		replaced := false
-		for i := range classes {
-			if classes[i].Name == c.Name {
-				classes[i], replaced = cc, true
-			}
-		}
-		if !replaced {
+		if i := slices.IndexFunc(classes, func(x fairqueue.ClassConfig) bool { return x.Name == c.Name }); i >= 0 {
+			classes[i] = cc
+		} else {
 			classes = append(classes, cc)
 		}
 	}
@@ -435,21 +374,12 @@ func (h *Handler) classes() ([]fairqueue.ClassConfig, error) {
 // tenantConfig is the scheduler's config of a tenant (who names it in
 // errors): weight 1 and class batch unless t says otherwise.
 func (h *Handler) tenantConfig(who string, t *TenantConfig) (fairqueue.TenantConfig, error) {
-	tc := fairqueue.TenantConfig{Weight: 1, Class: "batch"}
 	if t == nil {
-		return tc, nil
+		return fairqueue.TenantConfig{Weight: 1, Class: "batch"}, nil
 	}
-	if t.Weight != 0 {
-		tc.Weight = t.Weight
-	}
-	if t.Class != "" {
-		tc.Class = t.Class
-	}
-	tc.WaitBudget = time.Duration(t.WaitBudget)
-	tc.MaxQueue = t.MaxQueue
-	tc.MaxInflight = t.MaxInflight
-	tc.Tier = t.Tier
-	tc.Reserve = t.Reserve
+	tc := fairqueue.TenantConfig{Weight: cmp.Or(t.Weight, 1), Class: cmp.Or(t.Class, "batch"),
+		WaitBudget: time.Duration(t.WaitBudget), MaxQueue: t.MaxQueue, MaxInflight: t.MaxInflight,
+		Tier: t.Tier, Reserve: t.Reserve}
 	l, err := compileQuota(who+": quota", t.Quota, h.QuotaDefaults)
 	if err != nil {
 		return tc, err
@@ -460,9 +390,8 @@ func (h *Handler) tenantConfig(who string, t *TenantConfig) (fairqueue.TenantCon
 	return tc, nil
 }
 
-// checkLimits refuses negative sizes, durations and token limits (the
-// JSON form can say anything): each would either refuse every request or
-// silently lift a bound.
+// checkLimits refuses negative sizes, durations and token limits, which
+// the JSON form can say.
 func (h *Handler) checkLimits() error {
 	for _, l := range []struct {
 		name string
@@ -535,10 +464,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 }
 
 // compile builds and validates what the request path and the scheduler
-// need from the config: the tokenizers, the scheduler's config, the class
-// budgets, the tenant key and the degrade ladder. It touches no shared
-// state, so a bad config fails the load with its cause named and the
-// running queue untouched.
+// need from the config. It touches no shared state, so a bad config fails
+// the load with the running queue untouched.
 func (h *Handler) compile() error {
 	var err error
 	if h.counter, err = llmapi.NewCounter(h.Tokenizer); err != nil {
@@ -558,7 +485,7 @@ func (h *Handler) compile() error {
 		h.classIdx[c.Name] = c.WaitBudget
 	}
 	h.tenantHeader = headerPlaceholder(h.TenantKey)
-	h.metrics = newMetricsCache(h.Name)
+	h.metrics = &metricsCache{queue: h.Name}
 	if err := h.provisionDegrade(); err != nil {
 		return err
 	}
@@ -576,19 +503,26 @@ func (h *Handler) loadProxy(ctx caddy.Context) error {
 		policy = "fair_queue_least_conn"
 	}
 	var err error
-	if h.ProxyRaw, err = proxyDefaults(h.ProxyRaw, policy); err != nil {
-		return fmt.Errorf("proxy: %v", err)
+	h.proxy, err = loadReverseProxy(ctx, h, &h.ProxyRaw, policy, "proxy")
+	return err
+}
+
+// loadReverseProxy loads the reverse_proxy whose JSON is *raw, the ProxyRaw
+// of owner, with proxyDefaults applied; what names it in errors.
+func loadReverseProxy(ctx caddy.Context, owner any, raw *json.RawMessage, policy, what string) (*reverseproxy.Handler, error) {
+	var err error
+	if *raw, err = proxyDefaults(*raw, policy); err != nil {
+		return nil, fmt.Errorf("%s: %v", what, err)
 	}
-	mod, err := ctx.LoadModule(h, "ProxyRaw")
+	mod, err := ctx.LoadModule(owner, "ProxyRaw")
 	if err != nil {
-		return fmt.Errorf("loading proxy: %v", err)
+		return nil, fmt.Errorf("loading %s: %v", what, err)
 	}
 	proxy, ok := mod.(*reverseproxy.Handler)
 	if !ok {
-		return fmt.Errorf("proxy must be a reverse_proxy handler, got %T", mod)
+		return nil, fmt.Errorf("%s must be a reverse_proxy handler, got %T", what, mod)
 	}
-	h.proxy = proxy
-	return nil
+	return proxy, nil
 }
 
 // joinQueue joins the queue of h's name, made if it is the first user.
@@ -616,17 +550,12 @@ func (h *Handler) joinQueue() error {
 // proxyDefaults gives the inner proxy what a queue in front of it needs,
 // unless the config says otherwise:
 //
-//   - the least_conn selection policy (policy; fair_queue_least_conn with
-//     share_slots, which counts the other gateways' requests too).
-//     Capacity is max_inflight summed over
-//     the healthy upstreams, so dispatched requests must spread by load:
-//     with Caddy's default (random), two requests can land on one full
-//     upstream while another has a free slot, and wait in the model
-//     server's own queue.
-//   - an HTTP transport read_timeout of defaultReadTimeout: the longest an
-//     upstream may stay silent, before its response headers or between two
-//     reads of a stream. Without it a model server that hangs holds a
-//     dispatch slot, and the queue's capacity, forever.
+//   - the selection policy given (least_conn, or fair_queue_least_conn
+//     with share_slots): capacity is max_inflight per healthy upstream, so
+//     requests must spread by load; Caddy's default (random) can send two
+//     to one full upstream while another has a free slot.
+//   - an HTTP transport read_timeout of defaultReadTimeout, so a model
+//     server that hangs cannot hold a dispatch slot forever.
 func proxyDefaults(raw json.RawMessage, policy string) (json.RawMessage, error) {
 	var proxy map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &proxy); err != nil {
@@ -685,14 +614,13 @@ func subObject(m map[string]json.RawMessage, key string) (map[string]json.RawMes
 // Cleanup leaves the queue. Requests still waiting or streaming keep
 // working: nothing they wait on hangs off this config's context.
 func (h *Handler) Cleanup() error {
-	// After leaving the queue (below), so that the queue already runs on
-	// the next config's quota store, or is gone, when the client closes.
+	// After leaving the queue, so that it already runs on the next
+	// config's quota store, or is gone, when the client closes.
 	defer h.closeCluster()
 	if h.shared == nil || h.left {
 		return nil
 	}
-	// Requests this handler admitted may still be running and use
-	// h.shared: it stays; left makes a second Cleanup a no-op.
+	// Requests this handler admitted may still use h.shared: it stays.
 	h.left = true
 	h.shared.abandon(h)
 	deleted, err := queues.Delete(h.Name)
@@ -733,10 +661,7 @@ var (
 
 // headerPlaceholder returns the header's canonical name when key is
 // exactly one request-header placeholder, such as
-// "{http.request.header.X-Tenant-ID}"; "" otherwise. For such a key,
-// ReplaceAll(key, "") is the header's values joined by commas, "" when
-// absent (Caddy's http replacer), which tenantOf reads from the request
-// itself.
+// "{http.request.header.X-Tenant-ID}"; "" otherwise.
 func headerPlaceholder(key string) string {
 	const prefix = "http.request.header."
 	if len(key) < 2 || key[0] != '{' || key[len(key)-1] != '}' {

@@ -8,13 +8,11 @@ import "strings"
 // answer, as Caddy's own handlers set theirs).
 const placeholderPrefix = "http.fair_queue."
 
-// placeholder is the request's provider of the access-log placeholders
-// (Replacer.Map), registered once the tenant is known. It reads the
-// admission when a placeholder is asked for: most requests are logged
-// without them, and four Replacer.Set calls per request cost a map write
-// each, under the replacer's lock, into a map the inner proxy's
-// DeleteByPrefix walks whole. A value shows once known: the tenant at
-// once (so header_up can pass it on), wait_ms and cost from dispatch or
+// placeholder is the request's provider of the placeholders
+// (Replacer.Map), registered once the tenant is known: it reads the
+// admission only when one is asked for, rather than a Replacer.Set per
+// value on every request. A value shows once known: the tenant at once
+// (so header_up can pass it on), wait_ms and cost from dispatch or
 // refusal, outcome from the answer.
 func (a *admission) placeholder(key string) (any, bool) {
 	name, ok := strings.CutPrefix(key, placeholderPrefix)

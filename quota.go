@@ -13,12 +13,9 @@ import (
 
 // QuotaConfig is a tenant's quota (package quota): a request rate, a token
 // rate, and the joint meter that weighs tokens against requests, each with
-// an elastic burst window. In quota_defaults only the shape fields
-// (token_to_qps_weight, joint_cap, burst_window, burst_allow) may be set;
-// a tenant's quota takes them from there unless it sets its own.
+// an elastic burst window. quota_defaults sets only the shape fields.
 type QuotaConfig struct {
-	// QPS is the tenant's request rate, requests per second (the
-	// x-ratelimit-*-requests headers report it per minute). 0: no request
+	// QPS is the tenant's request rate, requests per second. 0: no request
 	// limit.
 	QPS float64 `json:"qps,omitempty"`
 	// TokensPerMin is the tenant's token rate: estimated tokens (prompt +
@@ -29,9 +26,7 @@ type QuotaConfig struct {
 	// the joint meter. Default 0.0008 (1250 tokens weigh one request).
 	TokenToQPSWeight *float64 `json:"token_to_qps_weight,omitempty"`
 	// TokenToQPSWeightAuto takes the weight from the queue's learned cost
-	// model instead (one token's busy time over a request's; Caddyfile
-	// "token_to_qps_weight auto"), TokenToQPSWeight or 0.0008 until the
-	// fit is ready.
+	// model instead (TokenToQPSWeight or 0.0008 until the fit is ready).
 	TokenToQPSWeightAuto bool `json:"token_to_qps_weight_auto,omitempty"`
 	// JointCap scales qps into the joint meter's rate of request-
 	// equivalents per second; 0 turns the joint meter off. Default 1.0
@@ -46,8 +41,8 @@ type QuotaConfig struct {
 	BurstAllow *float64 `json:"burst_allow,omitempty"`
 }
 
-// The seed's quota shape, used where neither quota_defaults nor the tenant
-// says otherwise.
+// The quota shape where neither quota_defaults nor the tenant says
+// otherwise.
 const (
 	defaultTokenToQPSWeight = 0.0008
 	defaultJointCap         = 1.0
@@ -118,11 +113,9 @@ func compileQuota(who string, t, defaults *QuotaConfig) (*quota.Limits, error) {
 }
 
 // setRateLimitHeaders writes OpenAI's x-ratelimit-* headers from a
-// tenant's quota status, replacing any an upstream sent: the caller's
-// limits at this gateway are its quota, not the gateway's own account.
-// Requests are reported from the stricter of the request and joint meters
-// (a request costs at least one request-equivalent), tokens from the token
-// meter; a dimension the quota does not meter gets no headers.
+// tenant's quota status. Requests are reported from the stricter of the
+// request and joint meters, tokens from the token meter; a dimension the
+// quota does not meter gets no headers.
 func setRateLimitHeaders(h http.Header, st quota.Status) {
 	req := st.Requests
 	if j := st.Joint; j.Enabled {
@@ -143,8 +136,7 @@ func setRateLimitHeaders(h http.Header, st quota.Status) {
 	if n == 0 {
 		return
 	}
-	// Canonical keys, assigned, and the values in one slice: what
-	// Header.Set does, for one allocation and no canonicalization.
+	// Canonical keys, the values in one allocation.
 	vals := make([]string, 0, n)
 	for k, m := range meters {
 		if !m.Enabled {
@@ -158,8 +150,8 @@ func setRateLimitHeaders(h http.Header, st quota.Status) {
 	}
 }
 
-// rateLimitKeys are the headers setRateLimitHeaders writes, for requests
-// and for tokens: limit, remaining, reset.
+// rateLimitKeys are the headers setRateLimitHeaders writes: limit,
+// remaining and reset of requests, then of tokens.
 var rateLimitKeys = [2][3]string{
 	{"X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests"},
 	{"X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens"},
@@ -169,8 +161,7 @@ var rateLimitKeys = [2][3]string{
 var rateLimitHeaders = append(rateLimitKeys[0][:], rateLimitKeys[1][:]...)
 
 // resetString formats a reset time as OpenAI does ("1s", "6m0s", "17ms"),
-// to the millisecond, rounded up so that a client waiting that long finds
-// the meter reset.
+// rounded up to the millisecond.
 func resetString(d time.Duration) string {
 	if d <= 0 {
 		return "0s"
@@ -178,9 +169,8 @@ func resetString(d time.Duration) string {
 	return ((d + time.Millisecond - 1) / time.Millisecond * time.Millisecond).String()
 }
 
-// quotaStanding fills in the tenant's quota standing of an answer the
-// gateway gives itself, for its x-ratelimit-* headers, when the tenant has
-// a quota and the refusal did not already carry it.
+// quotaStanding fills in the tenant's quota standing of the gateway's own
+// answer, for its x-ratelimit-* headers, unless it carries one.
 func (h *Handler) quotaStanding(a *admission, e *apiError) {
 	if e.quota != nil || a == nil || a.tc.Quota == nil || h.shared == nil {
 		return

@@ -19,10 +19,9 @@ import (
 // its usage; larger bodies pass through and fall back to the estimate.
 const maxUsageBody = 4 << 20
 
-// usageRecorder passes the upstream's response through untouched — every
-// Write goes straight to the client and Flush reaches the client through
-// Unwrap — while it reads the usage the model server reports, from the
-// JSON body or from the server-sent events of a stream.
+// usageRecorder passes the upstream's response through untouched while it
+// reads the usage the model server reports, from the JSON body or from the
+// server-sent events of a stream.
 type usageRecorder struct {
 	caddyhttp.ResponseWriterWrapper
 	counter llmapi.Counter
@@ -31,11 +30,9 @@ type usageRecorder struct {
 	// quota, when set, is the tenant's quota standing after this request
 	// was charged: its x-ratelimit-* headers replace the upstream's.
 	quota *quota.Status
-	// provider is set when the upstream is a provider account
-	// (upstream_quota): its 429 is kept from the client (provider429, the
-	// response swallowed) and providerWait is how long it says the
-	// account is out of quota, from a 429 or from a response that leaves
-	// nothing.
+	// provider: the upstream is a provider account (upstream_quota). Its
+	// 429 is kept from the client (provider429), and providerWait is how
+	// long it says the account is out of quota.
 	provider     bool
 	provider429  bool
 	providerWait time.Duration
@@ -47,9 +44,8 @@ type usageRecorder struct {
 	body     bytes.Buffer
 	tooBig   bool
 	// want is the response's Content-Length when it is to be kept (0:
-	// unknown). A body that arrives in one write of that length, as a
-	// short answer does, is read for its usage in place (parsed), and
-	// never copied.
+	// unknown). A body that arrives in one write of that length is read
+	// for its usage in place (parsed), never copied.
 	want   int
 	parsed bool
 	used   llmapi.Usage
@@ -76,8 +72,7 @@ func (u *usageRecorder) WriteHeader(status int) {
 		u.status = status
 		if u.provider {
 			// The provider account's limits are the gateway's, not the
-			// caller's: the tenant's own (below) replace them, and a
-			// dimension its quota does not meter shows none.
+			// caller's.
 			for _, k := range rateLimitHeaders {
 				u.Header().Del(k)
 			}
@@ -106,8 +101,7 @@ func headerValue(h http.Header, key string) string {
 }
 
 // isEventStream reports whether a Content-Type is text/event-stream, with
-// or without parameters, without mime.ParseMediaType's allocations on every
-// response.
+// or without parameters, without mime.ParseMediaType's allocations.
 func isEventStream(ct string) bool {
 	if i := strings.IndexByte(ct, ';'); i >= 0 {
 		ct = ct[:i]
@@ -127,18 +121,15 @@ func (u *usageRecorder) Write(p []byte) (int, error) {
 	case u.stream != nil:
 		_, _ = u.stream.Write(p[:n])
 	case u.parsed:
-		// More than the Content-Length announced: the server's own
-		// check fails the response; its usage is not to be trusted.
+		// More than the Content-Length announced: its usage is not to be
+		// trusted.
 		u.parsed, u.tooBig = false, true
 	case n == u.want && u.body.Len() == 0 && !u.tooBig:
-		// p is the proxy's copy buffer, reused after this returns:
-		// read it now.
+		// p is the proxy's copy buffer, reused after this returns.
 		u.used, u.usedOK = llmapi.ParseUsage(p[:n])
 		u.parsed = true
 	case !u.tooBig && u.body.Len()+n <= maxUsageBody:
 		if u.body.Cap() == 0 && u.want > 0 {
-			// Room for the whole body at once rather than a buffer
-			// doubling as it arrives.
 			u.body.Grow(u.want)
 		}
 		u.body.Write(p[:n])
@@ -179,8 +170,6 @@ func providerWait(h http.Header, status int) time.Duration {
 		}
 	}
 	if status != http.StatusTooManyRequests {
-		// A served answer that leaves nothing pauses the account, but not
-		// for a whole quota window on one header's word.
 		return min(d, maxServedWait)
 	}
 	if ms, err := strconv.ParseFloat(h.Get("Retry-After-Ms"), 64); err == nil && ms > 0 {
@@ -220,7 +209,7 @@ func providerReport(h http.Header) (fairqueue.ProviderReport, bool) {
 // maxProviderWait bounds what a provider's header can make the gateway
 // believe: a garbled or hostile value must not stop dispatch for hours.
 // maxServedWait bounds the pause a served answer with nothing remaining
-// causes (the next request finds out whether the account is back).
+// causes: not a whole quota window on one header's word.
 const (
 	maxProviderWait = 10 * time.Minute
 	maxServedWait   = 10 * time.Second

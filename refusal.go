@@ -10,23 +10,27 @@ import (
 )
 
 // answerRejection answers a request the scheduler refused, at admission or
-// while queued, and records wait-budget refusals by moment (metrics.go).
+// while queued.
 func (h *Handler) answerRejection(w http.ResponseWriter, repl *caddy.Replacer, a *admission, rej *fairqueue.Rejection) error {
+	return h.answer(w, repl, a, h.refusal(a, rej))
+}
+
+// refusal counts and records the scheduler's refusal, and returns its
+// answer.
+func (h *Handler) refusal(a *admission, rej *fairqueue.Rejection) *apiError {
 	observeRefusal(h.Name, a.label, rej)
-	h.historyRefusal(a.label, rej)
-	return h.answer(w, repl, a, rejectionError(rej))
+	if rej.Reason == fairqueue.ReasonQuotaExceeded {
+		h.history().QuotaLimited(a.label, string(rej.Quota), true)
+	}
+	return rejectionError(rej)
 }
 
 // answerRequeuedRejection answers a request that a provider refused for
-// want of quota, that went back to the queue and was then refused there
-// (its budget ran out waiting for the account, or its quota or an early
-// refusal ended it): it was sent upstream, so the answer says so, and
-// its Retry-After is at least accountWait, how long the provider still
-// declares the account out of quota.
+// want of quota and the queue then refused: the answer says it was sent
+// upstream, and its Retry-After is at least accountWait, how long the
+// provider still declares the account out of quota.
 func (h *Handler) answerRequeuedRejection(w http.ResponseWriter, repl *caddy.Replacer, a *admission, rej *fairqueue.Rejection, accountWait time.Duration) error {
-	observeRefusal(h.Name, a.label, rej)
-	h.historyRefusal(a.label, rej)
-	e := rejectionError(rej)
+	e := h.refusal(a, rej)
 	e.retryAfter = max(e.retryAfter, accountWait)
 	then := "it could not be sent again within its wait budget"
 	switch rej.Reason {

@@ -35,10 +35,8 @@ const (
 	// OpenAI routes and anything else.
 	shapeOpenAI errorShape = iota
 	// shapeAnthropic: {"type":"error","error":{"type","message","details":
-	// {"error_code","reason"}}}, for Anthropic's /v1/messages. The
-	// official Anthropic clients read error.type and error.message into
-	// their error (the message) and error.details.error_code into its
-	// errorCode; an OpenAI body would reach the user as raw JSON.
+	// {"error_code","reason"}}}, for Anthropic's /v1/messages, whose
+	// clients would show an OpenAI body as raw JSON.
 	shapeAnthropic
 )
 
@@ -114,9 +112,8 @@ func (e *apiError) write(w http.ResponseWriter, shape errorShape) {
 	_ = json.NewEncoder(w).Encode(&body)
 }
 
-// setRetryAfter sets Retry-After in whole seconds (rounded up) and, for
-// clients that read it (the official OpenAI clients do, before
-// Retry-After), retry-after-ms to the millisecond.
+// setRetryAfter sets Retry-After in whole seconds (rounded up) and
+// retry-after-ms, which the official OpenAI clients read first.
 func setRetryAfter(hdr http.Header, d time.Duration) {
 	if d <= 0 {
 		return

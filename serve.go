@@ -60,39 +60,32 @@ type admission struct {
 	path     string
 	arrived  time.Time
 	deadline time.Time
-	// What the wait_ms and outcome placeholders show (placeholders.go),
-	// once known (phWaitKnown).
+	// The placeholders' wait_ms and outcome, once known (phWaitKnown).
 	phWait    time.Duration
 	phOutcome string
-	// usedPrompt and usedCompletion are a served response's usage, once
-	// known (usageKnown), for the cost model.
+	// A served response's usage, once known (usageKnown), for the cost
+	// model.
 	usedPrompt, usedCompletion int
 	// promptReported is the prompt tokens the upstream reported, -1 until
 	// it did.
 	promptReported int64
-	// used is the tokens the answer counts as served (the history's):
-	// the usage, or the estimate of an answer that reported none.
+	// used is the tokens the history counts as served: the usage, or the
+	// estimate of an answer that reported none.
 	used int64
-	// eta is the wait the first dispatch was promised and boosted whether
-	// it was boosted, for the history with the outcome (zero and false
-	// for a request never dispatched).
+	// The first dispatch's promised wait and whether it was boosted, for
+	// the history.
 	eta time.Duration
 	// light: light mode rewrote the body.
 	light, phWaitKnown, usageKnown, boosted bool
 
-	// m caches the tenant's metric children (nil for a Handler that was
-	// not provisioned).
 	m *tenantMetrics
-	// The first attempt's response recorder and request body reader live
-	// here, so that a request that reaches the upstream once costs no
-	// allocation for them (attempts after a provider's 429 make new ones).
+	// The first attempt's response recorder, body reader and parsed body
+	// live here, so a request served in one attempt allocates none of
+	// them (req points to req0, or to light mode's reparse).
 	rec0  usageRecorder
 	body0 bytes.Reader
-	// req0 is the parsed body, in the same allocation (req points to it,
-	// or to light mode's reparse).
-	req0 llmapi.Request
-	// watch bounds the time to receive the body (body.go).
-	watch bodyRead
+	req0  llmapi.Request
+	watch bodyRead // bounds the time to receive the body
 
 	// Once queued: actual is the cost the slot is released with
 	// (UnknownCost: the estimate stands), charged the quota the request
@@ -106,10 +99,9 @@ type admission struct {
 
 // ServeHTTP queues the request fairly, proxies it when dispatched, and
 // back-fills its actual cost. Every request gets exactly one answer: the
-// upstream's, or one of the errors of the HTTP contract. The steps: admit
-// (identify, read, estimate; refuse answers a refusal), wait for dispatch,
-// proxyAttempt (again after requeue when a provider refuses for want of
-// quota), finish (account and record).
+// upstream's, or one of the errors of the HTTP contract. The steps: admit,
+// wait for dispatch, proxyAttempt (again after requeue when a provider
+// refuses for want of quota), finish.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if !h.committed.Load() {
 		// A request reaching this handler proves its config is live, in
@@ -137,14 +129,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if err := tk.Wait(r.Context()); err != nil {
 		return h.notDispatched(w, repl, a, err)
 	}
-	// Counted once it went: a request admitted to wait for its quota and
-	// then refused (its quota spent elsewhere meanwhile) counts as refused
-	// only.
-	observeQuotaDelay(h.Name, a.label, tk)
-	h.historyQuotaDelay(a.label, tk)
-	// The body is of known length (set per attempt): a chunked client
-	// request would otherwise still go upstream chunked, without its
-	// Content-Length.
+	// Counted once dispatched: one refused while it waited for its quota
+	// counts as refused only.
+	h.observeQuotaDelay(a.label, tk)
+	// The body's length is known (set per attempt): not chunked upstream.
 	r.TransferEncoding = nil
 	defer h.recordAbort(r, a)
 	for attempt := 1; ; attempt++ {
@@ -161,11 +149,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // refuse answers a request refused at admission.
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, a *admission, aerr *apiError) error {
 	// Refused before an HTTP/1 body was read whole: the connection cannot
-	// carry another request, and closing it is what stops net/http from
-	// reading up to 256 KiB of an unwanted body before it sends the answer
-	// (it does for bodies Caddy wraps). HTTP/2 and 3 end just the stream;
-	// there the header would tear down every other request on the
-	// connection (h2) or be malformed (h3).
+	// carry another request, and closing it stops net/http from reading up
+	// to 256 KiB of an unwanted body first. (HTTP/2 and 3 end just the
+	// stream.)
 	unread := a.body == nil && r.ProtoMajor == 1 && r.ContentLength != 0
 	if unread {
 		w.Header().Set("Connection", "close")
@@ -188,9 +174,8 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 }
 
 // release frees the request's slot with the cost it turned out to have
-// (a.actual) and counts what it drew of its tenant's quota. ServeHTTP
-// defers it as soon as the request is queued, so it runs exactly once
-// however the request ends.
+// (a.actual) and counts what it drew of its tenant's quota, once however
+// the request ends.
 func (h *Handler) release(tk *fairqueue.Ticket, a *admission) {
 	// The prompt the upstream reported corrects a provider account's draw
 	// (providers count prompt + output cap).
@@ -203,15 +188,13 @@ func (h *Handler) release(tk *fairqueue.Ticket, a *admission) {
 	if used < 0 {
 		used = int64(a.cost.Total())
 	}
-	a.m.observeQuotaUse(h.Name, a.label, a.charged, used)
+	a.m.observeQuotaUse(a.charged, used)
 	h.history().QuotaCharged(a.label, used)
 }
 
-// recordAbort accounts for a response that broke mid-body, which
-// reverse_proxy aborts (client gone mid-stream, upstream dying) with
-// panic(http.ErrAbortHandler): what was streamed is counted and the
-// outcome recorded, then the abort goes on. ServeHTTP defers it around
-// the attempts.
+// recordAbort accounts for a response that reverse_proxy aborted
+// mid-body with panic(http.ErrAbortHandler): what was streamed is counted
+// and the outcome recorded, then the abort goes on.
 func (h *Handler) recordAbort(r *http.Request, a *admission) {
 	v := recover()
 	if v == nil {
@@ -227,20 +210,16 @@ func (h *Handler) recordAbort(r *http.Request, a *admission) {
 }
 
 // proxyAttempt sends the request upstream once, through the channel its
-// latest dispatch chose, with the placeholders and the served headers set
-// first so that the inner proxy can use them. The response streams to the
-// client through a.rec, except a provider's 429 (a.rec.provider429), which
-// is kept from the client: the client's headers are put back as they were.
-// What the provider's answer says of its account goes to the queue.
+// latest dispatch chose. The response streams to the client through
+// a.rec, except a provider's 429 (a.rec.provider429), which is kept from
+// the client. What the provider's answer says of its account goes to the
+// queue.
 func (h *Handler) proxyAttempt(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, tk *fairqueue.Ticket, a *admission, attempt int) error {
 	info := tk.Info()
 	a.info = info
 	if attempt == 1 {
-		// A request is dispatched once, however often a provider refuses
-		// it (the wait grows; the ETA was for the first).
-		a.m.observeDispatch(h.Name, a.label, info.Boosted, info.ETA, info.Wait)
-		// The history records them with the outcome (record): one lock of
-		// the queue's history per request.
+		// Dispatched once, however often a provider refuses it.
+		a.m.observeDispatch(info.Boosted, info.ETA, info.Wait)
 		a.boosted, a.eta = info.Boosted, info.ETA
 	}
 	// Known now: set before proxying, so the inner proxy can use them.
@@ -249,8 +228,6 @@ func (h *Handler) proxyAttempt(w http.ResponseWriter, r *http.Request, next cadd
 	proxy, body := h.channelProxy(a, info.Fallback, w.Header())
 	rec := h.prepareAttempt(w, r, a, body, attempt)
 	if info.Quota {
-		// Set when the response's header is written (usageRecorder), over
-		// whatever the upstream sent.
 		st, _ := tk.QuotaStatus()
 		rec.quota, a.charged = &st, a.tc.Quota
 	}
@@ -269,31 +246,23 @@ func (h *Handler) proxyAttempt(w http.ResponseWriter, r *http.Request, next cadd
 	}
 	perr := proxy.ServeHTTP(rec, preq, next)
 	if rec.provider429 {
-		// The proxy copied the refusal's headers: none of them is the
-		// client's answer.
+		// The refusal's headers are not the client's answer.
 		clear(w.Header())
 		maps.Copy(w.Header(), saved)
 	}
 	if rec.reported {
-		// What is left of the account is a level to keep under, not only
-		// a stop at 0.
 		tk.ProviderLevel(rec.report)
 	}
 	if rec.providerWait > 0 {
-		// The provider says the account is out of quota for a while, on a
-		// 429 (kept from the client) or on a response that leaves nothing.
 		tk.AccountExhausted(time.Now().Add(rec.providerWait))
 	}
 	return perr
 }
 
 // prepareAttempt gives r the body of one attempt and a.rec the attempt's
-// response recorder. The first attempt uses the reader and recorder in
-// the admission, at no allocation; a later one gets new ones, since the
-// transport may still be reading the last attempt's body.
+// response recorder. A later attempt gets new ones, since the transport
+// may still be reading the last attempt's body.
 func (h *Handler) prepareAttempt(w http.ResponseWriter, r *http.Request, a *admission, body []byte, attempt int) *usageRecorder {
-	// io.NopCloser of a *bytes.Reader, which the transport knows for a
-	// body in memory: it sends the header and a small body in one write.
 	if attempt == 1 {
 		a.body0.Reset(body)
 		r.Body = io.NopCloser(&a.body0)
@@ -310,18 +279,15 @@ func (h *Handler) prepareAttempt(w http.ResponseWriter, r *http.Request, a *admi
 }
 
 // requeue handles a provider's refusal for want of quota: the request goes
-// back to the head of its tenant's queue, uncharged, and is sent again
-// when the account has room, or answered by its budget. answered reports
-// that it was answered instead, err being ServeHTTP's result: its attempts
-// are spent, the queue would not take it back, or it was refused or its
-// client left while it waited again.
+// back to the head of its tenant's queue, uncharged, to be sent again when
+// the account has room. answered reports that it was answered instead,
+// err being ServeHTTP's result.
 func (h *Handler) requeue(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, tk *fairqueue.Ticket, a *admission, attempt int) (answered bool, err error) {
 	accountWait := a.rec.providerWait
 	providerRefusals.WithLabelValues(h.Name, a.label).Inc()
 	h.logger.Debug("provider out of quota; request requeued", zap.String("tenant", a.tenant),
 		zap.Int("attempt", attempt), zap.Duration("account_wait", accountWait))
-	// Nothing was served: the tenant is charged nothing (no back-fill of
-	// the estimate), and a refund is not quota use.
+	// Nothing was served: the tenant is charged nothing.
 	a.charged = nil
 	if attempt >= maxProviderAttempts || !tk.Requeue() {
 		a.actual = 0
@@ -337,8 +303,6 @@ func (h *Handler) requeue(w http.ResponseWriter, r *http.Request, repl *caddy.Re
 		}
 		var rej *fairqueue.Rejection
 		if errors.As(err, &rej) {
-			// It did reach the provider, and the account's wait is what a
-			// retry meets first.
 			wait := max(time.Until(refusedUntil), h.shared.q.AccountWait(a.info.Fallback))
 			return true, h.answerRequeuedRejection(w, repl, a, rej, wait)
 		}
@@ -390,10 +354,8 @@ func (h *Handler) upstreamFailed(w http.ResponseWriter, a *admission, perr error
 	return nil
 }
 
-// setContentLength sets the Content-Length header to n, as Header.Set
-// would, unless it already says n: a request the server read with a
-// Content-Length (every one not chunked) keeps its header, at no
-// allocation.
+// setContentLength sets the Content-Length header to n, without an
+// allocation when it already says n.
 func setContentLength(h http.Header, n int) {
 	var buf [20]byte
 	v := strconv.AppendInt(buf[:0], int64(n), 10)
@@ -404,9 +366,8 @@ func setContentLength(h http.Header, n int) {
 }
 
 // setServedHeaders sets the headers of a dispatched request's answer:
-// wait, cost and, in light mode, the mode. The keys are canonical and
-// their values share one slice, so this costs one allocation where
-// Header.Set costs one per header and a canonicalization each.
+// wait, cost and, in light mode, the mode; canonical keys, the values in
+// one allocation.
 func setServedHeaders(hdr http.Header, wait time.Duration, cost int, light bool) {
 	n := 2
 	if light {
@@ -434,9 +395,7 @@ func (h *Handler) notDispatched(w http.ResponseWriter, repl *caddy.Replacer, a *
 	if errors.As(err, &rej) {
 		return h.answerRejection(w, repl, a, rej)
 	}
-	// The client went away while queued: nobody is left to answer, and
-	// the upstream never saw the request. 499 (as reverse_proxy uses) is
-	// for the access log.
+	// The client went away while queued: 499 is for the access log.
 	w.WriteHeader(statusClientClosed)
 	h.record(a, outcomeClientGone, time.Since(a.arrived))
 	return nil
@@ -457,7 +416,7 @@ func (h *Handler) actualCost(rec *usageRecorder, a *admission, failed bool) int6
 		prompt, completion := h.boundUsage(a, prompt, u.Completion)
 		a.usageKnown, a.usedPrompt, a.usedCompletion = !failed, prompt, completion
 		actual := int64(prompt + completion)
-		a.m.observeActual(h.Name, a.label, float64(actual))
+		a.m.observeActual(float64(actual))
 		a.used = actual
 		return actual
 	}
@@ -468,8 +427,8 @@ func (h *Handler) actualCost(rec *usageRecorder, a *admission, failed bool) int6
 	return fairqueue.UnknownCost
 }
 
-// outcomeValue is outcome as a placeholder value: the common outcomes are
-// boxed once, at compile time, rather than on every request.
+// outcomeValue is outcome as a placeholder value, the common ones boxed
+// once rather than on every request.
 func outcomeValue(outcome string) any {
 	switch outcome {
 	case outcomeServed:
@@ -483,10 +442,8 @@ func outcomeValue(outcome string) any {
 }
 
 // answer records a gateway error and writes it in the shape of the
-// request's API (OpenAI's, Anthropic's on /v1/messages); with
-// handle_errors it returns it to Caddy instead (Retry-After set, and the
-// code, message and retry in placeholders), for the site's handle_errors
-// routes to render.
+// request's API; with handle_errors it returns it to Caddy instead, for
+// the site's handle_errors routes to render.
 func (h *Handler) answer(w http.ResponseWriter, repl *caddy.Replacer, a *admission, e *apiError) error {
 	h.record(a, e.code, time.Since(a.arrived))
 	h.quotaStanding(a, e)
@@ -510,7 +467,7 @@ func (h *Handler) answer(w http.ResponseWriter, repl *caddy.Replacer, a *admissi
 // the outcome.
 func (h *Handler) record(a *admission, outcome string, wait time.Duration) {
 	a.phWaitKnown, a.phWait, a.phOutcome = true, wait, outcome
-	a.m.observeOutcome(h.Name, a.label, outcome, wait, float64(a.cost.Total()))
+	a.m.observeOutcome(outcome, wait, float64(a.cost.Total()))
 	h.history().Outcome(a.label, history.Answer{Code: outcome, Wait: wait, Tokens: a.used,
 		Boosted: a.boosted, ETA: a.eta})
 	if outcome != outcomeServed {

@@ -15,28 +15,21 @@ import (
 )
 
 // UpstreamQuotaConfig is the provider account behind the inner
-// reverse_proxy: its requests and tokens per minute. Dispatch is
-// gated by it as by slots, each request's prompt and output cap
-// pre-deducted (what providers count at arrival) and its prompt corrected
-// to the provider's count; no 60 s window gets more than the limits,
-// whether the provider keeps a token bucket, a fixed or a rolling minute.
-// The provider's own x-ratelimit-remaining-* is a level nothing is sent
-// beyond, its 429s stop dispatch, and a provider 429 never reaches a
-// client: the request is requeued at the head of its tenant's queue,
-// uncharged, until the account has room or its budget ends.
+// reverse_proxy: its requests and tokens per minute. Dispatch is gated by
+// it as by slots, so that no 60 s window gets more than the limits. A
+// provider 429 never reaches a client: the request is requeued at the
+// head of its tenant's queue, uncharged.
 type UpstreamQuotaConfig struct {
 	// TPM is the account's tokens per minute; 0: no token limit.
 	TPM float64 `json:"tpm,omitempty"`
 	// RPM is the account's requests per minute; 0: no request limit.
 	RPM float64 `json:"rpm,omitempty"`
 	// Burst is how far ahead of its rates the account may be drawn after
-	// an idle period, inside the provider's minute: the account's rates
-	// are spread over 61s plus the burst, so that no 60 s window holds
-	// more than the limits (95% of them sustained with the default 2s).
+	// an idle period (its rates are spread over 61s plus the burst).
+	// Default 2s.
 	Burst caddy.Duration `json:"burst,omitempty"`
 	// ReserveBurst is how much of its reservation a reserved tenant may
-	// draw at once while the shared traffic holds the account at its
-	// limit: the account keeps that headroom free of the shared traffic.
+	// draw at once while shared traffic holds the account at its limit.
 	// Default 6s.
 	ReserveBurst caddy.Duration `json:"reserve_burst,omitempty"`
 }
@@ -61,11 +54,9 @@ func parseReserve(v string) (float64, error) {
 }
 
 var (
-	providerRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "provider_refusals_total",
-		Help: "Provider 429s kept from clients: the request went back to its tenant's queue, uncharged.",
-	}, []string{"queue", "tenant"})
+	providerRefusals = counterVec("provider_refusals_total",
+		"Provider 429s kept from clients: the request went back to its tenant's queue, uncharged.",
+		"queue", "tenant")
 	descUpstreamRemaining = prometheus.NewDesc(fqName("upstream_quota_remaining"),
 		"What the provider account has left to send at once, by meter (requests, tokens) and bucket (pool, or reserve:<tenant>).", []string{"queue", "bucket", "meter"}, nil)
 	descUpstreamExhausted = prometheus.NewDesc(fqName("upstream_exhausted_seconds"),
@@ -81,28 +72,25 @@ func collectUpstream(ch chan<- prometheus.Metric, name string, st fairqueue.Upst
 	if !st.Configured {
 		return
 	}
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
-	gauge(descUpstreamExhausted, st.ExhaustedFor.Seconds(), name)
+	gauge(ch, descUpstreamExhausted, st.ExhaustedFor.Seconds(), name)
 	if st.TPM > 0 {
-		gauge(descUpstreamWindow, float64(st.WindowTokens)/st.TPM, name, "tokens")
+		gauge(ch, descUpstreamWindow, float64(st.WindowTokens)/st.TPM, name, "tokens")
 	}
 	if st.RPM > 0 {
-		gauge(descUpstreamWindow, float64(st.WindowRequests)/st.RPM, name, "requests")
+		gauge(ch, descUpstreamWindow, float64(st.WindowRequests)/st.RPM, name, "requests")
 	}
 	if !math.IsNaN(st.ProviderTokens) {
-		gauge(descUpstreamProvider, st.ProviderTokens, name, "tokens")
+		gauge(ch, descUpstreamProvider, st.ProviderTokens, name, "tokens")
 	}
 	if !math.IsNaN(st.ProviderRequests) {
-		gauge(descUpstreamProvider, st.ProviderRequests, name, "requests")
+		gauge(ch, descUpstreamProvider, st.ProviderRequests, name, "requests")
 	}
 	bucket := func(b string, s quota.Status) {
 		if s.Requests.Enabled {
-			gauge(descUpstreamRemaining, float64(s.Requests.Remaining), name, b, "requests")
+			gauge(ch, descUpstreamRemaining, float64(s.Requests.Remaining), name, b, "requests")
 		}
 		if s.Tokens.Enabled {
-			gauge(descUpstreamRemaining, float64(s.Tokens.Remaining), name, b, "tokens")
+			gauge(ch, descUpstreamRemaining, float64(s.Tokens.Remaining), name, b, "tokens")
 		}
 	}
 	bucket("pool", st.Pool)

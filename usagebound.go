@@ -3,30 +3,17 @@ package caddyfairqueue
 import (
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
 
-// The usage an upstream reports is the actual cost charged everywhere: the
-// tenant's virtual time, its quota, the provider account, the cost model.
-// An upstream is not trusted with that beyond what the request could have
-// used: a response reporting completion_tokens 2147483647 would put its
-// tenant in debt for weeks and empty the provider account for days.
-// Waits from response headers are capped (maxProviderWait); usage from the
-// body is capped here.
-
-// boundUsage returns the usage to charge for a served request that
-// reported prompt and completion tokens (or had its streamed text
-// counted): as reported, unless the total exceeds the request's bound,
-// the larger of twice its estimate and the tokens one request may have
-// (max_request_tokens, the tenant's own if set, or a smaller
-// max_inflight_tokens or max_queue_tokens: requestTokenLimit). Then the total is the
-// bound (prompt first), the tenant's metric counts it and a warning is
-// logged, at most one a minute (clampLogger). The estimate's output part
-// is the request's own max_tokens or default_max_tokens, so an answer
-// longer than default_max_tokens to a request that set none is charged
-// in full up to max_request_tokens.
+// boundUsage returns the usage to charge for a served request: as
+// reported (or counted), unless the total exceeds the larger of twice its
+// estimate and requestTokenLimit. Then the total is that bound (prompt
+// first), counted and logged at most once a minute. The usage is charged
+// everywhere (virtual time, quota, provider account, cost model), so an
+// upstream reporting completion_tokens 2147483647 must not put its tenant
+// in debt for weeks.
 func (h *Handler) boundUsage(a *admission, prompt, completion int) (int, int) {
 	total, est := int64(prompt)+int64(completion), int64(a.cost.Total())
 	if total <= 2*est {
@@ -57,8 +44,6 @@ func clampLogger(l *zap.Logger) *zap.Logger {
 	}))
 }
 
-var usageClamped = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-	Name: "usage_clamped_total",
-	Help: "Served requests whose reported usage exceeded what the request could use (the larger of twice its estimate and max_request_tokens) and was charged at that bound instead.",
-}, []string{"queue", "tenant"})
+var usageClamped = counterVec("usage_clamped_total",
+	"Served requests whose reported usage exceeded what the request could use (the larger of twice its estimate and max_request_tokens) and was charged at that bound instead.",
+	"queue", "tenant")
