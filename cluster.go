@@ -2,7 +2,6 @@ package caddyfairqueue
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime/debug"
 	"strings"
@@ -15,9 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/caddy-fair-queue/caddy-fair-queue/cluster"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
-	"github.com/caddy-fair-queue/caddy-fair-queue/shares"
-	"github.com/caddy-fair-queue/caddy-fair-queue/slots"
 )
 
 // ClusterConfig makes a queue's tenant quotas cluster-wide: every gateway
@@ -43,7 +41,7 @@ type ClusterConfig struct {
 	// Sentinel finds the primary through Redis Sentinel, so that a
 	// failover to a replica is followed: the master's name and the
 	// sentinels' addresses.
-	Sentinel *SentinelConfig `json:"sentinel,omitempty"`
+	Sentinel *cluster.SentinelConfig `json:"sentinel,omitempty"`
 	// ClusterAddrs are seed nodes of a Redis Cluster (or a Valkey
 	// cluster): the client finds the rest, and follows a failover. Every
 	// key a script touches shares its hash tag, so each call is on one
@@ -73,7 +71,7 @@ type ClusterConfig struct {
 	// upstreams, the same pool every gateway sees) among the gateways, so
 	// that together they never have more requests in flight on it than
 	// its slots: each holds a grant, its fair share of the pool by demand,
-	// renewed every Sync (package slots). Redis down: each takes the pool
+	// renewed every Sync (package cluster). Redis down: each takes the pool
 	// divided by Instances.
 	ShareSlots bool `json:"share_slots,omitempty"`
 	// Sync is how often a gateway renews its grant of the shared slots
@@ -86,7 +84,7 @@ type ClusterConfig struct {
 	// ShareFairness shares the tenants' virtual time among the gateways:
 	// every Sync each sends the cost it charged each tenant since its
 	// last sync and charges each tenant that has requests queued with
-	// what the others served it meanwhile (package shares, one Redis
+	// what the others served it meanwhile (package cluster, one Redis
 	// stream). A tenant sending through several gateways then gets its
 	// weight's share of the cluster, not of each gateway; see docs/cluster.md for
 	// the bound. Redis down: each gateway is fair on its own.
@@ -122,16 +120,16 @@ type clusterStore struct {
 	closed     atomic.Bool
 	// broker shares the upstream slots (share_slots), nil otherwise;
 	// instances, sync and timeout are the config's.
-	broker *slots.Broker
+	broker *cluster.Broker
 	// moves is the subscription to the pool's announcements (made at the
 	// first sync, closed with the client).
-	moves     *redis.PubSub
+	moves     *cluster.Moves
 	movesOnce sync.Once
 	// sharesKey is the stream of served cost (share_fairness), "" without;
 	// shares is this gateway's end of it, made at the first sync (it is
 	// named after the queue's instance) and used by one sync at a time.
 	sharesKey string
-	shares    *shares.Exchange
+	shares    *cluster.Exchange
 	ttl       time.Duration
 	instances int
 	sync      time.Duration
@@ -160,13 +158,11 @@ func (h *Handler) provisionCluster() error {
 	case timeout == 0:
 		timeout = defaultClusterTimeout
 	}
-	client, err := newClusterClient(c, timeout)
+	client, err := cluster.NewClient(c.Redis, c.Sentinel, c.ClusterAddrs, timeout, clusterRedisSeconds.WithLabelValues(h.Name))
 	if err != nil {
 		return err
 	}
-	routeRedisLog()
-	client.AddHook(redisTimer{clusterRedisSeconds.WithLabelValues(h.Name)})
-	budget := callBudget(timeout)
+	budget := cluster.CallBudget(timeout)
 
 	prefix := c.Prefix
 	if prefix == "" {
@@ -219,7 +215,7 @@ func (h *Handler) provisionCluster() error {
 		cs.sync = defaultSlotSync
 	}
 	if c.ShareFairness {
-		cs.sharesKey = sharesKey(prefix)
+		cs.sharesKey = cluster.SharesKey(prefix)
 	}
 	if c.ShareSlots {
 		switch {
@@ -230,7 +226,7 @@ func (h *Handler) provisionCluster() error {
 			client.Close()
 			return fmt.Errorf("cluster: lease_ttl %v must be at least 3 x sync + timeout (%v): a grant that expires between renewals is not counted and the pool would be oversubscribed", ttl, 3*cs.sync+timeout)
 		}
-		cs.broker = slots.NewBroker(client, poolKey(prefix), ttl)
+		cs.broker = cluster.NewBroker(client, cluster.PoolKey(prefix), ttl)
 	}
 	h.cluster = cs
 	h.qcfg.QuotaStore = cs.store
@@ -264,16 +260,6 @@ func (h *Handler) provisionCluster() error {
 	return nil
 }
 
-// The keys of the shared slots and of the shared service, each in a
-// namespace of its own under the prefix, apart from the tenants' meters
-// (quota.TenantSpace) and the gateway's own (quota.InternalSpace): the
-// namespace is what stands between the prefix and the first '{', and no
-// tenant name reaches past the "t{" its key starts with. The pool's keys
-// (the hash, its ":up" companion, its ":moves" channel) share the hash tag
-// {slots}, so its script touches one Redis Cluster slot.
-func poolKey(prefix string) string   { return prefix + "pool{slots}" }
-func sharesKey(prefix string) string { return prefix + "stream{shares}" }
-
 // guardBackground, deferred first thing in each of the cluster's
 // background goroutines, logs a panic there with its stack, as the tick
 // does, rather than letting it end Caddy; then runs after, if any (to
@@ -286,12 +272,6 @@ func guardBackground(logger *zap.Logger, what, queue string, after func()) {
 			after()
 		}
 	}
-}
-
-// redactURLError removes the URL, which may carry a password, from a
-// parse error's text.
-func redactURLError(err error, url string) error {
-	return errors.New(strings.ReplaceAll(err.Error(), url, "<url>"))
 }
 
 // closeCluster closes the handler's Redis client, once. It runs at
@@ -422,12 +402,12 @@ var _ prometheus.Collector = clusterCollector{}
 //	    master <name>
 //	    addrs  <host:port>...
 //	}
-func (p *cfParser) sentinel() (*SentinelConfig, error) {
+func (p *cfParser) sentinel() (*cluster.SentinelConfig, error) {
 	d := p.d
 	if args := d.RemainingArgs(); len(args) > 0 {
 		return nil, d.Errf("cluster: sentinel: unexpected argument %q (the settings go in a block: sentinel { master <name>; addrs <host:port>... })", args[0])
 	}
-	sc := new(SentinelConfig)
+	sc := new(cluster.SentinelConfig)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		switch key := d.Val(); key {
 		case "master":

@@ -153,11 +153,11 @@
 // provider account unless Config.AccountStore keeps it apart: a
 // quota.Mirror, decided in memory on 1/instances of the account and
 // synced with the shared store off the lock) and through the slots each holds of the pool
-// (SetSlotLimit, from package slots): each gateway's capacity is its
+// (SetSlotLimit, from package cluster): each gateway's capacity is its
 // grant, its weighted max-min fair share of the pool by demand, weighted
 // by BackloggedWeight, the weights of the tenants it has requests queued
 // for, renewed every sync interval s and at once on the events that move
-// slots (package slots: a tenant backlogged anew claims, a gateway above
+// slots (package cluster: a tenant backlogged anew claims, a gateway above
 // its grant gives a slot back as each request completes, a gateway owed
 // slots takes them as they are given back). Bounds, for a gateway count N
 // and a pool of P slots:
@@ -202,7 +202,7 @@
 //     flight win its gateway's flooder the slots a sparse request queued
 //     on another gateway waits for.
 //   - Virtual time, with sharing (TakeServed, ChargeRemote; package
-//     shares): every s each gateway reports the cost it charged each
+//     cluster): every s each gateway reports the cost it charged each
 //     tenant since its last report and charges each tenant queued here
 //     what the others charged it, as a back-fill of that cost (its
 //     virtual time moves by cost/weight, net of credit). A tenant with
