@@ -109,7 +109,7 @@ const defaultClusterTimeout = 50 * time.Millisecond
 // the queue runs on the next config (or is gone).
 type clusterStore struct {
 	client redis.UniversalClient
-	store  *quota.Fallback
+	store  *quota.Local
 	// account keeps the provider account's meters (upstream_quota, its
 	// reservations, the fallback's account), nil without one: decided in
 	// memory under the queue's lock, synced with Redis off it
@@ -140,7 +140,7 @@ type clusterStore struct {
 
 // provisionCluster validates the cluster block, connects a Redis client
 // (lazily: no connection is made until the first call) and sets the
-// queue's quota store to the Fallback over it. It touches no shared state:
+// queue's quota store to the Local over it. It touches no shared state:
 // a config that fails later only leaves a client for Cleanup to close.
 func (h *Handler) provisionCluster() error {
 	c := h.Cluster
@@ -174,10 +174,10 @@ func (h *Handler) provisionCluster() error {
 	}
 	rs := quota.NewRedis(client, quota.RedisOptions{Prefix: prefix, Timeout: budget})
 	cs := &clusterStore{client: client}
-	fallbacks := clusterFallbacks.WithLabelValues(h.Name)
+	localCalls := clusterFallbacks.WithLabelValues(h.Name)
 	logger := h.logger.Named("cluster")
 	queue := h.Name
-	cs.store = quota.NewFallback(rs, quota.NewMemory(time.Now), quota.FallbackOptions{
+	cs.store = quota.NewLocal(rs, quota.NewMemory(time.Now), quota.LocalOptions{
 		Instances: c.Instances,
 		// The probe is a read of the same script the decisions run (its
 		// EVALSHA falls back to EVAL, which reloads the script a restarted
@@ -204,7 +204,7 @@ func (h *Handler) provisionCluster() error {
 				logger.Info("redis answers again: tenant quotas are cluster-wide again", zap.String("queue", queue))
 			}
 		},
-		OnLocal: fallbacks.Inc,
+		OnLocal: localCalls.Inc,
 	})
 	ttl := time.Duration(c.LeaseTTL)
 	if ttl <= 0 {

@@ -261,7 +261,7 @@ func TestClusterReload(t *testing.T) {
 	if !mr2.Exists("fq:quota:"+name+":t{a}") || len(mr1.Keys()) != 0 {
 		t.Errorf("after the reload: keys in the new redis %v, in the old %v; want the charge in the new one only", mr2.Keys(), mr1.Keys())
 	}
-	if h2.cluster.store.Degraded() || h2.cluster.store.Fallbacks() != 0 {
+	if h2.cluster.store.Degraded() || h2.cluster.store.LocalCalls() != 0 {
 		t.Error("the new config's store fell back: it was handed the old, closed client")
 	}
 }
