@@ -1,7 +1,6 @@
 package caddyfairqueue
 
 import (
-	"context"
 	"fmt"
 	"runtime/debug"
 	"strings"
@@ -91,14 +90,6 @@ type ClusterConfig struct {
 	ShareFairness bool `json:"share_fairness,omitempty"`
 }
 
-// probeTenant and probeLimits are what the outage probe reads: a tenant
-// name no caller can have (tenant keys come from placeholders, which never
-// hold a NUL) and any limits.
-var (
-	probeTenant = "\x00probe"
-	probeLimits = quota.MustCompile(quota.Config{QPS: 1})
-)
-
 // defaultClusterTimeout is ClusterConfig.Timeout's default: a Redis on
 // the same network answers in about a millisecond.
 const defaultClusterTimeout = 50 * time.Millisecond
@@ -119,7 +110,7 @@ type clusterStore struct {
 	accountKey string
 	closed     atomic.Bool
 	// broker shares the upstream slots (share_slots), nil otherwise;
-	// instances, sync and timeout are the config's.
+	// instances, sync and ttl are the config's.
 	broker *cluster.Broker
 	// moves is the subscription to the pool's announcements (made at the
 	// first sync, closed with the client).
@@ -133,8 +124,7 @@ type clusterStore struct {
 	ttl       time.Duration
 	instances int
 	sync      time.Duration
-	timeout   time.Duration
-	// budget bounds a whole call (callBudget).
+	// budget bounds a whole call (cluster.CallBudget).
 	budget time.Duration
 }
 
@@ -162,37 +152,34 @@ func (h *Handler) provisionCluster() error {
 	if err != nil {
 		return err
 	}
-	budget := cluster.CallBudget(timeout)
-
 	prefix := c.Prefix
 	if prefix == "" {
 		prefix = quota.DefaultRedisPrefix + h.Name + ":"
 	}
-	if strings.Contains(prefix, "{") {
-		client.Close()
-		return fmt.Errorf("cluster: the queue's name %q contains '{', which the default key prefix cannot hold; set prefix", h.Name)
+	cs := &clusterStore{client: client, instances: c.Instances, budget: cluster.CallBudget(timeout),
+		sync: time.Duration(c.Sync), ttl: time.Duration(c.LeaseTTL)}
+	if cs.sync <= 0 {
+		cs.sync = defaultSlotSync
 	}
-	rs := quota.NewRedis(client, quota.RedisOptions{Prefix: prefix, Timeout: budget})
-	cs := &clusterStore{client: client}
-	localCalls := clusterFallbacks.WithLabelValues(h.Name)
+	if cs.ttl <= 0 {
+		cs.ttl = defaultLeaseTTL
+	}
+	switch {
+	case strings.Contains(prefix, "{"):
+		err = fmt.Errorf("cluster: the queue's name %q contains '{', which the default key prefix cannot hold; set prefix", h.Name)
+	case c.ShareSlots && c.Instances == 0:
+		err = fmt.Errorf("cluster: share_slots needs instances: while Redis is unreachable, a gateway takes the pool divided by it")
+	case c.ShareSlots && cs.ttl < 3*cs.sync+timeout:
+		err = fmt.Errorf("cluster: lease_ttl %v must be at least 3 x sync + timeout (%v): a grant that expires between renewals is not counted and the pool would be oversubscribed", cs.ttl, 3*cs.sync+timeout)
+	}
+	if err != nil {
+		client.Close()
+		return err
+	}
 	logger := h.logger.Named("cluster")
 	queue := h.Name
-	cs.store = quota.NewLocal(rs, quota.NewMemory(time.Now), quota.LocalOptions{
+	rs, store, err := cluster.NewQuota(client, prefix, cs.budget, quota.LocalOptions{
 		Instances: c.Instances,
-		// The probe is a read of the same script the decisions run (its
-		// EVALSHA falls back to EVAL, which reloads the script a restarted
-		// Redis lost): a Redis that answers PING or SCRIPT LOAD but
-		// refuses the script (ACL, scripting off) is still down for
-		// quotas, and must not flap between the two.
-		Probe: func(ctx context.Context) error {
-			ctx, cancel := context.WithTimeout(ctx, budget)
-			defer cancel()
-			_, err := rs.Status(ctx, probeTenant, probeLimits)
-			return err
-		},
-		// A key of another type at a tenant's name is that tenant's
-		// problem, not an outage.
-		Outage: quota.RedisOutage,
 		OnChange: func(degraded bool, err error) {
 			if cs.closed.Load() {
 				return // errors of a closed client are no outage
@@ -204,29 +191,17 @@ func (h *Handler) provisionCluster() error {
 				logger.Info("redis answers again: tenant quotas are cluster-wide again", zap.String("queue", queue))
 			}
 		},
-		OnLocal: localCalls.Inc,
+		OnLocal: clusterFallbacks.WithLabelValues(h.Name).Inc,
 	})
-	ttl := time.Duration(c.LeaseTTL)
-	if ttl <= 0 {
-		ttl = defaultLeaseTTL
+	if err != nil {
+		logger.Debug("loading the quota script", zap.String("queue", queue), zap.Error(err))
 	}
-	cs.instances, cs.timeout, cs.budget, cs.sync, cs.ttl = c.Instances, timeout, budget, time.Duration(c.Sync), ttl
-	if cs.sync <= 0 {
-		cs.sync = defaultSlotSync
-	}
+	cs.store = store
 	if c.ShareFairness {
 		cs.sharesKey = cluster.SharesKey(prefix)
 	}
 	if c.ShareSlots {
-		switch {
-		case c.Instances == 0:
-			client.Close()
-			return fmt.Errorf("cluster: share_slots needs instances: while Redis is unreachable, a gateway takes the pool divided by it")
-		case ttl < 3*cs.sync+timeout:
-			client.Close()
-			return fmt.Errorf("cluster: lease_ttl %v must be at least 3 x sync + timeout (%v): a grant that expires between renewals is not counted and the pool would be oversubscribed", ttl, 3*cs.sync+timeout)
-		}
-		cs.broker = cluster.NewBroker(client, cluster.PoolKey(prefix), ttl)
+		cs.broker = cluster.NewBroker(client, cluster.PoolKey(prefix), cs.ttl)
 	}
 	h.cluster = cs
 	h.qcfg.QuotaStore = cs.store
@@ -249,13 +224,6 @@ func (h *Handler) provisionCluster() error {
 			cs.account.SetShared(rs)
 		}
 		h.qcfg.AccountStore = cs.account
-	}
-	// The script in Redis beforehand makes the first decision one round
-	// trip. Redis may not be up yet: the first decision finds that out.
-	ctx, cancel := context.WithTimeout(context.Background(), budget)
-	defer cancel()
-	if err := rs.Load(ctx); err != nil {
-		logger.Debug("loading the quota script", zap.String("queue", queue), zap.Error(err))
 	}
 	return nil
 }

@@ -30,7 +30,7 @@ func TestClusterBackgroundRecoversPanic(t *testing.T) {
 		t.Fatal(err)
 	}
 	cs := &clusterStore{sharesKey: "k", shares: cluster.NewExchange(nil, "k", "i", time.Second), broker: cluster.NewBroker(nil, "p", time.Second),
-		account: account, sync: time.Millisecond, timeout: time.Second, budget: time.Second, instances: 1}
+		account: account, sync: time.Millisecond, budget: time.Second, instances: 1}
 	h := &Handler{logger: zap.New(core), cluster: cs}
 	s.mu.Lock()
 	s.owners = append(s.owners, h)

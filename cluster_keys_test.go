@@ -107,7 +107,7 @@ func TestClusterKeyNamespaces(t *testing.T) {
 	const prefix = "fq:quota:default:"
 	r := quota.NewRedis(nil, quota.RedisOptions{Prefix: prefix})
 	internal := map[string]bool{cluster.PoolKey(prefix): true, cluster.PoolKey(prefix) + ":up": true, cluster.SharesKey(prefix): true,
-		r.Key("\x00upstream"): true, r.Key("\x00reserve\x00vip"): true, r.Key(probeTenant): true}
+		r.Key("\x00upstream"): true, r.Key("\x00reserve\x00vip"): true, r.Key(cluster.ProbeTenant): true}
 	for k := range internal {
 		if strings.HasPrefix(k, prefix+quota.TenantSpace+"{") {
 			t.Errorf("internal key %q is in the tenants' namespace", k)
