@@ -2,8 +2,9 @@
 // client (NewClient: one server, Sentinel or Redis Cluster, no retries, a
 // timeout per command), the tenants' quota store over it (NewQuota, on
 // quota.Redis and quota.Local), the shared slots' grants (Broker) and the
-// exchange of the tenants' served cost (Exchange). Every key is <prefix><namespace>{<hash tag>}, so each call
-// touches one Redis Cluster slot and no tenant name can spell another key.
+// exchange of the tenants' served cost (Exchange). Every key is
+// <prefix><namespace>{<hash tag>}, so each call touches one Redis Cluster
+// slot and no tenant name can spell another key.
 // Redis down or slow never fails a request: each caller decides locally
 // on its share (1/instances) until Redis answers.
 //
