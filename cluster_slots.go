@@ -326,7 +326,7 @@ func newInstanceID(queue string) string {
 // lapse anyway.
 func (s *sharedQueue) releaseSlots(h *Handler) {
 	cs := h.cluster
-	deadline := time.Now().Add(cs.broker.TTL())
+	deadline := time.Now().Add(cs.ttl)
 	for {
 		inflight := s.q.Stats(false).Inflight
 		ctx, cancel := context.WithTimeout(context.Background(), cs.budget)

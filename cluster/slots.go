@@ -206,9 +206,6 @@ func (b *Broker) Sync(ctx context.Context, r Renewal) (Grant, error) {
 	return g, nil
 }
 
-// TTL is how long an entry lives without renewal.
-func (b *Broker) TTL() time.Duration { return b.ttl }
-
 // Release drops instance's entry (a gateway stopping cleanly), so its
 // slots come back at once rather than after the TTL.
 func (b *Broker) Release(ctx context.Context, instance string) error {
