@@ -30,7 +30,7 @@ test: xcaddy
 	./scripts/test.sh
 
 bench:
-	go test -run '^$$' -bench . -benchmem ./fairqueue/... ./budget/ ./degrade/ ./llmapi/ ./quota/ ./slots/ ./shares/ ./costmodel/ ./history/ .
+	go test -run '^$$' -bench . -benchmem ./fairqueue/... ./budget/ ./degrade/ ./llmapi/ ./quota/ ./cluster/ ./costmodel/ ./history/ .
 
 # Instructions per request through reverse_proxy alone and through
 # fair_queue (BenchmarkProxyInMemory under cachegrind): the same count on

@@ -1,8 +1,6 @@
 package caddyfairqueue
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"runtime/debug"
 	"strings"
@@ -15,9 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/caddy-fair-queue/caddy-fair-queue/cluster"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
-	"github.com/caddy-fair-queue/caddy-fair-queue/shares"
-	"github.com/caddy-fair-queue/caddy-fair-queue/slots"
 )
 
 // ClusterConfig makes a queue's tenant quotas cluster-wide: every gateway
@@ -43,7 +40,7 @@ type ClusterConfig struct {
 	// Sentinel finds the primary through Redis Sentinel, so that a
 	// failover to a replica is followed: the master's name and the
 	// sentinels' addresses.
-	Sentinel *SentinelConfig `json:"sentinel,omitempty"`
+	Sentinel *cluster.SentinelConfig `json:"sentinel,omitempty"`
 	// ClusterAddrs are seed nodes of a Redis Cluster (or a Valkey
 	// cluster): the client finds the rest, and follows a failover. Every
 	// key a script touches shares its hash tag, so each call is on one
@@ -73,7 +70,7 @@ type ClusterConfig struct {
 	// upstreams, the same pool every gateway sees) among the gateways, so
 	// that together they never have more requests in flight on it than
 	// its slots: each holds a grant, its fair share of the pool by demand,
-	// renewed every Sync (package slots). Redis down: each takes the pool
+	// renewed every Sync (package cluster). Redis down: each takes the pool
 	// divided by Instances.
 	ShareSlots bool `json:"share_slots,omitempty"`
 	// Sync is how often a gateway renews its grant of the shared slots
@@ -86,20 +83,12 @@ type ClusterConfig struct {
 	// ShareFairness shares the tenants' virtual time among the gateways:
 	// every Sync each sends the cost it charged each tenant since its
 	// last sync and charges each tenant that has requests queued with
-	// what the others served it meanwhile (package shares, one Redis
+	// what the others served it meanwhile (package cluster, one Redis
 	// stream). A tenant sending through several gateways then gets its
 	// weight's share of the cluster, not of each gateway; see docs/cluster.md for
 	// the bound. Redis down: each gateway is fair on its own.
 	ShareFairness bool `json:"share_fairness,omitempty"`
 }
-
-// probeTenant and probeLimits are what the outage probe reads: a tenant
-// name no caller can have (tenant keys come from placeholders, which never
-// hold a NUL) and any limits.
-var (
-	probeTenant = "\x00probe"
-	probeLimits = quota.MustCompile(quota.Config{QPS: 1})
-)
 
 // defaultClusterTimeout is ClusterConfig.Timeout's default: a Redis on
 // the same network answers in about a millisecond.
@@ -111,7 +100,7 @@ const defaultClusterTimeout = 50 * time.Millisecond
 // the queue runs on the next config (or is gone).
 type clusterStore struct {
 	client redis.UniversalClient
-	store  *quota.Fallback
+	store  *quota.Local
 	// account keeps the provider account's meters (upstream_quota, its
 	// reservations, the fallback's account), nil without one: decided in
 	// memory under the queue's lock, synced with Redis off it
@@ -121,28 +110,27 @@ type clusterStore struct {
 	accountKey string
 	closed     atomic.Bool
 	// broker shares the upstream slots (share_slots), nil otherwise;
-	// instances, sync and timeout are the config's.
-	broker *slots.Broker
+	// instances, sync and ttl are the config's.
+	broker *cluster.Broker
 	// moves is the subscription to the pool's announcements (made at the
 	// first sync, closed with the client).
-	moves     *redis.PubSub
+	moves     *cluster.Moves
 	movesOnce sync.Once
 	// sharesKey is the stream of served cost (share_fairness), "" without;
 	// shares is this gateway's end of it, made at the first sync (it is
 	// named after the queue's instance) and used by one sync at a time.
 	sharesKey string
-	shares    *shares.Exchange
+	shares    *cluster.Exchange
 	ttl       time.Duration
 	instances int
 	sync      time.Duration
-	timeout   time.Duration
-	// budget bounds a whole call (callBudget).
+	// budget bounds a whole call (cluster.CallBudget).
 	budget time.Duration
 }
 
 // provisionCluster validates the cluster block, connects a Redis client
 // (lazily: no connection is made until the first call) and sets the
-// queue's quota store to the Fallback over it. It touches no shared state:
+// queue's quota store to the Local over it. It touches no shared state:
 // a config that fails later only leaves a client for Cleanup to close.
 func (h *Handler) provisionCluster() error {
 	c := h.Cluster
@@ -160,43 +148,38 @@ func (h *Handler) provisionCluster() error {
 	case timeout == 0:
 		timeout = defaultClusterTimeout
 	}
-	client, err := newClusterClient(c, timeout)
+	client, err := cluster.NewClient(c.Redis, c.Sentinel, c.ClusterAddrs, timeout, clusterRedisSeconds.WithLabelValues(h.Name))
 	if err != nil {
 		return err
 	}
-	routeRedisLog()
-	client.AddHook(redisTimer{clusterRedisSeconds.WithLabelValues(h.Name)})
-	budget := callBudget(timeout)
-
 	prefix := c.Prefix
 	if prefix == "" {
 		prefix = quota.DefaultRedisPrefix + h.Name + ":"
 	}
-	if strings.Contains(prefix, "{") {
-		client.Close()
-		return fmt.Errorf("cluster: the queue's name %q contains '{', which the default key prefix cannot hold; set prefix", h.Name)
+	cs := &clusterStore{client: client, instances: c.Instances, budget: cluster.CallBudget(timeout),
+		sync: time.Duration(c.Sync), ttl: time.Duration(c.LeaseTTL)}
+	if cs.sync <= 0 {
+		cs.sync = defaultSlotSync
 	}
-	rs := quota.NewRedis(client, quota.RedisOptions{Prefix: prefix, Timeout: budget})
-	cs := &clusterStore{client: client}
-	fallbacks := clusterFallbacks.WithLabelValues(h.Name)
+	if cs.ttl <= 0 {
+		cs.ttl = defaultLeaseTTL
+	}
+	switch {
+	case strings.Contains(prefix, "{"):
+		err = fmt.Errorf("cluster: the queue's name %q contains '{', which the default key prefix cannot hold; set prefix", h.Name)
+	case c.ShareSlots && c.Instances == 0:
+		err = fmt.Errorf("cluster: share_slots needs instances: while Redis is unreachable, a gateway takes the pool divided by it")
+	case c.ShareSlots && cs.ttl < 3*cs.sync+timeout:
+		err = fmt.Errorf("cluster: lease_ttl %v must be at least 3 x sync + timeout (%v): a grant that expires between renewals is not counted and the pool would be oversubscribed", cs.ttl, 3*cs.sync+timeout)
+	}
+	if err != nil {
+		client.Close()
+		return err
+	}
 	logger := h.logger.Named("cluster")
 	queue := h.Name
-	cs.store = quota.NewFallback(rs, quota.NewMemory(time.Now), quota.FallbackOptions{
+	rs, store, err := cluster.NewQuota(client, prefix, cs.budget, quota.LocalOptions{
 		Instances: c.Instances,
-		// The probe is a read of the same script the decisions run (its
-		// EVALSHA falls back to EVAL, which reloads the script a restarted
-		// Redis lost): a Redis that answers PING or SCRIPT LOAD but
-		// refuses the script (ACL, scripting off) is still down for
-		// quotas, and must not flap between the two.
-		Probe: func(ctx context.Context) error {
-			ctx, cancel := context.WithTimeout(ctx, budget)
-			defer cancel()
-			_, err := rs.Status(ctx, probeTenant, probeLimits)
-			return err
-		},
-		// A key of another type at a tenant's name is that tenant's
-		// problem, not an outage.
-		Outage: quota.RedisOutage,
 		OnChange: func(degraded bool, err error) {
 			if cs.closed.Load() {
 				return // errors of a closed client are no outage
@@ -208,29 +191,17 @@ func (h *Handler) provisionCluster() error {
 				logger.Info("redis answers again: tenant quotas are cluster-wide again", zap.String("queue", queue))
 			}
 		},
-		OnLocal: fallbacks.Inc,
+		OnLocal: clusterFallbacks.WithLabelValues(h.Name).Inc,
 	})
-	ttl := time.Duration(c.LeaseTTL)
-	if ttl <= 0 {
-		ttl = defaultLeaseTTL
+	if err != nil {
+		logger.Debug("loading the quota script", zap.String("queue", queue), zap.Error(err))
 	}
-	cs.instances, cs.timeout, cs.budget, cs.sync, cs.ttl = c.Instances, timeout, budget, time.Duration(c.Sync), ttl
-	if cs.sync <= 0 {
-		cs.sync = defaultSlotSync
-	}
+	cs.store = store
 	if c.ShareFairness {
-		cs.sharesKey = sharesKey(prefix)
+		cs.sharesKey = cluster.SharesKey(prefix)
 	}
 	if c.ShareSlots {
-		switch {
-		case c.Instances == 0:
-			client.Close()
-			return fmt.Errorf("cluster: share_slots needs instances: while Redis is unreachable, a gateway takes the pool divided by it")
-		case ttl < 3*cs.sync+timeout:
-			client.Close()
-			return fmt.Errorf("cluster: lease_ttl %v must be at least 3 x sync + timeout (%v): a grant that expires between renewals is not counted and the pool would be oversubscribed", ttl, 3*cs.sync+timeout)
-		}
-		cs.broker = slots.NewBroker(client, poolKey(prefix), ttl)
+		cs.broker = cluster.NewBroker(client, cluster.PoolKey(prefix), cs.ttl)
 	}
 	h.cluster = cs
 	h.qcfg.QuotaStore = cs.store
@@ -254,25 +225,8 @@ func (h *Handler) provisionCluster() error {
 		}
 		h.qcfg.AccountStore = cs.account
 	}
-	// The script in Redis beforehand makes the first decision one round
-	// trip. Redis may not be up yet: the first decision finds that out.
-	ctx, cancel := context.WithTimeout(context.Background(), budget)
-	defer cancel()
-	if err := rs.Load(ctx); err != nil {
-		logger.Debug("loading the quota script", zap.String("queue", queue), zap.Error(err))
-	}
 	return nil
 }
-
-// The keys of the shared slots and of the shared service, each in a
-// namespace of its own under the prefix, apart from the tenants' meters
-// (quota.TenantSpace) and the gateway's own (quota.InternalSpace): the
-// namespace is what stands between the prefix and the first '{', and no
-// tenant name reaches past the "t{" its key starts with. The pool's keys
-// (the hash, its ":up" companion, its ":moves" channel) share the hash tag
-// {slots}, so its script touches one Redis Cluster slot.
-func poolKey(prefix string) string   { return prefix + "pool{slots}" }
-func sharesKey(prefix string) string { return prefix + "stream{shares}" }
 
 // guardBackground, deferred first thing in each of the cluster's
 // background goroutines, logs a panic there with its stack, as the tick
@@ -286,12 +240,6 @@ func guardBackground(logger *zap.Logger, what, queue string, after func()) {
 			after()
 		}
 	}
-}
-
-// redactURLError removes the URL, which may carry a password, from a
-// parse error's text.
-func redactURLError(err error, url string) error {
-	return errors.New(strings.ReplaceAll(err.Error(), url, "<url>"))
 }
 
 // closeCluster closes the handler's Redis client, once. It runs at
@@ -422,12 +370,12 @@ var _ prometheus.Collector = clusterCollector{}
 //	    master <name>
 //	    addrs  <host:port>...
 //	}
-func (p *cfParser) sentinel() (*SentinelConfig, error) {
+func (p *cfParser) sentinel() (*cluster.SentinelConfig, error) {
 	d := p.d
 	if args := d.RemainingArgs(); len(args) > 0 {
 		return nil, d.Errf("cluster: sentinel: unexpected argument %q (the settings go in a block: sentinel { master <name>; addrs <host:port>... })", args[0])
 	}
-	sc := new(SentinelConfig)
+	sc := new(cluster.SentinelConfig)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		switch key := d.Val(); key {
 		case "master":

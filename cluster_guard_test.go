@@ -8,9 +8,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/caddy-fair-queue/caddy-fair-queue/cluster"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
-	"github.com/caddy-fair-queue/caddy-fair-queue/shares"
-	"github.com/caddy-fair-queue/caddy-fair-queue/slots"
 )
 
 // The cluster's background goroutines (the exchange of the tenants'
@@ -30,8 +29,8 @@ func TestClusterBackgroundRecoversPanic(t *testing.T) {
 	if _, err := account.Charge(context.Background(), "\x00upstream", quota.MustCompile(quota.Config{QPS: 1}), 1); err != nil {
 		t.Fatal(err)
 	}
-	cs := &clusterStore{sharesKey: "k", shares: shares.New(nil, "k", "i", time.Second), broker: slots.NewBroker(nil, "p", time.Second),
-		account: account, sync: time.Millisecond, timeout: time.Second, budget: time.Second, instances: 1}
+	cs := &clusterStore{sharesKey: "k", shares: cluster.NewExchange(nil, "k", "i", time.Second), broker: cluster.NewBroker(nil, "p", time.Second),
+		account: account, sync: time.Millisecond, budget: time.Second, instances: 1}
 	h := &Handler{logger: zap.New(core), cluster: cs}
 	s.mu.Lock()
 	s.owners = append(s.owners, h)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 
+	"github.com/caddy-fair-queue/caddy-fair-queue/cluster"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
@@ -19,7 +20,7 @@ import (
 func internalNames(prefix string) []string {
 	names := []string{"slots", "shares", "{slots}", "{shares}", "slots}:up", "slots}:moves",
 		"probe", "upstream", "reserve", "i{probe}", "i{upstream}", "t{x}", "}", "{", ""}
-	for _, k := range []string{poolKey(prefix), poolKey(prefix) + ":up", poolKey(prefix) + ":moves", sharesKey(prefix)} {
+	for _, k := range []string{cluster.PoolKey(prefix), cluster.PoolKey(prefix) + ":up", cluster.PoolKey(prefix) + ":moves", cluster.SharesKey(prefix)} {
 		rest := strings.TrimPrefix(k, prefix)
 		names = append(names, k, rest, rest[strings.Index(rest, "{"):])
 	}
@@ -39,9 +40,9 @@ func TestClusterTenantsApartFromInternalKeys(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
 	const prefix = "keys:"
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","instances":1,"prefix":%q,"share_slots":true,"share_fairness":true,"sync":"20ms","timeout":"5s"}`, mr.Addr(), prefix)
+	cfg := fmt.Sprintf(`{"redis":"redis://%s","instances":1,"prefix":%q,"share_slots":true,"share_fairness":true,"sync":"20ms","timeout":"5s"}`, mr.Addr(), prefix)
 	name := queueName(t)
-	h, _ := mustLoad(t, fqConfig(name, u, `"default_tenant":{"wait_budget":"100ms","quota":{"qps":0.01,"burst_allow":0}},"cluster":`+cluster))
+	h, _ := mustLoad(t, fqConfig(name, u, `"default_tenant":{"wait_budget":"100ms","quota":{"qps":0.01,"burst_allow":0}},"cluster":`+cfg))
 	g := newGateway(t, h)
 	eventually(t, "the first grant and the first exchange", func() bool {
 		return h.shared.slotsUp.Load() && h.shared.sharesUp.Load()
@@ -68,11 +69,11 @@ func TestClusterTenantsApartFromInternalKeys(t *testing.T) {
 	}
 	checkInternal := func(when string) {
 		t.Helper()
-		fields, err := mr.HKeys(poolKey(prefix))
+		fields, err := mr.HKeys(cluster.PoolKey(prefix))
 		if err != nil || len(fields) != 1 || fields[0] != h.shared.instance {
 			t.Errorf("%s: the pool's fields %q (%v), want only this gateway's entry %q", when, fields, err, h.shared.instance)
 		}
-		if typ := mr.Type(sharesKey(prefix)); typ != "stream" {
+		if typ := mr.Type(cluster.SharesKey(prefix)); typ != "stream" {
 			t.Errorf("%s: the stream of served cost is a %q", when, typ)
 		}
 	}
@@ -93,7 +94,7 @@ func TestClusterTenantsApartFromInternalKeys(t *testing.T) {
 	}
 	checkInternal("after the refunds")
 	for _, k := range mr.Keys() {
-		if !strings.HasPrefix(k, poolKey(prefix)) && k != sharesKey(prefix) {
+		if !strings.HasPrefix(k, cluster.PoolKey(prefix)) && k != cluster.SharesKey(prefix) {
 			t.Errorf("key %q left over", k)
 		}
 	}
@@ -105,8 +106,8 @@ func TestClusterTenantsApartFromInternalKeys(t *testing.T) {
 func TestClusterKeyNamespaces(t *testing.T) {
 	const prefix = "fq:quota:default:"
 	r := quota.NewRedis(nil, quota.RedisOptions{Prefix: prefix})
-	internal := map[string]bool{poolKey(prefix): true, poolKey(prefix) + ":up": true, sharesKey(prefix): true,
-		r.Key("\x00upstream"): true, r.Key("\x00reserve\x00vip"): true, r.Key(probeTenant): true}
+	internal := map[string]bool{cluster.PoolKey(prefix): true, cluster.PoolKey(prefix) + ":up": true, cluster.SharesKey(prefix): true,
+		r.Key("\x00upstream"): true, r.Key("\x00reserve\x00vip"): true, r.Key(cluster.ProbeTenant): true}
 	for k := range internal {
 		if strings.HasPrefix(k, prefix+quota.TenantSpace+"{") {
 			t.Errorf("internal key %q is in the tenants' namespace", k)
@@ -118,7 +119,7 @@ func TestClusterKeyNamespaces(t *testing.T) {
 			t.Errorf("tenant %q: key %q is not in the tenants' namespace", tenant, k)
 		}
 	}
-	if got, want := hashTag(poolKey(prefix)+":up"), hashTag(poolKey(prefix)); got != want || want != "slots" {
+	if got, want := hashTag(cluster.PoolKey(prefix)+":up"), hashTag(cluster.PoolKey(prefix)); got != want || want != "slots" {
 		t.Errorf("the pool's keys are tagged %q and %q, want both slots", want, got)
 	}
 }

@@ -6,7 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/caddy-fair-queue/caddy-fair-queue/shares"
+	"github.com/caddy-fair-queue/caddy-fair-queue/cluster"
 )
 
 // syncShares exchanges the tenants' service with the other gateways
@@ -35,7 +35,7 @@ func (s *sharedQueue) syncShares(h *Handler, now time.Time) {
 		defer s.shareSyncing.Store(false)
 		defer guardBackground(h.logger, "the exchange of the tenants' service", s.name, nil)
 		if cs.shares == nil {
-			cs.shares = shares.New(cs.client, cs.sharesKey, s.instance, cs.ttl)
+			cs.shares = cluster.NewExchange(cs.client, cs.sharesKey, s.instance, cs.ttl)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), cs.budget)
 		defer cancel()

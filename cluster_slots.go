@@ -8,10 +8,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
-	"github.com/caddy-fair-queue/caddy-fair-queue/slots"
+	"github.com/caddy-fair-queue/caddy-fair-queue/cluster"
 )
 
 // Defaults of the shared slots (ClusterConfig.ShareSlots).
@@ -45,8 +44,8 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 	cs.movesOnce.Do(func() {
 		// Made here without a connection (this may run under the
 		// queue's lock: commitLocked); the goroutine dials.
-		cs.moves = cs.broker.Subscribe(context.Background())
-		go s.followMoves(cs.moves, cs.broker.Channel(), h.logger)
+		cs.moves = cs.broker.Moves()
+		go s.followMoves(cs.moves, h.logger)
 	})
 	if now.UnixNano()-s.slotSyncAt.Load() < int64(cs.sync) {
 		return
@@ -54,36 +53,27 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 	s.startSlotSync()
 }
 
-// Between sync intervals a grant moves on events (slots' doc, "Moves"):
+// Between sync intervals a grant moves on events (package cluster, "Moves"):
 // the other gateways' announcements (followMoves), a tenant new to the
 // backlog (slotsQueued), a completion above the grant (slotsReleased) and
 // a lower grant leaving slots unfilled (syncSlotsOnce).
 
 // followMoves renews the grant on the announcements of the other
 // gateways, until the subscription is closed (closeCluster).
-func (s *sharedQueue) followMoves(ps *redis.PubSub, channel string, logger *zap.Logger) {
+func (s *sharedQueue) followMoves(moves *cluster.Moves, logger *zap.Logger) {
 	defer guardBackground(logger, "the announcements of the shared slots", s.name, nil)
-	// An error here (Redis down) is retried by the channel's reader,
-	// which resubscribes as it reconnects.
-	ctx := context.Background()
-	if err := ps.Subscribe(ctx, channel); err == nil {
-		if _, err := ps.Receive(ctx); err == nil { // Redis's confirmation
-			s.slotsListening.Store(true)
-		}
-	}
-	for m := range ps.Channel() {
-		mv, ok := slots.ParseMove(m.Payload)
-		if !ok || mv.Instance == s.instance {
-			continue
+	moves.Follow(func() { s.slotsListening.Store(true) }, func(mv cluster.Move) {
+		if mv.Instance == s.instance {
+			return
 		}
 		clusterSlotMoves.WithLabelValues(s.name, mv.Kind, "received").Inc()
 		// A release may arrive before this gateway's renewal in flight
 		// has learnt it is owed (its claim set the release off): that
 		// renewal then runs once more.
-		if mv.Kind == slots.Claim || s.slotsOwed.Load() || s.slotSyncing.Load() {
+		if mv.Kind == cluster.Claim || s.slotsOwed.Load() || s.slotSyncing.Load() {
 			s.kickSlots()
 		}
-	}
+	})
 }
 
 // kickSlots renews the grant now, not at the next interval.
@@ -167,7 +157,7 @@ func (s *sharedQueue) syncSlotsOnce(h *Handler) {
 	defer cancel()
 	since := s.slotRestoreSince.Load()
 	holds, loads := s.beginRenewal(h, holding)
-	g, err := cs.broker.Sync(ctx, slots.Renewal{Instance: s.instance, Slots: pool, Demand: demand,
+	g, err := cs.broker.Sync(ctx, cluster.Renewal{Instance: s.instance, Slots: pool, Demand: demand,
 		Holding: holding, Weight: weight, Loads: loads, Since: since})
 	if cs.closed.Load() {
 		return // the config was replaced: its client is closed, the next one syncs
@@ -175,7 +165,7 @@ func (s *sharedQueue) syncSlotsOnce(h *Handler) {
 	if err != nil {
 		// Redis down or slow: this gateway's share of the pool, as if
 		// every gateway wanted it all.
-		g = slots.Grant{Slots: pool / cs.instances, Fair: pool / cs.instances}
+		g = cluster.Grant{Slots: pool / cs.instances, Fair: pool / cs.instances}
 		if s.slotsUp.CompareAndSwap(true, false) {
 			h.logger.Warn("redis unreachable: taking 1/instances of the upstream slots until it answers",
 				zap.String("queue", s.name), zap.Int("slots", g.Slots), zap.Error(err))
@@ -209,7 +199,7 @@ func (s *sharedQueue) syncSlotsOnce(h *Handler) {
 // boundGrant bounds a grant Redis returned: while the pool is being
 // restored, by the last grant; always, by the slots its targets place.
 // since is the restore's start the renewal was made with.
-func (s *sharedQueue) boundGrant(h *Handler, g *slots.Grant, since int64) {
+func (s *sharedQueue) boundGrant(h *Handler, g *cluster.Grant, since int64) {
 	cs := h.cluster
 	if s.restoring(cs, *g, since) {
 		g.Slots = min(g.Slots, int(max(s.slotGrant.Load(), 0)))
@@ -238,7 +228,7 @@ func (s *sharedQueue) boundGrant(h *Handler, g *slots.Grant, since int64) {
 // restoring reports whether the pool is being restored after a renewal
 // that answered g (since: the restore's start when it was asked, 0 if
 // none), starting or ending the restore as g says.
-func (s *sharedQueue) restoring(cs *clusterStore, g slots.Grant, since int64) bool {
+func (s *sharedQueue) restoring(cs *clusterStore, g cluster.Grant, since int64) bool {
 	now := time.Now().UnixNano()
 	switch {
 	case (g.Fresh || !s.slotsUp.Load()) && s.slotsGranted.Load():
@@ -265,7 +255,7 @@ func (s *sharedQueue) restoring(cs *clusterStore, g slots.Grant, since int64) bo
 
 // beginRenewal starts a renewal: until it is applied, the gateway places
 // its requests within what the renewal's call will tell the others it may
-// have on each upstream (holdsUntilNext, as slots' sync.lua counts it),
+// have on each upstream (holdsUntilNext, as cluster's sync.lua counts it),
 // not within its targets: a request ending during the call frees a place
 // the next one must take where it was, not below a target elsewhere that
 // the others may be given meanwhile. The loads are taken and the view
@@ -274,7 +264,7 @@ func (s *sharedQueue) restoring(cs *clusterStore, g slots.Grant, since int64) bo
 // It returns the holds, which stand after the renewal too, beside its
 // targets, until the next one starts (nil while Redis is down: the view
 // is then nil and the gateway balances its own).
-func (s *sharedQueue) beginRenewal(h *Handler, holding int) (holds map[string]int, loads []slots.Load) {
+func (s *sharedQueue) beginRenewal(h *Handler, holding int) (holds map[string]int, loads []cluster.Load) {
 	s.placed.mu.Lock()
 	defer s.placed.mu.Unlock()
 	loads = slotLoads(h, s.placed.n)
@@ -290,7 +280,7 @@ func (s *sharedQueue) beginRenewal(h *Handler, holding int) (holds map[string]in
 // its requests there at the call (loads), plus, up to its targets then
 // (prev), as many as it holds beyond its requests in flight (holding less
 // the loads), which it may dispatch during the call.
-func holdsUntilNext(loads []slots.Load, prev map[string]int, holding int) map[string]int {
+func holdsUntilNext(loads []cluster.Load, prev map[string]int, holding int) map[string]int {
 	spare := holding
 	for _, l := range loads {
 		spare -= l.Inflight
@@ -308,10 +298,10 @@ func holdsUntilNext(loads []slots.Load, prev map[string]int, holding int) map[st
 // A request Select placed counts from then, not only once reverse_proxy
 // counts it (a moment later: see placements); placed is the places by
 // dial (nil: none).
-func slotLoads(h *Handler, placed map[string]int) []slots.Load {
-	loads := make([]slots.Load, 0, len(h.proxy.Upstreams))
+func slotLoads(h *Handler, placed map[string]int) []cluster.Load {
+	loads := make([]cluster.Load, 0, len(h.proxy.Upstreams))
 	for _, u := range h.proxy.Upstreams {
-		l := slots.Load{Upstream: u.Dial, Inflight: max(u.NumRequests(), placed[u.Dial])}
+		l := cluster.Load{Upstream: u.Dial, Inflight: max(u.NumRequests(), placed[u.Dial])}
 		if u.Healthy() {
 			l.Slots = h.MaxInflight
 		}
@@ -336,7 +326,7 @@ func newInstanceID(queue string) string {
 // lapse anyway.
 func (s *sharedQueue) releaseSlots(h *Handler) {
 	cs := h.cluster
-	deadline := time.Now().Add(cs.broker.TTL())
+	deadline := time.Now().Add(cs.ttl)
 	for {
 		inflight := s.q.Stats(false).Inflight
 		ctx, cancel := context.WithTimeout(context.Background(), cs.budget)
@@ -344,7 +334,7 @@ func (s *sharedQueue) releaseSlots(h *Handler) {
 		if inflight == 0 {
 			err = cs.broker.Release(ctx, s.instance)
 		} else {
-			_, err = cs.broker.Sync(ctx, slots.Renewal{Instance: s.instance, Slots: h.MaxInflight * h.healthyUpstreams(),
+			_, err = cs.broker.Sync(ctx, cluster.Renewal{Instance: s.instance, Slots: h.MaxInflight * h.healthyUpstreams(),
 				Holding: inflight, Loads: slotLoads(h, s.placed.counts())})
 		}
 		cancel()

@@ -19,8 +19,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/caddy-fair-queue/caddy-fair-queue/cluster"
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
-	"github.com/caddy-fair-queue/caddy-fair-queue/slots"
 )
 
 func TestClusterCaddyfile(t *testing.T) {
@@ -70,9 +70,9 @@ func TestClusterCaddyfile(t *testing.T) {
 // clusterJSON is a fair_queue config on u whose tenant a has a quota of
 // one request a second, no burst, and a wait budget too short to wait for
 // it: a second request within the second is refused at once (429
-// quota_exceeded). cluster is the cluster object's JSON.
-func clusterJSON(name string, u *fakeUpstream, cluster string) string {
-	return fqConfig(name, u, `"tenants":{"a":{"wait_budget":"100ms","quota":{"qps":1,"burst_allow":0}}},"cluster":`+cluster)
+// quota_exceeded). cc is the cluster object's JSON.
+func clusterJSON(name string, u *fakeUpstream, cc string) string {
+	return fqConfig(name, u, `"tenants":{"a":{"wait_budget":"100ms","quota":{"qps":1,"burst_allow":0}}},"cluster":`+cc)
 }
 
 // wantQuotaExceeded checks a 429 quota_exceeded answer (whose body has
@@ -122,7 +122,7 @@ func TestClusterProvision(t *testing.T) {
 	// The timeout bounds a command's reads and writes; a connection's
 	// set-up has its own budget, and a few connections are kept ready.
 	if o.Addr != mr.Addr() || o.MaxRetries != 0 || o.ContextTimeoutEnabled || o.ReadTimeout != defaultClusterTimeout ||
-		o.WriteTimeout != defaultClusterTimeout || o.DialTimeout != time.Second || o.MinIdleConns != minIdleConns ||
+		o.WriteTimeout != defaultClusterTimeout || o.DialTimeout != time.Second || o.MinIdleConns != 4 ||
 		!o.DisableIdentity || o.TLSConfig != nil {
 		t.Errorf("client options: addr %s, retries %d, context timeouts %v, timeouts %v %v %v, min idle %d, identity off %v, tls %v",
 			o.Addr, o.MaxRetries, o.ContextTimeoutEnabled, o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.MinIdleConns, o.DisableIdentity, o.TLSConfig != nil)
@@ -168,10 +168,10 @@ func TestClusterProvision(t *testing.T) {
 func TestClusterQuotaShared(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"shared:"}`, mr.Addr())
+	cc := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"shared:"}`, mr.Addr())
 	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
-	ha, _ := mustLoad(t, clusterJSON(nameA, u, cluster))
-	hb, _ := mustLoad(t, clusterJSON(nameB, u, cluster))
+	ha, _ := mustLoad(t, clusterJSON(nameA, u, cc))
+	hb, _ := mustLoad(t, clusterJSON(nameB, u, cc))
 	ga, gb := newGateway(t, ha), newGateway(t, hb)
 
 	if r := ga.post("a", chatBody("")); r.status != http.StatusOK {
@@ -261,7 +261,7 @@ func TestClusterReload(t *testing.T) {
 	if !mr2.Exists("fq:quota:"+name+":t{a}") || len(mr1.Keys()) != 0 {
 		t.Errorf("after the reload: keys in the new redis %v, in the old %v; want the charge in the new one only", mr2.Keys(), mr1.Keys())
 	}
-	if h2.cluster.store.Degraded() || h2.cluster.store.Fallbacks() != 0 {
+	if h2.cluster.store.Degraded() || h2.cluster.store.LocalCalls() != 0 {
 		t.Error("the new config's store fell back: it was handed the old, closed client")
 	}
 }
@@ -274,15 +274,15 @@ func TestClusterReload(t *testing.T) {
 func TestClusterSharedSlotsGrants(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"slots:","share_slots":true,"sync":"20ms"}`, mr.Addr())
+	cc := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"slots:","share_slots":true,"sync":"20ms"}`, mr.Addr())
 	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
-	ha, _ := mustLoad(t, clusterJSON(nameA, u, cluster))
-	hb, _ := mustLoad(t, clusterJSON(nameB, u, cluster))
+	ha, _ := mustLoad(t, clusterJSON(nameA, u, cc))
+	hb, _ := mustLoad(t, clusterJSON(nameB, u, cc))
 	pool := ha.MaxInflight * ha.healthyUpstreams()
 	// Both have synced: both entries are in the pool (before its first
 	// grant a gateway holds no slot).
 	eventually(t, "both gateways' entries in the pool", func() bool {
-		fields, _ := mr.HKeys(poolKey("slots:"))
+		fields, _ := mr.HKeys(cluster.PoolKey("slots:"))
 		return len(fields) == 2
 	})
 	// Idle, the two split the spare pool.
@@ -318,9 +318,9 @@ func TestClusterSharedSlotsGrants(t *testing.T) {
 func TestClusterSharedSlotsJoinHoldsNothingBeforeGrant(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"join:","share_slots":true,"sync":"20ms"}`, mr.Addr())
+	cc := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"join:","share_slots":true,"sync":"20ms"}`, mr.Addr())
 	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
-	ha, _ := mustLoad(t, clusterJSON(nameA, u, cluster))
+	ha, _ := mustLoad(t, clusterJSON(nameA, u, cc))
 	pool := ha.MaxInflight * ha.healthyUpstreams()
 	// Alone and busy, A takes the whole pool.
 	for range 2 * pool {
@@ -331,7 +331,7 @@ func TestClusterSharedSlotsJoinHoldsNothingBeforeGrant(t *testing.T) {
 	eventually(t, "A holding the whole pool", func() bool {
 		return ha.shared.q.Stats(false).Inflight == pool
 	})
-	hb, _ := mustLoad(t, clusterJSON(nameB, u, cluster))
+	hb, _ := mustLoad(t, clusterJSON(nameB, u, cc))
 	for range pool {
 		if _, err := hb.shared.q.Enqueue(fairqueue.Request{Tenant: "y", Cost: 10}); err != nil {
 			t.Fatal(err)
@@ -396,16 +396,16 @@ func TestClusterSharedSlotsValidation(t *testing.T) {
 func TestClusterSharedSlotsReleased(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"rel:","share_slots":true,"sync":"20ms","lease_ttl":"10s"}`, mr.Addr())
-	h, stop := mustLoad(t, clusterJSON(queueName(t), u, cluster))
+	cc := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"rel:","share_slots":true,"sync":"20ms","lease_ttl":"10s"}`, mr.Addr())
+	h, stop := mustLoad(t, clusterJSON(queueName(t), u, cc))
 	instance := h.shared.instance
 	eventually(t, "the gateway's entry in the pool", func() bool {
-		fields, _ := mr.HKeys(poolKey("rel:"))
+		fields, _ := mr.HKeys(cluster.PoolKey("rel:"))
 		return len(fields) == 1 && fields[0] == instance
 	})
 	stop() // Cleanup: the last user leaves, the queue is gone
 	eventually(t, "the entry released", func() bool {
-		fields, _ := mr.HKeys(poolKey("rel:"))
+		fields, _ := mr.HKeys(cluster.PoolKey("rel:"))
 		return len(fields) == 0
 	})
 }
@@ -416,12 +416,12 @@ func TestClusterSharedSlotsReleased(t *testing.T) {
 func TestClusterShareFairness(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","prefix":"fair:","share_fairness":true,"sync":"20ms"}`, mr.Addr())
+	cc := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","prefix":"fair:","share_fairness":true,"sync":"20ms"}`, mr.Addr())
 	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
 	// Declared: undeclared tenants' service is shared as their group's.
 	tenants := `"tenants":{"a":{"weight":1},"b":{"weight":1},"c":{"weight":1}},`
-	ha, _ := mustLoad(t, fqConfig(nameA, u, tenants+`"max_inflight":1,"cluster":`+cluster))
-	hb, _ := mustLoad(t, fqConfig(nameB, u, tenants+`"max_inflight":1,"cluster":`+cluster))
+	ha, _ := mustLoad(t, fqConfig(nameA, u, tenants+`"max_inflight":1,"cluster":`+cc))
+	hb, _ := mustLoad(t, fqConfig(nameB, u, tenants+`"max_inflight":1,"cluster":`+cc))
 	eventually(t, "both gateways syncing", func() bool {
 		return ha.shared.sharesUp.Load() && hb.shared.sharesUp.Load()
 	})
@@ -490,10 +490,10 @@ func TestClusterShareFairness(t *testing.T) {
 func TestClusterSharedSlotsHandoff(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"handoff:","share_slots":true,"sync":"1h","lease_ttl":"4h"}`, mr.Addr())
+	cc := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"handoff:","share_slots":true,"sync":"1h","lease_ttl":"4h"}`, mr.Addr())
 	cfg := func(name string) string {
 		return fqConfig(name, u, `"max_inflight":1,`+noFastFail+
-			`,"tenants":{"bulk":{"weight":1,"class":"batch"},"rt":{"weight":9,"class":"interactive"}},"cluster":`+cluster)
+			`,"tenants":{"bulk":{"weight":1,"class":"batch"},"rt":{"weight":9,"class":"interactive"}},"cluster":`+cc)
 	}
 	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
 	ha, stopA := mustLoad(t, cfg(nameA))
@@ -562,9 +562,9 @@ func TestClusterSharedSlotsHandoff(t *testing.T) {
 func TestClusterLeastConn(t *testing.T) {
 	u1, u2 := newFakeUpstream(t), newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"lc:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
+	cc := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"lc:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
 	proxy := fmt.Sprintf(`{"handler":"reverse_proxy","upstreams":[{"dial":%q},{"dial":%q}]}`, u1.dial(), u2.dial())
-	h, _ := mustLoad(t, fmt.Sprintf(`{"name":%q,"tokenizer":"approx","proxy":%s,"cluster":%s}`, queueName(t), proxy, cluster))
+	h, _ := mustLoad(t, fmt.Sprintf(`{"name":%q,"tokenizer":"approx","proxy":%s,"cluster":%s}`, queueName(t), proxy, cc))
 	p, ok := h.proxy.LoadBalancing.SelectionPolicy.(*ClusterLeastConn)
 	if !ok {
 		t.Fatalf("selection policy %T with share_slots, want *ClusterLeastConn", h.proxy.LoadBalancing.SelectionPolicy)
@@ -620,9 +620,9 @@ func TestClusterLeastConn(t *testing.T) {
 func TestClusterLeastConnConcurrentSelects(t *testing.T) {
 	u1, u2 := newFakeUpstream(t), newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"lcc:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
+	cc := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"lcc:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
 	proxy := fmt.Sprintf(`{"handler":"reverse_proxy","upstreams":[{"dial":%q},{"dial":%q}]}`, u1.dial(), u2.dial())
-	h, _ := mustLoad(t, fmt.Sprintf(`{"name":%q,"tokenizer":"approx","proxy":%s,"cluster":%s}`, queueName(t), proxy, cluster))
+	h, _ := mustLoad(t, fmt.Sprintf(`{"name":%q,"tokenizer":"approx","proxy":%s,"cluster":%s}`, queueName(t), proxy, cc))
 	p := h.proxy.LoadBalancing.SelectionPolicy.(*ClusterLeastConn)
 	if h.placed == nil || p.placed != h.placed {
 		t.Fatal("share_slots: the handler and its policy share no placements")
@@ -678,7 +678,7 @@ func TestClusterLeastConnConcurrentSelects(t *testing.T) {
 // is replaced where it was, and a target that moved away from an upstream
 // does not send requests past the room the others were given.
 func TestClusterLeastConnHoldsUntilNextRenewal(t *testing.T) {
-	loads := []slots.Load{{Upstream: "a", Inflight: 1, Slots: 4}, {Upstream: "b", Inflight: 0, Slots: 4}}
+	loads := []cluster.Load{{Upstream: "a", Inflight: 1, Slots: 4}, {Upstream: "b", Inflight: 0, Slots: 4}}
 	prev := map[string]int{"a": 3, "b": 1}
 	// Holding 3 with 1 in flight: 2 more may have gone out, by the old targets.
 	if got, want := holdsUntilNext(loads, prev, 3), map[string]int{"a": 3, "b": 1}; !maps.Equal(got, want) {
@@ -691,9 +691,9 @@ func TestClusterLeastConnHoldsUntilNextRenewal(t *testing.T) {
 
 	u1, u2 := newFakeUpstream(t), newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"lch:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
+	cc := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"lch:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
 	proxy := fmt.Sprintf(`{"handler":"reverse_proxy","upstreams":[{"dial":%q},{"dial":%q}]}`, u1.dial(), u2.dial())
-	h, _ := mustLoad(t, fmt.Sprintf(`{"name":%q,"tokenizer":"approx","proxy":%s,"cluster":%s}`, queueName(t), proxy, cluster))
+	h, _ := mustLoad(t, fmt.Sprintf(`{"name":%q,"tokenizer":"approx","proxy":%s,"cluster":%s}`, queueName(t), proxy, cc))
 	p := h.proxy.LoadBalancing.SelectionPolicy.(*ClusterLeastConn)
 	eventually(t, "the first renewal", func() bool { return h.shared.slotView.Load() != nil })
 	// The new targets put nothing on u1; the renewal held 2 there.
@@ -733,8 +733,8 @@ func TestClusterLeastConnHoldsUntilNextRenewal(t *testing.T) {
 func TestClusterSharedSlotsRedisLost(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"lost:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
-	cfg := func(name string) string { return fqConfig(name, u, `"max_inflight":4,"cluster":`+cluster) }
+	cc := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"lost:","share_slots":true,"sync":"10s","lease_ttl":"40s"}`, mr.Addr())
+	cfg := func(name string) string { return fqConfig(name, u, `"max_inflight":4,"cluster":`+cc) }
 	ha, _ := mustLoad(t, cfg(queueName(t)+"_a"))
 	hb, _ := mustLoad(t, cfg(queueName(t)+"_b"))
 	// With a 10s sync, renewals come from kicks alone.
@@ -762,7 +762,7 @@ func TestClusterSharedSlotsRedisLost(t *testing.T) {
 	mr.FlushAll()
 	ha.shared.kickSlots()
 	eventually(t, "A's entry back in the pool", func() bool {
-		fields, _ := mr.HKeys(poolKey("lost:"))
+		fields, _ := mr.HKeys(cluster.PoolKey("lost:"))
 		return len(fields) == 1 && fields[0] == ha.shared.instance
 	})
 	eventually(t, "A's renewal applied", func() bool { return !ha.shared.slotSyncing.Load() })
@@ -780,8 +780,8 @@ func TestClusterSharedSlotsRedisLost(t *testing.T) {
 func TestClusterSharedSlotsRestoreWaitsForEveryGateway(t *testing.T) {
 	u := newFakeUpstream(t)
 	mr := miniredis.RunT(t)
-	cluster := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"wait:","share_slots":true,"sync":"100ms","lease_ttl":"20s"}`, mr.Addr())
-	cfg := func(name string) string { return fqConfig(name, u, `"max_inflight":4,"cluster":`+cluster) }
+	cc := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"wait:","share_slots":true,"sync":"100ms","lease_ttl":"20s"}`, mr.Addr())
+	cfg := func(name string) string { return fqConfig(name, u, `"max_inflight":4,"cluster":`+cc) }
 	ha, _ := mustLoad(t, cfg(queueName(t)+"_a"))
 	hb, _ := mustLoad(t, cfg(queueName(t)+"_b"))
 	// Split while idle first: A alone would fill the pool with its own.
@@ -809,7 +809,7 @@ func TestClusterSharedSlotsRestoreWaitsForEveryGateway(t *testing.T) {
 			t.Fatalf("A took %d slots while B, not renewed since Redis lost the pool, holds 2 of 4", a.Capacity)
 		}
 	})
-	if fields, _ := mr.HKeys(poolKey("wait:")); len(fields) != 1 || fields[0] != ha.shared.instance {
+	if fields, _ := mr.HKeys(cluster.PoolKey("wait:")); len(fields) != 1 || fields[0] != ha.shared.instance {
 		t.Fatalf("entries %v, want A's alone (A renewed, B did not)", fields)
 	}
 	if ha.shared.slotRestoreSince.Load() == 0 {

@@ -16,7 +16,6 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 	"github.com/caddy-fair-queue/caddy-fair-queue/history"
-	"github.com/caddy-fair-queue/caddy-fair-queue/shares"
 )
 
 // tickPeriod is how often a queue expires deadlines, re-reads upstream
@@ -90,8 +89,8 @@ type sharedQueue struct {
 	shareSyncing atomic.Bool
 	sharing      atomic.Bool
 	sharesUp     atomic.Bool
-	shareMine    []shares.Served
-	shareTheirs  []shares.Served
+	shareMine    []fairqueue.Served
+	shareTheirs  []fairqueue.Served
 	// acctSyncAt and acctSyncing pace the syncs of the provider account
 	// with Redis (cluster_account.go); acctUp says whether the last one
 	// reached it.

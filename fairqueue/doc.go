@@ -90,8 +90,8 @@
 //
 // Several gateways in front of one pool each run a Queue and share state
 // through the quota Store (Config.QuotaStore, Config.AccountStore) and the
-// slots each holds of the pool (SetSlotLimit), a grant weighted by
-// BackloggedWeight. Bounds, for N gateways and P slots:
+// slots each holds of the pool (SetSlotLimit, from package cluster), a grant
+// weighted by BackloggedWeight. Bounds, for N gateways and P slots:
 //
 //   - Tenant quotas (gate.go): a request is booked on its tenant's quota on
 //     arrival, first come first served over all gateways, and refused at once
@@ -101,13 +101,13 @@
 //   - Between gateways: once demand is steady, within two sync intervals each
 //     gateway holds its weighted share, to within one slot. Requests in
 //     flight count in a gateway's demand, not its weight.
-//   - Virtual time, with sharing (TakeServed, ChargeRemote): each gateway
-//     charges a tenant queued here what the others served it, so a tenant
-//     with work on several gateways is served by its weight across the
-//     cluster, within a lag of one sync interval plus a round trip. It acts
-//     only where the tenant competes: the grants a tenant alone on k gateways
-//     claims there stay its own. Without sharing a tenant gets up to N times
-//     its weight's share of the pool.
+//   - Virtual time, with sharing (TakeServed, ChargeRemote; package cluster):
+//     each gateway charges a tenant queued here what the others served it,
+//     so a tenant with work on several gateways is served by its weight
+//     across the cluster, within a lag of one sync interval plus a round
+//     trip. It acts only where the tenant competes: the grants a tenant alone
+//     on k gateways claims there stay its own. Without sharing a tenant gets
+//     up to N times its weight's share of the pool.
 //
 // Nothing in the scheduler waits on the network.
 //

@@ -1,13 +1,9 @@
 package fairqueue
 
-import (
-	"math"
-
-	sharestream "github.com/caddy-fair-queue/caddy-fair-queue/shares"
-)
+import "math"
 
 // Shared virtual time: gateways in front of one pool exchange the cost
-// they charged each tenant (package shares, through Redis), and each
+// they charged each tenant (package cluster, through Redis), and each
 // applies what the others charged to its own copy of the tenant, so that
 // a tenant served heavily through one gateway is behind on the others.
 // See doc.go, "Several gateways", for the bound.
@@ -16,8 +12,14 @@ import (
 // service (TakeServed) and applies of the others' (ChargeRemote). The
 // cost is in the queue's cost units: estimates at dispatch, corrected
 // (either sign) when the usage is known, as the tenant's own virtual time
-// was. It is package shares' entry, which carries it between gateways.
-type Served = sharestream.Served
+// was. Package cluster carries it between gateways; with Group it is the
+// undeclared tenants' cost together (Tenant is then empty), so that the
+// names callers choose never leave the gateway.
+type Served struct {
+	Tenant string
+	Cost   float64
+	Group  bool
+}
 
 // TakeServed appends to dst the cost charged to each tenant since the
 // previous call, one entry per name, and clears it. The first call starts

@@ -109,7 +109,7 @@ type Limits struct {
 	tolerance int64 // ns: BurstAllow x BurstWindow
 
 	// scaled caches the last Scale result, so that a caller scaling the
-	// same Limits on every decision (Fallback) allocates once per config.
+	// same Limits on every decision (Local) allocates once per config.
 	scaled atomic.Pointer[scaledLimits]
 }
 
@@ -150,7 +150,7 @@ func (c Config) compile() *Limits {
 //
 // N gateways deciding alone on l.Scale(1/N) together admit at most what
 // one store deciding on l would, bursts included: the local limits of a
-// cluster whose shared store is unreachable (Fallback).
+// cluster whose shared store is unreachable (Local).
 //
 // The result is cached in l for the last f asked, so a caller scaling the
 // same Limits on every decision does not allocate. The scaled rates are

@@ -177,9 +177,9 @@
 // replicates asynchronously: a failover may lose the last writes, giving
 // tenants back up to the replication lag's worth of charges.
 //
-// # Fallback
+// # Local
 //
-// Fallback is the store a gateway of a cluster uses: Redis while it answers,
+// Local is the store a gateway of a cluster uses: Redis while it answers,
 // and, from the first call that fails or times out, a local Memory on every
 // quota scaled by 1/instances (Limits.Scale: rates divided, the burst
 // window's time kept, so the instances' bursts add up to one). It reports

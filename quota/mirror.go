@@ -32,7 +32,7 @@ type Scaled interface {
 type MirrorOptions struct {
 	// Instances is the number of gateways that share the Syncer: each
 	// decides alone on 1/Instances of every meter's limits (as a
-	// Fallback does in an outage; Limits.Scale). 0 or 1: the full limits.
+	// Local does in an outage; Limits.Scale). 0 or 1: the full limits.
 	Instances int
 	// Clock reads the time of the local meters and of the syncs (time.Now
 	// when nil).

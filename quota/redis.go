@@ -135,7 +135,7 @@ func (r *Redis) Load(ctx context.Context) error {
 }
 
 // RedisOutage reports whether err, returned by a Redis store, may mean
-// Redis is unreachable or unfit for quotas (for FallbackOptions.Outage),
+// Redis is unreachable or unfit for quotas (for LocalOptions.Outage),
 // rather than that one tenant's key is of another type (WRONGTYPE, which
 // Redis sends from inside the script, and miniredis after its own prefix).
 func RedisOutage(err error) bool {

@@ -53,7 +53,7 @@ type Store interface {
 }
 
 // Remote is implemented by a Store whose calls may wait on a network (the
-// Redis store, and a Fallback over one): a caller that holds a lock other
+// Redis store, and a Local over one): a caller that holds a lock other
 // work waits on must make them outside it. A Store that does not implement
 // it, or answers false, decides in memory.
 type Remote interface {

@@ -81,14 +81,14 @@ for _ in $(seq 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break;
 export REDIS_ADDR=127.0.0.1:$redis_port
 
 echo "== unit, engine and simulator tests (race)"
-FQ_TEST_SLOWDOWN=$race_slowdown go test -race -count=1 ./fairqueue/... ./budget/ ./degrade/ ./llmapi/ ./quota/ ./slots/ ./shares/ ./costmodel/ ./history/ ./internal/...
+FQ_TEST_SLOWDOWN=$race_slowdown go test -race -count=1 ./fairqueue/... ./budget/ ./degrade/ ./llmapi/ ./quota/ ./cluster/ ./costmodel/ ./history/ ./internal/...
 FQ_TEST_SLOWDOWN=$race_slowdown go -C cmd/fqsim test -race -count=1 ./...
 
 echo "== without the race detector: the accuracy tests and full-size runs it makes too slow"
 go test -count=1 ./llmapi/ ./fairqueue/simulator/
 
 echo "== every benchmark once, so that none rots (make bench measures them)"
-go test -count=1 -run '^$' -bench . -benchtime 1x ./fairqueue/... ./budget/ ./degrade/ ./llmapi/ ./quota/ ./slots/ ./shares/ ./costmodel/ ./history/ .
+go test -count=1 -run '^$' -bench . -benchtime 1x ./fairqueue/... ./budget/ ./degrade/ ./llmapi/ ./quota/ ./cluster/ ./costmodel/ ./history/ .
 
 # A count of inputs, not a duration: with -fuzztime 20s the coordinator's
 # deadline can fire while a worker is mid-input on a stalled shared machine,

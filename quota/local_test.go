@@ -50,9 +50,9 @@ func TestLimitsScale(t *testing.T) {
 	}
 }
 
-// fallbackRig is a Fallback over Redis on miniredis, both on one virtual
+// localRig is a Local over Redis on miniredis, both on one virtual
 // clock, with its outage reports and the primary's round trips counted.
-type fallbackRig struct {
+type localRig struct {
 	clk *vclock
 	mr  interface {
 		Close()
@@ -60,19 +60,19 @@ type fallbackRig struct {
 	}
 	r      *Redis
 	rt     *roundTrips
-	f      *Fallback
+	f      *Local
 	mu     sync.Mutex
 	events []bool // OnChange's degraded values, in order
 	errs   []error
 }
 
-func newFallbackRig(t *testing.T, instances int, probe bool) *fallbackRig {
+func newLocalRig(t *testing.T, instances int, probe bool) *localRig {
 	mr, c := newMiniredis(t)
 	clk := newVclock()
-	rig := &fallbackRig{clk: clk, mr: mr, rt: &roundTrips{}}
+	rig := &localRig{clk: clk, mr: mr, rt: &roundTrips{}}
 	c.AddHook(rig.rt)
 	rig.r = NewRedis(c, RedisOptions{Timeout: time.Second})
-	opts := FallbackOptions{Instances: instances, Clock: clk.Now,
+	opts := LocalOptions{Instances: instances, Clock: clk.Now,
 		OnChange: func(degraded bool, err error) {
 			rig.mu.Lock()
 			defer rig.mu.Unlock()
@@ -82,43 +82,43 @@ func newFallbackRig(t *testing.T, instances int, probe bool) *fallbackRig {
 	if probe {
 		opts.Probe = rig.r.Load
 	}
-	rig.f = NewFallback(rig.r, NewMemory(clk.Now), opts)
+	rig.f = NewLocal(rig.r, NewMemory(clk.Now), opts)
 	return rig
 }
 
-func (rig *fallbackRig) changes() []bool {
+func (rig *localRig) changes() []bool {
 	rig.mu.Lock()
 	defer rig.mu.Unlock()
 	return append([]bool(nil), rig.events...)
 }
 
-func (rig *fallbackRig) charge(t *testing.T, tenant string, l *Limits, tokens int64) Decision {
+func (rig *localRig) charge(t *testing.T, tenant string, l *Limits, tokens int64) Decision {
 	t.Helper()
 	d, err := rig.f.Charge(bg, tenant, l, tokens)
 	if err != nil {
-		t.Fatalf("Charge: %v (a Fallback never fails a call for its primary)", err)
+		t.Fatalf("Charge: %v (a Local never fails a call for its primary)", err)
 	}
 	return d
 }
 
-// TestFallbackOutage: a primary that goes away is noticed by one call,
+// TestLocalOutage: a primary that goes away is noticed by one call,
 // reported once, and costs no round trip per call afterwards; local
 // decisions run at 1/instances of the limits; a retry per Retry period
 // tries the primary, and the first that succeeds ends the outage, reported
 // once.
-func TestFallbackOutage(t *testing.T) {
+func TestLocalOutage(t *testing.T) {
 	// 1000 tokens/s, no burst: a 1000-token request is one second of debt
 	// on the shared store, three on an instance's share.
 	l := MustCompile(Config{TokensPerMin: 60000})
-	rig := newFallbackRig(t, 3, false)
+	rig := newLocalRig(t, 3, false)
 	f := rig.f
 
 	d := rig.charge(t, "a", l, 1000)
 	if !d.Allowed || d.Status.Tokens.Reset != time.Second {
 		t.Fatalf("healthy charge: %+v, want allowed with 1s of debt on the shared store", d)
 	}
-	if f.Degraded() || f.Fallbacks() != 0 || len(rig.changes()) != 0 {
-		t.Fatalf("healthy: degraded %v, fallbacks %d, changes %v", f.Degraded(), f.Fallbacks(), rig.changes())
+	if f.Degraded() || f.LocalCalls() != 0 || len(rig.changes()) != 0 {
+		t.Fatalf("healthy: degraded %v, locals %d, changes %v", f.Degraded(), f.LocalCalls(), rig.changes())
 	}
 
 	rig.mr.Close()
@@ -126,8 +126,8 @@ func TestFallbackOutage(t *testing.T) {
 	if !d.Allowed || d.Status.Tokens.Reset != 3*time.Second {
 		t.Errorf("first charge in the outage: %+v, want allowed locally with 3s of debt (a third of the rate)", d)
 	}
-	if !f.Degraded() || f.Fallbacks() != 1 {
-		t.Errorf("after the failure: degraded %v, fallbacks %d; want true, 1", f.Degraded(), f.Fallbacks())
+	if !f.Degraded() || f.LocalCalls() != 1 {
+		t.Errorf("after the failure: degraded %v, locals %d; want true, 1", f.Degraded(), f.LocalCalls())
 	}
 	if got := rig.changes(); len(got) != 1 || !got[0] || rig.errs[0] == nil {
 		t.Fatalf("OnChange calls %v (errors %v), want one, degraded with the error", got, rig.errs)
@@ -149,13 +149,13 @@ func TestFallbackOutage(t *testing.T) {
 	if n := rig.rt.n.Load() - before; n != 0 {
 		t.Errorf("%d round trips to the primary within Retry of the failure, want 0", n)
 	}
-	if f.Fallbacks() != 5 {
-		t.Errorf("fallbacks %d, want 5 (every call since the failure)", f.Fallbacks())
+	if f.LocalCalls() != 5 {
+		t.Errorf("locals %d, want 5 (every call since the failure)", f.LocalCalls())
 	}
 
 	// Retry passed, primary still down: one call tries it, the others of
 	// the next period do not; nothing is reported again.
-	rig.clk.Advance(DefaultFallbackRetry)
+	rig.clk.Advance(DefaultLocalRetry)
 	before = rig.rt.n.Load()
 	for range 3 {
 		rig.charge(t, "c", l, 1)
@@ -171,17 +171,17 @@ func TestFallbackOutage(t *testing.T) {
 	if err := rig.mr.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	rig.clk.Advance(DefaultFallbackRetry / 2)
+	rig.clk.Advance(DefaultLocalRetry / 2)
 	before = rig.rt.n.Load()
 	rig.charge(t, "c", l, 1)
 	if n := rig.rt.n.Load() - before; n != 0 || !f.Degraded() {
 		t.Errorf("half a period after a failed retry: %d round trips, degraded %v; want 0, true", n, f.Degraded())
 	}
-	rig.clk.Advance(DefaultFallbackRetry / 2)
-	fallbacks := f.Fallbacks()
+	rig.clk.Advance(DefaultLocalRetry / 2)
+	locals := f.LocalCalls()
 	rig.charge(t, "d", l, 1000)
-	if f.Degraded() || f.Fallbacks() != fallbacks {
-		t.Errorf("retry against the restarted primary: degraded %v, fallbacks +%d; want false, +0", f.Degraded(), f.Fallbacks()-fallbacks)
+	if f.Degraded() || f.LocalCalls() != locals {
+		t.Errorf("retry against the restarted primary: degraded %v, locals +%d; want false, +0", f.Degraded(), f.LocalCalls()-locals)
 	}
 	if got := rig.changes(); len(got) != 2 || got[1] || rig.errs[1] != nil {
 		t.Errorf("OnChange calls %v, want [true false]: the outage's end reported once", got)
@@ -193,12 +193,12 @@ func TestFallbackOutage(t *testing.T) {
 	}
 }
 
-// TestFallbackProbe: with a Probe, no call waits on the primary while it
+// TestLocalProbe: with a Probe, no call waits on the primary while it
 // is down: after Retry a call starts one probe in the background and is
 // answered locally; the probe's success ends the outage.
-func TestFallbackProbe(t *testing.T) {
+func TestLocalProbe(t *testing.T) {
 	l := MustCompile(Config{QPS: 10})
-	rig := newFallbackRig(t, 2, true)
+	rig := newLocalRig(t, 2, true)
 	f := rig.f
 	probes := make(chan error, 10)
 	recovered := make(chan bool)
@@ -220,11 +220,11 @@ func TestFallbackProbe(t *testing.T) {
 	if !f.Degraded() {
 		t.Fatal("not degraded after a failed call")
 	}
-	rig.clk.Advance(DefaultFallbackRetry)
+	rig.clk.Advance(DefaultLocalRetry)
 	before := rig.rt.n.Load()
-	fallbacks := f.Fallbacks()
+	locals := f.LocalCalls()
 	rig.charge(t, "a", l, 0) // starts the probe, answered locally
-	if f.Fallbacks() != fallbacks+1 {
+	if f.LocalCalls() != locals+1 {
 		t.Error("the call that started a probe was not answered locally")
 	}
 	if err := recv(t, probes); err == nil {
@@ -244,7 +244,7 @@ func TestFallbackProbe(t *testing.T) {
 	if err := rig.mr.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	rig.clk.Advance(DefaultFallbackRetry)
+	rig.clk.Advance(DefaultLocalRetry)
 	rig.charge(t, "a", l, 0) // starts the probe
 	if err := recv(t, probes); err != nil {
 		t.Fatalf("probe of the restarted server: %v", err)
@@ -254,9 +254,9 @@ func TestFallbackProbe(t *testing.T) {
 		t.Fatal("degraded after a successful probe")
 	}
 	before = rig.rt.n.Load()
-	fallbacks = f.Fallbacks()
+	locals = f.LocalCalls()
 	rig.charge(t, "a", l, 0)
-	if rig.rt.n.Load()-before != 1 || f.Fallbacks() != fallbacks {
+	if rig.rt.n.Load()-before != 1 || f.LocalCalls() != locals {
 		t.Error("after the probe's success the call did not go to the primary")
 	}
 }
@@ -275,7 +275,7 @@ func recv[T any](t *testing.T, ch <-chan T) T {
 }
 
 // probeDone waits until f's probe goroutine has recorded its outcome.
-func probeDone(t *testing.T, f *Fallback) {
+func probeDone(t *testing.T, f *Local) {
 	t.Helper()
 	for i := 0; f.probing.Load(); i++ {
 		if i == 30000 {
@@ -285,37 +285,37 @@ func probeDone(t *testing.T, f *Fallback) {
 	}
 }
 
-// TestFallbackCallerContext: the caller's own context ending is its error,
+// TestLocalCallerContext: the caller's own context ending is its error,
 // not an outage.
-func TestFallbackCallerContext(t *testing.T) {
-	rig := newFallbackRig(t, 3, false)
+func TestLocalCallerContext(t *testing.T) {
+	rig := newLocalRig(t, 3, false)
 	ctx, cancel := context.WithCancel(bg)
 	cancel()
 	_, err := rig.f.Charge(ctx, "a", MustCompile(Config{QPS: 1}), 0)
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled caller: %v, want context.Canceled", err)
 	}
-	if rig.f.Degraded() || rig.f.Fallbacks() != 0 || len(rig.changes()) != 0 {
+	if rig.f.Degraded() || rig.f.LocalCalls() != 0 || len(rig.changes()) != 0 {
 		t.Error("a cancelled caller started an outage")
 	}
 }
 
-// TestFallbackClusterShare: three instances whose shared store is down
+// TestLocalClusterShare: three instances whose shared store is down
 // from the start, each deciding alone on its third, hold a tenant that
 // sends three times its rate round-robin over them to its quota: over a
 // minute of virtual time the tokens allowed are rate x time + the burst
 // allowance, within 1% (the instances' shares of the burst add up to one
 // burst), not three times it.
-func TestFallbackClusterShare(t *testing.T) {
+func TestLocalClusterShare(t *testing.T) {
 	cfg := Config{TokensPerMin: 60000, BurstWindow: 10 * time.Second, BurstAllow: 0.2}
 	l := MustCompile(cfg)
 	mr, c := newMiniredis(t)
 	mr.Close()
 	clk := newVclock()
-	var fs []*Fallback
+	var fs []*Local
 	for range 3 {
-		fs = append(fs, NewFallback(NewRedis(c, RedisOptions{}), NewMemory(clk.Now),
-			FallbackOptions{Instances: 3, Clock: clk.Now, Retry: time.Hour}))
+		fs = append(fs, NewLocal(NewRedis(c, RedisOptions{}), NewMemory(clk.Now),
+			LocalOptions{Instances: 3, Clock: clk.Now, Retry: time.Hour}))
 	}
 	const (
 		tokens = 100
@@ -345,17 +345,17 @@ func TestFallbackClusterShare(t *testing.T) {
 	}
 }
 
-// TestFallbackConcurrent runs calls from several goroutines while the
+// TestLocalConcurrent runs calls from several goroutines while the
 // primary goes down and comes back twice (with -race): no call fails, the
 // outages are reported alternately (down, up, down, up), and it ends
 // deciding on the primary.
-func TestFallbackConcurrent(t *testing.T) {
+func TestLocalConcurrent(t *testing.T) {
 	l := MustCompile(seedCfg)
 	mr, c := newMiniredis(t)
 	clk := newVclock()
 	var mu sync.Mutex
 	var events []bool
-	f := NewFallback(NewRedis(c, RedisOptions{Timeout: time.Second}), NewMemory(clk.Now), FallbackOptions{
+	f := NewLocal(NewRedis(c, RedisOptions{Timeout: time.Second}), NewMemory(clk.Now), LocalOptions{
 		Instances: 2, Clock: clk.Now,
 		OnChange: func(d bool, _ error) { mu.Lock(); events = append(events, d); mu.Unlock() },
 	})
@@ -401,18 +401,18 @@ func TestFallbackConcurrent(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	waitFallbacks := func(min uint64) {
-		wait("local decisions", func() bool { return f.Fallbacks() >= min })
+	waitLocalCalls := func(min uint64) {
+		wait("local decisions", func() bool { return f.LocalCalls() >= min })
 	}
 	waitPrimary := func() {
 		wait("the primary", func() bool {
-			clk.Advance(DefaultFallbackRetry)
+			clk.Advance(DefaultLocalRetry)
 			return !f.Degraded()
 		})
 	}
 	for range 2 {
 		mr.Close()
-		waitFallbacks(f.Fallbacks() + 100)
+		waitLocalCalls(f.LocalCalls() + 100)
 		if err := mr.Restart(); err != nil {
 			t.Fatal(err)
 		}
@@ -444,10 +444,10 @@ func TestFallbackConcurrent(t *testing.T) {
 
 var _ redis.Hook = (*roundTrips)(nil)
 
-// TestFallbackPoll: with no calls at all, Poll starts the probe once the
+// TestLocalPoll: with no calls at all, Poll starts the probe once the
 // retry is due, and its success ends the outage.
-func TestFallbackPoll(t *testing.T) {
-	rig := newFallbackRig(t, 1, true)
+func TestLocalPoll(t *testing.T) {
+	rig := newLocalRig(t, 1, true)
 	f := rig.f
 	rig.mr.Close()
 	rig.charge(t, "a", MustCompile(Config{QPS: 1}), 0)
@@ -459,7 +459,7 @@ func TestFallbackPoll(t *testing.T) {
 	if !f.Degraded() {
 		t.Fatal("Poll probed before the retry was due")
 	}
-	rig.clk.Advance(DefaultFallbackRetry)
+	rig.clk.Advance(DefaultLocalRetry)
 	f.Poll()
 	probeDone(t, f)
 	if f.Degraded() {
@@ -470,12 +470,12 @@ func TestFallbackPoll(t *testing.T) {
 	}
 }
 
-// TestFallbackPeekBacklog: on the shared store a Peek counts the local
+// TestLocalPeekBacklog: on the shared store a Peek counts the local
 // backlog once per instance (the cluster's backlog under an even load
 // balancer); locally, once against the instance's share: the same wait.
-func TestFallbackPeekBacklog(t *testing.T) {
+func TestLocalPeekBacklog(t *testing.T) {
 	l := MustCompile(Config{TokensPerMin: 60000}) // 1000 tokens/s, no burst
-	rig := newFallbackRig(t, 3, false)
+	rig := newLocalRig(t, 3, false)
 	ahead := Backlog{Requests: 2, Tokens: 1000}
 	d, err := rig.f.Peek(bg, "a", l, ahead)
 	if err != nil {
@@ -495,11 +495,11 @@ func TestFallbackPeekBacklog(t *testing.T) {
 	}
 }
 
-// TestFallbackPeekAtRest: a Peek with nothing ahead, for a tenant the
+// TestLocalPeekAtRest: a Peek with nothing ahead, for a tenant the
 // primary last said would be at rest by now, costs no round trip and is
 // allowed; otherwise it asks the primary. A charge another instance made
 // since is found by the Charge, which always asks.
-func TestFallbackPeekAtRest(t *testing.T) {
+func TestLocalPeekAtRest(t *testing.T) {
 	l := MustCompile(Config{QPS: 1}) // one request a second, no burst
 	mr, c := newMiniredis(t)
 	var rt roundTrips
@@ -513,8 +513,8 @@ func TestFallbackPeekAtRest(t *testing.T) {
 	if err := r.Load(bg); err != nil {
 		t.Fatal(err)
 	}
-	f := NewFallback(r, NewMemory(clk.Now), FallbackOptions{Instances: 2, Clock: clk.Now})
-	other := NewFallback(NewRedis(c, RedisOptions{}), NewMemory(clk.Now), FallbackOptions{Instances: 2, Clock: clk.Now})
+	f := NewLocal(r, NewMemory(clk.Now), LocalOptions{Instances: 2, Clock: clk.Now})
+	other := NewLocal(NewRedis(c, RedisOptions{}), NewMemory(clk.Now), LocalOptions{Instances: 2, Clock: clk.Now})
 	trips := func(what string, want int64, call func()) {
 		t.Helper()
 		before := rt.n.Load()
@@ -572,15 +572,15 @@ func TestFallbackPeekAtRest(t *testing.T) {
 	trips("Peek after that refusal", 1, func() { peek(Backlog{}) })
 }
 
-// TestFallbackTenantError: an error Outage says concerns one tenant (here
+// TestLocalTenantError: an error Outage says concerns one tenant (here
 // a key of another type at its name) is decided locally without starting
 // an outage: the other tenants stay on the primary, nothing is reported.
-func TestFallbackTenantError(t *testing.T) {
+func TestLocalTenantError(t *testing.T) {
 	l := MustCompile(Config{QPS: 1})
 	mr, c := newMiniredis(t)
 	clk := newVclock()
 	var changes int
-	f := NewFallback(NewRedis(c, RedisOptions{}), NewMemory(clk.Now), FallbackOptions{
+	f := NewLocal(NewRedis(c, RedisOptions{}), NewMemory(clk.Now), LocalOptions{
 		Instances: 2, Clock: clk.Now,
 		OnChange: func(bool, error) { changes++ },
 		Outage:   RedisOutage,
@@ -595,24 +595,24 @@ func TestFallbackTenantError(t *testing.T) {
 		t.Error("RedisOutage: network errors must be outages")
 	}
 	d, err := f.Charge(bg, "bad", l, 0)
-	if err != nil || !d.Allowed || f.Fallbacks() != 1 {
-		t.Errorf("tenant with a bad key: %+v %v, fallbacks %d; want allowed locally", d, err, f.Fallbacks())
+	if err != nil || !d.Allowed || f.LocalCalls() != 1 {
+		t.Errorf("tenant with a bad key: %+v %v, locals %d; want allowed locally", d, err, f.LocalCalls())
 	}
 	if f.Degraded() || changes != 0 {
 		t.Errorf("one tenant's bad key: degraded %v, %d reports; want no outage", f.Degraded(), changes)
 	}
-	if _, err := f.Charge(bg, "good", l, 0); err != nil || !mr.Exists(DefaultRedisPrefix+"t{good}") || f.Fallbacks() != 1 {
-		t.Errorf("another tenant: %v, fallbacks %d; want it charged in redis", err, f.Fallbacks())
+	if _, err := f.Charge(bg, "good", l, 0); err != nil || !mr.Exists(DefaultRedisPrefix+"t{good}") || f.LocalCalls() != 1 {
+		t.Errorf("another tenant: %v, locals %d; want it charged in redis", err, f.LocalCalls())
 	}
 }
 
-// TestFallbackBook: a booking is the shared store's while it answers
+// TestLocalBook: a booking is the shared store's while it answers
 // (first come, first served over the instances) and the local share's
 // during an outage: with three instances, a request books three times as
 // far ahead of the same debt.
-func TestFallbackBook(t *testing.T) {
+func TestLocalBook(t *testing.T) {
 	l := MustCompile(Config{TokensPerMin: 60000}) // 1000 tokens/s, no burst
-	rig := newFallbackRig(t, 3, false)
+	rig := newLocalRig(t, 3, false)
 	f := rig.f
 	for i, want := range []time.Duration{0, time.Second} {
 		d, err := f.Book(bg, "a", l, 1000, 5*time.Second, 0)
@@ -630,7 +630,7 @@ func TestFallbackBook(t *testing.T) {
 	if d, err := f.Book(bg, "b", l, 1000, 5*time.Second, 0); err != nil || d.Allowed || d.RetryAfter != 6*time.Second {
 		t.Fatalf("local booking past maxWait: %+v, %v; want refused, 6s", d, err)
 	}
-	if !f.Degraded() || f.Fallbacks() != 3 {
-		t.Errorf("degraded %v, fallbacks %d; want true, 3", f.Degraded(), f.Fallbacks())
+	if !f.Degraded() || f.LocalCalls() != 3 {
+		t.Errorf("degraded %v, locals %d; want true, 3", f.Degraded(), f.LocalCalls())
 	}
 }

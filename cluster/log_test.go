@@ -1,4 +1,4 @@
-package caddyfairqueue
+package cluster
 
 import (
 	"context"

@@ -8,21 +8,21 @@ import (
 	"time"
 )
 
-// DefaultFallbackRetry is how long a Fallback decides locally after its
+// DefaultLocalRetry is how long a Local decides locally after its
 // primary failed before it tries the primary again, when its options name
 // no other time.
-const DefaultFallbackRetry = time.Second
+const DefaultLocalRetry = time.Second
 
-// FallbackOptions configures a Fallback. The zero value is usable: one
-// instance, DefaultFallbackRetry, time.Now, retries on a caller's call.
-type FallbackOptions struct {
+// LocalOptions configures a Local. The zero value is usable: one
+// instance, DefaultLocalRetry, time.Now, retries on a caller's call.
+type LocalOptions struct {
 	// Instances is the number of gateways that share the primary. While the
 	// primary is unreachable each decides alone on limits scaled by
 	// 1/Instances (Limits.Scale), so that together they admit about what
 	// the shared store would. 0 or 1: the full limits.
 	Instances int
 	// Retry is how long after a failure the primary is tried again
-	// (DefaultFallbackRetry when zero). Between retries every call is
+	// (DefaultLocalRetry when zero). Between retries every call is
 	// answered locally at once: an outage costs a caller the primary's
 	// timeout only on the call that finds it, not on every call.
 	Retry time.Duration
@@ -34,7 +34,7 @@ type FallbackOptions struct {
 	// restarted server lost): once Retry has passed, a call starts one
 	// probe and is answered locally, so no caller waits on a primary that
 	// is still down. The probe must bound its own time (a context timeout)
-	// and may run while the Fallback is used. When nil, the first call
+	// and may run while the Local is used. When nil, the first call
 	// after Retry goes to the primary itself, and its success ends the
 	// outage.
 	Probe func(ctx context.Context) error
@@ -55,8 +55,8 @@ type FallbackOptions struct {
 	Outage func(error) bool
 }
 
-// Fallback is a Store that decides on a shared primary (Redis) and, while
-// the primary fails, on a local Memory with limits scaled by 1/Instances:
+// Local is a Store that decides on a shared primary (Redis) and, while
+// the primary fails, locally: on a Memory with limits scaled by 1/Instances:
 // a quota store that is down or slow never fails a request by itself, and
 // N instances deciding alone hold a tenant to about its quota, not N
 // times it (guarantee 1 per instance, at rate/N; the sum is the rate when
@@ -75,7 +75,7 @@ type FallbackOptions struct {
 // charged, a refund is clipped at rest as usual. A caller's own context
 // ending (cancelled, deadline) is returned as is: it says nothing of the
 // primary.
-type Fallback struct {
+type Local struct {
 	primary Store
 	local   *Memory
 	share   float64
@@ -96,33 +96,33 @@ type Fallback struct {
 	rest      map[string]int64 // guarded by restMu
 	nextSweep int64            // guarded by restMu
 
-	degraded  atomic.Bool
-	outages   atomic.Uint64 // outages ended so far: a call's era
-	retryAt   atomic.Int64  // Unix ns: while degraded, the next retry's time
-	probing   atomic.Bool
-	fallbacks atomic.Uint64
+	degraded atomic.Bool
+	outages  atomic.Uint64 // outages ended so far: a call's era
+	retryAt  atomic.Int64  // Unix ns: while degraded, the next retry's time
+	probing  atomic.Bool
+	locals   atomic.Uint64
 }
 
 var (
-	_ Store  = (*Fallback)(nil)
-	_ Remote = (*Fallback)(nil)
+	_ Store  = (*Local)(nil)
+	_ Remote = (*Local)(nil)
 )
 
-// Remote implements Remote: a Fallback is remote when its primary is.
-func (f *Fallback) Remote() bool {
+// Remote implements Remote: a Local is remote when its primary is.
+func (f *Local) Remote() bool {
 	r, ok := f.primary.(Remote)
 	return ok && r.Remote()
 }
 
-// NewFallback returns a Fallback deciding on primary, and on local while
+// NewLocal returns a Local deciding on primary, and on local while
 // primary fails.
-func NewFallback(primary Store, local *Memory, opts FallbackOptions) *Fallback {
-	f := &Fallback{
+func NewLocal(primary Store, local *Memory, opts LocalOptions) *Local {
+	f := &Local{
 		primary:  primary,
 		local:    local,
 		share:    1,
 		n:        1,
-		retry:    int64(DefaultFallbackRetry),
+		retry:    int64(DefaultLocalRetry),
 		clock:    opts.Clock,
 		probe:    opts.Probe,
 		onChange: opts.OnChange,
@@ -144,15 +144,15 @@ func NewFallback(primary Store, local *Memory, opts FallbackOptions) *Fallback {
 
 // Degraded reports whether decisions are local now: the primary failed and
 // no retry has found it answering since.
-func (f *Fallback) Degraded() bool { return f.degraded.Load() }
+func (f *Local) Degraded() bool { return f.degraded.Load() }
 
-// Fallbacks is the number of calls answered by the local store so far.
-func (f *Fallback) Fallbacks() uint64 { return f.fallbacks.Load() }
+// LocalCalls is the number of calls answered by the local store so far.
+func (f *Local) LocalCalls() uint64 { return f.locals.Load() }
 
 // Poll starts a Probe when the outage's retry is due, so that a gateway
 // with no calls to make (no traffic under a quota) still finds its primary
 // back and reports it. It never waits; without a Probe it does nothing.
-func (f *Fallback) Poll() {
+func (f *Local) Poll() {
 	if f.probe != nil {
 		f.usePrimary()
 	}
@@ -166,7 +166,7 @@ type call struct {
 }
 
 // usePrimary says whether a call goes to the primary.
-func (f *Fallback) usePrimary() call {
+func (f *Local) usePrimary() call {
 	c := call{use: true, era: f.outages.Load()}
 	if !f.degraded.Load() {
 		return c
@@ -189,12 +189,12 @@ func (f *Fallback) usePrimary() call {
 
 // runProbe asks Probe whether the primary is back. A panic in it is an
 // error, not a crash of the process hosting the store.
-func (f *Fallback) runProbe() {
+func (f *Local) runProbe() {
 	defer f.probing.Store(false)
 	err := func() (err error) {
 		defer func() {
 			if r := recover(); r != nil {
-				err = fmt.Errorf("quota: fallback probe panicked: %v", r)
+				err = fmt.Errorf("quota: probe panicked: %v", r)
 			}
 		}()
 		return f.probe(context.Background())
@@ -208,7 +208,7 @@ func (f *Fallback) runProbe() {
 
 // answered records the outcome of a call to the primary and reports
 // whether its answer stands; false: decide locally.
-func (f *Fallback) answered(ctx context.Context, err error, c call) bool {
+func (f *Local) answered(ctx context.Context, err error, c call) bool {
 	if err == nil {
 		if c.retry {
 			f.recovered()
@@ -239,7 +239,7 @@ func (f *Fallback) answered(ctx context.Context, err error, c call) bool {
 	return false
 }
 
-func (f *Fallback) recovered() {
+func (f *Local) recovered() {
 	f.outages.Add(1)
 	if f.degraded.CompareAndSwap(true, false) && f.onChange != nil {
 		f.onChange(false, nil)
@@ -253,7 +253,7 @@ const restSweepEvery = time.Minute
 
 // observe records when the primary's answer st says tenant will be at
 // rest.
-func (f *Fallback) observe(tenant string, st Status, err error) {
+func (f *Local) observe(tenant string, st Status, err error) {
 	if err != nil {
 		return
 	}
@@ -274,7 +274,7 @@ func (f *Fallback) observe(tenant string, st Status, err error) {
 
 // seenAtRest reports whether the primary's last answer about tenant said
 // it would be at rest by now.
-func (f *Fallback) seenAtRest(tenant string) bool {
+func (f *Local) seenAtRest(tenant string) bool {
 	now := f.clock().UnixNano()
 	f.restMu.Lock()
 	at, ok := f.rest[tenant]
@@ -283,7 +283,7 @@ func (f *Fallback) seenAtRest(tenant string) bool {
 }
 
 // instanceShare is the share of a store's limits each of n instances
-// decides on alone (a Fallback in an outage, a Mirror always): 1/n, so
+// decides on alone (a Local in an outage, a Mirror always): 1/n, so
 // that together they admit at most what the shared store would
 // (Limits.Scale); 1 for n <= 1.
 func instanceShare(n int) float64 {
@@ -294,8 +294,8 @@ func instanceShare(n int) float64 {
 }
 
 // localLimits counts a local answer and returns the limits it decides on.
-func (f *Fallback) localLimits(l *Limits) *Limits {
-	f.fallbacks.Add(1)
+func (f *Local) localLimits(l *Limits) *Limits {
+	f.locals.Add(1)
 	if f.onLocal != nil {
 		f.onLocal()
 	}
@@ -321,7 +321,7 @@ func (f *Fallback) localLimits(l *Limits) *Limits {
 // asks the primary, holds it to the quota. For a tenant under its quota,
 // this makes a request two round trips (Charge, Reconcile) instead of
 // three.
-func (f *Fallback) Peek(ctx context.Context, tenant string, l *Limits, ahead Backlog) (Decision, error) {
+func (f *Local) Peek(ctx context.Context, tenant string, l *Limits, ahead Backlog) (Decision, error) {
 	if c := f.usePrimary(); c.use {
 		if ahead == (Backlog{}) && f.seenAtRest(tenant) {
 			t := Fresh(0)
@@ -337,7 +337,7 @@ func (f *Fallback) Peek(ctx context.Context, tenant string, l *Limits, ahead Bac
 }
 
 // Charge implements Store.
-func (f *Fallback) Charge(ctx context.Context, tenant string, l *Limits, tokens int64) (Decision, error) {
+func (f *Local) Charge(ctx context.Context, tenant string, l *Limits, tokens int64) (Decision, error) {
 	if c := f.usePrimary(); c.use {
 		d, err := f.primary.Charge(ctx, tenant, l, tokens)
 		if f.answered(ctx, err, c) {
@@ -350,7 +350,7 @@ func (f *Fallback) Charge(ctx context.Context, tenant string, l *Limits, tokens 
 
 // Book implements Store: on the primary, the cluster's first come, first
 // served; locally, on 1/Instances of the limits, this instance's.
-func (f *Fallback) Book(ctx context.Context, tenant string, l *Limits, tokens int64, maxWait, lead time.Duration) (Decision, error) {
+func (f *Local) Book(ctx context.Context, tenant string, l *Limits, tokens int64, maxWait, lead time.Duration) (Decision, error) {
 	if c := f.usePrimary(); c.use {
 		d, err := f.primary.Book(ctx, tenant, l, tokens, maxWait, lead)
 		if f.answered(ctx, err, c) {
@@ -362,7 +362,7 @@ func (f *Fallback) Book(ctx context.Context, tenant string, l *Limits, tokens in
 }
 
 // Reconcile implements Store.
-func (f *Fallback) Reconcile(ctx context.Context, tenant string, l *Limits, estimated, actual int64) (Status, error) {
+func (f *Local) Reconcile(ctx context.Context, tenant string, l *Limits, estimated, actual int64) (Status, error) {
 	if c := f.usePrimary(); c.use {
 		st, err := f.primary.Reconcile(ctx, tenant, l, estimated, actual)
 		if f.answered(ctx, err, c) {
@@ -374,7 +374,7 @@ func (f *Fallback) Reconcile(ctx context.Context, tenant string, l *Limits, esti
 }
 
 // Refund implements Store.
-func (f *Fallback) Refund(ctx context.Context, tenant string, l *Limits, tokens int64) (Status, error) {
+func (f *Local) Refund(ctx context.Context, tenant string, l *Limits, tokens int64) (Status, error) {
 	if c := f.usePrimary(); c.use {
 		st, err := f.primary.Refund(ctx, tenant, l, tokens)
 		if f.answered(ctx, err, c) {
@@ -386,7 +386,7 @@ func (f *Fallback) Refund(ctx context.Context, tenant string, l *Limits, tokens 
 }
 
 // Status implements Store.
-func (f *Fallback) Status(ctx context.Context, tenant string, l *Limits) (Status, error) {
+func (f *Local) Status(ctx context.Context, tenant string, l *Limits) (Status, error) {
 	if c := f.usePrimary(); c.use {
 		st, err := f.primary.Status(ctx, tenant, l)
 		if f.answered(ctx, err, c) {

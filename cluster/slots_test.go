@@ -1,7 +1,6 @@
-package slots
+package cluster
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -112,9 +111,7 @@ func newBroker(t *testing.T, be *backend, slots int, ttl time.Duration) *testBro
 	return &testBroker{NewBroker(be.c, be.key, ttl), slots}
 }
 
-var bg = context.Background()
-
-func sync(t *testing.T, b *testBroker, inst string, demand, inflight int) int {
+func syncGrant(t *testing.T, b *testBroker, inst string, demand, inflight int) int {
 	t.Helper()
 	g, err := b.Sync(bg, Renewal{Instance: inst, Slots: b.slots, Demand: demand, Holding: inflight, Weight: 1})
 	if err != nil {
@@ -144,7 +141,7 @@ func testConvergeToFairShares(t *testing.T, be *backend) {
 		{"a", 20, 4, 5}, // 8 less b's 3
 	}
 	for i, s := range steps {
-		if g := sync(t, b, s.inst, s.demand, s.inflight); g != s.want {
+		if g := syncGrant(t, b, s.inst, s.demand, s.inflight); g != s.want {
 			t.Fatalf("step %d (%s demand %d in flight %d): grant %d, want %d", i, s.inst, s.demand, s.inflight, g, s.want)
 		}
 	}
@@ -155,18 +152,18 @@ func TestCrashedGatewayExpires(t *testing.T) { onBackends(t, testCrashedGatewayE
 
 func testCrashedGatewayExpires(t *testing.T, be *backend) {
 	b := newBroker(t, be, 8, 2*time.Second)
-	sync(t, b, "a", 8, 0)
-	if g := sync(t, b, "b", 8, 0); g != 0 {
+	syncGrant(t, b, "a", 8, 0)
+	if g := syncGrant(t, b, "b", 8, 0); g != 0 {
 		t.Fatalf("b got %d while a holds the pool", g)
 	}
 	be.advanceTo(t, be.start.Add(2*time.Second+time.Millisecond))
-	if g := sync(t, b, "b", 8, 0); g != 8 {
+	if g := syncGrant(t, b, "b", 8, 0); g != 8 {
 		t.Fatalf("b got %d after a's TTL, want the whole pool", g)
 	}
 	if err := b.Release(bg, "b"); err != nil {
 		t.Fatal(err)
 	}
-	if g := sync(t, b, "c", 8, 0); g != 8 {
+	if g := syncGrant(t, b, "c", 8, 0); g != 8 {
 		t.Fatalf("c got %d after b released, want 8", g)
 	}
 }
@@ -191,7 +188,7 @@ func testNeverOverPool(t *testing.T, be *backend) {
 		// Complete some, dispatch up to the grant.
 		done := r.IntN(inflight[n] + 1)
 		inflight[n] -= done
-		grant[n] = sync(t, b, n, inflight[n]+queued[n], inflight[n])
+		grant[n] = syncGrant(t, b, n, inflight[n]+queued[n], inflight[n])
 		for inflight[n] < grant[n] && queued[n] > 0 {
 			inflight[n]++
 			queued[n]--
@@ -209,7 +206,7 @@ func testNeverOverPool(t *testing.T, be *backend) {
 	for round := 0; round < 4; round++ {
 		for _, n := range names {
 			inflight[n] = min(inflight[n], grant[n])
-			grant[n] = sync(t, b, n, 100, inflight[n])
+			grant[n] = syncGrant(t, b, n, 100, inflight[n])
 			inflight[n] = grant[n]
 		}
 	}
@@ -264,19 +261,19 @@ func TestIdleSlotsSharedOut(t *testing.T) { onBackends(t, testIdleSlotsSharedOut
 
 func testIdleSlotsSharedOut(t *testing.T, be *backend) {
 	b := newBroker(t, be, 8, time.Minute)
-	if g := sync(t, b, "a", 0, 0); g != 8 {
+	if g := syncGrant(t, b, "a", 0, 0); g != 8 {
 		t.Fatalf("a lone idle gateway got %d of an empty pool of 8", g)
 	}
-	if g := sync(t, b, "b", 0, 0); g != 0 {
+	if g := syncGrant(t, b, "b", 0, 0); g != 0 {
 		t.Fatalf("b got %d while a holds the pool", g) // a still holds 8
 	}
-	if g := sync(t, b, "a", 0, 0); g != 4 {
+	if g := syncGrant(t, b, "a", 0, 0); g != 4 {
 		t.Fatalf("a got %d, want half the spare", g)
 	}
-	if g := sync(t, b, "b", 6, 0); g != 4 {
+	if g := syncGrant(t, b, "b", 6, 0); g != 4 {
 		t.Fatalf("b with demand 6 got %d while a holds 4", g)
 	}
-	if g := sync(t, b, "a", 0, 0); g != 1 {
+	if g := syncGrant(t, b, "a", 0, 0); g != 1 {
 		t.Fatalf("a idle got %d, want 1: half of the 2 spare (8 - b's 6)", g)
 	}
 }
@@ -289,25 +286,21 @@ func TestMovesAnnounced(t *testing.T) { onBackends(t, testMovesAnnounced) }
 
 func testMovesAnnounced(t *testing.T, be *backend) {
 	b := newBroker(t, be, 8, time.Minute)
-	ps := b.Subscribe(bg)
-	t.Cleanup(func() { ps.Close() })
-	if err := ps.Subscribe(bg, b.Channel()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ps.Receive(bg); err != nil { // the subscription's confirmation
-		t.Fatal(err)
+	moves := b.Moves()
+	t.Cleanup(func() { moves.Close() })
+	listening, ch := make(chan struct{}), make(chan Move, 16)
+	go moves.Follow(func() { close(listening) }, func(mv Move) { ch <- mv })
+	select {
+	case <-listening: // the subscription's confirmation
+	case <-time.After(30 * time.Second):
+		t.Fatal("no confirmation of the subscription")
 	}
 	// next is the next announcement. That none was made is shown by the
 	// next one being the one made after it (a channel delivers in order),
 	// not by a silence of so many milliseconds.
-	ch := ps.Channel()
 	next := func() (Move, bool) {
 		select {
-		case m := <-ch:
-			mv, ok := ParseMove(m.Payload)
-			if !ok {
-				t.Fatalf("unparsable move %q", m.Payload)
-			}
+		case mv := <-ch:
 			return mv, true
 		case <-time.After(30 * time.Second):
 			return Move{}, false
@@ -366,8 +359,8 @@ func testMovesAnnounced(t *testing.T, be *backend) {
 	if mv, ok := next(); !ok || mv.Kind != Freed || mv.Instance != "a" {
 		t.Fatalf("after a's weight went up with no gateway owed, then a freed its slot: %+v (%v), want a's freed alone", mv, ok)
 	}
-	if _, ok := ParseMove("moved a"); ok {
-		t.Fatal("ParseMove accepted an unknown kind")
+	if _, ok := parseMove("moved a"); ok {
+		t.Fatal("parseMove accepted an unknown kind")
 	}
 }
 

@@ -1,7 +1,8 @@
-package caddyfairqueue
+package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -28,22 +29,24 @@ type SentinelConfig struct {
 // two round trips more; three with CLIENT SETINFO, which is off).
 const minIdleConns = 4
 
-// newClusterClient makes the cluster's Redis client from c: one server
-// (redis:// or rediss://), a primary found through Sentinel
-// (redis-sentinel:// or the sentinel block), or a Redis Cluster
-// (cluster_addrs), each through go-redis's UniversalClient with the
-// options every call relies on (see clientOptions).
-func newClusterClient(c *ClusterConfig, timeout time.Duration) (redis.UniversalClient, error) {
+// NewClient makes the cluster's Redis client: one server (url redis:// or
+// rediss://), a primary found through Sentinel (url redis-sentinel:// or
+// sentinel), or a Redis Cluster (clusterAddrs), each through go-redis's
+// UniversalClient with the options every call relies on (see
+// clientOptions). Placeholders in url and the addresses are replaced. The
+// client makes no connection until its first call; each command's time
+// goes to observe, and go-redis's own log lines to Caddy's log.
+func NewClient(url string, sentinel *SentinelConfig, clusterAddrs []string, timeout time.Duration, observe prometheus.Observer) (redis.UniversalClient, error) {
 	repl := caddy.NewReplacer()
-	raw := repl.ReplaceAll(c.Redis, "")
-	if c.Redis != "" && raw == "" {
-		return nil, fmt.Errorf("cluster: redis: no URL (%q is empty once its placeholders are replaced: is the variable set?)", c.Redis)
+	raw := repl.ReplaceAll(url, "")
+	if url != "" && raw == "" {
+		return nil, fmt.Errorf("cluster: redis: no URL (%q is empty once its placeholders are replaced: is the variable set?)", url)
 	}
-	o, err := urlOptions(c, raw)
+	o, err := urlOptions(sentinel, clusterAddrs, raw)
 	if err != nil {
 		return nil, err
 	}
-	if err := kindOptions(c, o, raw, repl); err != nil {
+	if err := kindOptions(sentinel, clusterAddrs, o, raw, repl); err != nil {
 		return nil, err
 	}
 	for _, a := range o.Addrs {
@@ -52,17 +55,22 @@ func newClusterClient(c *ClusterConfig, timeout time.Duration) (redis.UniversalC
 		}
 	}
 	clientOptions(o, timeout)
-	return redis.NewUniversalClient(o), nil
+	routeRedisLog()
+	client := redis.NewUniversalClient(o)
+	if observe != nil {
+		client.AddHook(redisTimer{observe})
+	}
+	return client, nil
 }
 
 // urlOptions reads the options the cluster's redis URL (raw, its
 // placeholders replaced) gives: one server's address, credentials,
 // database and TLS, or a sentinel:// URL's sentinels and primary.
-func urlOptions(c *ClusterConfig, raw string) (*redis.UniversalOptions, error) {
+func urlOptions(sentinel *SentinelConfig, clusterAddrs []string, raw string) (*redis.UniversalOptions, error) {
 	o := &redis.UniversalOptions{}
 	switch {
 	case strings.HasPrefix(raw, "redis-sentinel://"):
-		if c.Sentinel != nil || len(c.ClusterAddrs) > 0 {
+		if sentinel != nil || len(clusterAddrs) > 0 {
 			return nil, fmt.Errorf("cluster: a redis-sentinel:// URL names the sentinels itself: give it, or sentinel or cluster_addrs, not both")
 		}
 		if err := parseSentinelURL(raw, o); err != nil {
@@ -83,26 +91,26 @@ func urlOptions(c *ClusterConfig, raw string) (*redis.UniversalOptions, error) {
 // kindOptions sets the options of a Sentinel-watched primary (the
 // sentinel block) or a Redis Cluster (cluster_addrs) over what the URL
 // gave, or checks that the URL names a server.
-func kindOptions(c *ClusterConfig, o *redis.UniversalOptions, raw string, repl *caddy.Replacer) error {
+func kindOptions(sentinel *SentinelConfig, clusterAddrs []string, o *redis.UniversalOptions, raw string, repl *caddy.Replacer) error {
 	switch {
-	case c.Sentinel != nil && len(c.ClusterAddrs) > 0:
+	case sentinel != nil && len(clusterAddrs) > 0:
 		return fmt.Errorf("cluster: sentinel and cluster_addrs name two kinds of Redis; give one")
-	case c.Sentinel != nil:
-		if c.Sentinel.Master == "" || len(c.Sentinel.Addrs) == 0 {
+	case sentinel != nil:
+		if sentinel.Master == "" || len(sentinel.Addrs) == 0 {
 			return fmt.Errorf("cluster: sentinel needs master <name> and addrs <host:port>...")
 		}
 		// The URL, if any, gives the credentials, database and TLS.
-		o.MasterName, o.Addrs = c.Sentinel.Master, nil
-		for _, a := range c.Sentinel.Addrs {
+		o.MasterName, o.Addrs = sentinel.Master, nil
+		for _, a := range sentinel.Addrs {
 			o.Addrs = append(o.Addrs, repl.ReplaceAll(a, ""))
 		}
 		o.SentinelUsername, o.SentinelPassword = o.Username, o.Password
-	case len(c.ClusterAddrs) > 0:
+	case len(clusterAddrs) > 0:
 		if o.DB != 0 {
 			return fmt.Errorf("cluster: cluster_addrs: a Redis Cluster has database 0 only, the URL names %d", o.DB)
 		}
 		o.IsClusterMode, o.Addrs = true, nil
-		for _, a := range c.ClusterAddrs {
+		for _, a := range clusterAddrs {
 			o.Addrs = append(o.Addrs, repl.ReplaceAll(a, ""))
 		}
 	case raw == "":
@@ -182,9 +190,9 @@ func clientOptions(o *redis.UniversalOptions, timeout time.Duration) {
 // takes round trips of its own.
 func dialTimeout(timeout time.Duration) time.Duration { return max(4*timeout, time.Second) }
 
-// callBudget bounds a whole call on the client (context deadline): a dial
-// and its handshake, then the command's write and read.
-func callBudget(timeout time.Duration) time.Duration { return dialTimeout(timeout) + 3*timeout }
+// CallBudget bounds a whole call on a client of NewClient (context
+// deadline): a dial and its handshake, then the command's write and read.
+func CallBudget(timeout time.Duration) time.Duration { return dialTimeout(timeout) + 3*timeout }
 
 // redisTimer is a go-redis hook that observes each command's time, and a
 // pipeline's as one (cluster_redis_seconds).
@@ -211,3 +219,19 @@ func (r redisTimer) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 }
 
 var _ redis.Hook = redisTimer{}
+
+// redactURLError removes the URL, which may carry a password, from a
+// parse error's text.
+func redactURLError(err error, url string) error {
+	return errors.New(strings.ReplaceAll(err.Error(), url, "<url>"))
+}
+
+// The keys of the shared slots and of the shared service, each in a
+// namespace of its own under the prefix, apart from the tenants' meters
+// (TenantSpace) and the gateway's own (InternalSpace): the
+// namespace is what stands between the prefix and the first '{', and no
+// tenant name reaches past the "t{" its key starts with. The pool's keys
+// (the hash, its ":up" companion, its ":moves" channel) share the hash tag
+// {slots}, so its script touches one Redis Cluster slot.
+func PoolKey(prefix string) string   { return prefix + "pool{slots}" }
+func SharesKey(prefix string) string { return prefix + "stream{shares}" }

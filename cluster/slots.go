@@ -1,4 +1,4 @@
-package slots
+package cluster
 
 import (
 	"context"
@@ -28,7 +28,7 @@ type Broker struct {
 // NewBroker returns a broker for the pool at key (one Redis hash; put a
 // hash tag in it for Redis Cluster). Entries live ttl without renewal.
 // Syncs announce claims and freed slots on the channel key+":moves"
-// (Subscribe).
+// (Moves).
 func NewBroker(client redis.UniversalClient, key string, ttl time.Duration) *Broker {
 	return &Broker{client: client, key: key, upKey: key + ":up", channel: key + ":moves", ttl: ttl}
 }
@@ -91,8 +91,8 @@ type Move struct {
 	Instance string
 }
 
-// ParseMove reads a message of the broker's channel.
-func ParseMove(payload string) (Move, bool) {
+// parseMove reads a message of the broker's channel.
+func parseMove(payload string) (Move, bool) {
 	kind, inst, ok := strings.Cut(payload, " ")
 	if !ok || (kind != Claim && kind != Freed) {
 		return Move{}, false
@@ -100,15 +100,38 @@ func ParseMove(payload string) (Move, bool) {
 	return Move{Kind: kind, Instance: inst}, true
 }
 
-// Subscribe returns a subscription, not yet connected, for the moves of
-// the pool's gateways: the caller subscribes it to Channel, reads its
-// Channel() and closes it.
-func (b *Broker) Subscribe(ctx context.Context) *redis.PubSub {
-	return b.client.Subscribe(ctx)
+// Moves is a subscription to the announcements of a pool's gateways.
+type Moves struct {
+	ps      *redis.PubSub
+	channel string
 }
 
-// Channel is the pub/sub channel the moves are announced on.
-func (b *Broker) Channel() string { return b.channel }
+// Moves returns a subscription to the pool's moves. It makes no call (it
+// may be made under a lock): Follow connects it.
+func (b *Broker) Moves() *Moves {
+	return &Moves{ps: b.client.Subscribe(context.Background()), channel: b.channel}
+}
+
+// Follow subscribes and passes each move announced to each until Close;
+// listening is called once Redis confirms the subscription. An error
+// (Redis down) is retried by the subscription, which resubscribes as it
+// reconnects.
+func (m *Moves) Follow(listening func(), each func(Move)) {
+	ctx := context.Background()
+	if err := m.ps.Subscribe(ctx, m.channel); err == nil {
+		if _, err := m.ps.Receive(ctx); err == nil { // Redis's confirmation
+			listening()
+		}
+	}
+	for msg := range m.ps.Channel() {
+		if mv, ok := parseMove(msg.Payload); ok {
+			each(mv)
+		}
+	}
+}
+
+// Close ends the subscription, and Follow.
+func (m *Moves) Close() error { return m.ps.Close() }
 
 // Renewal is what a gateway tells the pool at a Sync.
 type Renewal struct {
@@ -182,9 +205,6 @@ func (b *Broker) Sync(ctx context.Context, r Renewal) (Grant, error) {
 	}
 	return g, nil
 }
-
-// TTL is how long an entry lives without renewal.
-func (b *Broker) TTL() time.Duration { return b.ttl }
 
 // Release drops instance's entry (a gateway stopping cleanly), so its
 // slots come back at once rather than after the TTL.

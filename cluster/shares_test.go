@@ -1,4 +1,4 @@
-package shares
+package cluster
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
 var bg = context.Background()
@@ -38,13 +40,13 @@ func realClient(t *testing.T) *redis.Client {
 	return c
 }
 
-func swap(t *testing.T, x *Exchange, mine ...Served) []Served {
+func swap(t *testing.T, x *Exchange, mine ...fairqueue.Served) []fairqueue.Served {
 	t.Helper()
 	got, err := x.Swap(bg, mine, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	slices.SortFunc(got, func(a, b Served) int {
+	slices.SortFunc(got, func(a, b fairqueue.Served) int {
 		if a.Tenant < b.Tenant {
 			return -1
 		}
@@ -57,48 +59,48 @@ func swap(t *testing.T, x *Exchange, mine ...Served) []Served {
 }
 
 func testSwap(t *testing.T, c redis.UniversalClient, key string) {
-	a := New(c, key, "gw-a", time.Minute)
-	b := New(c, key, "gw-b", time.Minute)
+	a := NewExchange(c, key, "gw-a", time.Minute)
+	b := NewExchange(c, key, "gw-b", time.Minute)
 	// a's first call writes, reads nothing; b joins after: a's first
 	// entry is history to it.
-	if got := swap(t, a, Served{Tenant: "t1", Cost: 100}); len(got) != 0 {
+	if got := swap(t, a, fairqueue.Served{Tenant: "t1", Cost: 100}); len(got) != 0 {
 		t.Fatalf("a's first swap read %v, want nothing", got)
 	}
 	if got := swap(t, b); len(got) != 0 {
 		t.Fatalf("b's first swap read %v, want nothing (service before it joined)", got)
 	}
-	if got := swap(t, a, Served{Tenant: "t1", Cost: 50}, Served{Tenant: "g", Cost: -20.5}, Served{Tenant: "t:x", Cost: 1}); len(got) != 0 {
+	if got := swap(t, a, fairqueue.Served{Tenant: "t1", Cost: 50}, fairqueue.Served{Tenant: "g", Cost: -20.5}, fairqueue.Served{Tenant: "t:x", Cost: 1}); len(got) != 0 {
 		t.Fatalf("a read %v, want nothing: its own entries are skipped", got)
 	}
 	// Tenants named like the entry's own fields are tenants all the same.
-	got := swap(t, b, Served{Tenant: "t2", Cost: 7})
-	if want := []Served{{Tenant: "g", Cost: -20.5}, {Tenant: "t1", Cost: 50}, {Tenant: "t:x", Cost: 1}}; !slices.Equal(got, want) {
+	got := swap(t, b, fairqueue.Served{Tenant: "t2", Cost: 7})
+	if want := []fairqueue.Served{{Tenant: "g", Cost: -20.5}, {Tenant: "t1", Cost: 50}, {Tenant: "t:x", Cost: 1}}; !slices.Equal(got, want) {
 		t.Fatalf("b read %v, want %v", got, want)
 	}
-	got = swap(t, b, Served{Tenant: "t2", Cost: 1})
-	if want := []Served{}; !slices.Equal(got, want) {
+	got = swap(t, b, fairqueue.Served{Tenant: "t2", Cost: 1})
+	if want := []fairqueue.Served{}; !slices.Equal(got, want) {
 		t.Fatalf("b read %v on its second swap, want nothing new", got)
 	}
 	got = swap(t, a)
-	if want := []Served{{Tenant: "t2", Cost: 7}, {Tenant: "t2", Cost: 1}}; len(got) != 2 || got[0].Cost+got[1].Cost != 8 {
+	if want := []fairqueue.Served{{Tenant: "t2", Cost: 7}, {Tenant: "t2", Cost: 1}}; len(got) != 2 || got[0].Cost+got[1].Cost != 8 {
 		t.Fatalf("a read %v, want b's two entries %v", got, want)
 	}
 	// Entries between b's previous read and now: a's second.
-	c2 := New(c, key, "gw-c", time.Minute)
+	c2 := NewExchange(c, key, "gw-c", time.Minute)
 	swap(t, c2)
-	swap(t, a, Served{Tenant: "t3", Cost: 3})
+	swap(t, a, fairqueue.Served{Tenant: "t3", Cost: 3})
 	got = swap(t, b)
-	if want := []Served{{Tenant: "t3", Cost: 3}}; !slices.Equal(got, want) {
+	if want := []fairqueue.Served{{Tenant: "t3", Cost: 3}}; !slices.Equal(got, want) {
 		t.Fatalf("b read %v, want %v", got, want)
 	}
-	if got := swap(t, c2); !slices.Equal(got, []Served{{Tenant: "t3", Cost: 3}}) {
+	if got := swap(t, c2); !slices.Equal(got, []fairqueue.Served{{Tenant: "t3", Cost: 3}}) {
 		t.Fatalf("c read %v, want a's last entry only", got)
 	}
 	// A tenant named like nothing special, and many in one interval:
 	// split into entries, every one read.
-	var many []Served
+	var many []fairqueue.Served
 	for i := range 2*entryMax + 5 {
-		many = append(many, Served{Tenant: fmt.Sprintf("m%05d", i), Cost: 1})
+		many = append(many, fairqueue.Served{Tenant: fmt.Sprintf("m%05d", i), Cost: 1})
 	}
 	swap(t, a, many...)
 	got = swap(t, b)
@@ -127,7 +129,7 @@ func TestSwapRealRedis(t *testing.T) {
 func joinedPair(t *testing.T) (c *redis.Client, mr *miniredis.Miniredis, a, b *Exchange) {
 	t.Helper()
 	c, mr = miniClient(t)
-	a, b = New(c, "k", "a", time.Minute), New(c, "k", "b", time.Minute)
+	a, b = NewExchange(c, "k", "a", time.Minute), NewExchange(c, "k", "b", time.Minute)
 	swap(t, a)
 	swap(t, b)
 	return c, mr, a, b
@@ -163,12 +165,12 @@ func TestSwapLagged(t *testing.T) {
 func TestSwapRedisDown(t *testing.T) {
 	_, mr, a, b := joinedPair(t)
 	mr.SetError("LOADING")
-	if _, err := b.Swap(bg, []Served{{Tenant: "t", Cost: 1}}, nil); err == nil {
+	if _, err := b.Swap(bg, []fairqueue.Served{{Tenant: "t", Cost: 1}}, nil); err == nil {
 		t.Fatal("Swap with Redis failing: no error")
 	}
 	mr.SetError("")
-	swap(t, a, Served{Tenant: "t", Cost: 2})
-	if got := swap(t, b); !slices.Equal(got, []Served{{Tenant: "t", Cost: 2}}) {
+	swap(t, a, fairqueue.Served{Tenant: "t", Cost: 2})
+	if got := swap(t, b); !slices.Equal(got, []fairqueue.Served{{Tenant: "t", Cost: 2}}) {
 		t.Fatalf("after the outage b read %v, want a's entry", got)
 	}
 }
@@ -180,13 +182,13 @@ func BenchmarkSwap(b *testing.B) {
 	mr := miniredis.RunT(b)
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer c.Close()
-	x := New(c, "k", "a", time.Minute)
-	y := New(c, "k", "b", time.Minute)
-	var mine []Served
+	x := NewExchange(c, "k", "a", time.Minute)
+	y := NewExchange(c, "k", "b", time.Minute)
+	var mine []fairqueue.Served
 	for i := range 64 {
-		mine = append(mine, Served{Tenant: fmt.Sprintf("tenant-%d", i), Cost: 100})
+		mine = append(mine, fairqueue.Served{Tenant: fmt.Sprintf("tenant-%d", i), Cost: 100})
 	}
-	var buf []Served
+	var buf []fairqueue.Served
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := y.Swap(bg, mine, nil); err != nil {
@@ -208,12 +210,12 @@ func TestSwapGroupAndTrimByTime(t *testing.T) {
 	key := fmt.Sprintf("fq:test:%d:stream{shares}", time.Now().UnixNano())
 	t.Cleanup(func() { c.Del(bg, key) })
 	const ttl = 300 * time.Millisecond
-	a, b := New(c, key, "a", ttl), New(c, key, "b", ttl)
+	a, b := NewExchange(c, key, "a", ttl), NewExchange(c, key, "b", ttl)
 	swap(t, a)
 	swap(t, b)
-	swap(t, a, Served{Tenant: "vip", Cost: 2}, Served{Group: true, Cost: 5})
+	swap(t, a, fairqueue.Served{Tenant: "vip", Cost: 2}, fairqueue.Served{Group: true, Cost: 5})
 	got := swap(t, b)
-	if len(got) != 2 || got[0] != (Served{Group: true, Cost: 5}) || got[1] != (Served{Tenant: "vip", Cost: 2}) {
+	if len(got) != 2 || got[0] != (fairqueue.Served{Group: true, Cost: 5}) || got[1] != (fairqueue.Served{Tenant: "vip", Cost: 2}) {
 		t.Fatalf("b read %v, want the group's 5 and vip's 2", got)
 	}
 	for _, m := range c.XRange(bg, key, "-", "+").Val() {
@@ -226,8 +228,8 @@ func TestSwapGroupAndTrimByTime(t *testing.T) {
 	// Entries keep coming past the TTL: the old ones go.
 	deadline := time.Now().Add(3 * ttl)
 	for time.Now().Before(deadline) {
-		swap(t, a, Served{Tenant: "vip", Cost: 1})
-		swap(t, b, Served{Tenant: "vip", Cost: 1})
+		swap(t, a, fairqueue.Served{Tenant: "vip", Cost: 1})
+		swap(t, b, fairqueue.Served{Tenant: "vip", Cost: 1})
 		time.Sleep(20 * time.Millisecond)
 	}
 	msgs := c.XRange(bg, key, "-", "+").Val()

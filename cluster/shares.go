@@ -1,4 +1,4 @@
-package shares
+package cluster
 
 import (
 	"context"
@@ -8,16 +8,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-)
 
-// Served is one tenant's cost in one gateway's entry; with Group, the
-// undeclared tenants' together (Tenant is then empty), so that the names
-// callers choose never reach the stream.
-type Served struct {
-	Tenant string
-	Cost   float64
-	Group  bool
-}
+	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
+)
 
 const (
 	// MaxLen caps the stream's entries. With N gateways syncing every
@@ -55,9 +48,9 @@ type Exchange struct {
 	args []any
 }
 
-// New returns instance's end of the stream at key; the stream expires ttl
-// after the last write of any gateway.
-func New(client redis.UniversalClient, key, instance string, ttl time.Duration) *Exchange {
+// NewExchange returns instance's end of the stream at key; the stream
+// expires ttl after the last write of any gateway.
+func NewExchange(client redis.UniversalClient, key, instance string, ttl time.Duration) *Exchange {
 	return &Exchange{client: client, key: key, ttl: ttl, instance: instance}
 }
 
@@ -66,7 +59,7 @@ func New(client redis.UniversalClient, key, instance string, ttl time.Duration) 
 // the last entry this gateway read. One round trip. On an error nothing
 // is known to be read, and mine may or may not have been written: the
 // caller drops it rather than risk charging it twice.
-func (x *Exchange) Swap(ctx context.Context, mine []Served, theirs []Served) ([]Served, error) {
+func (x *Exchange) Swap(ctx context.Context, mine []fairqueue.Served, theirs []fairqueue.Served) ([]fairqueue.Served, error) {
 	// A plain pipeline, not MULTI/EXEC: nothing here needs the commands
 	// together (a read after the own entry skips it by its writer), and a
 	// transaction whose MULTI is refused (a Redis still loading its data)
@@ -129,7 +122,7 @@ func (x *Exchange) Swap(ctx context.Context, mine []Served, theirs []Served) ([]
 			if err != nil {
 				continue // not written by Swap: ignored
 			}
-			theirs = append(theirs, Served{Tenant: tenant, Cost: c, Group: group})
+			theirs = append(theirs, fairqueue.Served{Tenant: tenant, Cost: c, Group: group})
 		}
 	}
 	return theirs, nil
