@@ -128,6 +128,48 @@ type clusterStore struct {
 	budget time.Duration
 }
 
+// clusterSettings are a ClusterConfig's values, defaults filled in.
+type clusterSettings struct {
+	timeout, sync, ttl time.Duration
+	prefix             string
+}
+
+// settings validates the cluster block of the queue named queue and fills
+// in its defaults.
+func (c *ClusterConfig) settings(queue string) (clusterSettings, error) {
+	s := clusterSettings{timeout: time.Duration(c.Timeout), sync: time.Duration(c.Sync),
+		ttl: time.Duration(c.LeaseTTL), prefix: c.Prefix}
+	switch {
+	case c.Instances < 0:
+		return s, fmt.Errorf("cluster: instances must not be negative, got %d", c.Instances)
+	case s.timeout < 0:
+		return s, fmt.Errorf("cluster: timeout must not be negative, got %v", s.timeout)
+	case strings.Contains(c.Prefix, "{"):
+		return s, fmt.Errorf("cluster: prefix %q contains '{': the tenant's name in braces is the key's hash tag", c.Prefix)
+	}
+	if s.timeout == 0 {
+		s.timeout = defaultClusterTimeout
+	}
+	if s.prefix == "" {
+		s.prefix = quota.DefaultRedisPrefix + queue + ":"
+	}
+	if s.sync <= 0 {
+		s.sync = defaultSlotSync
+	}
+	if s.ttl <= 0 {
+		s.ttl = defaultLeaseTTL
+	}
+	switch {
+	case strings.Contains(s.prefix, "{"):
+		return s, fmt.Errorf("cluster: the queue's name %q contains '{', which the default key prefix cannot hold; set prefix", queue)
+	case c.ShareSlots && c.Instances == 0:
+		return s, fmt.Errorf("cluster: share_slots needs instances: while Redis is unreachable, a gateway takes the pool divided by it")
+	case c.ShareSlots && s.ttl < 3*s.sync+s.timeout:
+		return s, fmt.Errorf("cluster: lease_ttl %v must be at least 3 x sync + timeout (%v): a grant that expires between renewals is not counted and the pool would be oversubscribed", s.ttl, 3*s.sync+s.timeout)
+	}
+	return s, nil
+}
+
 // provisionCluster validates the cluster block, connects a Redis client
 // (lazily: no connection is made until the first call) and sets the
 // queue's quota store to the Local over it. It touches no shared state:
@@ -137,56 +179,48 @@ func (h *Handler) provisionCluster() error {
 	if c == nil {
 		return nil
 	}
-	timeout := time.Duration(c.Timeout)
-	switch {
-	case c.Instances < 0:
-		return fmt.Errorf("cluster: instances must not be negative, got %d", c.Instances)
-	case timeout < 0:
-		return fmt.Errorf("cluster: timeout must not be negative, got %v", timeout)
-	case strings.Contains(c.Prefix, "{"):
-		return fmt.Errorf("cluster: prefix %q contains '{': the tenant's name in braces is the key's hash tag", c.Prefix)
-	case timeout == 0:
-		timeout = defaultClusterTimeout
-	}
-	client, err := cluster.NewClient(c.Redis, c.Sentinel, c.ClusterAddrs, timeout, clusterRedisSeconds.WithLabelValues(h.Name))
+	s, err := c.settings(h.Name)
 	if err != nil {
 		return err
 	}
-	prefix := c.Prefix
-	if prefix == "" {
-		prefix = quota.DefaultRedisPrefix + h.Name + ":"
-	}
-	cs := &clusterStore{client: client, instances: c.Instances, budget: cluster.CallBudget(timeout),
-		sync: time.Duration(c.Sync), ttl: time.Duration(c.LeaseTTL)}
-	if cs.sync <= 0 {
-		cs.sync = defaultSlotSync
-	}
-	if cs.ttl <= 0 {
-		cs.ttl = defaultLeaseTTL
-	}
-	switch {
-	case strings.Contains(prefix, "{"):
-		err = fmt.Errorf("cluster: the queue's name %q contains '{', which the default key prefix cannot hold; set prefix", h.Name)
-	case c.ShareSlots && c.Instances == 0:
-		err = fmt.Errorf("cluster: share_slots needs instances: while Redis is unreachable, a gateway takes the pool divided by it")
-	case c.ShareSlots && cs.ttl < 3*cs.sync+timeout:
-		err = fmt.Errorf("cluster: lease_ttl %v must be at least 3 x sync + timeout (%v): a grant that expires between renewals is not counted and the pool would be oversubscribed", cs.ttl, 3*cs.sync+timeout)
-	}
+	client, err := cluster.NewClient(c.Redis, c.Sentinel, c.ClusterAddrs, s.timeout, clusterRedisSeconds.WithLabelValues(h.Name))
 	if err != nil {
-		client.Close()
 		return err
 	}
+	cs := &clusterStore{client: client, instances: c.Instances, budget: cluster.CallBudget(s.timeout),
+		sync: s.sync, ttl: s.ttl}
+	rs := h.clusterQuota(cs, s.prefix)
+	if c.ShareFairness {
+		cs.sharesKey = cluster.SharesKey(s.prefix)
+	}
+	if c.ShareSlots {
+		cs.broker = cluster.NewBroker(client, cluster.PoolKey(s.prefix), cs.ttl)
+	}
+	h.cluster = cs
+	h.qcfg.QuotaStore = cs.store
+	if h.qcfg.UpstreamQuota != nil || h.qcfg.Fallback != nil && h.qcfg.Fallback.UpstreamQuota != nil {
+		if err := h.clusterAccount(cs, rs); err != nil {
+			client.Close()
+			return err
+		}
+	}
+	return nil
+}
+
+// clusterQuota sets cs.store, the tenant quotas decided on Redis (rs) and
+// locally while it is unreachable, logging each outage once.
+func (h *Handler) clusterQuota(cs *clusterStore, prefix string) (rs *quota.Redis) {
 	logger := h.logger.Named("cluster")
-	queue := h.Name
-	rs, store, err := cluster.NewQuota(client, prefix, cs.budget, quota.LocalOptions{
-		Instances: c.Instances,
+	queue, instances := h.Name, cs.instances
+	rs, store, err := cluster.NewQuota(cs.client, prefix, cs.budget, quota.LocalOptions{
+		Instances: instances,
 		OnChange: func(degraded bool, err error) {
 			if cs.closed.Load() {
 				return // errors of a closed client are no outage
 			}
 			if degraded {
 				logger.Warn("redis unreachable: deciding tenant quotas locally, on 1/instances of each, until it answers",
-					zap.String("queue", queue), zap.Int("instances", max(c.Instances, 1)), zap.Error(err))
+					zap.String("queue", queue), zap.Int("instances", max(instances, 1)), zap.Error(err))
 			} else {
 				logger.Info("redis answers again: tenant quotas are cluster-wide again", zap.String("queue", queue))
 			}
@@ -197,34 +231,27 @@ func (h *Handler) provisionCluster() error {
 		logger.Debug("loading the quota script", zap.String("queue", queue), zap.Error(err))
 	}
 	cs.store = store
-	if c.ShareFairness {
-		cs.sharesKey = cluster.SharesKey(prefix)
+	return rs
+}
+
+// clusterAccount sets the provider account's store: drawn on under the
+// queue's lock at every dispatch, it is decided in memory on this
+// gateway's share and synced with Redis (rs) off the lock (syncAccount).
+// The mirror outlives the config (accounts): a reload keeps what this
+// gateway drew, and its new client takes over the syncs.
+func (h *Handler) clusterAccount(cs *clusterStore, rs *quota.Redis) error {
+	cs.accountKey = accountKey(h.Name, cs.instances)
+	val, loaded, err := accounts.LoadOrNew(cs.accountKey, func() (caddy.Destructor, error) {
+		return accountMirror{quota.NewMirror(rs, quota.MirrorOptions{Instances: cs.instances})}, nil
+	})
+	if err != nil {
+		return err
 	}
-	if c.ShareSlots {
-		cs.broker = cluster.NewBroker(client, cluster.PoolKey(prefix), cs.ttl)
+	cs.account = val.(accountMirror).Mirror
+	if loaded {
+		cs.account.SetShared(rs)
 	}
-	h.cluster = cs
-	h.qcfg.QuotaStore = cs.store
-	if h.qcfg.UpstreamQuota != nil || h.qcfg.Fallback != nil && h.qcfg.Fallback.UpstreamQuota != nil {
-		// The account is drawn on under the queue's lock at every
-		// dispatch: decided in memory, on this gateway's share, and
-		// synced with Redis off the lock (syncAccount).
-		// The mirror outlives the config (accounts): a reload keeps what
-		// this gateway drew, and its new client takes over the syncs.
-		cs.accountKey = accountKey(queue, c.Instances)
-		val, loaded, err := accounts.LoadOrNew(cs.accountKey, func() (caddy.Destructor, error) {
-			return accountMirror{quota.NewMirror(rs, quota.MirrorOptions{Instances: c.Instances})}, nil
-		})
-		if err != nil {
-			client.Close()
-			return err
-		}
-		cs.account = val.(accountMirror).Mirror
-		if loaded {
-			cs.account.SetShared(rs)
-		}
-		h.qcfg.AccountStore = cs.account
-	}
+	h.qcfg.AccountStore = cs.account
 	return nil
 }
 
