@@ -3,10 +3,11 @@ package history
 import (
 	"fmt"
 	"math"
+	"reflect"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
-	"unsafe"
 )
 
 // fakeClock is a settable clock, safe for the concurrent test.
@@ -376,16 +377,16 @@ func TestSeriesAndTransitions(t *testing.T) {
 }
 
 func TestMemoryCost(t *testing.T) {
-	if unsafe.Sizeof(uintptr(0)) != 8 {
+	if strconv.IntSize != 64 {
 		t.Skip("the stated figures are for 64-bit platforms")
 	}
-	if got := unsafe.Sizeof(tenantMinute{}); got != TenantMinuteBytes {
+	if got := reflect.TypeFor[tenantMinute]().Size(); got != TenantMinuteBytes {
 		t.Errorf("tenant-minute is %d bytes, doc says %d", got, TenantMinuteBytes)
 	}
-	if got := unsafe.Sizeof(gatewaySlot{}); got != gatewaySlotBytes {
+	if got := reflect.TypeFor[gatewaySlot]().Size(); got != gatewaySlotBytes {
 		t.Errorf("gateway slot is %d bytes, want %d", got, gatewaySlotBytes)
 	}
-	if got := unsafe.Sizeof(Transition{}); got != transitionBytes {
+	if got := reflect.TypeFor[Transition]().Size(); got != transitionBytes {
 		t.Errorf("transition is %d bytes, want %d", got, transitionBytes)
 	}
 	if TenantBytes != 460800 || FixedBytes != 115040 {
