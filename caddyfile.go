@@ -145,7 +145,7 @@ func (p *cfParser) subdirective() error {
 	case "tokenizer":
 		h.Tokenizer, err = p.choiceArg(sub, "tokenizer", llmapi.CL100kBase, llmapi.O200kBase, llmapi.Approx)
 	case "default_max_tokens":
-		err = p.posIntArg(sub, &h.DefaultMaxTokens)
+		err = posArg(p, sub, &h.DefaultMaxTokens)
 	case "max_body":
 		err = p.sizeArg(sub, &h.MaxBody)
 	case "max_queue_bytes":
@@ -153,7 +153,7 @@ func (p *cfParser) subdirective() error {
 	case "body_timeout":
 		h.BodyTimeout, err = p.durationArg(sub)
 	case "max_request_tokens":
-		err = p.posInt64Arg(sub, &h.MaxRequestTokens)
+		err = posArg(p, sub, &h.MaxRequestTokens)
 	case "handle_errors":
 		if d.NextArg() {
 			return d.Errf("handle_errors takes no arguments, got %q", d.Val())
@@ -161,13 +161,13 @@ func (p *cfParser) subdirective() error {
 		h.HandleErrors = true
 		err = p.noBlock(sub)
 	case "max_inflight":
-		err = p.posIntArg(sub, &h.MaxInflight)
+		err = posArg(p, sub, &h.MaxInflight)
 	case "max_inflight_tokens":
-		err = p.posInt64Arg(sub, &h.MaxInflightTokens)
+		err = posArg(p, sub, &h.MaxInflightTokens)
 	case "max_queue":
-		err = p.posIntArg(sub, &h.MaxQueue)
+		err = posArg(p, sub, &h.MaxQueue)
 	case "max_queue_tokens":
-		err = p.posInt64Arg(sub, &h.MaxQueueTokens)
+		err = posArg(p, sub, &h.MaxQueueTokens)
 	case "class":
 		err = p.class()
 	case "tenant":
@@ -253,15 +253,13 @@ func (p *cfParser) defaultTenant() error {
 	d := p.d
 	tok := d.Token()
 	args := d.RemainingArgs()
-	if len(args) > 0 && args[0] == "reject" {
-		if err := p.noBlock("default_tenant"); err != nil {
-			return err
-		}
-	}
 	switch {
 	case len(args) == 0:
 		return d.Errf("default_tenant: want 'default_tenant reject' or options: [weight <n>] [class <class>] [wait_budget <duration>] [max_queue <n>]")
 	case args[0] == "reject":
+		if err := p.noBlock("default_tenant"); err != nil {
+			return err
+		}
 		if len(args) > 1 {
 			return d.Errf("default_tenant: 'reject' takes no options, got %q", strings.Join(args[1:], " "))
 		}
@@ -327,7 +325,7 @@ func (p *cfParser) fallbackSetting(fb *FallbackConfig, key string) error {
 	case "model_map":
 		return p.modelMap(fb)
 	case "max_inflight":
-		return p.posIntArg("fallback: max_inflight", &fb.MaxInflight)
+		return posArg(p, "fallback: max_inflight", &fb.MaxInflight)
 	case "upstream_quota":
 		fb.UpstreamQuota, err = p.upstreamQuota("fallback: upstream_quota")
 		return err
@@ -370,22 +368,13 @@ func (p *cfParser) upstreamQuota(who string) (*UpstreamQuotaConfig, error) {
 		return nil, err
 	}
 	uq := new(UpstreamQuotaConfig)
-	seen := make(map[string]bool)
-	for i := 0; i < len(args); i += 2 {
-		key := args[i]
-		if seen[key] {
-			return nil, d.Errf("%s: %s given twice", who, key)
-		}
-		seen[key] = true
-		if i+1 >= len(args) {
-			return nil, d.Errf("%s: missing value after %s", who, key)
-		}
-		v := args[i+1]
+	err := p.pairs(who, args, make(map[string]bool), func(key, v string) error {
+		var err error
 		switch key {
 		case "tpm", "rpm":
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || !(f > 0) || math.IsInf(f, 0) {
-				return nil, d.Errf("%s: %s %q must be a positive number per minute", who, key, v)
+			f, perr := strconv.ParseFloat(v, 64)
+			if perr != nil || !(f > 0) || math.IsInf(f, 0) {
+				return d.Errf("%s: %s %q must be a positive number per minute", who, key, v)
 			}
 			if key == "tpm" {
 				uq.TPM = f
@@ -393,20 +382,16 @@ func (p *cfParser) upstreamQuota(who string) (*UpstreamQuotaConfig, error) {
 				uq.RPM = f
 			}
 		case "burst":
-			dur, err := p.duration(who+": burst", v)
-			if err != nil {
-				return nil, err
-			}
-			uq.Burst = dur
+			uq.Burst, err = p.duration(who+": burst", v)
 		case "reserve_burst":
-			dur, err := p.duration(who+": reserve_burst", v)
-			if err != nil {
-				return nil, err
-			}
-			uq.ReserveBurst = dur
+			uq.ReserveBurst, err = p.duration(who+": reserve_burst", v)
 		default:
-			return nil, d.Errf("%s: unknown setting %q (want tpm, rpm, burst or reserve_burst)", who, key)
+			return d.Errf("%s: unknown setting %q (want tpm, rpm, burst or reserve_burst)", who, key)
 		}
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
 	if uq.TPM == 0 && uq.RPM == 0 {
 		return nil, d.Errf("%s: want 'upstream_quota tpm <n> rpm <n>' (at least one of them)", who)
@@ -511,16 +496,24 @@ func (p *cfParser) quotaPairs(q *QuotaConfig, seen map[string]bool, who string, 
 	if slices.Contains(args, "}") {
 		return d.Errf("%s: a closing brace must be on a line of its own (Caddyfile blocks span lines)", who)
 	}
+	return p.pairs(who, args, seen, func(key, v string) error {
+		return p.quotaPair(q, who, key, v, rates, want)
+	})
+}
+
+// pairs calls set for each `<key> <value>` pair of args, each key at most
+// once (seen).
+func (p *cfParser) pairs(who string, args []string, seen map[string]bool, set func(key, v string) error) error {
 	for i := 0; i < len(args); i += 2 {
 		key := args[i]
 		if seen[key] {
-			return d.Errf("%s: %s given twice", who, key)
+			return p.d.Errf("%s: %s given twice", who, key)
 		}
 		seen[key] = true
 		if i+1 >= len(args) {
-			return d.Errf("%s: missing value after %s", who, key)
+			return p.d.Errf("%s: missing value after %s", who, key)
 		}
-		if err := p.quotaPair(q, who, key, args[i+1], rates, want); err != nil {
+		if err := set(key, args[i+1]); err != nil {
 			return err
 		}
 	}
@@ -615,11 +608,10 @@ func (p *cfParser) tenantOptions(who string, tok caddyfile.Token, args []string)
 			tc.Class = v
 			p.refs = append(p.refs, classRef{tok: tok, who: who, class: v})
 		case "wait_budget":
-			dur, err := p.duration(who+": wait_budget", v)
-			if err != nil {
+			var err error
+			if tc.WaitBudget, err = p.duration(who+": wait_budget", v); err != nil {
 				return nil, err
 			}
-			tc.WaitBudget = dur
 		case "max_queue", "max_inflight", "max_request_tokens":
 			n, err := strconv.ParseInt(v, 10, strconv.IntSize)
 			if err != nil || n <= 0 {
@@ -909,29 +901,20 @@ func (p *cfParser) noBlock(what string) error {
 	return nil
 }
 
-func (p *cfParser) posIntArg(sub string, dst *int) error {
-	v, err := p.oneArg(sub)
-	if err != nil {
-		return err
-	}
-	n, err := strconv.ParseInt(v, 10, strconv.IntSize)
-	if err != nil || n <= 0 {
-		return p.d.Errf("%s: %q must be a positive integer", sub, v)
-	}
-	*dst = int(n)
-	return nil
-}
+// posIntArg is posArg for an int (cluster.go calls it).
+func (p *cfParser) posIntArg(sub string, dst *int) error { return posArg(p, sub, dst) }
 
-func (p *cfParser) posInt64Arg(sub string, dst *int64) error {
+// posArg parses the single argument of sub, a positive integer.
+func posArg[T int | int64](p *cfParser, sub string, dst *T) error {
 	v, err := p.oneArg(sub)
 	if err != nil {
 		return err
 	}
 	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || n <= 0 {
+	if err != nil || n <= 0 || int64(T(n)) != n {
 		return p.d.Errf("%s: %q must be a positive integer", sub, v)
 	}
-	*dst = n
+	*dst = T(n)
 	return nil
 }
 
