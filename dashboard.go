@@ -20,7 +20,6 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 	"github.com/caddy-fair-queue/caddy-fair-queue/history"
-	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
 func init() {
@@ -89,23 +88,20 @@ func (d *Dashboard) UnmarshalCaddyfile(disp *caddyfile.Dispenser) error {
 			return disp.Errf("fair_queue_dashboard: %s given twice", opt)
 		}
 		seen[opt] = true
-		switch opt {
-		case "queue":
-			if !disp.NextArg() {
-				return disp.ArgErr()
-			}
+		if opt != "queue" && opt != "refresh" {
+			return disp.Errf("fair_queue_dashboard: unknown option %q; valid options are queue and refresh", opt)
+		}
+		if !disp.NextArg() {
+			return disp.ArgErr()
+		}
+		if opt == "queue" {
 			d.Queue = disp.Val()
-		case "refresh":
-			if !disp.NextArg() {
-				return disp.ArgErr()
-			}
+		} else {
 			dur, err := caddy.ParseDuration(disp.Val())
 			if err != nil || dur <= 0 {
 				return disp.Errf("fair_queue_dashboard: refresh %q is not a positive duration such as 3s", disp.Val())
 			}
 			d.Refresh = caddy.Duration(dur)
-		default:
-			return disp.Errf("fair_queue_dashboard: unknown option %q; valid options are queue and refresh", opt)
 		}
 		if disp.NextArg() {
 			return disp.Errf("fair_queue_dashboard: %s takes one argument", opt)
@@ -263,12 +259,12 @@ func (d *Dashboard) serveState(w http.ResponseWriter, r *http.Request) error {
 	winName := cmp.Or(q.Get("window"), "5m")
 	window, err := history.ParseWindow(winName)
 	if err != nil {
-		return jsonError(w, http.StatusBadRequest, err.Error())
+		return writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 	}
 	live := liveQueues()
 	s := pickQueue(live, q.Get("queue"), d.Queue)
 	if s == nil {
-		return jsonError(w, http.StatusNotFound, fmt.Sprintf("no live fair_queue named %q", q.Get("queue")))
+		return writeJSON(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf("no live fair_queue named %q", q.Get("queue"))})
 	}
 	st := dashboardState(s, window)
 	st.WindowName = winName
@@ -276,16 +272,15 @@ func (d *Dashboard) serveState(w http.ResponseWriter, r *http.Request) error {
 	for _, l := range live {
 		st.Queues = append(st.Queues, l.name)
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	return json.NewEncoder(w).Encode(st)
+	return writeJSON(w, http.StatusOK, st)
 }
 
-func jsonError(w http.ResponseWriter, status int, msg string) error {
+// writeJSON answers v as uncached JSON.
+func writeJSON(w http.ResponseWriter, status int, v any) error {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	return json.NewEncoder(w).Encode(map[string]string{"error": msg})
+	return json.NewEncoder(w).Encode(v)
 }
 
 // liveQueues lists the live queues by name.
@@ -408,7 +403,7 @@ func quotaNow(q *fairqueue.Queue, tenant string) []dashMeter {
 		return nil
 	}
 	var out []dashMeter
-	for _, d := range []quota.Dimension{quota.DimQPS, quota.DimTokens, quota.DimJoint} {
+	for _, d := range quotaDims {
 		if m := st.Meter(d); m.Enabled {
 			out = append(out, dashMeter{Meter: string(d), LimitPerMin: m.Limit, Remaining: m.Remaining,
 				ResetSeconds: m.Reset.Seconds()})

@@ -57,17 +57,12 @@ var (
 	queueCollector = &stateCollector{}
 	// The provider account's syncs with the cluster's Redis
 	// (cluster_account.go).
-	clusterAccountSyncSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name:    "cluster_account_sync_seconds",
-		Help:    "With upstream_quota (or a fallback's) and a cluster: how long each sync of the provider account with Redis took (this gateway's draws pushed, the shared meters read back), errors included. The account is decided in memory on 1/instances of it; only the sync waits on Redis, off the queue's lock.",
-		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
-	}, []string{"queue"})
-	clusterAccountSyncErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "cluster_account_sync_errors_total",
-		Help: "With upstream_quota (or a fallback's) and a cluster: syncs of the provider account with Redis that failed (unreachable or past the timeout). Their draws are not pushed; each gateway goes on deciding on its 1/instances of the account.",
-	}, []string{"queue"})
+	clusterAccountSyncSeconds = histogramVec("cluster_account_sync_seconds",
+		"With upstream_quota (or a fallback's) and a cluster: how long each sync of the provider account with Redis took (this gateway's draws pushed, the shared meters read back), errors included. The account is decided in memory on 1/instances of it; only the sync waits on Redis, off the queue's lock.",
+		[]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}, "queue")
+	clusterAccountSyncErrors = counterVec("cluster_account_sync_errors_total",
+		"With upstream_quota (or a fallback's) and a cluster: syncs of the provider account with Redis that failed (unreachable or past the timeout). Their draws are not pushed; each gateway goes on deciding on its 1/instances of the account.",
+		"queue")
 )
 
 // counterVec and histogramVec make the vectors named
@@ -149,8 +144,7 @@ type tenantMetrics struct {
 	charged   [3]prometheus.Counter // quota_charged_total, by quotaDims
 }
 
-// quotaDims are the dimensions of quota_charged_total's children in
-// tenantMetrics.charged.
+// quotaDims are the quota's meters, in the order of tenantMetrics.charged.
 var quotaDims = [3]quota.Dimension{quota.DimQPS, quota.DimTokens, quota.DimJoint}
 
 func (t *tenantMetrics) initQuota() {
@@ -345,7 +339,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			if st.Joint.Enabled {
 				gauge(ch, descQuotaWeight, tc.Quota.Config().TokenToQPSWeight, name, tenant)
 			}
-			for _, d := range []quota.Dimension{quota.DimQPS, quota.DimTokens, quota.DimJoint} {
+			for _, d := range quotaDims {
 				if m := st.Meter(d); m.Enabled {
 					gauge(ch, descQuotaLimit, float64(m.Limit), name, tenant, string(d))
 					gauge(ch, descQuotaDebt, m.Reset.Seconds(), name, tenant, string(d))

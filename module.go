@@ -45,10 +45,8 @@ type Handler struct {
 	CostUnit string `json:"cost_unit,omitempty"`
 
 	// Tokenizer counts prompt tokens: "cl100k_base" (default), "o200k_base",
-	// or "approx" (a fast byte heuristic). For the queue's order a long
-	// prompt is estimated from samples (llmapi.NewEstimator); where a count
-	// decides something (max_request_tokens, light_mode's
-	// max_input_tokens), it is exact up to 64 KiB of text.
+	// or "approx" (a fast byte heuristic). A long prompt's place in the
+	// queue is estimated from samples; limits use the exact count.
 	Tokenizer string `json:"tokenizer,omitempty"`
 
 	// DefaultMaxTokens is the output cap assumed when a request names none.
@@ -64,9 +62,8 @@ type Handler struct {
 	BodyTimeout caddy.Duration `json:"body_timeout,omitempty"`
 
 	// MaxRequestTokens caps one request's estimated cost (prompt tokens
-	// plus output cap, times n); above it, 400 context_length_exceeded. A
-	// tenant may override it; lower max_inflight_tokens or max_queue_tokens
-	// cap it too. Default: 131072.
+	// plus output cap, times n); above it, 400 context_length_exceeded.
+	// Default: 131072.
 	MaxRequestTokens int64 `json:"max_request_tokens,omitempty"`
 
 	// MaxInflight is the number of concurrent requests per healthy upstream.
@@ -98,11 +95,9 @@ type Handler struct {
 	// Tenants maps tenant names to their settings.
 	Tenants map[string]*TenantConfig `json:"tenants,omitempty"`
 
-	// DefaultTenant applies to tenants not listed in Tenants, as one group:
-	// its weight and max_queue are those of all unknown tenants together,
-	// so rotating tenant IDs cannot outweigh or crowd out the declared
-	// tenants. Default: weight 1, class batch, max_queue half of the
-	// queue's. Their metrics share one label.
+	// DefaultTenant applies to tenants not listed in Tenants, as one group
+	// (weight and max_queue of all of them together, one metrics label).
+	// Default: weight 1, class batch, max_queue half of the queue's.
 	DefaultTenant *TenantConfig `json:"default_tenant,omitempty"`
 
 	// RejectUnknownTenants answers requests of unlisted tenants (and
@@ -111,9 +106,8 @@ type Handler struct {
 
 	// HandleErrors hands the gateway's own refusals (429, 503, 413, ...) to
 	// the site's handle_errors routes instead of answering them in the
-	// OpenAI error shape. Retry-After is still set; the placeholders
-	// {http.fair_queue.error_code}, {http.fair_queue.error_message} and
-	// {http.fair_queue.retry_after} say what happened.
+	// OpenAI error shape; {http.fair_queue.error_code}, .error_message and
+	// .retry_after say what happened.
 	HandleErrors bool `json:"handle_errors,omitempty"`
 
 	// QuotaDefaults is the shape of every tenant quota that does not set
@@ -139,14 +133,13 @@ type Handler struct {
 	// Degrade declares the ladder walked on queue water level.
 	Degrade *DegradeConfig `json:"degrade,omitempty"`
 
-	// Cluster shares the queue's tenant quotas with the other gateways
-	// whose queue of the same name names the same Redis, so that N
-	// gateways hold each tenant to its quota rather than N times it.
+	// Cluster shares the tenant quotas with the other gateways whose queue
+	// of the same name uses the same Redis.
 	Cluster *ClusterConfig `json:"cluster,omitempty"`
 
-	// ProxyRaw is the reverse_proxy handler that serves dispatched requests.
-	// Its healthy upstreams set the queue's capacity (dynamic upstreams
-	// count as one). Unless it names a selection policy, it uses least_conn.
+	// ProxyRaw is the reverse_proxy that serves dispatched requests; its
+	// healthy upstreams set the capacity (dynamic upstreams count as one).
+	// Default selection policy: least_conn.
 	ProxyRaw json.RawMessage `json:"proxy,omitempty" caddy:"namespace=http.handlers inline_key=handler"`
 
 	proxy  *reverseproxy.Handler
@@ -207,10 +200,9 @@ type TenantConfig struct {
 	// MaxRequestTokens overrides the queue's max_request_tokens.
 	MaxRequestTokens int64 `json:"max_request_tokens,omitempty"`
 	// Quota caps the tenant's requests and tokens per unit of time, even
-	// when capacity is idle: a request waits for it in the tenant's queue
-	// if the quota allows it within its wait budget, else gets 429
-	// quota_exceeded. For default_tenant, each unknown tenant gets this
-	// quota of its own. Fields left out come from quota_defaults.
+	// when capacity is idle (429 quota_exceeded if the wait budget cannot
+	// cover the wait). For default_tenant, per unknown tenant. Fields left
+	// out come from quota_defaults.
 	Quota *QuotaConfig `json:"quota,omitempty"`
 	// Reserve is the share of upstream_quota only this tenant may draw
 	// from, in (0, 1); beyond it, it competes for the rest by weight.
@@ -342,13 +334,10 @@ func (h *Handler) queueConfig() (fairqueue.Config, error) {
 
 // costUnit is the scheduler's unit for cost_unit.
 func costUnit(name string) (fairqueue.CostUnit, error) {
-	switch name {
-	case "estimated_tokens":
-		return fairqueue.CostTokens, nil
-	case "requests":
-		return fairqueue.CostRequests, nil
-	case "learned":
-		return fairqueue.CostLearned, nil
+	for _, u := range []fairqueue.CostUnit{fairqueue.CostTokens, fairqueue.CostRequests, fairqueue.CostLearned} {
+		if u.String() == name {
+			return u, nil
+		}
 	}
 	return fairqueue.CostTokens, fmt.Errorf("cost_unit: want estimated_tokens, requests or learned, got %q", name)
 }
@@ -377,6 +366,9 @@ func (h *Handler) tenantConfig(who string, t *TenantConfig) (fairqueue.TenantCon
 	if t == nil {
 		return fairqueue.TenantConfig{Weight: 1, Class: "batch"}, nil
 	}
+	if t.MaxRequestTokens < 0 || t.MaxInflight < 0 {
+		return fairqueue.TenantConfig{}, fmt.Errorf("%s: max_request_tokens and max_inflight must not be negative", who)
+	}
 	tc := fairqueue.TenantConfig{Weight: cmp.Or(t.Weight, 1), Class: cmp.Or(t.Class, "batch"),
 		WaitBudget: time.Duration(t.WaitBudget), MaxQueue: t.MaxQueue, MaxInflight: t.MaxInflight,
 		Tier: t.Tier, Reserve: t.Reserve}
@@ -391,7 +383,7 @@ func (h *Handler) tenantConfig(who string, t *TenantConfig) (fairqueue.TenantCon
 }
 
 // checkLimits refuses negative sizes, durations and token limits, which
-// the JSON form can say.
+// the JSON form can say (a tenant's: tenantConfig).
 func (h *Handler) checkLimits() error {
 	for _, l := range []struct {
 		name string
@@ -404,14 +396,6 @@ func (h *Handler) checkLimits() error {
 		if l.v < 0 {
 			return fmt.Errorf("%s must not be negative, got %d", l.name, l.v)
 		}
-	}
-	for name, t := range h.Tenants {
-		if t != nil && (t.MaxRequestTokens < 0 || t.MaxInflight < 0) {
-			return fmt.Errorf("tenant %q: max_request_tokens and max_inflight must not be negative", name)
-		}
-	}
-	if t := h.DefaultTenant; t != nil && (t.MaxRequestTokens < 0 || t.MaxInflight < 0) {
-		return fmt.Errorf("default_tenant: max_request_tokens and max_inflight must not be negative")
 	}
 	return nil
 }
@@ -548,14 +532,10 @@ func (h *Handler) joinQueue() error {
 }
 
 // proxyDefaults gives the inner proxy what a queue in front of it needs,
-// unless the config says otherwise:
-//
-//   - the selection policy given (least_conn, or fair_queue_least_conn
-//     with share_slots): capacity is max_inflight per healthy upstream, so
-//     requests must spread by load; Caddy's default (random) can send two
-//     to one full upstream while another has a free slot.
-//   - an HTTP transport read_timeout of defaultReadTimeout, so a model
-//     server that hangs cannot hold a dispatch slot forever.
+// unless the config says otherwise: the selection policy given, as
+// capacity is per upstream and Caddy's random policy can pick a full one
+// while another has a free slot; and an HTTP read_timeout of
+// defaultReadTimeout, so a hung model server cannot hold a slot forever.
 func proxyDefaults(raw json.RawMessage, policy string) (json.RawMessage, error) {
 	var proxy map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &proxy); err != nil {

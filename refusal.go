@@ -9,12 +9,6 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
-// answerRejection answers a request the scheduler refused, at admission or
-// while queued.
-func (h *Handler) answerRejection(w http.ResponseWriter, repl *caddy.Replacer, a *admission, rej *fairqueue.Rejection) error {
-	return h.answer(w, repl, a, h.refusal(a, rej))
-}
-
 // refusal counts and records the scheduler's refusal, and returns its
 // answer.
 func (h *Handler) refusal(a *admission, rej *fairqueue.Rejection) *apiError {

@@ -118,7 +118,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if err != nil {
 		var rej *fairqueue.Rejection
 		if errors.As(err, &rej) {
-			return h.answerRejection(w, repl, a, rej)
+			return h.answer(w, repl, a, h.refusal(a, rej))
 		}
 		return caddyhttp.Error(http.StatusInternalServerError, err)
 	}
@@ -393,7 +393,7 @@ const maxProviderAttempts = 4
 func (h *Handler) notDispatched(w http.ResponseWriter, repl *caddy.Replacer, a *admission, err error) error {
 	var rej *fairqueue.Rejection
 	if errors.As(err, &rej) {
-		return h.answerRejection(w, repl, a, rej)
+		return h.answer(w, repl, a, h.refusal(a, rej))
 	}
 	// The client went away while queued: 499 is for the access log.
 	w.WriteHeader(statusClientClosed)
