@@ -3,6 +3,7 @@ package caddyfairqueue
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -648,24 +649,12 @@ func (p *cfParser) antiStarvation() error {
 		return d.Errf("anti_starvation: unexpected argument %q (want 'anti_starvation off' or a block)", args[0])
 	}
 	opened := false
-	seen := make(map[string]bool)
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
+	err := p.block("anti_starvation", func(opt string) error {
 		opened = true
-		opt := d.Val()
-		if !slices.Contains([]string{"boost_share_max", "per_tenant_boost_hourly", "fast_fail", "throughput_prior"}, opt) {
-			return d.Errf("anti_starvation: unknown option %q (want boost_share_max, per_tenant_boost_hourly, fast_fail or throughput_prior)", opt)
-		}
-		if seen[opt] {
-			return d.Errf("anti_starvation: %s given twice", opt)
-		}
-		seen[opt] = true
-		v, err := p.oneArg("anti_starvation: " + opt)
-		if err != nil {
-			return err
-		}
-		if err := p.antiStarvationOption(as, opt, v); err != nil {
-			return err
-		}
+		return p.antiStarvationOption(as, opt)
+	})
+	if err != nil {
+		return err
 	}
 	// NextBlock stops on the "}" of an empty block: anti_starvation {}
 	// means all defaults. Without a block the cursor is still on the
@@ -676,10 +665,17 @@ func (p *cfParser) antiStarvation() error {
 	return nil
 }
 
-// antiStarvationOption sets one option of the anti_starvation block.
-func (p *cfParser) antiStarvationOption(as *AntiStarvation, opt, v string) error {
+// antiStarvationOption parses one line of the anti_starvation block.
+func (p *cfParser) antiStarvationOption(as *AntiStarvation, opt string) error {
 	d := p.d
+	if !slices.Contains([]string{"boost_share_max", "per_tenant_boost_hourly", "fast_fail", "throughput_prior"}, opt) {
+		return d.Errf("anti_starvation: unknown option %q (want boost_share_max, per_tenant_boost_hourly, fast_fail or throughput_prior)", opt)
+	}
 	what := "anti_starvation: " + opt
+	v, err := p.oneArg(what)
+	if err != nil {
+		return err
+	}
 	switch opt {
 	case "boost_share_max":
 		f, err := strconv.ParseFloat(v, 64)
@@ -820,16 +816,12 @@ func finalizedProxy(rp *reverseproxy.Handler, h httpcaddyfile.Helper) (json.RawM
 // checkClassRefs checks that every class named by a tenant or a degrade
 // step is a built-in class or declared by a class line.
 func (p *cfParser) checkClassRefs() error {
-	known := make([]string, 0, len(builtinClasses)+len(p.classes))
+	known := slices.Collect(maps.Keys(p.classes))
 	for _, c := range builtinClasses {
 		known = append(known, c.Name)
 	}
-	for name := range p.classes {
-		if !slices.Contains(known, name) {
-			known = append(known, name)
-		}
-	}
 	slices.Sort(known)
+	known = slices.Compact(known)
 	for _, r := range p.refs {
 		if !slices.Contains(known, r.class) {
 			return errAt(r.tok, "%s: unknown class %q (known classes: %s; declare others with 'class <name> wait_budget <duration>')",

@@ -53,9 +53,9 @@ func collectCostModel(ch chan<- prometheus.Metric, name string, f costmodel.Fit)
 	}
 	for term, v := range map[string]float64{"overhead": f.Overhead, "prompt_token": f.PerPromptToken,
 		"completion_token": f.PerCompletionToken} {
-		ch <- prometheus.MustNewConstMetric(descCostModel, prometheus.GaugeValue, v, name, term)
+		gauge(ch, descCostModel, v, name, term)
 	}
-	ch <- prometheus.MustNewConstMetric(descCostModelR2, prometheus.GaugeValue, f.R2, name)
+	gauge(ch, descCostModelR2, f.R2, name)
 }
 
 // costModelReport is the admin API's view of a fit.

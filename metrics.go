@@ -1,6 +1,7 @@
 package caddyfairqueue
 
 import (
+	"cmp"
 	"errors"
 	"regexp"
 	"sync"
@@ -147,19 +148,17 @@ type tenantMetrics struct {
 // quotaDims are the quota's meters, in the order of tenantMetrics.charged.
 var quotaDims = [3]quota.Dimension{quota.DimQPS, quota.DimTokens, quota.DimJoint}
 
-func (t *tenantMetrics) initQuota() {
-	for i, d := range quotaDims {
-		t.charged[i] = quotaCharged.WithLabelValues(t.queue, t.label, string(d))
-	}
-}
-
 // observeQuotaUse counts what a completed request used of its tenant's
 // quota, in each meter's units, from its actual tokens.
 func (t *tenantMetrics) observeQuotaUse(l *quota.Limits, tokens int64) {
 	if l == nil {
 		return
 	}
-	t.quotaOnce.Do(t.initQuota)
+	t.quotaOnce.Do(func() {
+		for i, d := range quotaDims {
+			t.charged[i] = quotaCharged.WithLabelValues(t.queue, t.label, string(d))
+		}
+	})
 	c := l.Config()
 	if c.QPS > 0 {
 		t.charged[0].Inc()
@@ -170,20 +169,6 @@ func (t *tenantMetrics) observeQuotaUse(l *quota.Limits, tokens int64) {
 	if l.Enabled(quota.DimJoint) {
 		t.charged[2].Add(1 + float64(tokens)*c.TokenToQPSWeight)
 	}
-}
-
-func (t *tenantMetrics) initServed() {
-	t.served = requestsTotal.WithLabelValues(t.queue, t.label, outcomeServed)
-	t.wait = waitSeconds.WithLabelValues(t.queue, t.label)
-	t.estimated = estimatedTokens.WithLabelValues(t.queue, t.label)
-}
-
-func (t *tenantMetrics) initActual() {
-	t.actual = actualTokens.WithLabelValues(t.queue, t.label)
-}
-
-func (t *tenantMetrics) initETA() {
-	t.eta = etaRatio.WithLabelValues(t.queue, t.label)
 }
 
 // observeOutcome counts a request's outcome and, for one proxied, its
@@ -197,7 +182,11 @@ func (t *tenantMetrics) observeOutcome(outcome string, wait time.Duration, est f
 		}
 		return
 	}
-	t.servedOnce.Do(t.initServed)
+	t.servedOnce.Do(func() {
+		t.served = requestsTotal.WithLabelValues(t.queue, t.label, outcomeServed)
+		t.wait = waitSeconds.WithLabelValues(t.queue, t.label)
+		t.estimated = estimatedTokens.WithLabelValues(t.queue, t.label)
+	})
 	t.served.Inc()
 	t.wait.Observe(wait.Seconds())
 	t.estimated.Add(est)
@@ -209,13 +198,13 @@ func (t *tenantMetrics) observeDispatch(boosted bool, eta, wait time.Duration) {
 		boostsTotal.WithLabelValues(t.queue, t.label).Inc()
 	}
 	if eta > 0 && wait > 0 {
-		t.etaOnce.Do(t.initETA)
+		t.etaOnce.Do(func() { t.eta = etaRatio.WithLabelValues(t.queue, t.label) })
 		t.eta.Observe(eta.Seconds() / wait.Seconds())
 	}
 }
 
 func (t *tenantMetrics) observeActual(v float64) {
-	t.actualOnce.Do(t.initActual)
+	t.actualOnce.Do(func() { t.actual = actualTokens.WithLabelValues(t.queue, t.label) })
 	t.actual.Add(v)
 }
 
@@ -318,17 +307,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(ch, descInflight, float64(l.inflight), name, label)
 		}
 		qcfg := s.q.Config()
-		tierOf := func(tc fairqueue.TenantConfig) string {
-			if tc.Tier == "" {
-				return "none"
-			}
-			return tc.Tier
-		}
-		gauge(ch, descTenantInfo, 1, name, unknownTenantLabel, tierOf(qcfg.Default), qcfg.Default.Class)
+		gauge(ch, descTenantInfo, 1, name, unknownTenantLabel, cmp.Or(qcfg.Default.Tier, "none"), qcfg.Default.Class)
 		for tenant, tc := range qcfg.Tenants {
-			gauge(ch, descTenantInfo, 1, name, tenant, tierOf(tc), tc.Class)
-		}
-		for tenant, tc := range qcfg.Tenants {
+			gauge(ch, descTenantInfo, 1, name, tenant, cmp.Or(tc.Tier, "none"), tc.Class)
 			if tc.Quota == nil {
 				continue
 			}
