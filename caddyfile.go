@@ -440,10 +440,7 @@ func (p *cfParser) circuitSetting(cb *CircuitBreakConfig, key string) error {
 	case "recover":
 		cb.Recover, err = p.demandRatio(key, v)
 	case "saturation":
-		f, perr := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
-		if perr == nil && strings.HasSuffix(v, "%") {
-			f /= 100
-		}
+		f, perr := parseShare(v)
 		if perr != nil || !(f > 0 && f <= 1) {
 			return d.Errf("circuit_break: saturation %q must be a share of the window in (0, 1] (e.g. 0.9 or 90%%)", v)
 		}
@@ -716,17 +713,15 @@ func (p *cfParser) degrade() error {
 	dc := new(DegradeConfig)
 	var steps []degrade.Step
 	var stepClasses []string
-	var holdTok *caddyfile.Token
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		tok := d.Token()
 		name := d.Val()
 		if name == "hold" {
-			if holdTok != nil {
-				return d.Errf("degrade: hold given twice (first at %s:%d)", holdTok.File, holdTok.Line)
+			err := p.onlyOnce("degrade: hold")
+			if err == nil {
+				dc.Hold, err = p.durationArg("degrade: hold")
 			}
-			holdTok = &tok
-			var err error
-			if dc.Hold, err = p.durationArg("degrade: hold"); err != nil {
+			if err != nil {
 				return err
 			}
 			continue
@@ -831,7 +826,8 @@ func (p *cfParser) checkClassRefs() error {
 	return nil
 }
 
-// onlyOnce fails if sub was already given in this block.
+// onlyOnce fails if sub (a subdirective, or "degrade: hold") was already
+// given in this block.
 func (p *cfParser) onlyOnce(sub string) error {
 	if prev, ok := p.once[sub]; ok {
 		return p.d.Errf("%s given twice (first at %s:%d)", sub, prev.File, prev.Line)

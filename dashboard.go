@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net/http"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -423,13 +425,7 @@ func (h *Handler) history() *history.History {
 
 // declaredTenants lists cfg's declared tenants, the ones the history
 // keeps under their own names.
-func declaredTenants(cfg fairqueue.Config) []string {
-	names := make([]string, 0, len(cfg.Tenants))
-	for n := range cfg.Tenants {
-		names = append(names, n)
-	}
-	return names
-}
+func declaredTenants(cfg fairqueue.Config) []string { return slices.Collect(maps.Keys(cfg.Tenants)) }
 
 // sampler holds the tick's buffers for the backlogged tenants, reused
 // from tick to tick (only the tick goroutine samples).

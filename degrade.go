@@ -1,6 +1,7 @@
 package caddyfairqueue
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 
@@ -42,10 +43,7 @@ func (h *Handler) provisionDegrade() error {
 		steps = append(steps, degrade.Step{Name: s.Name, Trigger: s.Trigger, Recover: s.Recover, Action: a})
 	}
 	h.qcfg.Degrade = steps
-	h.qcfg.DegradeHold = time.Duration(h.Degrade.Hold)
-	if h.qcfg.DegradeHold == 0 {
-		h.qcfg.DegradeHold = degrade.DefaultHold
-	}
+	h.qcfg.DegradeHold = cmp.Or(time.Duration(h.Degrade.Hold), degrade.DefaultHold)
 	return nil
 }
 

@@ -364,7 +364,7 @@ func (h *Handler) classes() ([]fairqueue.ClassConfig, error) {
 // errors): weight 1 and class batch unless t says otherwise.
 func (h *Handler) tenantConfig(who string, t *TenantConfig) (fairqueue.TenantConfig, error) {
 	if t == nil {
-		return fairqueue.TenantConfig{Weight: 1, Class: "batch"}, nil
+		t = new(TenantConfig)
 	}
 	if t.MaxRequestTokens < 0 || t.MaxInflight < 0 {
 		return fairqueue.TenantConfig{}, fmt.Errorf("%s: max_request_tokens and max_inflight must not be negative", who)
@@ -372,11 +372,10 @@ func (h *Handler) tenantConfig(who string, t *TenantConfig) (fairqueue.TenantCon
 	tc := fairqueue.TenantConfig{Weight: cmp.Or(t.Weight, 1), Class: cmp.Or(t.Class, "batch"),
 		WaitBudget: time.Duration(t.WaitBudget), MaxQueue: t.MaxQueue, MaxInflight: t.MaxInflight,
 		Tier: t.Tier, Reserve: t.Reserve}
-	l, err := compileQuota(who+": quota", t.Quota, h.QuotaDefaults)
-	if err != nil {
+	var err error
+	if tc.Quota, err = compileQuota(who+": quota", t.Quota, h.QuotaDefaults); err != nil {
 		return tc, err
 	}
-	tc.Quota = l
 	tc.QuotaAutoWeight = quotaAuto(t.Quota, h.QuotaDefaults)
 	h.quotaAuto = h.quotaAuto || tc.QuotaAutoWeight
 	return tc, nil
@@ -643,13 +642,9 @@ var (
 // exactly one request-header placeholder, such as
 // "{http.request.header.X-Tenant-ID}"; "" otherwise.
 func headerPlaceholder(key string) string {
-	const prefix = "http.request.header."
-	if len(key) < 2 || key[0] != '{' || key[len(key)-1] != '}' {
-		return ""
-	}
-	v := key[1 : len(key)-1]
-	name, ok := strings.CutPrefix(v, prefix)
-	if !ok || name == "" {
+	name, ok1 := strings.CutPrefix(key, "{http.request.header.")
+	name, ok2 := strings.CutSuffix(name, "}")
+	if !ok1 || !ok2 || name == "" {
 		return ""
 	}
 	for i := 0; i < len(name); i++ {

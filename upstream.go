@@ -41,13 +41,20 @@ func (c *UpstreamQuotaConfig) engine() *fairqueue.UpstreamQuota {
 	return &fairqueue.UpstreamQuota{RPM: c.RPM, TPM: c.TPM, Burst: time.Duration(c.Burst), ReserveBurst: time.Duration(c.ReserveBurst)}
 }
 
-// parseReserve reads a reservation: "20%" or a fraction "0.2".
-func parseReserve(v string) (float64, error) {
+// parseShare reads a share written as a fraction (0.2) or a percentage
+// (20%).
+func parseShare(v string) (float64, error) {
 	f, err := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
-	if err == nil && strings.HasSuffix(v, "%") {
+	if strings.HasSuffix(v, "%") {
 		f /= 100
 	}
-	if err != nil || !(f > 0 && f < 1) || math.IsNaN(f) {
+	return f, err
+}
+
+// parseReserve reads a reservation: "20%" or a fraction "0.2".
+func parseReserve(v string) (float64, error) {
+	f, err := parseShare(v)
+	if err != nil || !(f > 0 && f < 1) {
 		return 0, fmt.Errorf("reserve %q must be a share of the upstream quota between 0 and 1 (e.g. 20%% or 0.2)", v)
 	}
 	return f, nil
