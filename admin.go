@@ -105,9 +105,9 @@ func (adminReport) handleReport(w http.ResponseWriter, r *http.Request) error {
 	live := liveQueues()
 	if only != "" {
 		live = slices.DeleteFunc(live, func(s *sharedQueue) bool { return s.name != only })
-	}
-	if only != "" && len(live) == 0 {
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown queue: %q", only)}
+		if len(live) == 0 {
+			return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown queue: %q", only)}
+		}
 	}
 
 	results := make([]queueReport, 0, len(live))

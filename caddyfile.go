@@ -324,7 +324,18 @@ func (p *cfParser) fallbackSetting(fb *FallbackConfig, key string) error {
 		}
 		return p.noBlock("fallback: tenants")
 	case "model_map":
-		return p.modelMap(fb)
+		args := d.RemainingArgs()
+		if len(args) != 2 {
+			return d.Errf("fallback: want 'model_map <model> <fallback model>'")
+		}
+		if _, dup := fb.ModelMap[args[0]]; dup {
+			return d.Errf("fallback: model_map for %q given twice", args[0])
+		}
+		if fb.ModelMap == nil {
+			fb.ModelMap = map[string]string{}
+		}
+		fb.ModelMap[args[0]] = args[1]
+		return p.noBlock("fallback: model_map")
 	case "max_inflight":
 		return posArg(p, "fallback: max_inflight", &fb.MaxInflight)
 	case "upstream_quota":
@@ -341,23 +352,6 @@ func (p *cfParser) fallbackSetting(fb *FallbackConfig, key string) error {
 		return nil
 	}
 	return d.Errf("fallback: unknown setting %q (want tenants, model_map, max_inflight, upstream_quota or reverse_proxy)", key)
-}
-
-// modelMap parses `model_map <model> <fallback model>`, one line per model.
-func (p *cfParser) modelMap(fb *FallbackConfig) error {
-	d := p.d
-	args := d.RemainingArgs()
-	if len(args) != 2 {
-		return d.Errf("fallback: want 'model_map <model> <fallback model>'")
-	}
-	if fb.ModelMap == nil {
-		fb.ModelMap = map[string]string{}
-	}
-	if _, dup := fb.ModelMap[args[0]]; dup {
-		return d.Errf("fallback: model_map for %q given twice", args[0])
-	}
-	fb.ModelMap[args[0]] = args[1]
-	return p.noBlock("fallback: model_map")
 }
 
 // upstreamQuota parses the arguments of an upstream_quota line: [tpm <n>]
@@ -587,42 +581,34 @@ func (p *cfParser) tenantOptions(who string, tok caddyfile.Token, args []string)
 			return nil, d.Errf("%s: missing value after %s", who, opt)
 		}
 		v := args[i+1]
+		var err error
 		switch opt {
 		case "weight":
-			w, err := strconv.ParseFloat(v, 64)
-			if err != nil || !(w > 0) || math.IsInf(w, 0) {
+			w, perr := strconv.ParseFloat(v, 64)
+			if perr != nil || !(w > 0) || math.IsInf(w, 0) {
 				return nil, d.Errf("%s: weight %q must be a positive number", who, v)
 			}
 			tc.Weight = w
 		case "tier":
 			tc.Tier = v
 		case "reserve":
-			f, err := parseReserve(v)
-			if err != nil {
-				return nil, d.Errf("%s: %v", who, err)
+			if tc.Reserve, err = parseReserve(v); err != nil {
+				err = d.Errf("%s: %v", who, err)
 			}
-			tc.Reserve = f
 		case "class":
 			tc.Class = v
 			p.refs = append(p.refs, classRef{tok: tok, who: who, class: v})
 		case "wait_budget":
-			var err error
-			if tc.WaitBudget, err = p.duration(who+": wait_budget", v); err != nil {
-				return nil, err
-			}
-		case "max_queue", "max_inflight", "max_request_tokens":
-			n, err := strconv.ParseInt(v, 10, strconv.IntSize)
-			if err != nil || n <= 0 {
-				return nil, d.Errf("%s: %s %q must be a positive integer", who, opt, v)
-			}
-			switch opt {
-			case "max_queue":
-				tc.MaxQueue = int(n)
-			case "max_inflight":
-				tc.MaxInflight = int(n)
-			default:
-				tc.MaxRequestTokens = n
-			}
+			tc.WaitBudget, err = p.duration(who+": wait_budget", v)
+		case "max_queue":
+			err = parsePositive(p, who+": max_queue", v, &tc.MaxQueue)
+		case "max_inflight":
+			err = parsePositive(p, who+": max_inflight", v, &tc.MaxInflight)
+		case "max_request_tokens":
+			err = parsePositive(p, who+": max_request_tokens", v, &tc.MaxRequestTokens)
+		}
+		if err != nil {
+			return nil, err
 		}
 	}
 	return tc, p.tenantBlock(who, tc)
@@ -898,9 +884,15 @@ func posArg[T int | int64](p *cfParser, sub string, dst *T) error {
 	if err != nil {
 		return err
 	}
+	return parsePositive(p, sub+":", v, dst)
+}
+
+// parsePositive sets *dst to v, a positive integer; what prefixes the
+// error.
+func parsePositive[T int | int64](p *cfParser, what, v string, dst *T) error {
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil || n <= 0 || int64(T(n)) != n {
-		return p.d.Errf("%s: %q must be a positive integer", sub, v)
+		return p.d.Errf("%s %q must be a positive integer", what, v)
 	}
 	*dst = T(n)
 	return nil
