@@ -26,10 +26,8 @@ func init() {
 	httpcaddyfile.RegisterDirectiveOrder("fair_queue", httpcaddyfile.Before, "reverse_proxy")
 }
 
-// parseCaddyfile sets up a fair_queue handler from Caddyfile tokens; see
-// UnmarshalCaddyfile for the syntax. Unlike UnmarshalCaddyfile alone, it
-// also finalizes the inner reverse_proxy with the Caddyfile helper, which
-// its handle_response blocks need.
+// parseCaddyfile is UnmarshalCaddyfile, with the inner reverse_proxy
+// finalized by the Caddyfile helper its handle_response blocks need.
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	fq := new(Handler)
 	rp, _, err := fq.unmarshalCaddyfile(h.Dispenser)
@@ -42,14 +40,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 	return fq, nil
 }
 
-// UnmarshalCaddyfile sets up the handler from Caddyfile tokens, one
-// method per subdirective; docs/configuration.md has the syntax. Each
-// subdirective other than class and tenant may be given once, and each
-// class and tenant name once.
-//
-// A handle_response block in the inner reverse_proxy needs the Caddyfile
-// helper that only the fair_queue directive has: UnmarshalCaddyfile on its
-// own rejects it.
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens; the syntax
+// is in docs/configuration.md. It rejects a handle_response block in the
+// inner reverse_proxy, which needs the helper only the fair_queue
+// directive has.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	rp, handleResponse, err := h.unmarshalCaddyfile(d)
 	if err != nil {
