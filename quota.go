@@ -60,15 +60,11 @@ func (c *QuotaConfig) checkDefaults() error {
 }
 
 // quotaAuto reports whether a tenant's quota takes its joint weight from
-// the learned cost model.
+// the learned cost model; the tenant's own weight wins over an auto
+// default.
 func quotaAuto(t, defaults *QuotaConfig) bool {
-	if t == nil {
-		return false
-	}
-	if t.TokenToQPSWeight != nil {
-		return false // the tenant's own weight wins over an auto default
-	}
-	return t.TokenToQPSWeightAuto || defaults != nil && defaults.TokenToQPSWeightAuto
+	return t != nil && t.TokenToQPSWeight == nil &&
+		(t.TokenToQPSWeightAuto || defaults != nil && defaults.TokenToQPSWeightAuto)
 }
 
 // compileQuota merges a tenant's quota over the defaults and compiles it;

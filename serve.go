@@ -369,16 +369,9 @@ func setContentLength(h http.Header, n int) {
 // wait, cost and, in light mode, the mode; canonical keys, the values in
 // one allocation.
 func setServedHeaders(hdr http.Header, wait time.Duration, cost int, light bool) {
-	n := 2
-	if light {
-		n = 3
-	}
-	vals := make([]string, n)
-	vals[0] = strconv.FormatInt(wait.Milliseconds(), 10)
-	vals[1] = strconv.Itoa(cost)
+	vals := []string{strconv.FormatInt(wait.Milliseconds(), 10), strconv.Itoa(cost), "light"}
 	hdr[headerWaitMs], hdr[headerCost] = vals[0:1:1], vals[1:2:2]
 	if light {
-		vals[2] = "light"
 		hdr[headerMode] = vals[2:3:3]
 	}
 }
