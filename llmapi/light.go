@@ -97,20 +97,17 @@ func lightMode(rs *readers, kind Kind, body []byte, maxInputTokens, maxTokens in
 // adds max_tokens.
 func capOutput(top *topLevel, anthropic bool, maxTokens int, set map[string][]byte) error {
 	capped := false
-	for _, f := range []struct {
-		name string
-		raw  []byte
-	}{{"max_tokens", top.MaxTokens}, {"max_completion_tokens", top.MaxCompletionTokens}} {
-		if anthropic && f.name != "max_tokens" || !present(f.raw) {
+	for _, j := range []int{tMaxTokens, tMaxCompletionTokens} {
+		if anthropic && j != tMaxTokens || !present(top[j]) {
 			continue
 		}
-		n, err := getInt(f.raw, f.name)
+		n, err := getInt(top[j], topNames[j])
 		if err != nil {
 			return err
 		}
 		capped = true
 		if n > maxTokens {
-			set[f.name] = strconv.AppendInt(nil, int64(maxTokens), 10)
+			set[topNames[j]] = strconv.AppendInt(nil, int64(maxTokens), 10)
 		}
 	}
 	if !capped {
@@ -238,14 +235,14 @@ type trimmer struct {
 
 // trimMessages returns the new messages array, or nil when all messages fit.
 func trimMessages(rs *readers, top *topLevel, anthropic bool, limit int, c Counter) ([]byte, error) {
-	switch rawType(top.Messages) {
+	switch rawType(top[tMessages]) {
 	case 0, 'n':
 		return nil, nil
 	case '[':
 	default:
-		return nil, fieldError("messages", "must be an array, got %s", typeName(rawType(top.Messages)))
+		return nil, fieldError("messages", "must be an array, got %s", typeName(rawType(top[tMessages])))
 	}
-	raws := rs.elements(top.Messages)
+	raws := rs.elements(top[tMessages])
 	if len(raws) == 0 {
 		return nil, nil
 	}
@@ -254,7 +251,7 @@ func trimMessages(rs *readers, top *topLevel, anthropic bool, limit int, c Count
 		return nil, err
 	}
 	upper, err := t.read(raws)
-	if err != nil || upper+len(top.System)+len(top.Tools)+len(top.Functions) <= limit {
+	if err != nil || upper+len(top[tSystem])+len(top[tTools])+len(top[tFunctions]) <= limit {
 		return nil, err
 	}
 	units := groupUnits(t.msgs)
@@ -267,13 +264,13 @@ func trimMessages(rs *readers, top *topLevel, anthropic bool, limit int, c Count
 // system prompt; system messages are counted in budget.
 func (t *trimmer) addFixed(top *topLevel) error {
 	if t.anthropic {
-		if err := t.fixed.from(top.System, t.fixed.addSystem); err != nil {
+		if err := t.fixed.from(top[tSystem], t.fixed.addSystem); err != nil {
 			return err
 		}
 	} else {
-		t.fixed.addJSON(top.Functions)
+		t.fixed.addJSON(top[tFunctions])
 	}
-	t.fixed.addJSON(top.Tools)
+	t.fixed.addJSON(top[tTools])
 	return nil
 }
 

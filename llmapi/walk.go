@@ -3,6 +3,7 @@ package llmapi
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
 	"strings"
 	"sync"
 
@@ -235,12 +236,20 @@ func (w *walker) walk(body []byte) error {
 // top reads the top level of body into top, with every check of the body
 // as a whole: that it is one JSON object, nested no deeper than MaxDepth,
 // without a member the gateway reads given twice. Where the kind is known,
-// it walks the prompt in place (see walker).
+// it walks the prompt in place (see walker). A value too deep is the
+// reader's error, which comes first when its member does.
 func (w *walker) top(body []byte, top *topLevel) error {
 	r := w.rs.open(body, MaxDepth)
 	defer w.rs.close()
 	w.rd = r
-	err := w.members(top)
+	var err error
+	if k := r.next(); k != '{' {
+		r.finish(k)
+		err = &BodyError{Msg: "request body must be a JSON object, got " + typeName(byte(k)), Offset: -1}
+	} else {
+		w.inPlace = len(promptOrder[w.r.Kind]) > 0
+		err = w.fields(topNames, top[:], w.topValue)
+	}
 	r.end()
 	if r.err != nil {
 		return invalidBody(body, r.err, err)
@@ -248,89 +257,43 @@ func (w *walker) top(body []byte, top *topLevel) error {
 	return err
 }
 
-// members reads the top-level object, and returns the first error met in
-// it: a value that is not an object, or a duplicate. A value too deep is
-// the reader's error, which comes first when its member does.
-func (w *walker) members(top *topLevel) error {
-	r := w.rd
-	if k := r.next(); k != '{' {
-		r.finish(k)
-		return &BodyError{Msg: "request body must be a JSON object, got " + typeName(byte(k)), Offset: -1}
-	}
-	order := top.promptMembers(w.r.Kind)
-	w.inPlace = order[0] != nil
-	var err error
-	for r.member() {
-		name := r.name()
-		slot := top.slot(name)
-		switch {
-		case slot == nil:
-			r.skip()
-		case *slot != nil:
-			r.skip()
-			if err == nil && r.err == nil {
-				err = w.errorIn(string(name), "%s", duplicateMsg)
-			}
-		case err == nil:
-			*slot = w.topValue(top, order, slot)
-		default:
-			*slot = r.value()
-		}
-	}
-	return err
+// promptOrder lists the top-level members that hold each kind's prompt,
+// in the order the API reads them.
+var promptOrder = [...][]int{
+	KindChat:              {tMessages},
+	KindAnthropicMessages: {tSystem, tMessages},
+	KindCompletions:       {tPrompt},
+	KindEmbeddings:        {tInput},
+	KindResponses:         {tInstructions, tInput},
 }
 
-// topValue reads the value of a top-level member into its slot: a prompt
-// member in place, when the members of the prompt before it have been
-// (see walker), and anything else as it stands.
-func (w *walker) topValue(top *topLevel, order [2]*[]byte, slot *[]byte) []byte {
-	i := 0
-	for i < len(order) && order[i] != slot {
-		i++
-	}
-	r := w.rd
-	if i < w.next {
+// topValue walks the value of the top-level member j, begun with a token
+// of kind k, in place when it is a prompt member and the members of the
+// prompt before it have been (see walker), and reports whether it did.
+func (w *walker) topValue(j int, k jsontext.Kind) bool {
+	i := slices.Index(promptOrder[w.r.Kind], j)
+	if i >= 0 && i < w.next {
 		w.late = true
 	}
-	if i == len(order) || w.late || w.promptErr != nil {
-		return r.value()
+	if i < 0 || w.late || w.promptErr != nil {
+		return false
 	}
 	w.next = i + 1
-	k := r.next()
-	start := r.start
-	w.promptErr = w.promptMember(top, slot, k)
-	return r.since(start)
+	w.promptErr = w.promptMember(j, k)
+	return true
 }
 
-// promptMembers lists the members that hold kind's prompt, in the order
-// the API reads them (nil where there is none).
-func (t *topLevel) promptMembers(kind Kind) [2]*[]byte {
-	switch kind {
-	case KindChat:
-		return [2]*[]byte{&t.Messages}
-	case KindAnthropicMessages:
-		return [2]*[]byte{&t.System, &t.Messages}
-	case KindCompletions:
-		return [2]*[]byte{&t.Prompt}
-	case KindEmbeddings:
-		return [2]*[]byte{&t.Input}
-	case KindResponses:
-		return [2]*[]byte{&t.Instructions, &t.Input}
-	}
-	return [2]*[]byte{}
-}
-
-// promptMember adds the prompt member at slot, whose value the walk has
-// begun with a token of kind k.
-func (w *walker) promptMember(top *topLevel, slot *[]byte, k jsontext.Kind) error {
+// promptMember adds the prompt member j, whose value the walk has begun
+// with a token of kind k.
+func (w *walker) promptMember(j int, k jsontext.Kind) error {
 	switch {
-	case slot == &top.Messages:
+	case j == tMessages:
 		return w.addMessages(k, w.r.Kind == KindAnthropicMessages)
-	case slot == &top.System:
+	case j == tSystem:
 		return w.addSystem(k)
-	case slot == &top.Instructions:
+	case j == tInstructions:
 		return w.addInstructions(k)
-	case slot == &top.Prompt:
+	case j == tPrompt:
 		return w.addTokenInput(k, "prompt")
 	case w.r.Kind == KindResponses:
 		return w.addResponsesInput(k)
@@ -341,28 +304,24 @@ func (w *walker) promptMember(top *topLevel, slot *[]byte, k jsontext.Kind) erro
 // prompt adds what the top-level pass left of the prompt: all of it, in
 // the API's order, when the pass could not walk it in place.
 func (w *walker) prompt(top *topLevel) error {
-	order := top.promptMembers(w.r.Kind)
 	if w.inPlace && !w.late {
 		if w.promptErr != nil {
 			return w.promptErr
 		}
 	} else {
 		w.reset(mark{})
-		for _, slot := range order {
-			if slot == nil {
-				continue
-			}
-			if err := w.from(*slot, func(k jsontext.Kind) error { return w.promptMember(top, slot, k) }); err != nil {
+		for _, j := range promptOrder[w.r.Kind] {
+			if err := w.from(top[j], func(k jsontext.Kind) error { return w.promptMember(j, k) }); err != nil {
 				return err
 			}
 		}
 	}
 	switch w.r.Kind {
 	case KindChat:
-		w.addJSON(top.Tools)
-		w.addJSON(top.Functions)
+		w.addJSON(top[tTools])
+		w.addJSON(top[tFunctions])
 	case KindAnthropicMessages, KindResponses:
-		w.addJSON(top.Tools)
+		w.addJSON(top[tTools])
 	}
 	return nil
 }
@@ -386,31 +345,29 @@ func (w *walker) from(raw []byte, f func(k jsontext.Kind) error) error {
 func (w *walker) settings(top *topLevel) error {
 	r := w.r
 	var err error
-	if r.Model, err = getString(top.Model, "model"); err != nil {
+	if r.Model, err = getString(top[tModel], "model"); err != nil {
 		return err
 	}
 	if r.Kind != KindEmbeddings {
-		if r.Stream, err = getBool(top.Stream, "stream"); err != nil {
+		if r.Stream, err = getBool(top[tStream], "stream"); err != nil {
 			return err
 		}
-		if err := w.streamOptions(top.StreamOptions); err != nil {
+		if err := w.streamOptions(top[tStreamOptions]); err != nil {
 			return err
 		}
 	}
 	// The first cap present wins, in the API's order of preference.
-	var caps []string
-	var raws [][]byte
+	var caps []int
 	switch r.Kind {
 	case KindChat:
-		caps = []string{"max_completion_tokens", "max_tokens"}
-		raws = [][]byte{top.MaxCompletionTokens, top.MaxTokens}
+		caps = []int{tMaxCompletionTokens, tMaxTokens}
 	case KindCompletions, KindAnthropicMessages:
-		caps, raws = []string{"max_tokens"}, [][]byte{top.MaxTokens}
+		caps = []int{tMaxTokens}
 	case KindResponses:
-		caps, raws = []string{"max_output_tokens"}, [][]byte{top.MaxOutputTokens}
+		caps = []int{tMaxOutputTokens}
 	}
-	for i, raw := range raws {
-		n, err := getInt(raw, caps[i])
+	for _, j := range caps {
+		n, err := getInt(top[j], topNames[j])
 		if err != nil {
 			return err
 		}
@@ -419,25 +376,17 @@ func (w *walker) settings(top *topLevel) error {
 		}
 	}
 	if r.Kind == KindChat || r.Kind == KindCompletions {
-		return w.choices(top)
+		if r.Choices, err = getChoices(top[tN], "n"); err != nil {
+			return err
+		}
 	}
-	return nil
-}
-
-// choices reads n, and best_of, whose candidates are all generated, of
-// which n return.
-func (w *walker) choices(top *topLevel) error {
-	n, err := getChoices(top.N, "n")
-	if err != nil {
-		return err
-	}
-	w.r.Choices = n
-	if w.r.Kind == KindCompletions {
-		best, err := getChoices(top.BestOf, "best_of")
+	if r.Kind == KindCompletions {
+		// best_of's candidates are all generated, of which n return.
+		best, err := getChoices(top[tBestOf], "best_of")
 		if err != nil {
 			return err
 		}
-		w.r.Choices = max(n, best)
+		r.Choices = max(r.Choices, best)
 	}
 	return nil
 }
@@ -475,7 +424,9 @@ func (w *walker) fields(names []string, vals [][]byte, walk func(j int, k jsonte
 			r.skip()
 		case vals[j] != nil:
 			r.skip()
-			err = w.errorIn(names[j], "%s", duplicateMsg)
+			if r.err == nil { // a reader's error comes first
+				err = w.errorIn(names[j], "%s", duplicateMsg)
+			}
 		case walk == nil:
 			vals[j] = r.value()
 		default:
