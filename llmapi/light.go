@@ -264,7 +264,7 @@ func trimMessages(rs *readers, top *topLevel, anthropic bool, limit int, c Count
 // system prompt; system messages are counted in budget.
 func (t *trimmer) addFixed(top *topLevel) error {
 	if t.anthropic {
-		if err := t.fixed.from(top[tSystem], t.fixed.addSystem); err != nil {
+		if err := t.fixed.from(top[tSystem], func(k jsontext.Kind) error { return t.fixed.promptMember(tSystem, k) }); err != nil {
 			return err
 		}
 	} else {

@@ -168,6 +168,13 @@ func (w *walker) errorf(format string, args ...any) *BodyError {
 	return fieldError(string(appendPath(nil, w.path)), format, args...)
 }
 
+// typeError steps over the value begun with a token of kind k, which is
+// not of the type want, and reports it.
+func (w *walker) typeError(k jsontext.Kind, want string) *BodyError {
+	w.rd.finish(k)
+	return w.errorf("must be %s, got %s", want, typeName(byte(k)))
+}
+
 // errorIn reports a problem with the member name of the object the walk
 // is at.
 func (w *walker) errorIn(name, format string, args ...any) *BodyError {
@@ -284,21 +291,24 @@ func (w *walker) topValue(j int, k jsontext.Kind) bool {
 }
 
 // promptMember adds the prompt member j, whose value the walk has begun
-// with a token of kind k.
+// with a token of kind k; null adds nothing.
 func (w *walker) promptMember(j int, k jsontext.Kind) error {
+	if k == 'n' {
+		return nil
+	}
+	w.push(topNames[j])
+	defer w.pop()
 	switch {
 	case j == tMessages:
-		return w.addMessages(k, w.r.Kind == KindAnthropicMessages)
+		return w.addMessages(k)
 	case j == tSystem:
 		return w.addSystem(k)
 	case j == tInstructions:
 		return w.addInstructions(k)
-	case j == tPrompt:
-		return w.addTokenInput(k, "prompt")
-	case w.r.Kind == KindResponses:
+	case j == tInput && w.r.Kind == KindResponses:
 		return w.addResponsesInput(k)
 	}
-	return w.addTokenInput(k, "input")
+	return w.addTokenInput(k)
 }
 
 // prompt adds what the top-level pass left of the prompt: all of it, in
@@ -484,22 +494,15 @@ const (
 var messageFields = []string{"role", "content", "name", "tool_calls", "function_call"}
 
 // addMessages adds the messages begun with a token of kind k.
-func (w *walker) addMessages(k jsontext.Kind, anthropic bool) error {
-	switch k {
-	case 'n':
-		return nil
-	case '[':
-	default:
-		w.rd.finish(k)
-		return fieldError("messages", "must be an array, got %s", typeName(byte(k)))
+func (w *walker) addMessages(k jsontext.Kind) error {
+	if k != '[' {
+		return w.typeError(k, "an array")
 	}
-	w.push("messages")
-	err := w.elements(func(k jsontext.Kind) error {
+	anthropic := w.r.Kind == KindAnthropicMessages
+	return w.elements(func(k jsontext.Kind) error {
 		_, err := w.message(k, anthropic)
 		return err
 	})
-	w.pop()
-	return err
 }
 
 // message adds the prompt of the message begun with a token of kind k,
@@ -507,10 +510,8 @@ func (w *walker) addMessages(k jsontext.Kind, anthropic bool) error {
 // the texts of its name and tool calls are added after its content
 // whatever the order of its members, as the walker always adds them.
 func (w *walker) message(k jsontext.Kind, anthropic bool) (role []byte, err error) {
-	r := w.rd
 	if k != '{' {
-		r.finish(k)
-		return nil, w.errorf("must be an object, got %s", typeName(byte(k)))
+		return nil, w.typeError(k, "an object")
 	}
 	var m [msgFields][]byte
 	var contentErr, callsErr error
@@ -573,19 +574,17 @@ func (w *walker) messageExtras(m *[msgFields][]byte, callsErr error) error {
 // toolCalls reads the tool calls begun with a token of kind k, keeping
 // their texts in w.calls.
 func (w *walker) toolCalls(k jsontext.Kind) error {
-	switch k {
-	case 'n':
+	if k == 'n' {
 		return nil
-	case '[':
-	default:
-		w.rd.finish(k)
-		return w.errorIn("tool_calls", "must be an array, got %s", typeName(byte(k)))
 	}
 	w.push("tool_calls")
+	defer w.pop()
+	if k != '[' {
+		return w.typeError(k, "an array")
+	}
 	w.deferring = true
 	err := w.elements(w.addCall)
 	w.deferring = false
-	w.pop()
 	return err
 }
 
@@ -670,13 +669,11 @@ func (w *walker) content(k jsontext.Kind, anthropic bool) error {
 		return nil
 	case '[':
 		return w.elements(func(k jsontext.Kind) error { return w.part(k, anthropic) })
-	default:
-		w.rd.finish(k)
-		if anthropic {
-			return w.errorf("must be a string or an array of content blocks, got %s", typeName(byte(k)))
-		}
-		return w.errorf("must be a string, an array of content parts, or null, got %s", typeName(byte(k)))
 	}
+	if anthropic {
+		return w.typeError(k, "a string or an array of content blocks")
+	}
+	return w.typeError(k, "a string, an array of content parts, or null")
 }
 
 // part adds the content part or block the walk is at.
@@ -689,8 +686,7 @@ func (w *walker) content(k jsontext.Kind, anthropic bool) error {
 // turns out to be another.
 func (w *walker) part(k jsontext.Kind, anthropic bool) error {
 	if k != '{' {
-		w.rd.finish(k)
-		return w.errorf("must be an object, got %s", typeName(byte(k)))
+		return w.typeError(k, "an object")
 	}
 	var v [partFields][]byte
 	var before mark
@@ -748,60 +744,37 @@ func (w *walker) addPart(v *[partFields][]byte) error {
 }
 
 func (w *walker) addSystem(k jsontext.Kind) error {
-	switch k {
-	case 'n':
-		return nil
-	case '"', '[':
-		w.r.Messages++
-		w.push("system")
-		err := w.content(k, true)
-		w.pop()
-		return err
-	default:
-		w.rd.finish(k)
-		return fieldError("system", "must be a string or an array of text blocks, got %s", typeName(byte(k)))
+	if k != '"' && k != '[' {
+		return w.typeError(k, "a string or an array of text blocks")
 	}
+	w.r.Messages++
+	return w.content(k, true)
 }
 
 func (w *walker) addInstructions(k jsontext.Kind) error {
-	switch k {
-	case 'n':
-		return nil
-	case '"':
-		w.r.Messages++
-		w.addText(w.rd.raw)
-		return nil
-	default:
-		w.rd.finish(k)
-		return fieldError("instructions", "must be a string, got %s", typeName(byte(k)))
+	if k != '"' {
+		return w.typeError(k, "a string")
 	}
+	w.r.Messages++
+	w.addText(w.rd.raw)
+	return nil
 }
 
 func (w *walker) addResponsesInput(k jsontext.Kind) error {
 	switch k {
-	case 'n':
-		return nil
 	case '"':
-		w.r.Messages++ // the API wraps a string input as a user message
-		w.addText(w.rd.raw)
-		return nil
+		return w.addInstructions(k) // the API wraps a string input as a user message
 	case '[':
-	default:
-		w.rd.finish(k)
-		return fieldError("input", "must be a string or an array of input items, got %s", typeName(byte(k)))
+		return w.elements(w.addItem)
 	}
-	w.push("input")
-	err := w.elements(w.addItem)
-	w.pop()
-	return err
+	return w.typeError(k, "a string or an array of input items")
 }
 
 // addItem adds the responses input item begun with a token of kind k.
 // Items do not nest, so their members are collected first.
 func (w *walker) addItem(k jsontext.Kind) error {
 	if k != '{' {
-		w.rd.finish(k)
-		return w.errorf("must be an object, got %s", typeName(byte(k)))
+		return w.typeError(k, "an object")
 	}
 	var v [partFields][]byte
 	if err := w.fields(partNames, v[:], nil); err != nil {
@@ -852,22 +825,18 @@ func (w *walker) contentOf(name string, raw []byte) error {
 // addTokenInput adds the completions prompt or embeddings input begun
 // with a token of kind k: a string, an array of strings, an array of token
 // IDs, or an array of such arrays.
-func (w *walker) addTokenInput(k jsontext.Kind, field string) error {
+func (w *walker) addTokenInput(k jsontext.Kind) error {
 	switch k {
-	case 'n':
-		return nil
 	case '"':
 		w.addText(w.rd.raw)
 		return nil
 	case '[':
-	default:
-		w.rd.finish(k)
-		return fieldError(field, "must be a string or an array, got %s", typeName(byte(k)))
+		if w.tokenArray() {
+			return nil
+		}
+		return w.errorf("must be a string, an array of strings, an array of token IDs or an array of token-ID arrays, with elements of one type")
 	}
-	if w.tokenArray() {
-		return nil
-	}
-	return fieldError(field, "must be a string, an array of strings, an array of token IDs or an array of token-ID arrays, with elements of one type")
+	return w.typeError(k, "a string or an array")
 }
 
 // tokenArray adds the rest of the array of strings, token IDs or token-ID
