@@ -283,18 +283,27 @@ func (t *trimmer) read(raws [][]byte) (upper int, err error) {
 		m := &t.msgs[i]
 		r := &m.parsed
 		w := walker{rs: t.rs, r: r, collect: true, path: []seg{{name: "messages"}, {idx: i}}}
-		var rb []byte
+		var v [msgFields][]byte
 		err := w.from(raw, func(k jsontext.Kind) (err error) {
-			rb, err = w.message(k, t.anthropic)
+			v, err = w.message(k, t.anthropic)
 			return err
 		})
 		if err != nil {
 			return 0, err
 		}
-		role := string(stringBytes(rb))
+		role := string(stringBytes(v[msgRole]))
 		m.raw, m.role, m.texts, m.cost = raw, role, w.texts, -1
-		m.system = !t.anthropic && (role == "system" || role == "developer")
-		m.calls, m.results = toolLinks(t.rs, raw, role, t.anthropic)
+		switch {
+		case t.anthropic:
+			m.calls, m.results = w.toolUse, w.toolResult
+		case role == "assistant":
+			calls := v[msgToolCalls]
+			m.calls = rawType(calls) == '[' && len(bytes.TrimSpace(calls[1:])) > 1 || present(v[msgFunctionCall])
+		case role == "tool", role == "function":
+			m.results = true
+		case role == "system", role == "developer":
+			m.system = true
+		}
 		upper += len(raw) + r.Messages*MessageOverhead + r.Names + r.Images*ImageTokens + r.TokenIDs
 	}
 	return upper, nil
@@ -400,31 +409,6 @@ func (m *lmMessage) tokens(c Counter) int {
 		m.cost = r.Messages*MessageOverhead + r.Names + r.Images*ImageTokens + r.TokenIDs + countTexts(c, textStrings(nil, m.texts))
 	}
 	return m.cost
-}
-
-// toolLinks reports whether a message calls tools and whether it carries
-// tool results.
-func toolLinks(rs *readers, raw []byte, role string, anthropic bool) (calls, results bool) {
-	if !anthropic {
-		switch role {
-		case "assistant":
-			tc := rs.member(raw, "tool_calls")
-			calls = rawType(tc) == '[' && len(bytes.TrimSpace(tc[1:])) > 1 || present(rs.member(raw, "function_call"))
-		case "tool", "function":
-			results = true
-		}
-		return calls, results
-	}
-	rs.each(rs.member(raw, "content"), func(block []byte) {
-		typ := rs.member(block, "type")
-		switch {
-		case stringIs(typ, "tool_use"), stringIs(typ, "server_tool_use"):
-			calls = true
-		case stringIs(typ, "tool_result"):
-			results = true
-		}
-	})
-	return calls, results
 }
 
 // groupUnits splits the non-system messages into the units trimming keeps

@@ -142,6 +142,10 @@ type walker struct {
 	deferring bool
 	calls     []textRef
 
+	// toolUse and toolResult report that the content of the message
+	// walked holds tool_use and tool_result blocks (see LightMode).
+	toolUse, toolResult bool
+
 	// The prompt members walked in place during the top-level pass
 	// (inPlace: the kind was known): next is the position of the next in
 	// the API's order (see promptMembers), late reports one that came
@@ -509,11 +513,10 @@ func (w *walker) addMessages(k jsontext.Kind) error {
 // and returns its role as it stands (nil if none). It is walked in place;
 // the texts of its name and tool calls are added after its content
 // whatever the order of its members, as the walker always adds them.
-func (w *walker) message(k jsontext.Kind, anthropic bool) (role []byte, err error) {
+func (w *walker) message(k jsontext.Kind, anthropic bool) (m [msgFields][]byte, err error) {
 	if k != '{' {
-		return nil, w.typeError(k, "an object")
+		return m, w.typeError(k, "an object")
 	}
-	var m [msgFields][]byte
 	var contentErr, callsErr error
 	w.calls = w.calls[:0]
 	err = w.fields(messageFields, m[:], func(j int, k jsontext.Kind) bool {
@@ -530,16 +533,16 @@ func (w *walker) message(k jsontext.Kind, anthropic bool) (role []byte, err erro
 		return true
 	})
 	if err != nil {
-		return nil, err
+		return m, err
 	}
-	if role = m[msgRole]; present(role) && rawType(role) != '"' {
-		return nil, w.errorIn("role", "must be a string, got %s", typeName(rawType(role)))
+	if role := m[msgRole]; present(role) && rawType(role) != '"' {
+		return m, w.errorIn("role", "must be a string, got %s", typeName(rawType(role)))
 	}
 	w.r.Messages++
 	if contentErr != nil {
-		return nil, contentErr
+		return m, contentErr
 	}
-	return role, w.messageExtras(&m, callsErr)
+	return m, w.messageExtras(&m, callsErr)
 }
 
 // messageExtras adds a message's name, its tool calls' texts, which wait
@@ -697,9 +700,11 @@ func (w *walker) part(k jsontext.Kind, anthropic bool) error {
 			return false
 		}
 		before, walked = w.mark(), true
+		use, result := w.toolUse, w.toolResult
 		w.push("content")
 		contentErr = w.content(k, anthropic)
 		w.pop()
+		w.toolUse, w.toolResult = use, result // nested blocks are not the message's
 		return true
 	})
 	typ := v[partType]
@@ -707,6 +712,7 @@ func (w *walker) part(k jsontext.Kind, anthropic bool) error {
 		err = w.errorIn("type", "must be a string, got %s", typeName(rawType(typ)))
 	}
 	if err == nil && stringIs(typ, "tool_result") {
+		w.toolResult = true
 		return contentErr
 	}
 	if walked {
@@ -733,6 +739,7 @@ func (w *walker) addPart(v *[partFields][]byte) error {
 	case "thinking":
 		w.addText(v[partThinking])
 	case "tool_use", "server_tool_use":
+		w.toolUse = true
 		w.addText(v[partName])
 		w.addJSON(v[partInput])
 	default:
