@@ -3,7 +3,8 @@ package llmapi
 import (
 	"bytes"
 	"encoding/json"
-	"sort"
+	"maps"
+	"slices"
 	"strconv"
 	"unicode/utf8"
 
@@ -151,63 +152,38 @@ func (s *spendingCounter) Count(text string) int {
 	return n
 }
 
-// rewriteTop re-emits the object in body with the members in set replaced
-// (the last of duplicate keys, earlier ones dropped) or appended, and every
-// other member copied verbatim in its original order. Keys are matched as
-// the parser matches them, after decoding escapes, so that a member the
-// estimate read is the member replaced; the key is written as the client
-// wrote it.
+// rewriteTop re-emits the object in body with the values of the members
+// in set replaced, or appended when absent, and every other member copied
+// verbatim in its original order. Keys are matched as the parser matches
+// them, after decoding escapes, so that a member the estimate read is the
+// member replaced; the key is written as the client wrote it. The walks
+// refused duplicates of the keys replaced.
 func rewriteTop(rs *readers, body []byte, set map[string][]byte) []byte {
-	type member struct {
-		key      string // decoded
-		raw, val []byte
+	out := append(make([]byte, 0, len(body)+64), '{')
+	emit := func(key, v []byte) {
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(append(append(out, key...), ':'), v...)
 	}
-	var ms []member
+	replaced := map[string]bool{}
 	r := rs.open(body, 0)
 	r.next()
 	for r.member() {
-		raw := r.raw
-		ms = append(ms, member{string(stringBytes(raw)), raw, r.value()})
+		key, name := r.raw, string(r.name())
+		v := r.value()
+		if nv, ok := set[name]; ok {
+			v, replaced[name] = nv, true
+		}
+		emit(key, v)
 	}
 	rs.close()
-	last := map[string]int{}
-	for i, m := range ms {
-		if _, ok := set[m.key]; ok {
-			last[m.key] = i
-		}
-	}
-	out := make([]byte, 0, len(body)+64)
-	out = append(out, '{')
-	first := true
-	emit := func(k, v []byte) {
-		if !first {
-			out = append(out, ',')
-		}
-		first = false
-		out = append(out, k...)
-		out = append(out, ':')
-		out = append(out, v...)
-	}
-	for i, m := range ms {
-		v, ok := set[m.key]
-		switch {
-		case !ok:
-			emit(m.raw, m.val)
-		case last[m.key] == i:
-			emit(m.raw, v)
-		}
-	}
 	// Missing members are appended in sorted order, so that equal inputs
 	// give equal bodies.
-	var missing []string
-	for k := range set {
-		if _, seen := last[k]; !seen {
-			missing = append(missing, k)
+	for _, k := range slices.Sorted(maps.Keys(set)) {
+		if !replaced[k] {
+			emit([]byte(`"`+k+`"`), set[k])
 		}
-	}
-	sort.Strings(missing)
-	for _, k := range missing {
-		emit([]byte(`"`+k+`"`), set[k])
 	}
 	return append(out, '}')
 }

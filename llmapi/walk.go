@@ -146,13 +146,12 @@ type walker struct {
 	// walked holds tool_use and tool_result blocks (see LightMode).
 	toolUse, toolResult bool
 
-	// The prompt members walked in place during the top-level pass
-	// (inPlace: the kind was known): next is the position of the next in
-	// the API's order (see promptMembers), late reports one that came
-	// after one it must follow, and promptErr is the first error the
-	// walks met.
+	// The prompt members walked in place during the top-level pass: next
+	// is the position of the next in the API's order (see promptOrder),
+	// promptErr the first error the walks met. late reports that the
+	// prompt must be walked again from the raw values: one came after one
+	// it must follow, or the kind was inferred.
 	next      int
-	inPlace   bool
 	late      bool
 	promptErr error
 }
@@ -234,6 +233,7 @@ func (w *walker) walk(body []byte) error {
 		return err
 	}
 	if w.r.Kind == KindUnknown {
+		w.late = true
 		if w.r.Kind = inferKind(w.rs, &top); w.r.Kind == KindUnknown {
 			return nil
 		}
@@ -258,7 +258,6 @@ func (w *walker) top(body []byte, top *topLevel) error {
 		r.finish(k)
 		err = &BodyError{Msg: "request body must be a JSON object, got " + typeName(byte(k)), Offset: -1}
 	} else {
-		w.inPlace = len(promptOrder[w.r.Kind]) > 0
 		err = w.fields(topNames, top[:], w.topValue)
 	}
 	r.end()
@@ -318,7 +317,7 @@ func (w *walker) promptMember(j int, k jsontext.Kind) error {
 // prompt adds what the top-level pass left of the prompt: all of it, in
 // the API's order, when the pass could not walk it in place.
 func (w *walker) prompt(top *topLevel) error {
-	if w.inPlace && !w.late {
+	if !w.late {
 		if w.promptErr != nil {
 			return w.promptErr
 		}
