@@ -305,7 +305,7 @@ func syntaxError(body []byte, syn *json.SyntaxError) *BodyError {
 	}
 }
 
-func inferKind(rs *readers, top *topLevel) Kind {
+func inferKind(top *topLevel) Kind {
 	switch {
 	case rawType(top[tMessages]) == '[':
 		// OpenAI chat puts system prompts among the messages; these
@@ -325,18 +325,14 @@ func inferKind(rs *readers, top *topLevel) Kind {
 		}
 		// Responses input lists items (objects); embeddings input lists
 		// strings or token IDs.
-		first := byte(0)
-		rs.each(top[tInput], func(e []byte) {
-			if first == 0 {
-				first = rawType(e)
+		if rawType(top[tInput]) == '[' {
+			switch rawType(bytes.TrimLeft(top[tInput][1:], " \t\r\n")) {
+			case ']':
+			case '{':
+				return KindResponses
+			default:
+				return KindEmbeddings
 			}
-		})
-		switch first {
-		case 0:
-		case '{':
-			return KindResponses
-		default:
-			return KindEmbeddings
 		}
 	}
 	return KindUnknown

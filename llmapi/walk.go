@@ -234,7 +234,7 @@ func (w *walker) walk(body []byte) error {
 	}
 	if w.r.Kind == KindUnknown {
 		w.late = true
-		if w.r.Kind = inferKind(w.rs, &top); w.r.Kind == KindUnknown {
+		if w.r.Kind = inferKind(&top); w.r.Kind == KindUnknown {
 			return nil
 		}
 	}
