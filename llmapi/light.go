@@ -218,7 +218,8 @@ func trimMessages(rs *readers, top *topLevel, anthropic bool, limit int, c Count
 	default:
 		return nil, fieldError("messages", "must be an array, got %s", typeName(rawType(top[tMessages])))
 	}
-	raws := rs.elements(top[tMessages])
+	var raws [][]byte
+	rs.each(top[tMessages], func(m []byte) { raws = append(raws, m) })
 	if len(raws) == 0 {
 		return nil, nil
 	}
@@ -472,7 +473,8 @@ func shrinkContent(rs *readers, content []byte, budget int, anthropic, nested bo
 	}
 	// Parts: images and other non-text parts stay; text parts share the
 	// budget in proportion to their size.
-	parts := rs.elements(content)
+	var parts [][]byte
+	rs.each(content, func(p []byte) { parts = append(parts, p) })
 	costs := make([]int, len(parts))
 	results := make([]bool, len(parts))
 	textTotal, fixedCost := 0, 0
