@@ -102,7 +102,7 @@ func capOutput(top *topLevel, anthropic bool, maxTokens int, set map[string][]by
 		if anthropic && j != tMaxTokens || !present(top[j]) {
 			continue
 		}
-		n, err := getInt(top[j], topNames[j])
+		n, err := getInt(top[j], topNames[j], 0)
 		if err != nil {
 			return err
 		}

@@ -377,46 +377,39 @@ func getBool(raw []byte, field string) (bool, error) {
 	return false, fieldError(field, "must be a boolean, got %s", typeName(rawType(raw)))
 }
 
-// getInt reads a non-negative integer token count. Integral floats (100.0,
-// 1e3) are accepted, as the Python servers behind these APIs do. Values
-// beyond CostLimit, up to 1e300 and beyond, saturate at CostLimit: such a
-// cap is as good as none, and saturating keeps all cost arithmetic far
-// from overflow.
-func getInt(raw []byte, field string) (int, error) {
-	if n, ok := smallInt(raw); ok {
+// getInt reads an integer of at least least (0 or 1), or least when
+// absent. Integral floats (100.0, 1e3) are accepted, as the Python servers
+// behind these APIs do. Values beyond CostLimit, up to 1e300 and beyond,
+// saturate at CostLimit: such a cap is as good as none, and saturating
+// keeps all cost arithmetic far from overflow.
+func getInt(raw []byte, field string, least int) (int, error) {
+	want := "a non-negative integer"
+	if least > 0 {
+		want = "a positive integer"
+	}
+	if n, ok := smallInt(raw); ok && n >= least {
 		return min(n, CostLimit), nil
 	}
 	switch t := rawType(raw); {
 	case t == 0 || t == 'n':
-		return 0, nil
+		return least, nil
 	case t != '-' && (t < '0' || t > '9'):
-		return 0, fieldError(field, "must be a non-negative integer, got %s", typeName(t))
+		return 0, fieldError(field, "must be %s, got %s", want, typeName(t))
 	}
-	if f := number(raw); f >= 0 && f == math.Trunc(f) {
+	if f := number(raw); f >= float64(least) && f == math.Trunc(f) {
 		return int(min(f, CostLimit)), nil
 	}
-	return 0, fieldError(field, "must be a non-negative integer, got %s", clip(raw))
+	return 0, fieldError(field, "must be %s, got %s", want, clip(raw))
 }
 
 // getChoices reads n or best_of: 1 when absent, else an integer from 1 to
 // MaxChoices.
 func getChoices(raw []byte, field string) (int, error) {
-	if n, ok := smallInt(raw); ok && n >= 1 && n <= MaxChoices {
-		return n, nil
-	}
-	switch t := rawType(raw); {
-	case t == 0 || t == 'n':
-		return 1, nil
-	case t != '-' && (t < '0' || t > '9'):
-		return 0, fieldError(field, "must be a positive integer, got %s", typeName(t))
-	}
-	switch f := number(raw); {
-	case f > MaxChoices && f == math.Trunc(f):
+	n, err := getInt(raw, field, 1)
+	if n > MaxChoices {
 		return 0, fieldError(field, "must be at most %d, got %s", MaxChoices, clip(raw))
-	case f >= 1 && f == math.Trunc(f):
-		return int(f), nil
 	}
-	return 0, fieldError(field, "must be a positive integer, got %s", clip(raw))
+	return n, err
 }
 
 // number reads raw, a JSON number, as a float64: beyond float64's range

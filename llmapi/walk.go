@@ -380,7 +380,7 @@ func (w *walker) settings(top *topLevel) error {
 		caps = []int{tMaxOutputTokens}
 	}
 	for _, j := range caps {
-		n, err := getInt(top[j], topNames[j])
+		n, err := getInt(top[j], topNames[j], 0)
 		if err != nil {
 			return err
 		}
