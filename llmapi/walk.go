@@ -509,7 +509,7 @@ func (w *walker) addMessages(k jsontext.Kind) error {
 }
 
 // message adds the prompt of the message begun with a token of kind k,
-// and returns its role as it stands (nil if none). It is walked in place;
+// and returns the raw values of its members. It is walked in place;
 // the texts of its name and tool calls are added after its content
 // whatever the order of its members, as the walker always adds them.
 func (w *walker) message(k jsontext.Kind, anthropic bool) (m [msgFields][]byte, err error) {
