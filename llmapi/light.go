@@ -481,7 +481,7 @@ func shrinkContent(rs *readers, content []byte, budget int, anthropic, nested bo
 	for i, p := range parts {
 		w := walker{rs: rs, r: &Request{}, collect: true}
 		_ = w.from(p, func(k jsontext.Kind) error { return w.part(k, anthropic) })
-		results[i] = stringIs(rs.member(p, "type"), "tool_result")
+		results[i] = w.toolResult
 		n := countTexts(c, textStrings(nil, w.texts))
 		fixedCost += w.r.Images * ImageTokens
 		if nested && results[i] {
