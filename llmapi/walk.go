@@ -142,8 +142,9 @@ type walker struct {
 	deferring bool
 	calls     []textRef
 
-	// toolUse and toolResult report that the content of the message
-	// walked holds tool_use and tool_result blocks (see LightMode).
+	// toolUse and toolResult report that the content walked holds
+	// tool_use and tool_result blocks, not counting those within tool
+	// results (LightMode keeps calls and results together).
 	toolUse, toolResult bool
 
 	// The prompt members walked in place during the top-level pass: next
