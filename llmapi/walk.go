@@ -427,7 +427,8 @@ func (w *walker) streamOptions(raw []byte) error {
 // raw values of the members named in names into vals, in the same order.
 // walk, when not nil, is offered the value of each, begun with a token of
 // kind k, and reports whether it read it where it stands. A name given
-// twice is an error, after which nothing more is collected.
+// twice is an error (unless the reader failed in its value), after which
+// nothing more is collected.
 func (w *walker) fields(names []string, vals [][]byte, walk func(j int, k jsontext.Kind) bool) error {
 	r := w.rd
 	var err error
