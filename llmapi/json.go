@@ -312,13 +312,6 @@ func (rs *readers) each(raw []byte, f func(elem []byte)) {
 	}
 }
 
-// elements returns the raw elements of the array raw.
-func (rs *readers) elements(raw []byte) [][]byte {
-	var a [][]byte
-	rs.each(raw, func(e []byte) { a = append(a, e) })
-	return a
-}
-
 // unquote appends the contents of the JSON string raw (quotes included),
 // decoded, to dst. A decoder has read raw, so its escapes are well formed;
 // the bytes between them are copied as they stand, as those of a string

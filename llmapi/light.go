@@ -3,7 +3,8 @@ package llmapi
 import (
 	"bytes"
 	"encoding/json"
-	"sort"
+	"maps"
+	"slices"
 	"strconv"
 	"unicode/utf8"
 
@@ -97,20 +98,17 @@ func lightMode(rs *readers, kind Kind, body []byte, maxInputTokens, maxTokens in
 // adds max_tokens.
 func capOutput(top *topLevel, anthropic bool, maxTokens int, set map[string][]byte) error {
 	capped := false
-	for _, f := range []struct {
-		name string
-		raw  []byte
-	}{{"max_tokens", top.MaxTokens}, {"max_completion_tokens", top.MaxCompletionTokens}} {
-		if anthropic && f.name != "max_tokens" || !present(f.raw) {
+	for _, j := range []int{tMaxTokens, tMaxCompletionTokens} {
+		if anthropic && j != tMaxTokens || !present(top[j]) {
 			continue
 		}
-		n, err := getInt(f.raw, f.name)
+		n, err := getInt(top[j], topNames[j], 0)
 		if err != nil {
 			return err
 		}
 		capped = true
 		if n > maxTokens {
-			set[f.name] = strconv.AppendInt(nil, int64(maxTokens), 10)
+			set[topNames[j]] = strconv.AppendInt(nil, int64(maxTokens), 10)
 		}
 	}
 	if !capped {
@@ -154,63 +152,38 @@ func (s *spendingCounter) Count(text string) int {
 	return n
 }
 
-// rewriteTop re-emits the object in body with the members in set replaced
-// (the last of duplicate keys, earlier ones dropped) or appended, and every
-// other member copied verbatim in its original order. Keys are matched as
-// the parser matches them, after decoding escapes, so that a member the
-// estimate read is the member replaced; the key is written as the client
-// wrote it.
+// rewriteTop re-emits the object in body with the values of the members
+// in set replaced, or appended when absent, and every other member copied
+// verbatim in its original order. Keys are matched as the parser matches
+// them, after decoding escapes, so that a member the estimate read is the
+// member replaced; the key is written as the client wrote it. The walks
+// refused duplicates of the keys replaced.
 func rewriteTop(rs *readers, body []byte, set map[string][]byte) []byte {
-	type member struct {
-		key      string // decoded
-		raw, val []byte
+	out := append(make([]byte, 0, len(body)+64), '{')
+	emit := func(key, v []byte) {
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(append(append(out, key...), ':'), v...)
 	}
-	var ms []member
+	replaced := map[string]bool{}
 	r := rs.open(body, 0)
 	r.next()
 	for r.member() {
-		raw := r.raw
-		ms = append(ms, member{string(stringBytes(raw)), raw, r.value()})
+		key, name := r.raw, string(r.name())
+		v := r.value()
+		if nv, ok := set[name]; ok {
+			v, replaced[name] = nv, true
+		}
+		emit(key, v)
 	}
 	rs.close()
-	last := map[string]int{}
-	for i, m := range ms {
-		if _, ok := set[m.key]; ok {
-			last[m.key] = i
-		}
-	}
-	out := make([]byte, 0, len(body)+64)
-	out = append(out, '{')
-	first := true
-	emit := func(k, v []byte) {
-		if !first {
-			out = append(out, ',')
-		}
-		first = false
-		out = append(out, k...)
-		out = append(out, ':')
-		out = append(out, v...)
-	}
-	for i, m := range ms {
-		v, ok := set[m.key]
-		switch {
-		case !ok:
-			emit(m.raw, m.val)
-		case last[m.key] == i:
-			emit(m.raw, v)
-		}
-	}
 	// Missing members are appended in sorted order, so that equal inputs
 	// give equal bodies.
-	var missing []string
-	for k := range set {
-		if _, seen := last[k]; !seen {
-			missing = append(missing, k)
+	for _, k := range slices.Sorted(maps.Keys(set)) {
+		if !replaced[k] {
+			emit([]byte(`"`+k+`"`), set[k])
 		}
-	}
-	sort.Strings(missing)
-	for _, k := range missing {
-		emit([]byte(`"`+k+`"`), set[k])
 	}
 	return append(out, '}')
 }
@@ -238,14 +211,15 @@ type trimmer struct {
 
 // trimMessages returns the new messages array, or nil when all messages fit.
 func trimMessages(rs *readers, top *topLevel, anthropic bool, limit int, c Counter) ([]byte, error) {
-	switch rawType(top.Messages) {
+	switch rawType(top[tMessages]) {
 	case 0, 'n':
 		return nil, nil
 	case '[':
 	default:
-		return nil, fieldError("messages", "must be an array, got %s", typeName(rawType(top.Messages)))
+		return nil, fieldError("messages", "must be an array, got %s", typeName(rawType(top[tMessages])))
 	}
-	raws := rs.elements(top.Messages)
+	var raws [][]byte
+	rs.each(top[tMessages], func(m []byte) { raws = append(raws, m) })
 	if len(raws) == 0 {
 		return nil, nil
 	}
@@ -254,7 +228,7 @@ func trimMessages(rs *readers, top *topLevel, anthropic bool, limit int, c Count
 		return nil, err
 	}
 	upper, err := t.read(raws)
-	if err != nil || upper+len(top.System)+len(top.Tools)+len(top.Functions) <= limit {
+	if err != nil || upper+len(top[tSystem])+len(top[tTools])+len(top[tFunctions]) <= limit {
 		return nil, err
 	}
 	units := groupUnits(t.msgs)
@@ -267,13 +241,13 @@ func trimMessages(rs *readers, top *topLevel, anthropic bool, limit int, c Count
 // system prompt; system messages are counted in budget.
 func (t *trimmer) addFixed(top *topLevel) error {
 	if t.anthropic {
-		if err := t.fixed.from(top.System, t.fixed.addSystem); err != nil {
+		if err := t.fixed.from(top[tSystem], func(k jsontext.Kind) error { return t.fixed.promptMember(tSystem, k) }); err != nil {
 			return err
 		}
 	} else {
-		t.fixed.addJSON(top.Functions)
+		t.fixed.addJSON(top[tFunctions])
 	}
-	t.fixed.addJSON(top.Tools)
+	t.fixed.addJSON(top[tTools])
 	return nil
 }
 
@@ -286,18 +260,27 @@ func (t *trimmer) read(raws [][]byte) (upper int, err error) {
 		m := &t.msgs[i]
 		r := &m.parsed
 		w := walker{rs: t.rs, r: r, collect: true, path: []seg{{name: "messages"}, {idx: i}}}
-		var rb []byte
+		var v [msgFields][]byte
 		err := w.from(raw, func(k jsontext.Kind) (err error) {
-			rb, err = w.message(k, t.anthropic)
+			v, err = w.message(k, t.anthropic)
 			return err
 		})
 		if err != nil {
 			return 0, err
 		}
-		role := string(stringBytes(rb))
+		role := string(stringBytes(v[msgRole]))
 		m.raw, m.role, m.texts, m.cost = raw, role, w.texts, -1
-		m.system = !t.anthropic && (role == "system" || role == "developer")
-		m.calls, m.results = toolLinks(t.rs, raw, role, t.anthropic)
+		switch {
+		case t.anthropic:
+			m.calls, m.results = w.toolUse, w.toolResult
+		case role == "assistant":
+			calls := v[msgToolCalls]
+			m.calls = rawType(calls) == '[' && len(bytes.TrimSpace(calls[1:])) > 1 || present(v[msgFunctionCall])
+		case role == "tool", role == "function":
+			m.results = true
+		case role == "system", role == "developer":
+			m.system = true
+		}
 		upper += len(raw) + r.Messages*MessageOverhead + r.Names + r.Images*ImageTokens + r.TokenIDs
 	}
 	return upper, nil
@@ -405,31 +388,6 @@ func (m *lmMessage) tokens(c Counter) int {
 	return m.cost
 }
 
-// toolLinks reports whether a message calls tools and whether it carries
-// tool results.
-func toolLinks(rs *readers, raw []byte, role string, anthropic bool) (calls, results bool) {
-	if !anthropic {
-		switch role {
-		case "assistant":
-			tc := rs.member(raw, "tool_calls")
-			calls = rawType(tc) == '[' && len(bytes.TrimSpace(tc[1:])) > 1 || present(rs.member(raw, "function_call"))
-		case "tool", "function":
-			results = true
-		}
-		return calls, results
-	}
-	rs.each(rs.member(raw, "content"), func(block []byte) {
-		typ := rs.member(block, "type")
-		switch {
-		case stringIs(typ, "tool_use"), stringIs(typ, "server_tool_use"):
-			calls = true
-		case stringIs(typ, "tool_result"):
-			results = true
-		}
-	})
-	return calls, results
-}
-
 // groupUnits splits the non-system messages into the units trimming keeps
 // or drops whole: a tool call with the results that follow it, or a single
 // message.
@@ -515,14 +473,15 @@ func shrinkContent(rs *readers, content []byte, budget int, anthropic, nested bo
 	}
 	// Parts: images and other non-text parts stay; text parts share the
 	// budget in proportion to their size.
-	parts := rs.elements(content)
+	var parts [][]byte
+	rs.each(content, func(p []byte) { parts = append(parts, p) })
 	costs := make([]int, len(parts))
 	results := make([]bool, len(parts))
 	textTotal, fixedCost := 0, 0
 	for i, p := range parts {
 		w := walker{rs: rs, r: &Request{}, collect: true}
 		_ = w.from(p, func(k jsontext.Kind) error { return w.part(k, anthropic) })
-		results[i] = stringIs(rs.member(p, "type"), "tool_result")
+		results[i] = w.toolResult
 		n := countTexts(c, textStrings(nil, w.texts))
 		fixedCost += w.r.Images * ImageTokens
 		if nested && results[i] {

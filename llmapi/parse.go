@@ -169,89 +169,42 @@ func depthError(off int) *BodyError {
 	}
 }
 
-// topLevel holds the raw values of interest of every supported API, as
-// subslices of the body: decoding waits until the kind is known, and a value
-// of the wrong type is reported with a clear message instead of a
-// reflection error.
-type topLevel struct {
-	Model               []byte
-	Stream              []byte
-	StreamOptions       []byte
-	MaxTokens           []byte
-	MaxCompletionTokens []byte
-	MaxOutputTokens     []byte
-	N                   []byte
-	BestOf              []byte
-	Messages            []byte
-	System              []byte
-	Prompt              []byte
-	Input               []byte
-	Instructions        []byte
-	Tools               []byte
-	Functions           []byte
+// topLevel holds the raw values of the top-level members the gateway
+// reads, of every supported API, as subslices of the body, indexed by the
+// constants below: decoding waits until the kind is known, and a value of
+// the wrong type is reported with a clear message instead of a reflection
+// error.
+type topLevel [topFields][]byte
 
-	// Only used to infer the kind when the path does not name it.
-	AnthropicVersion   []byte
-	StopSequences      []byte
-	PreviousResponseID []byte
-	EncodingFormat     []byte
-	Dimensions         []byte
-}
+// Top-level members, named in topNames.
+const (
+	tModel = iota
+	tStream
+	tStreamOptions
+	tMaxTokens
+	tMaxCompletionTokens
+	tMaxOutputTokens
+	tN
+	tBestOf
+	tMessages
+	tSystem
+	tPrompt
+	tInput
+	tInstructions
+	tTools
+	tFunctions
+	// Only read to infer the kind when the path does not name it.
+	tAnthropicVersion
+	tStopSequences
+	tPreviousResponseID
+	tEncodingFormat
+	tDimensions
+	topFields
+)
 
-// slot returns where the member named key goes, or nil for members the
-// gateway does not read.
-func (t *topLevel) slot(key []byte) *[]byte {
-	switch string(key) {
-	case "model":
-		return &t.Model
-	case "stream":
-		return &t.Stream
-	case "stream_options":
-		return &t.StreamOptions
-	case "max_tokens":
-		return &t.MaxTokens
-	case "max_completion_tokens":
-		return &t.MaxCompletionTokens
-	case "max_output_tokens":
-		return &t.MaxOutputTokens
-	case "n":
-		return &t.N
-	case "best_of":
-		return &t.BestOf
-	case "messages":
-		return &t.Messages
-	case "system":
-		return &t.System
-	case "prompt":
-		return &t.Prompt
-	case "input":
-		return &t.Input
-	case "instructions":
-		return &t.Instructions
-	case "tools":
-		return &t.Tools
-	case "functions":
-		return &t.Functions
-	}
-	return t.shapeSlot(key)
-}
-
-// shapeSlot is slot for the members only read to infer the kind.
-func (t *topLevel) shapeSlot(key []byte) *[]byte {
-	switch string(key) {
-	case "anthropic_version":
-		return &t.AnthropicVersion
-	case "stop_sequences":
-		return &t.StopSequences
-	case "previous_response_id":
-		return &t.PreviousResponseID
-	case "encoding_format":
-		return &t.EncodingFormat
-	case "dimensions":
-		return &t.Dimensions
-	}
-	return nil
-}
+var topNames = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+	"max_output_tokens", "n", "best_of", "messages", "system", "prompt", "input", "instructions", "tools",
+	"functions", "anthropic_version", "stop_sequences", "previous_response_id", "encoding_format", "dimensions"}
 
 // Parse reads a request body sent to path. The kind comes from the path's
 // suffix; for other paths it is inferred from the body's shape, and a body
@@ -352,38 +305,34 @@ func syntaxError(body []byte, syn *json.SyntaxError) *BodyError {
 	}
 }
 
-func inferKind(rs *readers, top *topLevel) Kind {
+func inferKind(top *topLevel) Kind {
 	switch {
-	case rawType(top.Messages) == '[':
+	case rawType(top[tMessages]) == '[':
 		// OpenAI chat puts system prompts among the messages; these
 		// fields exist only in Anthropic's API.
-		if present(top.System) || present(top.AnthropicVersion) || present(top.StopSequences) {
+		if present(top[tSystem]) || present(top[tAnthropicVersion]) || present(top[tStopSequences]) {
 			return KindAnthropicMessages
 		}
 		return KindChat
-	case present(top.Prompt):
+	case present(top[tPrompt]):
 		return KindCompletions
-	case present(top.Input):
-		if present(top.Instructions) || present(top.MaxOutputTokens) || present(top.PreviousResponseID) {
+	case present(top[tInput]):
+		if present(top[tInstructions]) || present(top[tMaxOutputTokens]) || present(top[tPreviousResponseID]) {
 			return KindResponses
 		}
-		if present(top.EncodingFormat) || present(top.Dimensions) {
+		if present(top[tEncodingFormat]) || present(top[tDimensions]) {
 			return KindEmbeddings
 		}
 		// Responses input lists items (objects); embeddings input lists
 		// strings or token IDs.
-		first := byte(0)
-		rs.each(top.Input, func(e []byte) {
-			if first == 0 {
-				first = rawType(e)
+		if rawType(top[tInput]) == '[' {
+			switch rawType(bytes.TrimLeft(top[tInput][1:], " \t\r\n")) {
+			case ']':
+			case '{':
+				return KindResponses
+			default:
+				return KindEmbeddings
 			}
-		})
-		switch first {
-		case 0:
-		case '{':
-			return KindResponses
-		default:
-			return KindEmbeddings
 		}
 	}
 	return KindUnknown
@@ -428,46 +377,39 @@ func getBool(raw []byte, field string) (bool, error) {
 	return false, fieldError(field, "must be a boolean, got %s", typeName(rawType(raw)))
 }
 
-// getInt reads a non-negative integer token count. Integral floats (100.0,
-// 1e3) are accepted, as the Python servers behind these APIs do. Values
-// beyond CostLimit, up to 1e300 and beyond, saturate at CostLimit: such a
-// cap is as good as none, and saturating keeps all cost arithmetic far
-// from overflow.
-func getInt(raw []byte, field string) (int, error) {
-	if n, ok := smallInt(raw); ok {
+// getInt reads an integer of at least least (0 or 1), or least when
+// absent. Integral floats (100.0, 1e3) are accepted, as the Python servers
+// behind these APIs do. Values beyond CostLimit, up to 1e300 and beyond,
+// saturate at CostLimit: such a cap is as good as none, and saturating
+// keeps all cost arithmetic far from overflow.
+func getInt(raw []byte, field string, least int) (int, error) {
+	want := "a non-negative integer"
+	if least > 0 {
+		want = "a positive integer"
+	}
+	if n, ok := smallInt(raw); ok && n >= least {
 		return min(n, CostLimit), nil
 	}
 	switch t := rawType(raw); {
 	case t == 0 || t == 'n':
-		return 0, nil
+		return least, nil
 	case t != '-' && (t < '0' || t > '9'):
-		return 0, fieldError(field, "must be a non-negative integer, got %s", typeName(t))
+		return 0, fieldError(field, "must be %s, got %s", want, typeName(t))
 	}
-	if f := number(raw); f >= 0 && f == math.Trunc(f) {
+	if f := number(raw); f >= float64(least) && f == math.Trunc(f) {
 		return int(min(f, CostLimit)), nil
 	}
-	return 0, fieldError(field, "must be a non-negative integer, got %s", clip(raw))
+	return 0, fieldError(field, "must be %s, got %s", want, clip(raw))
 }
 
 // getChoices reads n or best_of: 1 when absent, else an integer from 1 to
 // MaxChoices.
 func getChoices(raw []byte, field string) (int, error) {
-	if n, ok := smallInt(raw); ok && n >= 1 && n <= MaxChoices {
-		return n, nil
-	}
-	switch t := rawType(raw); {
-	case t == 0 || t == 'n':
-		return 1, nil
-	case t != '-' && (t < '0' || t > '9'):
-		return 0, fieldError(field, "must be a positive integer, got %s", typeName(t))
-	}
-	switch f := number(raw); {
-	case f > MaxChoices && f == math.Trunc(f):
+	n, err := getInt(raw, field, 1)
+	if n > MaxChoices {
 		return 0, fieldError(field, "must be at most %d, got %s", MaxChoices, clip(raw))
-	case f >= 1 && f == math.Trunc(f):
-		return int(f), nil
 	}
-	return 0, fieldError(field, "must be a positive integer, got %s", clip(raw))
+	return n, err
 }
 
 // number reads raw, a JSON number, as a float64: beyond float64's range

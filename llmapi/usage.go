@@ -3,8 +3,6 @@ package llmapi
 import (
 	"bytes"
 	"strconv"
-
-	"github.com/go-json-experiment/json/jsontext"
 )
 
 // Usage is a response's actual token usage, used to back-fill the estimate.
@@ -62,64 +60,40 @@ func lastUsage(rs *readers, body []byte) (prompt, completion int, ok, whole bool
 		return prompt, completion, false, false
 	}
 	for r.member() {
-		if string(r.name()) != "usage" {
-			r.skip()
-			continue
-		}
-		p, c, uok := usage(r, r.next())
-		if r.err == nil {
-			prompt, completion, ok = p, c, uok
+		isUsage := string(r.name()) == "usage"
+		if v := r.value(); isUsage && v != nil {
+			prompt, completion, ok = usage(rs, v)
 		}
 	}
 	r.end()
 	return prompt, completion, ok, r.err == nil
 }
 
-// decodeUsage reads the usage object raw (see usage).
-func decodeUsage(rs *readers, raw []byte) (prompt, completion int, ok bool) {
-	if raw == nil {
-		return -1, -1, false
-	}
-	r := rs.open(raw, 0)
-	defer rs.close()
-	return usage(r, r.next())
-}
-
-// usage reads the usage object begun with a token of kind k: OpenAI's
-// prompt_tokens and completion_tokens, or input_tokens and output_tokens
-// of the responses API and Anthropic, plus Anthropic's cache reads and
-// writes. prompt and completion are -1 when the object does not report
-// them. Members that are not numbers (nested details, null) are ignored.
-func usage(r *reader, k jsontext.Kind) (prompt, completion int, ok bool) {
-	if k != '{' {
-		r.finish(k)
-		return -1, -1, false
-	}
+// usage reads the usage object raw: OpenAI's prompt_tokens and
+// completion_tokens, or input_tokens and output_tokens of the responses
+// API and Anthropic, plus Anthropic's cache reads and writes. prompt and
+// completion are -1 when the object does not report them. Members that
+// are not numbers (nested details, null) are ignored.
+func usage(rs *readers, raw []byte) (prompt, completion int, ok bool) {
 	pt, ct, it, ot, cache := -1, -1, -1, -1, -1
-	for r.member() {
-		var count *int
-		switch string(r.name()) {
+	rs.members(raw, func(name, v []byte) {
+		n, isNum := tokenCount(v)
+		if !isNum {
+			return
+		}
+		switch string(name) {
 		case "prompt_tokens":
-			count = &pt
+			pt = n
 		case "completion_tokens":
-			count = &ct
+			ct = n
 		case "input_tokens":
-			count = &it
+			it = n
 		case "output_tokens":
-			count = &ot
+			ot = n
 		case "cache_creation_input_tokens", "cache_read_input_tokens":
-			if n, isNum := tokenCount(r.value()); isNum {
-				cache = max(cache, 0) + n
-			}
-			continue
-		default:
-			r.skip()
-			continue
+			cache = max(cache, 0) + n
 		}
-		if n, isNum := tokenCount(r.value()); isNum {
-			*count = n
-		}
-	}
+	})
 	prompt, completion = pt, ct
 	if prompt < 0 {
 		prompt = it
@@ -374,7 +348,7 @@ func (s *StreamScanner) eventText(typ, choices, delta, message, response []byte,
 	case "":
 	case `"message_start"`:
 		if hasUsage {
-			p, _, _ := decodeUsage(&s.rs, s.rs.member(message, "usage"))
+			p, _, _ := usage(&s.rs, s.rs.member(message, "usage"))
 			if p >= 0 {
 				s.prompt = p
 			}
@@ -426,7 +400,7 @@ func (s *StreamScanner) addDelta(d []byte) {
 }
 
 func (s *StreamScanner) takeUsage(raw []byte) {
-	p, c, ok := decodeUsage(&s.rs, raw)
+	p, c, ok := usage(&s.rs, raw)
 	if !ok {
 		return
 	}

@@ -3,6 +3,7 @@ package llmapi
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
 	"strings"
 	"sync"
 
@@ -141,13 +142,17 @@ type walker struct {
 	deferring bool
 	calls     []textRef
 
-	// The prompt members walked in place during the top-level pass
-	// (inPlace: the kind was known): next is the position of the next in
-	// the API's order (see promptMembers), late reports one that came
-	// after one it must follow, and promptErr is the first error the
-	// walks met.
+	// toolUse and toolResult report that the content walked holds
+	// tool_use and tool_result blocks, not counting those within tool
+	// results (LightMode keeps calls and results together).
+	toolUse, toolResult bool
+
+	// The prompt members walked in place during the top-level pass: next
+	// is the position of the next in the API's order (see promptOrder),
+	// promptErr the first error the walks met. late reports that the
+	// prompt must be walked again from the raw values: one came after one
+	// it must follow, or the kind was inferred.
 	next      int
-	inPlace   bool
 	late      bool
 	promptErr error
 }
@@ -165,6 +170,13 @@ func (w *walker) pop()             { w.path = w.path[:len(w.path)-1] }
 // errorf reports a problem with the value the walk is at.
 func (w *walker) errorf(format string, args ...any) *BodyError {
 	return fieldError(string(appendPath(nil, w.path)), format, args...)
+}
+
+// typeError steps over the value begun with a token of kind k, which is
+// not of the type want, and reports it.
+func (w *walker) typeError(k jsontext.Kind, want string) *BodyError {
+	w.rd.finish(k)
+	return w.errorf("must be %s, got %s", want, typeName(byte(k)))
 }
 
 // errorIn reports a problem with the member name of the object the walk
@@ -222,7 +234,8 @@ func (w *walker) walk(body []byte) error {
 		return err
 	}
 	if w.r.Kind == KindUnknown {
-		if w.r.Kind = inferKind(w.rs, &top); w.r.Kind == KindUnknown {
+		w.late = true
+		if w.r.Kind = inferKind(&top); w.r.Kind == KindUnknown {
 			return nil
 		}
 	}
@@ -235,12 +248,19 @@ func (w *walker) walk(body []byte) error {
 // top reads the top level of body into top, with every check of the body
 // as a whole: that it is one JSON object, nested no deeper than MaxDepth,
 // without a member the gateway reads given twice. Where the kind is known,
-// it walks the prompt in place (see walker).
+// it walks the prompt in place (see walker). A value too deep is the
+// reader's error, which comes first when its member does.
 func (w *walker) top(body []byte, top *topLevel) error {
 	r := w.rs.open(body, MaxDepth)
 	defer w.rs.close()
 	w.rd = r
-	err := w.members(top)
+	var err error
+	if k := r.next(); k != '{' {
+		r.finish(k)
+		err = &BodyError{Msg: "request body must be a JSON object, got " + typeName(byte(k)), Offset: -1}
+	} else {
+		err = w.fields(topNames, top[:], w.topValue)
+	}
 	r.end()
 	if r.err != nil {
 		return invalidBody(body, r.err, err)
@@ -248,121 +268,74 @@ func (w *walker) top(body []byte, top *topLevel) error {
 	return err
 }
 
-// members reads the top-level object, and returns the first error met in
-// it: a value that is not an object, or a duplicate. A value too deep is
-// the reader's error, which comes first when its member does.
-func (w *walker) members(top *topLevel) error {
-	r := w.rd
-	if k := r.next(); k != '{' {
-		r.finish(k)
-		return &BodyError{Msg: "request body must be a JSON object, got " + typeName(byte(k)), Offset: -1}
-	}
-	order := top.promptMembers(w.r.Kind)
-	w.inPlace = order[0] != nil
-	var err error
-	for r.member() {
-		name := r.name()
-		slot := top.slot(name)
-		switch {
-		case slot == nil:
-			r.skip()
-		case *slot != nil:
-			r.skip()
-			if err == nil && r.err == nil {
-				err = w.errorIn(string(name), "%s", duplicateMsg)
-			}
-		case err == nil:
-			*slot = w.topValue(top, order, slot)
-		default:
-			*slot = r.value()
-		}
-	}
-	return err
+// promptOrder lists the top-level members that hold each kind's prompt,
+// in the order the API reads them.
+var promptOrder = [...][]int{
+	KindChat:              {tMessages},
+	KindAnthropicMessages: {tSystem, tMessages},
+	KindCompletions:       {tPrompt},
+	KindEmbeddings:        {tInput},
+	KindResponses:         {tInstructions, tInput},
 }
 
-// topValue reads the value of a top-level member into its slot: a prompt
-// member in place, when the members of the prompt before it have been
-// (see walker), and anything else as it stands.
-func (w *walker) topValue(top *topLevel, order [2]*[]byte, slot *[]byte) []byte {
-	i := 0
-	for i < len(order) && order[i] != slot {
-		i++
-	}
-	r := w.rd
-	if i < w.next {
+// topValue walks the value of the top-level member j, begun with a token
+// of kind k, in place when it is a prompt member and the members of the
+// prompt before it have been (see walker), and reports whether it did.
+func (w *walker) topValue(j int, k jsontext.Kind) bool {
+	i := slices.Index(promptOrder[w.r.Kind], j)
+	if i >= 0 && i < w.next {
 		w.late = true
 	}
-	if i == len(order) || w.late || w.promptErr != nil {
-		return r.value()
+	if i < 0 || w.late || w.promptErr != nil {
+		return false
 	}
 	w.next = i + 1
-	k := r.next()
-	start := r.start
-	w.promptErr = w.promptMember(top, slot, k)
-	return r.since(start)
+	w.promptErr = w.promptMember(j, k)
+	return true
 }
 
-// promptMembers lists the members that hold kind's prompt, in the order
-// the API reads them (nil where there is none).
-func (t *topLevel) promptMembers(kind Kind) [2]*[]byte {
-	switch kind {
-	case KindChat:
-		return [2]*[]byte{&t.Messages}
-	case KindAnthropicMessages:
-		return [2]*[]byte{&t.System, &t.Messages}
-	case KindCompletions:
-		return [2]*[]byte{&t.Prompt}
-	case KindEmbeddings:
-		return [2]*[]byte{&t.Input}
-	case KindResponses:
-		return [2]*[]byte{&t.Instructions, &t.Input}
+// promptMember adds the prompt member j, whose value the walk has begun
+// with a token of kind k; null adds nothing.
+func (w *walker) promptMember(j int, k jsontext.Kind) error {
+	if k == 'n' {
+		return nil
 	}
-	return [2]*[]byte{}
-}
-
-// promptMember adds the prompt member at slot, whose value the walk has
-// begun with a token of kind k.
-func (w *walker) promptMember(top *topLevel, slot *[]byte, k jsontext.Kind) error {
+	w.push(topNames[j])
+	defer w.pop()
 	switch {
-	case slot == &top.Messages:
-		return w.addMessages(k, w.r.Kind == KindAnthropicMessages)
-	case slot == &top.System:
+	case j == tMessages:
+		return w.addMessages(k)
+	case j == tSystem:
 		return w.addSystem(k)
-	case slot == &top.Instructions:
+	case j == tInstructions:
 		return w.addInstructions(k)
-	case slot == &top.Prompt:
-		return w.addTokenInput(k, "prompt")
-	case w.r.Kind == KindResponses:
+	case j == tInput && w.r.Kind == KindResponses:
 		return w.addResponsesInput(k)
 	}
-	return w.addTokenInput(k, "input")
+	return w.addTokenInput(k)
 }
 
 // prompt adds what the top-level pass left of the prompt: all of it, in
 // the API's order, when the pass could not walk it in place.
 func (w *walker) prompt(top *topLevel) error {
-	order := top.promptMembers(w.r.Kind)
-	if w.inPlace && !w.late {
+	if !w.late {
 		if w.promptErr != nil {
 			return w.promptErr
 		}
 	} else {
 		w.reset(mark{})
-		for _, slot := range order {
-			if slot == nil {
-				continue
-			}
-			if err := w.from(*slot, func(k jsontext.Kind) error { return w.promptMember(top, slot, k) }); err != nil {
+		for _, j := range promptOrder[w.r.Kind] {
+			if err := w.from(top[j], func(k jsontext.Kind) error { return w.promptMember(j, k) }); err != nil {
 				return err
 			}
 		}
 	}
 	switch w.r.Kind {
 	case KindChat:
-		w.addJSON(top.Tools)
-		w.addJSON(top.Functions)
+		w.addJSON(top[tTools])
+		w.addJSON(top[tFunctions])
 	case KindAnthropicMessages, KindResponses:
-		w.addJSON(top.Tools)
+		w.addJSON(top[tTools])
 	}
 	return nil
 }
@@ -386,31 +359,29 @@ func (w *walker) from(raw []byte, f func(k jsontext.Kind) error) error {
 func (w *walker) settings(top *topLevel) error {
 	r := w.r
 	var err error
-	if r.Model, err = getString(top.Model, "model"); err != nil {
+	if r.Model, err = getString(top[tModel], "model"); err != nil {
 		return err
 	}
 	if r.Kind != KindEmbeddings {
-		if r.Stream, err = getBool(top.Stream, "stream"); err != nil {
+		if r.Stream, err = getBool(top[tStream], "stream"); err != nil {
 			return err
 		}
-		if err := w.streamOptions(top.StreamOptions); err != nil {
+		if err := w.streamOptions(top[tStreamOptions]); err != nil {
 			return err
 		}
 	}
 	// The first cap present wins, in the API's order of preference.
-	var caps []string
-	var raws [][]byte
+	var caps []int
 	switch r.Kind {
 	case KindChat:
-		caps = []string{"max_completion_tokens", "max_tokens"}
-		raws = [][]byte{top.MaxCompletionTokens, top.MaxTokens}
+		caps = []int{tMaxCompletionTokens, tMaxTokens}
 	case KindCompletions, KindAnthropicMessages:
-		caps, raws = []string{"max_tokens"}, [][]byte{top.MaxTokens}
+		caps = []int{tMaxTokens}
 	case KindResponses:
-		caps, raws = []string{"max_output_tokens"}, [][]byte{top.MaxOutputTokens}
+		caps = []int{tMaxOutputTokens}
 	}
-	for i, raw := range raws {
-		n, err := getInt(raw, caps[i])
+	for _, j := range caps {
+		n, err := getInt(top[j], topNames[j], 0)
 		if err != nil {
 			return err
 		}
@@ -419,25 +390,17 @@ func (w *walker) settings(top *topLevel) error {
 		}
 	}
 	if r.Kind == KindChat || r.Kind == KindCompletions {
-		return w.choices(top)
+		if r.Choices, err = getChoices(top[tN], "n"); err != nil {
+			return err
+		}
 	}
-	return nil
-}
-
-// choices reads n, and best_of, whose candidates are all generated, of
-// which n return.
-func (w *walker) choices(top *topLevel) error {
-	n, err := getChoices(top.N, "n")
-	if err != nil {
-		return err
-	}
-	w.r.Choices = n
-	if w.r.Kind == KindCompletions {
-		best, err := getChoices(top.BestOf, "best_of")
+	if r.Kind == KindCompletions {
+		// best_of's candidates are all generated, of which n return.
+		best, err := getChoices(top[tBestOf], "best_of")
 		if err != nil {
 			return err
 		}
-		w.r.Choices = max(n, best)
+		r.Choices = max(r.Choices, best)
 	}
 	return nil
 }
@@ -464,7 +427,8 @@ func (w *walker) streamOptions(raw []byte) error {
 // raw values of the members named in names into vals, in the same order.
 // walk, when not nil, is offered the value of each, begun with a token of
 // kind k, and reports whether it read it where it stands. A name given
-// twice is an error, after which nothing more is collected.
+// twice is an error (unless the reader failed in its value), after which
+// nothing more is collected.
 func (w *walker) fields(names []string, vals [][]byte, walk func(j int, k jsontext.Kind) bool) error {
 	r := w.rd
 	var err error
@@ -475,7 +439,9 @@ func (w *walker) fields(names []string, vals [][]byte, walk func(j int, k jsonte
 			r.skip()
 		case vals[j] != nil:
 			r.skip()
-			err = w.errorIn(names[j], "%s", duplicateMsg)
+			if r.err == nil { // a reader's error comes first
+				err = w.errorIn(names[j], "%s", duplicateMsg)
+			}
 		case walk == nil:
 			vals[j] = r.value()
 		default:
@@ -533,35 +499,25 @@ const (
 var messageFields = []string{"role", "content", "name", "tool_calls", "function_call"}
 
 // addMessages adds the messages begun with a token of kind k.
-func (w *walker) addMessages(k jsontext.Kind, anthropic bool) error {
-	switch k {
-	case 'n':
-		return nil
-	case '[':
-	default:
-		w.rd.finish(k)
-		return fieldError("messages", "must be an array, got %s", typeName(byte(k)))
+func (w *walker) addMessages(k jsontext.Kind) error {
+	if k != '[' {
+		return w.typeError(k, "an array")
 	}
-	w.push("messages")
-	err := w.elements(func(k jsontext.Kind) error {
+	anthropic := w.r.Kind == KindAnthropicMessages
+	return w.elements(func(k jsontext.Kind) error {
 		_, err := w.message(k, anthropic)
 		return err
 	})
-	w.pop()
-	return err
 }
 
 // message adds the prompt of the message begun with a token of kind k,
-// and returns its role as it stands (nil if none). It is walked in place;
+// and returns the raw values of its members. It is walked in place;
 // the texts of its name and tool calls are added after its content
 // whatever the order of its members, as the walker always adds them.
-func (w *walker) message(k jsontext.Kind, anthropic bool) (role []byte, err error) {
-	r := w.rd
+func (w *walker) message(k jsontext.Kind, anthropic bool) (m [msgFields][]byte, err error) {
 	if k != '{' {
-		r.finish(k)
-		return nil, w.errorf("must be an object, got %s", typeName(byte(k)))
+		return m, w.typeError(k, "an object")
 	}
-	var m [msgFields][]byte
 	var contentErr, callsErr error
 	w.calls = w.calls[:0]
 	err = w.fields(messageFields, m[:], func(j int, k jsontext.Kind) bool {
@@ -578,16 +534,16 @@ func (w *walker) message(k jsontext.Kind, anthropic bool) (role []byte, err erro
 		return true
 	})
 	if err != nil {
-		return nil, err
+		return m, err
 	}
-	if role = m[msgRole]; present(role) && rawType(role) != '"' {
-		return nil, w.errorIn("role", "must be a string, got %s", typeName(rawType(role)))
+	if role := m[msgRole]; present(role) && rawType(role) != '"' {
+		return m, w.errorIn("role", "must be a string, got %s", typeName(rawType(role)))
 	}
 	w.r.Messages++
 	if contentErr != nil {
-		return nil, contentErr
+		return m, contentErr
 	}
-	return role, w.messageExtras(&m, callsErr)
+	return m, w.messageExtras(&m, callsErr)
 }
 
 // messageExtras adds a message's name, its tool calls' texts, which wait
@@ -622,19 +578,17 @@ func (w *walker) messageExtras(m *[msgFields][]byte, callsErr error) error {
 // toolCalls reads the tool calls begun with a token of kind k, keeping
 // their texts in w.calls.
 func (w *walker) toolCalls(k jsontext.Kind) error {
-	switch k {
-	case 'n':
+	if k == 'n' {
 		return nil
-	case '[':
-	default:
-		w.rd.finish(k)
-		return w.errorIn("tool_calls", "must be an array, got %s", typeName(byte(k)))
 	}
 	w.push("tool_calls")
+	defer w.pop()
+	if k != '[' {
+		return w.typeError(k, "an array")
+	}
 	w.deferring = true
 	err := w.elements(w.addCall)
 	w.deferring = false
-	w.pop()
 	return err
 }
 
@@ -719,13 +673,11 @@ func (w *walker) content(k jsontext.Kind, anthropic bool) error {
 		return nil
 	case '[':
 		return w.elements(func(k jsontext.Kind) error { return w.part(k, anthropic) })
-	default:
-		w.rd.finish(k)
-		if anthropic {
-			return w.errorf("must be a string or an array of content blocks, got %s", typeName(byte(k)))
-		}
-		return w.errorf("must be a string, an array of content parts, or null, got %s", typeName(byte(k)))
 	}
+	if anthropic {
+		return w.typeError(k, "a string or an array of content blocks")
+	}
+	return w.typeError(k, "a string, an array of content parts, or null")
 }
 
 // part adds the content part or block the walk is at.
@@ -738,8 +690,7 @@ func (w *walker) content(k jsontext.Kind, anthropic bool) error {
 // turns out to be another.
 func (w *walker) part(k jsontext.Kind, anthropic bool) error {
 	if k != '{' {
-		w.rd.finish(k)
-		return w.errorf("must be an object, got %s", typeName(byte(k)))
+		return w.typeError(k, "an object")
 	}
 	var v [partFields][]byte
 	var before mark
@@ -750,9 +701,11 @@ func (w *walker) part(k jsontext.Kind, anthropic bool) error {
 			return false
 		}
 		before, walked = w.mark(), true
+		use, result := w.toolUse, w.toolResult
 		w.push("content")
 		contentErr = w.content(k, anthropic)
 		w.pop()
+		w.toolUse, w.toolResult = use, result // nested blocks are not the message's
 		return true
 	})
 	typ := v[partType]
@@ -760,6 +713,7 @@ func (w *walker) part(k jsontext.Kind, anthropic bool) error {
 		err = w.errorIn("type", "must be a string, got %s", typeName(rawType(typ)))
 	}
 	if err == nil && stringIs(typ, "tool_result") {
+		w.toolResult = true
 		return contentErr
 	}
 	if walked {
@@ -786,6 +740,7 @@ func (w *walker) addPart(v *[partFields][]byte) error {
 	case "thinking":
 		w.addText(v[partThinking])
 	case "tool_use", "server_tool_use":
+		w.toolUse = true
 		w.addText(v[partName])
 		w.addJSON(v[partInput])
 	default:
@@ -797,60 +752,37 @@ func (w *walker) addPart(v *[partFields][]byte) error {
 }
 
 func (w *walker) addSystem(k jsontext.Kind) error {
-	switch k {
-	case 'n':
-		return nil
-	case '"', '[':
-		w.r.Messages++
-		w.push("system")
-		err := w.content(k, true)
-		w.pop()
-		return err
-	default:
-		w.rd.finish(k)
-		return fieldError("system", "must be a string or an array of text blocks, got %s", typeName(byte(k)))
+	if k != '"' && k != '[' {
+		return w.typeError(k, "a string or an array of text blocks")
 	}
+	w.r.Messages++
+	return w.content(k, true)
 }
 
 func (w *walker) addInstructions(k jsontext.Kind) error {
-	switch k {
-	case 'n':
-		return nil
-	case '"':
-		w.r.Messages++
-		w.addText(w.rd.raw)
-		return nil
-	default:
-		w.rd.finish(k)
-		return fieldError("instructions", "must be a string, got %s", typeName(byte(k)))
+	if k != '"' {
+		return w.typeError(k, "a string")
 	}
+	w.r.Messages++
+	w.addText(w.rd.raw)
+	return nil
 }
 
 func (w *walker) addResponsesInput(k jsontext.Kind) error {
 	switch k {
-	case 'n':
-		return nil
 	case '"':
-		w.r.Messages++ // the API wraps a string input as a user message
-		w.addText(w.rd.raw)
-		return nil
+		return w.addInstructions(k) // the API wraps a string input as a user message
 	case '[':
-	default:
-		w.rd.finish(k)
-		return fieldError("input", "must be a string or an array of input items, got %s", typeName(byte(k)))
+		return w.elements(w.addItem)
 	}
-	w.push("input")
-	err := w.elements(w.addItem)
-	w.pop()
-	return err
+	return w.typeError(k, "a string or an array of input items")
 }
 
 // addItem adds the responses input item begun with a token of kind k.
 // Items do not nest, so their members are collected first.
 func (w *walker) addItem(k jsontext.Kind) error {
 	if k != '{' {
-		w.rd.finish(k)
-		return w.errorf("must be an object, got %s", typeName(byte(k)))
+		return w.typeError(k, "an object")
 	}
 	var v [partFields][]byte
 	if err := w.fields(partNames, v[:], nil); err != nil {
@@ -901,22 +833,18 @@ func (w *walker) contentOf(name string, raw []byte) error {
 // addTokenInput adds the completions prompt or embeddings input begun
 // with a token of kind k: a string, an array of strings, an array of token
 // IDs, or an array of such arrays.
-func (w *walker) addTokenInput(k jsontext.Kind, field string) error {
+func (w *walker) addTokenInput(k jsontext.Kind) error {
 	switch k {
-	case 'n':
-		return nil
 	case '"':
 		w.addText(w.rd.raw)
 		return nil
 	case '[':
-	default:
-		w.rd.finish(k)
-		return fieldError(field, "must be a string or an array, got %s", typeName(byte(k)))
+		if w.tokenArray() {
+			return nil
+		}
+		return w.errorf("must be a string, an array of strings, an array of token IDs or an array of token-ID arrays, with elements of one type")
 	}
-	if w.tokenArray() {
-		return nil
-	}
-	return fieldError(field, "must be a string, an array of strings, an array of token IDs or an array of token-ID arrays, with elements of one type")
+	return w.typeError(k, "a string or an array")
 }
 
 // tokenArray adds the rest of the array of strings, token IDs or token-ID
