@@ -151,7 +151,7 @@ func (c *ClusterConfig) settings(queue string) (clusterSettings, error) {
 		s.timeout = defaultClusterTimeout
 	}
 	if s.prefix == "" {
-		s.prefix = quota.DefaultRedisPrefix + queue + ":"
+		s.prefix = cluster.DefaultPrefix + queue + ":"
 	}
 	if s.sync <= 0 {
 		s.sync = defaultSlotSync
@@ -209,7 +209,7 @@ func (h *Handler) provisionCluster() error {
 
 // clusterQuota sets cs.store, the tenant quotas decided on Redis (rs) and
 // locally while it is unreachable, logging each outage once.
-func (h *Handler) clusterQuota(cs *clusterStore, prefix string) (rs *quota.Redis) {
+func (h *Handler) clusterQuota(cs *clusterStore, prefix string) (rs *cluster.QuotaStore) {
 	logger := h.logger.Named("cluster")
 	queue, instances := h.Name, cs.instances
 	rs, store, err := cluster.NewQuota(cs.client, prefix, cs.budget, quota.LocalOptions{
@@ -239,7 +239,7 @@ func (h *Handler) clusterQuota(cs *clusterStore, prefix string) (rs *quota.Redis
 // gateway's share and synced with Redis (rs) off the lock (syncAccount).
 // The mirror outlives the config (accounts): a reload keeps what this
 // gateway drew, and its new client takes over the syncs.
-func (h *Handler) clusterAccount(cs *clusterStore, rs *quota.Redis) error {
+func (h *Handler) clusterAccount(cs *clusterStore, rs *cluster.QuotaStore) error {
 	cs.accountKey = accountKey(h.Name, cs.instances)
 	val, loaded, err := accounts.LoadOrNew(cs.accountKey, func() (caddy.Destructor, error) {
 		return accountMirror{quota.NewMirror(rs, quota.MirrorOptions{Instances: cs.instances})}, nil

@@ -11,7 +11,6 @@ import (
 	"github.com/alicebob/miniredis/v2"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/cluster"
-	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
 // internalNames are tenant IDs spelled after the cluster's own keys: their
@@ -60,7 +59,7 @@ func TestClusterTenantsApartFromInternalKeys(t *testing.T) {
 		// stays charged however slowly the test runs): the meter is its
 		// own and in Redis.
 		wantQuotaExceeded(t, g.post(tenant, chatBody("")))
-		if k := prefix + quota.TenantSpace + "{" + tenant + "}"; !mr.Exists(k) {
+		if k := prefix + cluster.TenantSpace + "{" + tenant + "}"; !mr.Exists(k) {
 			t.Errorf("tenant %q: no meter at %q; keys %q", tenant, k, mr.Keys())
 		}
 	}
@@ -88,7 +87,7 @@ func TestClusterTenantsApartFromInternalKeys(t *testing.T) {
 		if _, err := h.cluster.store.Refund(context.Background(), tenant, l, 1<<20); err != nil {
 			t.Fatalf("refund %q: %v", tenant, err)
 		}
-		if k := prefix + quota.TenantSpace + "{" + tenant + "}"; mr.Exists(k) {
+		if k := prefix + cluster.TenantSpace + "{" + tenant + "}"; mr.Exists(k) {
 			t.Errorf("tenant %q: its meter %q is still there at rest", tenant, k)
 		}
 	}
@@ -105,17 +104,17 @@ func TestClusterTenantsApartFromInternalKeys(t *testing.T) {
 // pool, of the stream or of the gateway's own meters.
 func TestClusterKeyNamespaces(t *testing.T) {
 	const prefix = "fq:quota:default:"
-	r := quota.NewRedis(nil, quota.RedisOptions{Prefix: prefix})
+	r := cluster.NewQuotaStore(nil, prefix, 0)
 	internal := map[string]bool{cluster.PoolKey(prefix): true, cluster.PoolKey(prefix) + ":up": true, cluster.SharesKey(prefix): true,
 		r.Key("\x00upstream"): true, r.Key("\x00reserve\x00vip"): true, r.Key(cluster.ProbeTenant): true}
 	for k := range internal {
-		if strings.HasPrefix(k, prefix+quota.TenantSpace+"{") {
+		if strings.HasPrefix(k, prefix+cluster.TenantSpace+"{") {
 			t.Errorf("internal key %q is in the tenants' namespace", k)
 		}
 	}
 	for _, tenant := range append(internalNames(prefix), "upstream", "reserve\x00vip", "\x01probe") {
 		k := r.Key(tenant)
-		if internal[k] || !strings.HasPrefix(k, prefix+quota.TenantSpace+"{") {
+		if internal[k] || !strings.HasPrefix(k, prefix+cluster.TenantSpace+"{") {
 			t.Errorf("tenant %q: key %q is not in the tenants' namespace", tenant, k)
 		}
 	}

@@ -225,13 +225,3 @@ var _ redis.Hook = redisTimer{}
 func redactURLError(err error, url string) error {
 	return errors.New(strings.ReplaceAll(err.Error(), url, "<url>"))
 }
-
-// The keys of the shared slots and of the shared service, each in a
-// namespace of its own under the prefix, apart from the tenants' meters
-// (TenantSpace) and the gateway's own (InternalSpace): the
-// namespace is what stands between the prefix and the first '{', and no
-// tenant name reaches past the "t{" its key starts with. The pool's keys
-// (the hash, its ":up" companion, its ":moves" channel) share the hash tag
-// {slots}, so its script touches one Redis Cluster slot.
-func PoolKey(prefix string) string   { return prefix + "pool{slots}" }
-func SharesKey(prefix string) string { return prefix + "stream{shares}" }

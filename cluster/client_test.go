@@ -122,7 +122,7 @@ var luaCall = regexp.MustCompile(`redis\.call\('([A-Z]+)'(?:,\s*([A-Za-z_\[\]0-9
 // share a hash tag, and so does every other command's. A script that
 // touched two slots would fail on a Redis Cluster (CROSSSLOT).
 func TestClusterScriptsTouchOneSlot(t *testing.T) {
-	for name, src := range map[string]string{"../quota/redis.lua": mustRead(t, "../quota/redis.lua"), "sync.lua": mustRead(t, "sync.lua")} {
+	for name, src := range map[string]string{"quota.lua": mustRead(t, "quota.lua"), "sync.lua": mustRead(t, "sync.lua")} {
 		for _, m := range luaCall.FindAllStringSubmatch(src, -1) {
 			switch cmd, arg := m[1], m[2]; {
 			case cmd == "TIME":
@@ -140,7 +140,7 @@ func TestClusterScriptsTouchOneSlot(t *testing.T) {
 	c.AddHook(probe)
 	ctx := context.Background()
 	prefix := "fq:quota:default:"
-	r := quota.NewRedis(c, quota.RedisOptions{Prefix: prefix})
+	r := NewQuotaStore(c, prefix, 0)
 	l := quota.MustCompile(quota.Config{QPS: 10, TokensPerMin: 6000})
 	for _, tenant := range []string{"acme", "\x00upstream", "a{b}c", "}{"} {
 		_, _ = r.Peek(ctx, tenant, l, quota.Backlog{Requests: 1})

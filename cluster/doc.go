@@ -1,12 +1,65 @@
 // Package cluster holds fair_queue's cluster mode's Redis calls: the
 // client (NewClient: one server, Sentinel or Redis Cluster, no retries, a
-// timeout per command), the tenants' quota store over it (NewQuota, on
-// quota.Redis and quota.Local), the shared slots' grants (Broker) and the
-// exchange of the tenants' served cost (Exchange). Every key is
+// timeout per command), the tenants' quota store over it (QuotaStore, and
+// NewQuota's quota.Local over it), the shared slots' grants (Broker) and
+// the exchange of the tenants' served cost (Exchange). Every key is
 // <prefix><namespace>{<hash tag>}, so each call touches one Redis Cluster
 // slot and no tenant name can spell another key.
 // Redis down or slow never fails a request: each caller decides locally
 // on its share (1/instances) until Redis answers.
+//
+// # Quotas
+//
+// Key layout. One hash per meter: a tenant's is <prefix>t{<tenant>}, a
+// meter the gateway keeps for itself (its name starts with a NUL)
+// <prefix>i{<the name less the NUL>}, with three fields q, t and j: the
+// qps, tokens and joint TATs as decimal int64 nanoseconds since the Unix
+// epoch. The braces make the name the key's hash tag, so every key a later
+// script adds for the same tenant lands in the same slot.
+//
+// One round trip. Each QuotaStore method is one EVALSHA of one Lua script
+// (quota.lua, embedded), with EVAL as the fallback when the server answers
+// NOSCRIPT; Load puts the script on every primary beforehand, so that even
+// the first call is one round trip. Go computes the script's inputs from
+// quota.Limits (each meter's increment in ns, the tolerance, a reconcile's
+// differences); the script reads TIME and the hash, makes quota.Decide's
+// test and the writes of a charge or a reconcile, sets the expiry, and
+// returns the Redis time and the TATs. Go then derives At, Reason and
+// Status from them with quota.Decide and quota.StatusOf, the functions
+// quota.Memory uses. Peek and Status write nothing.
+//
+// Time. The only clock is TIME of the Redis node holding the key, so the
+// gateways' clocks never enter a decision. Decision.At is that clock as a
+// time.Time: exact on Redis's time line, but off the caller's clock by their
+// skew. RetryAfter, a difference of two readings of Redis's clock, is the
+// reliable part: the caller retries at its own now + RetryAfter.
+//
+// Precision. TIME has microseconds, so now is a whole microsecond; TATs and
+// increments keep nanoseconds. Lua numbers are doubles, exact only below
+// 2^53 (104 days in ns) while Unix nanoseconds are about 2^61, so the
+// script keeps every time as a pair (seconds, nanoseconds) whose parts are
+// integers far below 2^53 and carries between them: every sum and
+// comparison is the int64 Go computes, for increments up to the 2^60 ns
+// cap. Decisions are those of quota.Memory at the same microsecond, field
+// by field (TestRedisMatchesMemory); the quota package's guarantee 4 holds
+// at the clock's resolution: a refused request is refused at the last
+// microsecond before At and allowed at the first one at or after it.
+//
+// Expiry. Each write sets the key to expire when the tenant comes to rest
+// (its largest TAT minus now, rounded up to the millisecond) plus a margin
+// of 1 s (room for the clock of a replica promoted in a failover), and a
+// write that leaves the tenant at rest deletes the key. Redis thus holds
+// only tenants in debt, without a sweep: the quota package's guarantee 7.
+//
+// Failures. A method returns the client's error (connection refused, timeout,
+// cancelled or expired context, a key of another type at the tenant's name)
+// or one for a reply it cannot read; it never panics, and the caller
+// decides, which for a quota means failing open (quota.Local). A missing or
+// unreadable field is read as no debt on that meter and rewritten by the
+// next charge. The client must not retry (NewClient's does not): a Charge
+// retried after its first attempt reached Redis would be charged twice.
+// Redis replicates asynchronously: a failover may lose the last writes,
+// giving tenants back up to the replication lag's worth of charges.
 //
 // # Shared slots
 //

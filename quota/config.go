@@ -201,11 +201,7 @@ func (l *Limits) Tolerance() time.Duration { return time.Duration(l.tolerance) }
 // the one place a charge is computed, so a Redis store can compute it in Go
 // and send it with its single call.
 func (l *Limits) Increment(d Dimension, tokens int64) time.Duration {
-	i, ok := dimIndex(d)
-	if !ok {
-		return 0
-	}
-	return time.Duration(l.inc(i, tokens))
+	return l.NetIncrement(d, 1, max(tokens, 0))
 }
 
 // maxInc caps one charge so that adding it to any reachable theoretical
@@ -237,15 +233,15 @@ func (l *Limits) netInc(i int, requests, tokens int64) int64 {
 	return int64(min(max(v, -float64(maxInc)), float64(maxInc)))
 }
 
-// BacklogIncrement is how far the charges of backlog b advance meter d's
-// theoretical arrival time: the increments of its requests, summed
-// before rounding; 0 when d is off.
-func (l *Limits) BacklogIncrement(d Dimension, b Backlog) time.Duration {
+// NetIncrement is how far a batch of requests and tokens moves meter d's
+// theoretical arrival time (netInc, for a Redis store's Add); 0 when d is
+// off.
+func (l *Limits) NetIncrement(d Dimension, requests, tokens int64) time.Duration {
 	i, ok := dimIndex(d)
 	if !ok {
 		return 0
 	}
-	return time.Duration(l.backlogInc(i, b))
+	return time.Duration(l.netInc(i, requests, tokens))
 }
 
 // backlogInc is how far the charges of a backlog advance meter i: the

@@ -104,3 +104,42 @@ func TestIncrements(t *testing.T) {
 		t.Error("Config does not return the compiled config")
 	}
 }
+
+func TestLimitsScale(t *testing.T) {
+	l := MustCompile(seedCfg)
+	if l.Scale(1) != l || l.Scale(0) != l || l.Scale(2) != l || l.Scale(math.NaN()) != l {
+		t.Error("Scale outside (0, 1) must return the limits themselves")
+	}
+	s := l.Scale(1.0 / 3)
+	if s == l {
+		t.Fatal("Scale(1/3) returned the unscaled limits")
+	}
+	near := func(a, b float64) bool { return math.Abs(a-b) <= 1e-9*b }
+	if got, want := s.Config().QPS, seedCfg.QPS/3; !near(got, want) {
+		t.Errorf("scaled qps %v, want %v", got, want)
+	}
+	if got, want := s.Config().TokensPerMin, seedCfg.TokensPerMin/3; !near(got, want) {
+		t.Errorf("scaled tokens_per_min %v, want %v", got, want)
+	}
+	if s.Tolerance() != l.Tolerance() {
+		t.Errorf("scaled tolerance %v, want the same time %v (the burst volume scales with the rate)", s.Tolerance(), l.Tolerance())
+	}
+	for _, d := range []Dimension{DimQPS, DimTokens, DimJoint} {
+		full, part := l.Increment(d, 1000), s.Increment(d, 1000)
+		if diff := part - 3*full; diff < -3 || diff > 3 {
+			t.Errorf("%s: scaled increment %v, want 3 x %v within rounding", d, part, full)
+		}
+	}
+	if l.Scale(1.0/3) != s {
+		t.Error("Scale(1/3) twice: not cached")
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = l.Scale(1.0 / 3) }); n != 0 {
+		t.Errorf("cached Scale allocates %v times per call", n)
+	}
+	// A rate at Validate's floor still scales (an instance's share of a
+	// tiny quota is a smaller, valid rate).
+	tiny := MustCompile(Config{QPS: minRate})
+	if got := tiny.Scale(0.5).Config().QPS; got != minRate/2 {
+		t.Errorf("tiny qps scaled to %v, want %v", got, minRate/2)
+	}
+}

@@ -5,10 +5,9 @@
 //
 // Fair queuing shares the capacity that exists; a quota caps what a tenant
 // may take even when capacity is idle (contracts, cost). The engine is
-// pure: it imports nothing of the project, no Caddy and no net/http, and
-// reads time only from the clock it is given. The one exception is the Redis
-// store (see "# Redis"), which talks to a server through go-redis (which
-// uses net, not net/http) and reads the time from it.
+// pure: it imports nothing of the project, no Caddy, no network client,
+// and reads time only from the clock it is given. The store several
+// gateways share, on Redis, is package cluster's QuotaStore.
 //
 // # Meters
 //
@@ -115,73 +114,13 @@
 // Status. Each is one read-modify-write of one tenant's three TATs whose
 // inputs (increments, tolerance) are computed from Limits beforehand, so a
 // Redis store does each in one round trip. Memory is the in-process store;
-// Redis is the store several gateways share.
-//
-// # Redis
-//
-// Key layout. One hash per tenant, named Prefix + "t{" + tenant + "}"
-// (DefaultRedisPrefix "fq:quota:"), with three fields q, t and j: the qps,
-// tokens and joint TATs as decimal int64 nanoseconds since the Unix epoch.
-// The braces make the tenant's name the key's Cluster hash tag, so every key
-// a later script adds for the same tenant lands in the same slot and one
-// script may touch them all. The prefix must not contain '{', so what stands
-// between it and the first '{' names a key's namespace: "t" the tenants',
-// "i" the meters a caller keeps for itself under names that start with a
-// NUL (Prefix + "i{" + the name less the NUL + "}"), and the caller's own
-// keys under the same prefix take other namespaces. No tenant name spells
-// a key outside its own.
-//
-// One round trip. Each method is one EVALSHA of one Lua script (redis.lua,
-// embedded), with EVAL as the fallback when the server answers NOSCRIPT;
-// Redis.Load puts the script on every primary beforehand, so that even the
-// first call is one round trip. Go computes the script's inputs from Limits
-// (each meter's increment in ns, the tolerance, a reconcile's differences);
-// the script reads TIME and the hash, makes Decide's test and Charge's or
-// Reconcile's writes, sets the expiry, and returns the Redis time and the
-// TATs. Go then derives At, Reason and Status from them with Decide and
-// StatusOf, the functions Memory uses. Peek and Status write nothing.
-//
-// Time. The only clock is TIME of the Redis node holding the key, so the
-// gateways' clocks never enter a decision. Decision.At is that clock as a
-// time.Time: exact on Redis's time line, but off the caller's clock by their
-// skew. RetryAfter, a difference of two readings of Redis's clock, is the
-// reliable part: the caller retries at its own now + RetryAfter.
-//
-// Precision. TIME has microseconds, so now is a whole microsecond; TATs and
-// increments keep nanoseconds. Lua numbers are doubles, exact only below
-// 2^53 (104 days in ns) while Unix nanoseconds are about 2^61, so the
-// script keeps every time as a pair (seconds, nanoseconds) whose parts are
-// integers far below 2^53 and carries between them: every sum and
-// comparison is the int64 Go computes, for increments up to the 2^60 ns
-// cap. Decisions are those of Memory at the same microsecond, field by field
-// (TestRedisMatchesMemory); guarantee 4 holds at the clock's resolution: a
-// refused request is refused at the last microsecond before At and allowed
-// at the first one at or after it.
-//
-// Expiry. Each write sets the key to expire when the tenant comes to rest
-// (its largest TAT minus now, rounded up to the millisecond) plus
-// ExpiryMargin (DefaultRedisExpiryMargin, 1 s: room for the clock of a
-// replica promoted in a failover), and a write that leaves the tenant at
-// rest deletes the key. Redis thus holds only tenants in debt, without a
-// sweep: guarantee 7.
-//
-// Failures. A method returns the client's error (connection refused, timeout,
-// cancelled or expired context, a key of another type at the tenant's name)
-// or one for a reply it cannot read; it never panics, and the caller
-// decides, which for a quota means failing open. A missing or unreadable
-// field is read as no debt on that meter and rewritten by the next charge.
-// Build the client with ContextTimeoutEnabled (so that a context's deadline
-// bounds the socket wait), small dial, read and write timeouts, and
-// MaxRetries -1: a Charge retried after its first attempt reached Redis
-// would be charged twice. RedisOptions.Timeout bounds each call. Redis
-// replicates asynchronously: a failover may lose the last writes, giving
-// tenants back up to the replication lag's worth of charges.
+// package cluster's QuotaStore is the one several gateways share.
 //
 // # Local
 //
-// Local is the store a gateway of a cluster uses: Redis while it answers,
-// and, from the first call that fails or times out, a local Memory on every
-// quota scaled by 1/instances (Limits.Scale: rates divided, the burst
+// Local is the store a gateway of a cluster uses: the shared store (Redis)
+// while it answers, and, from the first call that fails or times out, a
+// local Memory on every quota scaled by 1/instances (Limits.Scale: rates divided, the burst
 // window's time kept, so the instances' bursts add up to one). It reports
 // an outage once as it starts and once as it ends; during it no call waits
 // on Redis: a probe (a Status call) runs in the background every Retry (1 s),
@@ -189,7 +128,7 @@
 // hold a tenant to guarantee 1 at rate/N each: its quota in total when the
 // load spreads evenly, less when it does not; each outage starts every
 // instance's meters at rest, a fresh window of burst. An error about one
-// tenant (RedisOutage: a key of another type at its name) is decided
+// tenant (LocalOptions.Outage: a key of another type at its name) is decided
 // locally without starting an outage.
 //
 // Round trips. Charge and Reconcile always ask Redis; a Peek with nothing

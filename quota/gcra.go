@@ -25,10 +25,11 @@ const (
 	numDims
 )
 
-var dimNames = [numDims]Dimension{DimQPS, DimTokens, DimJoint}
+// Dimensions are the meters in the order of their indexes (TATs' entries).
+var Dimensions = [numDims]Dimension{DimQPS, DimTokens, DimJoint}
 
 func dimIndex(d Dimension) (int, bool) {
-	for i, n := range dimNames {
+	for i, n := range Dimensions {
 		if n == d {
 			return i, true
 		}
@@ -155,7 +156,7 @@ func Decide(t *TATs, l *Limits, now int64, ahead Backlog) (allowed bool, at int6
 			tat = max(tat, now) + l.backlogInc(i, ahead)
 		}
 		if e := tat - l.tolerance; e > now && e >= at {
-			at, reason = e, dimNames[i]
+			at, reason = e, Dimensions[i]
 		}
 	}
 	return at == now, at, reason
@@ -194,9 +195,9 @@ func Book(t *TATs, l *Limits, now, tokens, maxWait int64) (booked bool, at int64
 // LeadMemory is how long a lead given to Store.Book counts for its tenant.
 const LeadMemory = time.Minute
 
-// maxBookWait bounds a booking's maxWait (about 146 years), so that the
+// MaxBookWait bounds a booking's maxWait (about 146 years), so that the
 // Redis script's times stay exact.
-const maxBookWait = time.Duration(1 << 62)
+const MaxBookWait = time.Duration(1 << 62)
 
 // lead is the longest lead given to Book for one tenant, and when.
 type lead struct{ d, at int64 }

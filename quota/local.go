@@ -29,11 +29,9 @@ type LocalOptions struct {
 	// Clock reads the time for the retry schedule (time.Now when nil).
 	Clock func() time.Time
 	// Probe, when set, tells in the background whether the primary answers
-	// again (for Redis, a Status call: the same script as the decisions,
-	// whose EVALSHA falls back to EVAL and so reloads the script a
-	// restarted server lost): once Retry has passed, a call starts one
-	// probe and is answered locally, so no caller waits on a primary that
-	// is still down. The probe must bound its own time (a context timeout)
+	// again (cluster.NewQuota's reads a meter through the decisions'
+	// script): once Retry has passed, a call starts one probe and is
+	// answered locally, so no caller waits on a primary that is still down. The probe must bound its own time (a context timeout)
 	// and may run while the Local is used. When nil, the first call
 	// after Retry goes to the primary itself, and its success ends the
 	// outage.

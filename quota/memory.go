@@ -128,7 +128,7 @@ func (m *Memory) Book(_ context.Context, tenant string, l *Limits, tokens int64,
 	} else {
 		delete(m.leads, tenant)
 	}
-	ok, at, reason := Book(&t, l, now, tokens, max(int64(min(maxWait, maxBookWait))-ld.d, 0))
+	ok, at, reason := Book(&t, l, now, tokens, max(int64(min(maxWait, MaxBookWait))-ld.d, 0))
 	if ok {
 		m.tenants[tenant] = t
 	}

@@ -9,7 +9,7 @@ import (
 )
 
 // Syncer is the shared side of a Mirror: the store its charges are pushed
-// to and its meters read back from. Redis and Memory implement it.
+// to and its meters read back from. Memory and cluster.QuotaStore implement it.
 type Syncer interface {
 	// Add moves tenant's meters by a batch of charges already decided
 	// elsewhere, without a test: requests requests and tokens tokens,

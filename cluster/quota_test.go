@@ -1,4 +1,4 @@
-package quota
+package cluster
 
 import (
 	"context"
@@ -16,6 +16,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
 // storeHarness is one Store on a virtual clock, for the test table that runs
@@ -23,7 +25,7 @@ import (
 // and whose TTLs, with ClockTTL, run on the same clock).
 type storeHarness struct {
 	name  string
-	store Store
+	store quota.Store
 	// res is the resolution of the store's clock: 1 ns for Memory, 1 us
 	// for Redis, whose TIME gives microseconds.
 	res  time.Duration
@@ -45,7 +47,7 @@ func (h *storeHarness) ceil(t time.Time) time.Time {
 // before is the last instant the store's clock can show before t.
 func (h *storeHarness) before(t time.Time) time.Time { return t.Add(-1).Truncate(h.res) }
 
-func (h *storeHarness) peek(t testing.TB, tenant string, l *Limits, ahead Backlog) Decision {
+func (h *storeHarness) peek(t testing.TB, tenant string, l *quota.Limits, ahead quota.Backlog) quota.Decision {
 	t.Helper()
 	d, err := h.store.Peek(bg, tenant, l, ahead)
 	if err != nil {
@@ -54,7 +56,7 @@ func (h *storeHarness) peek(t testing.TB, tenant string, l *Limits, ahead Backlo
 	return d
 }
 
-func (h *storeHarness) charge(t testing.TB, tenant string, l *Limits, tokens int64) Decision {
+func (h *storeHarness) charge(t testing.TB, tenant string, l *quota.Limits, tokens int64) quota.Decision {
 	t.Helper()
 	d, err := h.store.Charge(bg, tenant, l, tokens)
 	if err != nil {
@@ -63,7 +65,7 @@ func (h *storeHarness) charge(t testing.TB, tenant string, l *Limits, tokens int
 	return d
 }
 
-func (h *storeHarness) reconcile(t testing.TB, tenant string, l *Limits, est, act int64) Status {
+func (h *storeHarness) reconcile(t testing.TB, tenant string, l *quota.Limits, est, act int64) quota.Status {
 	t.Helper()
 	s, err := h.store.Reconcile(bg, tenant, l, est, act)
 	if err != nil {
@@ -72,7 +74,7 @@ func (h *storeHarness) reconcile(t testing.TB, tenant string, l *Limits, est, ac
 	return s
 }
 
-func (h *storeHarness) status(t testing.TB, tenant string, l *Limits) Status {
+func (h *storeHarness) status(t testing.TB, tenant string, l *quota.Limits) quota.Status {
 	t.Helper()
 	s, err := h.store.Status(bg, tenant, l)
 	if err != nil {
@@ -83,7 +85,7 @@ func (h *storeHarness) status(t testing.TB, tenant string, l *Limits) Status {
 
 func newMemoryHarness() *storeHarness {
 	clk := newVclock()
-	m := NewMemory(clk.Now)
+	m := quota.NewMemory(clk.Now)
 	return &storeHarness{name: "memory", store: m, res: time.Nanosecond, now: clk.Now, set: clk.Set, held: m.Len}
 }
 
@@ -98,9 +100,9 @@ func newMiniredis(t testing.TB) (*miniredis.Miniredis, *redis.Client) {
 	return mr, c
 }
 
-func newRedisHarness(t testing.TB) (*storeHarness, *Redis, *miniredis.Miniredis) {
+func newRedisHarness(t testing.TB) (*storeHarness, *QuotaStore, *miniredis.Miniredis) {
 	mr, c := newMiniredis(t)
-	r := NewRedis(c, RedisOptions{})
+	r := NewQuotaStore(c, DefaultPrefix, 0)
 	clk := newVclock()
 	set := func(at time.Time) {
 		clk.Set(at)
@@ -146,15 +148,15 @@ func TestStoreTable(t *testing.T) {
 // with the same At and reason, and at the first instant at or after At
 // (At itself on Memory) it is allowed. Every dimension is seen binding.
 func tableEarliestTime(t *testing.T, h *storeHarness) {
-	reasons := map[Dimension]int{}
-	limits := []*Limits{
-		MustCompile(seedCfg),
+	reasons := map[quota.Dimension]int{}
+	limits := []*quota.Limits{
+		quota.MustCompile(seedCfg),
 		// A 50 ms window, which the traffic's 11% excess over 200 qps
 		// exhausts in half a second.
-		MustCompile(Config{QPS: 200, BurstWindow: time.Second, BurstAllow: 0.05}),
+		quota.MustCompile(quota.Config{QPS: 200, BurstWindow: time.Second, BurstAllow: 0.05}),
 		// Joint binds: 3 request-equivalents a request on average, 100
 		// a second.
-		MustCompile(Config{QPS: 1000, TokensPerMin: 1e7, TokenToQPSWeight: 0.01, JointCap: 0.1, BurstWindow: time.Second, BurstAllow: 0.05}),
+		quota.MustCompile(quota.Config{QPS: 1000, TokensPerMin: 1e7, TokenToQPSWeight: 0.01, JointCap: 0.1, BurstWindow: time.Second, BurstAllow: 0.05}),
 	}
 	for _, mc := range meterCases() {
 		limits = append(limits, mc.lim)
@@ -180,7 +182,7 @@ func tableEarliestTime(t *testing.T, h *storeHarness) {
 				t.Fatalf("RetryAfter %v does not match At - now %v", d.RetryAfter, d.At.Sub(h.now()))
 			}
 			h.set(h.before(d.At))
-			if p := h.peek(t, tenant, l, Backlog{}); p.Allowed || p.Reason != d.Reason || !p.At.Equal(d.At) {
+			if p := h.peek(t, tenant, l, quota.Backlog{}); p.Allowed || p.Reason != d.Reason || !p.At.Equal(d.At) {
 				t.Fatalf("%v before At: %+v, want refused for %q with the same At %v", d.At.Sub(h.now()), p, d.Reason, d.At)
 			}
 			h.set(h.ceil(d.At))
@@ -189,7 +191,7 @@ func tableEarliestTime(t *testing.T, h *storeHarness) {
 			}
 		}
 	}
-	for _, dim := range []Dimension{DimQPS, DimTokens, DimJoint} {
+	for _, dim := range []quota.Dimension{quota.DimQPS, quota.DimTokens, quota.DimJoint} {
 		if reasons[dim] == 0 {
 			t.Errorf("no refusal for %q: the test did not exercise that meter (%v)", dim, reasons)
 		}
@@ -260,32 +262,32 @@ func tableBurstWindow(t *testing.T, h *storeHarness) {
 // when the request is allowed after the k ahead are charged at their own
 // earliest times; a backlog the window absorbs leaves it allowed now.
 func tableBacklog(t *testing.T, h *storeHarness) {
-	l := MustCompile(Config{QPS: 10, BurstWindow: 10 * time.Second, BurstAllow: 0.2}) // tau 2 s: 20 requests
-	if d := h.peek(t, "w", l, Backlog{Requests: 20}); !d.Allowed {
+	l := quota.MustCompile(quota.Config{QPS: 10, BurstWindow: 10 * time.Second, BurstAllow: 0.2}) // tau 2 s: 20 requests
+	if d := h.peek(t, "w", l, quota.Backlog{Requests: 20}); !d.Allowed {
 		t.Fatalf("behind 20 requests with a 20-request window: refused, at +%v", d.RetryAfter)
 	}
-	if d := h.peek(t, "w", l, Backlog{Requests: 21}); d.Allowed || d.RetryAfter != 100*time.Millisecond || d.Reason != DimQPS {
+	if d := h.peek(t, "w", l, quota.Backlog{Requests: 21}); d.Allowed || d.RetryAfter != 100*time.Millisecond || d.Reason != quota.DimQPS {
 		t.Fatalf("behind 21 requests: %+v, want refused for exactly 100ms on qps", d)
 	}
 	for _, mc := range meterCases() {
 		t.Run(mc.name, func(t *testing.T) {
 			tenant := "b-" + mc.name
-			for h.peek(t, tenant, mc.lim, Backlog{}).Allowed {
+			for h.peek(t, tenant, mc.lim, quota.Backlog{}).Allowed {
 				h.charge(t, tenant, mc.lim, mc.tokens)
 			}
 			const k = 7
-			pred := h.peek(t, tenant, mc.lim, Backlog{Requests: k, Tokens: k * mc.tokens})
+			pred := h.peek(t, tenant, mc.lim, quota.Backlog{Requests: k, Tokens: k * mc.tokens})
 			if pred.Allowed || pred.Reason != mc.dim {
 				t.Fatalf("behind %d requests: allowed %v reason %q, want refused on %q", k, pred.Allowed, pred.Reason, mc.dim)
 			}
 			for i := 0; i < k; i++ {
-				d := h.peek(t, tenant, mc.lim, Backlog{})
+				d := h.peek(t, tenant, mc.lim, quota.Backlog{})
 				h.set(h.ceil(d.At))
 				if c := h.charge(t, tenant, mc.lim, mc.tokens); !c.Allowed {
 					t.Fatalf("request %d refused at its own earliest time", i)
 				}
 			}
-			d := h.peek(t, tenant, mc.lim, Backlog{})
+			d := h.peek(t, tenant, mc.lim, quota.Backlog{})
 			if diff := d.At.Sub(pred.At); diff < -k || diff > k {
 				t.Fatalf("predicted %v, allowed at %v (%v apart)", pred.At, d.At, diff)
 			}
@@ -298,7 +300,7 @@ func tableBacklog(t *testing.T, h *storeHarness) {
 // larger than the debt leaves the tenant at rest, no credit beyond it, and
 // forgotten by the store at once.
 func tableReconcile(t *testing.T, h *storeHarness) {
-	l := MustCompile(seedCfg)
+	l := quota.MustCompile(seedCfg)
 	fresh := h.status(t, "a", l)
 	// Extra debt of 20000 tokens on an unknown tenant: 6 s of tokens, 80 ms
 	// (16 request-equivalents) of joint.
@@ -318,7 +320,7 @@ func tableReconcile(t *testing.T, h *storeHarness) {
 		t.Errorf("after refunds: %+v, want the fresh %+v (no credit beyond rest)", st2, fresh)
 	}
 	// A tokens-only tenant refunded back to rest is forgotten at once.
-	tok := MustCompile(Config{TokensPerMin: 1000})
+	tok := quota.MustCompile(quota.Config{TokensPerMin: 1000})
 	before := h.held()
 	h.charge(t, "t", tok, 100)
 	if h.held() != before+1 {
@@ -332,16 +334,16 @@ func tableReconcile(t *testing.T, h *storeHarness) {
 // tableStatus: the header view, fresh, after ten requests, back at rest
 // after Reset, and with a debt beyond the window.
 func tableStatus(t *testing.T, h *storeHarness) {
-	l := MustCompile(seedCfg)
-	want := Status{
-		Requests: MeterStatus{Enabled: true, Limit: 12000, Remaining: 401},
-		Tokens:   MeterStatus{Enabled: true, Limit: 200000, Remaining: 6666},
-		Joint:    MeterStatus{Enabled: true, Limit: 12000, Remaining: 401},
+	l := quota.MustCompile(seedCfg)
+	want := quota.Status{
+		Requests: quota.MeterStatus{Enabled: true, Limit: 12000, Remaining: 401},
+		Tokens:   quota.MeterStatus{Enabled: true, Limit: 200000, Remaining: 6666},
+		Joint:    quota.MeterStatus{Enabled: true, Limit: 12000, Remaining: 401},
 	}
 	if st := h.status(t, "a", l); st != want {
 		t.Fatalf("fresh status %+v, want %+v", st, want)
 	}
-	var d Decision
+	var d quota.Decision
 	for i := 0; i < 10; i++ {
 		d = h.charge(t, "a", l, 125)
 	}
@@ -372,7 +374,7 @@ func tableStatus(t *testing.T, h *storeHarness) {
 // expiry), a forgotten tenant decides as an unknown one, and a tenant in
 // debt is kept.
 func tableExpiry(t *testing.T, h *storeHarness) {
-	l := MustCompile(seedCfg)
+	l := quota.MustCompile(seedCfg)
 	for i := 0; i < 1000; i++ {
 		h.charge(t, tenantName(i), l, int64(i))
 	}
@@ -380,16 +382,16 @@ func tableExpiry(t *testing.T, h *storeHarness) {
 		t.Fatalf("held %d tenants, want 1000", n)
 	}
 	h.charge(t, "big", l, 1_000_000) // 5 min of tokens
-	h.advance(DefaultSweepEvery)
-	h.peek(t, "someone-else", l, Backlog{})
+	h.advance(quota.DefaultSweepEvery)
+	h.peek(t, "someone-else", l, quota.Backlog{})
 	if n := h.held(); n != 1 {
 		t.Fatalf("a minute later %d tenants held, want 1 (only the one in debt)", n)
 	}
 	if a, b := h.status(t, tenantName(999), l), h.status(t, "never-seen", l); a != b {
 		t.Errorf("forgotten tenant %+v differs from an unknown one %+v", a, b)
 	}
-	if st := h.status(t, "big", l); st.Tokens.Reset != 5*time.Minute-DefaultSweepEvery {
-		t.Errorf("tenant in debt: token Reset %v, want %v", st.Tokens.Reset, 5*time.Minute-DefaultSweepEvery)
+	if st := h.status(t, "big", l); st.Tokens.Reset != 5*time.Minute-quota.DefaultSweepEvery {
+		t.Errorf("tenant in debt: token Reset %v, want %v", st.Tokens.Reset, 5*time.Minute-quota.DefaultSweepEvery)
 	}
 }
 
@@ -398,7 +400,7 @@ func tableExpiry(t *testing.T, h *storeHarness) {
 // debt); the next is refused on tokens for exactly 4 s, charged to no
 // meter, and allowed 4 s later.
 func tableJointAtomic(t *testing.T, h *storeHarness) {
-	l := MustCompile(seedCfg)
+	l := quota.MustCompile(seedCfg)
 	if !h.charge(t, "a", l, 20000).Allowed {
 		t.Fatal("a request of a tenant at rest must start whatever its size")
 	}
@@ -407,7 +409,7 @@ func tableJointAtomic(t *testing.T, h *storeHarness) {
 		t.Fatalf("after 20000 tokens: joint %v, qps %v of debt, want 85ms, 5ms", before.Joint.Reset, before.Requests.Reset)
 	}
 	d := h.charge(t, "a", l, 1)
-	if d.Allowed || d.Reason != DimTokens || d.RetryAfter != 4*time.Second {
+	if d.Allowed || d.Reason != quota.DimTokens || d.RetryAfter != 4*time.Second {
 		t.Fatalf("second request: %+v, want refused for tokens, retry 4s", d)
 	}
 	if d.Status != before {
@@ -416,7 +418,7 @@ func tableJointAtomic(t *testing.T, h *storeHarness) {
 	// The joint meter binds alone: 1250 tokens are 2 request-equivalents
 	// (10 ms each at 200/s), so its 2 s tolerance admits 200 + 1 requests
 	// at once where qps would admit 401.
-	lj := MustCompile(Config{QPS: 200, TokenToQPSWeight: 0.0008, JointCap: 1, BurstWindow: 10 * time.Second, BurstAllow: 0.2})
+	lj := quota.MustCompile(quota.Config{QPS: 200, TokenToQPSWeight: 0.0008, JointCap: 1, BurstWindow: 10 * time.Second, BurstAllow: 0.2})
 	n := 0
 	for h.charge(t, "j", lj, 1250).Allowed {
 		n++
@@ -434,21 +436,21 @@ func tableJointAtomic(t *testing.T, h *storeHarness) {
 // tested nor charged; a reload that turns it on finds it at rest, and the
 // meters charged before the reload keep their debt.
 func tableMetersOff(t *testing.T, h *storeHarness) {
-	qpsOnly := MustCompile(Config{QPS: 1})
+	qpsOnly := quota.MustCompile(quota.Config{QPS: 1})
 	st := h.status(t, "a", qpsOnly)
-	if !st.Requests.Enabled || st.Tokens.Enabled || st.Joint.Enabled || st.Tokens != (MeterStatus{}) {
+	if !st.Requests.Enabled || st.Tokens.Enabled || st.Joint.Enabled || st.Tokens != (quota.MeterStatus{}) {
 		t.Fatalf("qps-only status %+v, want only requests enabled", st)
 	}
 	d := h.charge(t, "a", qpsOnly, 1_000_000)
 	if !d.Allowed || d.Status.Requests.Reset != time.Second {
 		t.Fatalf("qps-only charge: %+v, want allowed with 1s of debt", d)
 	}
-	if d := h.charge(t, "a", qpsOnly, 0); d.Allowed || d.Reason != DimQPS || d.RetryAfter != time.Second {
+	if d := h.charge(t, "a", qpsOnly, 0); d.Allowed || d.Reason != quota.DimQPS || d.RetryAfter != time.Second {
 		t.Fatalf("second qps-only request: %+v, want refused for 1s on qps (no burst window)", d)
 	}
 	// Reload to the seed's three meters: the million tokens were never
 	// charged to the token meter.
-	seed := MustCompile(seedCfg)
+	seed := quota.MustCompile(seedCfg)
 	st = h.status(t, "a", seed)
 	if st.Tokens.Reset != 0 || st.Tokens.Remaining != 6666 || st.Joint.Reset != 0 || st.Requests.Reset != time.Second {
 		t.Errorf("after reload: %+v, want tokens and joint at rest, requests 1s of debt", st)
@@ -457,7 +459,7 @@ func tableMetersOff(t *testing.T, h *storeHarness) {
 		t.Errorf("after reload with a 2s window: %+v, want allowed", d)
 	}
 	// Tokens only: requests are not counted.
-	tok := MustCompile(Config{TokensPerMin: 60000, BurstWindow: time.Second, BurstAllow: 1}) // 1000 tokens/s, tau 1 s
+	tok := quota.MustCompile(quota.Config{TokensPerMin: 60000, BurstWindow: time.Second, BurstAllow: 1}) // 1000 tokens/s, tau 1 s
 	for i := 0; i < 2000; i++ {
 		if !h.charge(t, "t", tok, 0).Allowed {
 			t.Fatalf("tokens-only: request %d of 0 tokens refused", i)
@@ -473,7 +475,7 @@ func tableMetersOff(t *testing.T, h *storeHarness) {
 // floor(tau/T) + 1 = 401 requests at 200 qps with a 2 s window, whatever
 // the interleaving, and one second later exactly 200 more.
 func tableConcurrent(t *testing.T, h *storeHarness) {
-	l := MustCompile(Config{QPS: 200, TokensPerMin: 1e9, TokenToQPSWeight: 1e-6, JointCap: 10, BurstWindow: 10 * time.Second, BurstAllow: 0.2})
+	l := quota.MustCompile(quota.Config{QPS: 200, TokensPerMin: 1e9, TokenToQPSWeight: 1e-6, JointCap: 10, BurstWindow: 10 * time.Second, BurstAllow: 0.2})
 	tenants := []string{"a", "b"}
 	round := func() map[string]int {
 		var mu sync.Mutex
@@ -497,7 +499,7 @@ func tableConcurrent(t *testing.T, h *storeHarness) {
 						}
 					}
 					if i%4 == 0 {
-						if _, err := h.store.Peek(bg, tn, l, Backlog{Requests: 1}); err != nil {
+						if _, err := h.store.Peek(bg, tn, l, quota.Backlog{Requests: 1}); err != nil {
 							t.Error(err)
 						}
 						if _, err := h.store.Status(bg, tn, l); err != nil {
@@ -529,24 +531,24 @@ func tableConcurrent(t *testing.T, h *storeHarness) {
 // request), extreme rates, and last a slow one whose charges exceed 2^53 ns
 // (104 days) or hit the cap of 2^60 ns, where float arithmetic on
 // nanoseconds would not be exact.
-func diffLimits() []*Limits {
-	ls := []*Limits{
-		MustCompile(seedCfg),
-		MustCompile(Config{QPS: 3, TokensPerMin: 7000, TokenToQPSWeight: 0.0013, JointCap: 0.7, BurstWindow: 3 * time.Second, BurstAllow: 0.37}),
-		MustCompile(Config{TokensPerMin: 1e13}),
-		MustCompile(Config{QPS: 1e9}),
+func diffLimits() []*quota.Limits {
+	ls := []*quota.Limits{
+		quota.MustCompile(seedCfg),
+		quota.MustCompile(quota.Config{QPS: 3, TokensPerMin: 7000, TokenToQPSWeight: 0.0013, JointCap: 0.7, BurstWindow: 3 * time.Second, BurstAllow: 0.37}),
+		quota.MustCompile(quota.Config{TokensPerMin: 1e13}),
+		quota.MustCompile(quota.Config{QPS: 1e9}),
 		// Joint binds: a 1000-token request is 11 request-equivalents of
 		// 100 per second, no burst.
-		MustCompile(Config{QPS: 1000, TokensPerMin: 1e7, TokenToQPSWeight: 0.01, JointCap: 0.1}),
+		quota.MustCompile(quota.Config{QPS: 1000, TokensPerMin: 1e7, TokenToQPSWeight: 0.01, JointCap: 0.1}),
 	}
 	for _, mc := range meterCases() {
 		ls = append(ls, mc.lim)
 	}
-	return append(ls, MustCompile(Config{QPS: 1e-6, TokensPerMin: 6e-5, BurstWindow: 24 * time.Hour, BurstAllow: 100}))
+	return append(ls, quota.MustCompile(quota.Config{QPS: 1e-6, TokensPerMin: 6e-5, BurstWindow: 24 * time.Hour, BurstAllow: 100}))
 }
 
 // sameDecision compares two decisions field by field (At as an instant).
-func sameDecision(a, b Decision) bool {
+func sameDecision(a, b quota.Decision) bool {
 	return a.Allowed == b.Allowed && a.At.Equal(b.At) && a.RetryAfter == b.RetryAfter && a.Reason == b.Reason && a.Status == b.Status
 }
 
@@ -556,10 +558,10 @@ type randomOp struct {
 	maxWait  time.Duration
 	lead     time.Duration
 	tenant   string
-	lim      *Limits
+	lim      *quota.Limits
 	tokens   int64 // charged, or actual when reconciling
 	estimate int64
-	ahead    Backlog
+	ahead    quota.Backlog
 }
 
 // nextOp draws a call: each configuration has two tenants of its own, one
@@ -569,7 +571,7 @@ type randomOp struct {
 // refund only on the slow configuration: extra debt is not bounded by the
 // conformance test, and Memory's int64 would overflow after centuries of
 // it (the script clamps instead).
-func nextOp(rng *rand.Rand, ls []*Limits) randomOp {
+func nextOp(rng *rand.Rand, ls []*quota.Limits) randomOp {
 	li := rng.IntN(len(ls))
 	op := randomOp{
 		kind:     rng.IntN(5),
@@ -593,13 +595,13 @@ func nextOp(rng *rand.Rand, ls []*Limits) randomOp {
 		op.tokens = min(op.tokens, op.estimate)
 	}
 	if rng.IntN(2) == 0 {
-		op.ahead = Backlog{Requests: int64(rng.IntN(50)), Tokens: int64(rng.IntN(50000))}
+		op.ahead = quota.Backlog{Requests: int64(rng.IntN(50)), Tokens: int64(rng.IntN(50000))}
 	}
 	return op
 }
 
 // apply runs op on s and renders its result for comparison.
-func apply(t testing.TB, s Store, op randomOp) (Decision, error) {
+func apply(t testing.TB, s quota.Store, op randomOp) (quota.Decision, error) {
 	switch op.kind {
 	case 0:
 		return s.Charge(bg, op.tenant, op.lim, op.tokens)
@@ -607,12 +609,12 @@ func apply(t testing.TB, s Store, op randomOp) (Decision, error) {
 		return s.Peek(bg, op.tenant, op.lim, op.ahead)
 	case 2:
 		st, err := s.Reconcile(bg, op.tenant, op.lim, op.estimate, op.tokens)
-		return Decision{Status: st}, err
+		return quota.Decision{Status: st}, err
 	case 4:
 		return s.Book(bg, op.tenant, op.lim, op.tokens, op.maxWait, op.lead)
 	}
 	st, err := s.Status(bg, op.tenant, op.lim)
-	return Decision{Status: st}, err
+	return quota.Decision{Status: st}, err
 }
 
 // TestRedisMatchesMemory is the differential proof of exactness: 10000
@@ -675,13 +677,14 @@ func TestRedisMatchesMemory(t *testing.T) {
 // nothing.
 func TestRedisExpiry(t *testing.T) {
 	mr, c := newMiniredis(t)
-	r := NewRedis(c, RedisOptions{Prefix: "p:", ExpiryMargin: 250 * time.Millisecond})
+	r := NewQuotaStore(c, "p:", 0)
+	r.margin = "250" // ms
 	// 1500001 ns per request.
-	l := MustCompile(Config{QPS: 1e9 / 1500001.0})
-	if inc := l.Increment(DimQPS, 0); inc != 1500001 {
+	l := quota.MustCompile(quota.Config{QPS: 1e9 / 1500001.0})
+	if inc := l.Increment(quota.DimQPS, 0); inc != 1500001 {
 		t.Fatalf("increment %v, want 1500001ns", inc)
 	}
-	if _, err := r.Peek(bg, "a", l, Backlog{}); err != nil {
+	if _, err := r.Peek(bg, "a", l, quota.Backlog{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := r.Status(bg, "a", l); err != nil {
@@ -704,7 +707,7 @@ func TestRedisExpiry(t *testing.T) {
 	if mr.Exists("p:t{a}") {
 		t.Error("key still there 1 ms after its TTL")
 	}
-	tok := MustCompile(Config{TokensPerMin: 6000})
+	tok := quota.MustCompile(quota.Config{TokensPerMin: 6000})
 	if _, err := r.Charge(bg, "b", tok, 10); err != nil || !mr.Exists("p:t{b}") {
 		t.Fatalf("charge of 10 tokens: key %v, %v", mr.Exists("p:t{b}"), err)
 	}
@@ -719,7 +722,7 @@ func TestRedisExpiry(t *testing.T) {
 func TestRedisKeyLayout(t *testing.T) {
 	mr, c := newMiniredis(t)
 	mr.SetTime(epoch0.Add(1234567891)) // 1.234567891 s: TIME shows 1.234567
-	r := NewRedis(c, RedisOptions{})
+	r := NewQuotaStore(c, DefaultPrefix, 0)
 	if k := r.Key("acme"); k != "fq:quota:t{acme}" {
 		t.Fatalf("key %q, want fq:quota:t{acme}", k)
 	}
@@ -734,7 +737,7 @@ func TestRedisKeyLayout(t *testing.T) {
 	if got, want := c.ClusterKeySlot(bg, r.Key("acme")).Val(), c.ClusterKeySlot(bg, "acme").Val(); got != want {
 		t.Errorf("slot %d: the key's slot is not the tenant's, %d", got, want)
 	}
-	l := MustCompile(seedCfg)
+	l := quota.MustCompile(seedCfg)
 	d, err := r.Charge(bg, "acme", l, 1000)
 	if err != nil {
 		t.Fatal(err)
@@ -763,8 +766,8 @@ func TestRedisKeyLayout(t *testing.T) {
 // error.
 func TestRedisGarbledState(t *testing.T) {
 	mr, c := newMiniredis(t)
-	r := NewRedis(c, RedisOptions{})
-	l := MustCompile(seedCfg)
+	r := NewQuotaStore(c, DefaultPrefix, 0)
+	l := quota.MustCompile(seedCfg)
 	fresh, err := r.Status(bg, "nobody", l)
 	if err != nil {
 		t.Fatal(err)
@@ -814,9 +817,9 @@ func TestRedisGarbledState(t *testing.T) {
 // the call's Timeout and a client with ContextTimeoutEnabled) and a server
 // gone are errors, returned, for the caller to fail open.
 func TestRedisErrors(t *testing.T) {
-	l := MustCompile(seedCfg)
+	l := quota.MustCompile(seedCfg)
 	mr, c := newMiniredis(t)
-	r := NewRedis(c, RedisOptions{})
+	r := NewQuotaStore(c, DefaultPrefix, 0)
 	ctx, cancel := context.WithCancel(bg)
 	cancel()
 	if _, err := r.Charge(ctx, "a", l, 1); !errors.Is(err, context.Canceled) {
@@ -845,16 +848,16 @@ func TestRedisErrors(t *testing.T) {
 	})
 	silent := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1, ContextTimeoutEnabled: true, Protocol: 2})
 	defer silent.Close()
-	rs := NewRedis(silent, RedisOptions{Timeout: 50 * time.Millisecond})
+	rs := NewQuotaStore(silent, DefaultPrefix, 50*time.Millisecond)
 	_, err = rs.Charge(bg, "a", l, 1)
 	var ne net.Error
 	if err == nil || !(errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()) {
 		t.Errorf("silent server: %v, want a timeout", err)
 	}
-	// The caller's own deadline, without RedisOptions.Timeout.
+	// The caller's own deadline, without the store's timeout.
 	ctx, cancel = context.WithTimeout(bg, 50*time.Millisecond)
 	defer cancel()
-	_, err = NewRedis(silent, RedisOptions{}).Peek(ctx, "a", l, Backlog{})
+	_, err = NewQuotaStore(silent, DefaultPrefix, 0).Peek(ctx, "a", l, quota.Backlog{})
 	if err == nil || !(errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()) {
 		t.Errorf("silent server, caller's deadline: %v, want a timeout", err)
 	}
@@ -862,7 +865,7 @@ func TestRedisErrors(t *testing.T) {
 	conns.Wait()
 
 	mr.Close()
-	if _, err := r.Peek(bg, "a", l, Backlog{}); err == nil {
+	if _, err := r.Peek(bg, "a", l, quota.Backlog{}); err == nil {
 		t.Error("server gone: Peek gave no error")
 	}
 	if _, err := r.Reconcile(bg, "a", l, 1, 2); err == nil {
@@ -906,13 +909,13 @@ func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // first call on a server sends two (EVALSHA refused with NOSCRIPT, then
 // EVAL) and every later one, one.
 func TestRedisOneRoundTrip(t *testing.T) {
-	l := MustCompile(Config{QPS: 1})
+	l := quota.MustCompile(quota.Config{QPS: 1})
 	for _, load := range []bool{true, false} {
 		t.Run(fmt.Sprintf("load=%v", load), func(t *testing.T) {
 			_, c := newMiniredis(t)
 			var rt roundTrips
 			c.AddHook(&rt)
-			r := NewRedis(c, RedisOptions{})
+			r := NewQuotaStore(c, DefaultPrefix, 0)
 			if load {
 				if err := r.Load(bg); err != nil {
 					t.Fatal(err)
@@ -925,7 +928,7 @@ func TestRedisOneRoundTrip(t *testing.T) {
 			}{
 				{"Charge (allowed)", func() error { _, err := r.Charge(bg, "a", l, 1); return err }},
 				{"Charge (refused)", func() error { _, err := r.Charge(bg, "a", l, 1); return err }},
-				{"Peek", func() error { _, err := r.Peek(bg, "a", l, Backlog{Requests: 3}); return err }},
+				{"Peek", func() error { _, err := r.Peek(bg, "a", l, quota.Backlog{Requests: 3}); return err }},
 				{"Reconcile", func() error { _, err := r.Reconcile(bg, "a", l, 1, 2); return err }},
 				{"Status", func() error { _, err := r.Status(bg, "a", l); return err }},
 			}
@@ -953,12 +956,12 @@ func TestRedisCluster(t *testing.T) {
 	mr, _ := newMiniredis(t)
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{mr.Addr()}, MaxRetries: -1})
 	defer cc.Close()
-	r := NewRedis(cc, RedisOptions{})
+	r := NewQuotaStore(cc, DefaultPrefix, 0)
 	if err := r.Load(bg); err != nil {
 		t.Fatal(err)
 	}
 	mh := newMemoryHarness()
-	l := MustCompile(seedCfg)
+	l := quota.MustCompile(seedCfg)
 	for i := 0; i < 50; i++ {
 		md := mh.charge(t, "a", l, 3000)
 		rd, err := r.Charge(bg, "a", l, 3000)
@@ -1012,16 +1015,16 @@ func TestRedisServer(t *testing.T) {
 	prefix := testPrefix(t, c)
 
 	t.Run("matches-memory", func(t *testing.T) {
-		r := NewRedis(c, RedisOptions{Prefix: prefix + "m:"})
+		r := NewQuotaStore(c, prefix+"m:", 0)
 		var cur int64
 		r.onNow = func(now int64) { cur = now }
-		m := NewMemory(func() time.Time { return time.Unix(0, cur) })
+		m := quota.NewMemory(func() time.Time { return time.Unix(0, cur) })
 		// Rates low enough that real time refuses often.
-		ls := []*Limits{
-			MustCompile(Config{QPS: 20, TokensPerMin: 6000, TokenToQPSWeight: 0.01, JointCap: 1, BurstWindow: time.Second, BurstAllow: 0.1}),
-			MustCompile(Config{QPS: 3, TokensPerMin: 700, TokenToQPSWeight: 0.0013, JointCap: 0.7, BurstWindow: 3 * time.Second, BurstAllow: 0.37}),
-			MustCompile(Config{QPS: 1000, TokensPerMin: 1e7, TokenToQPSWeight: 0.01, JointCap: 0.1}),         // joint binds
-			MustCompile(Config{QPS: 1e-6, TokensPerMin: 6e-5, BurstWindow: 24 * time.Hour, BurstAllow: 100}), // slow: last
+		ls := []*quota.Limits{
+			quota.MustCompile(quota.Config{QPS: 20, TokensPerMin: 6000, TokenToQPSWeight: 0.01, JointCap: 1, BurstWindow: time.Second, BurstAllow: 0.1}),
+			quota.MustCompile(quota.Config{QPS: 3, TokensPerMin: 700, TokenToQPSWeight: 0.0013, JointCap: 0.7, BurstWindow: 3 * time.Second, BurstAllow: 0.37}),
+			quota.MustCompile(quota.Config{QPS: 1000, TokensPerMin: 1e7, TokenToQPSWeight: 0.01, JointCap: 0.1}),         // joint binds
+			quota.MustCompile(quota.Config{QPS: 1e-6, TokensPerMin: 6e-5, BurstWindow: 24 * time.Hour, BurstAllow: 100}), // slow: last
 		}
 		rng := rand.New(rand.NewPCG(9, 10))
 		seen := map[string]int{}
@@ -1050,10 +1053,10 @@ func TestRedisServer(t *testing.T) {
 	})
 
 	t.Run("concurrent", func(t *testing.T) {
-		l := MustCompile(Config{QPS: 1000, BurstWindow: time.Second, BurstAllow: 0.01}) // T 1 ms, tau 10 ms
+		l := quota.MustCompile(quota.Config{QPS: 1000, BurstWindow: time.Second, BurstAllow: 0.01}) // T 1 ms, tau 10 ms
 		c2 := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR"), MaxRetries: -1, ContextTimeoutEnabled: true})
 		defer c2.Close()
-		stores := []*Redis{NewRedis(c, RedisOptions{Prefix: prefix + "c:"}), NewRedis(c2, RedisOptions{Prefix: prefix + "c:"})}
+		stores := []*QuotaStore{NewQuotaStore(c, prefix+"c:", 0), NewQuotaStore(c2, prefix+"c:", 0)}
 		var (
 			mu          sync.Mutex
 			allowed     int64
@@ -1084,7 +1087,7 @@ func TestRedisServer(t *testing.T) {
 			t.Fatal("no charge admitted")
 		}
 		D := last - first
-		T := int64(l.Increment(DimQPS, 0))
+		T := int64(l.Increment(quota.DimQPS, 0))
 		tau := int64(l.Tolerance())
 		// GCRA: the k-th charge after the first needs first + k T <= its
 		// time + tau, so (allowed - 1) T <= D + tau.
@@ -1107,11 +1110,12 @@ func TestRedisServer(t *testing.T) {
 		defer lc.Close()
 		var rt roundTrips
 		lc.AddHook(&rt)
-		r := NewRedis(lc, RedisOptions{Prefix: prefix + "l:", ExpiryMargin: time.Hour})
+		r := NewQuotaStore(lc, prefix+"l:", 0)
+		r.margin = "3600000" // an hour, in ms
 		if err := r.Load(bg); err != nil {
 			t.Fatal(err)
 		}
-		l := MustCompile(Config{TokensPerMin: 60}) // a token per second
+		l := quota.MustCompile(quota.Config{TokensPerMin: 60}) // a token per second
 		rt.n.Store(0)
 		if d, err := r.Charge(bg, "a", l, 600); err != nil || !d.Allowed {
 			t.Fatalf("charge: %+v, %v", d, err)
@@ -1147,7 +1151,7 @@ func BenchmarkRedisCharge(b *testing.B) {
 	cfg := seedCfg
 	cfg.QPS = 1e6
 	cfg.TokensPerMin = 1e12
-	l := MustCompile(cfg)
+	l := quota.MustCompile(cfg)
 	servers := []struct {
 		name   string
 		client func(b testing.TB) *redis.Client
@@ -1173,7 +1177,7 @@ func BenchmarkRedisCharge(b *testing.B) {
 				c := srv.client(b)
 				var rt roundTrips
 				c.AddHook(&rt)
-				r := NewRedis(c, RedisOptions{Prefix: fmt.Sprintf("fqbench:%d:", time.Now().UnixNano())})
+				r := NewQuotaStore(c, fmt.Sprintf("fqbench:%d:", time.Now().UnixNano()), 0)
 				b.Cleanup(func() { deleteKeys(c, r.prefix) })
 				if err := r.Load(bg); err != nil {
 					b.Fatal(err)
@@ -1239,7 +1243,7 @@ func deleteKeys(c *redis.Client, prefix string) {
 // tableRefund: a refund takes a whole charge back on every meter, the
 // request included, and never below rest.
 func tableRefund(t *testing.T, h *storeHarness) {
-	l := MustCompile(seedCfg)
+	l := quota.MustCompile(seedCfg)
 	for i := 0; i < 3; i++ {
 		h.charge(t, "a", l, 1000)
 	}
@@ -1272,8 +1276,8 @@ func tableRefund(t *testing.T, h *storeHarness) {
 // nothing and says when it could; a refund frees the last place for the
 // next booking; the binding meter is named.
 func tableBook(t *testing.T, h *storeHarness) {
-	l := MustCompile(Config{QPS: 10, BurstWindow: time.Second, BurstAllow: 0.2}) // 100 ms a request, tau 200 ms
-	book := func(maxWait time.Duration) Decision {
+	l := quota.MustCompile(quota.Config{QPS: 10, BurstWindow: time.Second, BurstAllow: 0.2}) // 100 ms a request, tau 200 ms
+	book := func(maxWait time.Duration) quota.Decision {
 		t.Helper()
 		d, err := h.store.Book(bg, "b", l, 1, maxWait, 0)
 		if err != nil {
@@ -1289,15 +1293,15 @@ func tableBook(t *testing.T, h *storeHarness) {
 		if !d.Allowed || !d.At.Equal(start.Add(want)) || d.RetryAfter != want {
 			t.Fatalf("booking %d: %+v, want booked at +%v", i, d, want)
 		}
-		if reason := Dimension(""); want > 0 && d.Reason != DimQPS || want == 0 && d.Reason != reason {
+		if reason := quota.Dimension(""); want > 0 && d.Reason != quota.DimQPS || want == 0 && d.Reason != reason {
 			t.Fatalf("booking %d: reason %q", i, d.Reason)
 		}
 	}
 	// The next place is at +400 ms: not within 350 ms, nothing charged.
-	if d := book(350 * time.Millisecond); d.Allowed || !d.At.Equal(start.Add(400*time.Millisecond)) || d.Reason != DimQPS {
+	if d := book(350 * time.Millisecond); d.Allowed || !d.At.Equal(start.Add(400*time.Millisecond)) || d.Reason != quota.DimQPS {
 		t.Fatalf("past maxWait: %+v, want refused, At +400ms", d)
 	}
-	if d := h.peek(t, "b", l, Backlog{}); !d.At.Equal(start.Add(400 * time.Millisecond)) {
+	if d := h.peek(t, "b", l, quota.Backlog{}); !d.At.Equal(start.Add(400 * time.Millisecond)) {
 		t.Fatalf("a refused booking charged: the next time is %v, want +400ms", d.At.Sub(start))
 	}
 	// A refund gives the last place back.
@@ -1326,8 +1330,8 @@ func tableBook(t *testing.T, h *storeHarness) {
 // a moment ago; a lead older than LeadMemory, or one the tenant came to
 // rest since, counts no more.
 func tableBookLead(t *testing.T, h *storeHarness) {
-	l := MustCompile(Config{QPS: 10}) // 100 ms a request, no burst
-	book := func(maxWait, lead time.Duration) Decision {
+	l := quota.MustCompile(quota.Config{QPS: 10}) // 100 ms a request, no burst
+	book := func(maxWait, lead time.Duration) quota.Decision {
 		t.Helper()
 		d, err := h.store.Book(bg, "c", l, 1, maxWait, lead)
 		if err != nil {
@@ -1358,8 +1362,8 @@ func tableBookLead(t *testing.T, h *storeHarness) {
 	for i := 0; i < 600; i++ {
 		book(time.Hour, 0)
 	}
-	h.set(h.ceil(start.Add(LeadMemory + time.Millisecond)))
-	d := h.peek(t, "c", l, Backlog{})
+	h.set(h.ceil(start.Add(quota.LeadMemory + time.Millisecond)))
+	d := h.peek(t, "c", l, quota.Backlog{})
 	if d.Allowed {
 		t.Fatal("test setup: the tenant is at rest")
 	}

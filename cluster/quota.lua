@@ -1,4 +1,4 @@
--- One tenant's quota meters (see redis.go and the "# Redis" section of
+-- One tenant's quota meters (see quota.go and the "# Quotas" section of
 -- doc.go): the conformance test and the writes of Decide, Charge and
 -- Reconcile, atomically, on one hash, with the time from Redis TIME.
 --

@@ -1,4 +1,4 @@
-package quota
+package cluster
 
 import (
 	"context"
@@ -8,31 +8,33 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
 // countingSyncer counts the calls that reach the shared store.
 type countingSyncer struct {
-	Syncer
+	quota.Syncer
 	calls atomic.Int64
 }
 
-func (c *countingSyncer) Add(ctx context.Context, tenant string, l *Limits, requests, tokens int64) (Status, error) {
+func (c *countingSyncer) Add(ctx context.Context, tenant string, l *quota.Limits, requests, tokens int64) (quota.Status, error) {
 	c.calls.Add(1)
 	return c.Syncer.Add(ctx, tenant, l, requests, tokens)
 }
 
 // The account of the tests: 10 requests and 6000 tokens a second, a 1 s
 // burst.
-var mirrorCfg = Config{QPS: 10, TokensPerMin: 360000, BurstWindow: time.Second, BurstAllow: 1}
+var mirrorCfg = quota.Config{QPS: 10, TokensPerMin: 360000, BurstWindow: time.Second, BurstAllow: 1}
 
 // Every call of a Mirror is answered by its local meters, without a call
 // to the shared store, on 1/Instances of the limits; only Sync calls it.
 func TestMirrorAnswersLocally(t *testing.T) {
 	_, c := newMiniredis(t)
-	shared := &countingSyncer{Syncer: NewRedis(c, RedisOptions{})}
+	shared := &countingSyncer{Syncer: NewQuotaStore(c, DefaultPrefix, 0)}
 	clk := newVclock()
-	m := NewMirror(shared, MirrorOptions{Instances: 2, Clock: clk.Now})
-	l := MustCompile(mirrorCfg)
+	m := quota.NewMirror(shared, quota.MirrorOptions{Instances: 2, Clock: clk.Now})
+	l := quota.MustCompile(mirrorCfg)
 	// At 5 a second with a 1 s tolerance: six back to back (the debt
 	// before each within 1 s), then the seventh waits 200 ms.
 	for i := range 6 {
@@ -44,7 +46,7 @@ func TestMirrorAnswersLocally(t *testing.T) {
 	if d.Allowed || d.RetryAfter != 200*time.Millisecond {
 		t.Errorf("the 7th charge at 1/2 of 10 qps: %+v; want refused for 200ms", d)
 	}
-	if _, err := m.Peek(bg, "acct", l, Backlog{}); err != nil {
+	if _, err := m.Peek(bg, "acct", l, quota.Backlog{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := m.Reconcile(bg, "acct", l, 10, 5); err != nil {
@@ -57,7 +59,7 @@ func TestMirrorAnswersLocally(t *testing.T) {
 	if st.Requests.Limit != 300 {
 		t.Errorf("the local status's limit is %d requests/min; want 300 (half the account)", st.Requests.Limit)
 	}
-	if got := m.DecidesOn(l).Increment(DimQPS, 1); got != 200*time.Millisecond {
+	if got := m.DecidesOn(l).Increment(quota.DimQPS, 1); got != 200*time.Millisecond {
 		t.Errorf("DecidesOn: a request's increment is %v, want 200ms", got)
 	}
 	if n := shared.calls.Load(); n != 0 {
@@ -76,7 +78,7 @@ func TestMirrorAnswersLocally(t *testing.T) {
 // $REDIS_ADDR.
 type mirrorRedis struct {
 	name  string
-	store *Redis
+	store *QuotaStore
 	// client reads the shared meter back.
 	client *redis.Client
 	real   bool
@@ -84,10 +86,10 @@ type mirrorRedis struct {
 
 func mirrorStores(t *testing.T) []mirrorRedis {
 	_, c := newMiniredis(t)
-	stores := []mirrorRedis{{name: "miniredis", store: NewRedis(c, RedisOptions{}), client: c}}
+	stores := []mirrorRedis{{name: "miniredis", store: NewQuotaStore(c, DefaultPrefix, 0), client: c}}
 	if os.Getenv("REDIS_ADDR") != "" {
 		rc := realRedis(t)
-		stores = append(stores, mirrorRedis{name: "redis-server", store: NewRedis(rc, RedisOptions{Prefix: testPrefix(t, rc)}), client: rc, real: true})
+		stores = append(stores, mirrorRedis{name: "redis-server", store: NewQuotaStore(rc, testPrefix(t, rc), 0), client: rc, real: true})
 	}
 	return stores
 }
@@ -99,8 +101,8 @@ func mirrorStores(t *testing.T) []mirrorRedis {
 func TestMirrorSyncPushesNetCharges(t *testing.T) {
 	for _, s := range mirrorStores(t) {
 		t.Run(s.name, func(t *testing.T) {
-			l := MustCompile(mirrorCfg)
-			m := NewMirror(s.store, MirrorOptions{Instances: 2})
+			l := quota.MustCompile(mirrorCfg)
+			m := quota.NewMirror(s.store, quota.MirrorOptions{Instances: 2})
 			for range 3 {
 				if d, _ := m.Charge(bg, "acct", l, 100); !d.Allowed {
 					t.Fatalf("charge refused: %+v", d)
@@ -125,7 +127,7 @@ func TestMirrorSyncPushesNetCharges(t *testing.T) {
 				for _, c := range []struct {
 					got, want time.Duration
 					meter     string
-				}{{st.Requests.Reset, 200 * time.Millisecond, "requests"}, {st.Tokens.Reset, l.Increment(DimTokens, 140), "tokens"}} {
+				}{{st.Requests.Reset, 200 * time.Millisecond, "requests"}, {st.Tokens.Reset, l.Increment(quota.DimTokens, 140), "tokens"}} {
 					low := c.want
 					if s.real {
 						low -= elapsed
@@ -150,14 +152,14 @@ func TestMirrorSyncPushesNetCharges(t *testing.T) {
 // mirrorRun drives gateways mirrors over one miniredis, every one drawing
 // as fast as its local meter lets it, for d of virtual time in steps of
 // 10 ms, syncing every 100 ms; it returns the requests each drew.
-func mirrorRun(t *testing.T, gateways, instances int, d time.Duration) (drawn []int, mirrors []*Mirror, l *Limits, shared *Redis) {
+func mirrorRun(t *testing.T, gateways, instances int, d time.Duration) (drawn []int, mirrors []*quota.Mirror, l *quota.Limits, shared *QuotaStore) {
 	t.Helper()
 	mr, c := newMiniredis(t)
-	shared = NewRedis(c, RedisOptions{})
+	shared = NewQuotaStore(c, DefaultPrefix, 0)
 	clk := newVclock()
-	l = MustCompile(Config{QPS: 10, BurstWindow: time.Second, BurstAllow: 1})
+	l = quota.MustCompile(quota.Config{QPS: 10, BurstWindow: time.Second, BurstAllow: 1})
 	for range gateways {
-		mirrors = append(mirrors, NewMirror(shared, MirrorOptions{Instances: instances, Clock: clk.Now}))
+		mirrors = append(mirrors, quota.NewMirror(shared, quota.MirrorOptions{Instances: instances, Clock: clk.Now}))
 	}
 	drawn = make([]int, gateways)
 	const step = 10 * time.Millisecond
@@ -245,8 +247,8 @@ func TestMirrorHoldsBackOverLimit(t *testing.T) {
 func TestMirrorRedisDown(t *testing.T) {
 	mr, c := newMiniredis(t)
 	clk := newVclock()
-	m := NewMirror(NewRedis(c, RedisOptions{Timeout: 100 * time.Millisecond}), MirrorOptions{Instances: 2, Clock: clk.Now})
-	l := MustCompile(Config{QPS: 10, BurstWindow: time.Second, BurstAllow: 1})
+	m := quota.NewMirror(NewQuotaStore(c, DefaultPrefix, 100*time.Millisecond), quota.MirrorOptions{Instances: 2, Clock: clk.Now})
+	l := quota.MustCompile(quota.Config{QPS: 10, BurstWindow: time.Second, BurstAllow: 1})
 	if d, _ := m.Charge(bg, "acct", l, 1); !d.Allowed {
 		t.Fatal("first charge refused")
 	}
