@@ -291,35 +291,44 @@ func (q *Queue) surelyLateLocked(now time.Time, t *tenant, cq *classQ, cost int6
 // boostPlanLocked predicts the dispatch time of a new request if boosted,
 // at rate r, whether a boost is possible at all (ok), and whether only
 // later, by the re-check (later), so that admission waits for it rather
-// than refusing a request a boost will save:
-//
-//   - its own flow holds a request due no sooner (ownDueFirst): that work
-//     is dispatched first, so it is added to the boosted ETA;
-//   - the boost share is used up: the lane opens when one of the k boosted
-//     requests completes, about C/k times MeanCost/rate for C slots;
-//   - the tenant's hourly allowance is used up: no boost.
+// than refusing a request a boost will save. Its own flow may hold a
+// request due no sooner (ownDueFirst): that work is dispatched first, so
+// it is added to the boosted ETA.
 func (q *Queue) boostPlanLocked(now time.Time, t *tenant, cq *classQ, cost int64, deadline time.Time, r float64) (eta time.Duration, ok, later bool) {
-	a := q.adm
-	k := q.boostedInflight + q.boost.n
-	allowed, reason := a.boosts.Allow(now, t.name, k, q.capacity)
-	if !allowed && reason != budget.ReasonShare {
-		return 0, false, false
-	}
-	work := float64(a.boostCost) + a.slotWork(now, cost)
+	own := 0.0
 	for _, f := range t.flows {
 		if f.cq == cq && ownDueFirst(f, nil, deadline) {
-			work += float64(f.queuedWork())
+			own += float64(f.queuedWork())
 			later = true
 		}
 	}
-	eta = budget.ETA(work, r)
+	eta, full, ok := q.boostedETALocked(now, t.name, cost, own, r)
+	if !ok {
+		return 0, false, false
+	}
+	return eta, true, later || full
+}
+
+// boostedETALocked is when a request of tenant name and cost, with own
+// work of its tenant dispatched before it, would be dispatched boosted at
+// rate r. When the boost share is used up (full), the lane opens when one
+// of the k boosted requests completes, about C/k times MeanCost/rate for C
+// slots. ok is false when the tenant's hourly allowance is used up: no
+// boost.
+func (q *Queue) boostedETALocked(now time.Time, name string, cost int64, own, r float64) (eta time.Duration, full, ok bool) {
+	a := q.adm
+	k := q.boostedInflight + q.boost.n
+	allowed, reason := a.boosts.Allow(now, name, k, q.capacity)
+	if !allowed && reason != budget.ReasonShare {
+		return 0, false, false
+	}
+	eta = budget.ETA(float64(a.boostCost)+a.slotWork(now, cost)+own, r)
 	if !allowed {
-		later = true
 		if m := a.rate.MeanCost(now); m > 0 && eta < budget.Never {
 			eta += budget.ETA(float64(q.capacity)/float64(max(k, 1))*m, r)
 		}
 	}
-	return eta, true, later
+	return eta, !allowed, true
 }
 
 // budgetRejection is the fast-fail answer, with Retry-After from the ETA.

@@ -664,7 +664,7 @@ func (q *Queue) budgetDecisionLocked(now time.Time, r *Request, in *intake, cq *
 	if decision != budget.Reject {
 		return decision, est
 	}
-	if q.fb != nil && q.fb.capacity() > 0 && q.fallbackListed(r.Tenant) {
+	if q.fallbackServesLocked(r.Tenant) {
 		return budget.Wait, est // the fallback takes it if the primary cannot
 	}
 	if q.up != nil && q.reservedInTimeLocked(now, t, quota.Backlog{Requests: int64(t.queued) + 1, Tokens: t.queuedCost + in.tokens}, r.Deadline) {
@@ -756,19 +756,15 @@ func (q *Queue) admitLocked(now time.Time, t *tenant, name string, tc *TenantCon
 	if rej := q.closedLocked(); rej != nil {
 		return rej
 	}
-	if q.healthy == 0 && !(q.fb != nil && q.fb.capacity() > 0 && q.fallbackListed(name)) {
+	if q.healthy == 0 && !q.fallbackServesLocked(name) {
 		return &Rejection{Reason: ReasonNoCapacity, RetryAfter: q.retryAfterLocked(0),
 			Detail: "no healthy upstream"}
 	}
-	if q.cfg.MaxInflightTokens > 0 || q.cfg.MaxQueueTokens > 0 {
-		if rej := q.tooLargeLocked(tokens); rej != nil {
-			return rej
-		}
+	if rej := q.tooLargeLocked(tokens); rej != nil {
+		return rej
 	}
-	if tc.MaxQueue > 0 || (!known && q.cfg.DefaultPerTenantMaxQueue > 0) {
-		if rej := q.tenantFullLocked(now, t, tc, known, tokens, bytes); rej != nil {
-			return rej
-		}
+	if rej := q.tenantFullLocked(now, t, tc, known, tokens, bytes); rej != nil {
+		return rej
 	}
 	full := func(what string, have, limit int64) *Rejection {
 		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(now, q.queuedWork),
@@ -1200,44 +1196,41 @@ func (q *Queue) overTokenCapLocked(tk *Ticket) bool {
 
 // dispatchGatesLocked passes tk through the gates after the slot, the
 // token cap and the deadline: its tenant's quota, then the provider
-// account, which may send another request instead (returned).
+// account, which may send another request instead (returned). With an
+// account, an in-process quota is only asked here and charged once the
+// account took the request.
 func (q *Queue) dispatchGatesLocked(now time.Time, tk *Ticket) (*Ticket, gateVerdict) {
-	if v := q.quotaGateLocked(now, tk); v != gateOpen || q.up == nil {
-		return tk, v
+	if !q.quotaPassLocked(now, tk, q.up == nil) {
+		return tk, gateHeld
+	}
+	if q.up == nil {
+		return tk, gateOpen
 	}
 	return q.accountGateLocked(now, tk)
 }
 
-// quotaGateLocked is the tenant quota's gate. On a shared store the
-// request was booked at admission (gate.go) and goes at its tenant's next
-// booked time. Otherwise its tenant is held when its quota refuses; with an
-// account, the quota is only asked here and charged once the account took
-// the request.
-func (q *Queue) quotaGateLocked(now time.Time, tk *Ticket) gateVerdict {
+// quotaPassLocked reports whether tk's tenant quota lets it go now: on a
+// shared store at its tenant's next booked time (gate.go); otherwise the
+// in-process quota is charged, or with charge false only asked. A tenant
+// the quota refuses is held.
+func (q *Queue) quotaPassLocked(now time.Time, tk *Ticket, charge bool) bool {
 	switch {
 	case q.remoteStore:
-		if !q.bookedDueLocked(now, tk) {
-			return gateHeld
-		}
+		return q.bookedDueLocked(now, tk)
 	case tk.t.cfg.Quota == nil:
-	case q.up == nil:
-		if !q.chargeQuotaLocked(now, tk) {
-			return gateHeld
-		}
-	default:
-		if !q.quotaAllowsLocked(now, tk) {
-			return gateHeld
-		}
+		return true
+	case charge:
+		return q.chargeQuotaLocked(now, tk)
 	}
-	return gateOpen
+	return q.quotaAllowsLocked(now, tk)
 }
 
 // accountGateLocked is the provider account's gate: the level the
 // provider last reported, then a draw on the account. When the account
 // cannot take tk in tag order, only reserved tenants go, on their
 // reservations, until it can. Last, an in-process quota asked by
-// quotaGateLocked is charged; if it refuses after all, the account gets
-// its draw back.
+// dispatchGatesLocked is charged; if it refuses after all, the account
+// gets its draw back.
 func (q *Queue) accountGateLocked(now time.Time, tk *Ticket) (*Ticket, gateVerdict) {
 	if !q.levelAllowsLocked(now, tk) {
 		q.up.heldAt = now
@@ -1251,13 +1244,12 @@ func (q *Queue) accountGateLocked(now time.Time, tk *Ticket) (*Ticket, gateVerdi
 			q.refundUpstreamLocked(tk)
 			return tk, gateShut
 		}
-		if tk.t.cfg.Quota != nil && !q.remoteStore && !q.quotaAllowsLocked(now, tk) ||
-			q.remoteStore && !q.bookedDueLocked(now, tk) {
+		if !q.quotaPassLocked(now, tk, false) {
 			q.refundUpstreamLocked(tk)
 			return tk, gateHeld
 		}
 	}
-	if !q.remoteStore && tk.t.cfg.Quota != nil && !q.chargeQuotaLocked(now, tk) {
+	if !q.remoteStore && !q.quotaPassLocked(now, tk, true) {
 		q.refundUpstreamLocked(tk)
 		return tk, gateHeld
 	}

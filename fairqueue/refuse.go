@@ -287,7 +287,7 @@ func (q *Queue) spareFlowLocked(now time.Time, f *flow) bool {
 	if f.t == q.group {
 		return false
 	}
-	if q.fb != nil && q.fallbackListed(f.t.name) && q.fb.capacity() > 0 {
+	if q.fallbackServesLocked(f.t.name) {
 		return true
 	}
 	return q.up != nil && q.up.res[f.t.name] != nil && f.q.tail != nil &&
@@ -445,27 +445,16 @@ func (q *Queue) boostSavesLocked(now time.Time, tk *Ticket, r float64) bool {
 	if q.cfg.Admission.BoostShareMax <= 0 || q.accountBindsLocked(now) {
 		return false // behind an account that binds, a boost makes no room
 	}
-	a := q.adm
-	k := q.boostedInflight + q.boost.n
-	allowed, reason := a.boosts.Allow(now, tk.t.name, k, q.capacity)
-	if !allowed && reason != budget.ReasonShare {
-		return false
-	}
-	work := float64(a.boostCost) + a.slotWork(now, tk.cost)
+	own := 0.0
 	if ownDueFirst(tk.f, tk, tk.deadline) {
 		// Every request of the flow would need a boost.
-		if h := a.boosts.PerTenantHourly(); h > 0 && a.boosts.Count(now, tk.t.name)+tk.f.q.n > h {
+		if h := q.adm.boosts.PerTenantHourly(); h > 0 && q.adm.boosts.Count(now, tk.t.name)+tk.f.q.n > h {
 			return false
 		}
-		work += float64(max(0, tk.mark-tk.f.out))
+		own = float64(max(0, tk.mark-tk.f.out))
 	}
-	eta := budget.ETA(work, r)
-	if !allowed {
-		if m := a.rate.MeanCost(now); m > 0 && eta < budget.Never {
-			eta += budget.ETA(float64(q.capacity)/float64(max(k, 1))*m, r)
-		}
-	}
-	return eta < budget.Never && !now.Add(eta).After(tk.deadline.Add(-q.cfg.Admission.Margin))
+	eta, _, ok := q.boostedETALocked(now, tk.t.name, tk.cost, own, r)
+	return ok && eta < budget.Never && !now.Add(eta).After(tk.deadline.Add(-q.cfg.Admission.Margin))
 }
 
 // unqueueTailLocked takes out a queued tk that a refusal pass ends.
