@@ -127,8 +127,8 @@ func (q *Queue) workAheadLocked(now time.Time, t *tenant, cq *classQ, ownAhead, 
 	}
 	q.aheadSyncLocked()
 	if t.group != nil {
-		var inner float64
-		inner, finish = q.memberAheadLocked(t, cq, own, finish)
+		inner := q.aheadOthersLocked(levelMembers, t, finish, cq.paused)
+		finish = q.groupFinishLocked(t.group, own, inner)
 		ahead += inner
 		t = t.group
 	}
@@ -147,8 +147,13 @@ func (q *Queue) othersWalkLocked(t *tenant, cq *classQ, own, finish float64) flo
 	ahead := 0.0
 	a.stamp++
 	if t.group != nil {
+		// The other members inside the group first, then the group as
+		// one tenant at the top level.
 		var inner float64
-		inner, finish = q.memberAheadWalkLocked(t, cq, own, finish)
+		for _, gf := range t.group.flows {
+			inner = a.walkAhead(inner, gf.sub, gf.cq, cq, t, finish)
+		}
+		finish = q.groupFinishLocked(t.group, own, inner)
 		ahead += inner
 		t = t.group
 	}

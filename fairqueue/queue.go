@@ -575,12 +575,13 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		q.unbookRefusedLocked(r.Tenant, pre)
 		return nil, budgetRejection(est, r.Deadline.Sub(now))
 	}
-	if q.queued == 0 && q.startsNowLocked(t, in.tokens, r.Deadline, now) {
-		return q.startIdleLocked(&r, t, q.flowOfLocked(t, cq), in.cost, in.tokens, in.prompt, now), nil
-	}
 	tk := &Ticket{q: q, t: t, cost: in.cost, tokens: in.tokens, bytes: max(r.Bytes, 0),
-		deadline: r.Deadline, enqueued: q.since(now), dlIdx: -1, eta: max(est.ETA, hold.wait),
-		prompt: in.prompt}
+		deadline: r.Deadline, enqueued: q.since(now), dlIdx: -1, prompt: in.prompt}
+	if q.queued == 0 && q.startsNowLocked(t, in.tokens, r.Deadline, now) {
+		q.startIdleLocked(tk, q.flowOfLocked(t, cq), now)
+		return tk, nil
+	}
+	tk.eta = max(est.ETA, hold.wait)
 	if hold.wait > 0 {
 		d := hold
 		tk.delay = &d
@@ -688,24 +689,21 @@ func (q *Queue) unbookRefusedLocked(tenant string, pre *quotaBooking) {
 func (q *Queue) startsNowLocked(t *tenant, tokens int64, deadline, now time.Time) bool {
 	return q.inflight < q.capacity && !t.out && t.cfg.Quota == nil &&
 		q.up == nil && len(q.held) == 0 &&
-		(q.tokenCap <= 0 || q.inflight == 0 || q.inflightCost+tokens <= q.tokenCap) &&
+		!q.overTokenCapLocked(tokens) &&
 		(deadline.IsZero() || now.Before(deadline))
 }
 
-// startIdleLocked makes the ticket of r, of tenant t in flow f, for which
-// startsNowLocked holds, and dispatches it, leaving what queueing and
-// dispatching it would leave without the round trip through the heaps.
-func (q *Queue) startIdleLocked(r *Request, t *tenant, f *flow, cost, tokens, prompt int64, now time.Time) *Ticket {
-	at := q.since(now)
-	tk := &Ticket{q: q, t: t, f: f, cost: cost, tokens: tokens, bytes: max(r.Bytes, 0),
-		deadline: r.Deadline, enqueued: at, dlIdx: -1, mark: f.in, prompt: prompt}
-	q.aheadTouchLocked(t)
-	f.in += cost
-	f.out += cost
+// startIdleLocked dispatches the new tk, in flow f, for which
+// startsNowLocked holds, leaving what queueing and dispatching it would
+// leave without the round trip through the heaps.
+func (q *Queue) startIdleLocked(tk *Ticket, f *flow, now time.Time) {
+	tk.f, tk.mark = f, f.in
+	q.aheadTouchLocked(tk.t)
+	f.in += tk.cost
+	f.out += tk.cost
 	f.drain = flowDrain{}
-	q.startLocked(tk, now, at, false)
+	q.startLocked(tk, now, tk.enqueued, false)
 	q.dispatchDoneLocked(now, false)
-	return tk
 }
 
 // newTenantLocked creates the state of a tenant about to queue a request.
@@ -1157,7 +1155,7 @@ func (q *Queue) dispatchLoopLocked(now time.Time) (gated bool) {
 		if tk == nil {
 			return false
 		}
-		if q.overTokenCapLocked(tk) {
+		if q.overTokenCapLocked(tk.tokens) {
 			return true
 		}
 		if !tk.deadline.IsZero() && !now.Before(tk.deadline) {
@@ -1188,10 +1186,10 @@ const (
 	gateShut                    // nothing more goes now
 )
 
-// overTokenCapLocked reports whether tk must wait for tokens in flight to
-// drain. A request above the cap (a reload lowered it) still goes alone.
-func (q *Queue) overTokenCapLocked(tk *Ticket) bool {
-	return q.tokenCap > 0 && q.inflight > 0 && q.inflightCost+tk.tokens > q.tokenCap
+// overTokenCapLocked reports whether a request of tokens must wait for
+// tokens in flight to drain. A request above the cap (a reload lowered it) still goes alone.
+func (q *Queue) overTokenCapLocked(tokens int64) bool {
+	return q.tokenCap > 0 && q.inflight > 0 && q.inflightCost+tokens > q.tokenCap
 }
 
 // dispatchGatesLocked passes tk through the gates after the slot, the
@@ -1240,7 +1238,7 @@ func (q *Queue) accountGateLocked(now time.Time, tk *Ticket) (*Ticket, gateVerdi
 		if tk = q.reservedNextLocked(now); tk == nil {
 			return nil, gateShut
 		}
-		if q.overTokenCapLocked(tk) {
+		if q.overTokenCapLocked(tk.tokens) {
 			q.refundUpstreamLocked(tk)
 			return tk, gateShut
 		}
@@ -1542,17 +1540,7 @@ func (q *Queue) completeLocked(now time.Time, tk *Ticket, actual, prompt int64) 
 		actual = q.learnedCostLocked(min(tk.prompt, actual), actual-min(tk.prompt, actual))
 	}
 	if actual >= 0 && q.cfg.CostUnit != CostRequests && actual != tk.cost {
-		// Back-fill; an over-estimate is refunded as credit (see doc.go).
-		d := float64(actual - tk.cost)
-		t.served += d
-		q.noteServedLocked(t, d)
-		moved := t.backfillLocked(d)
-		if g := t.group; g != nil && g.backfillLocked(d) {
-			moved = true
-		}
-		if moved {
-			q.fixFlowsLocked(t)
-		}
+		q.correctChargeLocked(t, float64(actual-tk.cost))
 	}
 	q.capLocked(t)
 	q.idleCheckLocked(t, now)
@@ -1576,6 +1564,20 @@ func (q *Queue) leaveSlotLocked(tk *Ticket) {
 	}
 	if tk.boosted {
 		q.boostedInflight--
+	}
+}
+
+// correctChargeLocked corrects the service charged to t, and its group, by d:
+// an over-estimate is refunded as credit (see doc.go).
+func (q *Queue) correctChargeLocked(t *tenant, d float64) {
+	t.served += d
+	q.noteServedLocked(t, d)
+	moved := t.backfillLocked(d)
+	if g := t.group; g != nil && g.backfillLocked(d) {
+		moved = true
+	}
+	if moved {
+		q.fixFlowsLocked(t)
 	}
 }
 

@@ -407,18 +407,6 @@ func (q *Queue) refusalETALocked(now time.Time, tk *Ticket, r, promise, drain, e
 // tenants' group counts as one flow there; landing on it visits its members
 // in turn (a second cursor).
 func (q *Queue) flowAtLocked(k int) *flow {
-	f := q.topFlowAtLocked(k)
-	if f != nil && f.group {
-		if f.sub.len() == 0 {
-			return nil
-		}
-		q.adm.subCursor++
-		f = f.sub.flow(&f.sub.e[q.adm.subCursor%f.sub.len()])
-	}
-	return f
-}
-
-func (q *Queue) topFlowAtLocked(k int) *flow {
 	n := 0
 	for _, c := range q.classes {
 		n += c.flows.len()
@@ -428,10 +416,19 @@ func (q *Queue) topFlowAtLocked(k int) *flow {
 	}
 	k %= n
 	for _, c := range q.classes {
-		if k < c.flows.len() {
-			return c.flows.flow(&c.flows.e[k])
+		if k >= c.flows.len() {
+			k -= c.flows.len()
+			continue
 		}
-		k -= c.flows.len()
+		f := c.flows.flow(&c.flows.e[k])
+		if f.group {
+			if f.sub.len() == 0 {
+				return nil
+			}
+			q.adm.subCursor++
+			f = f.sub.flow(&f.sub.e[q.adm.subCursor%f.sub.len()])
+		}
+		return f
 	}
 	return nil
 }
