@@ -353,9 +353,6 @@ func (q *Queue) SetObserver(fn Observer) {
 	q.observer = fn
 }
 
-// Clock returns the queue's clock.
-func (q *Queue) Clock() Clock { return q.clock }
-
 // Config returns a copy of the current configuration.
 func (q *Queue) Config() Config {
 	q.mu.Lock()
