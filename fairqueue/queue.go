@@ -850,9 +850,6 @@ func (q *Queue) virtualTimeLocked(t *tenant) float64 {
 // flowOfLocked returns t's flow of class cq, creating it (and, for an
 // undeclared tenant, the group's flow of that class).
 func (q *Queue) flowOfLocked(t *tenant, cq *classQ) *flow {
-	if f := t.flowBuf[0]; f != nil && f.cq == cq {
-		return f
-	}
 	for _, f := range t.flows {
 		if f.cq == cq {
 			return f
@@ -1184,7 +1181,8 @@ const (
 )
 
 // overTokenCapLocked reports whether a request of tokens must wait for
-// tokens in flight to drain. A request above the cap (a reload lowered it) still goes alone.
+// tokens in flight to drain. A request above the cap (a reload lowered
+// it) still goes alone.
 func (q *Queue) overTokenCapLocked(tokens int64) bool {
 	return q.tokenCap > 0 && q.inflight > 0 && q.inflightCost+tokens > q.tokenCap
 }

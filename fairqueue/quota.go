@@ -167,11 +167,7 @@ func (t *tenant) quotaTokens(estimated int64) int64 {
 // noteQuotaUseLocked adds a completed request of a quota'd tenant to its
 // ratio.
 func (q *Queue) noteQuotaUseLocked(tk *Ticket, actual int64) {
-	t := tk.t
-	if t.demand == nil {
-		t.demand = &tenantDemand{}
-	}
-	d := t.demand
+	d := tk.t.demandLocked()
 	d.estSum = d.estSum*(1-quotaRatioAlpha) + float64(tk.tokens)
 	d.actSum = d.actSum*(1-quotaRatioAlpha) + float64(actual)
 	d.estN++
