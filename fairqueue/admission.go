@@ -406,7 +406,7 @@ func (q *Queue) promiseLocked(now time.Time, tk *Ticket, eta time.Duration) time
 	if d := tk.delay; d != nil {
 		eta = max(eta, d.wait-waited)
 	}
-	if t := tk.t; t.held {
+	if t := tk.t; t.heldIdx >= 0 {
 		eta = max(eta, time.Duration(t.heldUntil-now.UnixNano()))
 	}
 	return waited + eta

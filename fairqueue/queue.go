@@ -219,11 +219,10 @@ type tenant struct {
 	queuedCost int64
 	queuedWork int64 // queuedCost in cost units
 	known      bool
-	// capped is set while the tenant is at its MaxInflight, held while its
-	// quota holds it (until heldUntil); out while either is: its flows are
-	// out of the heaps.
+	// capped is set while the tenant is at its MaxInflight; out while it
+	// is capped or its quota holds it (heldIdx >= 0, until heldUntil): its
+	// flows are out of the heaps.
 	capped bool
-	held   bool
 	out    bool
 	onIdle bool
 	// busy is set while a declared tenant counts in Queue.busyWeight.
@@ -1026,8 +1025,7 @@ func (q *Queue) capLocked(t *tenant) {
 // relinkLocked takes t's flows out of the heaps while it is capped or held
 // by its quota, and puts them back once it is neither.
 func (q *Queue) relinkLocked(t *tenant) {
-	t.held = t.heldIdx >= 0
-	out := t.capped || t.held
+	out := t.capped || t.heldIdx >= 0
 	if out == t.out {
 		return
 	}
