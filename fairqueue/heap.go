@@ -65,11 +65,17 @@ type flowEntry struct {
 
 // before orders entries by (finish, start, seq).
 func (a *flowEntry) before(b *flowEntry) bool {
+	if a.finish < b.finish {
+		return true
+	}
 	if a.finish != b.finish {
-		return a.finish < b.finish
+		return false
+	}
+	if a.start < b.start {
+		return true
 	}
 	if a.start != b.start {
-		return a.start < b.start
+		return false
 	}
 	return a.seq < b.seq
 }
@@ -182,37 +188,77 @@ func (h *flowHeap) fix(i int) {
 	h.down(i)
 }
 
-// up moves the entry at j up to its place.
-func (h *flowHeap) up(j int) {
+// up moves the entry at j0 up to its place, moving a hole.
+func (h *flowHeap) up(j0 int) {
+	e := h.e
+	x := e[j0]
+	j := j0
 	for j > 0 {
 		i := (j - 1) / flowArity
-		if !h.e[j].before(&h.e[i]) {
+		if !x.before(&e[i]) {
 			break
 		}
-		h.swap(i, j)
+		e[j] = e[i]
+		h.pos[e[j].id] = int32(j)
 		j = i
+	}
+	if j != j0 {
+		e[j] = x
+		h.pos[x.id] = int32(j)
 	}
 }
 
-// down moves the entry at i down to its place, given that the subtrees
-// below it are in order. Where an entry ends matters: the refusal sweep
-// and the ETA walks visit the heap in array order.
-func (h *flowHeap) down(i int) {
-	n := len(h.e)
+// down moves the entry at i0 down to its place, given that the subtrees
+// below it are in order, and reports whether it moved. It walks a hole
+// down the path of least children to a leaf, then moves the entry up from
+// there (Floyd's bottom-up sift): every entry ends where the classic sift
+// puts it, which matters because the refusal sweep and the ETA walks visit
+// the heap in array order.
+func (h *flowHeap) down(i0 int) bool {
+	e, pos := h.e, h.pos
+	n := len(e)
+	x := e[i0]
+	i := i0
 	for {
-		j := flowArity*i + 1 // its first child
-		if j >= n {
+		first := flowArity*i + 1
+		if first >= n {
 			break
 		}
-		for c := j + 1; c < min(j+flowArity, n); c++ {
-			if h.e[c].before(&h.e[j]) {
-				j = c
+		j := first
+		if first+flowArity <= n {
+			g := e[first : first+flowArity : first+flowArity]
+			k := 0
+			if g[1].before(&g[0]) {
+				k = 1
+			}
+			if g[2].before(&g[k]) {
+				k = 2
+			}
+			if g[3].before(&g[k]) {
+				k = 3
+			}
+			j += k
+		} else {
+			for c := first + 1; c < n; c++ {
+				if e[c].before(&e[j]) {
+					j = c
+				}
 			}
 		}
-		if !h.e[j].before(&h.e[i]) {
-			break
-		}
-		h.swap(i, j)
+		e[i] = e[j]
+		pos[e[i].id] = int32(i)
 		i = j
 	}
+	for i > i0 {
+		p := (i - 1) / flowArity
+		if !x.before(&e[p]) {
+			break
+		}
+		e[i] = e[p]
+		pos[e[i].id] = int32(i)
+		i = p
+	}
+	e[i] = x
+	pos[x.id] = int32(i)
+	return i != i0
 }
