@@ -127,8 +127,8 @@ func (q *Queue) workAheadLocked(now time.Time, t *tenant, cq *classQ, ownAhead, 
 	}
 	q.aheadSyncLocked()
 	if t.group != nil {
-		var inner float64
-		inner, finish = q.memberAheadLocked(t, cq, own, finish)
+		inner := q.aheadOthersLocked(levelMembers, t, finish, cq.paused)
+		finish = q.groupFinishLocked(t.group, own, inner)
 		ahead += inner
 		t = t.group
 	}
@@ -147,8 +147,13 @@ func (q *Queue) othersWalkLocked(t *tenant, cq *classQ, own, finish float64) flo
 	ahead := 0.0
 	a.stamp++
 	if t.group != nil {
+		// The other members inside the group first, then the group as
+		// one tenant at the top level.
 		var inner float64
-		inner, finish = q.memberAheadWalkLocked(t, cq, own, finish)
+		for _, gf := range t.group.flows {
+			inner = a.walkAhead(inner, gf.sub, gf.cq, cq, t, finish)
+		}
+		finish = q.groupFinishLocked(t.group, own, inner)
 		ahead += inner
 		t = t.group
 	}
@@ -291,35 +296,44 @@ func (q *Queue) surelyLateLocked(now time.Time, t *tenant, cq *classQ, cost int6
 // boostPlanLocked predicts the dispatch time of a new request if boosted,
 // at rate r, whether a boost is possible at all (ok), and whether only
 // later, by the re-check (later), so that admission waits for it rather
-// than refusing a request a boost will save:
-//
-//   - its own flow holds a request due no sooner (ownDueFirst): that work
-//     is dispatched first, so it is added to the boosted ETA;
-//   - the boost share is used up: the lane opens when one of the k boosted
-//     requests completes, about C/k times MeanCost/rate for C slots;
-//   - the tenant's hourly allowance is used up: no boost.
+// than refusing a request a boost will save. Its own flow may hold a
+// request due no sooner (ownDueFirst): that work is dispatched first, so
+// it is added to the boosted ETA.
 func (q *Queue) boostPlanLocked(now time.Time, t *tenant, cq *classQ, cost int64, deadline time.Time, r float64) (eta time.Duration, ok, later bool) {
-	a := q.adm
-	k := q.boostedInflight + q.boost.n
-	allowed, reason := a.boosts.Allow(now, t.name, k, q.capacity)
-	if !allowed && reason != budget.ReasonShare {
-		return 0, false, false
-	}
-	work := float64(a.boostCost) + a.slotWork(now, cost)
+	own := 0.0
 	for _, f := range t.flows {
 		if f.cq == cq && ownDueFirst(f, nil, deadline) {
-			work += float64(f.queuedWork())
+			own += float64(f.queuedWork())
 			later = true
 		}
 	}
-	eta = budget.ETA(work, r)
+	eta, full, ok := q.boostedETALocked(now, t.name, cost, own, r)
+	if !ok {
+		return 0, false, false
+	}
+	return eta, true, later || full
+}
+
+// boostedETALocked is when a request of tenant name and cost, with own
+// work of its tenant dispatched before it, would be dispatched boosted at
+// rate r. When the boost share is used up (full), the lane opens when one
+// of the k boosted requests completes, about C/k times MeanCost/rate for C
+// slots. ok is false when the tenant's hourly allowance is used up: no
+// boost.
+func (q *Queue) boostedETALocked(now time.Time, name string, cost int64, own, r float64) (eta time.Duration, full, ok bool) {
+	a := q.adm
+	k := q.boostedInflight + q.boost.n
+	allowed, reason := a.boosts.Allow(now, name, k, q.capacity)
+	if !allowed && reason != budget.ReasonShare {
+		return 0, false, false
+	}
+	eta = budget.ETA(float64(a.boostCost)+a.slotWork(now, cost)+own, r)
 	if !allowed {
-		later = true
 		if m := a.rate.MeanCost(now); m > 0 && eta < budget.Never {
 			eta += budget.ETA(float64(q.capacity)/float64(max(k, 1))*m, r)
 		}
 	}
-	return eta, true, later
+	return eta, !allowed, true
 }
 
 // budgetRejection is the fast-fail answer, with Retry-After from the ETA.
@@ -392,7 +406,7 @@ func (q *Queue) promiseLocked(now time.Time, tk *Ticket, eta time.Duration) time
 	if d := tk.delay; d != nil {
 		eta = max(eta, d.wait-waited)
 	}
-	if t := tk.t; t.held {
+	if t := tk.t; t.heldIdx >= 0 {
 		eta = max(eta, time.Duration(t.heldUntil-now.UnixNano()))
 	}
 	return waited + eta

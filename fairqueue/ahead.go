@@ -167,12 +167,7 @@ func (q *Queue) aheadPausedLocked(cq *classQ) {
 	if !x.active {
 		return
 	}
-	var gf *flow
-	for _, f := range q.group.flows {
-		if f.cq == cq {
-			gf = f
-		}
-	}
+	gf := cq.group
 	n := cq.flows.len()
 	if gf != nil {
 		n += gf.sub.len()

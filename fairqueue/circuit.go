@@ -174,14 +174,7 @@ func (q *Queue) noteServiceLocked(tk *Ticket, now time.Time) {
 	}
 	q.busySum = q.busySum*(1-serviceAlphaQueue) + busy
 	q.busyW = q.busyW*(1-serviceAlphaQueue) + 1
-	owner := tk.t
-	if owner.group != nil {
-		owner = owner.group
-	}
-	if owner.demand == nil {
-		owner.demand = &tenantDemand{}
-	}
-	d := owner.demand
+	d := q.serviceOwnerLocked(tk.t, "").demandLocked()
 	d.busySum = d.busySum*(1-serviceAlpha) + busy
 	d.busyW = d.busyW*(1-serviceAlpha) + 1
 }
@@ -190,10 +183,7 @@ func (q *Queue) noteServiceLocked(tk *Ticket, now time.Time) {
 // exponential average with the circuit's window as time constant, kept
 // only while a circuit is configured.
 func (t *tenant) observeDemand(now time.Time, window time.Duration, busy float64, tokens int64) {
-	if t.demand == nil {
-		t.demand = &tenantDemand{}
-	}
-	dm := t.demand
+	dm := t.demandLocked()
 	ns := now.UnixNano()
 	tau := float64(window)
 	if dm.at != 0 && ns > dm.at {
@@ -224,6 +214,14 @@ type tenantDemand struct {
 	estSum, actSum     float64
 	estN               int
 	bookings           []int64
+}
+
+// demandLocked returns t's demand, making it on first use.
+func (t *tenant) demandLocked() *tenantDemand {
+	if t.demand == nil {
+		t.demand = &tenantDemand{}
+	}
+	return t.demand
 }
 
 // demandAtLocked is t's arriving rates decayed to now.

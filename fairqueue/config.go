@@ -288,10 +288,7 @@ func (c *Config) Budget(t TenantConfig, cls string, requested time.Duration) tim
 		override = 0 // the longer class default applies
 	}
 	if classDefault == 0 && override == 0 {
-		if requested > 0 {
-			return requested
-		}
-		return 0
+		return max(requested, 0)
 	}
 	return budget.Budget(classDefault, override, requested)
 }

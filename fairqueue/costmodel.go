@@ -65,14 +65,12 @@ func (q *Queue) SetQuotaWeight(w float64) {
 	}
 	if tenants != nil {
 		q.cfg.Tenants = tenants
-	}
-	if reweigh(&q.cfg.Default) {
-		q.undeclared.Quota = q.cfg.Default.Quota
-	}
-	if tenants != nil {
 		// The remembered tenants point at these: no scan of them.
 		for name, tc := range q.declared {
 			tc.Quota = tenants[name].Quota
 		}
+	}
+	if reweigh(&q.cfg.Default) {
+		q.undeclared.Quota = q.cfg.Default.Quota
 	}
 }

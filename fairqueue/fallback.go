@@ -71,6 +71,12 @@ func (q *Queue) fallbackListed(tenant string) bool {
 	return ok
 }
 
+// fallbackServesLocked reports whether the fallback may serve tenant's
+// requests when the primary cannot: it lists tenant and has slots.
+func (q *Queue) fallbackServesLocked(tenant string) bool {
+	return q.fb != nil && q.fb.capacity() > 0 && q.fallbackListed(tenant)
+}
+
 // fallbackOpenLocked reports whether the fallback could take a request of
 // a listed tenant now: a slot free and its account not declared exhausted.
 func (q *Queue) fallbackOpenLocked(now time.Time) bool {
@@ -123,7 +129,7 @@ func (q *Queue) dispatchFallbackLocked(now time.Time) {
 				return
 			}
 		}
-		if q.remoteStore && !q.bookedDueLocked(now, tk) || !q.remoteStore && tk.t.cfg.Quota != nil && !q.chargeQuotaLocked(now, tk) {
+		if !q.quotaPassLocked(now, tk, true) {
 			q.refundUpstreamLocked(tk)
 			continue // its tenant is held now
 		}

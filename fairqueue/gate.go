@@ -161,10 +161,7 @@ func (q *Queue) keepBookingLocked(now time.Time, t *tenant, tk *Ticket, b *quota
 // addBookingLocked adds a booked time (Queue.since's scale) to t's
 // bookings, kept earliest first.
 func (t *tenant) addBookingLocked(at int64) {
-	if t.demand == nil {
-		t.demand = &tenantDemand{}
-	}
-	b := t.demand.bookings
+	b := t.demandLocked().bookings
 	i := len(b)
 	for i > 0 && b[i-1] > at {
 		i--

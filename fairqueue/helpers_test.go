@@ -331,3 +331,18 @@ func (q *Queue) Idle() bool {
 // have not returned yet: a queue with none has applied everything it
 // started.
 func (q *Queue) StoreCallsInFlight() int64 { return q.storeCallsInFlight.Load() }
+
+// Ticket accessors the tests read.
+
+// Class returns the class the request is scheduled in.
+func (tk *Ticket) Class() string { return tk.f.cq.name }
+
+// Tokens returns the estimated tokens the request counts against the token
+// caps; it equals Cost unless the unit is CostRequests.
+func (tk *Ticket) Tokens() int64 { return tk.tokens }
+
+// Deadline returns the dispatch deadline (zero if none).
+func (tk *Ticket) Deadline() time.Time { return tk.deadline }
+
+// Enqueued returns the admission time.
+func (tk *Ticket) Enqueued() time.Time { return tk.q.at(tk.enqueued) }

@@ -219,11 +219,10 @@ type tenant struct {
 	queuedCost int64
 	queuedWork int64 // queuedCost in cost units
 	known      bool
-	// capped is set while the tenant is at its MaxInflight, held while its
-	// quota holds it (until heldUntil); out while either is: its flows are
-	// out of the heaps.
+	// capped is set while the tenant is at its MaxInflight; out while it
+	// is capped or its quota holds it (heldIdx >= 0, until heldUntil): its
+	// flows are out of the heaps.
 	capped bool
-	held   bool
 	out    bool
 	onIdle bool
 	// busy is set while a declared tenant counts in Queue.busyWeight.
@@ -352,9 +351,6 @@ func (q *Queue) SetObserver(fn Observer) {
 	defer q.mu.Unlock()
 	q.observer = fn
 }
-
-// Clock returns the queue's clock.
-func (q *Queue) Clock() Clock { return q.clock }
 
 // Config returns a copy of the current configuration.
 func (q *Queue) Config() Config {
@@ -575,12 +571,13 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		q.unbookRefusedLocked(r.Tenant, pre)
 		return nil, budgetRejection(est, r.Deadline.Sub(now))
 	}
-	if q.queued == 0 && q.startsNowLocked(t, in.tokens, r.Deadline, now) {
-		return q.startIdleLocked(&r, t, q.flowOfLocked(t, cq), in.cost, in.tokens, in.prompt, now), nil
-	}
 	tk := &Ticket{q: q, t: t, cost: in.cost, tokens: in.tokens, bytes: max(r.Bytes, 0),
-		deadline: r.Deadline, enqueued: q.since(now), dlIdx: -1, eta: max(est.ETA, hold.wait),
-		prompt: in.prompt}
+		deadline: r.Deadline, enqueued: q.since(now), dlIdx: -1, prompt: in.prompt}
+	if q.queued == 0 && q.startsNowLocked(t, in.tokens, r.Deadline, now) {
+		q.startIdleLocked(tk, q.flowOfLocked(t, cq), now)
+		return tk, nil
+	}
+	tk.eta = max(est.ETA, hold.wait)
 	if hold.wait > 0 {
 		d := hold
 		tk.delay = &d
@@ -664,7 +661,7 @@ func (q *Queue) budgetDecisionLocked(now time.Time, r *Request, in *intake, cq *
 	if decision != budget.Reject {
 		return decision, est
 	}
-	if q.fb != nil && q.fb.capacity() > 0 && q.fallbackListed(r.Tenant) {
+	if q.fallbackServesLocked(r.Tenant) {
 		return budget.Wait, est // the fallback takes it if the primary cannot
 	}
 	if q.up != nil && q.reservedInTimeLocked(now, t, quota.Backlog{Requests: int64(t.queued) + 1, Tokens: t.queuedCost + in.tokens}, r.Deadline) {
@@ -688,24 +685,21 @@ func (q *Queue) unbookRefusedLocked(tenant string, pre *quotaBooking) {
 func (q *Queue) startsNowLocked(t *tenant, tokens int64, deadline, now time.Time) bool {
 	return q.inflight < q.capacity && !t.out && t.cfg.Quota == nil &&
 		q.up == nil && len(q.held) == 0 &&
-		(q.tokenCap <= 0 || q.inflight == 0 || q.inflightCost+tokens <= q.tokenCap) &&
+		!q.overTokenCapLocked(tokens) &&
 		(deadline.IsZero() || now.Before(deadline))
 }
 
-// startIdleLocked makes the ticket of r, of tenant t in flow f, for which
-// startsNowLocked holds, and dispatches it, leaving what queueing and
-// dispatching it would leave without the round trip through the heaps.
-func (q *Queue) startIdleLocked(r *Request, t *tenant, f *flow, cost, tokens, prompt int64, now time.Time) *Ticket {
-	at := q.since(now)
-	tk := &Ticket{q: q, t: t, f: f, cost: cost, tokens: tokens, bytes: max(r.Bytes, 0),
-		deadline: r.Deadline, enqueued: at, dlIdx: -1, mark: f.in, prompt: prompt}
-	q.aheadTouchLocked(t)
-	f.in += cost
-	f.out += cost
+// startIdleLocked dispatches the new tk, in flow f, for which
+// startsNowLocked holds, leaving what queueing and dispatching it would
+// leave without the round trip through the heaps.
+func (q *Queue) startIdleLocked(tk *Ticket, f *flow, now time.Time) {
+	tk.f, tk.mark = f, f.in
+	q.aheadTouchLocked(tk.t)
+	f.in += tk.cost
+	f.out += tk.cost
 	f.drain = flowDrain{}
-	q.startLocked(tk, now, at, false)
+	q.startLocked(tk, now, tk.enqueued, false)
 	q.dispatchDoneLocked(now, false)
-	return tk
 }
 
 // newTenantLocked creates the state of a tenant about to queue a request.
@@ -756,19 +750,15 @@ func (q *Queue) admitLocked(now time.Time, t *tenant, name string, tc *TenantCon
 	if rej := q.closedLocked(); rej != nil {
 		return rej
 	}
-	if q.healthy == 0 && !(q.fb != nil && q.fb.capacity() > 0 && q.fallbackListed(name)) {
+	if q.healthy == 0 && !q.fallbackServesLocked(name) {
 		return &Rejection{Reason: ReasonNoCapacity, RetryAfter: q.retryAfterLocked(0),
 			Detail: "no healthy upstream"}
 	}
-	if q.cfg.MaxInflightTokens > 0 || q.cfg.MaxQueueTokens > 0 {
-		if rej := q.tooLargeLocked(tokens); rej != nil {
-			return rej
-		}
+	if rej := q.tooLargeLocked(tokens); rej != nil {
+		return rej
 	}
-	if tc.MaxQueue > 0 || (!known && q.cfg.DefaultPerTenantMaxQueue > 0) {
-		if rej := q.tenantFullLocked(now, t, tc, known, tokens, bytes); rej != nil {
-			return rej
-		}
+	if rej := q.tenantFullLocked(now, t, tc, known, tokens, bytes); rej != nil {
+		return rej
 	}
 	full := func(what string, have, limit int64) *Rejection {
 		return &Rejection{Reason: ReasonQueueFull, RetryAfter: q.drainRetryLocked(now, q.queuedWork),
@@ -859,9 +849,6 @@ func (q *Queue) virtualTimeLocked(t *tenant) float64 {
 // flowOfLocked returns t's flow of class cq, creating it (and, for an
 // undeclared tenant, the group's flow of that class).
 func (q *Queue) flowOfLocked(t *tenant, cq *classQ) *flow {
-	if f := t.flowBuf[0]; f != nil && f.cq == cq {
-		return f
-	}
 	for _, f := range t.flows {
 		if f.cq == cq {
 			return f
@@ -1038,8 +1025,7 @@ func (q *Queue) capLocked(t *tenant) {
 // relinkLocked takes t's flows out of the heaps while it is capped or held
 // by its quota, and puts them back once it is neither.
 func (q *Queue) relinkLocked(t *tenant) {
-	t.held = t.heldIdx >= 0
-	out := t.capped || t.held
+	out := t.capped || t.heldIdx >= 0
 	if out == t.out {
 		return
 	}
@@ -1161,7 +1147,7 @@ func (q *Queue) dispatchLoopLocked(now time.Time) (gated bool) {
 		if tk == nil {
 			return false
 		}
-		if q.overTokenCapLocked(tk) {
+		if q.overTokenCapLocked(tk.tokens) {
 			return true
 		}
 		if !tk.deadline.IsZero() && !now.Before(tk.deadline) {
@@ -1192,52 +1178,50 @@ const (
 	gateShut                    // nothing more goes now
 )
 
-// overTokenCapLocked reports whether tk must wait for tokens in flight to
-// drain. A request above the cap (a reload lowered it) still goes alone.
-func (q *Queue) overTokenCapLocked(tk *Ticket) bool {
-	return q.tokenCap > 0 && q.inflight > 0 && q.inflightCost+tk.tokens > q.tokenCap
+// overTokenCapLocked reports whether a request of tokens must wait for
+// tokens in flight to drain. A request above the cap (a reload lowered
+// it) still goes alone.
+func (q *Queue) overTokenCapLocked(tokens int64) bool {
+	return q.tokenCap > 0 && q.inflight > 0 && q.inflightCost+tokens > q.tokenCap
 }
 
 // dispatchGatesLocked passes tk through the gates after the slot, the
 // token cap and the deadline: its tenant's quota, then the provider
-// account, which may send another request instead (returned).
+// account, which may send another request instead (returned). With an
+// account, an in-process quota is only asked here and charged once the
+// account took the request.
 func (q *Queue) dispatchGatesLocked(now time.Time, tk *Ticket) (*Ticket, gateVerdict) {
-	if v := q.quotaGateLocked(now, tk); v != gateOpen || q.up == nil {
-		return tk, v
+	if !q.quotaPassLocked(now, tk, q.up == nil) {
+		return tk, gateHeld
+	}
+	if q.up == nil {
+		return tk, gateOpen
 	}
 	return q.accountGateLocked(now, tk)
 }
 
-// quotaGateLocked is the tenant quota's gate. On a shared store the
-// request was booked at admission (gate.go) and goes at its tenant's next
-// booked time. Otherwise its tenant is held when its quota refuses; with an
-// account, the quota is only asked here and charged once the account took
-// the request.
-func (q *Queue) quotaGateLocked(now time.Time, tk *Ticket) gateVerdict {
+// quotaPassLocked reports whether tk's tenant quota lets it go now: on a
+// shared store at its tenant's next booked time (gate.go); otherwise the
+// in-process quota is charged, or with charge false only asked. A tenant
+// the quota refuses is held.
+func (q *Queue) quotaPassLocked(now time.Time, tk *Ticket, charge bool) bool {
 	switch {
 	case q.remoteStore:
-		if !q.bookedDueLocked(now, tk) {
-			return gateHeld
-		}
+		return q.bookedDueLocked(now, tk)
 	case tk.t.cfg.Quota == nil:
-	case q.up == nil:
-		if !q.chargeQuotaLocked(now, tk) {
-			return gateHeld
-		}
-	default:
-		if !q.quotaAllowsLocked(now, tk) {
-			return gateHeld
-		}
+		return true
+	case charge:
+		return q.chargeQuotaLocked(now, tk)
 	}
-	return gateOpen
+	return q.quotaAllowsLocked(now, tk)
 }
 
 // accountGateLocked is the provider account's gate: the level the
 // provider last reported, then a draw on the account. When the account
 // cannot take tk in tag order, only reserved tenants go, on their
 // reservations, until it can. Last, an in-process quota asked by
-// quotaGateLocked is charged; if it refuses after all, the account gets
-// its draw back.
+// dispatchGatesLocked is charged; if it refuses after all, the account
+// gets its draw back.
 func (q *Queue) accountGateLocked(now time.Time, tk *Ticket) (*Ticket, gateVerdict) {
 	if !q.levelAllowsLocked(now, tk) {
 		q.up.heldAt = now
@@ -1247,17 +1231,16 @@ func (q *Queue) accountGateLocked(now time.Time, tk *Ticket) (*Ticket, gateVerdi
 		if tk = q.reservedNextLocked(now); tk == nil {
 			return nil, gateShut
 		}
-		if q.overTokenCapLocked(tk) {
+		if q.overTokenCapLocked(tk.tokens) {
 			q.refundUpstreamLocked(tk)
 			return tk, gateShut
 		}
-		if tk.t.cfg.Quota != nil && !q.remoteStore && !q.quotaAllowsLocked(now, tk) ||
-			q.remoteStore && !q.bookedDueLocked(now, tk) {
+		if !q.quotaPassLocked(now, tk, false) {
 			q.refundUpstreamLocked(tk)
 			return tk, gateHeld
 		}
 	}
-	if !q.remoteStore && tk.t.cfg.Quota != nil && !q.chargeQuotaLocked(now, tk) {
+	if !q.remoteStore && !q.quotaPassLocked(now, tk, true) {
 		q.refundUpstreamLocked(tk)
 		return tk, gateHeld
 	}
@@ -1550,17 +1533,7 @@ func (q *Queue) completeLocked(now time.Time, tk *Ticket, actual, prompt int64) 
 		actual = q.learnedCostLocked(min(tk.prompt, actual), actual-min(tk.prompt, actual))
 	}
 	if actual >= 0 && q.cfg.CostUnit != CostRequests && actual != tk.cost {
-		// Back-fill; an over-estimate is refunded as credit (see doc.go).
-		d := float64(actual - tk.cost)
-		t.served += d
-		q.noteServedLocked(t, d)
-		moved := t.backfillLocked(d)
-		if g := t.group; g != nil && g.backfillLocked(d) {
-			moved = true
-		}
-		if moved {
-			q.fixFlowsLocked(t)
-		}
+		q.correctChargeLocked(t, float64(actual-tk.cost))
 	}
 	q.capLocked(t)
 	q.idleCheckLocked(t, now)
@@ -1584,6 +1557,20 @@ func (q *Queue) leaveSlotLocked(tk *Ticket) {
 	}
 	if tk.boosted {
 		q.boostedInflight--
+	}
+}
+
+// correctChargeLocked corrects the service charged to t, and its group, by d:
+// an over-estimate is refunded as credit (see doc.go).
+func (q *Queue) correctChargeLocked(t *tenant, d float64) {
+	t.served += d
+	q.noteServedLocked(t, d)
+	moved := t.backfillLocked(d)
+	if g := t.group; g != nil && g.backfillLocked(d) {
+		moved = true
+	}
+	if moved {
+		q.fixFlowsLocked(t)
 	}
 }
 

@@ -167,11 +167,7 @@ func (t *tenant) quotaTokens(estimated int64) int64 {
 // noteQuotaUseLocked adds a completed request of a quota'd tenant to its
 // ratio.
 func (q *Queue) noteQuotaUseLocked(tk *Ticket, actual int64) {
-	t := tk.t
-	if t.demand == nil {
-		t.demand = &tenantDemand{}
-	}
-	d := t.demand
+	d := tk.t.demandLocked()
 	d.estSum = d.estSum*(1-quotaRatioAlpha) + float64(tk.tokens)
 	d.actSum = d.actSum*(1-quotaRatioAlpha) + float64(actual)
 	d.estN++
@@ -195,41 +191,36 @@ func (q *Queue) reconcileQuotaLocked(tk *Ticket, actual int64) {
 // nothing by itself. The in-process store reconciles under the lock.
 type deferredReconcile struct {
 	// store is the tenants' quota store, acct the account's.
-	store, acct    quota.Store
-	t              *tenant
-	quota          *quota.Limits // the tenant's quota charged, nil if none
-	upKey          string
-	up             *quota.Limits // the account drawn on, nil if none
+	store, acct quota.Store
+	t           *tenant
+	// ch is what to correct: the tenant's quota charged and the account
+	// (and reservation) drawn on; nil limits: none.
+	ch             ticketCharge
 	tokens, actual int64
 	// upCounted is what the provider counted of the request (its prompt
-	// and output cap), the account's draw corrected to it; resKey and res
-	// the reservation drawn on besides, nil if none.
+	// and output cap), the account's draw corrected to it.
 	upCounted int64
-	resKey    string
-	res       *quota.Limits
 }
 
 // deferReconcileLocked takes tk's reconciliations off tk when they are to
 // run after the lock; completeLocked then finds nothing to reconcile. The
 // account's stay when its store answers in memory (a Mirror).
 func (q *Queue) deferReconcileLocked(tk *Ticket, actual, prompt int64) (deferredReconcile, bool) {
-	if q.cfg.QuotaStore == nil || actual < 0 {
+	if q.cfg.QuotaStore == nil || actual < 0 || tk.ch == nil {
 		return deferredReconcile{}, false
 	}
-	up := tk.upLimits()
-	if q.cfg.AccountStore != nil && !isRemote(q.cfg.AccountStore) {
-		up = nil
-	}
-	if tk.quotaLimits() == nil && up == nil {
-		return deferredReconcile{}, false
-	}
-	d := deferredReconcile{store: q.cfg.QuotaStore, acct: q.accountStoreLocked(), t: tk.t, quota: tk.quotaLimits(), up: up,
+	d := deferredReconcile{store: q.cfg.QuotaStore, acct: q.accountStoreLocked(), t: tk.t, ch: *tk.ch,
 		tokens: tk.tokens, actual: actual, upCounted: providerCount(tk, prompt)}
-	if d.quota != nil {
+	if q.cfg.AccountStore != nil && !isRemote(q.cfg.AccountStore) {
+		d.ch.upLimits = nil
+	}
+	if d.ch.quota == nil && d.ch.upLimits == nil {
+		return deferredReconcile{}, false
+	}
+	if d.ch.quota != nil {
 		q.noteQuotaUseLocked(tk, actual)
 	}
-	if d.up != nil {
-		d.upKey, d.resKey, d.res = tk.ch.upKey, tk.ch.resKey, tk.ch.resLimits
+	if d.ch.upLimits != nil {
 		if d.upCounted != d.tokens {
 			q.unlogUpstreamLocked(tk, d.tokens-d.upCounted, 0)
 		}
@@ -294,13 +285,14 @@ func (q *Queue) quotaTimeLocked(tenant string, l *quota.Limits, ahead quota.Back
 // reconcileDeferred makes d's store calls without the lock, then, after a
 // refund, ends what it may end sooner (refundedLocked) and dispatches.
 func (q *Queue) reconcileDeferred(d deferredReconcile) {
-	if d.quota != nil {
-		_, _ = d.store.Reconcile(context.Background(), d.t.name, d.quota, d.tokens, d.actual)
+	c := &d.ch
+	if c.quota != nil {
+		_, _ = d.store.Reconcile(context.Background(), d.t.name, c.quota, d.tokens, d.actual)
 	}
-	if d.up != nil && d.upCounted != d.tokens {
-		_, _ = d.acct.Reconcile(context.Background(), d.upKey, d.up, d.tokens, d.upCounted)
-		if d.res != nil {
-			_, _ = d.acct.Reconcile(context.Background(), d.resKey, d.res, d.tokens, d.upCounted)
+	if c.upLimits != nil && d.upCounted != d.tokens {
+		_, _ = d.acct.Reconcile(context.Background(), c.upKey, c.upLimits, d.tokens, d.upCounted)
+		if c.resLimits != nil {
+			_, _ = d.acct.Reconcile(context.Background(), c.resKey, c.resLimits, d.tokens, d.upCounted)
 		}
 	}
 	if d.actual >= d.tokens {
@@ -308,7 +300,7 @@ func (q *Queue) reconcileDeferred(d deferredReconcile) {
 	}
 	q.mu.Lock()
 	defer q.unlock()
-	if d.quota != nil {
+	if c.quota != nil {
 		q.refundedLocked(d.t)
 	}
 	q.dispatchLocked(q.clock.Now())

@@ -287,7 +287,7 @@ func (q *Queue) spareFlowLocked(now time.Time, f *flow) bool {
 	if f.t == q.group {
 		return false
 	}
-	if q.fb != nil && q.fallbackListed(f.t.name) && q.fb.capacity() > 0 {
+	if q.fallbackServesLocked(f.t.name) {
 		return true
 	}
 	return q.up != nil && q.up.res[f.t.name] != nil && f.q.tail != nil &&
@@ -407,18 +407,6 @@ func (q *Queue) refusalETALocked(now time.Time, tk *Ticket, r, promise, drain, e
 // tenants' group counts as one flow there; landing on it visits its members
 // in turn (a second cursor).
 func (q *Queue) flowAtLocked(k int) *flow {
-	f := q.topFlowAtLocked(k)
-	if f != nil && f.group {
-		if f.sub.len() == 0 {
-			return nil
-		}
-		q.adm.subCursor++
-		f = f.sub.flow(&f.sub.e[q.adm.subCursor%f.sub.len()])
-	}
-	return f
-}
-
-func (q *Queue) topFlowAtLocked(k int) *flow {
 	n := 0
 	for _, c := range q.classes {
 		n += c.flows.len()
@@ -428,10 +416,19 @@ func (q *Queue) topFlowAtLocked(k int) *flow {
 	}
 	k %= n
 	for _, c := range q.classes {
-		if k < c.flows.len() {
-			return c.flows.flow(&c.flows.e[k])
+		if k >= c.flows.len() {
+			k -= c.flows.len()
+			continue
 		}
-		k -= c.flows.len()
+		f := c.flows.flow(&c.flows.e[k])
+		if f.group {
+			if f.sub.len() == 0 {
+				return nil
+			}
+			q.adm.subCursor++
+			f = f.sub.flow(&f.sub.e[q.adm.subCursor%f.sub.len()])
+		}
+		return f
 	}
 	return nil
 }
@@ -445,27 +442,16 @@ func (q *Queue) boostSavesLocked(now time.Time, tk *Ticket, r float64) bool {
 	if q.cfg.Admission.BoostShareMax <= 0 || q.accountBindsLocked(now) {
 		return false // behind an account that binds, a boost makes no room
 	}
-	a := q.adm
-	k := q.boostedInflight + q.boost.n
-	allowed, reason := a.boosts.Allow(now, tk.t.name, k, q.capacity)
-	if !allowed && reason != budget.ReasonShare {
-		return false
-	}
-	work := float64(a.boostCost) + a.slotWork(now, tk.cost)
+	own := 0.0
 	if ownDueFirst(tk.f, tk, tk.deadline) {
 		// Every request of the flow would need a boost.
-		if h := a.boosts.PerTenantHourly(); h > 0 && a.boosts.Count(now, tk.t.name)+tk.f.q.n > h {
+		if h := q.adm.boosts.PerTenantHourly(); h > 0 && q.adm.boosts.Count(now, tk.t.name)+tk.f.q.n > h {
 			return false
 		}
-		work += float64(max(0, tk.mark-tk.f.out))
+		own = float64(max(0, tk.mark-tk.f.out))
 	}
-	eta := budget.ETA(work, r)
-	if !allowed {
-		if m := a.rate.MeanCost(now); m > 0 && eta < budget.Never {
-			eta += budget.ETA(float64(q.capacity)/float64(max(k, 1))*m, r)
-		}
-	}
-	return eta < budget.Never && !now.Add(eta).After(tk.deadline.Add(-q.cfg.Admission.Margin))
+	eta, _, ok := q.boostedETALocked(now, tk.t.name, tk.cost, own, r)
+	return ok && eta < budget.Never && !now.Add(eta).After(tk.deadline.Add(-q.cfg.Admission.Margin))
 }
 
 // unqueueTailLocked takes out a queued tk that a refusal pass ends.

@@ -111,18 +111,11 @@ func (q *Queue) Stats(tenants bool) Stats {
 	}
 	q.scan = -1
 	q.mu.Unlock()
-	// Stable, so that of two entries with one name the later copy is kept.
+	// Of two entries with one name the later copy is kept: reversed, then
+	// sorted stably, it comes first.
+	slices.Reverse(out)
 	slices.SortStableFunc(out, func(a, b TenantStats) int { return strings.Compare(a.Name, b.Name) })
-	w := 0
-	for i := range out {
-		if i+1 < len(out) && out[i+1].Name == out[i].Name {
-			continue
-		}
-		out[w] = out[i]
-		w++
-	}
-	clear(out[w:])
-	s.Tenants = out[:w]
+	s.Tenants = slices.CompactFunc(out, func(a, b TenantStats) bool { return a.Name == b.Name })
 	return s
 }
 

@@ -202,22 +202,8 @@ func (tk *Ticket) ReleaseUsage(actual, prompt int64) { tk.q.release(tk, actual, 
 // Tenant returns the tenant name.
 func (tk *Ticket) Tenant() string { return tk.t.name }
 
-// Class returns the class the request is scheduled in (its flow's, which
-// never changes: no lock).
-func (tk *Ticket) Class() string { return tk.f.cq.name }
-
 // Cost returns the estimated cost charged at dispatch (1 with CostRequests).
 func (tk *Ticket) Cost() int64 { return tk.cost }
-
-// Tokens returns the estimated tokens the request counts against the token
-// caps; it equals Cost unless the unit is CostRequests.
-func (tk *Ticket) Tokens() int64 { return tk.tokens }
-
-// Deadline returns the dispatch deadline (zero if none).
-func (tk *Ticket) Deadline() time.Time { return tk.deadline }
-
-// Enqueued returns the admission time.
-func (tk *Ticket) Enqueued() time.Time { return tk.q.at(tk.enqueued) }
 
 // Dispatched returns the dispatch time, zero if never dispatched.
 func (tk *Ticket) Dispatched() time.Time {

@@ -539,14 +539,7 @@ func (tk *Ticket) Requeue() bool {
 	}
 	q.leaveSlotLocked(tk)
 	tk.fallback, tk.boosted = false, false
-	// The service charged at dispatch is refunded as credit.
-	d := -float64(tk.cost)
-	t.served += d
-	q.noteServedLocked(t, d)
-	t.backfillLocked(d)
-	if g := t.group; g != nil {
-		g.backfillLocked(d)
-	}
+	q.correctChargeLocked(t, -float64(tk.cost)) // refunded as credit
 	q.capLocked(t)
 	tk.state, tk.ready, tk.dispatched = stateQueued, nil, 0
 	f := tk.f
