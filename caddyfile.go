@@ -869,9 +869,6 @@ func (p *cfParser) noBlock(what string) error {
 	return nil
 }
 
-// posIntArg is posArg for an int (cluster.go calls it).
-func (p *cfParser) posIntArg(sub string, dst *int) error { return posArg(p, sub, dst) }
-
 // posArg parses the single argument of sub, a positive integer.
 func posArg[T int | int64](p *cfParser, sub string, dst *T) error {
 	v, err := p.oneArg(sub)

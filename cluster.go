@@ -472,7 +472,7 @@ func (p *cfParser) clusterSetting(c *ClusterConfig, key string) error {
 	case "redis":
 		c.Redis, err = p.oneArg("cluster: redis")
 	case "instances":
-		err = p.posIntArg("cluster: instances", &c.Instances)
+		err = posArg(p, "cluster: instances", &c.Instances)
 	case "timeout":
 		c.Timeout, err = p.durationArg("cluster: timeout")
 	case "sync":

@@ -142,7 +142,7 @@ func (s *sharedQueue) startSlotSync() {
 func (s *sharedQueue) syncSlotsOnce(h *Handler) {
 	cs := h.cluster
 	s.slotSyncAt.Store(time.Now().UnixNano())
-	pool := h.MaxInflight * h.healthyUpstreams()
+	pool := h.MaxInflight * countHealthy(h.proxy)
 	st := s.q.Stats(false)
 	demand := min(st.Inflight+st.Queued, pool)
 	// What this gateway may have in flight until it applies the grant the
@@ -334,7 +334,7 @@ func (s *sharedQueue) releaseSlots(h *Handler) {
 		if inflight == 0 {
 			err = cs.broker.Release(ctx, s.instance)
 		} else {
-			_, err = cs.broker.Sync(ctx, cluster.Renewal{Instance: s.instance, Slots: h.MaxInflight * h.healthyUpstreams(),
+			_, err = cs.broker.Sync(ctx, cluster.Renewal{Instance: s.instance, Slots: h.MaxInflight * countHealthy(h.proxy),
 				Holding: inflight, Loads: slotLoads(h, s.placed.counts())})
 		}
 		cancel()

@@ -278,7 +278,7 @@ func TestClusterSharedSlotsGrants(t *testing.T) {
 	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
 	ha, _ := mustLoad(t, clusterJSON(nameA, u, cc))
 	hb, _ := mustLoad(t, clusterJSON(nameB, u, cc))
-	pool := ha.MaxInflight * ha.healthyUpstreams()
+	pool := ha.MaxInflight * countHealthy(ha.proxy)
 	// Both have synced: both entries are in the pool (before its first
 	// grant a gateway holds no slot).
 	eventually(t, "both gateways' entries in the pool", func() bool {
@@ -321,7 +321,7 @@ func TestClusterSharedSlotsJoinHoldsNothingBeforeGrant(t *testing.T) {
 	cc := fmt.Sprintf(`{"redis":"redis://%s","timeout":"5s","instances":2,"prefix":"join:","share_slots":true,"sync":"20ms"}`, mr.Addr())
 	nameA, nameB := queueName(t)+"_a", queueName(t)+"_b"
 	ha, _ := mustLoad(t, clusterJSON(nameA, u, cc))
-	pool := ha.MaxInflight * ha.healthyUpstreams()
+	pool := ha.MaxInflight * countHealthy(ha.proxy)
 	// Alone and busy, A takes the whole pool.
 	for range 2 * pool {
 		if _, err := ha.shared.q.Enqueue(fairqueue.Request{Tenant: "x", Cost: 10}); err != nil {

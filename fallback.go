@@ -105,7 +105,7 @@ func (h *Handler) provisionFallback(ctx caddy.Context) error {
 // applyHealth sets the queue's capacity from the upstreams' health, the
 // fallback's too.
 func (h *Handler) applyHealth(q *fairqueue.Queue) {
-	q.SetHealthy(h.healthyUpstreams())
+	q.SetHealthy(countHealthy(h.proxy))
 	if h.Fallback != nil {
 		q.SetFallbackHealthy(countHealthy(h.Fallback.proxy))
 	}

@@ -610,11 +610,8 @@ func (h *Handler) Cleanup() error {
 	return err
 }
 
-// healthyUpstreams counts the proxy's upstreams that Caddy's active and
-// passive health checks consider healthy.
-func (h *Handler) healthyUpstreams() int { return countHealthy(h.proxy) }
-
-// countHealthy counts a proxy's healthy upstreams.
+// countHealthy counts a proxy's upstreams that Caddy's active and passive
+// health checks consider healthy.
 func countHealthy(p *reverseproxy.Handler) int {
 	if p == nil {
 		return 0
