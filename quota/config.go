@@ -10,19 +10,16 @@ import (
 
 // Config is one tenant's quota as an operator writes it. A zero rate turns
 // its meter off; at least one of QPS and TokensPerMin must be set.
-//
-// The joint meter exists when JointCap > 0; it needs QPS because its rate is
-// QPS x JointCap request-equivalents per second, a request costing
-// 1 + tokens x TokenToQPSWeight of them.
 type Config struct {
 	// QPS is the request rate, requests per second; 0: no request meter.
 	QPS float64 `json:"qps,omitempty"`
 	// TokensPerMin is the token rate, tokens per minute; 0: no token meter.
 	TokensPerMin float64 `json:"tokens_per_min,omitempty"`
 	// TokenToQPSWeight converts tokens to request-equivalents for the joint
-	// meter (the seed's 0.0008: 1250 tokens weigh as much as one request).
+	// meter (0.0008: 1250 tokens weigh as much as one request).
 	TokenToQPSWeight float64 `json:"token_to_qps_weight,omitempty"`
-	// JointCap scales QPS into the joint meter's rate; 0: no joint meter.
+	// JointCap scales QPS into the joint meter's rate, a request costing
+	// 1 + tokens x TokenToQPSWeight; 0: no joint meter.
 	JointCap float64 `json:"joint_cap,omitempty"`
 	// BurstWindow is how long a caller may run BurstAllow above its rate
 	// before it is held to the rate (see the package doc).
@@ -72,9 +69,8 @@ func (c Config) Validate() error {
 	return errors.Join(errs...) // leaves out the nil ones
 }
 
-// rateProblem checks a rate: 0 (no limit), or finite within [minRate, max].
-// per names its unit, seconds is how many seconds the unit spans (1 for
-// per second, 60 for per minute).
+// rateProblem checks a rate: 0 (no limit), or finite within [minRate, max];
+// seconds is how many seconds the unit per spans.
 func rateProblem(name string, v, max, seconds float64, per string) error {
 	switch {
 	case math.IsNaN(v) || math.IsInf(v, 0):
@@ -89,8 +85,7 @@ func rateProblem(name string, v, max, seconds float64, per string) error {
 	return nil
 }
 
-// factorProblem checks a factor: finite within [0, max]; why says what it
-// means.
+// factorProblem checks a factor: finite within [0, max].
 func factorProblem(name string, v, max float64, why string) error {
 	if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > max {
 		return fmt.Errorf("quota: %s is %v; want 0..%v (%s)", name, v, max, why)
@@ -98,18 +93,15 @@ func factorProblem(name string, v, max float64, why string) error {
 	return nil
 }
 
-// Limits is a validated Config compiled to what the meters compute with:
-// nanoseconds of theoretical arrival time per unit, and the burst tolerance.
-// It is immutable; a store takes it with every call, so a reload applies to
-// the next decision without touching stored state.
+// Limits is a validated Config compiled to nanoseconds per unit and the
+// burst tolerance. It is immutable.
 type Limits struct {
 	cfg       Config
 	interval  [numDims]float64 // ns per unit: request, token, request-equivalent; 0 = meter off
 	weight    float64
 	tolerance int64 // ns: BurstAllow x BurstWindow
 
-	// scaled caches the last Scale result, so that a caller scaling the
-	// same Limits on every decision (Local) allocates once per config.
+	// scaled caches the last Scale result: Local scales on every decision.
 	scaled atomic.Pointer[scaledLimits]
 }
 
@@ -126,8 +118,7 @@ func (c Config) Compile() (*Limits, error) {
 	return c.compile(), nil
 }
 
-// compile computes the Limits of c, which is valid or derived from a valid
-// config by Scale.
+// compile computes the Limits of a valid (or Scale-derived) c.
 func (c Config) compile() *Limits {
 	l := &Limits{cfg: c, weight: c.TokenToQPSWeight}
 	if c.QPS > 0 {
@@ -143,19 +134,10 @@ func (c Config) compile() *Limits {
 	return l
 }
 
-// Scale returns Limits whose rates (qps, tokens_per_min, and with qps the
-// joint rate) are f times l's, with the same burst window and allowance:
-// the tolerance tau stays the same time, so the burst volume scales with
-// the rates too. f is a share in (0, 1]; anything else returns l.
-//
-// N gateways deciding alone on l.Scale(1/N) together admit at most what
-// one store deciding on l would, bursts included: the local limits of a
-// cluster whose shared store is unreachable (Local).
-//
-// The result is cached in l for the last f asked, so a caller scaling the
-// same Limits on every decision does not allocate. The scaled rates are
-// not checked against Validate's lower bounds: a tiny rate divided among
-// instances stays a valid, smaller rate.
+// Scale returns Limits whose rates are f times l's with the same tolerance
+// tau, so the burst volume scales too: N gateways deciding alone on
+// l.Scale(1/N) together admit at most what one store on l would. f outside
+// (0, 1) returns l. Scaled rates skip Validate's lower bounds.
 func (l *Limits) Scale(f float64) *Limits {
 	if !(f > 0 && f < 1) {
 		return l
@@ -171,8 +153,7 @@ func (l *Limits) Scale(f float64) *Limits {
 	return s
 }
 
-// MustCompile is Compile for configs known to be valid (tests, constants);
-// it panics on an invalid one.
+// MustCompile is Compile that panics on an invalid config.
 func MustCompile(c Config) *Limits {
 	l, err := c.Compile()
 	if err != nil {
@@ -190,16 +171,12 @@ func (l *Limits) Enabled(d Dimension) bool {
 	return ok && l.interval[i] > 0
 }
 
-// Tolerance is the burst tolerance tau = burst_allow x burst_window: how far
-// a meter's theoretical arrival time may run ahead of now and still admit a
-// request.
+// Tolerance is tau = burst_allow x burst_window: how far a meter's TAT may
+// run ahead of now and still admit a request.
 func (l *Limits) Tolerance() time.Duration { return time.Duration(l.tolerance) }
 
 // Increment is how far a request with the given tokens advances meter d's
-// theoretical arrival time: 1/qps for qps, tokens/token-rate for tokens,
-// (1 + tokens x weight)/(qps x joint_cap) for joint; 0 when d is off. It is
-// the one place a charge is computed, so a Redis store can compute it in Go
-// and send it with its single call.
+// TAT; 0 when d is off. A Redis store computes it in Go and sends it.
 func (l *Limits) Increment(d Dimension, tokens int64) time.Duration {
 	return l.NetIncrement(d, 1, max(tokens, 0))
 }
@@ -212,9 +189,8 @@ func (l *Limits) inc(i int, tokens int64) int64 {
 	return l.netInc(i, 1, max(tokens, 0))
 }
 
-// netInc is how far a batch of requests and tokens moves meter i: the
-// increments of requests requests and of tokens tokens, summed before
-// rounding, either count negative (a net refund); 0 when i is off.
+// netInc is how far a batch of requests and tokens moves meter i, summed
+// before rounding; either count may be negative (a net refund).
 func (l *Limits) netInc(i int, requests, tokens int64) int64 {
 	iv := l.interval[i]
 	if iv == 0 {
@@ -233,28 +209,11 @@ func (l *Limits) netInc(i int, requests, tokens int64) int64 {
 	return int64(min(max(v, -float64(maxInc)), float64(maxInc)))
 }
 
-// NetIncrement is how far a batch of requests and tokens moves meter d's
-// theoretical arrival time (netInc, for a Redis store's Add); 0 when d is
-// off.
+// NetIncrement is netInc for meter d (a Redis store's Add).
 func (l *Limits) NetIncrement(d Dimension, requests, tokens int64) time.Duration {
 	i, ok := dimIndex(d)
 	if !ok {
 		return 0
 	}
 	return time.Duration(l.netInc(i, requests, tokens))
-}
-
-// backlogInc is how far the charges of a backlog advance meter i: the
-// increments of its requests, summed before rounding.
-func (l *Limits) backlogInc(i int, b Backlog) int64 {
-	return l.netInc(i, max(b.Requests, 0), max(b.Tokens, 0))
-}
-
-// perMinute is meter i's rate in its units per minute (the OpenAI headers'
-// RPM/TPM); request-equivalents per minute for joint.
-func (l *Limits) perMinute(i int) float64 {
-	if l.interval[i] == 0 {
-		return 0
-	}
-	return 60e9 / l.interval[i]
 }

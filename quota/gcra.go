@@ -15,9 +15,8 @@ const (
 	DimJoint  Dimension = "joint"
 )
 
-// Meter indexes into per-tenant state, in this order. Ties between meters
-// whose earliest times are equal go to the later index: joint, the
-// dimension the seed asks operators to reason in, is named first.
+// Meter indexes into per-tenant state. Ties between meters with equal
+// earliest times go to the later index, so joint is named first.
 const (
 	dimQPS = iota
 	dimTokens
@@ -38,8 +37,7 @@ func dimIndex(d Dimension) (int, bool) {
 }
 
 // TATs is one tenant's state: each meter's theoretical arrival time, in
-// nanoseconds on the store's own time line. It is all a store keeps per
-// tenant (three integers: a Redis hash of three fields).
+// nanoseconds on the store's own time line.
 type TATs [numDims]int64
 
 // Decision is the answer to Peek or Charge.
@@ -57,8 +55,8 @@ type Decision struct {
 	// Reason is the binding meter (the one whose earliest time is latest)
 	// when not Allowed, or when a Book waits; "" otherwise.
 	Reason Dimension
-	// Status is the meters after the decision (after the charge when one was
-	// made), for the x-ratelimit-* headers of the same response.
+	// Status is the meters after the decision, for the x-ratelimit-*
+	// headers.
 	Status Status
 }
 
@@ -108,12 +106,11 @@ func (s *Status) at(i int) *MeterStatus {
 	return &s.Joint
 }
 
-// Fresh is the state of a tenant with no debt at time now: the state every
-// unknown tenant is in, and the state an idle tenant returns to.
+// Fresh is the state of a tenant with no debt at now.
 func Fresh(now int64) TATs { return TATs{now, now, now} }
 
-// Rested reports whether t carries no debt at now on any meter, i.e. it
-// behaves exactly like Fresh(now) from now on and may be forgotten.
+// Rested reports whether t carries no debt at now: it behaves exactly like
+// Fresh(now) and may be forgotten.
 func (t *TATs) Rested(now int64) bool {
 	for _, v := range t {
 		if v > now {
@@ -125,9 +122,6 @@ func (t *TATs) Rested(now int64) bool {
 
 // Backlog is what a tenant has waiting ahead of the request being decided:
 // requests that will be charged before it, and their estimated tokens.
-// Peek with a backlog answers when a request queued behind them may start,
-// which is what a queue needs to decide at admission whether the wait fits
-// a wait budget.
 type Backlog struct {
 	Requests int64
 	Tokens   int64
@@ -135,16 +129,9 @@ type Backlog struct {
 
 // Decide is the GCRA test for a request at now, without changing t: it
 // conforms iff TAT <= now + tau on every enabled meter; otherwise its
-// earliest time is max over meters of TAT - tau. The request's size does not
-// enter the test (see the package doc: size decides how long the tenant
-// pays afterwards, not whether it may start).
-//
-// With a non-empty backlog ahead, each meter's TAT is first advanced by the
-// backlog's charges, from max(TAT, now): the earliest time of a request
-// queued behind that backlog, were each of the requests ahead charged as
-// soon as it may be. It is a lower bound (a backlog charged later, because
-// the queue was busy, starts from a later time); with no backlog it is
-// exact.
+// earliest time is max over meters of TAT - tau. A backlog ahead first
+// advances each TAT by its charges from max(TAT, now): a lower bound on a
+// queued request's earliest time, exact with no backlog.
 func Decide(t *TATs, l *Limits, now int64, ahead Backlog) (allowed bool, at int64, reason Dimension) {
 	at = now
 	for i := 0; i < numDims; i++ {
@@ -153,7 +140,7 @@ func Decide(t *TATs, l *Limits, now int64, ahead Backlog) (allowed bool, at int6
 		}
 		tat := t[i]
 		if ahead.Requests > 0 {
-			tat = max(tat, now) + l.backlogInc(i, ahead)
+			tat = max(tat, now) + l.netInc(i, ahead.Requests, max(ahead.Tokens, 0))
 		}
 		if e := tat - l.tolerance; e > now && e >= at {
 			at, reason = e, Dimensions[i]
@@ -162,9 +149,8 @@ func Decide(t *TATs, l *Limits, now int64, ahead Backlog) (allowed bool, at int6
 	return at == now, at, reason
 }
 
-// Charge advances every enabled meter of t by the request's increment:
-// TAT = max(TAT, now) + increment. Callers charge only after Decide allowed
-// the request, which makes the charge all three meters or none.
+// Charge advances every enabled meter: TAT = max(TAT, now) + increment.
+// Callers charge only after Decide allowed the request.
 func Charge(t *TATs, l *Limits, now, tokens int64) {
 	for i := 0; i < numDims; i++ {
 		if l.interval[i] == 0 {
@@ -174,15 +160,11 @@ func Charge(t *TATs, l *Limits, now, tokens int64) {
 	}
 }
 
-// Book charges a request that may wait for its start: if its earliest
-// time (Decide, no backlog) is within maxWait of now, every enabled meter
-// is charged as of that time, TAT = max(TAT, at) + increment, and Book
-// reports true; otherwise nothing is charged. With maxWait 0 it is
-// Decide followed by Charge. The request must not start before at: the
-// meters count it from then, so a tenant whose requests book ahead is
-// held to its rate exactly as one charged as each starts (guarantee 1, at
-// the booked times), and the order of the bookings is the order requests
-// may start in, whoever made them.
+// Book charges a request that may wait: if its earliest time is within
+// maxWait of now, every meter is charged as of that time and Book reports
+// true; otherwise nothing is charged. The request must not start before
+// at, so a tenant booking ahead is held to its rate as one charged at
+// each start.
 func Book(t *TATs, l *Limits, now, tokens, maxWait int64) (booked bool, at int64, reason Dimension) {
 	_, at, reason = Decide(t, l, now, Backlog{})
 	if at-now > maxWait {
@@ -195,17 +177,16 @@ func Book(t *TATs, l *Limits, now, tokens, maxWait int64) (booked bool, at int64
 // LeadMemory is how long a lead given to Store.Book counts for its tenant.
 const LeadMemory = time.Minute
 
-// MaxBookWait bounds a booking's maxWait (about 146 years), so that the
-// Redis script's times stay exact.
+// MaxBookWait bounds a booking's maxWait, so the Redis script's times stay
+// exact.
 const MaxBookWait = time.Duration(1 << 62)
 
 // lead is the longest lead given to Book for one tenant, and when.
 type lead struct{ d, at int64 }
 
-// bookLead applies Book's rule for the lead: the stored one counts while
-// the tenant was in debt at the call (rested false) and for LeadMemory
-// after it was given; the given one replaces it when no shorter. It
-// returns the lead in force, to keep.
+// bookLead returns the lead in force: the stored one while the tenant is
+// in debt and for LeadMemory after it was given, replaced by a given one
+// no shorter.
 func bookLead(stored lead, given, now int64, rested bool) lead {
 	if rested || now-stored.at > int64(LeadMemory) {
 		stored = lead{}
@@ -217,10 +198,8 @@ func bookLead(stored lead, given, now int64, rested bool) lead {
 }
 
 // Reconcile moves the token and joint meters by the difference between the
-// increments of the actual and the estimated tokens: extra debt when the
-// request used more than estimated, a refund when it used less. A refund
-// never takes a meter below now: a tenant at rest has no credit to gain
-// (the burst window is the most it can ever have).
+// increments of the actual and the estimated tokens. A refund never takes
+// a meter below now: the burst window is the most credit a tenant has.
 func Reconcile(t *TATs, l *Limits, now, estimated, actual int64) {
 	for i := dimTokens; i < numDims; i++ {
 		if l.interval[i] == 0 {
@@ -236,11 +215,8 @@ func Reconcile(t *TATs, l *Limits, now, estimated, actual int64) {
 	}
 }
 
-// Add moves every meter of t by a batch of charges decided elsewhere
-// (Mirror.Sync): requests requests and tokens tokens, either negative for
-// a net refund. A positive move adds debt from max(TAT, now), as Charge
-// does, without a test; a negative one takes it back, never below now,
-// as Reconcile does.
+// Add moves every meter by a batch of charges decided elsewhere
+// (Mirror.Sync), without a test; a refund never goes below now.
 func Add(t *TATs, l *Limits, now, requests, tokens int64) {
 	for i := 0; i < numDims; i++ {
 		switch d := l.netInc(i, requests, tokens); {
@@ -252,8 +228,7 @@ func Add(t *TATs, l *Limits, now, requests, tokens int64) {
 	}
 }
 
-// Refund moves every meter of t back by the increment of a request of
-// tokens, never below now (see Store.Refund).
+// Refund moves every meter back by a request's increment, never below now.
 func Refund(t *TATs, l *Limits, now, tokens int64) {
 	for i := 0; i < numDims; i++ {
 		if l.interval[i] == 0 {
@@ -273,7 +248,7 @@ func StatusOf(t *TATs, l *Limits, now int64) Status {
 		}
 		m := s.at(i)
 		m.Enabled = true
-		m.Limit = int64(math.Floor(l.perMinute(i) + 1e-9))
+		m.Limit = int64(math.Floor(60e9/iv + 1e-9)) // per minute
 		base := max(t[i], now)
 		m.Reset = time.Duration(base - now)
 		slack := now + l.tolerance - base

@@ -8,70 +8,47 @@ import (
 	"time"
 )
 
-// DefaultLocalRetry is how long a Local decides locally after its
-// primary failed before it tries the primary again, when its options name
-// no other time.
+// DefaultLocalRetry is how long a Local decides locally after its primary
+// failed before it tries the primary again.
 const DefaultLocalRetry = time.Second
 
-// LocalOptions configures a Local. The zero value is usable: one
-// instance, DefaultLocalRetry, time.Now, retries on a caller's call.
+// LocalOptions configures a Local. The zero value is usable.
 type LocalOptions struct {
-	// Instances is the number of gateways that share the primary. While the
-	// primary is unreachable each decides alone on limits scaled by
-	// 1/Instances (Limits.Scale), so that together they admit about what
-	// the shared store would. 0 or 1: the full limits.
+	// Instances is the number of gateways sharing the primary; while it is
+	// unreachable each decides on limits scaled by 1/Instances.
 	Instances int
 	// Retry is how long after a failure the primary is tried again
-	// (DefaultLocalRetry when zero). Between retries every call is
-	// answered locally at once: an outage costs a caller the primary's
-	// timeout only on the call that finds it, not on every call.
+	// (DefaultLocalRetry when zero); calls between are answered locally.
 	Retry time.Duration
 	// Clock reads the time for the retry schedule (time.Now when nil).
 	Clock func() time.Time
 	// Probe, when set, tells in the background whether the primary answers
-	// again (cluster.NewQuota's reads a meter through the decisions'
-	// script): once Retry has passed, a call starts one probe and is
-	// answered locally, so no caller waits on a primary that is still down. The probe must bound its own time (a context timeout)
-	// and may run while the Local is used. When nil, the first call
-	// after Retry goes to the primary itself, and its success ends the
-	// outage.
+	// again: once Retry has passed a call starts one probe and is answered
+	// locally, so no caller waits on a primary still down. It must bound
+	// its own time. When nil, the first call after Retry goes to the
+	// primary itself.
 	Probe func(ctx context.Context) error
-	// OnChange is called once when the primary fails after answering
-	// (degraded true, with the error) and once when a retry or probe finds
-	// it answering again (degraded false, nil error): once per outage each,
-	// whatever the number of calls. It runs on the caller's or the probe's
-	// goroutine and must not block.
+	// OnChange is called once when an outage starts (true, the error) and
+	// once when it ends (false, nil). It must not block.
 	OnChange func(degraded bool, err error)
-	// OnLocal is called for each call answered by the local store (a
-	// metric's counter); it must not block.
+	// OnLocal is called for each call answered locally; it must not block.
 	OnLocal func()
-	// Outage tells an error of the primary that says it is unreachable or
-	// unfit (nil: every error) from one about a single tenant, such as a
-	// key of another type at its name: the call is then decided locally,
-	// but no outage starts, so that one bad key does not send every
-	// tenant to the local store and back every Retry.
+	// Outage tells an error that says the primary is unreachable or unfit
+	// (nil: every error) from one about a single tenant (a key of another
+	// type): the latter is decided locally without starting an outage, so
+	// one bad key does not flap every tenant.
 	Outage func(error) bool
 }
 
-// Local is a Store that decides on a shared primary (Redis) and, while
-// the primary fails, locally: on a Memory with limits scaled by 1/Instances:
-// a quota store that is down or slow never fails a request by itself, and
-// N instances deciding alone hold a tenant to about its quota, not N
-// times it (guarantee 1 per instance, at rate/N; the sum is the rate when
-// the load spreads evenly over the instances, less when it does not).
+// Local is a Store that decides on a shared primary (Redis) and, while it
+// fails, on a local Memory with limits scaled by 1/Instances: a quota store
+// down or slow never fails a request, and N instances alone hold a tenant
+// to about its quota, not N times it.
 //
-// The first failed call starts an outage: that call, and every call until
-// the next retry, is decided locally. A retry (the first call after Retry,
-// or Probe in the background) that succeeds ends it; calls go to the
-// primary again and find it as the instances left it (a restarted Redis
-// has forgotten every debt: tenants start at rest). Calls that had been
-// sent to the primary before the outage was noticed neither start nor end
-// another one when they return, so an outage is reported once.
-//
-// What a request was charged to the primary and reconciled locally (or the
-// reverse) is corrected on the store it is reconciled on: extra debt is
-// charged, a refund is clipped at rest as usual. A caller's own context
-// ending (cancelled, deadline) is returned as is: it says nothing of the
+// The first failed call starts an outage; a retry (the first call after
+// Retry, or Probe) that succeeds ends it. Calls sent before an outage was
+// noticed neither start nor end another, so each is reported once. A
+// caller's own context ending is returned as is: it says nothing of the
 // primary.
 type Local struct {
 	primary Store
@@ -86,10 +63,8 @@ type Local struct {
 	onLocal  func()
 	outage   func(error) bool
 
-	// rest holds, per tenant, when the primary's last answer about it
-	// (on this instance) said it would be at rest, in Unix ns of the
-	// local clock: a Peek with nothing ahead of a tenant seen at rest is
-	// answered without a round trip (see Peek).
+	// rest holds, per tenant, when the primary last said it would be at
+	// rest (Unix ns, local clock); see Peek.
 	restMu    sync.Mutex
 	rest      map[string]int64 // guarded by restMu
 	nextSweep int64            // guarded by restMu
@@ -112,8 +87,7 @@ func (f *Local) Remote() bool {
 	return ok && r.Remote()
 }
 
-// NewLocal returns a Local deciding on primary, and on local while
-// primary fails.
+// NewLocal returns a Local on primary, and on local while primary fails.
 func NewLocal(primary Store, local *Memory, opts LocalOptions) *Local {
 	f := &Local{
 		primary:  primary,
@@ -140,16 +114,14 @@ func NewLocal(primary Store, local *Memory, opts LocalOptions) *Local {
 	return f
 }
 
-// Degraded reports whether decisions are local now: the primary failed and
-// no retry has found it answering since.
+// Degraded reports whether decisions are local now.
 func (f *Local) Degraded() bool { return f.degraded.Load() }
 
 // LocalCalls is the number of calls answered by the local store so far.
 func (f *Local) LocalCalls() uint64 { return f.locals.Load() }
 
-// Poll starts a Probe when the outage's retry is due, so that a gateway
-// with no calls to make (no traffic under a quota) still finds its primary
-// back and reports it. It never waits; without a Probe it does nothing.
+// Poll starts a Probe when a retry is due, so a gateway with no traffic
+// under a quota still finds its primary back. It never waits.
 func (f *Local) Poll() {
 	if f.probe != nil {
 		f.usePrimary()
@@ -185,8 +157,7 @@ func (f *Local) usePrimary() call {
 	return c
 }
 
-// runProbe asks Probe whether the primary is back. A panic in it is an
-// error, not a crash of the process hosting the store.
+// runProbe asks Probe whether the primary is back; a panic is an error.
 func (f *Local) runProbe() {
 	defer f.probing.Store(false)
 	err := func() (err error) {
@@ -244,17 +215,13 @@ func (f *Local) recovered() {
 	}
 }
 
-// restSweepEvery is how often, in clock time, the record of tenants seen
-// at rest drops those seen at rest that long ago: forgetting one only
-// costs its next Peek a round trip.
+// restSweepEvery is how often the record of tenants seen at rest drops
+// those older than this: forgetting one costs a round trip.
 const restSweepEvery = time.Minute
 
 // observe records when the primary's answer st says tenant will be at
 // rest.
-func (f *Local) observe(tenant string, st Status, err error) {
-	if err != nil {
-		return
-	}
+func (f *Local) observe(tenant string, st Status) {
 	now := f.clock().UnixNano()
 	at := now + int64(max(st.Requests.Reset, st.Tokens.Reset, st.Joint.Reset))
 	f.restMu.Lock()
@@ -280,10 +247,8 @@ func (f *Local) seenAtRest(tenant string) bool {
 	return ok && at <= now
 }
 
-// instanceShare is the share of a store's limits each of n instances
-// decides on alone (a Local in an outage, a Mirror always): 1/n, so
-// that together they admit at most what the shared store would
-// (Limits.Scale); 1 for n <= 1.
+// instanceShare is the share of the limits each of n instances decides on
+// alone: 1/n, or 1 for n <= 1.
 func instanceShare(n int) float64 {
 	if n <= 1 {
 		return 1
@@ -300,25 +265,33 @@ func (f *Local) localLimits(l *Limits) *Limits {
 	return l.Scale(f.share)
 }
 
-// Peek implements Store. The backlog ahead is the tenant's at this
-// instance; on the shared store it counts Instances times, as the
-// tenant's backlog in the cluster when the load balancer spreads it
-// evenly (the other instances' queues are not in the store). Without it,
-// each instance would admit a wait budget's worth of the quota, together
-// Instances times what the quota can serve within the budget, and the
-// excess would expire in the queues instead of being refused at once with
-// its Retry-After. Locally the backlog counts once, against 1/Instances of
-// the limits: the same wait.
+// viaPrimary answers call on the primary unless it is in an outage or
+// fails, else on the local store with the scaled limits.
+func viaPrimary[T any](f *Local, ctx context.Context, tenant string, l *Limits, status func(T) Status, call func(Store, *Limits) (T, error)) (T, error) {
+	if c := f.usePrimary(); c.use {
+		v, err := call(f.primary, l)
+		if f.answered(ctx, err, c) {
+			if err == nil {
+				f.observe(tenant, status(v))
+			}
+			return v, err
+		}
+	}
+	return call(f.local, f.localLimits(l))
+}
+
+func decisionStatus(d Decision) Status { return d.Status }
+func sameStatus(s Status) Status       { return s }
+
+// Peek implements Store. The backlog ahead counts Instances times on the
+// shared store, as the tenant's backlog in an evenly balanced cluster;
+// otherwise each instance would admit a wait budget's worth of the quota.
+// Locally it counts once, against 1/Instances of the limits.
 //
-// A Peek with nothing ahead, for a tenant whose last answer from the
-// primary on this instance (a charge, a reconcile, a status) said it would
-// be at rest by now, is allowed without asking the primary: a tenant at
-// rest is always allowed, so the round trip would only find out whether
-// other instances charged it since. If they did, the request is queued
-// rather than refused at once, and the Charge at dispatch, which always
-// asks the primary, holds it to the quota. For a tenant under its quota,
-// this makes a request two round trips (Charge, Reconcile) instead of
-// three.
+// A Peek with nothing ahead, for a tenant the primary last said would be
+// at rest by now, is allowed without a round trip: a tenant at rest is
+// always allowed, and the Charge at dispatch, which always asks the
+// primary, holds it to the quota if other instances charged it since.
 func (f *Local) Peek(ctx context.Context, tenant string, l *Limits, ahead Backlog) (Decision, error) {
 	if c := f.usePrimary(); c.use {
 		if ahead == (Backlog{}) && f.seenAtRest(tenant) {
@@ -327,7 +300,9 @@ func (f *Local) Peek(ctx context.Context, tenant string, l *Limits, ahead Backlo
 		}
 		d, err := f.primary.Peek(ctx, tenant, l, Backlog{Requests: ahead.Requests * f.n, Tokens: ahead.Tokens * f.n})
 		if f.answered(ctx, err, c) {
-			f.observe(tenant, d.Status, err)
+			if err == nil {
+				f.observe(tenant, d.Status)
+			}
 			return d, err
 		}
 	}
@@ -336,61 +311,36 @@ func (f *Local) Peek(ctx context.Context, tenant string, l *Limits, ahead Backlo
 
 // Charge implements Store.
 func (f *Local) Charge(ctx context.Context, tenant string, l *Limits, tokens int64) (Decision, error) {
-	if c := f.usePrimary(); c.use {
-		d, err := f.primary.Charge(ctx, tenant, l, tokens)
-		if f.answered(ctx, err, c) {
-			f.observe(tenant, d.Status, err)
-			return d, err
-		}
-	}
-	return f.local.Charge(ctx, tenant, f.localLimits(l), tokens)
+	return viaPrimary(f, ctx, tenant, l, decisionStatus, func(s Store, sl *Limits) (Decision, error) {
+		return s.Charge(ctx, tenant, sl, tokens)
+	})
 }
 
 // Book implements Store: on the primary, the cluster's first come, first
-// served; locally, on 1/Instances of the limits, this instance's.
+// served; locally, this instance's.
 func (f *Local) Book(ctx context.Context, tenant string, l *Limits, tokens int64, maxWait, lead time.Duration) (Decision, error) {
-	if c := f.usePrimary(); c.use {
-		d, err := f.primary.Book(ctx, tenant, l, tokens, maxWait, lead)
-		if f.answered(ctx, err, c) {
-			f.observe(tenant, d.Status, err)
-			return d, err
-		}
-	}
-	return f.local.Book(ctx, tenant, f.localLimits(l), tokens, maxWait, lead)
+	return viaPrimary(f, ctx, tenant, l, decisionStatus, func(s Store, sl *Limits) (Decision, error) {
+		return s.Book(ctx, tenant, sl, tokens, maxWait, lead)
+	})
 }
 
 // Reconcile implements Store.
 func (f *Local) Reconcile(ctx context.Context, tenant string, l *Limits, estimated, actual int64) (Status, error) {
-	if c := f.usePrimary(); c.use {
-		st, err := f.primary.Reconcile(ctx, tenant, l, estimated, actual)
-		if f.answered(ctx, err, c) {
-			f.observe(tenant, st, err)
-			return st, err
-		}
-	}
-	return f.local.Reconcile(ctx, tenant, f.localLimits(l), estimated, actual)
+	return viaPrimary(f, ctx, tenant, l, sameStatus, func(s Store, sl *Limits) (Status, error) {
+		return s.Reconcile(ctx, tenant, sl, estimated, actual)
+	})
 }
 
 // Refund implements Store.
 func (f *Local) Refund(ctx context.Context, tenant string, l *Limits, tokens int64) (Status, error) {
-	if c := f.usePrimary(); c.use {
-		st, err := f.primary.Refund(ctx, tenant, l, tokens)
-		if f.answered(ctx, err, c) {
-			f.observe(tenant, st, err)
-			return st, err
-		}
-	}
-	return f.local.Refund(ctx, tenant, f.localLimits(l), tokens)
+	return viaPrimary(f, ctx, tenant, l, sameStatus, func(s Store, sl *Limits) (Status, error) {
+		return s.Refund(ctx, tenant, sl, tokens)
+	})
 }
 
 // Status implements Store.
 func (f *Local) Status(ctx context.Context, tenant string, l *Limits) (Status, error) {
-	if c := f.usePrimary(); c.use {
-		st, err := f.primary.Status(ctx, tenant, l)
-		if f.answered(ctx, err, c) {
-			f.observe(tenant, st, err)
-			return st, err
-		}
-	}
-	return f.local.Status(ctx, tenant, f.localLimits(l))
+	return viaPrimary(f, ctx, tenant, l, sameStatus, func(s Store, sl *Limits) (Status, error) {
+		return s.Status(ctx, tenant, sl)
+	})
 }

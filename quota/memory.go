@@ -11,13 +11,8 @@ import (
 const DefaultSweepEvery = time.Minute
 
 // Memory is the in-process Store: one mutex over a map of tenants' TATs.
-// Tenants at rest (no debt on any meter) are forgotten by a sweep at most
-// every DefaultSweepEvery of clock time; since a rested tenant behaves
-// exactly as an unknown one, forgetting changes no decision, and the map
-// holds only the tenants in debt plus those that came to rest since the
-// last sweep. Peek and Status never add a tenant.
-//
-// Every method takes the tenant's *Limits, which must not be nil.
+// Tenants at rest are forgotten by a sweep at most every DefaultSweepEvery,
+// which changes no decision. Peek and Status never add a tenant.
 type Memory struct {
 	clock func() time.Time
 	epoch time.Time // time line origin: now is clock().Sub(epoch)
@@ -31,10 +26,8 @@ type Memory struct {
 
 var _ Store = (*Memory)(nil)
 
-// NewMemory returns an empty Memory reading time from clock (time.Now in
-// production, a virtual clock in tests and the simulator). Times are taken
-// as clock().Sub(first reading), so a wall-clock step does not move the
-// meters when the clock carries a monotonic reading.
+// NewMemory returns an empty Memory reading time from clock. Times are
+// clock().Sub(first reading), so a wall-clock step does not move the meters.
 func NewMemory(clock func() time.Time) *Memory {
 	return &Memory{
 		clock:    clock,
@@ -168,7 +161,7 @@ func (m *Memory) Add(_ context.Context, tenant string, l *Limits, requests, toke
 }
 
 // correct applies change, a correction without a test, to tenant's
-// meters, forgetting them once at rest, and reports them after it.
+// meters, forgetting them once at rest.
 func (m *Memory) correct(tenant string, l *Limits, change func(t *TATs, now int64)) (Status, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -183,9 +176,8 @@ func (m *Memory) correct(tenant string, l *Limits, change func(t *TATs, now int6
 	return StatusOf(&t, l, now), nil
 }
 
-// raise puts tenant's meters that l enables at least debt[i] ahead of
-// now, lowering none: a Mirror holding back for debt the cluster ran up
-// (Mirror.Sync).
+// raise puts tenant's enabled meters at least debt[i] ahead of now,
+// lowering none (Mirror.holdBack).
 func (m *Memory) raise(tenant string, l *Limits, debt [numDims]int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -18,65 +18,41 @@ type Syncer interface {
 	Add(ctx context.Context, tenant string, l *Limits, requests, tokens int64) (Status, error)
 }
 
-// Scaled is implemented by a Store that decides on other limits than the
-// ones its callers give it (a Mirror: 1/Instances of them). A caller that
-// tests a request's own increment against a meter's Status (its Reset)
-// computes the increment on DecidesOn(l), the limits the store charges,
-// or it would count the request at a fraction of what it is charged.
+// Scaled is implemented by a Store that decides on other limits than its
+// callers give it (a Mirror: 1/Instances of them). A caller comparing a
+// request's increment with a Status computes it on DecidesOn(l).
 type Scaled interface {
 	DecidesOn(l *Limits) *Limits
 }
 
-// MirrorOptions configures a Mirror. The zero value is usable: one
-// instance, time.Now.
+// MirrorOptions configures a Mirror. The zero value is usable.
 type MirrorOptions struct {
 	// Instances is the number of gateways that share the Syncer: each
-	// decides alone on 1/Instances of every meter's limits (as a
-	// Local does in an outage; Limits.Scale). 0 or 1: the full limits.
+	// decides alone on 1/Instances of the limits.
 	Instances int
-	// Clock reads the time of the local meters and of the syncs (time.Now
-	// when nil).
+	// Clock reads the time (time.Now when nil).
 	Clock func() time.Time
 }
 
 // mirrorForget is how long a Mirror keeps syncing a meter nobody called
-// and that has nothing to push: the shared meter's debt it could still
-// pull back is at most a tolerance (seconds) old by then.
+// and that has nothing to push.
 const mirrorForget = time.Minute
 
-// Mirror is a Store for meters a queue decides on under its lock, whose
-// limits several gateways share (the provider account of a cluster): every
-// call is answered at once by a local Memory, with no network, and Sync,
-// which the owner calls off the lock every sync interval, pushes this
-// gateway's net charges since the last Sync to the shared store (Syncer,
-// the cluster's Redis) and reads the shared meters back.
+// Mirror is a Store for meters a queue decides on under its lock whose
+// limits several gateways share (a cluster's provider account): every call
+// is answered by a local Memory on 1/Instances of the limits, with no
+// network, so N <= Instances gateways together never admit more than one
+// store on the full limits, whether Redis answers or not. The cost: a
+// gateway never takes more than its share, even under an uneven load.
 //
-// The guarantee is the local decisions': each gateway decides on
-// 1/Instances of the limits, so N <= Instances gateways together never
-// admit more than one store deciding on the full limits would (guarantee
-// 1 of the package doc, at rate/Instances each, bursts included), whether
-// Redis answers or not. The deviation: a gateway never takes more than its
-// 1/Instances, so a load balancer that sends an account's traffic unevenly
-// gets less than the whole account (one gateway alone gets 1/Instances of
-// it), and so does a VIP's reservation that lands on one gateway.
-//
-// The shared meter is charged with every gateway's draws, a sync interval
-// late at most, so that Redis (and anyone reading it) holds the cluster's
-// total. It is also the safety net for a cluster of more gateways than
-// Instances says: a Sync that finds a shared meter's debt past twice its
-// tolerance and the span of the batches (the time since the previous
-// Sync) holds this gateway back until the shared meter is within that
-// again (the excess is taken into the local meter), so that the
-// cluster's long-run draw stays at the limits. The second tolerance keeps
-// a cluster within its limits from holding back: there the shared debt
-// stays within one tolerance plus each gateway's last request (a GCRA
-// admits a request while the debt before it is within the tolerance),
-// and a batch charges at once what was drawn over its span.
-//
-// A Sync that fails drops its batch (nothing is pushed twice; the shared
-// meter then under-counts, which the local decisions do not depend on)
-// and the local decisions go on. A Status is the local meter's, at
-// 1/Instances: what this gateway may still draw.
+// Sync, called off the lock every sync interval, pushes this gateway's net
+// charges to the shared store and reads the shared meters back. A shared
+// debt past twice the tolerance plus the time since the previous Sync
+// holds this gateway back until it is within that again: the safety net
+// for more gateways than Instances. (The second tolerance keeps a cluster
+// within its limits from holding back: there the shared debt stays within
+// one tolerance plus each gateway's last request.) A failed Sync drops its
+// batch, so nothing is pushed twice.
 type Mirror struct {
 	sharedMu sync.Mutex
 	shared   Syncer // guarded by sharedMu
@@ -125,9 +101,7 @@ func NewMirror(shared Syncer, opts MirrorOptions) *Mirror {
 }
 
 // SetShared makes s the store the next Syncs push to, the local meters
-// kept: a config reload's new Redis client takes over the mirror, so the
-// gateway's draws stay counted across the reload instead of starting a
-// fresh burst.
+// kept: a reload's new Redis client takes over without a fresh burst.
 func (m *Mirror) SetShared(s Syncer) {
 	m.sharedMu.Lock()
 	defer m.sharedMu.Unlock()
@@ -220,13 +194,10 @@ func (m *Mirror) Status(ctx context.Context, tenant string, l *Limits) (Status, 
 	return m.local.Status(ctx, tenant, m.DecidesOn(l))
 }
 
-// Sync pushes the net charges made on each meter since the last Sync to
-// the shared store, one Add a meter, and holds this gateway back on a
-// meter the shared store finds past its tolerance (see Mirror). It makes
-// network calls: call it off any lock the Store's callers hold, from one
-// goroutine at a time (concurrent calls wait for each other). ctx bounds
-// it. It returns the calls' errors, joined; a meter whose call failed
-// loses its batch.
+// Sync pushes the net charges on each meter since the last Sync to the
+// shared store, one Add a meter, and holds this gateway back where needed
+// (see Mirror). It makes network calls: call it off the callers' locks.
+// It returns the calls' errors, joined.
 func (m *Mirror) Sync(ctx context.Context) error {
 	m.syncMu.Lock()
 	defer m.syncMu.Unlock()
@@ -265,8 +236,7 @@ func (m *Mirror) Sync(ctx context.Context) error {
 }
 
 // holdBack takes a shared meter's debt into the local one when it is past
-// twice the meter's tolerance and span (see Mirror), so that this gateway
-// draws nothing more until the shared meter is back within that.
+// twice the tolerance plus span (see Mirror).
 func (m *Mirror) holdBack(key string, l *Limits, st Status, span time.Duration) {
 	var debt [numDims]int64
 	over := false
