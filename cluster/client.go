@@ -23,19 +23,14 @@ type SentinelConfig struct {
 	Addrs []string `json:"addrs"`
 }
 
-// minIdleConns is how many connections the client keeps open and ready
-// beyond those in use: dialled and replaced in the background, so that a
-// call rarely pays for a connection's set-up (a TCP handshake and HELLO,
-// two round trips more; three with CLIENT SETINFO, which is off).
+// minIdleConns is how many idle connections the client keeps ready, so a
+// call rarely pays for a connection's set-up (two round trips more).
 const minIdleConns = 4
 
-// NewClient makes the cluster's Redis client: one server (url redis:// or
-// rediss://), a primary found through Sentinel (url redis-sentinel:// or
-// sentinel), or a Redis Cluster (clusterAddrs), each through go-redis's
-// UniversalClient with the options every call relies on (see
-// clientOptions). Placeholders in url and the addresses are replaced. The
-// client makes no connection until its first call; each command's time
-// goes to observe, and go-redis's own log lines to Caddy's log.
+// NewClient makes the cluster's Redis client: one server (redis:// or
+// rediss://), a primary found through Sentinel (redis-sentinel:// or
+// sentinel), or a Redis Cluster (clusterAddrs), with placeholders
+// replaced. It connects on first use; each command's time goes to observe.
 func NewClient(url string, sentinel *SentinelConfig, clusterAddrs []string, timeout time.Duration, observe prometheus.Observer) (redis.UniversalClient, error) {
 	repl := caddy.NewReplacer()
 	raw := repl.ReplaceAll(url, "")
@@ -63,9 +58,7 @@ func NewClient(url string, sentinel *SentinelConfig, clusterAddrs []string, time
 	return client, nil
 }
 
-// urlOptions reads the options the cluster's redis URL (raw, its
-// placeholders replaced) gives: one server's address, credentials,
-// database and TLS, or a sentinel:// URL's sentinels and primary.
+// urlOptions reads the options the redis URL raw gives.
 func urlOptions(sentinel *SentinelConfig, clusterAddrs []string, raw string) (*redis.UniversalOptions, error) {
 	o := &redis.UniversalOptions{}
 	switch {
@@ -79,8 +72,7 @@ func urlOptions(sentinel *SentinelConfig, clusterAddrs []string, raw string) (*r
 	case raw != "":
 		opt, err := redis.ParseURL(raw)
 		if err != nil {
-			// The URL may carry a password: the error shows neither it
-			// nor the config's text.
+			// The URL may carry a password: keep it out of the error.
 			return nil, fmt.Errorf("cluster: redis: not a redis://, rediss:// or redis-sentinel:// URL: %v", redactURLError(err, raw))
 		}
 		o.Addrs, o.Username, o.Password, o.DB, o.TLSConfig = []string{opt.Addr}, opt.Username, opt.Password, opt.DB, opt.TLSConfig
@@ -88,9 +80,8 @@ func urlOptions(sentinel *SentinelConfig, clusterAddrs []string, raw string) (*r
 	return o, nil
 }
 
-// kindOptions sets the options of a Sentinel-watched primary (the
-// sentinel block) or a Redis Cluster (cluster_addrs) over what the URL
-// gave, or checks that the URL names a server.
+// kindOptions sets the options of a sentinel block or cluster_addrs over
+// what the URL gave, or checks that the URL names a server.
 func kindOptions(sentinel *SentinelConfig, clusterAddrs []string, o *redis.UniversalOptions, raw string, repl *caddy.Replacer) error {
 	switch {
 	case sentinel != nil && len(clusterAddrs) > 0:
@@ -120,9 +111,7 @@ func kindOptions(sentinel *SentinelConfig, clusterAddrs []string, o *redis.Unive
 }
 
 // parseSentinelURL reads
-// redis-sentinel://[[user]:password@]host:port[,host:port...]/master[/db]:
-// the sentinels, the primary's name and database; the credentials are
-// the primary's and the sentinels'.
+// redis-sentinel://[[user]:password@]host:port[,host:port...]/master[/db].
 func parseSentinelURL(raw string, o *redis.UniversalOptions) error {
 	rest := strings.TrimPrefix(raw, "redis-sentinel://")
 	bad := func(why string) error {
@@ -163,14 +152,10 @@ func parseSentinelURL(raw string, o *redis.UniversalOptions) error {
 }
 
 // clientOptions sets the options every cluster call relies on: no retry
-// (a Charge retried after its first attempt reached Redis would charge
-// twice); timeout bounds each read and write of a command on the socket,
-// so a Redis slower than it is an outage, decided locally; connections
-// are kept warm, and a connection's dial has a budget of its own
-// (dialTimeout), so that timeout bounds a command, not a handshake: with
-// Redis 200 ms away and timeout 500ms, a call on a new connection takes
-// about three round trips and still succeeds, where a budget of 500ms for
-// all of it failed every time.
+// (a retried Charge could charge twice); timeout bounds each socket read
+// and write, so a slower Redis is an outage, decided locally; connections
+// are kept warm, and a dial has a budget of its own (dialTimeout), so that
+// timeout bounds a command, not a handshake.
 func clientOptions(o *redis.UniversalOptions, timeout time.Duration) {
 	o.MaxRetries = -1
 	o.ContextTimeoutEnabled = false
@@ -180,14 +165,12 @@ func clientOptions(o *redis.UniversalOptions, timeout time.Duration) {
 	o.MinIdleConns = minIdleConns
 	o.ConnMaxIdleTime = -1 // kept: Redis does not close idle clients by default
 	o.DisableIdentity = true
-	// Pipelines (the stream of served cost) on the main pool, whose
-	// connections are kept warm: the pipeline pool never pre-dials.
+	// Pipelines on the main, warm pool: the pipeline pool never pre-dials.
 	o.PipelinePoolSize = -1
 }
 
-// dialTimeout bounds the set-up of a connection: longer than a command's
-// timeout, since it is rarely paid (warm connections) and a handshake
-// takes round trips of its own.
+// dialTimeout bounds a connection's set-up, which takes round trips of
+// its own.
 func dialTimeout(timeout time.Duration) time.Duration { return max(4*timeout, time.Second) }
 
 // CallBudget bounds a whole call on a client of NewClient (context

@@ -15,11 +15,9 @@ import (
 // dial, say) is written at most; the ones between are counted.
 const redisLogEvery = 10 * time.Second
 
-// redisLog routes go-redis's own log lines through Caddy's logger (zap),
-// not to stderr: at most one line of each kind (its format) per interval,
-// with the count of those it held back since the last one, so that an
-// outage writes a line or two per gateway where go-redis wrote thirty in
-// 20 s. go-redis has one logger per process; every cluster shares it.
+// redisLog routes go-redis's own log lines through Caddy's logger: at most
+// one line of each kind (its format) per interval, with the count held
+// back since. go-redis has one logger per process.
 type redisLog struct {
 	every time.Duration
 	now   func() time.Time

@@ -13,12 +13,9 @@ import (
 )
 
 const (
-	// MaxLen caps the stream's entries. With N gateways syncing every
-	// 100 ms it holds 1000/N seconds of entries: far more than any gateway
-	// lags between two calls. Entries older than the exchange's TTL are
-	// trimmed too (XADD MINID, on Redis's clock), and an entry names only
-	// the declared tenants and the undeclared ones' group, so the stream's
-	// bytes are bounded by the configuration, not by the callers.
+	// MaxLen caps the stream's entries (entries older than the TTL are
+	// trimmed too); an entry names only declared tenants and the
+	// undeclared group, so the stream is bounded by the configuration.
 	MaxLen = 10000
 	// ReadMax is the most entries one Swap reads.
 	ReadMax = 1000
@@ -27,9 +24,8 @@ const (
 	entryMax = 2000
 )
 
-// An entry's fields: gatewayField names its writer, and each tenant's
-// field is its name after tenantPrefix, so no tenant name, whatever its
-// bytes, can pass for the writer.
+// An entry's fields: its writer, and each tenant's name after
+// tenantPrefix, so no tenant name can pass for the writer.
 const (
 	gatewayField = "g"
 	tenantPrefix = "t:"
@@ -56,14 +52,11 @@ func NewExchange(client redis.UniversalClient, key, instance string, ttl time.Du
 
 // Swap appends mine (this gateway's served cost since its previous call)
 // and returns, appended to theirs, what the other gateways appended since
-// the last entry this gateway read. One round trip. On an error nothing
-// is known to be read, and mine may or may not have been written: the
-// caller drops it rather than risk charging it twice.
+// its last read. One round trip. On an error mine may or may not have been
+// written: the caller drops it rather than risk charging it twice.
 func (x *Exchange) Swap(ctx context.Context, mine []fairqueue.Served, theirs []fairqueue.Served) ([]fairqueue.Served, error) {
-	// A plain pipeline, not MULTI/EXEC: nothing here needs the commands
-	// together (a read after the own entry skips it by its writer), and a
-	// transaction whose MULTI is refused (a Redis still loading its data)
-	// leaves replies unread on the connection.
+	// A plain pipeline, not MULTI/EXEC: nothing needs the commands
+	// together, and a refused MULTI (Redis loading) leaves replies unread.
 	pipe := x.client.Pipeline()
 	for len(mine) > 0 {
 		n := min(len(mine), entryMax)
@@ -77,8 +70,7 @@ func (x *Exchange) Swap(ctx context.Context, mine []fairqueue.Served, theirs []f
 		}
 		add := &redis.XAddArgs{Stream: x.key, MaxLen: MaxLen, Approx: true, Values: x.args}
 		if ms, ok := idMillis(x.last); ok && ms > x.ttl.Milliseconds() {
-			// By time too: what is older than the TTL, by the newest
-			// entry read (Redis's clock), no gateway will read.
+			// By time too, on Redis's clock: older than the TTL.
 			add.MaxLen, add.MinID = 0, strconv.FormatInt(ms-x.ttl.Milliseconds(), 10)
 		}
 		pipe.XAdd(ctx, add)

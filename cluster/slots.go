@@ -38,9 +38,8 @@ type Grant struct {
 	// Slots is how many requests the gateway may have in flight on the
 	// pool until its next Sync.
 	Slots int
-	// Fair is its fair share of the pool; above Slots while the others
-	// still hold slots that are its due (they free them as their requests
-	// complete, and announce it: Move).
+	// Fair is its fair share of the pool; above Slots while others still
+	// hold slots that are its due.
 	Fair int
 	// Announced is what the call announced to the other gateways, Claim
 	// or Freed; "" when nothing (see Move).
@@ -49,14 +48,10 @@ type Grant struct {
 	// live gateways had in flight on it at their last Sync.
 	Others map[string]int
 	// Targets is, for each upstream the Sync named, how many of the
-	// gateway's requests it should have on it: its grant placed where the
-	// others leave room (see sync.lua), so that the gateways together
-	// put no more on an upstream than its slots.
+	// gateway's requests it should have on it (see sync.lua).
 	Targets map[string]int
 	// Fresh reports that the pool held no entry of the gateway before
-	// this call: its first, or Redis lost the pool (a restart) or the
-	// entry lapsed. The others may then hold slots Redis does not know of
-	// yet (see doc.go).
+	// this call (its first, Redis lost the pool, or the entry lapsed).
 	Fresh bool
 	// Now is the call's time on Redis's clock (Unix ms), for a later
 	// Renewal.Since.
@@ -76,12 +71,9 @@ type Load struct {
 
 // The kinds of Move, as sync.lua publishes them.
 const (
-	// Claim: the gateway's weight grew and it is owed slots, so the
-	// others' fair shares fell: they should renew now, lowering their
-	// grants, rather than at their next sync.
+	// Claim: the gateway is owed slots; the others should renew now.
 	Claim = "claim"
-	// Freed: the gateway holds fewer slots than before, which a gateway
-	// owed some (Grant.Fair above Grant.Slots) may take.
+	// Freed: the gateway holds fewer slots than before.
 	Freed = "freed"
 )
 
@@ -106,16 +98,14 @@ type Moves struct {
 	channel string
 }
 
-// Moves returns a subscription to the pool's moves. It makes no call (it
-// may be made under a lock): Follow connects it.
+// Moves returns a subscription to the pool's moves without a call (it may
+// be made under a lock): Follow connects it.
 func (b *Broker) Moves() *Moves {
 	return &Moves{ps: b.client.Subscribe(context.Background()), channel: b.channel}
 }
 
-// Follow subscribes and passes each move announced to each until Close;
-// listening is called once Redis confirms the subscription. An error
-// (Redis down) is retried by the subscription, which resubscribes as it
-// reconnects.
+// Follow subscribes and passes each move to each until Close; listening
+// is called once Redis confirms. The subscription reconnects by itself.
 func (m *Moves) Follow(listening func(), each func(Move)) {
 	ctx := context.Background()
 	if err := m.ps.Subscribe(ctx, m.channel); err == nil {
@@ -154,10 +144,8 @@ type Renewal struct {
 	Since int64
 }
 
-// Sync renews r.Instance's entry and returns its grant of the pool's
-// slots: how many requests it may have in flight on the pool until its
-// next Sync. One round trip. A sync that raises the gateway's weight, or
-// lowers what it holds, is announced (Move) in the same call.
+// Sync renews r.Instance's entry and returns its grant, in one round trip
+// that also announces a Move when one is due.
 func (b *Broker) Sync(ctx context.Context, r Renewal) (Grant, error) {
 	ttl := max(b.ttl.Milliseconds(), 1)
 	milli := int64(1)
@@ -209,8 +197,7 @@ func (b *Broker) Sync(ctx context.Context, r Renewal) (Grant, error) {
 // Release drops instance's entry (a gateway stopping cleanly), so its
 // slots come back at once rather than after the TTL.
 func (b *Broker) Release(ctx context.Context, instance string) error {
-	// One round trip; the release is announced, so that a gateway owed
-	// slots takes them now.
+	// Announced, so that a gateway owed slots takes them now.
 	_, err := b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.HDel(ctx, b.key, instance)
 		p.HDel(ctx, b.upKey, instance)
