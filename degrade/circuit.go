@@ -67,10 +67,8 @@ func (c CircuitConfig) withDefaults() CircuitConfig {
 	return c
 }
 
-// Validate reports every problem of c at once (joined with errors.Join, one
-// per line), each prefixed "circuit_break: " and naming the field and the
-// accepted range. Zero fields are checked as their defaults, so a lone
-// "trigger 0.9" is reported against the default recover 1.00.
+// Validate reports every problem of c at once, each naming the field and
+// the accepted range. Zero fields are checked as their defaults.
 func (c CircuitConfig) Validate() error {
 	var errs []error
 	add := func(format string, args ...any) {
@@ -157,11 +155,9 @@ type Circuit struct {
 	bind   []int     // scratch, per step: the binding resource
 }
 
-// NewCircuit validates cfg (see Validate) and returns a circuit with every
-// tier admitted, an empty demand window, and the upstreams not saturated.
-// It measures demand in each of resources (their names, for reports; none
-// means one unnamed resource), each against its own capacity (Observe).
-// It copies cfg.Order and resources.
+// NewCircuit validates cfg and returns a circuit with every tier admitted
+// and an empty window. It measures demand in each of resources (names, for
+// reports; none means one unnamed resource), each against its own capacity.
 func NewCircuit(cfg CircuitConfig, resources ...string) (*Circuit, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -212,11 +208,8 @@ type CircuitTransition struct {
 	At         time.Time // the now passed to Observe
 }
 
-// String renders t for logs, e.g.
-// "circuit shed tier low (level 0 -> 1, demand 1.523x capacity, saturated
-// 98% of the window)". On a readmission the ratio is the demand with the
-// tier readmitted. Three decimals, like the ladder's water, so a ratio
-// just over a line does not print as the line itself.
+// String renders t for logs. Three decimals, so a ratio just over a line
+// does not print as the line itself.
 func (t CircuitTransition) String() string {
 	verb := "readmitted"
 	if t.Up {
@@ -231,9 +224,8 @@ func (t CircuitTransition) String() string {
 }
 
 // Arrive records the demand of one arriving request at now: units[r] in
-// resource r (NewCircuit's order; missing ones are 0). Call it for every
-// arrival, refused ones included. Units that are NaN, infinite or <= 0 are
-// ignored; times earlier than the current bucket count in it.
+// resource r. Call it for every arrival, refused ones included. Units that
+// are NaN, infinite or <= 0 are ignored.
 func (c *Circuit) Arrive(now time.Time, tier string, units ...float64) {
 	c.credit(now)
 	b := c.bucket(c.cur)
@@ -246,9 +238,7 @@ func (c *Circuit) Arrive(now time.Time, tier string, units ...float64) {
 }
 
 // Saturated records whether the upstreams are saturated from now on:
-// every slot busy or the account exhausted, with requests waiting. Only
-// changes need be told. Time before the first call counts as not
-// saturated.
+// every slot busy or the account exhausted, with requests waiting.
 func (c *Circuit) Saturated(now time.Time, on bool) {
 	c.credit(now)
 	c.satOn = on
@@ -264,19 +254,16 @@ func (c *Circuit) Saturation(now time.Time) float64 {
 
 func (c *Circuit) saturation() float64 { return min(c.rate[c.satCol], 1) }
 
-// Observe measures the demand at now against capacity (what the upstreams
-// can serve of each resource, in its units/s, NewCircuit's order), applies
-// the lines, the saturation gate and the hold rule, and returns the
-// transitions made (nil when none). A capacity <= 0, NaN, infinite or
-// missing is no data on its resource.
+// Observe measures the demand at now against capacity (units/s per
+// resource), applies the lines, the saturation gate and the hold rule, and
+// returns the transitions made (nil when none).
 func (c *Circuit) Observe(now time.Time, capacity ...float64) []CircuitTransition {
 	if !c.signals(now, capacity) {
 		return nil
 	}
 	sat := c.saturation()
 	if sat < c.cfg.Saturation {
-		// Not saturated for long enough: nothing is shed, whatever the
-		// demand reads; readmission (below Recover) goes on.
+		// Not saturated for long enough: nothing is shed.
 		for i, w := range c.waters {
 			c.waters[i] = min(w, c.cfg.Trigger)
 		}
@@ -296,8 +283,7 @@ func (c *Circuit) Observe(now time.Time, capacity ...float64) []CircuitTransitio
 }
 
 // Signals returns, for each sheddable tier, the signal Observe would
-// compare with the lines at now for capacity (a fresh slice; nil when no
-// capacity is data). It moves the window to now and changes nothing else.
+// compare with the lines at now (nil when no capacity is data).
 func (c *Circuit) Signals(now time.Time, capacity ...float64) []float64 {
 	if !c.signals(now, capacity) {
 		return nil
@@ -318,8 +304,7 @@ func (c *Circuit) signals(now time.Time, capacity []float64) bool {
 		}
 		col := c.rate[r*(n+1) : (r+1)*(n+1)]
 		// Suffix sums from the top down, so the signals never increase
-		// from a lower tier to a higher one, bit for bit, on each
-		// resource and so on their largest.
+		// from a lower tier to a higher one, bit for bit.
 		s := col[n]
 		for i := n - 1; i >= 0; i-- {
 			s += col[i]
@@ -358,11 +343,8 @@ func (c *Circuit) Config() CircuitConfig {
 	return d
 }
 
-// Demand returns the demand on resource r (NewCircuit's order) measured
-// over the window ending at now, in units/s: perTier[i] for Order[i] (shed
-// or not; a fresh slice), tierless for arrivals with no known tier, and
-// their total. It moves the window to now like Arrive and Observe. An r
-// out of range reads no demand.
+// Demand returns the demand on resource r over the window ending at now,
+// in units/s: perTier[i] for Order[i], tierless, and their total.
 func (c *Circuit) Demand(now time.Time, r int) (perTier []float64, tierless, total float64) {
 	c.credit(now)
 	n := len(c.cfg.Order)
@@ -378,11 +360,9 @@ func (c *Circuit) Demand(now time.Time, r int) (perTier []float64, tierless, tot
 	return col[:n:n], col[n], total
 }
 
-// ReadmitIn returns how long from now tier stays shed at least: the time
-// until the holds of the tier and of every shed tier above it have elapsed,
-// since tiers are readmitted from the top. 0 when the tier is not shed, or
-// when no hold keeps it out and only demand does; the caller then picks the
-// Retry-After floor (an observation interval, say).
+// ReadmitIn returns how long from now tier stays shed at least: until the
+// holds of it and of every shed tier above it have elapsed. 0 when it is
+// not shed or only demand keeps it out.
 func (c *Circuit) ReadmitIn(now time.Time, tier string) time.Duration {
 	var wait time.Duration
 	for i := c.column(tier); i < c.ladder.Level(); i++ {
@@ -394,14 +374,11 @@ func (c *Circuit) ReadmitIn(now time.Time, tier string) time.Duration {
 }
 
 // Carry makes c, a circuit just built from a reloaded configuration, adopt
-// the live state of old, the circuit it replaces, and returns c's level.
-//
-// Shed state and hold timers follow Ladder.Carry on the sheddable tiers.
-// The window restarts from old's measured rate per resource and tier, by
-// name, as if steady over a whole window (an unknown tier counts as
-// tier-less, an unknown resource is dropped), with old's saturated share
-// and state: a reload neither forgets an overload nor readmits tiers on an
-// empty window. Call it before c's first use; a nil old changes nothing.
+// the state of old, and returns c's level. Shed state and hold timers
+// follow Ladder.Carry. The window restarts from old's rate per resource and
+// tier, by name, as if steady over a whole window (an unknown tier counts
+// as tier-less), with old's saturation: a reload neither forgets an
+// overload nor readmits tiers on an empty window.
 func (c *Circuit) Carry(old *Circuit) int {
 	if old == nil {
 		return c.Level()
@@ -446,8 +423,7 @@ func (c *Circuit) Carry(old *Circuit) int {
 	return c.Level()
 }
 
-// column returns tier's index in Order, or len(Order) (tier-less) when it
-// is not there. A linear scan: tiers are few, and it allocates nothing.
+// column returns tier's index in Order, or len(Order) (tier-less).
 func (c *Circuit) column(tier string) int {
 	for i, name := range c.cfg.Order {
 		if name == tier {
@@ -465,10 +441,8 @@ func (c *Circuit) bucket(k int64) []float64 {
 	return c.ring[s*cols : (s+1)*cols]
 }
 
-// credit adds the saturated time up to now to the buckets it fell in,
-// moving the window along, and moves the window to now: every method
-// moves the window through it. Only the last ring's worth of a long
-// saturated spell can still be in the window.
+// credit adds the saturated time up to now to the buckets it fell in and
+// moves the window to now. Every method moves the window through it.
 func (c *Circuit) credit(now time.Time) {
 	if c.satOn && c.started && now.After(c.satAt) {
 		// Every call moves the window through here, so satAt is never
@@ -499,12 +473,9 @@ func minTime(a, b time.Time) time.Time {
 	return b
 }
 
-// advance moves the window to now: the first call starts the clock; a time
-// in a later bucket clears the buckets entered (at most the whole ring) and
-// re-sums the complete ones, which costs O(buckets × columns) at most once
-// per bucket width and keeps full free of accumulated rounding. A time in
-// the current bucket or earlier costs two comparisons (no division) and
-// changes nothing but last.
+// advance moves the window to now: a time in a later bucket clears the
+// buckets entered and re-sums the complete ones, which keeps full free of
+// accumulated rounding.
 func (c *Circuit) advance(now time.Time) {
 	if !c.started {
 		c.started, c.origin, c.last, c.next = true, now, now, now.Add(c.width)
@@ -534,12 +505,8 @@ func (c *Circuit) advance(now time.Time) {
 }
 
 // rates fills dst (one entry per column) with the demand over the window
-// ending at now, in units/s (the saturated column in seconds per second),
-// without moving the window: the current bucket, plus the complete
-// buckets, minus the part of the oldest complete bucket that has slid out
-// (in proportion to the time elapsed in the current bucket). Before the
-// first call every rate is 0; time before it counts as no demand and not
-// saturated.
+// ending at now, in units/s, without moving the window: the current and
+// the complete buckets, less the part of the oldest that has slid out.
 func (c *Circuit) rates(now time.Time, dst []float64) {
 	if !c.started {
 		clear(dst)

@@ -15,10 +15,9 @@ const DefaultHold = 5 * time.Second
 // NewLadder and feed it water levels with Observe. Not safe for concurrent
 // use.
 type Ladder struct {
-	steps   []Step
-	actions []Action // actions[i] == steps[i].Action
-	hold    time.Duration
-	level   int
+	steps []Step
+	hold  time.Duration
+	level int
 
 	moved  []bool      // moved[i]: step i has made at least one transition
 	lastAt []time.Time // lastAt[i]: time of step i's last transition, if moved[i]
@@ -43,16 +42,11 @@ func (t Transition) String() string {
 	return fmt.Sprintf("degrade %s %s (level %d -> %d, water %.3f)", t.Step, verb, t.From, t.To, t.Water)
 }
 
-// NewLadder validates steps and returns a ladder at level 0 with no step
-// held. hold is the minimum time between two transitions of the same step (0
-// disables holding; negative is an error). knownClasses lists every class
-// an action may name; an action naming any other class is an error. An empty
-// steps list is valid and yields a ladder that always stays at level 0.
-//
-// Every error names the offending step, e.g.
-// "degrade step L2: recover 0.90 must be below trigger 0.85". Beyond each
-// step's own checks, names must be unique, triggers increase and recovery
-// lines never decrease. NewLadder copies its arguments.
+// NewLadder validates steps and returns a ladder at level 0. hold is the
+// minimum time between two transitions of one step (0: none). An action
+// naming a class not in knownClasses is an error. Beyond each step's own
+// checks, names must be unique, triggers increase and recovery lines never
+// decrease; every error names the offending step.
 func NewLadder(steps []Step, hold time.Duration, knownClasses []string) (*Ladder, error) {
 	if hold < 0 {
 		return nil, fmt.Errorf("degrade: hold %s must not be negative", hold)
@@ -95,17 +89,12 @@ func NewLadder(steps []Step, hold time.Duration, knownClasses []string) (*Ladder
 // newLadder is NewLadder without the checks, for the circuit breaker,
 // whose steps share one pair of lines and carry no action.
 func newLadder(steps []Step, hold time.Duration) *Ladder {
-	l := &Ladder{
-		steps:   slices.Clone(steps),
-		actions: make([]Action, len(steps)),
-		hold:    hold,
-		moved:   make([]bool, len(steps)),
-		lastAt:  make([]time.Time, len(steps)),
+	return &Ladder{
+		steps:  slices.Clone(steps),
+		hold:   hold,
+		moved:  make([]bool, len(steps)),
+		lastAt: make([]time.Time, len(steps)),
 	}
-	for i, s := range steps {
-		l.actions[i] = s.Action
-	}
-	return l
 }
 
 // Observe records the water level seen at now, applies the lines and the
@@ -175,21 +164,21 @@ func (l *Ladder) Active() []Action {
 	if l.level == 0 {
 		return nil
 	}
-	return slices.Clone(l.actions[:l.level])
+	out := make([]Action, l.level)
+	for i := range out {
+		out[i] = l.steps[i].Action
+	}
+	return out
 }
 
 // Steps returns a copy of the ladder's steps, in order.
 func (l *Ladder) Steps() []Step { return slices.Clone(l.steps) }
 
-// Carry makes l, a ladder just built from a reloaded configuration, adopt the
-// live state of old, the ladder it replaces, and returns l's resulting level.
-//
-// The steps of the longest common prefix of step names, p, keep old's state
-// and last transition time (hold timers run on); l's level becomes
-// min(old.Level(), p) and later steps start fresh, with no Transition
-// reported. Only names are compared: changed lines or actions apply from
-// the next Observe. Call it before l's first Observe; a nil old changes
-// nothing.
+// Carry makes l, a ladder just built from a reloaded configuration, adopt
+// the state of old, and returns l's level. The longest common prefix of
+// step names keeps old's state and hold timers; l's level becomes
+// min(old.Level(), prefix), with no Transition reported. Changed lines or
+// actions apply from the next Observe. Call it before l's first Observe.
 func (l *Ladder) Carry(old *Ladder) int {
 	if old == nil {
 		return l.level

@@ -19,9 +19,8 @@ type Rate struct {
 const rateForms = "want <n>/s, <n>/m, <n>tok/s or <n>tok/m, e.g. 20/s, 1200/m, 5000tok/s, 100tok/m"
 
 // ParseRate parses a throttle rate: "<n>/s" or "<n>/m" (requests per second
-// or per minute) and "<n>tok/s" or "<n>tok/m" (estimated tokens per second
-// or per minute). n is a positive decimal number and may have a fraction
-// ("0.5/s"). Per-minute rates are stored as n/60 per second.
+// or per minute) and "<n>tok/s" or "<n>tok/m" (estimated tokens). n is a
+// positive decimal number.
 func ParseRate(s string) (Rate, error) {
 	num, unit, ok := strings.Cut(s, "/")
 	if !ok {
@@ -57,9 +56,8 @@ func ParseRate(s string) (Rate, error) {
 	return r, nil
 }
 
-// String formats r so that ParseRate(r.String()) == r for every valid r. It
-// uses the shorter of the per-second and the per-minute form among those that
-// parse back to exactly r ("20/s", "100tok/m").
+// String formats r so that ParseRate(r.String()) == r, in the shorter of
+// the per-second and the exact per-minute form ("20/s", "100tok/m").
 func (r Rate) String() string {
 	suffix := "/s"
 	if r.Tokens {

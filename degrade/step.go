@@ -13,9 +13,8 @@ type ActionKind int
 
 // The actions of DESIGN.md section 5.
 const (
-	// ActionPause makes a class yield: none of its requests is dispatched while a
-	// request of an unpaused class is waiting (fairqueue's rule; a slot
-	// nobody else wants still goes to it).
+	// ActionPause makes a class yield: none of its requests is dispatched
+	// while a request of an unpaused class is waiting.
 	ActionPause ActionKind = iota + 1
 	// ActionLightMode rewrites the class's request bodies: input trimmed to
 	// MaxInputTokens, output capped at MaxTokens.
@@ -160,9 +159,8 @@ func (s Step) String() string {
 	return s.Name + " trigger " + fmtLine(s.Trigger) + " recover " + fmtLine(s.Recover) + " " + s.Action.String()
 }
 
-// fmtLine formats a water line exactly (it parses back to the same float64),
-// with at least two decimals as in the Caddyfile examples: 0.7 -> "0.70",
-// 1 -> "1.00", 0.333 -> "0.333".
+// fmtLine formats a water line exactly, with at least two decimals:
+// 0.7 -> "0.70", 0.333 -> "0.333".
 func fmtLine(f float64) string {
 	s := strconv.FormatFloat(f, 'f', -1, 64)
 	if math.IsNaN(f) || math.IsInf(f, 0) {
@@ -213,12 +211,8 @@ func finitePositive(f float64) bool {
 //	<name> trigger <x> recover <y> light_mode <class> [max_input_tokens <n>] [max_tokens <n>]
 //	<name> trigger <x> recover <y> throttle <class> <rate>
 //
-// e.g. strings.Fields("L1 trigger 0.70 recover 0.60 pause batch"). The
-// light_mode options may come in either order; at least one is required.
-// ParseStep also runs every check a step can make on its own (recover below
-// trigger, positive limits, valid rate), so such errors surface at parse time;
-// NewLadder adds the checks across steps and against the known classes.
-// Errors are prefixed "degrade step <name>: " and quote the offending token.
+// and runs every check a step can make on its own; NewLadder adds the
+// checks across steps. Errors quote the offending token.
 func ParseStep(args []string) (Step, error) {
 	if len(args) == 0 || args[0] == "" {
 		return Step{}, fmt.Errorf("degrade step: missing step name")

@@ -12,22 +12,13 @@ import (
 // maxBurst caps the bucket size of absurdly high rates.
 const maxBurst = 1 << 30
 
-// Throttle is the token bucket of a throttle action, built on
-// golang.org/x/time/rate with the time passed in.
-//
-// The bucket refills at Rate.PerSecond and holds burst = max(floor(PerSecond
-// × 1s), 1) units: requests for a request rate, estimated tokens for a token
-// rate. It starts full.
-//
-// An admission costs 1 for a request rate, the estimated tokens (at least
-// 1) for a token rate. A request larger than the whole bucket is admitted
-// when it is full and leaves it in debt, so the long-run rate still holds;
-// the debt is capped at MaxDebt of refill, so one huge request holds the
-// class for about a minute at most. Refusals consume nothing.
-//
-// A now earlier than one already seen (goroutines racing for the lock) is
-// no time passing; retryAfter stays relative to the caller's now. A
-// Throttle is safe for concurrent use.
+// Throttle is the token bucket of a throttle action, on golang.org/x/time/rate
+// with the time passed in. It refills at Rate.PerSecond and holds
+// max(floor(PerSecond × 1s), 1) units (requests, or estimated tokens); it
+// starts full. A request larger than the bucket is admitted when it is
+// full and leaves it in debt, capped at MaxDebt of refill, so the long-run
+// rate holds. Refusals consume nothing. A now earlier than one already
+// seen is no time passing. Safe for concurrent use.
 type Throttle struct {
 	mu    sync.Mutex
 	r     Rate
@@ -36,9 +27,7 @@ type Throttle struct {
 	last  time.Time // latest now seen, for the monotonic clamp
 }
 
-// NewThrottle returns a full bucket for r. r must be valid (finite
-// PerSecond > 0, as ParseRate and NewLadder guarantee); NewThrottle panics
-// otherwise.
+// NewThrottle returns a full bucket for r; it panics if r is invalid.
 func NewThrottle(r Rate) *Throttle {
 	if err := r.validate(); err != nil {
 		panic(fmt.Sprintf("degrade.NewThrottle: %v", err))
@@ -57,21 +46,14 @@ func (t *Throttle) Rate() Rate { return t.r }
 // Burst returns the bucket size, in requests or tokens.
 func (t *Throttle) Burst() int { return t.burst }
 
-// Admit asks to admit one request at now. tokens is the request's estimated
-// token count; it is ignored by a request-rate throttle. If the request is
-// admitted, Admit consumes its cost and returns (true, 0). Otherwise it
-// consumes nothing and returns (false, retryAfter) where retryAfter > 0 is
-// the shortest wait after which the same request would be admitted if
-// nothing else were admitted in between: Admit(now+retryAfter, tokens)
-// succeeds.
+// Admit asks to admit one request of tokens (ignored by a request rate) at
+// now, consuming its cost if admitted. Otherwise it returns the shortest
+// wait after which the same request would be admitted if nothing else were.
 func (t *Throttle) Admit(now time.Time, tokens int) (ok bool, retryAfter time.Duration) {
 	return t.admit(now, tokens, true)
 }
 
-// Peek is Admit without consuming anything: whether Admit would admit the
-// request now, and if not, the same retryAfter. It lets a caller refuse
-// before doing work the admission would need (reading a body), and admit
-// for real later.
+// Peek is Admit without consuming anything.
 func (t *Throttle) Peek(now time.Time, tokens int) (ok bool, retryAfter time.Duration) {
 	return t.admit(now, tokens, false)
 }
@@ -102,11 +84,9 @@ func (t *Throttle) admit(now time.Time, tokens int, consume bool) (ok bool, retr
 				return true, 0
 			}
 		default:
-			// Oversized token request on a full bucket: raise the burst
-			// just long enough to reserve cost (driving tokens to
-			// burst-cost), then restore it. now == the limiter's last
-			// update after the first SetBurstAt, so no refill is computed
-			// against the raised burst.
+			// Oversized request on a full bucket: raise the burst just
+			// long enough to reserve cost, then restore it. No refill is
+			// computed against the raised burst (same now).
 			t.lim.SetBurstAt(now, cost)
 			t.lim.ReserveN(now, cost)
 			t.lim.SetBurstAt(now, t.burst)
@@ -139,9 +119,7 @@ func (t *Throttle) cost(tokens int) int {
 }
 
 // wait returns the smallest d > 0 such that the bucket holds need at now+d,
-// exact to the nanosecond in the limiter's own arithmetic (so that
-// Admit(now+d) succeeds and Admit(now+d-1ns) would not). The bucket holds less
-// than need at now (have < need), and TokensAt is non-decreasing in time.
+// exact to the nanosecond in the limiter's own arithmetic. have < need.
 func (t *Throttle) wait(now time.Time, have float64, need int) time.Duration {
 	want := float64(need)
 	holds := func(d time.Duration) bool { return t.lim.TokensAt(now.Add(d)) >= want }
