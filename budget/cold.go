@@ -3,24 +3,17 @@ package budget
 import "time"
 
 // ColdRate bounds the throughput from above while Throughput has no sample
-// yet: on a cold gateway with no configured prior, before the first 5 s
-// bucket of busy time with MinCompletions completions has closed.
-//
-// What is known then is how many slots are busy and for how long each of
-// their requests has been running: a request in flight for a seconds takes
-// at least a seconds, and a completed one took exactly its service time.
-// Over every request dispatched so far (the cohort), the mean of those
-// times is therefore at most the cohort's mean service time S, and
+// yet. A request in flight for a seconds takes at least a seconds, and a
+// completed one took exactly its service time, so over every request
+// dispatched so far the mean of those times is at most the mean service
+// time S, and
 //
 //	rate <= slots x mean cost / S <= slots x mean cost / mean(ages, services)
 //
-// The completed requests alone give a second, tighter bound (the first to
-// complete are the short ones); Rate uses the larger of the two means, the
-// latter from ColdCompletions completions on.
-//
-// An ETA at this rate is a lower bound, so a request that misses its
-// deadline even at it misses for sure: early refusal may act on it before
-// any measurement. It is never used to admit. O(1), allocation-free.
+// The completed requests alone give a tighter bound (the first to complete
+// are the short ones); Rate uses the larger mean, the latter from
+// ColdCompletions completions on. An ETA at this rate is a lower bound:
+// early refusal may act on it, never admission.
 type ColdRate struct {
 	started bool
 	origin  time.Time
@@ -35,9 +28,7 @@ type ColdRate struct {
 }
 
 // ColdCompletions is how many completions ColdRate needs before the mean
-// service time of the completed requests alone counts: as many as the
-// throughput window needs in a sample (DefaultMinCompletions), so that one
-// request that happened to be quick does not set the rate.
+// service time of the completed requests alone counts.
 const ColdCompletions = DefaultMinCompletions
 
 // Start records a dispatch of a request of cost units at now.

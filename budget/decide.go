@@ -88,13 +88,9 @@ func RetryAfter(eta time.Duration) time.Duration {
 	return (eta + time.Second - 1) / time.Second * time.Second
 }
 
-// RetryAfterJitter returns the Retry-After for a refusal whose retry is
-// likely to succeed in about eta (the time for the work ahead to drain):
-// RetryAfter(eta + u × spread), spread being half of eta and at least
-// JitterMin, for u in [0, 1) drawn by the caller (a seeded source, so runs
-// on a virtual clock are exact). Clients refused in one burst then come
-// back spread over a window instead of together. Still at least 1s and at
-// most MaxRetryAfter.
+// RetryAfterJitter returns RetryAfter(eta + u × spread), spread being half
+// of eta and at least JitterMin, for u in [0, 1) drawn by the caller:
+// clients refused in one burst come back spread out instead of together.
 func RetryAfterJitter(eta time.Duration, u float64) time.Duration {
 	if !(u > 0) {
 		u = 0
@@ -109,8 +105,7 @@ func RetryAfterJitter(eta time.Duration, u float64) time.Duration {
 // JitterMin is the least window RetryAfterJitter spreads retries over.
 const JitterMin = 2 * time.Second
 
-// RetryAfterSeconds is RetryAfter in whole seconds, for the header value:
-// the one place a Retry-After duration becomes the header's integer.
+// RetryAfterSeconds is RetryAfter in whole seconds, for the header value.
 func RetryAfterSeconds(eta time.Duration) int {
 	return int(RetryAfter(eta) / time.Second)
 }

@@ -5,9 +5,8 @@ import (
 	"time"
 )
 
-// Never is the ETA of work that will not be done: rate 0, no healthy
-// upstream. About 146 years (2^62 ns): it fails every real deadline, and
-// adding to it any shorter duration, or adding it to a time.Time, does not
+// Never is the ETA of work that will not be done (2^62 ns): it fails every
+// deadline, and adding a shorter duration or a time.Time to it cannot
 // overflow. Treat any ETA >= Never as never.
 const Never = time.Duration(1 << 62)
 

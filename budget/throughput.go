@@ -2,6 +2,7 @@ package budget
 
 import (
 	"math"
+	"slices"
 	"time"
 )
 
@@ -15,15 +16,13 @@ const (
 
 // ThroughputConfig configures a Throughput. Zero fields take the defaults.
 type ThroughputConfig struct {
-	// Window is the span of completed buckets the estimate looks at.
-	// Default 60s. It should comfortably exceed the latency of a typical long
-	// request, or samples cannot collect MinCompletions completions.
+	// Window is the span of completed buckets the estimate looks at; it
+	// should exceed a long request's latency. Default 60s.
 	Window time.Duration
 	// Buckets splits Window; bucket width = Window/Buckets. Default 12.
 	Buckets int
 	// Quantile of the sample rates taken as the measured rate, in (0, 1].
-	// Default 0.25: low, because LLM throughput is long-tailed. Values above 1
-	// are clamped to 1.
+	// Default 0.25: low, because LLM throughput is long-tailed.
 	Quantile float64
 	// Prior is the rate in cost units per second per unit of healthy (see
 	// Observe) assumed before any data; it fades out over Warmup of busy
@@ -130,18 +129,16 @@ func NewThroughput(cfg ThroughputConfig) *Throughput {
 }
 
 // SetBusy reports whether the system is saturated from now on: no dispatch
-// slot free, or a request waiting. Only busy time and the completions
-// observed during it feed the rate. Calling it with an unchanged state is
-// cheap; call it whenever it may have changed.
+// slot free, or a request waiting. Only busy time and its completions feed
+// the rate.
 func (t *Throughput) SetBusy(now time.Time, busy bool) {
 	t.advance(now)
 	t.busy = busy
 }
 
 // Observe records a completion of cost units at now, with healthy upstreams
-// (or slots: any capacity measure, the same as passed to Rate) at that
-// moment. healthy <= 0 counts as 1. Negative, NaN or infinite costs are
-// ignored. O(1) amortised, no allocation.
+// (any capacity measure, the same as passed to Rate). healthy <= 0 counts
+// as 1. Negative, NaN or infinite costs are ignored.
 func (t *Throughput) Observe(now time.Time, cost float64, healthy int) {
 	if !(cost >= 0) || math.IsInf(cost, 1) {
 		return
@@ -216,8 +213,7 @@ func (t *Throughput) bucketStart(k int64) time.Time {
 }
 
 // advance moves the window to now, crediting busy time to every bucket the
-// interval since the last call overlaps. Each bucket is reset once per
-// lifetime, so the cost is O(1) amortised (O(Buckets) at most per call).
+// interval since the last call overlaps.
 func (t *Throughput) advance(now time.Time) {
 	if !t.started {
 		t.started = true
@@ -349,15 +345,7 @@ func quantile(xs []float64, q float64) float64 {
 	case 1:
 		return xs[0]
 	}
-	// Insertion sort: at most Buckets values, no allocation.
-	for i := 1; i < len(xs); i++ {
-		v := xs[i]
-		j := i - 1
-		for ; j >= 0 && xs[j] > v; j-- {
-			xs[j+1] = xs[j]
-		}
-		xs[j+1] = v
-	}
+	slices.Sort(xs)
 	h := q * float64(len(xs)-1)
 	i := int(h)
 	if i >= len(xs)-1 {
