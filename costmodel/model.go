@@ -11,13 +11,9 @@ import (
 
 // Defaults of Config's zero fields.
 const (
-	// DefaultMemory: an observation's weight falls to 1/e after 500 more,
-	// so a change of model is absorbed (its old weight below 2%) within
-	// 2000 requests while about 1000 requests' worth of evidence backs
-	// each fit.
+	// DefaultMemory: an observation's weight falls to 1/e after 500 more.
 	DefaultMemory = 500
-	// DefaultMinSamples observations before a fit may be Ready: fewer
-	// than this and a handful of odd requests would set the WFQ costs.
+	// DefaultMinSamples observations before a fit may be Ready.
 	DefaultMinSamples = 100
 	// DefaultMinSpread is the smallest coefficient of variation of prompt
 	// (and completion) sizes that can separate per-token time from the
@@ -27,8 +23,7 @@ const (
 	// slope system: |corr(prompt, completion)| < 0.998.
 	DefaultMaxCondition = 1000
 	// DefaultMaxTokens bounds an observation's prompt and completion
-	// sizes (16 Mi tokens, beyond any context window): larger values are
-	// measurement errors and would dominate the fit.
+	// sizes, beyond any context window.
 	DefaultMaxTokens = 1 << 24
 	// DefaultMaxBusy bounds an observation's busy time.
 	DefaultMaxBusy = time.Hour
@@ -42,16 +37,13 @@ type Config struct {
 	Memory int `json:"memory,omitempty"`
 	// MinSamples is the number of observations before a fit may be Ready.
 	MinSamples int `json:"min_samples,omitempty"`
-	// MinSpread is the smallest (weighted) standard deviation of prompt
-	// sizes, and of completion sizes, relative to their mean (or to 1
-	// token when the mean is below 1), for their coefficient to be
-	// identifiable: with every prompt the same size, per-prompt-token time
-	// and overhead cannot be told apart.
+	// MinSpread is the smallest weighted standard deviation of prompt (and
+	// completion) sizes, relative to their mean (at least 1 token), for
+	// their coefficient to be told apart from the overhead.
 	MinSpread float64 `json:"min_spread,omitempty"`
 	// MaxCondition is the largest condition number, (1+|r|)/(1-|r|) for
 	// the correlation r of prompt and completion sizes, at which the two
-	// per-token times are still fitted: above it they move together and
-	// only their sum is known.
+	// per-token times are still fitted.
 	MaxCondition float64 `json:"max_condition,omitempty"`
 	// MaxTokens and MaxBusy bound accepted observations; observations
 	// outside [0, MaxTokens] tokens or [0, MaxBusy] are counted in
@@ -118,8 +110,7 @@ type Model struct {
 
 // stats are the exponentially weighted sufficient statistics: total
 // weight, means, and centered co-moments of (prompt, completion, busy
-// seconds). Centered moments keep the intercept out of the slope system
-// and do not cancel catastrophically as raw sums of squares would.
+// seconds).
 type stats struct {
 	n, rejected int
 	w, w2       float64 // Σw, Σw²
@@ -141,9 +132,8 @@ func New(cfg Config) *Model {
 }
 
 // Observe records one served request: its prompt and completion tokens and
-// the time it kept its upstream busy (dispatch to last byte). Negative or
-// out-of-range observations are counted as rejected and change nothing
-// else. It allocates nothing.
+// the time it kept its upstream busy. Out-of-range observations are only
+// counted as rejected.
 func (m *Model) Observe(prompt, completion int64, busy time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -196,8 +186,7 @@ const (
 	// per-token times is known.
 	StatusCollinear
 	// StatusNoCompletionTime: the best non-negative fit gives completion
-	// tokens no time at all (busy time flat, zero, or falling with output
-	// length), so costs in output-token units are undefined.
+	// tokens no time, so costs in output-token units are undefined.
 	StatusNoCompletionTime
 )
 
