@@ -9,17 +9,10 @@
 // 1 h, 24 h): wait quantiles come from merging fixed log-bucket
 // histograms, so they cost the same whatever the traffic was.
 //
-// Fair shares are weighted fair queuing's own: on every tick the queue
-// names the tenants with work waiting that dispatch may take (Sample), and
-// the tokens served since the previous tick are owed to them by weight,
-// while a tenant with nothing waiting is owed what it used. A tenant's
-// fair share over a window is its part of what was owed, so one that used
-// capacity nobody else wanted is not shown as taking more than its share,
-// and one that waited and got less is.
+// Fair shares are weighted fair queuing's own (see History.Sample).
 //
 // Memory is bounded by configuration, not by traffic: a ring of
-// TenantBytes (about 450 KB) per tenant that recorded anything, plus
-// FixedBytes; ten busy tenants and _unknown hold about 5 MB. Tenants a
+// TenantBytes per tenant that recorded anything, plus FixedBytes. Tenants a
 // reload removes are dropped (Declare), and undeclared names count under
 // UnknownTenant, so a client inventing tenant IDs cannot grow it.
 //

@@ -59,16 +59,13 @@ var outcomeIndex = func() map[string]int {
 // QuotaReasons are the quota meters a limit hit names.
 var QuotaReasons = [...]string{"qps", "tokens", "joint"}
 
-// Quota actions: a request its quota delayed (it waited in its queue), or
-// refused (429 quota_exceeded).
+// Quota actions: a request its quota delayed, or refused.
 const (
 	actionDelayed = 0
 	actionRefused = 1
 )
 
-// tenantMinute is one tenant's aggregates over one minute. Counts are
-// uint32: four billion requests of one tenant in a minute is far beyond
-// any gateway.
+// tenantMinute is one tenant's aggregates over one minute.
 type tenantMinute struct {
 	minute   int64 // unix minute this slot holds; a slot holding another is stale
 	outcomes [numOutcomes]uint32
@@ -103,8 +100,7 @@ const (
 	TenantMinuteBytes = 320
 	// TenantBytes is one tenant's ring: 24 hours of minutes.
 	TenantBytes = TenantMinuteBytes * Minutes
-	// gatewaySlotBytes and transitionBytes are the fixed rings' entries
-	// (a transition's step or tier name is shared with the config).
+	// gatewaySlotBytes and transitionBytes are the fixed rings' entries.
 	gatewaySlotBytes = 56
 	transitionBytes  = 88
 	// FixedBytes is what a History holds whatever its tenants: the
@@ -146,10 +142,8 @@ type Sample struct {
 	DegradeLevel int
 	CircuitLevel int
 	// Backlogged are the flow owners with a request waiting that
-	// dispatch may take now (fairqueue's AppendBacklogged): declared
-	// tenants by name, the undeclared tenants' group as UnknownTenant,
-	// each with its weight. The tokens served since the previous sample
-	// to tenants backlogged now are owed to them by weight (see Sample).
+	// dispatch may take now (the undeclared group as UnknownTenant), each
+	// with its weight.
 	Backlogged []Backlogged
 }
 
@@ -216,10 +210,9 @@ type ring struct {
 	weight     float64
 }
 
-// ringLocked returns the tenant's ring, made on first use. Rings exist
-// for declared tenants and UnknownTenant only (Declare drops the others),
-// so a ring found is the tenant's own: one map lookup per record, for the
-// common case.
+// ringLocked returns the tenant's ring (UnknownTenant's for an undeclared
+// one), made on first use. Rings exist for declared tenants and
+// UnknownTenant only, so a ring found is the tenant's own.
 func (h *History) ringLocked(tenant string) *ring {
 	r := h.tenants[tenant]
 	if r == nil {
@@ -260,18 +253,15 @@ type Answer struct {
 	Wait time.Duration
 	// Tokens is what it really used (0 when none were served).
 	Tokens int64
-	// Boosted and ETA are what the wait-budget logic did when the request
-	// was dispatched (false and zero for one never dispatched): whether it
-	// was boosted, and the wait it was promised against the Wait it had.
-	// A zero ETA or Wait (nothing was predicted, or nothing waited)
-	// records no ETA accuracy.
+	// Boosted and ETA are whether the request was boosted at dispatch
+	// and the wait it was promised; a zero ETA or Wait records no ETA
+	// accuracy.
 	Boosted bool
 	ETA     time.Duration
 }
 
-// Outcome counts one answered request of tenant. One call per answer,
-// dispatch and outcome together: the request path takes the history's lock,
-// shared by every request of the queue, once.
+// Outcome counts one answered request of tenant, dispatch and outcome
+// together, so the request path takes the shared lock once.
 func (h *History) Outcome(tenant string, a Answer) {
 	if h == nil {
 		return
@@ -343,20 +333,16 @@ func (h *History) QuotaCharged(tenant string, tokens int64) {
 	s.chargedT += max(tokens, 0)
 }
 
-// Sample records the gateway's state; the queue's tick calls it, so each
-// second and minute keeps its last state and its highest water, degrade
-// and circuit levels.
+// Sample records the gateway's state at a tick: each second and minute
+// keeps its last state and its highest water, degrade and circuit levels.
 //
 // It also settles who was owed the tokens served since the previous
 // sample, as weighted fair queuing defines a fair share: the tokens served
-// to the tenants backlogged now (g.Backlogged) are owed to them in
-// proportion to their weights, and a tenant not backlogged is owed what
-// it was served, having asked for no more. Summed over a window, each
-// tenant's owed tokens over all the tokens served is its fair share
-// there: a tenant that used capacity nobody else wanted is not counted
-// as taking more than its share. Tokens count when their request
-// completes, so over one tick this is coarse; over the minutes of a
-// window it converges.
+// to the tenants backlogged now are owed to them by weight, and a tenant
+// not backlogged is owed what it was served, having asked for no more. A
+// tenant that used capacity nobody else wanted is thus not counted as
+// taking more than its share. Coarse over one tick, it converges over a
+// window.
 func (h *History) Sample(g Sample) {
 	if h == nil {
 		return
@@ -371,8 +357,8 @@ func (h *History) Sample(g Sample) {
 	h.oweLocked(g.Backlogged, m)
 }
 
-// oweLocked settles the tokens pending since the last sample (see Sample)
-// into minute m: O(tenants), with no allocation once the rings exist.
+// oweLocked settles the tokens pending since the last sample into minute
+// m (see Sample).
 func (h *History) oweLocked(backlogged []Backlogged, m int64) {
 	h.samples++
 	var weights float64
@@ -446,8 +432,7 @@ func (h *History) transition(t Transition) {
 
 func unixMinute(t time.Time) int64 { return t.Unix() / 60 }
 
-// ringIndex maps a unix minute or second to its slot (non-negative for
-// times before 1970 too).
+// ringIndex maps a unix minute or second to its slot, also before 1970.
 func ringIndex(at int64, n int) int {
 	i := at % int64(n)
 	if i < 0 {

@@ -49,13 +49,10 @@ type Report struct {
 	// Tenants are sorted by name: every tenant given params, and any other
 	// tenant with records.
 	Tenants []TenantReport `json:"tenants"`
-	// Jain is Jain's fairness index of served-token share over fair share
-	// (TenantReport.FairShare), over the tenants owed a part of the
-	// window's tokens: 1 when each got what WFQ owed it, 1/n when one
-	// took everything the others waited for. A tenant that asked for less
-	// than its weight's share, or used capacity nobody else wanted, does
-	// not lower it. 0 when nothing was served (JainTenants says over how
-	// many tenants).
+	// Jain is Jain's fairness index of served-token share over fair share,
+	// over the JainTenants tenants owed a part of the window's tokens: 1
+	// when each got what WFQ owed it, 1/n when one took everything the
+	// others waited for; 0 when nothing was served.
 	Jain        float64 `json:"jain"`
 	JainTenants int     `json:"jain_tenants"`
 	// Series is the gateway over the window, oldest first: per second for
@@ -85,12 +82,9 @@ type TenantReport struct {
 	WaitHistogram []uint64 `json:"wait_histogram"`
 	// ServedTokens are the tokens served, actual usage.
 	ServedTokens int64 `json:"served_tokens"`
-	// Weight is the tenant's weight in the configuration in force. Share
-	// is its part of the tokens served in the window. FairShare is its
-	// part of what WFQ owed: in each interval between two ticks (50 ms),
-	// the tokens served to the tenants with requests waiting are owed to
-	// them by weight, and a tenant with none waiting is owed what it was
-	// served (see History.Sample). 0 for a tenant owed nothing.
+	// Weight is the tenant's weight in force. Share is its part of the
+	// tokens served in the window; FairShare its part of what WFQ owed
+	// (see History.Sample), 0 for a tenant owed nothing.
 	Weight    float64 `json:"weight"`
 	Share     float64 `json:"share"`
 	FairShare float64 `json:"fair_share"`
@@ -132,9 +126,8 @@ type QuotaSummary struct {
 	// meter).
 	JointLimit  float64 `json:"joint_limit"`
 	TokenWeight float64 `json:"token_to_qps_weight"`
-	// PerCaller: the limits bind each caller counted here separately,
-	// while the charged rates are all of them together, so there is no
-	// occupancy.
+	// PerCaller: the limits bind each caller counted here separately, so
+	// there is no occupancy.
 	PerCaller bool `json:"per_caller"`
 	// ChargedPerSec, ChargedTokensPerMin and ChargedJointPerSec are
 	// averages over Report.Span; the joint one weighs tokens at the
@@ -385,6 +378,5 @@ func (h *History) transitionsLocked(since time.Time) []Transition {
 	return out
 }
 
-// round keeps four decimals: the series is for charts, and shorter JSON
-// polls faster.
+// round keeps four decimals: the series is for charts.
 func round(x float64) float64 { return math.Round(x*1e4) / 1e4 }
