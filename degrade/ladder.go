@@ -155,9 +155,6 @@ func (l *Ladder) mayMove(i int, now time.Time) bool {
 // Level returns the current level: steps 1..Level() are engaged.
 func (l *Ladder) Level() int { return l.level }
 
-// Hold returns the minimum time between two transitions of one step.
-func (l *Ladder) Hold() time.Duration { return l.hold }
-
 // Active returns the actions of the engaged steps, in step order (step 1
 // first). It returns nil at level 0 and a fresh slice otherwise.
 func (l *Ladder) Active() []Action {

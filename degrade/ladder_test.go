@@ -254,7 +254,7 @@ func TestActiveAndSteps(t *testing.T) {
 	if l2.Steps()[0].Trigger != 0.70 {
 		t.Fatal("NewLadder kept a reference to the caller's slice")
 	}
-	if l.Hold() != 0 {
+	if l.hold != 0 {
 		t.Fatal("Hold")
 	}
 }

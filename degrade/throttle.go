@@ -43,9 +43,6 @@ func NewThrottle(r Rate) *Throttle {
 // Rate returns the throttle's rate.
 func (t *Throttle) Rate() Rate { return t.r }
 
-// Burst returns the bucket size, in requests or tokens.
-func (t *Throttle) Burst() int { return t.burst }
-
 // Admit asks to admit one request of tokens (ignored by a request rate) at
 // now, consuming its cost if admitted. Otherwise it returns the shortest
 // wait after which the same request would be admitted if nothing else were.

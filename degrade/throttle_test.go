@@ -27,8 +27,8 @@ func TestThrottleBurst(t *testing.T) {
 	}
 	for _, tc := range tests {
 		th := NewThrottle(mustRate(t, tc.rate))
-		if th.Burst() != tc.burst {
-			t.Errorf("%s: burst %d, want %d", tc.rate, th.Burst(), tc.burst)
+		if th.burst != tc.burst {
+			t.Errorf("%s: burst %d, want %d", tc.rate, th.burst, tc.burst)
 		}
 		if th.Rate() != mustRate(t, tc.rate) {
 			t.Errorf("%s: Rate() = %v", tc.rate, th.Rate())
@@ -113,7 +113,7 @@ func TestThrottleLongRun(t *testing.T) {
 			if dev := math.Abs(admitted-want) / want; dev > 0.01 {
 				t.Fatalf("admitted %.0f over %v, want %.0f ±1%% (off by %.2f%%)", admitted, dur, want, dev*100)
 			}
-			if max := want + float64(th.Burst()) + 12000; admitted > max {
+			if max := want + float64(th.burst) + 12000; admitted > max {
 				t.Fatalf("admitted %.0f exceeds rate x duration + burst + largest request = %.0f", admitted, max)
 			}
 		})
@@ -200,7 +200,7 @@ func TestThrottleRetryAfterExact(t *testing.T) {
 					gap = time.Duration(float64(time.Second) / th.r.PerSecond) // about one refill per call: half refused
 				}
 				now = now.Add(time.Duration(rng.Int64N(int64(gap))))
-				n := 1 + rng.IntN(2*th.Burst()+1)
+				n := 1 + rng.IntN(2*th.burst+1)
 				before := th.lim.TokensAt(now)
 				ok, retry := th.Admit(now, n)
 				if ok {
@@ -214,7 +214,7 @@ func TestThrottleRetryAfterExact(t *testing.T) {
 				if !th.r.Tokens {
 					need = 1
 				}
-				need = math.Min(need, float64(th.Burst()))
+				need = math.Min(need, float64(th.burst))
 				if got := th.lim.TokensAt(now.Add(retry)); got < need {
 					t.Fatalf("at now+retryAfter(%v) the bucket holds %v < %v", retry, got, need)
 				}
@@ -244,7 +244,7 @@ func TestThrottleRefusalsConsumeNothing(t *testing.T) {
 			hammered := 0
 			for tick := range 30000 {
 				now := t0.Add(time.Duration(tick) * time.Millisecond)
-				n := 1 + rng.IntN(2*quiet.Burst())
+				n := 1 + rng.IntN(2*quiet.burst)
 				okQ, retryQ := quiet.Admit(now, n)
 				okB, retryB := busy.Admit(now, n)
 				if okQ != okB || retryQ != retryB {

@@ -85,13 +85,8 @@ type MeterStatus struct {
 
 // Meter returns the status of dimension d.
 func (s *Status) Meter(d Dimension) MeterStatus {
-	switch d {
-	case DimQPS:
-		return s.Requests
-	case DimTokens:
-		return s.Tokens
-	case DimJoint:
-		return s.Joint
+	if i, ok := dimIndex(d); ok {
+		return *s.at(i)
 	}
 	return MeterStatus{}
 }
