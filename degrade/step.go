@@ -86,25 +86,19 @@ type Action struct {
 // "light_mode interactive max_input_tokens 2048 max_tokens 256",
 // "throttle realtime 20/s".
 func (a Action) String() string {
-	var b strings.Builder
-	b.WriteString(a.Kind.String())
-	b.WriteByte(' ')
-	b.WriteString(a.Class)
+	s := a.Kind.String() + " " + a.Class
 	switch a.Kind {
 	case ActionLightMode:
 		if a.MaxInputTokens != 0 {
-			b.WriteString(" max_input_tokens ")
-			b.WriteString(strconv.Itoa(a.MaxInputTokens))
+			s += " max_input_tokens " + strconv.Itoa(a.MaxInputTokens)
 		}
 		if a.MaxTokens != 0 {
-			b.WriteString(" max_tokens ")
-			b.WriteString(strconv.Itoa(a.MaxTokens))
+			s += " max_tokens " + strconv.Itoa(a.MaxTokens)
 		}
 	case ActionThrottle:
-		b.WriteByte(' ')
-		b.WriteString(a.Rate.String())
+		s += " " + a.Rate.String()
 	}
-	return b.String()
+	return s
 }
 
 // validate checks the action on its own (not its class against a config).
