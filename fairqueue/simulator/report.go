@@ -61,13 +61,6 @@ func (res *Result) Format(w io.Writer) {
 	}
 }
 
-// String returns Format's output.
-func (res *Result) String() string {
-	var b strings.Builder
-	res.Format(&b)
-	return b.String()
-}
-
 // table writes rows with columns padded to their widest cell; the first
 // `left` columns are left-aligned (names), the rest right-aligned (numbers).
 func table(w io.Writer, rows [][]string, left int) { tableLast(w, rows, left, false) }

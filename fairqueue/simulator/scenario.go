@@ -253,11 +253,9 @@ func (r *Request) Actual() int64 { return r.Prompt + r.Output }
 
 // Service is how long the request holds an upstream slot:
 // 30 ms + 0.05 ms per prompt token + 15 ms per output token.
-func (r *Request) Service() time.Duration { return serviceTime(r.Prompt, r.Output) }
-
-func serviceTime(prompt, output int64) time.Duration {
-	return 30*time.Millisecond + time.Duration(prompt)*50*time.Microsecond +
-		time.Duration(output)*15*time.Millisecond
+func (r *Request) Service() time.Duration {
+	return 30*time.Millisecond + time.Duration(r.Prompt)*50*time.Microsecond +
+		time.Duration(r.Output)*15*time.Millisecond
 }
 
 // Workload is a scenario's requests for one seed.

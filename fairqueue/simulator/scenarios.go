@@ -300,6 +300,35 @@ func Peak() *Scenario {
 	}
 }
 
+// CostMix is a workload for fitting and using a learned cost model: a
+// prompt-heavy tenant (2k-16k-token prompts, 64-token answers), an
+// output-heavy one (short prompts, 500-1000-token answers) and a chat
+// tenant (heavy-tailed prompts, 25-600-token answers), 16 requests/s for
+// 10 minutes on 4x8 slots. Prompt and output sizes vary widely and
+// independently within each tenant, so every coefficient of the cost model
+// is identifiable; under `tokens` costs the prompt-heavy tenant is charged
+// far more than the upstream time it takes, relative to the others.
+func CostMix() *Scenario {
+	end := 10 * time.Minute
+	return &Scenario{
+		Name:        "costmix",
+		Description: "prompt-heavy, output-heavy and chat tenants of equal weight: the cost model's workload; 4x8 slots",
+		Upstreams:   4, Slots: 8,
+		Classes: defaultClasses,
+		Tenants: []TenantSpec{
+			{Name: "prefill", Weight: 1, Class: "batch",
+				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 4, End: end},
+				Prompt:   uniform(2000, 16000), MaxTokens: constant(64)},
+			{Name: "decode", Weight: 1, Class: "batch",
+				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 4, End: end},
+				Prompt:   uniform(50, 500), MaxTokens: constant(1000)},
+			{Name: "chat", Weight: 1, Class: "interactive",
+				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 8, End: end},
+				Prompt:   pareto(200, 8000, 1.5), MaxTokens: uniform(50, 600)},
+		},
+	}
+}
+
 var registry = map[string]func() *Scenario{
 	"seed000":          Seed000,
 	"seed002":          Seed002,
