@@ -138,16 +138,10 @@ func (s *sim) result(policy string) *Result {
 		Violations: s.violations, ViolationCount: s.nViolation, contended: s.contended,
 		Budgets: s.budgets, MaxBoostedInflight: s.maxBoosted, BoostViolations: s.boostViol,
 		Timeline: s.timeline}
-	if s.ladder != nil {
-		res.Transitions = s.ladder.Transitions()
-	}
-	if c, ok := s.sched.(interface {
-		CircuitEvents() []fairqueue.CircuitEvent
-	}); ok {
-		res.CircuitEvents = c.CircuitEvents()
-	}
-	if s.admit != nil {
-		res.BoostLimit = s.admit.BoostLimit(s.sc.Capacity())
+	if s.eng != nil {
+		res.Transitions = s.eng.transitions
+		res.CircuitEvents = s.eng.circuitEvents
+		res.BoostLimit = s.eng.boosts.Limit(s.sc.Capacity())
 	}
 	res.Rows = s.rows()
 	res.Overall = s.overall(res.Rows)

@@ -157,9 +157,9 @@ type sim struct {
 	mayIdle    bool
 	fbInflight int // on the fallback channel
 
-	budgets bool       // deadlines are enforced
-	admit   admitInfo  // nil when not implemented
-	ladder  ladderInfo // nil when not implemented or no ladder
+	budgets bool             // deadlines are enforced
+	eng     *engineScheduler // nil for a baseline
+	ladder  bool             // eng has a degrade ladder
 	// boostLimit is the boost budget at the current capacity;
 	// boostedAtDrop the boosted requests in flight when it last shrank,
 	// which may exceed the new limit until they complete.
@@ -190,15 +190,11 @@ func Run(w *Workload, p Policy) (*Result, error) {
 		return nil, fmt.Errorf("policy %s: %w", p.Name(), err)
 	}
 	s.sched = sched
-	if i, ok := sched.(idler); ok {
-		s.mayIdle = i.MayIdle()
-	}
-	s.admit, _ = sched.(admitInfo)
-	if l, ok := sched.(ladderInfo); ok && l.HasLadder() {
-		s.ladder = l
+	if e, ok := sched.(*engineScheduler); ok {
+		s.eng, s.mayIdle, s.ladder = e, e.mayIdle, e.ladder
 	}
 	s.budgets = sc.EnforceBudgets
-	if b, ok := p.(budgetPolicy); ok && b.EnforcesBudgets() {
+	if ep, ok := p.(EnginePolicy); ok && ep.Budgets {
 		s.budgets = true
 	}
 	s.setHealthy(sc.Upstreams)
@@ -217,8 +213,8 @@ func Run(w *Workload, p Policy) (*Result, error) {
 		}
 	}
 	s.loop()
-	if e, ok := sched.(interface{ Err() error }); ok && e.Err() != nil {
-		s.violate("%v", e.Err())
+	if s.eng != nil && s.eng.err != nil {
+		s.violate("%v", s.eng.err)
 	}
 	return s.result(p.Name()), nil
 }
@@ -264,13 +260,13 @@ func (s *sim) loop() {
 		case evArrival:
 			s.arrive(ev.arg)
 		case evExhaust:
-			if x, ok := s.sched.(interface{ ExhaustPrimary(time.Duration) }); ok {
-				x.ExhaustPrimary(s.now + s.sc.Exhausted[ev.arg].For)
+			if s.eng != nil {
+				s.eng.q.AccountExhausted(Epoch.Add(s.now + s.sc.Exhausted[ev.arg].For))
 			}
 		case evTick:
 			s.tickPending = false
 			s.sched.Tick()
-			if s.ladder != nil && s.now%time.Second == 0 {
+			if s.ladder && s.now%time.Second == 0 {
 				s.sample()
 			}
 		}
@@ -299,7 +295,7 @@ func (s *sim) afterEvent() {
 	}
 	// With a ladder, ticks go on while it is engaged: the ladder releases
 	// only on an observation.
-	if !s.tickPending && (s.queued > 0 || s.inflight > 0 || s.ladder != nil && s.ladder.Level() > 0) {
+	if !s.tickPending && (s.queued > 0 || s.inflight > 0 || s.ladder && s.eng.q.DegradeLevel() > 0) {
 		p := s.sc.tickPeriod()
 		s.tickPending = true
 		s.push(event{at: (s.now/p + 1) * p, kind: evTick})
@@ -317,7 +313,7 @@ func (s *sim) violate(format string, args ...any) {
 func (s *sim) Now() time.Duration { return s.now }
 
 func (s *sim) sample() {
-	s.timeline = append(s.timeline, Sample{At: s.now, Water: s.ladder.Water(), Level: s.ladder.Level(), Queued: s.queued})
+	s.timeline = append(s.timeline, Sample{At: s.now, Water: s.eng.q.Water(), Level: s.eng.q.DegradeLevel(), Queued: s.queued})
 }
 
 func (s *sim) setHealthy(n int) {
@@ -326,11 +322,11 @@ func (s *sim) setHealthy(n int) {
 	if free := s.capacity - max(old, s.inflight); free > 0 {
 		s.slotsFreed(free)
 	}
-	if s.admit != nil {
+	if s.eng != nil {
 		if s.capacity < old {
-			s.boostedAtDrop = s.admit.BoostedInflight()
+			s.boostedAtDrop = s.eng.boostedInflight()
 		}
-		s.boostLimit = s.admit.BoostLimit(s.capacity)
+		s.boostLimit = s.eng.boosts.Limit(s.capacity)
 	}
 	s.sched.SetHealthy(n)
 }
@@ -359,8 +355,8 @@ func (s *sim) arriveClosed(tenant int, at time.Duration) {
 }
 
 func (s *sim) arrive(id int) {
-	if s.ladder != nil {
-		if a, ok := s.ladder.LightMode(s.reqs[id].Tenant); ok {
+	if s.ladder {
+		if a, ok := s.eng.q.LightMode(s.eng.classes[s.reqs[id].Tenant]); ok {
 			trim(&s.reqs[id], a)
 			s.recs[id].Light = true
 		}
@@ -398,9 +394,9 @@ func (s *sim) arrive(id int) {
 	// Submit may have grown s.recs (a closed-loop refill on dispatch).
 	rec = &s.recs[id]
 	rec.Queued = rec.State == StateQueued
-	if s.admit != nil && rec.Queued {
+	if s.eng != nil && rec.Queued {
 		// Read at once: a later re-check replaces the ticket's ETA.
-		if eta, ok := s.admit.Prediction(id); ok && eta > 0 {
+		if eta, ok := s.eng.prediction(id); ok && eta > 0 {
 			rec.Predicted, rec.HasPrediction = eta, true
 		}
 	}
@@ -446,7 +442,7 @@ func (s *sim) Dispatched(id int) {
 	if s.inflight > s.capacity {
 		s.violate("t=%v: %d in flight exceeds capacity %d", s.now, s.inflight, s.capacity)
 	}
-	if s.admit != nil {
+	if s.eng != nil {
 		s.checkBoost(id)
 	}
 	s.started(id)
@@ -492,8 +488,8 @@ func (s *sim) DispatchedFallback(id int) {
 // checkBoost records whether id was boosted and checks the boost budget.
 func (s *sim) checkBoost(id int) {
 	rec := &s.recs[id]
-	rec.Boosted = s.admit.Boosted(id)
-	b := s.admit.BoostedInflight()
+	rec.Boosted = s.eng.boosted(id)
+	b := s.eng.boostedInflight()
 	s.maxBoosted = max(s.maxBoosted, b)
 	if b > s.boostLimit && (rec.Boosted || b > s.boostedAtDrop) {
 		s.boostViol++
