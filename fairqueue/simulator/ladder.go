@@ -118,7 +118,7 @@ func FormatTimeline(w io.Writer, res *Result, every time.Duration) {
 	sc := res.Scenario
 	fmt.Fprintf(w, "== %s / %s: degrade timeline (every %s, and every transition) ==\n",
 		sc.Name, res.Policy, dur(every))
-	tableLast(w, timelineRows(res, every), 0, true)
+	table(w, timelineRows(res, every), 0, true)
 	for i, e := range res.Episodes() {
 		var moves []string
 		for _, tr := range e.Transitions {
@@ -137,7 +137,7 @@ func FormatTimeline(w io.Writer, res *Result, every time.Duration) {
 			up++
 		}
 	}
-	fmt.Fprintf(w, "transitions: %d engaged, %d released; level at the end L%d\n", up, len(res.Transitions)-up, finalLevel(res))
+	fmt.Fprintf(w, "transitions: %d engaged, %d released; level at the end L%d\n", up, len(res.Transitions)-up, res.LevelAt(math.MaxInt64))
 	for _, c := range sc.Classes {
 		formatClassByLevel(w, res, c.Name)
 	}
