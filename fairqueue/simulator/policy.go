@@ -125,9 +125,12 @@ const singleTenant = "all"
 // New builds a queue on clock configured from sc.
 func (p EnginePolicy) New(sc *Scenario, clock *fairqueue.ManualClock, env Env) (Scheduler, error) {
 	cfg := fairqueue.Config{
-		CostUnit:    p.CostUnit,
-		MaxInflight: sc.Slots,
-		Tenants:     map[string]fairqueue.TenantConfig{},
+		CostUnit:      p.CostUnit,
+		MaxInflight:   sc.Slots,
+		MaxQueue:      sc.MaxQueue,
+		UpstreamQuota: sc.UpstreamQuota,
+		Tenants:       map[string]fairqueue.TenantConfig{},
+		Default:       fairqueue.TenantConfig{Weight: 1, Class: sc.Classes[0].Name},
 		// The margin must exceed the tick period, so a request is expired
 		// by a tick before its deadline passes rather than after.
 		ExpiryMargin: 2 * sc.tickPeriod(),
@@ -135,22 +138,19 @@ func (p EnginePolicy) New(sc *Scenario, clock *fairqueue.ManualClock, env Env) (
 	for _, c := range sc.Classes {
 		cfg.Classes = append(cfg.Classes, fairqueue.ClassConfig{Name: c.Name, WaitBudget: c.Budget})
 	}
-	names := make([]string, len(sc.Tenants))
-	if p.SingleTenant {
-		cfg.Tenants[singleTenant] = fairqueue.TenantConfig{Weight: 1, Class: sc.Classes[0].Name}
-		for i := range names {
-			names[i] = singleTenant
+	var names, classes []string
+	for _, t := range sc.Tenants {
+		name, class := t.Name, t.Class
+		if p.SingleTenant {
+			name, class = singleTenant, cfg.Default.Class
+		} else {
+			cfg.Tenants[name] = fairqueue.TenantConfig{Weight: t.Weight, Class: t.Class, Tier: t.Tier, Reserve: t.Reserve}
 		}
-	} else {
-		for i, t := range sc.Tenants {
-			cfg.Tenants[t.Name] = fairqueue.TenantConfig{Weight: t.Weight, Class: t.Class, Tier: t.Tier, Reserve: t.Reserve}
-			names[i] = t.Name
-		}
+		names, classes = append(names, name), append(classes, class)
 	}
-	cfg.Default = fairqueue.TenantConfig{Weight: 1, Class: sc.Classes[0].Name}
-	cfg.MaxQueue = sc.MaxQueue
-	cfg.UpstreamQuota = sc.UpstreamQuota
-	if !p.SingleTenant {
+	if p.SingleTenant {
+		cfg.Tenants[singleTenant] = cfg.Default
+	} else {
 		cfg.Degrade, cfg.DegradeHold = sc.Degrade, sc.DegradeHold
 		cfg.Circuit = sc.Circuit
 		if sc.Fallback != nil {
@@ -167,17 +167,10 @@ func (p EnginePolicy) New(sc *Scenario, clock *fairqueue.ManualClock, env Env) (
 	if err != nil {
 		return nil, err
 	}
-	e := &engineScheduler{q: q, env: env, names: names, start: clock.Now(),
+	e := &engineScheduler{q: q, env: env, names: names, classes: classes, start: clock.Now(),
 		ids: map[*fairqueue.Ticket]int{}, tickets: map[int]*fairqueue.Ticket{}, pending: -1,
 		mayIdle: cfg.MaxInflightTokens > 0 || cfg.UpstreamQuota != nil, ladder: len(cfg.Degrade) > 0,
 		boosts: budget.NewBoosts(cfg.Admission.BoostShareMax, cfg.Admission.PerTenantBoostHourly)}
-	for _, t := range sc.Tenants {
-		cls := t.Class
-		if p.SingleTenant {
-			cls = sc.Classes[0].Name
-		}
-		e.classes = append(e.classes, cls)
-	}
 	q.SetObserver(e.observe)
 	if cfg.CostUnit == fairqueue.CostLearned {
 		e.model, e.prompts = costmodel.New(costmodel.Config{}), map[int]int64{}
