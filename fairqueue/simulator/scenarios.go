@@ -155,12 +155,16 @@ func rateGroup(rate float64) string {
 	return "rate>=1/s"
 }
 
-// Outage is seed000 with one of the two upstreams down from 60 s to 120 s.
-func Outage() *Scenario {
-	sc := Seed000()
-	sc.Name = "outage"
-	sc.Description = "seed000 with one upstream down from 60 s to 120 s"
-	sc.Health = []HealthChange{{At: 60 * time.Second, Healthy: 1}, {At: 120 * time.Second, Healthy: 2}}
+// Outage is seed000 with one upstream down from 60 s to 120 s.
+func Outage() *Scenario { return withOutage(Seed000(), "outage", 60, 120) }
+
+// withOutage renames sc and takes one upstream down from second from to
+// second to.
+func withOutage(sc *Scenario, name string, from, to int) *Scenario {
+	sc.Description = fmt.Sprintf("%s with one upstream down from %d s to %d s", sc.Name, from, to)
+	sc.Name = name
+	sc.Health = []HealthChange{{At: time.Duration(from) * time.Second, Healthy: sc.Upstreams - 1},
+		{At: time.Duration(to) * time.Second, Healthy: sc.Upstreams}}
 	return sc
 }
 
@@ -229,13 +233,7 @@ func Seed000Stress() *Scenario {
 
 // StressOutage is seed000-stress with one upstream down from 900 s to
 // 960 s: the ETAs double, so the flood is refused until it returns.
-func StressOutage() *Scenario {
-	sc := Seed000Stress()
-	sc.Name = "stress-outage"
-	sc.Description = "seed000-stress with one upstream down from 900 s to 960 s"
-	sc.Health = []HealthChange{{At: 900 * time.Second, Healthy: 1}, {At: 960 * time.Second, Healthy: 2}}
-	return sc
-}
+func StressOutage() *Scenario { return withOutage(Seed000Stress(), "stress-outage", 900, 960) }
 
 // PeakLadder is the seed's degrade ladder: pause batch, light mode for
 // interactive, throttle realtime.
