@@ -1,9 +1,7 @@
 // Command fqsim replays a scenario under several scheduling policies on a
-// virtual clock and prints one table block per policy, then the
-// scenario's comparisons (wait budgets, degrade timeline, seed003's
-// provider account, seed004's quotas). Without -policy a scenario runs its
-// own policies, or else the standard ones. The model and the metrics are
-// documented in package fairqueue/simulator.
+// virtual clock and prints a table per policy, then the scenario's
+// comparisons. The model and the metrics are documented in package
+// fairqueue/simulator.
 //
 //	go -C cmd/fqsim run . -scenario seed000 [-policy all|budgets|fifo,wfq-tokens] [-seed N] [-plot DIR]
 //	go -C cmd/fqsim run . -scenario list
@@ -117,9 +115,8 @@ func choosePolicies(sc *simulator.Scenario, policy string) ([]simulator.Policy, 
 	return policies, nil
 }
 
-// report prints one policy's run: its table, its charts when plotDir is
-// set, its degrade timeline and circuit events when it has them, and the
-// health effects of the wfq-budgets run of a scenario with health changes.
+// report prints one policy's run: its table, charts, degrade timeline,
+// circuit events and, for wfq-budgets, the health changes' effects.
 func report(res *simulator.Result, plotDir string) error {
 	res.Format(os.Stdout)
 	fmt.Println()
@@ -147,8 +144,8 @@ func report(res *simulator.Result, plotDir string) error {
 	return nil
 }
 
-// compare prints the runs side by side: the wait-budget policies', then
-// seed003's provider-account measures or seed004's tenant-quota limiters.
+// compare prints the wait-budget runs side by side, then seed003's
+// provider-account measures or seed004's quota limiters.
 func compare(w *simulator.Workload, budgets []*simulator.Result) error {
 	if len(budgets) > 0 {
 		simulator.FormatBudgets(os.Stdout, budgets)

@@ -6,17 +6,12 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
 )
 
-// Circuit is tiered circuit breaking: three tiers of callers
-// (low 40%, mid 30%, high 30% of demand, two tenants each) send 1.5x what
-// the upstreams serve for three minutes, then 0.8x for three. The circuit
-// (trigger 1.3, recover 1.0, hold 10 s, window 10 s, order low mid high)
-// should shed low alone (what is left, 0.9x, fits), never mid nor high,
-// and readmit low once demand with it is back under capacity, without
-// flapping.
+// Circuit is tiered circuit breaking: three tiers of callers (low 40%,
+// mid 30%, high 30% of demand) send 1.5x what the upstreams serve for
+// three minutes, then 0.8x. The circuit should shed low alone (what is
+// left, 0.9x, fits) and readmit it later, without flapping.
 //
-// Sizes: prompt 200, max_tokens 40 (output 20..40, mean 30): a request
-// holds a slot 30 + 10 + 15 x 30 = 490 ms on average, so 2 x 8 slots serve
-// about 32.7 requests/s.
+// A request holds a slot 30 + 10 + 15 x 30 = 490 ms on average.
 func Circuit() *Scenario {
 	const capacity = 2 * 8 / 0.490 // requests/s
 	tenant := func(name, tier string, share float64) TenantSpec {
@@ -52,19 +47,14 @@ const (
 	CircuitEnd         = 6 * time.Minute
 )
 
-// CircuitMix is the circuit breaker under a shifting cost mix: one caller
-// per tier on 2 x 8 slots (a request holds a slot 30 ms + 0.05 ms a prompt
-// token + 15 ms an output token).
+// CircuitMix is the circuit breaker under a shifting cost mix, one caller
+// per tier:
 //
-//   - 0-30 s: both send chat (200-token prompts, 20-40-token answers,
-//     490 ms of slot time) at 1.1x the slots: saturated, under the
-//     trigger.
-//   - 30-150 s: low switches to documents (12,000-token prompts, 2-4-token
-//     answers: 675 ms of slot time but 50 times the tokens) and the load
-//     falls to 0.5x. Measured in tokens against what chat was served at,
-//     that reads as 7x capacity; the slots idle half the time.
-//   - 150-330 s: a real overload, 1.5x the slots (low's documents 0.6x,
-//     high's chat 0.9x): low is shed, what is left fits.
+//   - 0-30 s: both send chat (490 ms of slot time) at 1.1x the slots.
+//   - 30-150 s: low switches to documents (675 ms of slot time but 50
+//     times the tokens) and the load falls to 0.5x, which reads as 7x
+//     capacity in tokens.
+//   - 150-330 s: a real overload at 1.5x: low is shed.
 //   - 330-450 s: 0.8x: low is readmitted.
 func CircuitMix() *Scenario {
 	const slots = 16.0

@@ -1,6 +1,7 @@
 package simulator
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -165,4 +166,46 @@ func TestCostModelOnCostMix(t *testing.T) {
 // 30 ms + 0.05 ms per prompt token + 15 ms per output token, noise-free.
 func DefaultCostTruth() CostTruth {
 	return CostTruth{Overhead: 30 * time.Millisecond, PerPrompt: 50 * time.Microsecond, PerOutput: 15 * time.Millisecond}
+}
+
+// CostTruth is a ground-truth service-time model: a request holds its
+// upstream slot for Overhead + PerPrompt x prompt + PerOutput x output,
+// times a noise factor drawn uniformly from [1-Noise, 1+Noise]. The factor
+// has mean 1, so the noise-free time is also the expected one, which is
+// what a regression on observed busy times (package costmodel) estimates.
+type CostTruth struct {
+	Overhead  time.Duration
+	PerPrompt time.Duration
+	PerOutput time.Duration
+	// Noise is the half-width of the multiplicative noise, in [0, 1).
+	Noise float64
+}
+
+// Validate rejects negative times and noise outside [0, 1) (a factor of
+// 0 or below would make a request take no time).
+func (c CostTruth) Validate() error {
+	if c.Overhead < 0 || c.PerPrompt < 0 || c.PerOutput < 0 {
+		return fmt.Errorf("cost truth: negative time in %+v", c)
+	}
+	if !(c.Noise >= 0 && c.Noise < 1) {
+		return fmt.Errorf("cost truth: noise %v outside [0, 1)", c.Noise)
+	}
+	return nil
+}
+
+// Mean is the noise-free service time of a request.
+func (c CostTruth) Mean(prompt, output int64) time.Duration {
+	return c.Overhead + time.Duration(prompt)*c.PerPrompt + time.Duration(output)*c.PerOutput
+}
+
+// Sample is one observed service time of a request: Mean times a noise
+// factor drawn from r (no draw when Noise is 0, so a noise-free truth
+// leaves the stream untouched).
+func (c CostTruth) Sample(prompt, output int64, r *rand.Rand) time.Duration {
+	mean := c.Mean(prompt, output)
+	if c.Noise == 0 {
+		return mean
+	}
+	f := 1 + c.Noise*(2*r.Float64()-1)
+	return time.Duration(math.Round(float64(mean) * f))
 }

@@ -8,41 +8,33 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
-// WarmAfter is how long after the first dispatch of a run the engine has
-// measured enough service for EarlyReport's tighter bound on how soon a
-// refusal comes (WarmLimit).
-const WarmAfter = 5 * time.Second
+// A request arriving WarmAfter or more after the first dispatch, once the
+// engine has measured enough service, must be refused within WarmLimit.
+const (
+	WarmAfter = 5 * time.Second
+	WarmLimit = 500 * time.Millisecond
+)
 
-// WarmLimit is the longest a warm engine may take to refuse a request that
-// would miss its budget: from its arrival, at or after WarmAfter of
-// service, to its refusal.
-const WarmLimit = 500 * time.Millisecond
-
-// EarlyReport measures early refusal: a run with fast-fail (refusal at
-// admission and while queued) against the same workload run with fast-fail
-// off, request by request.
+// EarlyReport compares a run with fast-fail against the same workload
+// with fast-fail off, request by request.
 type EarlyReport struct {
-	// Precision is the fast-fail precision (FastFailPrecision).
-	Precision Precision
-	// AtAdmission and WhileQueued split the refusals by moment.
+	Precision                Precision
 	AtAdmission, WhileQueued int
-	// Right is the refusals of requests that missed their budget in the
-	// run without fast-fail; only they are held to the timing bounds.
+	// Right counts the refusals of requests that missed their budget
+	// without fast-fail; only they are held to the timing bounds.
 	Right int
-	// MaxDelay is the longest time from arrival to refusal over Right, and
-	// MaxDelayFrac the longest such time as a fraction of the request's
-	// budget; OverQuarter counts those over a quarter of it.
+	// MaxDelay is the longest time from arrival to refusal over Right,
+	// MaxDelayFrac its largest fraction of the budget; OverQuarter counts
+	// those over a quarter of it.
 	MaxDelay     time.Duration
 	MaxDelayFrac float64
 	OverQuarter  int
-	// Warm counts the Right refusals of requests arriving WarmAfter or more
-	// after the first dispatch; WarmMaxDelay and OverWarmLimit are their
-	// longest time to refusal and how many exceeded WarmLimit.
+	// Warm counts the Right refusals after WarmAfter; WarmMaxDelay and
+	// OverWarmLimit are their longest delay and those over WarmLimit.
 	Warm          int
 	WarmMaxDelay  time.Duration
 	OverWarmLimit int
-	// ServedOn and ServedOff are the actual tokens of completed requests
-	// in each run.
+	// ServedOn and ServedOff are the tokens completed in each run.
 	ServedOn, ServedOff int64
 }
 
@@ -54,8 +46,7 @@ func (e EarlyReport) ServedDiff() float64 {
 	return float64(e.ServedOn-e.ServedOff) / float64(e.ServedOff)
 }
 
-// Early compares on, a run with fast-fail, with off, the same workload
-// with fast-fail off.
+// Early compares on, a run with fast-fail, with off.
 func Early(on, off *Result) EarlyReport {
 	e := EarlyReport{Precision: FastFailPrecision(on, off),
 		ServedOn: on.Overall.Tokens, ServedOff: off.Overall.Tokens}
@@ -101,8 +92,7 @@ func Early(on, off *Result) EarlyReport {
 	return e
 }
 
-// missed reports whether request id missed its budget in res: expired,
-// refused, or dispatched after it.
+// missed reports whether request id missed its budget in res.
 func missed(res *Result, id int) bool {
 	rec, r := &res.Records[id], &res.Requests[id]
 	switch rec.State {

@@ -12,9 +12,8 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
-// Episode is one wave of a run with a degrade ladder: a maximal stretch of
-// the timeline whose water level is at least EpisodeWater, with the
-// transitions made during it.
+// Episode is one wave: a maximal stretch of the timeline whose water is
+// at least EpisodeWater, with the transitions made during it.
 type Episode struct {
 	From, To    time.Duration // first and last sample at or above EpisodeWater
 	Peak        float64
@@ -27,9 +26,8 @@ type Episode struct {
 // traffic keeps a few requests queued, which is not a wave.
 const EpisodeWater = 0.05
 
-// Episodes splits the run's timeline into waves. A transition belongs to
-// the wave it happened in; one made outside every wave (there should be
-// none: every line is above EpisodeWater) goes to the wave before it.
+// Episodes splits the run's timeline into waves. A transition made
+// outside every wave goes to the wave before it.
 func (res *Result) Episodes() []Episode {
 	var eps []Episode
 	open := false
@@ -69,8 +67,7 @@ func (res *Result) Episodes() []Episode {
 	return eps
 }
 
-// LevelAt returns the ladder level in effect at t: after every transition
-// made at or before t.
+// LevelAt returns the ladder level in effect at t.
 func (res *Result) LevelAt(t time.Duration) int {
 	level := 0
 	for _, tr := range res.Transitions {
@@ -82,8 +79,7 @@ func (res *Result) LevelAt(t time.Duration) int {
 	return level
 }
 
-// ClassOutcome counts what became of the requests of one class that
-// arrived while the ladder stood at a given level.
+// ClassOutcome counts the requests of one class that arrived at one level.
 type ClassOutcome struct {
 	N, Met, Throttled, Light int
 }
@@ -91,9 +87,8 @@ type ClassOutcome struct {
 // MetFraction is Met / N (NaN for no requests).
 func (c ClassOutcome) MetFraction() float64 { return frac(c.Met, c.N) }
 
-// ClassByLevel returns, per ladder level at arrival (index 0..len(steps)),
-// the outcomes of the requests of class cls: met counts those dispatched
-// within their budget.
+// ClassByLevel returns, per ladder level at arrival, the outcomes of the
+// requests of class cls.
 func (res *Result) ClassByLevel(cls string) []ClassOutcome {
 	sc := res.Scenario
 	out := make([]ClassOutcome, len(sc.Degrade)+1)
@@ -117,15 +112,13 @@ func (res *Result) ClassByLevel(cls string) []ClassOutcome {
 	return out
 }
 
-// FormatTimeline writes a run's degrade timeline: the water level, the
-// ladder level and the queue every `every` of virtual time (a stretch with
-// an empty queue at L0 is shown by its first and last rows), every
-// transition as it happened, then a line per wave and per class.
+// FormatTimeline writes a run's degrade timeline every `every` and at
+// every transition, then a line per wave and per class.
 func FormatTimeline(w io.Writer, res *Result, every time.Duration) {
 	sc := res.Scenario
 	fmt.Fprintf(w, "== %s / %s: degrade timeline (every %s, and every transition) ==\n",
 		sc.Name, res.Policy, dur(every))
-	tableLast(w, timelineRows(res, every), 0, true)
+	table(w, timelineRows(res, every), 0, true)
 	for i, e := range res.Episodes() {
 		var moves []string
 		for _, tr := range e.Transitions {
@@ -144,14 +137,14 @@ func FormatTimeline(w io.Writer, res *Result, every time.Duration) {
 			up++
 		}
 	}
-	fmt.Fprintf(w, "transitions: %d engaged, %d released; level at the end L%d\n", up, len(res.Transitions)-up, finalLevel(res))
+	fmt.Fprintf(w, "transitions: %d engaged, %d released; level at the end L%d\n", up, len(res.Transitions)-up, res.LevelAt(math.MaxInt64))
 	for _, c := range sc.Classes {
 		formatClassByLevel(w, res, c.Name)
 	}
 }
 
-// timelineRows is FormatTimeline's table: a row per sample every `every`
-// (but the inner rows of an idle stretch) and per transition, in time order.
+// timelineRows is FormatTimeline's table; an idle stretch (empty queue at
+// L0) shows only its first and last rows.
 func timelineRows(res *Result, every time.Duration) [][]string {
 	sc := res.Scenario
 	rows := [][]string{{"t", "water", "level", "queued", "event"}}
@@ -192,8 +185,6 @@ func timelineRows(res *Result, every time.Duration) [][]string {
 	return rows
 }
 
-// formatClassByLevel writes class cls's budget outcome, in all and by the
-// ladder level at arrival, and its light-mode and throttled counts.
 func formatClassByLevel(w io.Writer, res *Result, cls string) {
 	var parts []string
 	var tot ClassOutcome

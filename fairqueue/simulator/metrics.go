@@ -15,37 +15,30 @@ type Result struct {
 	Scenario *Scenario
 	Policy   string
 	Seed     uint64
-	// Requests and Records are parallel: every request of the run (the
-	// open-loop ones and those closed-loop tenants drew) and its outcome.
+	// Requests and Records are parallel: every request of the run,
+	// closed-loop ones included, and its outcome.
 	Requests []Request
 	Records  []Record
-	// Rows has one entry per tenant, or per group with GroupRows, in
-	// scenario order.
+	// Rows has one entry per tenant (or group), in scenario order.
 	Rows    []Row
 	Overall Overall
 	// Violations lists the first scheduler invariant violations seen;
-	// ViolationCount counts all of them. Both are empty for a correct
-	// scheduler.
+	// ViolationCount counts all of them.
 	Violations     []string
 	ViolationCount int
 
-	// Budgets reports that requests had deadlines (Scenario.EnforceBudgets
-	// or a budget policy).
+	// Budgets reports that requests had deadlines.
 	Budgets bool
 	// MaxBoostedInflight is the most boosted requests in flight seen at a
-	// dispatch; BoostViolations counts dispatches at which boosted requests
-	// in flight exceeded the boost budget (also listed in Violations).
+	// dispatch; BoostViolations counts dispatches over the boost budget.
 	MaxBoostedInflight int
 	BoostViolations    int
 	// BoostLimit is the boost budget's bound at full capacity.
 	BoostLimit int
-	// Timeline samples the water level and ladder level every second of
-	// virtual time while the run has work, and Transitions lists every
-	// ladder transition; both are empty without a ladder.
-	Timeline    []Sample
-	Transitions []degrade.Transition
-	// CircuitEvents lists the circuit breaker's transitions (with the
-	// callers of each shed tier); empty without Scenario.Circuit.
+	// Timeline samples the ladder every second while the run has work;
+	// Transitions lists its transitions.
+	Timeline      []Sample
+	Transitions   []degrade.Transition
 	CircuitEvents []fairqueue.CircuitEvent
 
 	contended []interval
@@ -60,35 +53,27 @@ type Row struct {
 	N, Dispatched, Expired, Rejected int
 	// Waits of dispatched requests (nearest-rank percentiles).
 	WaitP50, WaitP95, WaitP99 time.Duration
-	// LimitP95 is the P95 of the slot-free limit of dispatched requests.
+	// LimitP95 is the P95 of the slot-free limit.
 	LimitP95 time.Duration
-	// AtLimit is the fraction of dispatched requests whose wait was at
-	// most their slot-free limit + 1 ms: they started as soon as any
-	// non-preemptive scheduler could have started them.
-	AtLimit float64
-	// AtOrderLimit is the same against Record.OrderLimit, the bound for
-	// schedulers that keep each tenant's requests in order.
-	AtOrderLimit float64
+	// AtLimit and AtOrderLimit are the fractions of dispatched requests
+	// whose wait was at most their slot-free (in-order) limit + 1 ms.
+	AtLimit, AtOrderLimit float64
 	// MetBudget is the fraction of all requests dispatched within their
-	// class wait budget; NaN when the class has none.
+	// class budget; NaN when the class has none.
 	MetBudget float64
-	// Tokens is the actual cost of completed requests; TokPerSec divides
-	// it by the active span (first arrival to last completion), Makespan.
+	// Tokens is the actual cost of completed requests, served at
+	// TokPerSec over Makespan (first arrival to last completion).
 	Tokens    int64
 	TokPerSec float64
 	Makespan  time.Duration
 
-	// Wait-budget outcomes. Starved counts requests admitted (not refused)
-	// that did not start within their budget: expired while queued, or
-	// dispatched late (the engine never does the latter). FastFailed,
-	// Throttled and QueueFull split Rejected by reason; Boosted counts
-	// boosted dispatches; Light counts requests trimmed by light mode.
+	// Starved counts admitted requests that did not start within their
+	// budget. FastFailed, Throttled and QueueFull split Rejected by reason;
+	// Light counts requests trimmed by light mode.
 	Starved, FastFailed, Throttled, QueueFull, Boosted, Light int
-	// ETA accuracy over the dispatched requests with a prediction
-	// (Record.HasPrediction): ETAN of them; ETAErrP50 is the median of
-	// |predicted - actual| / actual (actual > 0 for every such request,
-	// since a queued request waits), ETAAbsP50 and ETAAbsP90 the median and
-	// P90 of |predicted - actual|. NaN or 0 when ETAN is 0.
+	// ETA accuracy over the ETAN dispatched requests with a prediction:
+	// the median of |predicted - actual| / actual, and the median and P90
+	// of |predicted - actual|.
 	ETAN                 int
 	ETAErrP50            float64
 	ETAAbsP50, ETAAbsP90 time.Duration
@@ -96,28 +81,22 @@ type Row struct {
 
 // Overall is the run as a whole.
 type Overall struct {
-	Requests int
-	Tokens   int64
-	// TokPerSec is Tokens over Makespan, first arrival to last completion.
+	Requests  int
+	Tokens    int64
 	TokPerSec float64
 	Makespan  time.Duration
 	// Contended is the total time some request was queued.
 	Contended time.Duration
-	// Jain is the mean of Jain's index of weighted shares over the
-	// JainWindows windows that lie wholly in contended time; JainMin is the
-	// smallest. NaN when there is no such window. See the package doc.
+	// Jain is the mean of Jain's index over the JainWindows windows wholly
+	// in contended time, JainMin the smallest; NaN without such a window.
 	Jain, JainMin float64
 	JainWindows   int
-	// MaxDiff is the largest service difference in tokens between two
-	// backlogged tenants of equal weight (see the package doc); NaN when no
-	// two tenants share a weight or every such group is too large to track. MaxCost is the largest actual request
-	// cost, the unit the VTC bound is stated in.
-	MaxDiff float64
-	MaxCost int64
-	// Expired and Rejected count requests that were never dispatched.
+	// MaxDiff is the max service diff (see the package doc), NaN when no
+	// group is tracked; MaxCost is the largest actual request cost.
+	MaxDiff           float64
+	MaxCost           int64
 	Expired, Rejected int
-	// Totals of the Row fields of the same names, and the ETA accuracy
-	// over all tenants' requests pooled.
+	// Totals of the Row fields, and the ETA error over all requests.
 	Starved, FastFailed, Throttled, Boosted, Light int
 	ETAN                                           int
 	ETAErrP50                                      float64
@@ -138,16 +117,10 @@ func (s *sim) result(policy string) *Result {
 		Violations: s.violations, ViolationCount: s.nViolation, contended: s.contended,
 		Budgets: s.budgets, MaxBoostedInflight: s.maxBoosted, BoostViolations: s.boostViol,
 		Timeline: s.timeline}
-	if s.ladder != nil {
-		res.Transitions = s.ladder.Transitions()
-	}
-	if c, ok := s.sched.(interface {
-		CircuitEvents() []fairqueue.CircuitEvent
-	}); ok {
-		res.CircuitEvents = c.CircuitEvents()
-	}
-	if s.admit != nil {
-		res.BoostLimit = s.admit.BoostLimit(s.sc.Capacity())
+	if s.eng != nil {
+		res.Transitions = s.eng.transitions
+		res.CircuitEvents = s.eng.circuitEvents
+		res.BoostLimit = s.eng.boosts.Limit(s.sc.Capacity())
 	}
 	res.Rows = s.rows()
 	res.Overall = s.overall(res.Rows)
@@ -156,8 +129,7 @@ func (s *sim) result(policy string) *Result {
 	return res
 }
 
-// rows measures every tenant, or with GroupRows every group of tenants,
-// in scenario order.
+// rows measures every tenant, or with GroupRows every group.
 func (s *sim) rows() []Row {
 	sc := s.sc
 	rowOf := make([]int, len(sc.Tenants))
@@ -192,8 +164,7 @@ func (s *sim) rows() []Row {
 	return rows
 }
 
-// overall measures the run as a whole, but for Jain's index; rows are its
-// rows, whose counts it totals.
+// overall measures the run as a whole, but for Jain's index.
 func (s *sim) overall(rows []Row) Overall {
 	o := Overall{Requests: len(s.reqs), MaxDiff: math.NaN()}
 	first, last := time.Duration(-1), time.Duration(0)
@@ -235,8 +206,8 @@ func (s *sim) overall(rows []Row) Overall {
 	return o
 }
 
-// activeSpan returns the active span from first arrival to last completion and
-// the tokens served per second over it; zeros when there is no such span.
+// activeSpan returns the span from first arrival to last completion and
+// the tokens served per second over it.
 func activeSpan(tokens int64, first, last time.Duration) (time.Duration, float64) {
 	if first < 0 || last <= first {
 		return 0, 0
@@ -265,8 +236,7 @@ func (s *sim) row(name string, tenants, ids []int) Row {
 	return b.finish()
 }
 
-// rowBuilder counts a row's requests one by one, and keeps what its
-// percentiles and fractions are computed from at the end.
+// rowBuilder counts a row's requests one by one.
 type rowBuilder struct {
 	Row
 	waits, limits, absErr           []time.Duration
@@ -275,7 +245,6 @@ type rowBuilder struct {
 	first, last                     time.Duration
 }
 
-// add counts request r, whose class has wait budget budget (0: none).
 func (b *rowBuilder) add(r *Request, rec *Record, budget time.Duration) {
 	if b.first < 0 || r.Arrival < b.first {
 		b.first = r.Arrival
@@ -397,10 +366,8 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	return sorted[max(0, min(i, len(sorted)-1))]
 }
 
-// windowedJain computes Jain's index of weighted shares in every window
-// of Scenario.Window that lies wholly in contended time (see the package
-// doc for the definition) and returns the mean, the minimum and the number
-// of windows.
+// windowedJain returns the mean, the minimum and the number of Jain's
+// indexes over the windows wholly in contended time (see the package doc).
 func (res *Result) windowedJain() (mean, lowest float64, n int) {
 	sc := res.Scenario
 	W := sc.window()
@@ -442,8 +409,7 @@ func (res *Result) windowedJain() (mean, lowest float64, n int) {
 }
 
 // contendedWindows returns, for each window of length W up to the end of
-// the last contended interval (end), whether it lies wholly in contended
-// time.
+// contention, whether it lies wholly in contended time.
 func (res *Result) contendedWindows(W time.Duration) (ok []bool, end time.Duration) {
 	for _, iv := range res.contended {
 		end = max(end, iv.to)
@@ -458,9 +424,8 @@ func (res *Result) contendedWindows(W time.Duration) (ok []bool, end time.Durati
 }
 
 // windowTotals returns, per window k and tenant i at [k*nt+i], the tokens
-// the tenant received in the window (a request's actual cost spread evenly
-// over its service) and its backlog at the window's end (the actual cost
-// of its requests arrived and not yet gone).
+// received in the window (spread evenly over each service) and the
+// backlog at its end (actual cost arrived and not yet gone).
 func (res *Result) windowTotals(W, end time.Duration, nw int) (recv, backlog []float64) {
 	nt := len(res.Scenario.Tenants)
 	recv = make([]float64, nw*nt)
@@ -520,8 +485,8 @@ func weightedJain(got, fair []float64) (float64, bool) {
 }
 
 // waterfill writes into fair the weighted max-min fair allocation of
-// capacity to demands: raise a level L until capacity is used, giving each
-// tenant min(demand_i, L * w_i). order is scratch space.
+// capacity, min(demand_i, L * w_i) for the level L that uses it all.
+// order is scratch space.
 func waterfill(demand, weight []float64, capacity float64, fair []float64, order []int) {
 	var wsum float64
 	order = order[:0]

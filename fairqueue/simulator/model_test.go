@@ -3,6 +3,7 @@ package simulator
 import (
 	"math"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
@@ -290,4 +291,11 @@ func BenchmarkMany(b *testing.B) {
 	wall := time.Since(start).Seconds()
 	b.ReportMetric(wall/float64(b.N), "wall-s/run")
 	b.ReportMetric(float64(reqs)/wall, "sim-requests/s")
+}
+
+// String returns Format's output.
+func (res *Result) String() string {
+	var b strings.Builder
+	res.Format(&b)
+	return b.String()
 }

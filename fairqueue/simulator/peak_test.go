@@ -1,6 +1,7 @@
 package simulator
 
 import (
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -66,7 +67,7 @@ func TestPeak(t *testing.T) {
 		t.Errorf("%d transitions in all, %d within the waves", len(res.Transitions), total)
 	}
 	// Back at L0 after the peak, by itself.
-	if l := finalLevel(res); l != 0 {
+	if l := res.LevelAt(math.MaxInt64); l != 0 {
 		t.Errorf("ladder at L%d after the peak, want L0", l)
 	}
 	if n := len(res.Timeline); n == 0 || res.Timeline[n-1].Level != 0 {

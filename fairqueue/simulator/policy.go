@@ -16,23 +16,17 @@ type Job struct {
 	ID       int
 	Tenant   int // index into Scenario.Tenants
 	Estimate int64
-	// Prompt is the prompt part of Estimate.
-	Prompt int64
-	// Deadline is the virtual time by which the job must be dispatched;
-	// 0 means none.
-	Deadline time.Duration
+	Prompt   int64         // the prompt part of Estimate
+	Deadline time.Duration // 0: none
 }
 
 // Env is the simulator as a scheduler sees it. A scheduler reports every
 // dispatch and every expiry through it, synchronously, from inside any of
 // its own methods.
 type Env interface {
-	// Now is the virtual time since the start of the run.
-	Now() time.Duration
+	Now() time.Duration // since the start of the run
 	Dispatched(id int)
-	// DispatchedFallback reports a dispatch to the fallback channel.
 	DispatchedFallback(id int)
-	// Expired reports a queued job that ended without dispatch, and why.
 	Expired(id int, reason fairqueue.Reason)
 }
 
@@ -41,49 +35,11 @@ type Env interface {
 type Scheduler interface {
 	// Submit admits a job; an error means it was refused at admission.
 	Submit(j Job) error
-	// Complete frees the slot of a dispatched job; actual is its actual
-	// cost (prompt + output tokens).
+	// Complete frees the slot of a dispatched job with its actual cost.
 	Complete(id int, actual int64)
-	// SetHealthy sets the number of healthy upstreams.
 	SetHealthy(n int)
-	// Tick runs periodically while there is work.
 	Tick()
 }
-
-// idler is implemented by schedulers that may leave a slot idle while work
-// is queued (e.g. a token cap); the simulator then does not report such a
-// moment as a work-conservation violation.
-type idler interface{ MayIdle() bool }
-
-// admitInfo is implemented by schedulers that predict waits and boost
-// (the engine); the simulator records predictions and checks the boost
-// budget through it.
-type admitInfo interface {
-	// Prediction is the wait predicted at admission for a job just
-	// submitted.
-	Prediction(id int) (time.Duration, bool)
-	// Boosted reports whether a dispatched job left from the boost lane.
-	Boosted(id int) bool
-	// BoostedInflight is the number of boosted jobs in flight.
-	BoostedInflight() int
-	// BoostLimit is the boost budget's bound at capacity slots.
-	BoostLimit(capacity int) int
-}
-
-// ladderInfo is implemented by schedulers with a degrade ladder.
-type ladderInfo interface {
-	HasLadder() bool
-	Level() int
-	Water() float64
-	// LightMode reports whether the tenant's class is in light mode now.
-	LightMode(tenant int) (degrade.Action, bool)
-	// Transitions lists the ladder's transitions so far, in order.
-	Transitions() []degrade.Transition
-}
-
-// budgetPolicy is implemented by policies that enforce wait budgets as
-// deadlines whatever Scenario.EnforceBudgets says.
-type budgetPolicy interface{ EnforcesBudgets() bool }
 
 // Policy builds a Scheduler for a run.
 type Policy interface {
@@ -102,8 +58,7 @@ func Policies() []Policy {
 }
 
 // WFQLearned is wfq with cost_unit learned: costs priced by a cost model
-// the engine learns from the completions (busy time against prompt and
-// completion tokens), as the handler does.
+// learned from the completions, as the handler does.
 const WFQLearned = "wfq-learned"
 
 // Names of the budget policies.
@@ -114,9 +69,9 @@ const (
 	WFQNoFastFail = "wfq-budgets-nofastfail"
 )
 
-// BudgetPolicies returns the wait-budget policies in report order (see the
-// package doc). fifo-budgets keeps the scenario's throughput settings, so
-// its ETAs (recorded, not acted on) are comparable.
+// BudgetPolicies returns the wait-budget policies in report order.
+// fifo-budgets keeps the throughput settings so that its ETAs (recorded,
+// not acted on) are comparable.
 func BudgetPolicies() []Policy {
 	return []Policy{
 		EnginePolicy{PolicyName: FIFOBudgets, CostUnit: fairqueue.CostTokens, SingleTenant: true, Budgets: true,
@@ -151,22 +106,18 @@ func PolicyByName(name string) (Policy, bool) {
 type EnginePolicy struct {
 	PolicyName string
 	CostUnit   fairqueue.CostUnit
-	// SingleTenant maps every request to one tenant and one class, which
-	// makes the engine a plain FIFO: one flow, served in arrival order.
+	// SingleTenant maps every request to one tenant and one class: a
+	// plain FIFO.
 	SingleTenant bool
-	// Budgets enforces wait budgets as deadlines and applies the
-	// scenario's Admission config.
+	// Budgets enforces wait budgets as deadlines and applies
+	// Scenario.Admission.
 	Budgets bool
-	// Configure, when set, adjusts the engine configuration before the
-	// queue is built (a hook for variants).
+	// Configure, when set, adjusts the engine configuration.
 	Configure func(*fairqueue.Config)
 }
 
 // Name returns the policy's name.
 func (p EnginePolicy) Name() string { return p.PolicyName }
-
-// EnforcesBudgets reports whether the policy gives requests deadlines.
-func (p EnginePolicy) EnforcesBudgets() bool { return p.Budgets }
 
 // singleTenant is the one tenant of the FIFO mapping.
 const singleTenant = "all"
@@ -174,9 +125,12 @@ const singleTenant = "all"
 // New builds a queue on clock configured from sc.
 func (p EnginePolicy) New(sc *Scenario, clock *fairqueue.ManualClock, env Env) (Scheduler, error) {
 	cfg := fairqueue.Config{
-		CostUnit:    p.CostUnit,
-		MaxInflight: sc.Slots,
-		Tenants:     map[string]fairqueue.TenantConfig{},
+		CostUnit:      p.CostUnit,
+		MaxInflight:   sc.Slots,
+		MaxQueue:      sc.MaxQueue,
+		UpstreamQuota: sc.UpstreamQuota,
+		Tenants:       map[string]fairqueue.TenantConfig{},
+		Default:       fairqueue.TenantConfig{Weight: 1, Class: sc.Classes[0].Name},
 		// The margin must exceed the tick period, so a request is expired
 		// by a tick before its deadline passes rather than after.
 		ExpiryMargin: 2 * sc.tickPeriod(),
@@ -184,22 +138,19 @@ func (p EnginePolicy) New(sc *Scenario, clock *fairqueue.ManualClock, env Env) (
 	for _, c := range sc.Classes {
 		cfg.Classes = append(cfg.Classes, fairqueue.ClassConfig{Name: c.Name, WaitBudget: c.Budget})
 	}
-	names := make([]string, len(sc.Tenants))
-	if p.SingleTenant {
-		cfg.Tenants[singleTenant] = fairqueue.TenantConfig{Weight: 1, Class: sc.Classes[0].Name}
-		for i := range names {
-			names[i] = singleTenant
+	var names, classes []string
+	for _, t := range sc.Tenants {
+		name, class := t.Name, t.Class
+		if p.SingleTenant {
+			name, class = singleTenant, cfg.Default.Class
+		} else {
+			cfg.Tenants[name] = fairqueue.TenantConfig{Weight: t.Weight, Class: t.Class, Tier: t.Tier, Reserve: t.Reserve}
 		}
-	} else {
-		for i, t := range sc.Tenants {
-			cfg.Tenants[t.Name] = fairqueue.TenantConfig{Weight: t.Weight, Class: t.Class, Tier: t.Tier, Reserve: t.Reserve}
-			names[i] = t.Name
-		}
+		names, classes = append(names, name), append(classes, class)
 	}
-	cfg.Default = fairqueue.TenantConfig{Weight: 1, Class: sc.Classes[0].Name}
-	cfg.MaxQueue = sc.MaxQueue
-	cfg.UpstreamQuota = sc.UpstreamQuota
-	if !p.SingleTenant {
+	if p.SingleTenant {
+		cfg.Tenants[singleTenant] = cfg.Default
+	} else {
 		cfg.Degrade, cfg.DegradeHold = sc.Degrade, sc.DegradeHold
 		cfg.Circuit = sc.Circuit
 		if sc.Fallback != nil {
@@ -216,17 +167,10 @@ func (p EnginePolicy) New(sc *Scenario, clock *fairqueue.ManualClock, env Env) (
 	if err != nil {
 		return nil, err
 	}
-	e := &EngineScheduler{q: q, env: env, names: names, start: clock.Now(),
+	e := &engineScheduler{q: q, env: env, names: names, classes: classes, start: clock.Now(),
 		ids: map[*fairqueue.Ticket]int{}, tickets: map[int]*fairqueue.Ticket{}, pending: -1,
 		mayIdle: cfg.MaxInflightTokens > 0 || cfg.UpstreamQuota != nil, ladder: len(cfg.Degrade) > 0,
 		boosts: budget.NewBoosts(cfg.Admission.BoostShareMax, cfg.Admission.PerTenantBoostHourly)}
-	for _, t := range sc.Tenants {
-		cls := t.Class
-		if p.SingleTenant {
-			cls = sc.Classes[0].Name
-		}
-		e.classes = append(e.classes, cls)
-	}
 	q.SetObserver(e.observe)
 	if cfg.CostUnit == fairqueue.CostLearned {
 		e.model, e.prompts = costmodel.New(costmodel.Config{}), map[int]int64{}
@@ -243,8 +187,8 @@ func (p EnginePolicy) New(sc *Scenario, clock *fairqueue.ManualClock, env Env) (
 	return e, nil
 }
 
-// EngineScheduler adapts a fairqueue.Queue to Scheduler.
-type EngineScheduler struct {
+// engineScheduler adapts a fairqueue.Queue to Scheduler.
+type engineScheduler struct {
 	q     *fairqueue.Queue
 	env   Env
 	names []string // tenant index -> engine tenant name
@@ -256,13 +200,14 @@ type EngineScheduler struct {
 	ids     map[*fairqueue.Ticket]int
 	tickets map[int]*fairqueue.Ticket
 	pending int
-	err     error
+	err     error // an observer event it could not attribute
+	// mayIdle: with a token cap or an account, the next request may not fit.
 	mayIdle bool
 
 	classes     []string // tenant index -> engine class
 	ladder      bool
 	transitions []degrade.Transition
-	boosts      *budget.Boosts // the configured budget, for BoostLimit
+	boosts      *budget.Boosts // the configured budget, for its Limit
 
 	circuitEvents []fairqueue.CircuitEvent
 	// model learns the cost model under CostLearned; prompts holds the
@@ -271,11 +216,8 @@ type EngineScheduler struct {
 	prompts map[int]int64
 }
 
-// CircuitEvents returns the circuit's transitions, in order.
-func (e *EngineScheduler) CircuitEvents() []fairqueue.CircuitEvent { return e.circuitEvents }
-
-// Prediction returns the ETA the engine gave the job at admission.
-func (e *EngineScheduler) Prediction(id int) (time.Duration, bool) {
+// prediction returns the ETA the engine gave the job at admission.
+func (e *engineScheduler) prediction(id int) (time.Duration, bool) {
 	tk := e.tickets[id]
 	if tk == nil {
 		return 0, false
@@ -283,42 +225,14 @@ func (e *EngineScheduler) Prediction(id int) (time.Duration, bool) {
 	return tk.ETA(), true
 }
 
-// Boosted reports whether the job's ticket was dispatched from the boost
-// lane.
-func (e *EngineScheduler) Boosted(id int) bool {
+func (e *engineScheduler) boosted(id int) bool {
 	tk := e.tickets[id]
 	return tk != nil && tk.Boosted()
 }
 
-// BoostedInflight returns the engine's count of boosted requests in flight.
-func (e *EngineScheduler) BoostedInflight() int { return e.q.Stats(false).BoostedInflight }
+func (e *engineScheduler) boostedInflight() int { return e.q.Stats(false).BoostedInflight }
 
-// BoostLimit returns budget.NewBoosts(share, hourly).Limit(capacity) for
-// the configured boost budget.
-func (e *EngineScheduler) BoostLimit(capacity int) int { return e.boosts.Limit(capacity) }
-
-// HasLadder reports whether a degrade ladder is configured.
-func (e *EngineScheduler) HasLadder() bool { return e.ladder }
-
-// Level returns the ladder's level.
-func (e *EngineScheduler) Level() int { return e.q.DegradeLevel() }
-
-// Water returns the queue's water level.
-func (e *EngineScheduler) Water() float64 { return e.q.Water() }
-
-// LightMode asks the engine whether the tenant's class is in light mode.
-func (e *EngineScheduler) LightMode(tenant int) (degrade.Action, bool) {
-	return e.q.LightMode(e.classes[tenant])
-}
-
-// Transitions returns the ladder transitions seen so far.
-func (e *EngineScheduler) Transitions() []degrade.Transition { return e.transitions }
-
-// MayIdle reports whether the queue may legitimately leave a slot idle with
-// work queued: with a token cap, the next request may not fit.
-func (e *EngineScheduler) MayIdle() bool { return e.mayIdle }
-
-func (e *EngineScheduler) observe(ev fairqueue.Event, tk *fairqueue.Ticket) {
+func (e *engineScheduler) observe(ev fairqueue.Event, tk *fairqueue.Ticket) {
 	if ev == fairqueue.EventReleased {
 		return // Complete caused it; nothing to schedule.
 	}
@@ -353,8 +267,7 @@ func (e *EngineScheduler) observe(ev fairqueue.Event, tk *fairqueue.Ticket) {
 	}
 }
 
-// Submit enqueues j.
-func (e *EngineScheduler) Submit(j Job) error {
+func (e *engineScheduler) Submit(j Job) error {
 	r := fairqueue.Request{Tenant: e.names[j.Tenant], Cost: j.Estimate, Prompt: j.Prompt}
 	if j.Deadline > 0 {
 		r.Deadline = e.start.Add(j.Deadline)
@@ -375,14 +288,7 @@ func (e *EngineScheduler) Submit(j Job) error {
 	return nil
 }
 
-// ExhaustPrimary tells the engine the primary provider's account is out
-// of quota until start + until.
-func (e *EngineScheduler) ExhaustPrimary(until time.Duration) {
-	e.q.AccountExhausted(e.start.Add(until))
-}
-
-// Complete releases the job's ticket with its actual cost.
-func (e *EngineScheduler) Complete(id int, actual int64) {
+func (e *engineScheduler) Complete(id int, actual int64) {
 	tk := e.tickets[id]
 	delete(e.tickets, id)
 	delete(e.ids, tk)
@@ -396,27 +302,18 @@ func (e *EngineScheduler) Complete(id int, actual int64) {
 	tk.Release(actual)
 }
 
-// learnCost refits the cost model and gives the engine its price, as the
-// handler does on its tick.
-func (e *EngineScheduler) learnCost() {
-	if f := e.model.Fit(); f.Ready && f.PerCompletionToken > 0 {
-		e.q.SetCostModel(f.Overhead/f.PerCompletionToken, f.PerPromptToken/f.PerCompletionToken)
-	}
-}
+func (e *engineScheduler) SetHealthy(n int) { e.q.SetHealthy(n) }
 
-// SetHealthy forwards to the queue.
-func (e *EngineScheduler) SetHealthy(n int) { e.q.SetHealthy(n) }
-
-// Tick forwards to the queue.
-func (e *EngineScheduler) Tick() {
+// Tick refits the cost model, as the handler does on its tick, and ticks
+// the queue.
+func (e *engineScheduler) Tick() {
 	if e.model != nil {
-		e.learnCost()
+		if f := e.model.Fit(); f.Ready && f.PerCompletionToken > 0 {
+			e.q.SetCostModel(f.Overhead/f.PerCompletionToken, f.PerPromptToken/f.PerCompletionToken)
+		}
 	}
 	e.q.Tick()
 }
-
-// Err reports observer events the adapter could not attribute.
-func (e *EngineScheduler) Err() error { return e.err }
 
 // PriorityPolicy is the strict-priority baseline of the package doc, the
 // simulator's own code on the engine's slot model.

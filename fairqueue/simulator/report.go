@@ -12,8 +12,8 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
-// Format writes res as an aligned text block: a header line, one row per
-// tenant (or group), and the overall figures.
+// Format writes res as a text block: a row per tenant (or group), then
+// the overall figures.
 func (res *Result) Format(w io.Writer) {
 	sc := res.Scenario
 	fmt.Fprintf(w, "== %s / %s (seed %d) ==\n", sc.Name, res.Policy, res.Seed)
@@ -37,7 +37,7 @@ func (res *Result) Format(w io.Writer) {
 			dur(r.WaitP50), dur(r.WaitP95), dur(r.WaitP99), dur(r.LimitP95),
 			pct(r.AtLimit), pct(r.AtOrderLimit), met, thousands(r.TokPerSec), dur(r.Makespan)})
 	}
-	table(w, rows, 3)
+	table(w, rows, 3, false)
 	o := res.Overall
 	fmt.Fprintf(w, "overall   %s requests, %s tok/s, makespan %s, contended %s",
 		thousands(float64(o.Requests)), thousands(o.TokPerSec), dur(o.Makespan), dur(o.Contended))
@@ -61,19 +61,10 @@ func (res *Result) Format(w io.Writer) {
 	}
 }
 
-// String returns Format's output.
-func (res *Result) String() string {
-	var b strings.Builder
-	res.Format(&b)
-	return b.String()
-}
-
 // table writes rows with columns padded to their widest cell; the first
-// `left` columns are left-aligned (names), the rest right-aligned (numbers).
-func table(w io.Writer, rows [][]string, left int) { tableLast(w, rows, left, false) }
-
-// tableLast is table with, if lastLeft, the last column left-aligned too.
-func tableLast(w io.Writer, rows [][]string, left int, lastLeft bool) {
+// `left` columns (and with lastLeft the last) are left-aligned, the rest
+// right-aligned.
+func table(w io.Writer, rows [][]string, left int, lastLeft bool) {
 	width := make([]int, len(rows[0]))
 	for _, r := range rows {
 		for i, c := range r {
@@ -150,7 +141,7 @@ func (w *Workload) Summary() string {
 }
 
 // FormatBudgets writes the wait-budget comparison of several policies'
-// runs of one workload (see the package doc).
+// runs of one workload.
 func FormatBudgets(w io.Writer, results []*Result) {
 	if len(results) == 0 {
 		return
@@ -175,7 +166,7 @@ func FormatBudgets(w io.Writer, results []*Result) {
 			strconv.Itoa(o.Starved), strconv.Itoa(o.FastFailed), strconv.Itoa(o.Expired),
 			strconv.Itoa(o.Boosted), strconv.Itoa(o.ETAN), pctOrNA(o.ETAErrP50), "", "", thousands(o.TokPerSec)})
 	}
-	table(w, rows, 3)
+	table(w, rows, 3, false)
 	byName := map[string]*Result{}
 	for _, res := range results {
 		byName[res.Policy] = res
@@ -200,12 +191,11 @@ func FormatBudgets(w io.Writer, results []*Result) {
 }
 
 // Precision is the fast-fail precision of one run against the same
-// workload run with fast-fail off.
+// workload run with fast-fail off: of the open-loop requests the first
+// refused with ReasonBudgetExceeded, how many Expired, were dispatched
+// Late, were refused for another reason (Other) or Made their budget
+// without fast-fail.
 type Precision struct {
-	// Refused counts the open-loop requests the fast-fail run refused with
-	// ReasonBudgetExceeded. In the run without fast-fail each of them
-	// Expired, was dispatched Late (after its budget), was refused for
-	// another reason (Other), or Made its budget.
 	Refused, Expired, Late, Other, Made int
 }
 
@@ -221,10 +211,8 @@ func (p Precision) Precision() float64 {
 	return float64(p.Missed()) / float64(p.Refused)
 }
 
-// FastFailPrecision compares, request by request, the requests ff refused
-// at admission with what became of them in off, a run of the same workload
-// with fast-fail off. Only open-loop requests are compared: they are the
-// same requests, with the same IDs, in both runs.
+// FastFailPrecision compares the requests ff refused with what became of
+// them in off. Only open-loop requests are the same, by ID, in both runs.
 func FastFailPrecision(ff, off *Result) Precision {
 	var p Precision
 	n := min(len(ff.Records), len(off.Records))
@@ -264,13 +252,6 @@ func stepIndex(sc *Scenario, name string) int {
 	return 0
 }
 
-func finalLevel(res *Result) int {
-	if n := len(res.Transitions); n > 0 {
-		return res.Transitions[n-1].To
-	}
-	return 0
-}
-
 func pct2(f float64) string { return fmt.Sprintf("%.2f%%", 100*f) }
 
 func pctOrNA(f float64) string {
@@ -287,10 +268,9 @@ func durOrNA(d time.Duration, n int) string {
 	return dur(d)
 }
 
-// HealthEffect is what one health change did to the admissions of one
-// tenant: the median predicted wait (Record.Predicted, admitted or
-// fast-failed) of its requests, and the share refused by fast-fail, in the
-// window before the change and in the window after it.
+// HealthEffect is what one health change did to one tenant's
+// admissions: the median predicted wait and the share fast-failed, in the
+// window before and after it.
 type HealthEffect struct {
 	At                        time.Duration
 	Healthy                   int
@@ -308,9 +288,8 @@ func (h HealthEffect) Ratio() float64 {
 	return float64(h.ETAAfter) / float64(h.ETABefore)
 }
 
-// HealthEffects measures, for every health change of the scenario, for all
-// tenants pooled (Tenant "(all)") and then for each tenant, the admissions
-// in the window before and after it.
+// HealthEffects measures every health change for all tenants pooled
+// ("(all)"), then for each tenant.
 func (res *Result) HealthEffects(window time.Duration) []HealthEffect {
 	sc := res.Scenario
 	var out []HealthEffect
@@ -380,5 +359,5 @@ func FormatHealth(w io.Writer, res *Result, windows ...time.Duration) {
 				pctOrNA(e.RefusedBefore), pctOrNA(e.RefusedAft)})
 		}
 	}
-	table(w, rows, 3)
+	table(w, rows, 3, false)
 }

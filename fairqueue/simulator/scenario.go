@@ -15,76 +15,60 @@ import (
 )
 
 // Scenario is a workload and an upstream pool, described as data so that
-// every policy replays exactly the same requests.
+// every policy replays the same requests.
 type Scenario struct {
 	Name        string
 	Description string
-	// Upstreams x Slots is the capacity: the engine runs with MaxInflight =
-	// Slots and SetHealthy(healthy upstreams).
+	// Upstreams x Slots is the capacity (MaxInflight = Slots).
 	Upstreams int
 	Slots     int
-	// Health changes the number of healthy upstreams at the given times
-	// (e.g. one upstream down for 60 s). Before the first entry all
-	// Upstreams are healthy.
+	// Health changes the number of healthy upstreams at the given times;
+	// before the first entry all are healthy.
 	Health []HealthChange
-	// Classes in priority order, highest first: the "priority" baseline
-	// serves them strictly in this order. Budgets are reported as the
-	// met-budget rate and enforced as deadlines only with EnforceBudgets.
+	// Classes in priority order, highest first. Budgets are enforced as
+	// deadlines only with EnforceBudgets or a budget policy.
 	Classes []Class
 	Tenants []TenantSpec
 	// Duration ends closed-loop (ArrivalBacklogged) arrivals.
 	Duration time.Duration
-	// EnforceBudgets gives every request a deadline of arrival + budget,
-	// so the scheduler expires requests that cannot start in time. Off by
-	// default: the seeds compare schedulers on waits, not on rejections.
+	// EnforceBudgets gives every request a deadline of arrival + budget.
+	// Off by default: the seeds compare schedulers on waits, not rejections.
 	EnforceBudgets bool
-	// GroupRows reports one row per TenantSpec.Group instead of one per
-	// tenant, for scenarios with too many tenants to print.
+	// GroupRows reports one row per TenantSpec.Group instead of per tenant.
 	GroupRows bool
-	// Window is the length of the windows Jain's index is computed over;
-	// 0 means 10 s.
+	// Window is the length of Jain's index windows (0: 10 s).
 	Window time.Duration
-	// TickPeriod is how often Queue.Tick runs while there is work; 0 means
-	// 50 ms.
+	// TickPeriod is how often Queue.Tick runs while there is work (0: 50 ms).
 	TickPeriod time.Duration
 
-	// Admission is the budget policies' wait-budget configuration; nil
-	// means fairqueue.DefaultBudgetConfig().
+	// Admission is the budget policies' configuration (nil: the default).
 	Admission *fairqueue.BudgetConfig
-	// MaxQueue caps queued requests in the engine (0: no cap); with it the
-	// water level queued/MaxQueue drives Degrade.
+	// MaxQueue caps queued requests (0: no cap); queued/MaxQueue is the
+	// water level that drives Degrade.
 	MaxQueue int
-	// Degrade is the engine's degrade ladder (Config.Degrade) and
-	// DegradeHold its hold time (0: degrade.DefaultHold), applied by the
-	// engine policies but fifo.
+	// The engine's Config.Degrade, DegradeHold, Circuit and Fallback;
+	// fifo applies none of them.
 	Degrade     []degrade.Step
 	DegradeHold time.Duration
-	// Circuit is the engine's tiered circuit breaker (Config.Circuit),
-	// applied by the engine policies but fifo; see TenantSpec.Tier.
-	Circuit *degrade.CircuitConfig
-	// UpstreamQuota is the provider account every policy's engine is gated
-	// by (Config.UpstreamQuota): for fifo it is the global limiter; the
-	// other engine policies also apply TenantSpec.Reserve.
+	Circuit     *degrade.CircuitConfig
+	Fallback    *FallbackSpec
+	// UpstreamQuota is the provider account every engine policy is gated
+	// by; all but fifo also apply TenantSpec.Reserve.
 	UpstreamQuota *fairqueue.UpstreamQuota
-	// Fallback is the engine's fallback channel (Config.Fallback);
-	// Exhausted lists times the primary provider declares its account
-	// exhausted (as on a 429). Neither applies to fifo.
-	Fallback  *FallbackSpec
+	// Exhausted lists when the primary provider declares its account
+	// exhausted (as on a 429).
 	Exhausted []Exhaustion
-	// Policies names the policies command sim runs by default; nil means
-	// the standard ones (Policies()).
+	// Policies names the policies fqsim runs by default (nil: Policies()).
 	Policies []string
 }
 
-// FallbackSpec is a fallback channel: Slots requests at once, with the
-// same service times as the primary, for the listed tenants.
+// FallbackSpec is a fallback channel of Slots for the listed tenants.
 type FallbackSpec struct {
 	Slots   int
 	Tenants []string
 }
 
-// Exhaustion: at At, the primary provider declares its account out of
-// quota for For.
+// Exhaustion: at At, the primary account is out of quota for For.
 type Exhaustion struct {
 	At, For time.Duration
 }
@@ -103,15 +87,12 @@ type Class struct {
 
 // TenantSpec describes one tenant and the requests it sends.
 type TenantSpec struct {
-	Name   string
-	Weight float64
-	Class  string
-	// Group labels the tenant's row when Scenario.GroupRows is set.
-	Group string
-	// Tier is the tenant's tier for Scenario.Circuit.
-	Tier string
-	// Reserve is the tenant's share of Scenario.UpstreamQuota.
-	Reserve   float64
+	Name      string
+	Weight    float64
+	Class     string
+	Group     string  // row label with Scenario.GroupRows
+	Tier      string  // tier for Scenario.Circuit
+	Reserve   float64 // share of Scenario.UpstreamQuota
 	Arrivals  Arrivals
 	Prompt    Dist
 	MaxTokens Dist
@@ -122,21 +103,16 @@ type ArrivalKind int
 
 // The arrival processes.
 const (
-	// ArrivalBurst: N requests at independent uniform times in
-	// [Start, End] (all at Start when End <= Start).
+	// ArrivalBurst: N requests at uniform times in [Start, End].
 	ArrivalBurst ArrivalKind = iota + 1
-	// ArrivalPoisson: a Poisson process of Rate requests/s from Start
-	// until End (or Alongside).
+	// ArrivalPoisson: Rate requests/s from Start until End (or Alongside).
 	ArrivalPoisson
-	// ArrivalPeriodic: one request every Interval from Start until End
-	// (or Alongside).
+	// ArrivalPeriodic: one every Interval from Start until End (or Alongside).
 	ArrivalPeriodic
-	// ArrivalPhases: a Poisson process whose rate is Phases[k].Rate during
-	// [Phases[k].Start, Phases[k].End); phases must not overlap.
+	// ArrivalPhases: the non-overlapping Phases in turn.
 	ArrivalPhases
 	// ArrivalBacklogged: a closed loop that keeps Queue requests waiting
-	// from Start until Scenario.Duration: the next arrives the instant one
-	// leaves the queue.
+	// from Start until Scenario.Duration.
 	ArrivalBacklogged
 )
 
@@ -149,17 +125,14 @@ type Arrivals struct {
 	Start, End time.Duration
 	Queue      int
 	// Alongside names an open-loop tenant this one keeps arriving beside
-	// for as long as it is backlogged (the rule is in the package doc).
+	// while it is backlogged (see the package doc).
 	Alongside string
-	// Phases are the rate phases of ArrivalPhases.
-	Phases []Phase
+	Phases    []Phase
 }
 
 // Phase is one constant-rate stretch of an ArrivalPhases tenant: Poisson
-// arrivals at Rate per second, or, with Even, one every 1/Rate seconds
-// from Start. Prompt and MaxTokens, when set (a Kind), replace the
-// tenant's sizes during the phase: a caller changing the kind of its
-// requests.
+// arrivals at Rate per second, or, with Even, one every 1/Rate seconds.
+// Prompt and MaxTokens, when set, replace the tenant's sizes.
 type Phase struct {
 	Start, End        time.Duration
 	Rate              float64
@@ -233,9 +206,7 @@ func (d Dist) validate() error {
 	return nil
 }
 
-// Request is one generated request. Its sizes, including the output the
-// upstream will produce, are fixed when the workload is generated, so every
-// policy sees the same request.
+// Request is one generated request, its output included.
 type Request struct {
 	ID        int
 	Tenant    int // index into Scenario.Tenants
@@ -251,29 +222,26 @@ func (r *Request) Estimate() int64 { return r.Prompt + r.MaxTokens }
 // Actual is the cost known at completion: prompt + output tokens.
 func (r *Request) Actual() int64 { return r.Prompt + r.Output }
 
-// Service is how long the request holds an upstream slot:
-// 30 ms + 0.05 ms per prompt token + 15 ms per output token.
-func (r *Request) Service() time.Duration { return serviceTime(r.Prompt, r.Output) }
-
-func serviceTime(prompt, output int64) time.Duration {
-	return 30*time.Millisecond + time.Duration(prompt)*50*time.Microsecond +
-		time.Duration(output)*15*time.Millisecond
+// Service is how long the request holds an upstream slot.
+func (r *Request) Service() time.Duration {
+	return 30*time.Millisecond + time.Duration(r.Prompt)*50*time.Microsecond +
+		time.Duration(r.Output)*15*time.Millisecond
 }
 
 // Workload is a scenario's requests for one seed.
 type Workload struct {
 	Scenario *Scenario
 	Seed     uint64
-	// Requests are the open-loop requests ordered by (Arrival, tenant
-	// index, the tenant's own order); a request's ID is its index.
+	// Requests are the open-loop requests by (Arrival, tenant, the
+	// tenant's own order); a request's ID is its index.
 	Requests []Request
 }
 
 // Capacity is the number of slots with every upstream healthy.
 func (sc *Scenario) Capacity() int { return sc.Upstreams * sc.Slots }
 
-// ClassRank returns the position of class name in sc.Classes (0 = highest
-// priority), or len(sc.Classes) for an unknown class.
+// ClassRank returns the position of class name in sc.Classes, or
+// len(sc.Classes) for an unknown class.
 func (sc *Scenario) ClassRank(name string) int {
 	for i, c := range sc.Classes {
 		if c.Name == name {
@@ -386,8 +354,7 @@ func (a *Arrivals) validate(duration time.Duration) error {
 	return nil
 }
 
-// validateOpen checks a process that runs from Start until End or
-// Alongside; paced says its rate or interval is positive.
+// validateOpen checks a process that runs until End or Alongside.
 func (a *Arrivals) validateOpen(paced bool) error {
 	if !paced {
 		return errors.New("rate or interval must be positive")
@@ -418,8 +385,8 @@ func (a *Arrivals) validatePhases() error {
 	return nil
 }
 
-// validateAlongside checks that the tenant t arrives alongside, if any, is
-// another one, and open-loop on its own terms.
+// validateAlongside checks that t's leader, if any, is another, plain
+// open-loop tenant.
 func (sc *Scenario) validateAlongside(t *TenantSpec) error {
 	o := t.Arrivals.Alongside
 	if o == "" {
@@ -435,18 +402,16 @@ func (sc *Scenario) validateAlongside(t *TenantSpec) error {
 	return nil
 }
 
-// stream returns tenant i's random stream. Keying it by the tenant's name
-// (not its position) keeps a tenant's requests unchanged when other tenants
-// are added to a scenario.
+// stream returns a tenant's random stream, keyed by its name so that
+// adding tenants leaves the others' requests unchanged.
 func stream(seed uint64, name string) *rand.Rand {
 	h := fnv.New64a()
 	h.Write([]byte(name))
 	return rand.New(rand.NewPCG(seed, h.Sum64()))
 }
 
-// sizes draws prompt, max_tokens and the output the upstream will produce:
-// max_tokens x uniform(0.5, 1.0), rounded, at least 1. ph, when not nil,
-// may replace the tenant's distributions.
+// sizes draws prompt, max_tokens and output (max_tokens x uniform(0.5,
+// 1.0), at least 1); ph, when not nil, may replace the distributions.
 func (t *TenantSpec) sizes(r *rand.Rand, ph *Phase) (prompt, maxTokens, output int64) {
 	pd, md := t.Prompt, t.MaxTokens
 	if ph != nil && ph.Prompt.Kind != 0 {
@@ -464,8 +429,8 @@ func (t *TenantSpec) sizes(r *rand.Rand, ph *Phase) (prompt, maxTokens, output i
 	return
 }
 
-// Generate draws the open-loop requests of sc for seed. Closed-loop tenants
-// draw theirs during each run from the same per-tenant stream.
+// Generate draws the open-loop requests of sc for seed; closed-loop
+// tenants draw theirs during each run.
 func Generate(sc *Scenario, seed uint64) (*Workload, error) {
 	if err := sc.Validate(); err != nil {
 		return nil, err
@@ -491,8 +456,8 @@ func Generate(sc *Scenario, seed uint64) (*Workload, error) {
 	return &Workload{Scenario: sc, Seed: seed, Requests: all}, nil
 }
 
-// tenantRequests draws tenant i's open-loop requests from its own stream;
-// leader holds the requests of the tenant it arrives alongside, if any.
+// tenantRequests draws tenant i's open-loop requests; leader holds those
+// of the tenant it arrives alongside, if any.
 func tenantRequests(sc *Scenario, seed uint64, i int, leader []Request) []Request {
 	t := &sc.Tenants[i]
 	d := &drawer{t: t, tenant: i, r: stream(seed, t.Name)}
@@ -518,9 +483,8 @@ func tenantRequests(sc *Scenario, seed uint64, i int, leader []Request) []Reques
 	return d.reqs
 }
 
-// continues returns whether an open-ended process still arrives at t, own
-// being the service time of the tenant's requests so far: until End, or
-// alongside the leader (see Arrivals.Alongside), whose requests are given.
+// continues returns whether a process still arrives at t, own being the
+// service time of the tenant's requests so far.
 func (a *Arrivals) continues(leader []Request, capacity int) func(t, own time.Duration) bool {
 	if a.Alongside == "" {
 		return func(t, _ time.Duration) bool { return t < a.End }
@@ -538,8 +502,7 @@ func (a *Arrivals) continues(leader []Request, capacity int) func(t, own time.Du
 	}
 }
 
-// drawer draws one tenant's requests: arrival times, then the sizes of
-// each request in arrival order, from the tenant's random stream.
+// drawer draws one tenant's requests in arrival order.
 type drawer struct {
 	t      *TenantSpec
 	tenant int
@@ -555,7 +518,7 @@ func (d *drawer) add(at time.Duration) {
 	d.own += d.reqs[len(d.reqs)-1].Service()
 }
 
-// burst draws all N arrival times first, then the requests in time order.
+// burst draws all N times first, then the sizes in time order.
 func (d *drawer) burst(a *Arrivals) {
 	times := make([]time.Duration, a.N)
 	for k := range times {

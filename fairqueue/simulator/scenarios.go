@@ -25,14 +25,12 @@ func pareto(scale, limit int64, alpha float64) Dist {
 	return Dist{Kind: DistPareto, A: scale, B: limit, Alpha: alpha}
 }
 
-// budgetPolicyNames are the policies command sim runs by default on the
-// wait-budget scenarios.
+// budgetPolicyNames are the default policies of wait-budget scenarios.
 var budgetPolicyNames = []string{FIFOBudgets, WFQBudgets, WFQNoBoost, WFQNoFastFail}
 
-// withPrior is the default admission with a throughput prior, in estimated
-// tokens per second per upstream (budget.ThroughputConfig.Prior). The
-// scenarios take it from their own request mix's nominal rate times a
-// factor below 1, since the estimator's own measurement is a low quantile.
+// withPrior is the default admission with a throughput prior in estimated
+// tokens/s per upstream: a scenario's nominal rate times a factor below 1,
+// since the estimator's own measurement is a low quantile.
 func withPrior(prior float64) *fairqueue.BudgetConfig {
 	a := fairqueue.DefaultBudgetConfig()
 	a.Throughput.Prior = prior
@@ -41,9 +39,8 @@ func withPrior(prior float64) *fairqueue.BudgetConfig {
 
 // Seed000 is seed document 000: a department floods the gateway with 5000
 // batch requests while marketing (realtime) and the support bot
-// (interactive) keep sending sparse requests. Its throughput prior for the
-// budget policies is 10,200 estimated tokens/s per upstream, 0.85 of the
-// flood's nominal rate (12,023).
+// (interactive) send sparse requests. Prior: 0.85 of the flood's nominal
+// rate (12,023).
 func Seed000() *Scenario {
 	return &Scenario{
 		Name:        "seed000",
@@ -65,9 +62,8 @@ func Seed000() *Scenario {
 	}
 }
 
-// Seed002 is seed document 002: tenant A submits 1000 long requests at
-// once; tenant B sends one short request per second for as long as A is
-// backlogged (Arrivals.Alongside).
+// Seed002 is seed document 002: A submits 1000 long requests at once; B
+// sends one short request per second while A is backlogged.
 func Seed002() *Scenario {
 	return &Scenario{
 		Name:        "seed002",
@@ -85,10 +81,9 @@ func Seed002() *Scenario {
 	}
 }
 
-// Weights keeps three tenants of weights 30, 30 and 15 permanently
-// backlogged for an hour. Their size mixes differ on purpose (alpha mixed,
-// beta short, gamma long), so fairness by request count and fairness by
-// tokens give visibly different shares.
+// Weights keeps three tenants of weights 30, 30 and 15 backlogged for an
+// hour. Their size mixes differ so that fairness by requests and by tokens
+// give visibly different shares.
 func Weights() *Scenario {
 	return &Scenario{
 		Name:        "weights",
@@ -110,12 +105,9 @@ func Weights() *Scenario {
 	}
 }
 
-// Many is 1000 tenants with Poisson arrivals whose rates are spread
-// log-uniformly over three orders of magnitude, heavy-tailed prompts
-// (Pareto, shape 1.2, capped at 32k) and about 100k requests in 10 min.
-// The offered load is about 105% of capacity, so a backlog builds up in
-// which the heavy tenants (above their 1/1000 share) are held back while
-// light ones still start at once.
+// Many is 1000 tenants with Poisson rates spread log-uniformly over three
+// decades and heavy-tailed prompts, at about 105% of capacity: heavy
+// tenants are held back while light ones still start at once.
 func Many() *Scenario {
 	const (
 		tenants  = 1000
@@ -163,21 +155,22 @@ func rateGroup(rate float64) string {
 	return "rate>=1/s"
 }
 
-// Outage is seed000 with one of the two upstreams down from 60 s to 120 s.
-func Outage() *Scenario {
-	sc := Seed000()
-	sc.Name = "outage"
-	sc.Description = "seed000 with one upstream down from 60 s to 120 s"
-	sc.Health = []HealthChange{{At: 60 * time.Second, Healthy: 1}, {At: 120 * time.Second, Healthy: 2}}
+// Outage is seed000 with one upstream down from 60 s to 120 s.
+func Outage() *Scenario { return withOutage(Seed000(), "outage", 60, 120) }
+
+// withOutage renames sc and takes one upstream down from second from to
+// second to.
+func withOutage(sc *Scenario, name string, from, to int) *Scenario {
+	sc.Description = fmt.Sprintf("%s with one upstream down from %d s to %d s", sc.Name, from, to)
+	sc.Name = name
+	sc.Health = []HealthChange{{At: time.Duration(from) * time.Second, Healthy: sc.Upstreams - 1},
+		{At: time.Duration(to) * time.Second, Healthy: sc.Upstreams}}
 	return sc
 }
 
-// ColdStart is seed000 on a gateway that knows nothing about its
-// upstreams: no throughput prior. The flood arrives before the first
-// completion; the engine must learn the rate from what it sees (the slots,
-// the requests in flight, the first completions) and refuse what cannot
-// make the budget, at admission or while queued, rather than let it wait
-// its 300 s and expire.
+// ColdStart is seed000 with no throughput prior: the flood arrives before
+// the first completion, and the engine must learn the rate and refuse
+// what cannot make the budget rather than let it expire.
 func ColdStart() *Scenario {
 	sc := Seed000()
 	sc.Name = "cold-start"
@@ -187,10 +180,9 @@ func ColdStart() *Scenario {
 	return sc
 }
 
-// ColdFlood is the end-to-end early-refusal test in the simulator: a
-// gateway with no throughput prior, two upstreams of 4 slots, and a batch
-// tenant with a 10 s budget that sends about three times what fits in it
-// (570 short requests of about 0.5 s) in its first second.
+// ColdFlood is the end-to-end early-refusal test: no throughput prior,
+// and a batch tenant with a 10 s budget that sends about three times what
+// fits in it in its first second.
 func ColdFlood() *Scenario {
 	a := fairqueue.DefaultBudgetConfig()
 	return &Scenario{
@@ -211,15 +203,12 @@ func ColdFlood() *Scenario {
 	}
 }
 
-// Seed000Stress is the seed's stress test: one big tenant floods long
-// requests continuously for 30 minutes at about 1.3x capacity, so it is
-// saturated throughout and, once its queue holds 300 s of work, requests
-// that cannot make their batch budget must be refused; three small
-// realtime tenants (weight 1 each against the flood's 15) send sparse
-// requests, mostly short but with heavy-tailed prompts (Pareto, shape 1.3,
-// 200 to 12k tokens): tag order puts the few long ones behind more than
-// their 5 s budget of the flood's work, which only a boost can save. Its throughput prior is 8,500 estimated tokens/s per
-// upstream, about 0.9 of the flood's nominal rate (9,500).
+// Seed000Stress is the seed's stress test: a 30 min flood of long
+// requests at about 1.3x capacity, whose requests must be refused once its
+// queue holds 300 s of work, and three small realtime tenants with
+// heavy-tailed prompts: tag order puts their few long ones behind more
+// than their 5 s budget of the flood's work, which only a boost can save.
+// Prior: about 0.85 of the flood's nominal rate (9,500).
 func Seed000Stress() *Scenario {
 	small := func(name string) TenantSpec {
 		return TenantSpec{Name: name, Weight: 1, Class: "realtime",
@@ -242,22 +231,12 @@ func Seed000Stress() *Scenario {
 	}
 }
 
-// StressOutage is seed000-stress with one of the two upstreams down from
-// 900 s to 960 s, while the flood's queue holds a full batch budget of
-// work: new admissions' ETAs double at once, so the flood's new requests
-// are refused until the upstream returns.
-func StressOutage() *Scenario {
-	sc := Seed000Stress()
-	sc.Name = "stress-outage"
-	sc.Description = "seed000-stress with one upstream down from 900 s to 960 s"
-	sc.Health = []HealthChange{{At: 900 * time.Second, Healthy: 1}, {At: 960 * time.Second, Healthy: 2}}
-	return sc
-}
+// StressOutage is seed000-stress with one upstream down from 900 s to
+// 960 s: the ETAs double, so the flood is refused until it returns.
+func StressOutage() *Scenario { return withOutage(Seed000Stress(), "stress-outage", 900, 960) }
 
-// PeakLadder is the degrade ladder of the seed: pause batch above 0.70
-// (until below 0.60), light mode for interactive requests above 0.85
-// (until below 0.75), throttle realtime to 20/s above 0.95 (until below
-// 0.90).
+// PeakLadder is the seed's degrade ladder: pause batch, light mode for
+// interactive, throttle realtime.
 func PeakLadder() []degrade.Step {
 	return []degrade.Step{
 		{Name: "L1", Trigger: 0.70, Recover: 0.60, Action: degrade.Action{Kind: degrade.ActionPause, Class: "batch"}},
@@ -266,11 +245,9 @@ func PeakLadder() []degrade.Step {
 	}
 }
 
-// Peak drives the degrade ladder through three waves of batch load over a
-// steady realtime and interactive background. Each wave sends batch
-// requests evenly, faster than the slots drain them, for 60 s, so the
-// queue (max_queue 1000) rises to about 750, 900 and 970 requests and then
-// drains: water about 0.75, 0.90 and 0.97.
+// Peak drives the degrade ladder through three 60 s waves of batch load,
+// faster than the slots drain, over a steady background: water about
+// 0.75, 0.90 and 0.97.
 func Peak() *Scenario {
 	wave := func(start time.Duration, rate float64) Phase {
 		return Phase{Start: start, End: start + 60*time.Second, Rate: rate, Even: true}
@@ -296,6 +273,31 @@ func Peak() *Scenario {
 			{Name: "cs_bot", Weight: 30, Class: "interactive",
 				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 1, End: 900 * time.Second},
 				Prompt:   uniform(1000, 6000), MaxTokens: constant(256)},
+		},
+	}
+}
+
+// CostMix is the learned cost model's workload: prompt-heavy,
+// output-heavy and chat tenants whose sizes vary independently, so every
+// coefficient is identifiable; under `tokens` costs the prompt-heavy
+// tenant is charged far more than the upstream time it takes.
+func CostMix() *Scenario {
+	end := 10 * time.Minute
+	return &Scenario{
+		Name:        "costmix",
+		Description: "prompt-heavy, output-heavy and chat tenants of equal weight: the cost model's workload; 4x8 slots",
+		Upstreams:   4, Slots: 8,
+		Classes: defaultClasses,
+		Tenants: []TenantSpec{
+			{Name: "prefill", Weight: 1, Class: "batch",
+				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 4, End: end},
+				Prompt:   uniform(2000, 16000), MaxTokens: constant(64)},
+			{Name: "decode", Weight: 1, Class: "batch",
+				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 4, End: end},
+				Prompt:   uniform(50, 500), MaxTokens: constant(1000)},
+			{Name: "chat", Weight: 1, Class: "interactive",
+				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 8, End: end},
+				Prompt:   pareto(200, 8000, 1.5), MaxTokens: uniform(50, 600)},
 		},
 	}
 }

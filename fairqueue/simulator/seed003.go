@@ -12,16 +12,12 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
-// Seed 003: a gateway in front of a model provider whose account allows
-// 120k tokens and 600 requests per minute. At peak (60 s to 360 s) a
-// marketing campaign triples the normal tenant's traffic while a batch
-// summarization job of 300 long prompts arrives; the VIP tenant's realtime
-// calls (15 s budget) go on throughout. Weights VIP : normal : batch are
-// 70 : 20 : 10, and VIP reserves 20% of the account.
-//
-// Policies: fifo-budgets is FIFO behind the same account limiter (what the
-// seed's customer had: a global limiter, first come first served);
-// wfq-budgets is ours, with the reservation.
+// Seed003 is a provider account of 120k tokens and 600 requests per
+// minute. At peak (60 s to 360 s) a campaign triples the normal tenant's
+// traffic while a batch job of 300 long prompts arrives; VIP's realtime
+// calls go on throughout, and VIP reserves 20% of the account.
+// fifo-budgets is what the seed's customer had: a global limiter, first
+// come first served.
 func Seed003() *Scenario {
 	return &Scenario{
 		Name:        "seed003",
@@ -64,27 +60,20 @@ const (
 type Seed003Report struct {
 	Policy string
 	// ProviderRefusals counts dispatches a provider enforcing the account
-	// would have refused, charging each request its prompt and output cap
-	// when it arrives: the largest count over the three ways providers
-	// keep their minute (ProviderWindows: a bucket of a minute's
-	// allowance refilled continuously, a rolling minute, a fixed minute
-	// starting at any of 0, 15, 30 or 45 s). RollingRefusals is the
-	// rolling minute's alone.
+	// would have refused, the most over ProviderWindows;
+	// RollingRefusals is the rolling minute's alone.
 	ProviderRefusals, RollingRefusals int
-	// WindowMax is the most any 60 s window held, in charged tokens, over
-	// the account's TPM: at most 1 for no provider to refuse anything.
+	// WindowMax is the most any 60 s window held over the account's TPM.
 	WindowMax float64
-	// VIP at peak: requests arriving in [PeakStart, PeakEnd), those not
-	// served within budget (expired or refused), and the P99 wait of the
-	// served ones.
+	// VIP requests arriving at peak, those not served, and the P99 wait of
+	// the served ones.
 	VIPPeak, VIPFailed int
 	VIPP99             time.Duration
-	// Batch: requests, those served, and when the last one was dispatched.
+	// Batch requests, those served, and when the last was dispatched.
 	Batch, BatchServed int
 	BatchDone          time.Duration
-	// PeakUse is what the gateway drew on the account during the peak, as
-	// the provider counts it (prompt + max_tokens of the requests
-	// dispatched then), over what the account allows in it.
+	// PeakUse is the tokens dispatched at peak over what the account
+	// allows in it.
 	PeakUse float64
 }
 
@@ -139,7 +128,7 @@ func Seed003Measure(res *Result) Seed003Report {
 }
 
 // Send is one request sent to a provider account: when, and the tokens
-// the provider counts (prompt + max_tokens).
+// it counts (prompt + max_tokens).
 type Send struct {
 	At     time.Duration
 	Tokens float64
@@ -150,13 +139,9 @@ type WindowKind int
 
 // The provider windows.
 const (
-	// WindowBucket: a bucket of a minute's allowance, full at the start,
-	// refilled continuously.
-	WindowBucket WindowKind = iota + 1
-	// WindowRolling: the last 60 s.
-	WindowRolling
-	// WindowFixed: minutes starting at Offset, reset on the minute.
-	WindowFixed
+	WindowBucket  WindowKind = iota + 1 // a minute's allowance, refilled continuously
+	WindowRolling                       // the last 60 s
+	WindowFixed                         // minutes starting at Offset
 )
 
 // ProviderWindow is one way a provider counts, for ProviderRefusals.
@@ -175,8 +160,8 @@ func (w ProviderWindow) String() string {
 	return fmt.Sprintf("fixed+%v", w.Offset)
 }
 
-// ProviderWindows lists the windows reports check: a bucket, a rolling
-// minute, and fixed minutes starting at 0, 15, 30 and 45 s.
+// ProviderWindows lists a bucket, a rolling minute, and fixed minutes
+// starting at 0, 15, 30 and 45 s.
 func ProviderWindows() []ProviderWindow {
 	ws := []ProviderWindow{{Kind: WindowBucket}, {Kind: WindowRolling}}
 	for off := time.Duration(0); off < time.Minute; off += 15 * time.Second {
@@ -185,9 +170,9 @@ func ProviderWindows() []ProviderWindow {
 	return ws
 }
 
-// ProviderRefusals counts the sends (in time order) a provider with these
-// limits per minute (0: none), counting its minute as w does, would
-// refuse; a refused send takes nothing.
+// ProviderRefusals counts the sends a provider with these limits per
+// minute (0: none), counting its minute as w does, would refuse; a refused
+// send takes nothing.
 func ProviderRefusals(sends []Send, tpm, rpm float64, w ProviderWindow) int {
 	sends = slices.Clone(sends)
 	slices.SortStableFunc(sends, func(a, b Send) int { return cmp.Compare(a.At, b.At) })
@@ -271,10 +256,8 @@ func FormatSeed003(w io.Writer, reps []Seed003Report) {
 	}
 }
 
-// Seed003Outage is seed003 with the primary account out of quota for two
-// minutes at peak (the provider's 429s say so from 120 s to 240 s), and,
-// with fallback, a fallback account of 16 slots for VIP: the seed's
-// "VIP degrade channel" that keeps its SLA above 99.9%.
+// Seed003Outage is seed003 with the primary account exhausted from 120 s
+// to 240 s, and, with fallback, a fallback account of 16 slots for VIP.
 func Seed003Outage(fallback bool) *Scenario {
 	sc := Seed003()
 	sc.Name = "seed003-outage"
@@ -295,13 +278,10 @@ const (
 	Seed003OutageEnd   = 240 * time.Second
 )
 
-// ProviderPeak is a provider account at 1.75x for a 75 s peak, the
-// end-to-end test's load (TestProviderWindowsNeverExceeded) on a virtual
-// clock: 60k TPM / 600 RPM; VIP reserves 20% (weight 70, realtime 5 s, a
-// request every 3 s), a campaign sends the account's whole rate
-// (weight 20, interactive 15 s), a batch job 0.65x (weight 10, 15 s
-// budget). Checked against a provider that keeps a token bucket, a
-// rolling minute or a fixed minute (Seed003Measure's windows).
+// ProviderPeak is the end-to-end test's load (TestProviderWindowsNeverExceeded)
+// on a virtual clock: a 60k TPM / 600 RPM account at 1.75x for 75 s; VIP
+// reserves 20%, a campaign sends the account's whole rate, a batch job
+// 0.65x.
 func ProviderPeak() *Scenario {
 	return &Scenario{
 		Name:        "provider-peak",

@@ -11,28 +11,22 @@ import (
 )
 
 // Seed 004 compares tenant quotas (package quota) that meter one dimension
-// with the joint meter, on the seed's four callers. It applies the quota
-// engine as an admission filter in front of the queue: a request over quota
-// is refused on arrival (a 429), one within it is charged its estimate
-// (prompt + max_tokens) and reconciled with its actual tokens when it
-// completes, at arrival + service time (the pool is sized so that nothing
-// queues).
+// with the joint meter, on the seed's four callers, as an admission filter
+// in front of the queue: a request over quota is refused on arrival, one
+// within it is charged its estimate and reconciled with its actual tokens
+// at arrival + service time (the pool is sized so that nothing queues).
 //
 // Every caller has a compute quota C in request-equivalents per second
-// (compute = 1 + tokens x Seed004Weight per request, the seed's weight,
-// taken as the true cost). The three limiters are calibrated from the same
-// C, as an operator without a joint meter would:
+// (compute = 1 + tokens x Seed004Weight, taken as the true cost). The
+// limiters are calibrated from C as an operator without a joint meter
+// would, assuming the fleet's average request of 1250 tokens:
 //
-//   - qps: C / 2 requests/s, assuming the fleet's average request of 1250
-//     tokens (2 request-equivalents);
-//   - tokens: 625 x C tokens/s (the same average request);
-//   - joint: qps C, joint_cap 1, tokens_per_min 60 x C / weight (so the
-//     token meter never binds before the joint one) and weight 0.0008.
+//   - qps: C / 2 requests/s;
+//   - tokens: 625 x C tokens/s;
+//   - joint: qps C, joint_cap 1, tokens_per_min 60 x C / weight (never
+//     binding first) and weight 0.0008.
 //
-// All three have the seed's burst window: 0.2 above the rate for 10 s.
-// Seed004Result holds the measures: misfires among the callers within
-// their quota, the normal caller's spike survival, and the big-token
-// caller's served compute against its C.
+// All three allow 0.2 above the rate for 10 s.
 
 // Seed004Weight is the seed's token_to_qps_weight: 1250 tokens weigh as
 // much as one request.
@@ -41,8 +35,8 @@ const Seed004Weight = 0.0008
 // Seed004Duration is how long seed004's callers send.
 const Seed004Duration = 30 * time.Minute
 
-// seed004Spike is the normal caller's legitimate spike: 1.15x its quota
-// for 5 s every minute, from 30 s on; it runs at 0.9x between spikes.
+// The normal caller spikes to 1.15x its quota for 5 s every minute from
+// 30 s on, and runs at 0.9x between spikes.
 const (
 	seed004SpikeEvery = time.Minute
 	seed004SpikeLen   = 5 * time.Second
@@ -58,15 +52,12 @@ var Seed004Quotas = map[string]float64{
 }
 
 // Seed004 is seed document 004's callers: a low-QPS caller of ~20k-token
-// requests (2x its compute quota), a high-QPS caller of tiny requests (0.8x),
-// a normal caller at 0.9x with legitimate spikes to 1.15x for 5 s every
-// minute, and a high-tier core caller of long-context requests (0.9x). As a
-// queue scenario it only replays them through the scheduler; the quota
-// comparison is RunSeed004 (go test -run Seed004 -v ./fairqueue/simulator/).
+// requests (2x its compute quota), a high-QPS caller of tiny requests
+// (0.8x), a normal caller at 0.9x with spikes, and a high-tier core caller
+// of long-context requests (0.9x). The quota comparison is RunSeed004.
 func Seed004() *Scenario {
 	// Mean actual compute per request (prompt + 0.75 x max_tokens):
-	// normal 1000 + 375 tokens = 2.1; core 4000 + 375 = 4.5; tiny ~1.02;
-	// bigtok 15000 + 3750 = 16.
+	// normal 1000 + 375 tokens = 2.1; core 4000 + 375 = 4.5.
 	const normalCost, coreCost = 2.1, 4.5
 	var phases []Phase
 	base := 0.9 * Seed004Quotas["normal"] / normalCost
@@ -132,21 +123,16 @@ func Seed004Config(mode QuotaMode, c float64) quota.Config {
 	return cfg
 }
 
-// computeOf is a request's true cost in request-equivalents.
-func computeOf(tokens int64) float64 { return 1 + float64(tokens)*Seed004Weight }
-
 // Seed004Tenant is one caller's outcome under one limiter.
 type Seed004Tenant struct {
-	Name     string
-	Quota    float64 // C, request-equivalents/s
-	Offered  float64 // actual compute offered per second
-	Served   float64 // actual compute of admitted requests per second
-	Requests int
-	Refused  int
-	// Reasons counts refusals by binding dimension.
-	Reasons map[quota.Dimension]int
-	// WithinQuota: Offered <= Quota.
-	WithinQuota bool
+	Name        string
+	Quota       float64 // C, request-equivalents/s
+	Offered     float64 // actual compute offered per second
+	Served      float64 // actual compute of admitted requests per second
+	Requests    int
+	Refused     int
+	Reasons     map[quota.Dimension]int // refusals by binding dimension
+	WithinQuota bool                    // Offered <= Quota
 }
 
 // Seed004Result is one limiter's run.
@@ -155,14 +141,12 @@ type Seed004Result struct {
 	Tenants []Seed004Tenant
 	// Misfire is refused / requests over the callers within their quota.
 	Misfire float64
-	// Spikes is the number of the normal caller's spikes; SpikeSurvival
-	// the share in which all its requests were admitted, and
-	// SpikeRequests the share of its spike requests admitted.
+	// SpikeSurvival is the share of the normal caller's Spikes in which
+	// all its requests were admitted; SpikeRequests the share admitted.
 	Spikes        int
 	SpikeSurvival float64
 	SpikeRequests float64
-	// BigServed and BigQuota are the big-token caller's served compute and
-	// quota, request-equivalents/s.
+	// BigServed and BigQuota are bigtok's served compute and quota.
 	BigServed, BigQuota float64
 }
 
@@ -205,8 +189,7 @@ func RunSeed004(w *Workload, mode QuotaMode) (*Seed004Result, error) {
 	return rp.res, nil
 }
 
-// quotaReplay runs requests through one limiter on a virtual clock: each
-// is charged on arrival and, when admitted, reconciled at its completion.
+// quotaReplay runs requests through one limiter on a virtual clock.
 type quotaReplay struct {
 	sc     *Scenario
 	limits []*quota.Limits // per tenant
@@ -220,8 +203,6 @@ type quotaReplay struct {
 
 type spikeStat struct{ offered, admitted int }
 
-// arrive reconciles the completions up to request k's arrival, then
-// charges it.
 func (rp *quotaReplay) arrive(k int, r *Request) error {
 	ctx := context.Background()
 	for len(rp.done) > 0 && rp.done[0].at <= r.Arrival {
@@ -234,7 +215,7 @@ func (rp *quotaReplay) arrive(k int, r *Request) error {
 	rp.now = r.Arrival
 	t := &rp.res.Tenants[r.Tenant]
 	t.Requests++
-	cost := computeOf(r.Actual())
+	cost := 1 + float64(r.Actual())*Seed004Weight // the true cost
 	t.Offered += cost
 	d, err := rp.store.Charge(ctx, t.Name, rp.limits[r.Tenant], r.Estimate())
 	if err != nil {
@@ -261,8 +242,7 @@ func (rp *quotaReplay) arrive(k int, r *Request) error {
 	return nil
 }
 
-// summarise turns the tenants' totals into rates and computes the three
-// measures.
+// summarise turns the tenants' totals into rates and computes the measures.
 func (res *Seed004Result) summarise(spikes map[int]*spikeStat) {
 	secs := Seed004Duration.Seconds()
 	var within, refused, spikeOff, spikeAdm, survived int
@@ -306,9 +286,7 @@ func spikeOf(t time.Duration) (int, bool) {
 	return k, t < start+seed004SpikeLen
 }
 
-// FormatSeed004 prints the limiters side by side: per caller its quota,
-// offered and served compute and refusals (by reason), then the three
-// measures.
+// FormatSeed004 prints the limiters' measures and callers.
 func FormatSeed004(out io.Writer, results []*Seed004Result) {
 	for _, r := range results {
 		fmt.Fprintf(out, "%s: misfire %.2f%%  spike survival %.1f%% (%d spikes, %.2f%% of spike requests)  bigtok served %.2f of quota %.2f req-eq/s (%+.1f%%)\n",

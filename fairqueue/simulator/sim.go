@@ -11,8 +11,7 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
 )
 
-// Epoch is the virtual start of every run: times the engine reports (a
-// circuit event's At) are Epoch plus the run's time.
+// Epoch is the virtual start of every run.
 var Epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // State is where a request ended up.
@@ -40,27 +39,23 @@ type Record struct {
 	// package doc).
 	Limit, OrderLimit time.Duration
 
-	// Reason says why a rejected or expired request was not dispatched
-	// (fast-fail is fairqueue.ReasonBudgetExceeded, expiry
-	// ReasonQueueTimeout, a throttle ReasonClassThrottled).
+	// Reason says why a rejected or expired request was not dispatched.
 	Reason fairqueue.Reason
 	// Fallback reports a dispatch to the fallback channel.
 	Fallback bool
-	// Queued reports that the request was queued at admission rather than
-	// dispatched inside Submit.
+	// Queued reports that the request was not dispatched inside Submit.
 	Queued bool
-	// Predicted is the wait predicted at admission (Ticket.ETA);
-	// HasPrediction is set when it is positive for a queued request, and
-	// for a fast-failed one, whose refusal states it.
+	// Predicted is the wait predicted at admission (Ticket.ETA, or the
+	// ETA a fast-fail states); HasPrediction says there is one.
 	Predicted     time.Duration
 	HasPrediction bool
-	// Boosted reports a dispatch from the boost lane, ahead of tag order.
+	// Boosted reports a dispatch from the boost lane.
 	Boosted bool
-	// Light reports that the degrade ladder's light mode trimmed the
-	// request before submission (Request holds the trimmed sizes).
+	// Light reports that light mode trimmed the request (Request holds
+	// the trimmed sizes).
 	Light bool
-	// WhileQueued reports a refusal (StateRejected, ReasonBudgetExceeded)
-	// made after admission, from the queue (early refusal); Left is when.
+	// WhileQueued reports a fast-fail made from the queue, after
+	// admission; Left is when.
 	WhileQueued bool
 }
 
@@ -90,8 +85,8 @@ type Sample struct {
 type event struct {
 	at   time.Duration
 	kind int
-	// seq breaks remaining ties in creation order. Open-loop arrivals use
-	// their request ID; every other event gets len(open-loop) + a counter.
+	// seq breaks ties in creation order: an open-loop arrival's request
+	// ID, else len(open-loop) + a counter.
 	seq uint64
 	arg int
 }
@@ -107,7 +102,7 @@ func (a event) less(b event) bool {
 }
 
 // limitEntry waits for the target-th freed slot to set a request's Limit
-// (or, with order, its OrderLimit).
+// (with order, its OrderLimit).
 type limitEntry struct {
 	target uint64
 	id     int
@@ -146,9 +141,7 @@ type sim struct {
 	// to the actual cost at completion, so every policy is measured alike.
 	served []float64
 
-	// freed counts the slots freed so far; a request that finds no free
-	// slot on arrival waits in limits until freed reaches its target.
-	freed  uint64
+	freed  uint64 // slots freed so far
 	limits minHeap[limitEntry]
 
 	tickPending  bool
@@ -156,22 +149,17 @@ type sim struct {
 	contendFrom  time.Duration
 	contended    []interval
 
-	// closed holds each closed-loop tenant's random stream (nil for
-	// open-loop tenants); it draws the tenant's requests as they arrive.
-	closed []*rand.Rand
+	closed []*rand.Rand // each closed-loop tenant's stream, else nil
 	diff   *diffTracker
 
 	violations []string
 	nViolation int
 	mayIdle    bool
-	// fbInflight counts requests in flight on the fallback channel.
-	fbInflight int
+	fbInflight int // on the fallback channel
 
-	// Budgets: deadlines are enforced (by the scenario or the policy).
-	budgets bool
-	// The optional scheduler interfaces, nil when not implemented.
-	admit  admitInfo
-	ladder ladderInfo
+	budgets bool             // deadlines are enforced
+	eng     *engineScheduler // nil for a baseline
+	ladder  bool             // eng has a degrade ladder
 	// boostLimit is the boost budget at the current capacity;
 	// boostedAtDrop the boosted requests in flight when it last shrank,
 	// which may exceed the new limit until they complete.
@@ -183,7 +171,7 @@ type sim struct {
 }
 
 // Run replays w under p and measures it. Scheduler misbehaviour is not an
-// error but listed in Result.Violations, next to the numbers.
+// error but listed in Result.Violations.
 func Run(w *Workload, p Policy) (*Result, error) {
 	sc := w.Scenario
 	s := &sim{
@@ -202,15 +190,11 @@ func Run(w *Workload, p Policy) (*Result, error) {
 		return nil, fmt.Errorf("policy %s: %w", p.Name(), err)
 	}
 	s.sched = sched
-	if i, ok := sched.(idler); ok {
-		s.mayIdle = i.MayIdle()
-	}
-	s.admit, _ = sched.(admitInfo)
-	if l, ok := sched.(ladderInfo); ok && l.HasLadder() {
-		s.ladder = l
+	if e, ok := sched.(*engineScheduler); ok {
+		s.eng, s.mayIdle, s.ladder = e, e.mayIdle, e.ladder
 	}
 	s.budgets = sc.EnforceBudgets
-	if b, ok := p.(budgetPolicy); ok && b.EnforcesBudgets() {
+	if ep, ok := p.(EnginePolicy); ok && ep.Budgets {
 		s.budgets = true
 	}
 	s.setHealthy(sc.Upstreams)
@@ -229,8 +213,8 @@ func Run(w *Workload, p Policy) (*Result, error) {
 		}
 	}
 	s.loop()
-	if e, ok := sched.(interface{ Err() error }); ok && e.Err() != nil {
-		s.violate("%v", e.Err())
+	if s.eng != nil && s.eng.err != nil {
+		s.violate("%v", s.eng.err)
 	}
 	return s.result(p.Name()), nil
 }
@@ -242,8 +226,7 @@ func (s *sim) push(e event) {
 }
 
 // next pops the earliest event: the top of the heap or the next open-loop
-// arrival, which is not pushed on the heap so 100k arrivals cost nothing
-// until they happen.
+// arrival (kept off the heap so 100k arrivals cost nothing until then).
 func (s *sim) next() (event, bool) {
 	var arr event
 	haveArr := s.open < len(s.w.Requests)
@@ -277,13 +260,13 @@ func (s *sim) loop() {
 		case evArrival:
 			s.arrive(ev.arg)
 		case evExhaust:
-			if x, ok := s.sched.(interface{ ExhaustPrimary(time.Duration) }); ok {
-				x.ExhaustPrimary(s.now + s.sc.Exhausted[ev.arg].For)
+			if s.eng != nil {
+				s.eng.q.AccountExhausted(Epoch.Add(s.now + s.sc.Exhausted[ev.arg].For))
 			}
 		case evTick:
 			s.tickPending = false
 			s.sched.Tick()
-			if s.ladder != nil && s.now%time.Second == 0 {
+			if s.ladder && s.now%time.Second == 0 {
 				s.sample()
 			}
 		}
@@ -298,8 +281,7 @@ func (s *sim) loop() {
 }
 
 // afterEvent checks work conservation, tracks contention and keeps the
-// tick going while there is work (and only then, so idle gaps cost
-// nothing).
+// tick going while there is work (only then: idle gaps cost nothing).
 func (s *sim) afterEvent() {
 	if s.queued > 0 && s.inflight < s.capacity && !s.mayIdle {
 		s.violate("t=%v: %d queued but only %d of %d slots busy", s.now, s.queued, s.inflight, s.capacity)
@@ -313,7 +295,7 @@ func (s *sim) afterEvent() {
 	}
 	// With a ladder, ticks go on while it is engaged: the ladder releases
 	// only on an observation.
-	if !s.tickPending && (s.queued > 0 || s.inflight > 0 || s.ladder != nil && s.ladder.Level() > 0) {
+	if !s.tickPending && (s.queued > 0 || s.inflight > 0 || s.ladder && s.eng.q.DegradeLevel() > 0) {
 		p := s.sc.tickPeriod()
 		s.tickPending = true
 		s.push(event{at: (s.now/p + 1) * p, kind: evTick})
@@ -330,9 +312,8 @@ func (s *sim) violate(format string, args ...any) {
 // Now implements Env.
 func (s *sim) Now() time.Duration { return s.now }
 
-// sample records the degrade state for the timeline.
 func (s *sim) sample() {
-	s.timeline = append(s.timeline, Sample{At: s.now, Water: s.ladder.Water(), Level: s.ladder.Level(), Queued: s.queued})
+	s.timeline = append(s.timeline, Sample{At: s.now, Water: s.eng.q.Water(), Level: s.eng.q.DegradeLevel(), Queued: s.queued})
 }
 
 func (s *sim) setHealthy(n int) {
@@ -341,11 +322,11 @@ func (s *sim) setHealthy(n int) {
 	if free := s.capacity - max(old, s.inflight); free > 0 {
 		s.slotsFreed(free)
 	}
-	if s.admit != nil {
+	if s.eng != nil {
 		if s.capacity < old {
-			s.boostedAtDrop = s.admit.BoostedInflight()
+			s.boostedAtDrop = s.eng.boostedInflight()
 		}
-		s.boostLimit = s.admit.BoostLimit(s.capacity)
+		s.boostLimit = s.eng.boosts.Limit(s.capacity)
 	}
 	s.sched.SetHealthy(n)
 }
@@ -374,8 +355,8 @@ func (s *sim) arriveClosed(tenant int, at time.Duration) {
 }
 
 func (s *sim) arrive(id int) {
-	if s.ladder != nil {
-		if a, ok := s.ladder.LightMode(s.reqs[id].Tenant); ok {
+	if s.ladder {
+		if a, ok := s.eng.q.LightMode(s.eng.classes[s.reqs[id].Tenant]); ok {
 			trim(&s.reqs[id], a)
 			s.recs[id].Light = true
 		}
@@ -412,18 +393,17 @@ func (s *sim) arrive(id int) {
 	}
 	// Submit may have grown s.recs (a closed-loop refill on dispatch).
 	rec = &s.recs[id]
-	rec.Queued = rec.State == StateQueued // not dispatched inside Submit
-	if s.admit != nil && rec.Queued {
+	rec.Queued = rec.State == StateQueued
+	if s.eng != nil && rec.Queued {
 		// Read at once: a later re-check replaces the ticket's ETA.
-		if eta, ok := s.admit.Prediction(id); ok && eta > 0 {
+		if eta, ok := s.eng.prediction(id); ok && eta > 0 {
 			rec.Predicted, rec.HasPrediction = eta, true
 		}
 	}
 }
 
 // refusalETA reads the predicted wait out of a fast-fail's detail
-// ("estimated wait 5m31.2s, budget 5m0s"), which carries it rounded to
-// 100 ms; the Rejection has no field for it.
+// ("estimated wait 5m31.2s, budget 5m0s"): the Rejection has no field for it.
 func refusalETA(rej *fairqueue.Rejection) (time.Duration, bool) {
 	const key = "estimated wait "
 	if rej.Reason != fairqueue.ReasonBudgetExceeded {
@@ -441,9 +421,8 @@ func refusalETA(rej *fairqueue.Rejection) (time.Duration, bool) {
 	return d, err == nil
 }
 
-// trim applies a light-mode action to a request: the prompt is cut to
-// MaxInputTokens and max_tokens to MaxTokens, and the output the upstream
-// produces is cut with it, so both the estimate and the service time drop.
+// trim applies a light-mode action to a request; the output is cut with
+// max_tokens, so both the estimate and the service time drop.
 func trim(r *Request, a degrade.Action) {
 	if n := int64(a.MaxInputTokens); n > 0 && r.Prompt > n {
 		r.Prompt = n
@@ -463,14 +442,14 @@ func (s *sim) Dispatched(id int) {
 	if s.inflight > s.capacity {
 		s.violate("t=%v: %d in flight exceeds capacity %d", s.now, s.inflight, s.capacity)
 	}
-	if s.admit != nil {
+	if s.eng != nil {
 		s.checkBoost(id)
 	}
 	s.started(id)
 }
 
-// dispatch marks a queued request dispatched (to the fallback channel with
-// fallback); false, and a violation, if it was not queued.
+// dispatch marks a queued request dispatched; false, and a violation, if
+// it was not queued.
 func (s *sim) dispatch(id int, fallback bool) bool {
 	rec := &s.recs[id]
 	if rec.State != StateQueued {
@@ -482,7 +461,7 @@ func (s *sim) dispatch(id int, fallback bool) bool {
 }
 
 // started accounts a dispatched request's service and schedules its
-// completion, on either channel.
+// completion.
 func (s *sim) started(id int) {
 	r := &s.reqs[id]
 	s.served[r.Tenant] += float64(r.Estimate())
@@ -494,8 +473,7 @@ func (s *sim) started(id int) {
 	s.refill(r.Tenant)
 }
 
-// DispatchedFallback implements Env: a dispatch to the fallback channel,
-// which has its own slots.
+// DispatchedFallback implements Env.
 func (s *sim) DispatchedFallback(id int) {
 	if !s.dispatch(id, true) {
 		return
@@ -507,12 +485,11 @@ func (s *sim) DispatchedFallback(id int) {
 	s.started(id)
 }
 
-// checkBoost records whether the dispatch of id was boosted and checks the
-// boost budget (see boostLimit).
+// checkBoost records whether id was boosted and checks the boost budget.
 func (s *sim) checkBoost(id int) {
 	rec := &s.recs[id]
-	rec.Boosted = s.admit.Boosted(id)
-	b := s.admit.BoostedInflight()
+	rec.Boosted = s.eng.boosted(id)
+	b := s.eng.boostedInflight()
 	s.maxBoosted = max(s.maxBoosted, b)
 	if b > s.boostLimit && (rec.Boosted || b > s.boostedAtDrop) {
 		s.boostViol++
@@ -575,20 +552,19 @@ func (s *sim) addQueued(tenant, d int) {
 	}
 }
 
-// diffTracker measures the max service diff of the package doc: for each
-// pair of equal-weight tenants and each period both stay backlogged, it
-// tracks D = served_i - served_j at every dispatch of either, and keeps the
-// largest max(D) - min(D). Groups of more than maxDiffGroup tenants are left
-// out (O(group) per dispatch); Overall.MaxDiff is NaN when none qualifies.
+// diffTracker measures the max service diff (see the package doc): for
+// each pair of equal-weight tenants and each period both stay backlogged,
+// it tracks D = served_i - served_j at every dispatch of either and keeps
+// the largest max(D) - min(D). Groups above maxDiffGroup are left out
+// (O(group) per dispatch).
 type diffTracker struct {
-	group []int   // tenant -> index of its weight group
-	back  [][]int // group -> backlogged tenants
-	pos   []int   // tenant -> position in back[group], -1 if not backlogged
-	epoch []uint32
-	pairs map[[2]int]*pairState
-	max   float64
-	// tracked is whether any group qualifies.
-	tracked bool
+	group   []int   // tenant -> index of its weight group
+	back    [][]int // group -> backlogged tenants
+	pos     []int   // tenant -> position in back[group], -1 if not backlogged
+	epoch   []uint32
+	pairs   map[[2]int]*pairState
+	max     float64
+	tracked bool // some group qualifies
 }
 
 type pairState struct {
