@@ -10,16 +10,11 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
-// Tenant quotas (package quota) as the queue applies them.
-//
-// A request is charged to its tenant's quota when it is dispatched, with its
-// estimated tokens, and reconciled with its actual tokens when it completes.
-// A tenant whose next request its quota does not allow yet is held: its
-// flows leave the heaps until the quota's earliest time, so it never holds
-// a slot. At admission, the quota's earliest time behind the tenant's
-// queued requests is part of the request's ETA; a request whose earliest
-// time is past its deadline is refused at once (ReasonQuotaExceeded) with
-// that exact time as RetryAfter, not capped.
+// Tenant quotas (package quota) as the queue applies them: a request is
+// charged its estimated tokens at dispatch and reconciled at completion. A
+// tenant its quota does not allow yet is held out of the heaps until the
+// quota's earliest time, so it never holds a slot. A request whose earliest
+// time is past its deadline is refused at once (ReasonQuotaExceeded).
 
 // quotaStoreLocked returns the store quotas are kept in, making the
 // in-process one on first use; it lives as long as the queue, so a reload
