@@ -626,7 +626,7 @@ func (x *aheadIndex) merge(a, b int32) int32 {
 }
 
 // aheadWalkMax is the most backlogged flows for which an ETA walks them
-// (othersWalkLocked) rather than keep the index (BenchmarkAdmissionETA).
+// (othersWalkLocked) rather than keep the index.
 const aheadWalkMax = 128
 
 // aheadWalkLocked reports whether an ETA walks the backlogged flows rather
