@@ -77,13 +77,10 @@ func (q *Queue) quotaMarginLocked() time.Duration {
 	return max(q.cfg.Admission.Margin, q.cfg.ExpiryMargin)
 }
 
-// slotWaitLocked is the lead a booking asks for (quota.Store.Book): how
-// long a request must still allow for a slot once its quota lets it go. It
-// is the longest a booked request waited past its booked time lately
-// (lateWindow), and at least, while every slot is taken or requests queue,
-// the average time until one frees. The longest, not the mean: slots free
-// in bunches. The store keeps the longest lead of the last minute over
-// every gateway, so that all refuse alike.
+// slotWaitLocked is the lead a booking asks for (quota.Store.Book): the
+// longest a booked request waited past its booked time lately, and at
+// least, while no slot is free, the average time until one frees. The
+// longest, not the mean: slots free in bunches.
 func (q *Queue) slotWaitLocked(now time.Time, cost int64) time.Duration {
 	w := q.adm.late.max(q.since(now))
 	if q.inflight < q.capacity && q.queued == 0 {

@@ -39,12 +39,10 @@ func (q *Queue) accountStoreLocked() quota.Store {
 }
 
 // quotaAdmitLocked is the quota's part of admission: how long the request
-// must wait for its tenant's quota behind the tenant's queued requests
-// (their estimates corrected by quotaRatio), or a refusal when that is past
-// its deadline. A store error admits the request. On a shared store the
-// booking made before the lock (pre, gate.go) decides; without one (a
-// reload gave the tenant a quota since, or the store failed) the request
-// is admitted uncharged.
+// must wait for its tenant's quota behind the tenant's queued requests, or a
+// refusal when that is past its deadline. On a shared store the booking made
+// before the lock (pre) decides; without one, or on a store error, the
+// request is admitted uncharged.
 func (q *Queue) quotaAdmitLocked(now time.Time, t *tenant, name string, l *quota.Limits, deadline time.Time, pre *quotaBooking) (quotaDelay, *Rejection) {
 	margin := q.quotaMarginLocked()
 	if q.remoteStore {
@@ -225,13 +223,11 @@ func (q *Queue) deferReconcileLocked(tk *Ticket, actual, prompt int64) (deferred
 	return d, true
 }
 
-// refuseQuotaFlowLocked refuses, from the tail of f (a flow of a tenant
-// with a quota) towards its head, the queued requests the quota cannot let
-// start before their deadline less the margins, behind the requests ahead
-// of them in the flow at the tenant's ratio: 429 quota_exceeded. It stops
-// at the first request that makes it and at max refusals, and returns how
-// many it refused. Only the in-process store is asked: on a shared one
-// every queued request holds a booking that fits its budget (gate.go).
+// refuseQuotaFlowLocked refuses, from the tail of f towards its head, the
+// queued requests its tenant's quota cannot let start before their deadline
+// (429 quota_exceeded), stopping at the first that makes it and at max
+// refusals; it returns how many it refused. In-process store only: on a
+// shared one every queued request holds a booking that fits its budget.
 func (q *Queue) refuseQuotaFlowLocked(now time.Time, f *flow, max int) int {
 	t := f.t
 	l := t.cfg.Quota

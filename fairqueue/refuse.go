@@ -34,10 +34,8 @@ const (
 // refusalRateLocked is the rate a refusal is computed at, in cost units
 // per second, with healthy upstreams; 0 means unknown (refuse nothing): the
 // larger of the promise rate and the measured mean, and, while the estimate
-// is cold (coldLocked), the cold bound budget.ColdRate if larger. The cold
-// bound is service-time based, an upper bound of the rate, where the first
-// samples of a flood on an idle gateway are biased low. A provider account
-// bounds it.
+// is cold, the cold bound budget.ColdRate (an upper bound, where the first
+// samples of a flood are biased low). A provider account bounds it.
 func (q *Queue) refusalRateLocked(now time.Time, healthy int) float64 {
 	a := q.adm
 	st := a.rate.Stats(now, healthy)
