@@ -950,12 +950,9 @@ func (q *Queue) countLocked(tk *Ticket, sign int) {
 	q.aheadTouchLocked(t)
 }
 
-// unqueueLocked takes a queued or boosted ticket out of wherever it waits.
-func (q *Queue) unqueueLocked(tk *Ticket) { q.takeLocked(tk, true) }
-
-// takeLocked is unqueueLocked; with rekey false, a flow whose head tk was
-// and that stays backlogged is left for the caller to re-key (dispatch
-// does, once, after charging the tenant).
+// takeLocked takes a queued or boosted ticket out of wherever it waits.
+// With rekey false, a flow whose head tk was and that stays backlogged is
+// left for the caller to re-key (dispatch does, once, after the charge).
 func (q *Queue) takeLocked(tk *Ticket, rekey bool) {
 	q.unlinkTicketLocked(tk, rekey)
 	q.countLocked(tk, -1)
@@ -1381,7 +1378,7 @@ func (q *Queue) Tick() {
 	limit := now.Add(q.cfg.ExpiryMargin)
 	for len(q.deadlines) > 0 && !q.deadlines[0].tk.deadline.After(limit) {
 		tk := q.deadlines[0].tk
-		q.unqueueLocked(tk)
+		q.takeLocked(tk, true)
 		q.finishLocked(now, tk, stateExpired, q.timeoutLocked(now))
 	}
 	q.recheckLocked(now)
@@ -1470,7 +1467,7 @@ func (q *Queue) release(tk *Ticket, actual, prompt int64) {
 	now := q.clock.Now()
 	switch tk.state {
 	case stateQueued, stateBoosted:
-		q.unqueueLocked(tk)
+		q.takeLocked(tk, true)
 		q.finishLocked(now, tk, stateCancelled, &Rejection{Reason: ReasonCancelled,
 			Detail: "request cancelled while queued"})
 		// The cancelled ticket may have been the head that did not fit the

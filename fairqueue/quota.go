@@ -361,7 +361,7 @@ func (q *Queue) refuseHeldLocked(now time.Time) {
 			rej.WhileQueued = true
 			rej.Detail = fmt.Sprintf("%s quota: while this request was queued, the quota was spent (by this tenant's requests elsewhere in the cluster or ahead of it here); its next request may start in %v, after this one's wait budget ends",
 				d.Reason, d.RetryAfter.Round(time.Millisecond))
-			q.unqueueLocked(tk)
+			q.takeLocked(tk, true)
 			q.finishLocked(now, tk, stateExpired, rej)
 		}
 		for _, f := range t.flows {

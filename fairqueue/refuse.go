@@ -437,9 +437,9 @@ func (q *Queue) boostSavesLocked(now time.Time, tk *Ticket, r float64) bool {
 func (q *Queue) unqueueTailLocked(tk *Ticket) {
 	f := tk.f
 	tail := tk.state == stateQueued && f.q.tail == tk
-	q.unqueueLocked(tk)
+	q.takeLocked(tk, true)
 	if tail {
-		// unqueue counts a ticket leaving as cost gone out ahead of those
+		// takeLocked counts a ticket leaving as cost gone out ahead of those
 		// still queued (aheadInFlow); a tail is taken back from the intake
 		// instead, so that the others' work ahead stays exact.
 		f.out -= tk.cost
