@@ -335,12 +335,10 @@ type holdNote struct {
 	d  quota.Decision
 }
 
-// refuseHeldLocked answers at once, with the quota's refusal (429
-// quota_exceeded, Retry-After to the end of the hold), the queued requests
-// of each tenant held since its last call whose deadline, less the
-// margins, comes before the hold ends: they would only wait out their
-// budget. (The quota was spent after admission, by the tenant's requests
-// on other gateways.) Run after the dispatch loop: O(notes + refusals).
+// refuseHeldLocked answers at once (429 quota_exceeded, Retry-After to the
+// end of the hold) the queued requests of each tenant held since its last
+// call whose deadline, less the margins, comes before the hold ends: they
+// would only wait out their budget. O(notes + refusals).
 func (q *Queue) refuseHeldLocked(now time.Time) {
 	if len(q.holdNotes) == 0 {
 		return
