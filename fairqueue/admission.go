@@ -109,13 +109,10 @@ func (q *Queue) etaLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost i
 
 // workAheadLocked is the work dispatched before a request of tenant t,
 // class cq and cost cost with ownAhead of its tenant's cost queued before
-// it: its tenant's own queue ahead of it, the boost lane, the work that
-// frees a slot, and, with others, each other backlogged tenant's queued
-// cost up to the same virtual finish by weight (othersWalkLocked defines
-// which count). Without others it is a lower bound in O(1); with them,
-// O(log n) from the work-ahead index (ahead.go), or a walk over at most
-// aheadWalkMax flows. An undeclared tenant counts its fellow members
-// inside the group first, then the group as one tenant at the top level.
+// it: its own queue ahead, the boost lane, the work that frees a slot and,
+// with others, each other backlogged tenant's queued cost up to the same
+// virtual finish by weight (O(log n) from ahead.go, or a walk over at most
+// aheadWalkMax flows). Without others it is a lower bound in O(1).
 func (q *Queue) workAheadLocked(now time.Time, t *tenant, cq *classQ, ownAhead, cost int64, others bool) float64 {
 	ahead, finish := q.workAheadOwnLocked(now, t, ownAhead, cost)
 	if !others {

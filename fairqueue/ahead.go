@@ -25,34 +25,13 @@ import (
 // one ordered by vt and one by F, each node holding its subtree's sums of
 // w and w x key, answer that in one descent each: O(log n).
 //
-// Which tenants count, and how, is what the walk over the heaps decides
-// (othersWalkLocked, the index's definition): a tenant counts once when one
-// of its flows is in the heap of a class the request does not yield to. The
-// index files each tenant by the classes its backlogged flows sit in, in the
-// order the walk visits them:
-//
-//   - tierFirst: a flow in an unpaused class, and the first flow visited is
-//     in an unpaused class;
-//   - tierLater: a flow in an unpaused class, but the first visited is in a
-//     paused class;
-//   - tierPaused: flows in paused classes only.
-//
-// A request of an unpaused class counts tierFirst and tierLater up to its
-// finish tag; one of a paused class counts all of tierFirst's queued work
-// and tierLater and tierPaused up to its finish tag. The requesting tenant
-// is subtracted by its own term.
-//
-// Upkeep: a change to a tenant's virtual time, queued work, weight or flows
-// marks it (aheadTouchLocked, O(1)), and the next ETA re-files the marked
-// tenants, O(log n) each. A reload or the queue running empty drops the
-// index; the next ETA builds it in bulk from the heaps. It is dropped too
-// when more tenants than twice its size are marked without an ETA, and
-// while at most aheadWalkMax flows are backlogged an ETA walks them
-// instead, which costs less at that size.
-//
-// Precision: keys are relative to the level's virtual time when the index
-// was built, and the sums are recomputed from the children on every update,
-// so rounding does not accumulate.
+// Which tenants count is what the walk over the heaps decides
+// (othersWalkLocked). Tenants are filed by tier: tierFirst (the first flow
+// the walk visits is in an unpaused class), tierLater (an unpaused flow, but
+// the first visited is paused), tierPaused (paused flows only). Changes mark
+// a tenant (aheadTouchLocked) and the next ETA re-files the marked ones;
+// a reload or an empty queue drops the index, rebuilt in bulk when next
+// needed. Keys are relative to the level's virtual time at the build.
 
 // Tiers of the work-ahead index; tierNone, the zero value: not backlogged
 // in any heap (tiers[tierNone] stays empty).
@@ -647,7 +626,7 @@ func (x *aheadIndex) merge(a, b int32) int32 {
 }
 
 // aheadWalkMax is the most backlogged flows for which an ETA walks them
-// (othersWalkLocked) rather than keep the index (BenchmarkAdmissionETA).
+// (othersWalkLocked) rather than keep the index.
 const aheadWalkMax = 128
 
 // aheadWalkLocked reports whether an ETA walks the backlogged flows rather

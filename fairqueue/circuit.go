@@ -11,25 +11,12 @@ import (
 )
 
 // Tiered circuit breaking (degrade.Circuit) as the queue applies it.
-//
-// Demand is measured in units whose capacity does not swing with the mix of
-// requests, each against its own capacity (the circuit's resources):
-//
-//   - slots: busy time. A request weighs the mean busy time of its caller's
-//     recent completions (the undeclared tenants share one caller; a new
-//     caller takes the queue's mean), against the slots: slot-seconds per
-//     second;
-//   - inflight_tokens: the request's tokens times its busy time, against the
-//     token capacity;
-//   - account_tokens and account_requests: the provider's units against the
-//     rates the account is drawn at.
-//
-// Every request that reaches Enqueue counts, refused ones included. The
-// circuit sheds a tier only when the upstreams were saturated (every slot
-// busy, or a gate holding dispatch, with requests waiting) for most of its
-// window: demand over the line while capacity idles is a wrong estimate,
-// not overload. A request of a shed tier is refused at once
-// (ReasonCircuitOpen).
+// Demand is measured per resource in units whose capacity does not swing
+// with the mix of requests: slots (busy time), inflight_tokens (tokens times
+// busy time), account_tokens and account_requests. Every request that
+// reaches Enqueue counts, refused ones included. A tier is shed only when
+// the upstreams were saturated for most of the window: demand over the line
+// while capacity idles is a wrong estimate, not overload.
 
 // The circuit's resources, by name (metrics label them so).
 const (

@@ -25,7 +25,7 @@ func (q *Queue) Close(detail string) {
 		}
 	}
 	for _, tk := range waiting {
-		q.unqueueLocked(tk)
+		q.takeLocked(tk, true)
 		q.finishLocked(now, tk, stateCancelled, q.closedLocked())
 	}
 }

@@ -6,21 +6,13 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/budget"
 )
 
-// Commitments behind a provider account.
-//
-// Behind an account that binds, a queued request is decided once, at its
-// decision point (refuse.go), on the share of the account its tenant's
-// weight gets. That share is an average the others' arrivals move, so the
-// decision is a commitment:
-//
-//   - a request is kept only if its tenant's share dispatches it commitLead
-//     before its deadline (refusalETALocked);
-//   - once kept, it is refused only if it misses even at the refusal rate;
-//   - a kept request due within rescueHorizon whose place in tag order now
-//     misses goes to the boost lane, if the account can take the lane's
-//     work in time (keepCommitmentsLocked).
-//
-// Rescues count as boosts; with boosting off there is no rescue.
+// Commitments behind a provider account: a queued request is decided once,
+// at its decision point (refuse.go), on its tenant's share of the account.
+// It is kept only if that share dispatches it commitLead before its
+// deadline; once kept, it is refused only if it misses even at the refusal
+// rate, and one due within rescueHorizon that now misses goes to the boost
+// lane if the account can take it in time (keepCommitmentsLocked). Rescues
+// count as boosts; with boosting off there is no rescue.
 
 const (
 	// commitLead is how much before its deadline a request behind an

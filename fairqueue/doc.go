@@ -76,40 +76,23 @@
 //
 // # Wait budgets
 //
-// Every refusal's RetryAfter is at most budget.MaxRetryAfter; full queues and
-// budgets run out answer the time the measured rate needs to serve the work
-// queued, with a seeded jitter. With BudgetConfig.FastFail a request that can
-// no longer start before its deadline is refused as soon as the queue knows
-// it with confidence (refuse.go). An ETA counts the work tag order puts ahead
-// of the request: its own tenant's, the boost lane's, and each other
-// backlogged tenant's queued work up to the request's virtual finish tag, by
-// weight; the work-ahead index (ahead.go) makes it O(log n). A refusal pass
-// checks at most 64 flow tails per Tick and never scans the queued requests.
+// Every refusal's RetryAfter is at most budget.MaxRetryAfter. With
+// BudgetConfig.FastFail a request that can no longer start before its
+// deadline is refused as soon as the queue knows it with confidence
+// (refuse.go). An ETA counts the work tag order puts ahead of the request,
+// in O(log n) through the work-ahead index (ahead.go).
 //
 // # Several gateways
 //
 // Several gateways in front of one pool each run a Queue and share state
 // through the quota Store (Config.QuotaStore, Config.AccountStore) and the
 // slots each holds of the pool (SetSlotLimit, from package cluster), a grant
-// weighted by BackloggedWeight. Bounds, for N gateways and P slots:
-//
-//   - Tenant quotas (gate.go): a request is booked on its tenant's quota on
-//     arrival, first come first served over all gateways, and refused at once
-//     if that time leaves it no budget; the quota holds over the cluster
-//     exactly at the booked times.
-//   - The pool: requests in flight over all gateways never exceed P.
-//   - Between gateways: once demand is steady, within two sync intervals each
-//     gateway holds its weighted share, to within one slot. Requests in
-//     flight count in a gateway's demand, not its weight.
-//   - Virtual time, with sharing (TakeServed, ChargeRemote; package cluster):
-//     each gateway charges a tenant queued here what the others served it,
-//     so a tenant with work on several gateways is served by its weight
-//     across the cluster, within a lag of one sync interval plus a round
-//     trip. It acts only where the tenant competes: the grants a tenant alone
-//     on k gateways claims there stay its own. Without sharing a tenant gets
-//     up to N times its weight's share of the pool.
-//
-// Nothing in the scheduler waits on the network.
+// weighted by BackloggedWeight. Tenant quotas are booked on arrival, first
+// come first served over all gateways (gate.go); requests in flight over all
+// gateways never exceed the pool; with virtual time shared (TakeServed,
+// ChargeRemote) a tenant with work on several gateways is served by its
+// weight across the cluster, within about one sync interval. Nothing in the
+// scheduler waits on the network.
 //
 // # Guarantees
 //

@@ -8,13 +8,10 @@ import (
 )
 
 // The fallback channel: a second upstream pool that the tenants it lists
-// use when the primary cannot serve them: the primary account is out of
-// quota, no primary upstream is healthy, or the request has waited half its
-// wait budget. It has its own slots and, optionally, its own account; a
-// request it serves is charged to its tenant as any other. After the
-// primary's dispatch loop, the fallback's takes the listed tenants' head
-// request with the smallest finish tag that the primary cannot take, while
-// it has a slot and room.
+// use when the primary cannot serve them (account out of quota, no healthy
+// upstream, or half the wait budget gone), with its own slots and account.
+// After the primary's dispatch loop it takes the listed tenants' head
+// request with the smallest finish tag that the primary cannot take.
 
 // FallbackConfig is the fallback channel.
 type FallbackConfig struct {

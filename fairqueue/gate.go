@@ -11,27 +11,14 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
-// Decisions on a shared quota store, off the lock.
-//
-// A remote store (a quota.Remote: the cluster's Redis) answers in a network
-// round trip, which is never made under the queue's lock: every other
-// decision, for tenants with no quota at all, would wait on it.
-//
-// Tenant quotas are booked at admission: before it takes the lock, Enqueue
-// books the request (quota.Store.Book) as of the earliest time the quota
-// lets it start, first come first served over every gateway, if that time
-// leaves the request its wait for a slot before its deadline; otherwise
-// nothing is charged and the request is refused at once. So a request's
-// quota time is known when it arrives, and whichever gateway it lands on,
-// it is refused on the same meters.
-//
-// Its tenant keeps the booked times of its queued requests, earliest first:
-// a booked request is dispatched on the earliest, and its tenant is held
-// while that time is ahead. A booked request that leaves undispatched gives
-// its booking back (Store.Refund) after the lock is released; one its
-// provider sends back (Requeue) keeps it. A store error admits the request
-// uncharged. Completions reconcile after the lock (deferReconcileLocked),
-// and refunds run on a goroutine of their own (runStoreCalls).
+// Decisions on a shared quota store, off the lock: a remote store answers
+// in a network round trip, which is never made under the queue's lock.
+// Enqueue books a request (quota.Store.Book) before it takes the lock, at
+// the earliest time the quota lets it start, first come first served over
+// every gateway; a booking that leaves no time before the deadline refuses
+// it at once. Its tenant is held until its earliest booked time. A request
+// that leaves undispatched gives its booking back after the lock; a store
+// error admits the request uncharged.
 
 // isRemote reports whether s says its calls go over a network.
 func isRemote(s quota.Store) bool {
@@ -90,13 +77,10 @@ func (q *Queue) quotaMarginLocked() time.Duration {
 	return max(q.cfg.Admission.Margin, q.cfg.ExpiryMargin)
 }
 
-// slotWaitLocked is the lead a booking asks for (quota.Store.Book): how
-// long a request must still allow for a slot once its quota lets it go. It
-// is the longest a booked request waited past its booked time lately
-// (lateWindow), and at least, while every slot is taken or requests queue,
-// the average time until one frees. The longest, not the mean: slots free
-// in bunches. The store keeps the longest lead of the last minute over
-// every gateway, so that all refuse alike.
+// slotWaitLocked is the lead a booking asks for (quota.Store.Book): the
+// longest a booked request waited past its booked time lately, and at
+// least, while no slot is free, the average time until one frees. The
+// longest, not the mean: slots free in bunches.
 func (q *Queue) slotWaitLocked(now time.Time, cost int64) time.Duration {
 	w := q.adm.late.max(q.since(now))
 	if q.inflight < q.capacity && q.queued == 0 {

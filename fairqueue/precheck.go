@@ -1,14 +1,10 @@
 package fairqueue
 
 // PrecheckRequest returns the refusal Enqueue would give r among those that
-// need no body: no healthy upstream, a size no capacity could take, a full
-// queue (the tenant's, the undeclared group's or the global one, in
-// requests, tokens or bytes), or a throttled class. It returns nil when none
-// applies; Enqueue still decides. The handler calls it before reading the
-// body, so a request bound to be refused costs neither the upload nor the
-// tokenizer. r.Cost may be 0 when no estimate exists yet (it counts as 1);
-// r.Bytes is taken from Content-Length; r.Deadline is not looked at.
-// Nothing is consumed (a throttle is only peeked at).
+// need no body (no healthy upstream, too large, a full queue, a throttled
+// class), or nil; Enqueue still decides. The handler calls it before
+// reading the body. r.Cost may be 0 (it counts as 1), r.Bytes is taken from
+// Content-Length, r.Deadline is not looked at. Nothing is consumed.
 func (q *Queue) PrecheckRequest(r Request) *Rejection {
 	q.mu.Lock()
 	defer q.mu.Unlock()

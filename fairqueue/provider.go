@@ -5,21 +5,12 @@ import (
 	"time"
 )
 
-// The provider's window, as the gateway keeps to it.
-//
-// Providers count an account's limits per minute as a token bucket, a fixed
-// minute or a rolling minute; a stream that never puts more than the limits
-// into any 60 s window is refused by none. The account's meters keep the
-// gateway's own sends to that (drawShare); the provider's reports correct
-// it where the provider counts more than the gateway sent:
-//
-//   - ProviderLevel: what the provider reports remaining is a level as of
-//     when the reporting request was sent; what was sent since is taken
-//     off and the meters' refill added. A request larger than that waits
-//     until the level refills to it, the provider reports again, or the
-//     report lapses. The report of the latest-sent request stands.
-//   - AccountExhausted: a 429, or a report of 0 left, stops dispatch until
-//     the provider's Retry-After or reset.
+// The provider's window: a stream that never puts more than the limits into
+// any 60 s window is refused by no provider, whatever bucket it keeps. The
+// account's meters keep the gateway's own sends to that (drawShare); the
+// provider's reports correct it where it counts more: ProviderLevel caps
+// dispatch at the level it reported, less what was sent since; and
+// AccountExhausted (a 429, or 0 left) stops dispatch until its reset.
 
 // sendLog records what was sent to the account over the last providerWindow
 // plus the guard: each entry a time and the tokens and requests sent then

@@ -533,11 +533,6 @@ func (q *Queue) setTenantConfigsLocked() {
 // Enqueue admits r or refuses it with a *Rejection. An admitted request may
 // be dispatched before Enqueue returns. The caller must end the ticket with
 // Release (or let Wait end it), exactly as the Ticket documents.
-//
-// In order: a shared store's booking is made before the lock (gate.go);
-// the request is priced (intakeLocked); the gates that refuse whatever the
-// queue holds have their say (admissionGatesLocked); the wait budget is
-// decided; then it starts at once or is queued.
 func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	now := q.clock.Now()
 	pre := q.bookQuota(&r, now)
@@ -955,12 +950,9 @@ func (q *Queue) countLocked(tk *Ticket, sign int) {
 	q.aheadTouchLocked(t)
 }
 
-// unqueueLocked takes a queued or boosted ticket out of wherever it waits.
-func (q *Queue) unqueueLocked(tk *Ticket) { q.takeLocked(tk, true) }
-
-// takeLocked is unqueueLocked; with rekey false, a flow whose head tk was
-// and that stays backlogged is left for the caller to re-key (dispatch
-// does, once, after charging the tenant).
+// takeLocked takes a queued or boosted ticket out of wherever it waits.
+// With rekey false, a flow whose head tk was and that stays backlogged is
+// left for the caller to re-key (dispatch does, once, after the charge).
 func (q *Queue) takeLocked(tk *Ticket, rekey bool) {
 	q.unlinkTicketLocked(tk, rekey)
 	q.countLocked(tk, -1)
@@ -1114,20 +1106,10 @@ func (q *Queue) dispatchDoneLocked(now time.Time, gated bool) {
 }
 
 // dispatchLoopLocked starts what it can and reports whether it stopped
-// with a slot free and an eligible request waiting (a gate shut).
-//
-// While a slot is free, the next request in tag order (nextLocked: the
-// boost lane, then the flows' heaps) meets the gates in turn:
-//
-//  1. the provider's pause (its Retry-After on a 429): nothing goes;
-//  2. the token cap: it waits for the tokens in flight to drain;
-//  3. its deadline: past it, it is answered (queue_timeout), not sent;
-//  4. its tenant's quota: its tenant is held, the next candidate goes;
-//  5. the provider account: the level it reported, then a draw; when the
-//     account cannot take it, a reserved tenant's request may go instead.
-//
-// Holds (a quota's, a tenant's cap) take a tenant's flows out of the heaps,
-// so nextLocked never offers what a hold keeps back.
+// with a slot free and an eligible request waiting (a gate shut). The next
+// request in tag order meets, in turn: the provider's pause, the token cap,
+// its deadline, its tenant's quota and the provider account. Holds take a
+// tenant's flows out of the heaps, so nextLocked never offers them.
 func (q *Queue) dispatchLoopLocked(now time.Time) (gated bool) {
 	if len(q.held) > 0 {
 		q.unholdDueLocked(now)
@@ -1396,7 +1378,7 @@ func (q *Queue) Tick() {
 	limit := now.Add(q.cfg.ExpiryMargin)
 	for len(q.deadlines) > 0 && !q.deadlines[0].tk.deadline.After(limit) {
 		tk := q.deadlines[0].tk
-		q.unqueueLocked(tk)
+		q.takeLocked(tk, true)
 		q.finishLocked(now, tk, stateExpired, q.timeoutLocked(now))
 	}
 	q.recheckLocked(now)
@@ -1423,14 +1405,10 @@ func (q *Queue) Tick() {
 
 // pruneLocked forgets up to max tenants idle since IdleForget ago, the
 // longest idle first. A forgotten tenant that returns has dropped at most
-// one request's service debt (its vt is at most one charge ahead of V
-// after its last dispatch), no more than a new tenant ID would; an
-// undeclared tenant's debt stays in the group, which is never forgotten.
-//
-// The idle list is kept lazily: a tenant stays listed while busy. At the
-// head, one busy again leaves the list, one idle again since it was listed
-// moves to the tail, and only one idle for IdleForget is forgotten; so a
-// tenant is forgotten within twice IdleForget, at O(1) a step.
+// one request's service debt, no more than a new tenant ID would. The idle
+// list is kept lazily: at its head a busy tenant leaves it and one idle
+// again since it was listed moves to the tail, so a tenant is forgotten
+// within twice IdleForget, at O(1) a step.
 func (q *Queue) pruneLocked(now time.Time, max int) {
 	cut := now.Add(-q.cfg.idleForget()).UnixNano()
 	for n := 0; n < max; n++ {
@@ -1489,7 +1467,7 @@ func (q *Queue) release(tk *Ticket, actual, prompt int64) {
 	now := q.clock.Now()
 	switch tk.state {
 	case stateQueued, stateBoosted:
-		q.unqueueLocked(tk)
+		q.takeLocked(tk, true)
 		q.finishLocked(now, tk, stateCancelled, &Rejection{Reason: ReasonCancelled,
 			Detail: "request cancelled while queued"})
 		// The cancelled ticket may have been the head that did not fit the

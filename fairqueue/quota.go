@@ -10,16 +10,11 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
-// Tenant quotas (package quota) as the queue applies them.
-//
-// A request is charged to its tenant's quota when it is dispatched, with its
-// estimated tokens, and reconciled with its actual tokens when it completes.
-// A tenant whose next request its quota does not allow yet is held: its
-// flows leave the heaps until the quota's earliest time, so it never holds
-// a slot. At admission, the quota's earliest time behind the tenant's
-// queued requests is part of the request's ETA; a request whose earliest
-// time is past its deadline is refused at once (ReasonQuotaExceeded) with
-// that exact time as RetryAfter, not capped.
+// Tenant quotas (package quota) as the queue applies them: a request is
+// charged its estimated tokens at dispatch and reconciled at completion. A
+// tenant its quota does not allow yet is held out of the heaps until the
+// quota's earliest time, so it never holds a slot. A request whose earliest
+// time is past its deadline is refused at once (ReasonQuotaExceeded).
 
 // quotaStoreLocked returns the store quotas are kept in, making the
 // in-process one on first use; it lives as long as the queue, so a reload
@@ -44,12 +39,10 @@ func (q *Queue) accountStoreLocked() quota.Store {
 }
 
 // quotaAdmitLocked is the quota's part of admission: how long the request
-// must wait for its tenant's quota behind the tenant's queued requests
-// (their estimates corrected by quotaRatio), or a refusal when that is past
-// its deadline. A store error admits the request. On a shared store the
-// booking made before the lock (pre, gate.go) decides; without one (a
-// reload gave the tenant a quota since, or the store failed) the request
-// is admitted uncharged.
+// must wait for its tenant's quota behind the tenant's queued requests, or a
+// refusal when that is past its deadline. On a shared store the booking made
+// before the lock (pre) decides; without one, or on a store error, the
+// request is admitted uncharged.
 func (q *Queue) quotaAdmitLocked(now time.Time, t *tenant, name string, l *quota.Limits, deadline time.Time, pre *quotaBooking) (quotaDelay, *Rejection) {
 	margin := q.quotaMarginLocked()
 	if q.remoteStore {
@@ -230,13 +223,11 @@ func (q *Queue) deferReconcileLocked(tk *Ticket, actual, prompt int64) (deferred
 	return d, true
 }
 
-// refuseQuotaFlowLocked refuses, from the tail of f (a flow of a tenant
-// with a quota) towards its head, the queued requests the quota cannot let
-// start before their deadline less the margins, behind the requests ahead
-// of them in the flow at the tenant's ratio: 429 quota_exceeded. It stops
-// at the first request that makes it and at max refusals, and returns how
-// many it refused. Only the in-process store is asked: on a shared one
-// every queued request holds a booking that fits its budget (gate.go).
+// refuseQuotaFlowLocked refuses, from the tail of f towards its head, the
+// queued requests its tenant's quota cannot let start before their deadline
+// (429 quota_exceeded), stopping at the first that makes it and at max
+// refusals; it returns how many it refused. In-process store only: on a
+// shared one every queued request holds a booking that fits its budget.
 func (q *Queue) refuseQuotaFlowLocked(now time.Time, f *flow, max int) int {
 	t := f.t
 	l := t.cfg.Quota
@@ -344,12 +335,10 @@ type holdNote struct {
 	d  quota.Decision
 }
 
-// refuseHeldLocked answers at once, with the quota's refusal (429
-// quota_exceeded, Retry-After to the end of the hold), the queued requests
-// of each tenant held since its last call whose deadline, less the
-// margins, comes before the hold ends: they would only wait out their
-// budget. (The quota was spent after admission, by the tenant's requests
-// on other gateways.) Run after the dispatch loop: O(notes + refusals).
+// refuseHeldLocked answers at once (429 quota_exceeded, Retry-After to the
+// end of the hold) the queued requests of each tenant held since its last
+// call whose deadline, less the margins, comes before the hold ends: they
+// would only wait out their budget. O(notes + refusals).
 func (q *Queue) refuseHeldLocked(now time.Time) {
 	if len(q.holdNotes) == 0 {
 		return
@@ -370,7 +359,7 @@ func (q *Queue) refuseHeldLocked(now time.Time) {
 			rej.WhileQueued = true
 			rej.Detail = fmt.Sprintf("%s quota: while this request was queued, the quota was spent (by this tenant's requests elsewhere in the cluster or ahead of it here); its next request may start in %v, after this one's wait budget ends",
 				d.Reason, d.RetryAfter.Round(time.Millisecond))
-			q.unqueueLocked(tk)
+			q.takeLocked(tk, true)
 			q.finishLocked(now, tk, stateExpired, rej)
 		}
 		for _, f := range t.flows {

@@ -11,34 +11,15 @@ import (
 
 // Early refusal: a queued request whose ETA, even boosted, can no longer
 // meet its deadline is refused (ReasonBudgetExceeded, WhileQueued) as soon
-// as that is known with confidence, rather than left to expire with
-// queue_timeout. A request already inside the margin is left to the expiry.
-// The ETA (refusalETALocked) is:
-//
-//   - normally, the work tag order puts ahead of the ticket at the refusal
-//     rate (refusalRateLocked), the most the upstreams can plausibly do;
-//   - once, in a one-second window ending half a second before a quarter of
-//     its budget (decideAt), the work ahead in its own flow at the rate the
-//     flow has really drained over the last 20 to 40 s (flowDrain), held
-//     between the ETAs at the refusal and the promise rates. That rate
-//     holds the share the other tenants take, future arrivals included.
-//     Applying it in one window only keeps a noisy reading from refusing
-//     on its lows;
-//   - behind a provider account that binds, the decision point is where a
-//     request is refused or committed to (commit.go).
-//
-// Capacity counts at the largest healthy count of the last minute: an
-// upstream that just went down may come back.
-//
-// A pass walks each flow it visits from its tail, the request served last,
-// refusing while the ticket misses, and stops at the first that makes it:
-// those ahead of it have less work ahead and earlier deadlines. A pass
-// visits at most refuseFlows flows, resuming where the previous stopped,
-// and refuses at most maxRefusals, so it never scans the queued requests.
-// Above refuseExactFlows backlogged flows an ETA counts only the request's
-// own tenant and the boost lane: a lower bound, so refusals stay right and
-// only come later (with many tenants the full ETA refused requests that
-// would have made it).
+// as that is known with confidence, rather than left to expire. The ETA
+// (refusalETALocked) is the work ahead at the refusal rate, except in one
+// window before a quarter of its budget (decideAt), where its flow's own
+// drain rate decides. Capacity counts at the largest healthy count of the
+// last minute. A pass walks each flow from its tail and stops at the first
+// request that makes it; it visits at most refuseFlows flows and refuses at
+// most maxRefusals, so it never scans the queued requests. Above
+// refuseExactFlows an ETA counts only its own tenant and the boost lane: a
+// lower bound, so refusals stay right and only come later.
 
 const (
 	// refuseFlows is how many flows' tails one pass checks.
@@ -53,10 +34,8 @@ const (
 // refusalRateLocked is the rate a refusal is computed at, in cost units
 // per second, with healthy upstreams; 0 means unknown (refuse nothing): the
 // larger of the promise rate and the measured mean, and, while the estimate
-// is cold (coldLocked), the cold bound budget.ColdRate if larger. The cold
-// bound is service-time based, an upper bound of the rate, where the first
-// samples of a flood on an idle gateway are biased low. A provider account
-// bounds it.
+// is cold, the cold bound budget.ColdRate (an upper bound, where the first
+// samples of a flood are biased low). A provider account bounds it.
 func (q *Queue) refusalRateLocked(now time.Time, healthy int) float64 {
 	a := q.adm
 	st := a.rate.Stats(now, healthy)
@@ -458,9 +437,9 @@ func (q *Queue) boostSavesLocked(now time.Time, tk *Ticket, r float64) bool {
 func (q *Queue) unqueueTailLocked(tk *Ticket) {
 	f := tk.f
 	tail := tk.state == stateQueued && f.q.tail == tk
-	q.unqueueLocked(tk)
+	q.takeLocked(tk, true)
 	if tail {
-		// unqueue counts a ticket leaving as cost gone out ahead of those
+		// takeLocked counts a ticket leaving as cost gone out ahead of those
 		// still queued (aheadInFlow); a tail is taken back from the intake
 		// instead, so that the others' work ahead stays exact.
 		f.out -= tk.cost

@@ -103,19 +103,13 @@ func (q *Queue) noteServedLocked(t *tenant, d float64) {
 	t.shareDelta += d
 }
 
-// ChargeRemote applies what other gateways charged: each tenant that has
-// requests queued here has its virtual time (and, for an undeclared
-// tenant, its group's) moved as by a back-fill of that cost (net of any
-// credit), so that its next requests here take their turn behind what it
-// was served elsewhere. A negative cost (a refund for an over-estimate
-// elsewhere) gives back at most what ChargeRemote charged the tenant
-// since it last came back from idle (remoteDebt): a refund of a charge
-// this queue never applied is no credit here. A tenant with nothing queued
-// here is left alone: like a tenant returning from idle, it starts at the
-// queue's virtual time when it next sends, with no debt for what it did
-// meanwhile elsewhere (what it is served there while it also waits here
-// counts). It reports how many entries it applied. O(k log n) for k
-// entries.
+// ChargeRemote applies what other gateways charged: each tenant with
+// requests queued here has its virtual time (and its group's) moved as by a
+// back-fill of that cost, so that its next requests here take their turn
+// behind what it was served elsewhere. A refund gives back at most what
+// ChargeRemote charged since the tenant was last idle (remoteDebt). A tenant
+// with nothing queued here is left alone: it rejoins at the queue's virtual
+// time, like any idle tenant. It reports how many entries it applied.
 func (q *Queue) ChargeRemote(served []Served) int {
 	q.mu.Lock()
 	defer q.unlock()

@@ -47,14 +47,11 @@ type Stats struct {
 const statsChunk = 256
 
 // Stats returns a snapshot; with tenants, one entry per tenant the queue
-// remembers, sorted by name.
-//
-// The totals (every field but Tenants) are one consistent instant. The
-// tenants are copied in chunks of statsChunk, the lock released between
-// chunks, so a scrape never holds dispatch up for O(tenants): each entry
-// is consistent in itself, every tenant remembered for the whole copy
-// appears exactly once, and one created or forgotten meanwhile may or may
-// not appear (once at most). With nothing moving they are one snapshot.
+// remembers, sorted by name. The totals are one consistent instant. The
+// tenants are copied statsChunk at a time, the lock released between
+// chunks: each entry is consistent in itself, every tenant remembered for
+// the whole copy appears exactly once, and one created or forgotten
+// meanwhile appears once at most.
 func (q *Queue) Stats(tenants bool) Stats {
 	if !tenants {
 		q.mu.Lock()

@@ -11,27 +11,16 @@ import (
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
-// The upstream provider account's quota: when the gateway fronts a
-// provider rather than its own GPUs, the bottleneck is the account's
-// requests and tokens per minute. A request goes only when a slot is free
-// and the account has room for its estimate, which is drawn at dispatch and
-// corrected at completion to what the provider counts: the prompt it
-// reported plus the output cap. The request's own size counts before it
-// starts, so nothing is sent beyond what the account allows. The meters are
-// drawn at the limits spread over the minute plus the burst plus a guard
-// (drawShare), so no 60 s window of the provider's holds more than the
-// limits, whichever window it keeps (provider.go).
-//
-// Reservations: shared traffic may take the account's debt up to its burst
-// tolerance less a headroom (ReserveBurst x each reservation's rate); a
-// tenant with TenantConfig.Reserve r may, on its reservation (a meter of
-// its own at r times the account's rates), take it up to the whole. So a
-// reserved tenant's request goes at once even while shared traffic holds
-// the account at its limit; beyond its reservation it competes by weight.
-// An unused reservation costs the others only the headroom.
-//
-// The provider's own word (AccountExhausted, ProviderLevel) stops or caps
-// dispatch until the time it gave.
+// The upstream provider account's quota: a request goes only when a slot
+// is free and the account has room for its estimate, drawn at dispatch and
+// corrected at completion to what the provider counts. The meters are drawn
+// so that no 60 s window of the provider's holds more than the limits
+// (drawShare, provider.go). A tenant with TenantConfig.Reserve draws on a
+// meter of its own, so its request goes at once even while shared traffic
+// holds the account at its limit; shared traffic keeps a headroom
+// (ReserveBurst) below the burst for it. The provider's own word
+// (AccountExhausted, ProviderLevel) stops or caps dispatch until the time
+// it gave.
 
 // UpstreamQuota is a provider account's limits.
 type UpstreamQuota struct {
