@@ -10,14 +10,10 @@ import (
 )
 
 // bpeCounter counts tokens exactly as tiktoken's cl100k_base and
-// o200k_base encodings do (ordinary text: special-token strings are plain
-// text), with the pieces cut by hand-written code instead of the
-// encodings' regular expressions. tiktoken-go's backtracking regexp engine
-// is what made exact counting cost milliseconds per prompt; the tests hold
-// this counter to tiktoken-go's counts on every valid UTF-8 text they try
-// (TestBPEMatchesTiktoken, FuzzBPEMatchesTiktoken), but for runs longer
-// than maxPieceBytes, which it cuts. Invalid UTF-8 is counted as its
-// bytes, where tiktoken-go counts a U+FFFD per bad byte.
+// o200k_base encodings do (special-token strings are plain text), cutting
+// pieces with hand-written code instead of the encodings' regular
+// expressions. Runs longer than maxPieceBytes are cut, and invalid UTF-8
+// is counted as its bytes (tiktoken-go counts a U+FFFD per bad byte).
 type bpeCounter struct {
 	name  string
 	ranks *rankTable

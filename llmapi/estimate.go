@@ -27,18 +27,12 @@ func clamp(n int) int64 { return int64(min(max(n, 0), CostLimit)) }
 
 func saturate(n int64) int { return int(max(min(n, CostLimit), 0)) }
 
-// Estimate returns req's cost: its prompt counted with c (a nil c counts
-// approximately), and its output: the output cap, or defaultMaxTokens when
-// the client set none, since a request without a cap may generate up to the
-// server's limit, times the number of choices generated (n, best_of).
-// Embeddings produce no output, and a body-less request (a model list, a
-// health check) costs nothing: callers that charge a minimum apply it
-// themselves. Both parts saturate at CostLimit.
-//
-// The prompt text is read from the body req was parsed from, which must
-// not have changed since. Counting is bounded by c's exact budget (see
-// WithExactBudget), so the work per request is bounded however long the
-// prompt.
+// Estimate returns req's cost: its prompt counted with c (nil counts
+// approximately), and its output cap (defaultMaxTokens when unset) times
+// the choices generated (n, best_of). Embeddings produce no output and a
+// body-less request costs nothing. Both parts saturate at CostLimit. The
+// body req was parsed from must not have changed; counting is bounded by
+// c's exact budget (see WithExactBudget).
 func Estimate(req *Request, c Counter, defaultMaxTokens int) Cost {
 	if req == nil || req.noBody {
 		return Cost{}

@@ -25,14 +25,10 @@ const MaxDepth = 64
 // accepts too.
 var decodeOptions = []jsontext.Options{jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true)}
 
-// reader reads one JSON text with a jsontext.Decoder, one token a call:
-// the decoder reads the text in place (from a bytes.Buffer it does not
-// copy), and every value the reader returns is a slice of that text, which
-// a Request can keep.
-//
-// Its first error is kept and ends the read: every later call does
-// nothing and next reports 0, so that a walk stops at the next loop test
-// without checking each call. Callers check err once, at the end.
+// reader reads one JSON text with a jsontext.Decoder, one token a call;
+// every value it returns is a slice of that text. Its first error ends the
+// read: later calls do nothing and next reports 0, so callers check err
+// once, at the end.
 type reader struct {
 	dec  jsontext.Decoder
 	src  bytes.Buffer

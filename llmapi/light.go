@@ -25,29 +25,18 @@ const truncationMarker = "\n[...]\n"
 // fits maxInputTokens and its output cap is at most maxTokens (a limit <= 0
 // is no limit). Other kinds are returned unchanged.
 //
-// System prompts (OpenAI system and developer messages, Anthropic's
-// top-level system) are always kept, then as many of the newest other
-// messages as fit, in their original order, counted as Estimate counts them.
-// An assistant message that calls tools stays together with the tool results
-// answering it, so no result is left without its call. Anthropic
-// conversations must open with a user message, so a leading assistant turn
-// is dropped after trimming.
+// System prompts are always kept, then as many of the newest other messages
+// as fit, in order. A tool call stays with its results, and an Anthropic
+// conversation still opens with a user message. When not even the newest
+// message fits, its middle is replaced with a short marker: instructions
+// sit at a message's edges. The output cap is lowered where the body sets
+// it, or added as max_tokens. Everything else is kept byte for byte; when
+// nothing changes, out is body and changed is false. Malformed bodies
+// yield a *BodyError.
 //
-// When not even the newest message fits, it is truncated rather than
-// dropped: its start and its end are kept and the middle is replaced with a
-// short marker. Instructions sit at the edges of a long message ("Summarize
-// the following: ..." or "... Answer the question above"), and the middle
-// of a pasted document is what a model attends to least anyway.
-//
-// The output cap is lowered in whichever of max_completion_tokens and
-// max_tokens the body sets, or added as max_tokens. Everything else is kept
-// byte for byte, including unknown fields and the formatting of the
-// messages that survive. When nothing needs to change, out is body itself
-// and changed is false. Malformed bodies yield a *BodyError.
-//
-// Like Parse, LightMode refuses nesting beyond MaxDepth and duplicates of
-// the members it reads, matches keys after decoding escapes, and does work
-// linear in the size of the body, counting aside.
+// Like Parse, LightMode is linear in the body (counting aside), refuses
+// nesting beyond MaxDepth and duplicates of the members it reads, and
+// matches keys after decoding escapes.
 func LightMode(kind Kind, body []byte, maxInputTokens, maxTokens int, c Counter) (out []byte, changed bool, err error) {
 	var rs readers
 	return lightMode(&rs, kind, body, maxInputTokens, maxTokens, c)

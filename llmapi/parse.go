@@ -34,13 +34,8 @@ const (
 const MaxChoices = 128
 
 // Request is what the gateway needs to know about a request body to
-// schedule it.
-//
-// A Request parsed from a body refers to that body instead of copying its
-// prompt: Estimate reads the prompt text from it, so that a queued request
-// costs its body, a fixed few hundred bytes and where its texts stand (a
-// sixteenth of the body at most), not its prompt twice. The caller must
-// therefore neither modify nor reuse the body while the Request is in use.
+// schedule it. It refers to its body instead of copying the prompt, so the
+// caller must neither modify nor reuse the body while it is in use.
 type Request struct {
 	Kind Kind
 	// Inferred reports that the path did not name an API and Kind was
@@ -207,17 +202,13 @@ var topNames = []string{"model", "stream", "stream_options", "max_tokens", "max_
 	"functions", "anthropic_version", "stop_sequences", "previous_response_id", "encoding_format", "dimensions"}
 
 // Parse reads a request body sent to path. The kind comes from the path's
-// suffix; for other paths it is inferred from the body's shape, and a body
-// of no known shape yields KindUnknown with an empty prompt. An empty body is
-// an error for the known APIs and fine otherwise (GET /v1/models).
+// suffix, else from the body's shape (KindUnknown with an empty prompt if
+// none). An empty body is an error for the known APIs only.
 //
 // Errors are *BodyError: invalid JSON, nesting deeper than MaxDepth, a
-// member the gateway reads given twice, and values of the wrong type, which
-// make the cost unknowable. Missing fields are not errors; the upstream
-// reports those in its own words.
-//
-// Parse never modifies body, and its work is linear in len(body) whatever
-// the nesting. The Request refers to body (see Request).
+// member the gateway reads given twice, and values of the wrong type.
+// Missing fields are not errors. Parse never modifies body, its work is
+// linear in len(body), and the Request refers to body (see Request).
 func Parse(path string, body []byte) (*Request, error) {
 	req := new(Request)
 	if err := ParseTo(req, path, body); err != nil {

@@ -18,20 +18,14 @@ type Usage struct {
 func (u Usage) Total() int { return u.Prompt + u.Completion }
 
 // ParseUsage reads the top-level usage object of a non-streamed JSON
-// response: OpenAI's prompt_tokens/completion_tokens, or the responses API's
-// and Anthropic's input_tokens/output_tokens (Anthropic's cache reads and
-// writes are added to the prompt, as the estimate counted them). It reports
-// false when there is none, as in error bodies. Of members named usage the
-// last counts, as JSON decoders read them.
+// response: prompt_tokens/completion_tokens or input_tokens/output_tokens
+// (Anthropic's cache reads and writes added to the prompt). It reports
+// false when there is none. Of members named usage the last counts.
 //
-// Servers write usage last, after what can be large (an embeddings
-// response's vectors), so ParseUsage first reads from the last "usage" of
-// the text on. Neither of its quotes can be escaped (the byte before it is
-// no backslash, the one before the other is a letter), so in valid JSON it
-// is a whole string; when it opens an object's members that run to the end
-// of the text, that object is the top level one, and this usage the last
-// of it. The text before is then not read: a response that is not JSON
-// there still counts that usage. Otherwise the whole body is read, and a
+// Servers write usage last, after what can be large, so ParseUsage first
+// reads from the last "usage" on: in valid JSON it is a whole string, and
+// when its object runs to the end of the text it is the top-level one, and
+// the text before is not read. Otherwise the whole body is read, and a
 // response that stops being JSON counts the usage read before.
 func ParseUsage(body []byte) (Usage, bool) {
 	sc := getScratch()
@@ -150,15 +144,10 @@ const DefaultMaxLine = 1 << 20
 const streamFlush = 16 << 10
 
 // StreamScanner extracts usage from a server-sent-events response as it
-// passes through, for OpenAI chat and completions streams, the responses
-// API and Anthropic messages. Usage reported by the stream wins; when the
-// stream reports none (an OpenAI client that did not set include_usage),
-// the streamed text is counted instead, as it arrives, so memory stays
-// bounded by MaxLine plus a small text buffer. Text beyond the counter's
-// exact budget is extrapolated from the part counted.
-//
-// A StreamScanner is used by one goroutine: Write from the response path,
-// then Result once the stream has ended.
+// passes through (OpenAI chat, completions, responses, Anthropic). Usage
+// reported by the stream wins; otherwise the streamed text is counted as
+// it arrives, in bounded memory. It is used by one goroutine: Write, then
+// Result once the stream has ended.
 type StreamScanner struct {
 	// MaxLine is the longest line (and event) buffered; longer ones are
 	// skipped. NewStreamScanner sets DefaultMaxLine.

@@ -112,21 +112,14 @@ func (sc *scratch) release() {
 }
 
 // walker reads a request body for one kind of API: Parse walks it to
-// validate it and count its messages, names and images; Estimate and
-// LightMode walk it again with collect set to gather the prompt texts,
-// which are never kept between calls.
+// validate and count it; Estimate and LightMode walk again with collect set
+// to gather the prompt texts.
 //
-// The walk is one pass of a jsontext decoder over the body. Where the
-// kind is known it interprets the prompt where it stands; the members it
-// reads that are not prompt (the model, the caps) are kept as raw values
-// and read once the pass is over. So are the few prompt members that need
-// not be read in place (a message's function_call, a responses item), and
-// the whole prompt when the kind is inferred, or when a member the API
-// reads first comes late in the body (an Anthropic system after the
-// messages): then it is read again from the raw values, in the API's
-// order. Values that can nest without bound (content blocks within tool
-// results) are always interpreted in place, so that no byte is read once
-// per enclosing level: nothing is read more than a fixed number of times.
+// The walk is one jsontext pass. Members that need not be read in place
+// are kept raw and read after the pass, in the API's order (also the whole
+// prompt when the kind is inferred or a member comes late). Values that can
+// nest without bound are always read in place, so no byte is read more
+// than a fixed number of times.
 type walker struct {
 	rs      *readers
 	rd      *reader // the reader the walk is at
@@ -680,14 +673,9 @@ func (w *walker) content(k jsontext.Kind, anthropic bool) error {
 	return w.typeError(k, "a string, an array of content parts, or null")
 }
 
-// part adds the content part or block the walk is at.
-//
-// A tool_result block's content is more content, which may hold further
-// tool results: that is where nesting is unbounded, so the content is walked
-// in place, unless the block's type, when it comes first, says it is no
-// tool result. When the type comes after the content, the content is
-// walked on speculation and its texts and errors are dropped if the type
-// turns out to be another.
+// part adds the content part or block the walk is at. A tool_result's
+// content nests without bound, so it is walked in place (speculatively,
+// when the block's type comes after it; dropped if that type is another).
 func (w *walker) part(k jsontext.Kind, anthropic bool) error {
 	if k != '{' {
 		return w.typeError(k, "an object")
