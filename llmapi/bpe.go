@@ -30,12 +30,9 @@ func (b *bpeCounter) Count(text string) int {
 }
 
 // maxPieceBytes caps the length of a piece. A run of letters, spaces or
-// marks is one piece however long, and finding its end and merging it
-// cost time in its length: a prompt of one long run (base64 without line
-// breaks, a ruler of '=', Chinese without punctuation) would stall the
-// counter, and a window of the sampler would scan it to its end. Cutting
-// such runs changes the count by a token or two per cut (tiktoken-go
-// counts them whole), and prose, code and JSON never have runs this long.
+// marks is one piece however long, so one long run (base64, a ruler of
+// '=') would stall the counter; cutting it changes the count by a token or
+// two per cut, and ordinary text never has runs this long.
 const maxPieceBytes = 256
 
 // next returns the end of the piece that starts at i, at most
@@ -114,8 +111,7 @@ func (b *bpeCounter) mergeShort(p string, work *int) int {
 const noRank = int(^uint(0) >> 1)
 
 // mergeLong is mergeShort with the candidate pairs in a heap ordered by
-// rank and position, the order in which mergeShort's scan finds them, so
-// that a long piece costs O(n log n) rather than O(n²).
+// rank and position, as mergeShort's scan finds them: O(n log n).
 func (b *bpeCounter) mergeLong(p string, work *int) int {
 	m := mergerPool.Get().(*merger)
 	defer mergerPool.Put(m)

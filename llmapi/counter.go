@@ -23,18 +23,14 @@ const (
 )
 
 // DefaultExactBytes is the per-request budget of text that the BPE
-// counters returned by NewCounter tokenize exactly: 64 KiB costs a few ms of
-// one core; beyond it the count is extrapolated (see WithExactBudget). The
-// queue's order takes the cheaper NewEstimator; this exact count is for
-// the decisions a count makes (a request's token limit, light mode).
+// counters returned by NewCounter tokenize exactly; beyond it the count is
+// extrapolated (see WithExactBudget).
 const DefaultExactBytes = 64 << 10
 
 // NewCounter returns the named counter: "cl100k_base" and "o200k_base" are
 // exact BPE tokenizers bounded by DefaultExactBytes, "approx" a heuristic
-// that needs no vocabulary and runs at memory speed. The BPE ranks are
-// loaded once per process, from data compiled into the binary, on first
-// use; calling NewCounter at provisioning time moves that cost (a few
-// tenths of a second each) out of the first request.
+// with no vocabulary. The BPE ranks load once per process, on first use;
+// calling NewCounter at provisioning moves that cost off the first request.
 func NewCounter(name string) (Counter, error) {
 	switch name {
 	case Approx:
@@ -156,9 +152,8 @@ func (b *boundedCounter) Count(text string) int {
 }
 
 // countTexts counts texts as separately tokenized strings, within c's exact
-// budget when it has one. The budget bounds the calls to the tokenizer as
-// well as the bytes: a prompt of many tiny strings (a million one-letter
-// prompts) is sampled like a long one.
+// budget when it has one; the budget bounds the tokenizer calls as well as
+// the bytes, so many tiny strings are sampled like one long one.
 func countTexts(c Counter, texts []string) int {
 	if s, ok := c.(*sampledCounter); ok {
 		return s.countTexts(texts)
@@ -180,20 +175,16 @@ func countTexts(c Counter, texts []string) int {
 	return n
 }
 
-// sampleWindow is the size of one sampling window. Many small windows
-// follow changes of content (prose, code, another language) across a long
-// prompt better than a few large ones: on the test corpora, 512-byte windows
-// kept the error within 2%, 4 KiB windows let it reach 3%. Alignment at
-// the window edges costs about a token per window either way.
+// sampleWindow is the size of one sampling window: many small windows
+// follow changes of content across a long prompt better than a few large.
 const sampleWindow = 512
 
 // minCallBytes is what one tokenizer call costs, counted in bytes of the
 // exact budget: the call's own overhead is that of tokenizing some 64 bytes.
 const minCallBytes = 64
 
-// maxWindowTexts bounds the texts counted in one sampling window; a window
-// over many tiny texts counts the first of them, which measures their
-// bytes per token as well as all of them would.
+// maxWindowTexts bounds the texts counted in one sampling window; the
+// first of many tiny texts measure their bytes per token well enough.
 const maxWindowTexts = 8
 
 // sampleCount estimates the tokens of texts (each tokenized on its own)

@@ -8,11 +8,8 @@ import (
 )
 
 // DefaultWork is the tokenizer work an estimate may do per request, in
-// vocabulary lookups (an English word is about one; a Chinese character,
-// whose bytes merge pair by pair, about seven): with the rough count over
-// the text, 0.15-0.35 ms of CPU for a 32 KB prompt on the shared 2-core
-// machine it was measured on (docs/performance.md). Twice as much work
-// takes the corpus's p95 error from 2.5% to 2%.
+// vocabulary lookups (about one an English word, seven a Chinese
+// character).
 const DefaultWork = 4096
 
 // sampledCounter estimates token counts within a fixed amount of
@@ -48,10 +45,8 @@ func (s *sampledCounter) Name() string { return s.exact.Name() }
 
 func (s *sampledCounter) Count(text string) int { return s.countTexts([]string{text}) }
 
-// sampleWindowBytes is the size of one window. Many small windows follow
-// changes of content across a prompt better than a few large ones: on the
-// test corpus 64-byte windows halved the error of 256-byte ones at the
-// same work.
+// sampleWindowBytes is the size of one window: many small windows follow
+// changes of content across a prompt better than a few large ones.
 const sampleWindowBytes = 32
 
 func (s *sampledCounter) countTexts(texts []string) int {
@@ -88,10 +83,8 @@ func (s *sampledCounter) count(texts []string) (tokens, work int) {
 	return tokens, work
 }
 
-// Sampling stops early, once at least minWindows windows were counted and
-// the standard error of their exact/rough ratio is below
-// sampleTolerance: text whose rough count is steady (English, code,
-// JSON) is settled in a fraction of the work that Chinese needs.
+// Sampling stops once at least minWindows windows were counted and the
+// standard error of their exact/rough ratio is below sampleTolerance.
 const (
 	minWindows      = 16
 	sampleTolerance = 0.01

@@ -103,10 +103,8 @@ func usage(rs *readers, raw []byte) (prompt, completion int, ok bool) {
 	return prompt, completion, prompt >= 0 || completion >= 0
 }
 
-// tokenCount reads a JSON number as a token count, clamped to [0, 2^31-1];
-// some servers write counts as 12.0, so a fraction is truncated. It
-// reports false for a value that is not a number, and for one with an
-// exponent beyond float64.
+// tokenCount reads a JSON number as a token count, clamped to [0, 2^31-1]
+// with any fraction truncated; false for a non-number or an infinity.
 func tokenCount(v []byte) (int, bool) {
 	if n, ok := smallInt(v); ok {
 		return min(n, 1<<31-1), true
@@ -134,9 +132,8 @@ func tokenCount(v []byte) (int, bool) {
 	return n, true
 }
 
-// DefaultMaxLine is the longest SSE line a StreamScanner buffers. Chunks are
-// a few hundred bytes; a longer line is skipped rather than buffered without
-// end.
+// DefaultMaxLine is the longest SSE line a StreamScanner buffers; a longer
+// line is skipped rather than buffered without end.
 const DefaultMaxLine = 1 << 20
 
 // streamFlush is how much streamed text is held before it is counted; it
@@ -432,11 +429,9 @@ func (s *StreamScanner) countText(all bool) {
 	s.text = append(s.text[:0], s.text[cut:]...)
 }
 
-// Result finishes the stream (a final line or event without its
-// terminator is still used) and returns what it learnt. Prompt is 0 when the
-// stream did not report it; callers keep their estimate then. ok is false
-// when nothing usable was seen, as with an error body that is not SSE. Later
-// writes are ignored.
+// Result finishes the stream (a final unterminated line still counts) and
+// returns what it learnt. Prompt is 0 when the stream did not report it.
+// ok is false when nothing usable was seen. Later writes are ignored.
 func (s *StreamScanner) Result() (Usage, bool) {
 	if !s.finished {
 		s.finished = true
