@@ -63,11 +63,9 @@ func lastUsage(rs *readers, body []byte) (prompt, completion int, ok, whole bool
 	return prompt, completion, ok, r.err == nil
 }
 
-// usage reads the usage object raw: OpenAI's prompt_tokens and
-// completion_tokens, or input_tokens and output_tokens of the responses
-// API and Anthropic, plus Anthropic's cache reads and writes. prompt and
-// completion are -1 when the object does not report them. Members that
-// are not numbers (nested details, null) are ignored.
+// usage reads the usage object raw (prompt_tokens/completion_tokens or
+// input_tokens/output_tokens, plus Anthropic's cache reads and writes).
+// prompt and completion are -1 when unreported; non-numbers are ignored.
 func usage(rs *readers, raw []byte) (prompt, completion int, ok bool) {
 	pt, ct, it, ot, cache := -1, -1, -1, -1, -1
 	rs.members(raw, func(name, v []byte) {
