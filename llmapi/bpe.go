@@ -10,14 +10,10 @@ import (
 )
 
 // bpeCounter counts tokens exactly as tiktoken's cl100k_base and
-// o200k_base encodings do (ordinary text: special-token strings are plain
-// text), with the pieces cut by hand-written code instead of the
-// encodings' regular expressions. tiktoken-go's backtracking regexp engine
-// is what made exact counting cost milliseconds per prompt; the tests hold
-// this counter to tiktoken-go's counts on every valid UTF-8 text they try
-// (TestBPEMatchesTiktoken, FuzzBPEMatchesTiktoken), but for runs longer
-// than maxPieceBytes, which it cuts. Invalid UTF-8 is counted as its
-// bytes, where tiktoken-go counts a U+FFFD per bad byte.
+// o200k_base encodings do (special-token strings are plain text), cutting
+// pieces with hand-written code instead of the encodings' regular
+// expressions. Runs longer than maxPieceBytes are cut, and invalid UTF-8
+// is counted as its bytes (tiktoken-go counts a U+FFFD per bad byte).
 type bpeCounter struct {
 	name  string
 	ranks *rankTable
@@ -34,12 +30,9 @@ func (b *bpeCounter) Count(text string) int {
 }
 
 // maxPieceBytes caps the length of a piece. A run of letters, spaces or
-// marks is one piece however long, and finding its end and merging it
-// cost time in its length: a prompt of one long run (base64 without line
-// breaks, a ruler of '=', Chinese without punctuation) would stall the
-// counter, and a window of the sampler would scan it to its end. Cutting
-// such runs changes the count by a token or two per cut (tiktoken-go
-// counts them whole), and prose, code and JSON never have runs this long.
+// marks is one piece however long, so one long run (base64, a ruler of
+// '=') would stall the counter; cutting it changes the count by a token or
+// two per cut, and ordinary text never has runs this long.
 const maxPieceBytes = 256
 
 // next returns the end of the piece that starts at i, at most
@@ -118,8 +111,7 @@ func (b *bpeCounter) mergeShort(p string, work *int) int {
 const noRank = int(^uint(0) >> 1)
 
 // mergeLong is mergeShort with the candidate pairs in a heap ordered by
-// rank and position, the order in which mergeShort's scan finds them, so
-// that a long piece costs O(n log n) rather than O(n²).
+// rank and position, as mergeShort's scan finds them: O(n log n).
 func (b *bpeCounter) mergeLong(p string, work *int) int {
 	m := mergerPool.Get().(*merger)
 	defer mergerPool.Put(m)

@@ -23,18 +23,14 @@ const (
 )
 
 // DefaultExactBytes is the per-request budget of text that the BPE
-// counters returned by NewCounter tokenize exactly: 64 KiB costs a few ms of
-// one core; beyond it the count is extrapolated (see WithExactBudget). The
-// queue's order takes the cheaper NewEstimator; this exact count is for
-// the decisions a count makes (a request's token limit, light mode).
+// counters returned by NewCounter tokenize exactly; beyond it the count is
+// extrapolated (see WithExactBudget).
 const DefaultExactBytes = 64 << 10
 
 // NewCounter returns the named counter: "cl100k_base" and "o200k_base" are
 // exact BPE tokenizers bounded by DefaultExactBytes, "approx" a heuristic
-// that needs no vocabulary and runs at memory speed. The BPE ranks are
-// loaded once per process, from data compiled into the binary, on first
-// use; calling NewCounter at provisioning time moves that cost (a few
-// tenths of a second each) out of the first request.
+// with no vocabulary. The BPE ranks load once per process, on first use;
+// calling NewCounter at provisioning moves that cost off the first request.
 func NewCounter(name string) (Counter, error) {
 	switch name {
 	case Approx:
@@ -51,13 +47,10 @@ func NewCounter(name string) (Counter, error) {
 }
 
 // WithExactBudget returns c with a different exact-counting budget, in bytes
-// of prompt text per request (or per text for a bare Count call). Text beyond
-// the budget is not tokenized: the budget is spread over evenly spaced
-// windows of the whole text, and the token count is extrapolated from the
-// bytes-per-token ratio measured in them. Sampling across the text rather
-// than counting a prefix keeps the estimate honest for prompts whose start
-// differs from the rest, such as an English system prompt in front of a
-// Chinese document. bytes <= 0 removes the bound.
+// of prompt text per request (or per text for a bare Count call). Beyond
+// it, the count is extrapolated from evenly spaced windows over the whole
+// text, so a prompt whose start differs from the rest is still estimated
+// fairly. bytes <= 0 removes the bound.
 func WithExactBudget(c Counter, bytes int) Counter {
 	if b, ok := c.(*boundedCounter); ok {
 		c = b.inner
@@ -159,9 +152,8 @@ func (b *boundedCounter) Count(text string) int {
 }
 
 // countTexts counts texts as separately tokenized strings, within c's exact
-// budget when it has one. The budget bounds the calls to the tokenizer as
-// well as the bytes: a prompt of many tiny strings (a million one-letter
-// prompts) is sampled like a long one.
+// budget when it has one; the budget bounds the tokenizer calls as well as
+// the bytes, so many tiny strings are sampled like one long one.
 func countTexts(c Counter, texts []string) int {
 	if s, ok := c.(*sampledCounter); ok {
 		return s.countTexts(texts)
@@ -183,20 +175,16 @@ func countTexts(c Counter, texts []string) int {
 	return n
 }
 
-// sampleWindow is the size of one sampling window. Many small windows
-// follow changes of content (prose, code, another language) across a long
-// prompt better than a few large ones: on the test corpora, 512-byte windows
-// kept the error within 2%, 4 KiB windows let it reach 3%. Alignment at
-// the window edges costs about a token per window either way.
+// sampleWindow is the size of one sampling window: many small windows
+// follow changes of content across a long prompt better than a few large.
 const sampleWindow = 512
 
 // minCallBytes is what one tokenizer call costs, counted in bytes of the
 // exact budget: the call's own overhead is that of tokenizing some 64 bytes.
 const minCallBytes = 64
 
-// maxWindowTexts bounds the texts counted in one sampling window; a window
-// over many tiny texts counts the first of them, which measures their
-// bytes per token as well as all of them would.
+// maxWindowTexts bounds the texts counted in one sampling window; the
+// first of many tiny texts measure their bytes per token well enough.
 const maxWindowTexts = 8
 
 // sampleCount estimates the tokens of texts (each tokenized on its own)
@@ -239,22 +227,16 @@ func sampleCount(c Counter, budget int, texts []string) int {
 	return int((tokens*int64(total) + counted/2) / counted)
 }
 
-// approxCounter estimates cl100k_base counts from character classes, at a
-// few hundred MB/s and with no vocabulary in memory. Its rules, fitted on
-// English prose and Markdown, Go code, JSON and modern Chinese:
+// approxCounter estimates cl100k_base counts from character classes, with
+// no vocabulary in memory:
 //
-//   - a run of letters is one token, plus one per further 8 letters
-//     (common words are single tokens; long or rare ones split);
-//     a non-ASCII letter in it (é, ß, я) adds a token;
-//   - a CJK ideograph, kana or hangul syllable is 1.25 tokens: frequent
-//     characters are one token, rarer ones two or three byte-level tokens;
+//   - a run of letters is one token, plus one per further 8 letters;
+//     a non-ASCII letter in it adds a token;
+//   - a CJK ideograph, kana or hangul syllable is 1.25 tokens;
 //   - digits are one token per started group of three;
 //   - a run of ASCII punctuation is one token per two characters;
-//   - a single space is free (it joins the next word), any other run of
-//     whitespace is one token;
-//   - any other character (CJK punctuation, symbols, emoji) is one token.
-//
-// The tests hold it within 20% of cl100k_base on English and Chinese text.
+//   - a single space is free, any other run of whitespace is one token;
+//   - any other character is one token.
 type approxCounter struct{}
 
 func (approxCounter) Name() string { return Approx }
@@ -361,15 +343,10 @@ const (
 	runKinds
 )
 
-// The approx counter's states: no run (at the start, and after a
-// character charged on its own), or a run of one kind with how far it has
-// come. A run of n letters costs a token per started 8 (common words are
-// one token, longer ones split), of digits one per started 3, of
-// punctuation one per started 2, and a run of whitespace one if it is
-// more than a single plain space; each is charged at the character that
-// starts it: the 1st, 9th, 17th letter, the 1st, 4th digit, the 1st, 3rd
-// mark, the 2nd space or the first that is not ' '. stLetter+k is a
-// letter run whose next letter is its k-th modulo 8, and so on.
+// The approx counter's states: no run, or a run of one kind with how far
+// it has come. stLetter+k is a letter run whose next letter is its k-th
+// modulo 8, and so on; a run is charged at the characters that start a
+// new token (see approxCounter).
 const (
 	stNone   = 0
 	stLetter = 1  // to 8

@@ -2,12 +2,9 @@ package llmapi
 
 import "math"
 
-// CostLimit is where token counts saturate: an output cap beyond it (1e15,
-// 1e300), a cap multiplied by n, a prompt of countless images, and the
-// Total of a Cost all stop at CostLimit rather than overflow. It is far
-// beyond any context window, so a limit on request size refuses a
-// saturated cost as surely as the exact one, and it fits an int on every
-// platform.
+// CostLimit is where token counts saturate (output caps, caps times n,
+// countless images, Cost totals) rather than overflow. It is far beyond
+// any context window and fits an int on every platform.
 const CostLimit = math.MaxInt32
 
 // Cost is a request's estimated token cost. Prompt and Output are at most
@@ -27,18 +24,12 @@ func clamp(n int) int64 { return int64(min(max(n, 0), CostLimit)) }
 
 func saturate(n int64) int { return int(max(min(n, CostLimit), 0)) }
 
-// Estimate returns req's cost: its prompt counted with c (a nil c counts
-// approximately), and its output: the output cap, or defaultMaxTokens when
-// the client set none, since a request without a cap may generate up to the
-// server's limit, times the number of choices generated (n, best_of).
-// Embeddings produce no output, and a body-less request (a model list, a
-// health check) costs nothing: callers that charge a minimum apply it
-// themselves. Both parts saturate at CostLimit.
-//
-// The prompt text is read from the body req was parsed from, which must
-// not have changed since. Counting is bounded by c's exact budget (see
-// WithExactBudget), so the work per request is bounded however long the
-// prompt.
+// Estimate returns req's cost: its prompt counted with c (nil counts
+// approximately), and its output cap (defaultMaxTokens when unset) times
+// the choices generated (n, best_of). Embeddings produce no output and a
+// body-less request costs nothing. Both parts saturate at CostLimit. The
+// body req was parsed from must not have changed; counting is bounded by
+// c's exact budget (see WithExactBudget).
 func Estimate(req *Request, c Counter, defaultMaxTokens int) Cost {
 	if req == nil || req.noBody {
 		return Cost{}
@@ -76,10 +67,9 @@ func Estimate(req *Request, c Counter, defaultMaxTokens int) Cost {
 	return Cost{Prompt: saturate(p), Output: saturate(out)}
 }
 
-// promptTokens is the prompt cost of the counts in r and of texts, which
-// are r's texts or, when there are fewer, a sample of them: their count is
-// then scaled up by bytes. The strings counted are appended to strs, and
-// returned for reuse.
+// promptTokens is the prompt cost of the counts in r and of texts (r's
+// texts or a sample of them, then scaled up by bytes). The strings counted
+// are appended to strs, and returned for reuse.
 func promptTokens(r *Request, texts []textRef, c Counter, strs []string) (int64, []string) {
 	p := clamp(r.TokenIDs) + clamp(r.Images)*ImageTokens + clamp(r.Names) + clamp(r.Messages)*MessageOverhead
 	if r.Messages > 0 {

@@ -13,26 +13,19 @@ import (
 )
 
 // MaxDepth is the deepest nesting of arrays and objects that Parse and
-// LightMode accept, the body's own object counting as the first level. No
-// API the gateway understands needs more than a dozen; the cap keeps the
-// walker's recursion, and a hostile body's cost, bounded.
+// LightMode accept, the body's own object counting as the first level. It
+// bounds the walker's recursion and a hostile body's cost.
 const MaxDepth = 64
 
 // Options of every decoder: members the gateway does not read may repeat
-// (it refuses duplicates only of the members it reads, see
-// duplicateMsg), and strings may hold invalid UTF-8, which
-// encoding/json, and so json.Valid and the servers written with it,
-// accepts too.
+// (see duplicateMsg), and strings may hold invalid UTF-8, as encoding/json
+// accepts.
 var decodeOptions = []jsontext.Options{jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true)}
 
-// reader reads one JSON text with a jsontext.Decoder, one token a call:
-// the decoder reads the text in place (from a bytes.Buffer it does not
-// copy), and every value the reader returns is a slice of that text, which
-// a Request can keep.
-//
-// Its first error is kept and ends the read: every later call does
-// nothing and next reports 0, so that a walk stops at the next loop test
-// without checking each call. Callers check err once, at the end.
+// reader reads one JSON text with a jsontext.Decoder, one token a call;
+// every value it returns is a slice of that text. Its first error ends the
+// read: later calls do nothing and next reports 0, so callers check err
+// once, at the end.
 type reader struct {
 	dec  jsontext.Decoder
 	src  bytes.Buffer
@@ -220,11 +213,10 @@ func (r *reader) end() {
 var errTrailing = errors.New("a second value after the first")
 
 // readers is a stack of readers: a walk reads a value kept from the text
-// (a message's tool calls, a usage object) with the next reader while the
-// one below it is still reading the text. It counts the bytes its readers
-// are given, which tests hold to a small multiple of a body's size: every
-// walk here is linear because no byte is handed to readers more than a
-// fixed number of times, however deep the body nests.
+// with the next reader while the one below is still reading. It counts the
+// bytes its readers are given, which tests hold to a small multiple of the
+// body: no byte is handed to readers more than a fixed number of times,
+// however deep the body nests.
 type readers struct {
 	first reader // most walks need no other
 	more  []*reader
@@ -314,10 +306,8 @@ func (rs *readers) each(raw []byte, f func(elem []byte)) {
 
 // unquote appends the contents of the JSON string raw (quotes included),
 // decoded, to dst. A decoder has read raw, so its escapes are well formed;
-// the bytes between them are copied as they stand, as those of a string
-// without escapes are, in one copy per run (jsontext.AppendUnquote decodes
-// every non-ASCII character on its way, four times the cost on Chinese
-// text). An unpaired surrogate becomes U+FFFD, as in every JSON decoder.
+// runs between them are copied whole (faster than jsontext.AppendUnquote
+// on non-ASCII text). An unpaired surrogate becomes U+FFFD.
 func unquote(dst, raw []byte) []byte {
 	s := raw[1 : len(raw)-1]
 	for {

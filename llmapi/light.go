@@ -17,37 +17,25 @@ import (
 const MinKeepTokens = 64
 
 // truncationMarker replaces the text LightMode cuts from an oversized
-// message, so that the model knows something is missing rather than
-// answering a question whose middle has silently vanished.
+// message, so the model knows something is missing.
 const truncationMarker = "\n[...]\n"
 
 // LightMode rewrites a chat or Anthropic messages body so that its prompt
 // fits maxInputTokens and its output cap is at most maxTokens (a limit <= 0
 // is no limit). Other kinds are returned unchanged.
 //
-// System prompts (OpenAI system and developer messages, Anthropic's
-// top-level system) are always kept, then as many of the newest other
-// messages as fit, in their original order, counted as Estimate counts them.
-// An assistant message that calls tools stays together with the tool results
-// answering it, so no result is left without its call. Anthropic
-// conversations must open with a user message, so a leading assistant turn
-// is dropped after trimming.
+// System prompts are always kept, then as many of the newest other messages
+// as fit, in order. A tool call stays with its results, and an Anthropic
+// conversation still opens with a user message. When not even the newest
+// message fits, its middle is replaced with a short marker: instructions
+// sit at a message's edges. The output cap is lowered where the body sets
+// it, or added as max_tokens. Everything else is kept byte for byte; when
+// nothing changes, out is body and changed is false. Malformed bodies
+// yield a *BodyError.
 //
-// When not even the newest message fits, it is truncated rather than
-// dropped: its start and its end are kept and the middle is replaced with a
-// short marker. Instructions sit at the edges of a long message ("Summarize
-// the following: ..." or "... Answer the question above"), and the middle
-// of a pasted document is what a model attends to least anyway.
-//
-// The output cap is lowered in whichever of max_completion_tokens and
-// max_tokens the body sets, or added as max_tokens. Everything else is kept
-// byte for byte, including unknown fields and the formatting of the
-// messages that survive. When nothing needs to change, out is body itself
-// and changed is false. Malformed bodies yield a *BodyError.
-//
-// Like Parse, LightMode refuses nesting beyond MaxDepth and duplicates of
-// the members it reads, matches keys after decoding escapes, and does work
-// linear in the size of the body, counting aside.
+// Like Parse, LightMode is linear in the body (counting aside), refuses
+// nesting beyond MaxDepth and duplicates of the members it reads, and
+// matches keys after decoding escapes.
 func LightMode(kind Kind, body []byte, maxInputTokens, maxTokens int, c Counter) (out []byte, changed bool, err error) {
 	var rs readers
 	return lightMode(&rs, kind, body, maxInputTokens, maxTokens, c)
@@ -122,13 +110,10 @@ func capOutput(top *topLevel, anthropic bool, maxTokens int, set map[string][]by
 // truncated one and its attempts at truncation.
 const lightModeBudget = 4
 
-// spendingCounter bounds the tokenizer work of one LightMode call. The call
-// counts many texts (every message, every content part), each within the
-// counter's own budget but together without bound: a body of a hundred
-// thousand one-word parts would cost a hundred thousand tokenizer calls.
-// It counts exactly until it has spent left bytes, then at the ratio of
-// tokens to bytes counted so far. Each exact call spends at least
-// minCallBytes, which bounds the number of calls as well as the bytes.
+// spendingCounter bounds the tokenizer work of one LightMode call, which
+// counts many texts each within the counter's own budget but together
+// without bound. It counts exactly until it has spent left bytes, then at
+// the ratio so far; each exact call spends at least minCallBytes.
 type spendingCounter struct {
 	inner         Counter
 	exact         int // the inner counter's own budget per call
@@ -154,10 +139,8 @@ func (s *spendingCounter) Count(text string) int {
 
 // rewriteTop re-emits the object in body with the values of the members
 // in set replaced, or appended when absent, and every other member copied
-// verbatim in its original order. Keys are matched as the parser matches
-// them, after decoding escapes, so that a member the estimate read is the
-// member replaced; the key is written as the client wrote it. The walks
-// refused duplicates of the keys replaced.
+// verbatim. Keys are matched after decoding escapes, as the parser matches
+// them, and written as the client wrote them.
 func rewriteTop(rs *readers, body []byte, set map[string][]byte) []byte {
 	out := append(make([]byte, 0, len(body)+64), '{')
 	emit := func(key, v []byte) {
@@ -302,9 +285,8 @@ func (t *trimmer) budget(limit int) int {
 }
 
 // keepNewest returns the first of the units kept, the newest that fit
-// budget, and what is left of it. Counting only what is considered, the
-// work is bounded by the limit, not by the length of the conversation.
-// When not even the newest fits, it is truncated.
+// budget, and what is left of it; work is bounded by the limit, not the
+// conversation. When not even the newest fits, it is truncated.
 func (t *trimmer) keepNewest(units [][]int, budget int) (keep, left int) {
 	keep = len(units) // units[keep:] are kept
 	for keep > 0 {
@@ -323,9 +305,8 @@ func (t *trimmer) keepNewest(units [][]int, budget int) (keep, left int) {
 	return keep, 0
 }
 
-// keepWhole moves the start of what is kept so that no tool result is
-// kept without its call and an Anthropic conversation opens with a user
-// turn.
+// keepWhole moves the start of what is kept so that no tool result loses
+// its call and an Anthropic conversation opens with a user turn.
 func (t *trimmer) keepWhole(units [][]int, keep, budget int) int {
 	if len(units) == 0 {
 		return 0
@@ -388,9 +369,8 @@ func (m *lmMessage) tokens(c Counter) int {
 	return m.cost
 }
 
-// groupUnits splits the non-system messages into the units trimming keeps
-// or drops whole: a tool call with the results that follow it, or a single
-// message.
+// groupUnits splits the non-system messages into the units kept or
+// dropped whole: a tool call with its results, or a single message.
 func groupUnits(msgs []lmMessage) [][]int {
 	var units [][]int
 	for i := 0; i < len(msgs); i++ {
@@ -454,10 +434,9 @@ func truncateUnit(rs *readers, msgs []lmMessage, u []int, budget int, anthropic 
 }
 
 // shrinkContent returns content cut to about budget tokens, or nil when it
-// cannot be or need not be cut. The content of a tool result within it is
-// cut too, unless nested is set: tool results inside tool results are no
-// API's format, and cutting them level by level would walk a hostile body
-// once per level, so they are kept or dropped whole.
+// cannot be or need not be cut. Tool results within it are cut too, unless
+// nested: those inside tool results are kept or dropped whole, so a
+// hostile body is not walked once per level.
 func shrinkContent(rs *readers, content []byte, budget int, anthropic, nested bool, c Counter) []byte {
 	budget = max(budget, 1)
 	switch rawType(content) {

@@ -27,20 +27,14 @@ const (
 	ReplyPriming = 3
 )
 
-// MaxChoices is the largest n (and best_of) a request may ask for: OpenAI's
-// own limit for n. Each choice is generated in full, so the output cap is
-// multiplied by it; a larger count is refused rather than clamped, because
-// the upstream would generate what the client asked for.
+// MaxChoices is the largest n (and best_of) a request may ask for, OpenAI's
+// limit for n. A larger count is refused, not clamped: the upstream would
+// generate what the client asked for.
 const MaxChoices = 128
 
 // Request is what the gateway needs to know about a request body to
-// schedule it.
-//
-// A Request parsed from a body refers to that body instead of copying its
-// prompt: Estimate reads the prompt text from it, so that a queued request
-// costs its body, a fixed few hundred bytes and where its texts stand (a
-// sixteenth of the body at most), not its prompt twice. The caller must
-// therefore neither modify nor reuse the body while the Request is in use.
+// schedule it. It refers to its body instead of copying the prompt, so the
+// caller must neither modify nor reuse the body while it is in use.
 type Request struct {
 	Kind Kind
 	// Inferred reports that the path did not name an API and Kind was
@@ -83,14 +77,12 @@ type Request struct {
 	walked bool
 }
 
-// inlineTexts is how many prompt texts a Request keeps in itself: a short
-// conversation's, for a fixed 256 bytes, so that the common request
-// allocates nothing more.
+// inlineTexts is how many prompt texts a Request keeps in itself, so a
+// short conversation allocates nothing more.
 const inlineTexts = 8
 
-// keptTexts is how many texts Parse keeps from a body of n bytes: where
-// they stand costs a sixteenth of the body at most. A body of more (many
-// tiny strings) is walked again by Estimate, which samples them.
+// keptTexts is how many texts Parse keeps from a body of n bytes: at most
+// a sixteenth of the body. Estimate walks larger ones again, sampling.
 func keptTexts(n int) int { return min(n/16/textRefSize, maxTexts) }
 
 // textRefSize is the size of a textRef: a slice and a flag.
@@ -128,9 +120,8 @@ func (e *BodyError) Error() string {
 // Unwrap returns the underlying decoding error, for errors.As.
 func (e *BodyError) Unwrap() error { return e.Err }
 
-// seg is one step of the JSON path to the value a walker is at. The path
-// is a stack on the walker, turned into a string only when an error names
-// it: no string is built per message or part.
+// seg is one step of the JSON path to the value a walker is at, turned
+// into a string only when an error names it.
 type seg struct {
 	name string // member name; "" for an array element
 	idx  int
@@ -157,9 +148,8 @@ func fieldError(field, format string, args ...any) *BodyError {
 }
 
 // duplicateMsg refuses a member given twice. JSON decoders disagree on
-// duplicates (Go's and Python's keep the last, others the first), so a body
-// with two max_tokens could be estimated with one and served with the
-// other; refusing it is the only way to see what the upstream will.
+// duplicates (first or last wins), so refusing them is the only way to
+// estimate what the upstream will serve.
 const duplicateMsg = "appears more than once in the same object (keys are compared after decoding escapes such as \\u005f); send it once"
 
 func depthError(off int) *BodyError {
@@ -170,10 +160,8 @@ func depthError(off int) *BodyError {
 }
 
 // topLevel holds the raw values of the top-level members the gateway
-// reads, of every supported API, as subslices of the body, indexed by the
-// constants below: decoding waits until the kind is known, and a value of
-// the wrong type is reported with a clear message instead of a reflection
-// error.
+// reads, as subslices of the body indexed by the constants below; they are
+// decoded once the kind is known.
 type topLevel [topFields][]byte
 
 // Top-level members, named in topNames.
@@ -207,17 +195,13 @@ var topNames = []string{"model", "stream", "stream_options", "max_tokens", "max_
 	"functions", "anthropic_version", "stop_sequences", "previous_response_id", "encoding_format", "dimensions"}
 
 // Parse reads a request body sent to path. The kind comes from the path's
-// suffix; for other paths it is inferred from the body's shape, and a body
-// of no known shape yields KindUnknown with an empty prompt. An empty body is
-// an error for the known APIs and fine otherwise (GET /v1/models).
+// suffix, else from the body's shape (KindUnknown with an empty prompt if
+// none). An empty body is an error for the known APIs only.
 //
 // Errors are *BodyError: invalid JSON, nesting deeper than MaxDepth, a
-// member the gateway reads given twice, and values of the wrong type, which
-// make the cost unknowable. Missing fields are not errors; the upstream
-// reports those in its own words.
-//
-// Parse never modifies body, and its work is linear in len(body) whatever
-// the nesting. The Request refers to body (see Request).
+// member the gateway reads given twice, and values of the wrong type.
+// Missing fields are not errors. Parse never modifies body, its work is
+// linear in len(body), and the Request refers to body (see Request).
 func Parse(path string, body []byte) (*Request, error) {
 	req := new(Request)
 	if err := ParseTo(req, path, body); err != nil {
@@ -227,8 +211,7 @@ func Parse(path string, body []byte) (*Request, error) {
 }
 
 // ParseTo is Parse into a Request the caller holds, which it overwrites
-// whole: one that lives inside a larger per-request struct costs no
-// allocation of its own. On an error *req is left zero.
+// whole (no allocation of its own). On an error *req is left zero.
 func ParseTo(req *Request, path string, body []byte) error {
 	sc := getScratch()
 	defer sc.release()
@@ -264,10 +247,8 @@ func (sc *scratch) parse(req *Request, path string, body []byte) error {
 }
 
 // invalidBody is the error for a body the reader stopped in (err): invalid
-// JSON, told in encoding/json's words, which name the problem and where it
-// is, or JSON nested deeper than MaxDepth. topErr is a problem found at
-// the top level before the reader stopped, which is reported first, as
-// the top level is read in order.
+// JSON in encoding/json's words, or nesting deeper than MaxDepth. topErr,
+// a problem found at the top level before the reader stopped, comes first.
 func invalidBody(body []byte, err, topErr error) error {
 	var v struct{}
 	jerr := json.Unmarshal(body, &v)
@@ -354,9 +335,8 @@ func stringIs(raw []byte, s string) bool {
 	return rawType(raw) == '"' && string(stringBytes(raw)) == s
 }
 
-// stringBytes returns the contents of the JSON string raw, decoded; it
-// allocates only for a string with escapes, so that switching on
-// string(stringBytes(raw)) allocates nothing.
+// stringBytes returns the contents of the JSON string raw, decoded,
+// allocating only for a string with escapes.
 func stringBytes(raw []byte) []byte {
 	if rawType(raw) != '"' {
 		return nil
@@ -379,9 +359,8 @@ func getBool(raw []byte, field string) (bool, error) {
 
 // getInt reads an integer of at least least (0 or 1), or least when
 // absent. Integral floats (100.0, 1e3) are accepted, as the Python servers
-// behind these APIs do. Values beyond CostLimit, up to 1e300 and beyond,
-// saturate at CostLimit: such a cap is as good as none, and saturating
-// keeps all cost arithmetic far from overflow.
+// do. Larger values saturate at CostLimit, keeping cost arithmetic far
+// from overflow.
 func getInt(raw []byte, field string, least int) (int, error) {
 	want := "a non-negative integer"
 	if least > 0 {
@@ -402,8 +381,7 @@ func getInt(raw []byte, field string, least int) (int, error) {
 	return 0, fieldError(field, "must be %s, got %s", want, clip(raw))
 }
 
-// getChoices reads n or best_of: 1 when absent, else an integer from 1 to
-// MaxChoices.
+// getChoices reads n or best_of: 1 when absent, else 1 to MaxChoices.
 func getChoices(raw []byte, field string) (int, error) {
 	n, err := getInt(raw, field, 1)
 	if n > MaxChoices {
@@ -419,9 +397,8 @@ func number(raw []byte) float64 {
 	return f
 }
 
-// smallInt reads raw when it is nothing but up to 15 digits: the integer
-// that strconv.ParseFloat reads exactly, without its cost on every
-// request's max_tokens.
+// smallInt reads raw when it is nothing but up to 15 digits, exactly and
+// faster than strconv.ParseFloat.
 func smallInt(raw []byte) (int, bool) {
 	if len(raw) == 0 || len(raw) > 15 {
 		return 0, false
@@ -436,8 +413,7 @@ func smallInt(raw []byte) (int, bool) {
 	return n, true
 }
 
-// clip shortens a number quoted in an error message: a client that sends
-// a megabyte of digits gets them back abbreviated.
+// clip shortens a number quoted in an error message.
 func clip(b []byte) string {
 	const n = 40
 	if len(b) <= n {

@@ -5,16 +5,11 @@ import (
 	"math/bits"
 )
 
-// rankTable is an encoding's vocabulary: token bytes to rank. Counting a
-// prompt looks up every piece and, in merges, every candidate pair: a
-// Go map of strings costs two or three cache misses a lookup (its control
-// word, its slot, the key's bytes elsewhere on the heap), which made up
-// two thirds of the counting time. Here a lookup is a hash and, almost
-// always, one slot: a slot holds the 64-bit hash of a token's bytes and
-// its rank, and no key bytes. Building the table checks that no two
-// tokens share a hash; a piece that is not a token but has a token's hash
-// would be counted as that token, a chance of about one in 10^14 per
-// lookup.
+// rankTable is an encoding's vocabulary: token bytes to rank, as an
+// open-addressed table of 64-bit hashes and ranks with no key bytes, so a
+// lookup is a hash and usually one slot. Building it checks that no two
+// tokens share a hash; a non-token piece with a token's hash (about one in
+// 10^14) would count as that token.
 type rankTable struct {
 	seed  maphash.Seed
 	key   uint64 // the seed of hash's short path

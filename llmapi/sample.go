@@ -8,28 +8,15 @@ import (
 )
 
 // DefaultWork is the tokenizer work an estimate may do per request, in
-// vocabulary lookups (an English word is about one; a Chinese character,
-// whose bytes merge pair by pair, about seven): with the rough count over
-// the text, 0.15-0.35 ms of CPU for a 32 KB prompt on the shared 2-core
-// machine it was measured on (docs/performance.md). Twice as much work
-// takes the corpus's p95 error from 2.5% to 2%.
+// vocabulary lookups (about one an English word, seven a Chinese
+// character).
 const DefaultWork = 4096
 
 // sampledCounter estimates token counts within a fixed amount of
-// tokenizer work however long the prompt, for the scheduler's order,
-// where a few percent do not matter and milliseconds a request would.
-//
-// A prompt whose rough count is at most an eighth of the work (in tokens)
-// is counted exactly, as far as the work goes. A longer one (and whatever
-// the work did not reach) is estimated with a ratio estimator: a rough
-// count that costs a table lookup a byte (roughTokens) runs over all of
-// it, and the exact counter over evenly spread windows of it until the
-// work is spent or the ratio has settled; the estimate is the rough count
-// scaled by exact/rough in the windows. The rough count follows the mix of
-// the text (prose, code, JSON, Chinese) everywhere, and the windows
-// correct its bias for this text. On the test corpus (English, Chinese,
-// code, tool schemas and results, 2-400 KB) the estimate is within 3% of
-// the exact count at the 95th percentile (TestEstimateAccuracy).
+// tokenizer work however long the prompt. A short prompt is counted
+// exactly; a longer one is estimated by a ratio estimator: a cheap rough
+// count (roughTokens) over all of it, scaled by exact/rough measured in
+// evenly spread windows until the work is spent or the ratio settles.
 type sampledCounter struct {
 	exact *bpeCounter
 	work  int
@@ -58,10 +45,8 @@ func (s *sampledCounter) Name() string { return s.exact.Name() }
 
 func (s *sampledCounter) Count(text string) int { return s.countTexts([]string{text}) }
 
-// sampleWindowBytes is the size of one window. Many small windows follow
-// changes of content across a prompt better than a few large ones: on the
-// test corpus 64-byte windows halved the error of 256-byte ones at the
-// same work.
+// sampleWindowBytes is the size of one window: many small windows follow
+// changes of content across a prompt better than a few large ones.
 const sampleWindowBytes = 32
 
 func (s *sampledCounter) countTexts(texts []string) int {
@@ -98,10 +83,8 @@ func (s *sampledCounter) count(texts []string) (tokens, work int) {
 	return tokens, work
 }
 
-// Sampling stops early, once at least minWindows windows were counted and
-// the standard error of their exact/rough ratio is below
-// sampleTolerance: text whose rough count is steady (English, code,
-// JSON) is settled in a fraction of the work that Chinese needs.
+// Sampling stops once at least minWindows windows were counted and the
+// standard error of their exact/rough ratio is below sampleTolerance.
 const (
 	minWindows      = 16
 	sampleTolerance = 0.01
@@ -181,14 +164,10 @@ func (b *bpeCounter) countWork(text string, limit int) (tokens, end, work int) {
 }
 
 // window counts the pieces of t from the first that starts at or after
-// lo to the last that starts before hi, at least one, as far as limit
-// lookups allow, and returns the tokens, the bytes the pieces counted span
-// and the lookups done. A window that starts inside t first skips to the
-// end of the piece the pre-tokenizer finds at lo: from that point on it
-// cuts t as a count of all of t does (the patterns look at most a
-// character behind a piece's end). So a piece is counted when a window
-// falls in the piece before it, a chance that does not depend on its own
-// length or content.
+// lo to the last that starts before hi (at least one), within limit
+// lookups, and returns the tokens, the bytes they span and the lookups
+// done. A window starting inside t first skips to the end of the piece at
+// lo, from where it cuts t as a whole count would.
 func (b *bpeCounter) window(t string, lo, hi, limit int) (tokens, start, end, work int) {
 	i := lo
 	if i > 0 {
@@ -208,14 +187,9 @@ func (b *bpeCounter) window(t string, lo, hi, limit int) (tokens, start, end, wo
 	return tokens, start, i, work
 }
 
-// roughTokens is a token count of s in sixteenths that costs a table
-// lookup or two per byte, with no state beyond the previous byte's class:
-// the approx counter's rules in expectation rather than by runs, and for
-// a CJK ideograph what the encoding makes of it alone (one token for a
-// common one, two or three for a rare one). Its ratio to the exact count
-// varies within ±5% across English, Chinese, Go, Python, JSON and tool
-// schemas (the weights were chosen for that on the test corpus), which is
-// what the ratio estimator needs of it.
+// roughWeights[prev<<4|cur] is what a byte of class cur after one of
+// class prev adds, in sixteenths of a token. No class that costs tokens
+// weighs nothing: the ratio estimator cannot scale a count of zero.
 func (b *bpeCounter) roughTokens(s string) int {
 	prev, n := uint8(byteSpace), 0
 	for i := 0; i < len(s); i++ {
@@ -283,14 +257,10 @@ var byteClasses = func() (t [256]uint8) {
 	return t
 }()
 
-// roughWeights[prev<<4|cur] is what a byte of class cur after one of
-// class prev adds, in sixteenths of a token: a word (or a 2-byte letter)
-// one token and a sixteenth more per letter, a digit five eighths,
-// punctuation five eighths and a quarter more per mark in a run, a line
-// break one, a space after whitespace a sixteenth, a 3-byte character
-// one (a CJK ideograph: its own count, see roughTokens), a 4-byte one 1.5.
-// No class that costs tokens weighs nothing: the ratio estimator cannot
-// scale a count of zero.
+// roughTokens is a token count of s in sixteenths at a table lookup or two
+// per byte: the approx counter's rules in expectation. Its ratio to the
+// exact count varies little across kinds of text, which is what the ratio
+// estimator needs.
 var roughWeights = func() (w [16 * 16]uint8) {
 	for p := range byteClassesN {
 		for c := range byteClassesN {

@@ -18,20 +18,14 @@ type Usage struct {
 func (u Usage) Total() int { return u.Prompt + u.Completion }
 
 // ParseUsage reads the top-level usage object of a non-streamed JSON
-// response: OpenAI's prompt_tokens/completion_tokens, or the responses API's
-// and Anthropic's input_tokens/output_tokens (Anthropic's cache reads and
-// writes are added to the prompt, as the estimate counted them). It reports
-// false when there is none, as in error bodies. Of members named usage the
-// last counts, as JSON decoders read them.
+// response: prompt_tokens/completion_tokens or input_tokens/output_tokens
+// (Anthropic's cache reads and writes added to the prompt). It reports
+// false when there is none. Of members named usage the last counts.
 //
-// Servers write usage last, after what can be large (an embeddings
-// response's vectors), so ParseUsage first reads from the last "usage" of
-// the text on. Neither of its quotes can be escaped (the byte before it is
-// no backslash, the one before the other is a letter), so in valid JSON it
-// is a whole string; when it opens an object's members that run to the end
-// of the text, that object is the top level one, and this usage the last
-// of it. The text before is then not read: a response that is not JSON
-// there still counts that usage. Otherwise the whole body is read, and a
+// Servers write usage last, after what can be large, so ParseUsage first
+// reads from the last "usage" on: in valid JSON it is a whole string, and
+// when its object runs to the end of the text it is the top-level one, and
+// the text before is not read. Otherwise the whole body is read, and a
 // response that stops being JSON counts the usage read before.
 func ParseUsage(body []byte) (Usage, bool) {
 	sc := getScratch()
@@ -69,11 +63,9 @@ func lastUsage(rs *readers, body []byte) (prompt, completion int, ok, whole bool
 	return prompt, completion, ok, r.err == nil
 }
 
-// usage reads the usage object raw: OpenAI's prompt_tokens and
-// completion_tokens, or input_tokens and output_tokens of the responses
-// API and Anthropic, plus Anthropic's cache reads and writes. prompt and
-// completion are -1 when the object does not report them. Members that
-// are not numbers (nested details, null) are ignored.
+// usage reads the usage object raw (prompt_tokens/completion_tokens or
+// input_tokens/output_tokens, plus Anthropic's cache reads and writes).
+// prompt and completion are -1 when unreported; non-numbers are ignored.
 func usage(rs *readers, raw []byte) (prompt, completion int, ok bool) {
 	pt, ct, it, ot, cache := -1, -1, -1, -1, -1
 	rs.members(raw, func(name, v []byte) {
@@ -109,10 +101,8 @@ func usage(rs *readers, raw []byte) (prompt, completion int, ok bool) {
 	return prompt, completion, prompt >= 0 || completion >= 0
 }
 
-// tokenCount reads a JSON number as a token count, clamped to [0, 2^31-1];
-// some servers write counts as 12.0, so a fraction is truncated. It
-// reports false for a value that is not a number, and for one with an
-// exponent beyond float64.
+// tokenCount reads a JSON number as a token count, clamped to [0, 2^31-1]
+// with any fraction truncated; false for a non-number or an infinity.
 func tokenCount(v []byte) (int, bool) {
 	if n, ok := smallInt(v); ok {
 		return min(n, 1<<31-1), true
@@ -140,9 +130,8 @@ func tokenCount(v []byte) (int, bool) {
 	return n, true
 }
 
-// DefaultMaxLine is the longest SSE line a StreamScanner buffers. Chunks are
-// a few hundred bytes; a longer line is skipped rather than buffered without
-// end.
+// DefaultMaxLine is the longest SSE line a StreamScanner buffers; a longer
+// line is skipped rather than buffered without end.
 const DefaultMaxLine = 1 << 20
 
 // streamFlush is how much streamed text is held before it is counted; it
@@ -150,15 +139,10 @@ const DefaultMaxLine = 1 << 20
 const streamFlush = 16 << 10
 
 // StreamScanner extracts usage from a server-sent-events response as it
-// passes through, for OpenAI chat and completions streams, the responses
-// API and Anthropic messages. Usage reported by the stream wins; when the
-// stream reports none (an OpenAI client that did not set include_usage),
-// the streamed text is counted instead, as it arrives, so memory stays
-// bounded by MaxLine plus a small text buffer. Text beyond the counter's
-// exact budget is extrapolated from the part counted.
-//
-// A StreamScanner is used by one goroutine: Write from the response path,
-// then Result once the stream has ended.
+// passes through (OpenAI chat, completions, responses, Anthropic). Usage
+// reported by the stream wins; otherwise the streamed text is counted as
+// it arrives, in bounded memory. It is used by one goroutine: Write, then
+// Result once the stream has ended.
 type StreamScanner struct {
 	// MaxLine is the longest line (and event) buffered; longer ones are
 	// skipped. NewStreamScanner sets DefaultMaxLine.
@@ -443,11 +427,9 @@ func (s *StreamScanner) countText(all bool) {
 	s.text = append(s.text[:0], s.text[cut:]...)
 }
 
-// Result finishes the stream (a final line or event without its
-// terminator is still used) and returns what it learnt. Prompt is 0 when the
-// stream did not report it; callers keep their estimate then. ok is false
-// when nothing usable was seen, as with an error body that is not SSE. Later
-// writes are ignored.
+// Result finishes the stream (a final unterminated line still counts) and
+// returns what it learnt. Prompt is 0 when the stream did not report it.
+// ok is false when nothing usable was seen. Later writes are ignored.
 func (s *StreamScanner) Result() (Usage, bool) {
 	if !s.finished {
 		s.finished = true

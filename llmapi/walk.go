@@ -10,19 +10,15 @@ import (
 	"github.com/go-json-experiment/json/jsontext"
 )
 
-// textRef is one separately tokenized piece of prompt text, as it stands
-// in the body: a JSON string (quotes included), decoded when counted, or,
-// for tool definitions and arguments given as objects, any JSON value,
-// counted as its compact text.
+// textRef is one separately tokenized piece of prompt text in the body: a
+// JSON string (quotes included), or, when compact, any JSON value.
 type textRef struct {
 	raw     []byte
 	compact bool
 }
 
-// textStrings appends the texts to tokenize to dst, copied out of the
-// body into one allocation (decoded or compacted as need be), which the
-// caller drops once counted: a prompt of a million escaped one-letter
-// strings costs one buffer, not a million strings.
+// textStrings appends the texts to tokenize to dst, copied out of the body
+// into one allocation, so a million tiny strings cost one buffer.
 func textStrings(dst []string, texts []textRef) []string {
 	if len(texts) == 0 {
 		return dst
@@ -52,18 +48,15 @@ func textStrings(dst []string, texts []textRef) []string {
 		default:
 			all.Write(t.raw[1 : len(t.raw)-1])
 		}
-		// The builder only ever appends: what String returned before
-		// stays as it was.
+		// The builder only appends, so earlier Strings stay valid.
 		dst = append(dst, all.String()[start:])
 	}
 	return dst
 }
 
-// scratch is the working memory of one walk over a body: its readers, the
-// walk's path, the texts it gathers and their strings. It is pooled, so
-// that parsing and estimating a request allocate only what they return
-// (the Request) and the texts' one buffer; release drops every reference
-// into the body, and memory a large body made it grow is not kept.
+// scratch is the pooled working memory of one walk over a body, so that
+// parsing and estimating allocate only what they return. release drops
+// every reference into the body and does not keep oversized memory.
 type scratch struct {
 	rs      readers
 	req     Request // the throwaway counts of a collecting walk
@@ -112,21 +105,14 @@ func (sc *scratch) release() {
 }
 
 // walker reads a request body for one kind of API: Parse walks it to
-// validate it and count its messages, names and images; Estimate and
-// LightMode walk it again with collect set to gather the prompt texts,
-// which are never kept between calls.
+// validate and count it; Estimate and LightMode walk again with collect set
+// to gather the prompt texts.
 //
-// The walk is one pass of a jsontext decoder over the body. Where the
-// kind is known it interprets the prompt where it stands; the members it
-// reads that are not prompt (the model, the caps) are kept as raw values
-// and read once the pass is over. So are the few prompt members that need
-// not be read in place (a message's function_call, a responses item), and
-// the whole prompt when the kind is inferred, or when a member the API
-// reads first comes late in the body (an Anthropic system after the
-// messages): then it is read again from the raw values, in the API's
-// order. Values that can nest without bound (content blocks within tool
-// results) are always interpreted in place, so that no byte is read once
-// per enclosing level: nothing is read more than a fixed number of times.
+// The walk is one jsontext pass. Members that need not be read in place
+// are kept raw and read after the pass, in the API's order (also the whole
+// prompt when the kind is inferred or a member comes late). Values that can
+// nest without bound are always read in place, so no byte is read more
+// than a fixed number of times.
 type walker struct {
 	rs      *readers
 	rd      *reader // the reader the walk is at
@@ -147,11 +133,9 @@ type walker struct {
 	// results (LightMode keeps calls and results together).
 	toolUse, toolResult bool
 
-	// The prompt members walked in place during the top-level pass: next
-	// is the position of the next in the API's order (see promptOrder),
-	// promptErr the first error the walks met. late reports that the
-	// prompt must be walked again from the raw values: one came after one
-	// it must follow, or the kind was inferred.
+	// The prompt members walked in place in the top-level pass: next is
+	// the next in promptOrder, promptErr the first error met, and late
+	// reports that the prompt must be walked again from the raw values.
 	next      int
 	late      bool
 	promptErr error
@@ -205,10 +189,8 @@ func (w *walker) reset(m mark) {
 	r.nTexts, r.textBytes = m.nTexts, m.textBytes
 }
 
-// maxTexts is the most prompt texts an estimate gathers. A body of more
-// (a million one-letter prompts) has every k-th gathered and counted, and
-// the count scaled by bytes: gathering all would cost tens of bytes of
-// transient memory per byte of body.
+// maxTexts is the most prompt texts an estimate gathers; beyond it every
+// k-th is gathered and the count scaled by bytes, bounding memory.
 const maxTexts = 1 << 16
 
 // gatherTexts walks r's body again and returns its prompt texts, every
@@ -245,11 +227,9 @@ func (w *walker) walk(body []byte) error {
 	return w.prompt(&top)
 }
 
-// top reads the top level of body into top, with every check of the body
-// as a whole: that it is one JSON object, nested no deeper than MaxDepth,
-// without a member the gateway reads given twice. Where the kind is known,
-// it walks the prompt in place (see walker). A value too deep is the
-// reader's error, which comes first when its member does.
+// top reads the top level of body into top, checking the body as a whole
+// (one JSON object, depth, duplicate members read) and walking the prompt
+// in place where the kind is known (see walker).
 func (w *walker) top(body []byte, top *topLevel) error {
 	r := w.rs.open(body, MaxDepth)
 	defer w.rs.close()
@@ -278,9 +258,8 @@ var promptOrder = [...][]int{
 	KindResponses:         {tInstructions, tInput},
 }
 
-// topValue walks the value of the top-level member j, begun with a token
-// of kind k, in place when it is a prompt member and the members of the
-// prompt before it have been (see walker), and reports whether it did.
+// topValue walks the top-level member j in place when it is a prompt
+// member whose predecessors have been walked, and reports whether it did.
 func (w *walker) topValue(j int, k jsontext.Kind) bool {
 	i := slices.Index(promptOrder[w.r.Kind], j)
 	if i >= 0 && i < w.next {
@@ -424,11 +403,9 @@ func (w *walker) streamOptions(raw []byte) error {
 }
 
 // fields reads the rest of the object the walk has begun, collecting the
-// raw values of the members named in names into vals, in the same order.
-// walk, when not nil, is offered the value of each, begun with a token of
-// kind k, and reports whether it read it where it stands. A name given
-// twice is an error (unless the reader failed in its value), after which
-// nothing more is collected.
+// raw values of the members named in names into vals. walk, when not nil,
+// is offered each value and reports whether it read it in place. A name
+// given twice is an error (unless the reader failed in its value).
 func (w *walker) fields(names []string, vals [][]byte, walk func(j int, k jsontext.Kind) bool) error {
 	r := w.rd
 	var err error
@@ -511,9 +488,8 @@ func (w *walker) addMessages(k jsontext.Kind) error {
 }
 
 // message adds the prompt of the message begun with a token of kind k,
-// and returns the raw values of its members. It is walked in place;
-// the texts of its name and tool calls are added after its content
-// whatever the order of its members, as the walker always adds them.
+// walked in place, and returns the raw values of its members. Its name and
+// tool calls are added after its content whatever the member order.
 func (w *walker) message(k jsontext.Kind, anthropic bool) (m [msgFields][]byte, err error) {
 	if k != '{' {
 		return m, w.typeError(k, "an object")
@@ -593,8 +569,7 @@ func (w *walker) toolCalls(k jsontext.Kind) error {
 }
 
 // addCall adds the OpenAI tool call begun with a token of kind k: its
-// function's name and arguments, or the whole call when it has no
-// function object.
+// function's name and arguments, or the whole call without a function.
 func (w *walker) addCall(k jsontext.Kind) error {
 	r := w.rd
 	if k != '{' {
@@ -680,14 +655,9 @@ func (w *walker) content(k jsontext.Kind, anthropic bool) error {
 	return w.typeError(k, "a string, an array of content parts, or null")
 }
 
-// part adds the content part or block the walk is at.
-//
-// A tool_result block's content is more content, which may hold further
-// tool results: that is where nesting is unbounded, so the content is walked
-// in place, unless the block's type, when it comes first, says it is no
-// tool result. When the type comes after the content, the content is
-// walked on speculation and its texts and errors are dropped if the type
-// turns out to be another.
+// part adds the content part or block the walk is at. A tool_result's
+// content nests without bound, so it is walked in place (speculatively,
+// when the block's type comes after it; dropped if that type is another).
 func (w *walker) part(k jsontext.Kind, anthropic bool) error {
 	if k != '{' {
 		return w.typeError(k, "an object")
@@ -831,8 +801,7 @@ func (w *walker) contentOf(name string, raw []byte) error {
 }
 
 // addTokenInput adds the completions prompt or embeddings input begun
-// with a token of kind k: a string, an array of strings, an array of token
-// IDs, or an array of such arrays.
+// with a token of kind k: a string, token IDs, or arrays of either.
 func (w *walker) addTokenInput(k jsontext.Kind) error {
 	switch k {
 	case '"':
@@ -847,9 +816,8 @@ func (w *walker) addTokenInput(k jsontext.Kind) error {
 	return w.typeError(k, "a string or an array")
 }
 
-// tokenArray adds the rest of the array of strings, token IDs or token-ID
-// arrays the walk has begun, and reports whether its elements are all of
-// one of these types, as the APIs require.
+// tokenArray adds the rest of the array the walk has begun, and reports
+// whether its elements are all of one allowed type.
 func (w *walker) tokenArray() bool {
 	r := w.rd
 	first := jsontext.Kind(0)
@@ -875,8 +843,7 @@ func (w *walker) tokenArray() bool {
 	}
 }
 
-// tokenIDs adds the rest of the array of token IDs the walk has begun,
-// and reports whether they all are.
+// tokenIDs adds the rest of an array of token IDs, reporting validity.
 func (w *walker) tokenIDs() bool {
 	ok := true
 	for k := w.rd.element(); k != 0; k = w.rd.element() {
@@ -885,8 +852,7 @@ func (w *walker) tokenIDs() bool {
 	return ok
 }
 
-// tokenID adds the token ID begun with a token of kind k, and reports
-// whether it is one.
+// tokenID adds the token ID begun with a token of kind k, reporting validity.
 func (w *walker) tokenID(k jsontext.Kind) bool {
 	if k == '{' || k == '[' {
 		w.rd.finish(k)
@@ -899,27 +865,24 @@ func (w *walker) tokenID(k jsontext.Kind) bool {
 	return true
 }
 
-// addText adds a JSON string value as one text; other types are ignored,
-// because callers only use it for fields whose type does not affect
-// validity.
+// addText adds a JSON string value as one text; other types are ignored.
 func (w *walker) addText(raw []byte) {
 	if rawType(raw) == '"' && len(raw) > 2 {
 		w.add(textRef{raw: raw})
 	}
 }
 
-// addJSON adds a JSON value (tool definitions, tool inputs) as one text of
-// its compact form: servers render them into the prompt in a form of about
-// that size.
+// addJSON adds a JSON value (tool definitions, inputs) as one text of its
+// compact form, about the size servers render into the prompt.
 func (w *walker) addJSON(raw []byte) {
 	if present(raw) {
 		w.add(textRef{raw: raw, compact: true})
 	}
 }
 
-// add counts a text, and keeps it when collecting (every every-th) or
-// among the first keep; the first inlineTexts are kept in the Request too. A tool call's text waits
-// in w.calls until the message's name is added.
+// add counts a text, and keeps it when collecting (every every-th) or among
+// the first keep; the first inlineTexts are kept in the Request too. A tool
+// call's text waits in w.calls until the message's name is added.
 func (w *walker) add(t textRef) {
 	if w.deferring {
 		w.calls = append(w.calls, t)
