@@ -51,15 +51,10 @@ type ClusterConfig struct {
 	// that together they admit about the quota when the load balancer
 	// spreads a tenant evenly. Default: 1 (each keeps the whole quota).
 	Instances int `json:"instances,omitempty"`
-	// Timeout bounds each read and write of a Redis command (a round trip
-	// is one of each). A command past it is decided locally and starts an
-	// outage; during one, a background probe tries Redis every second and
-	// no request waits on it. The set-up of a connection is not counted:
-	// connections are kept open and ready (a few beyond those in use), and
-	// a new one's dial and handshake have a budget of their own, max(4 x
-	// timeout, 1s). A request of a tenant with a quota waits for its
-	// tenant's round trips; no other request does (they are made off the
-	// queue's lock). Default: 50ms.
+	// Timeout bounds each read and write of a Redis command. A command
+	// past it is decided locally and starts an outage, during which a
+	// background probe retries every second. Dial and handshake have their
+	// own budget, max(4 x timeout, 1s). Default: 50ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 	// Prefix starts the Redis key of every tenant's meters. Default:
 	// "fq:quota:<queue name>:", so queues of different names keep apart
@@ -300,8 +295,7 @@ func (h *Handler) closeCluster() {
 		}
 	}
 	if s := h.gone; s != nil && cs.broker != nil {
-		// The queue is gone with this config (a stop, or a reload that
-		// removed it): give its slots back to the other gateways once its
+		// The queue is gone with this config: give its slots back once its
 		// last requests are done, rather than after the lease's TTL.
 		release := func() {
 			defer guardBackground(h.logger, "the release of the shared slots", s.name, closeClient)
@@ -309,9 +303,8 @@ func (h *Handler) closeCluster() {
 			closeClient()
 		}
 		if s.q.Stats(false).Inflight == 0 {
-			// Nothing left to finish, as at a stop (the servers have
-			// drained): release now, one call bounded by the timeout, so
-			// that the process cannot exit before the release is sent.
+			// Nothing left to finish: release now, bounded by the timeout,
+			// so the process cannot exit before the release is sent.
 			release()
 		} else {
 			go release()
