@@ -53,10 +53,10 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 	s.startSlotSync()
 }
 
-// Between sync intervals a grant moves on events (package cluster, "Moves"):
-// the other gateways' announcements (followMoves), a tenant new to the
-// backlog (slotsQueued), a completion above the grant (slotsReleased) and
-// a lower grant leaving slots unfilled (syncSlotsOnce).
+// Between sync intervals a grant moves on events: the other gateways'
+// announcements (followMoves), a tenant new to the backlog (slotsQueued),
+// a completion above the grant (slotsReleased), and a lower grant leaving
+// slots unfilled (syncSlotsOnce).
 
 // followMoves renews the grant on the announcements of the other
 // gateways, until the subscription is closed (closeCluster).
