@@ -75,13 +75,11 @@ type ClusterConfig struct {
 	// crashed gives its slots back within it. The stream of shared
 	// service expires when no gateway wrote to it for as long. Default: 30s.
 	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`
-	// ShareFairness shares the tenants' virtual time among the gateways:
-	// every Sync each sends the cost it charged each tenant since its
-	// last sync and charges each tenant that has requests queued with
-	// what the others served it meanwhile (package cluster, one Redis
-	// stream). A tenant sending through several gateways then gets its
-	// weight's share of the cluster, not of each gateway; see docs/cluster.md for
-	// the bound. Redis down: each gateway is fair on its own.
+	// ShareFairness shares the tenants' virtual time among the gateways
+	// (one Redis stream, exchanged every Sync), so a tenant sending
+	// through several gateways gets its weight's share of the cluster,
+	// not of each gateway (docs/cluster.md). Redis down: each gateway is
+	// fair on its own.
 	ShareFairness bool `json:"share_fairness,omitempty"`
 }
 
@@ -250,10 +248,9 @@ func (h *Handler) clusterAccount(cs *clusterStore, rs *cluster.QuotaStore) error
 	return nil
 }
 
-// guardBackground, deferred first thing in each of the cluster's
-// background goroutines, logs a panic there with its stack, as the tick
-// does, rather than letting it end Caddy; then runs after, if any (to
-// leave the state the goroutine kept as it should be).
+// guardBackground, deferred first in each of the cluster's background
+// goroutines, logs a panic with its stack rather than letting it end
+// Caddy, then runs after, if any.
 func guardBackground(logger *zap.Logger, what, queue string, after func()) {
 	if err := recover(); err != nil {
 		logger.Named("cluster").Error("panic in "+what,
