@@ -51,15 +51,10 @@ type ClusterConfig struct {
 	// that together they admit about the quota when the load balancer
 	// spreads a tenant evenly. Default: 1 (each keeps the whole quota).
 	Instances int `json:"instances,omitempty"`
-	// Timeout bounds each read and write of a Redis command (a round trip
-	// is one of each). A command past it is decided locally and starts an
-	// outage; during one, a background probe tries Redis every second and
-	// no request waits on it. The set-up of a connection is not counted:
-	// connections are kept open and ready (a few beyond those in use), and
-	// a new one's dial and handshake have a budget of their own, max(4 x
-	// timeout, 1s). A request of a tenant with a quota waits for its
-	// tenant's round trips; no other request does (they are made off the
-	// queue's lock). Default: 50ms.
+	// Timeout bounds each read and write of a Redis command. A command
+	// past it is decided locally and starts an outage, during which a
+	// background probe retries every second. Dial and handshake have their
+	// own budget, max(4 x timeout, 1s). Default: 50ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 	// Prefix starts the Redis key of every tenant's meters. Default:
 	// "fq:quota:<queue name>:", so queues of different names keep apart
@@ -80,13 +75,11 @@ type ClusterConfig struct {
 	// crashed gives its slots back within it. The stream of shared
 	// service expires when no gateway wrote to it for as long. Default: 30s.
 	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`
-	// ShareFairness shares the tenants' virtual time among the gateways:
-	// every Sync each sends the cost it charged each tenant since its
-	// last sync and charges each tenant that has requests queued with
-	// what the others served it meanwhile (package cluster, one Redis
-	// stream). A tenant sending through several gateways then gets its
-	// weight's share of the cluster, not of each gateway; see docs/cluster.md for
-	// the bound. Redis down: each gateway is fair on its own.
+	// ShareFairness shares the tenants' virtual time among the gateways
+	// (one Redis stream, exchanged every Sync), so a tenant sending
+	// through several gateways gets its weight's share of the cluster,
+	// not of each gateway (docs/cluster.md). Redis down: each gateway is
+	// fair on its own.
 	ShareFairness bool `json:"share_fairness,omitempty"`
 }
 
@@ -255,10 +248,9 @@ func (h *Handler) clusterAccount(cs *clusterStore, rs *cluster.QuotaStore) error
 	return nil
 }
 
-// guardBackground, deferred first thing in each of the cluster's
-// background goroutines, logs a panic there with its stack, as the tick
-// does, rather than letting it end Caddy; then runs after, if any (to
-// leave the state the goroutine kept as it should be).
+// guardBackground, deferred first in each of the cluster's background
+// goroutines, logs a panic with its stack rather than letting it end
+// Caddy, then runs after, if any.
 func guardBackground(logger *zap.Logger, what, queue string, after func()) {
 	if err := recover(); err != nil {
 		logger.Named("cluster").Error("panic in "+what,
@@ -300,8 +292,7 @@ func (h *Handler) closeCluster() {
 		}
 	}
 	if s := h.gone; s != nil && cs.broker != nil {
-		// The queue is gone with this config (a stop, or a reload that
-		// removed it): give its slots back to the other gateways once its
+		// The queue is gone with this config: give its slots back once its
 		// last requests are done, rather than after the lease's TTL.
 		release := func() {
 			defer guardBackground(h.logger, "the release of the shared slots", s.name, closeClient)
@@ -309,9 +300,8 @@ func (h *Handler) closeCluster() {
 			closeClient()
 		}
 		if s.q.Stats(false).Inflight == 0 {
-			// Nothing left to finish, as at a stop (the servers have
-			// drained): release now, one call bounded by the timeout, so
-			// that the process cannot exit before the release is sent.
+			// Nothing left to finish: release now, bounded by the timeout,
+			// so the process cannot exit before the release is sent.
 			release()
 		} else {
 			go release()

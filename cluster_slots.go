@@ -53,10 +53,10 @@ func (s *sharedQueue) syncSlots(h *Handler, now time.Time) {
 	s.startSlotSync()
 }
 
-// Between sync intervals a grant moves on events (package cluster, "Moves"):
-// the other gateways' announcements (followMoves), a tenant new to the
-// backlog (slotsQueued), a completion above the grant (slotsReleased) and
-// a lower grant leaving slots unfilled (syncSlotsOnce).
+// Between sync intervals a grant moves on events: the other gateways'
+// announcements (followMoves), a tenant new to the backlog (slotsQueued),
+// a completion above the grant (slotsReleased), and a lower grant leaving
+// slots unfilled (syncSlotsOnce).
 
 // followMoves renews the grant on the announcements of the other
 // gateways, until the subscription is closed (closeCluster).
@@ -211,12 +211,9 @@ func (s *sharedQueue) boundGrant(h *Handler, g *cluster.Grant, since int64) {
 		clusterSlotMoves.WithLabelValues(s.name, g.Announced, "sent").Inc()
 	}
 	if g.Targets != nil {
-		// No more in flight than the targets place: a grant the others
-		// leave no room for on any upstream (they hold it there, or this
-		// gateway's own requests sit above its target on one) would send
-		// a request where every slot is taken, fair_queue_least_conn then
-		// falling back to the least loaded upstream: one model server
-		// past its slots while the pool's total holds.
+		// No more in flight than the targets place: beyond them a request
+		// would go where every slot is taken, one model server past its
+		// slots while the pool's total holds.
 		placed := 0
 		for _, n := range g.Targets {
 			placed += n
@@ -232,14 +229,11 @@ func (s *sharedQueue) restoring(cs *clusterStore, g cluster.Grant, since int64) 
 	now := time.Now().UnixNano()
 	switch {
 	case (g.Fresh || !s.slotsUp.Load()) && s.slotsGranted.Load():
-		// Back from an outage, or Redis lost the pool (a restart) or
-		// this entry lapsed, while this gateway held slots: the others
-		// hold slots Redis does not count (their outage shares, or
-		// grants it forgot) until they renew, which may take them a
-		// while (a client reconnecting: go-redis retries a refused dial
-		// once a second). Until every other gateway has renewed since
-		// now, none takes more than it held before, so that together
-		// they stay within the pool, as they were.
+		// Back from an outage, or Redis lost the pool or this entry,
+		// while this gateway held slots: the others hold slots Redis does
+		// not count until they renew. Until every other gateway has
+		// renewed since now, none takes more than it held before, so
+		// together they stay within the pool.
 		s.slotRestoreSince.Store(g.Now)
 		s.slotRestoreUntil.Store(now + int64(cs.ttl))
 		return g.Now != 0
@@ -254,16 +248,13 @@ func (s *sharedQueue) restoring(cs *clusterStore, g cluster.Grant, since int64) 
 }
 
 // beginRenewal starts a renewal: until it is applied, the gateway places
-// its requests within what the renewal's call will tell the others it may
-// have on each upstream (holdsUntilNext, as cluster's sync.lua counts it),
-// not within its targets: a request ending during the call frees a place
-// the next one must take where it was, not below a target elsewhere that
-// the others may be given meanwhile. The loads are taken and the view
-// set under the placements' lock, which Select places under, so every
-// request placed before is in the loads and none after goes past them.
-// It returns the holds, which stand after the renewal too, beside its
-// targets, until the next one starts (nil while Redis is down: the view
-// is then nil and the gateway balances its own).
+// its requests within what the call will tell the others it may have on
+// each upstream (holdsUntilNext), not within its targets, which the others
+// may be given meanwhile. Loads are taken and the view set under the
+// placements' lock, which Select places under, so every request placed
+// before is in the loads and none after goes past them. It returns the
+// holds, which stand until the next renewal starts (nil while Redis is
+// down: the gateway then balances its own).
 func (s *sharedQueue) beginRenewal(h *Handler, holding int) (holds map[string]int, loads []cluster.Load) {
 	s.placed.mu.Lock()
 	defer s.placed.mu.Unlock()

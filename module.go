@@ -164,9 +164,8 @@ type Handler struct {
 	// quotaAuto: some quota takes its token_to_qps_weight from the
 	// learned cost model.
 	quotaAuto bool
-	// committed is set once this handler's config is in force in the
-	// shared queue (sharedQueue.adopt); a pointer, as Caddy copies the
-	// Handler value.
+	// committed is set once this config is in force (sharedQueue.adopt);
+	// a pointer, as Caddy copies the Handler value.
 	committed *atomic.Bool
 	// cluster is the Redis client and quota store of Cluster, which this
 	// handler owns and closes at Cleanup.
@@ -530,11 +529,9 @@ func (h *Handler) joinQueue() error {
 	return nil
 }
 
-// proxyDefaults gives the inner proxy what a queue in front of it needs,
-// unless the config says otherwise: the selection policy given, as
-// capacity is per upstream and Caddy's random policy can pick a full one
-// while another has a free slot; and an HTTP read_timeout of
-// defaultReadTimeout, so a hung model server cannot hold a slot forever.
+// proxyDefaults gives the inner proxy, unless configured: the selection
+// policy given (capacity is per upstream; random could pick a full one),
+// and read_timeout defaultReadTimeout, so a hung server cannot hold a slot.
 func proxyDefaults(raw json.RawMessage, policy string) (json.RawMessage, error) {
 	var proxy map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &proxy); err != nil {
@@ -570,10 +567,8 @@ func proxyDefaults(raw json.RawMessage, policy string) (json.RawMessage, error) 
 	return json.Marshal(proxy)
 }
 
-// defaultReadTimeout is the inner proxy's read_timeout unless configured.
-// Non-streamed completions send nothing until the whole answer is ready, so
-// it must exceed the longest generation; five minutes of silence is a dead
-// or hung model server.
+// defaultReadTimeout must exceed the longest non-streamed generation,
+// which sends nothing until the whole answer is ready.
 const defaultReadTimeout = 5 * time.Minute
 
 // subObject returns the JSON object m[key] decoded, or an empty one.

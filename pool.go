@@ -23,10 +23,8 @@ import (
 // capacity within one tick, well inside any health_interval.
 const tickPeriod = 50 * time.Millisecond
 
-// queues holds one scheduler per queue name. A config reload provisions new
-// handlers before cleaning up the old ones, so the usage count never drops
-// to zero across a reload and the queue — with everything waiting and in
-// flight — carries over to the new config.
+// queues holds one scheduler per queue name. A reload provisions new
+// handlers before cleaning up the old ones, so the queue carries over.
 var queues = caddy.NewUsagePool()
 
 // sharedQueue is the state that outlives a config: the scheduler and the
@@ -42,10 +40,9 @@ type sharedQueue struct {
 	// reloads. sampler is the tick's buffers for it.
 	hist    *history.History
 	sampler sampler
-	// instance names this gateway's queue in the shared slots' pool
-	// (cluster share_slots); slotSyncAt (Unix ns) and slotSyncing pace
-	// the renewals (the ticker and a config taking over both start one),
-	// slotsUp says whether the last one reached Redis.
+	// instance names this gateway's queue in the shared slots' pool;
+	// slotSyncAt (Unix ns) and slotSyncing pace the renewals, slotsUp
+	// says whether the last one reached Redis.
 	instance     string
 	slotSyncAt   atomic.Int64
 	slotSyncing  atomic.Bool

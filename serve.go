@@ -79,9 +79,8 @@ type admission struct {
 	light, phWaitKnown, usageKnown, boosted bool
 
 	m *tenantMetrics
-	// The first attempt's response recorder, body reader and parsed body
-	// live here, so a request served in one attempt allocates none of
-	// them (req points to req0, or to light mode's reparse).
+	// The first attempt's recorder, body reader and parsed body, so one
+	// attempt allocates none of them (req: req0, or light mode's reparse).
 	rec0  usageRecorder
 	body0 bytes.Reader
 	req0  llmapi.Request
@@ -99,9 +98,7 @@ type admission struct {
 
 // ServeHTTP queues the request fairly, proxies it when dispatched, and
 // back-fills its actual cost. Every request gets exactly one answer: the
-// upstream's, or one of the errors of the HTTP contract. The steps: admit,
-// wait for dispatch, proxyAttempt (again after requeue when a provider
-// refuses for want of quota), finish.
+// upstream's, or one of the errors of the HTTP contract.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if !h.committed.Load() {
 		// A request reaching this handler proves its config is live, in
@@ -148,17 +145,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 // refuse answers a request refused at admission.
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, a *admission, aerr *apiError) error {
-	// Refused before an HTTP/1 body was read whole: the connection cannot
-	// carry another request, and closing it stops net/http from reading up
-	// to 256 KiB of an unwanted body first. (HTTP/2 and 3 end just the
-	// stream.)
+	// Refused before an HTTP/1 body was read whole: closing the connection
+	// stops net/http from reading up to 256 KiB of an unwanted body.
 	unread := a.body == nil && r.ProtoMajor == 1 && r.ContentLength != 0
 	if unread {
 		w.Header().Set("Connection", "close")
 	}
 	// Let the client finish sending, so it reads the answer rather than a
-	// connection reset (not after a body timeout: that client is the slow
-	// one).
+	// reset (not after a body timeout: that client is the slow one).
 	drain := unread && aerr.code != outcomeBodyTimeout
 	if h.HandleErrors && drain {
 		// Caddy writes the error page after we return: drain first.
