@@ -503,7 +503,12 @@ func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byt
 		s.finish(rec, http.StatusServiceUnavailable, fakeapi.OutcomeAborted)
 		return generation{}, nil, false
 	}
-	sp, err := readSpec(body, err, parse)
+	var sp spec
+	if err != nil {
+		err = errors.New("reading body: " + err.Error())
+	} else if sp, err = parse(body); err == nil && sp.limit != nil && *sp.limit < 0 {
+		err = errors.New("max_tokens must not be negative")
+	}
 	if err != nil {
 		s.fail(w, wire, rec, err.Error())
 		return generation{}, nil, false
@@ -513,22 +518,6 @@ func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byt
 		return generation{}, nil, false
 	}
 	return s.newGeneration(r, rec, sp, out, finishReason), rec, true
-}
-
-// readSpec parses a body read with error readErr; its error is the
-// message of the 400.
-func readSpec(body []byte, readErr error, parse func([]byte) (spec, error)) (spec, error) {
-	if readErr != nil {
-		return spec{}, errors.New("reading body: " + readErr.Error())
-	}
-	sp, err := parse(body)
-	if err != nil {
-		return spec{}, err
-	}
-	if sp.limit != nil && *sp.limit < 0 {
-		return spec{}, errors.New("max_tokens must not be negative")
-	}
-	return sp, nil
 }
 
 // rateLimited records the request's sizes and charges it to the account;
