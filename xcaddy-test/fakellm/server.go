@@ -375,12 +375,6 @@ func (s *Server) newRecord(r *http.Request, body []byte) *fakeapi.Record {
 	return rec
 }
 
-func (s *Server) stamp(at *int64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	*at = time.Now().UnixNano()
-}
-
 func (s *Server) finish(rec *fakeapi.Record, status int, outcome string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -510,7 +504,8 @@ func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byt
 		err = errors.New("max_tokens must not be negative")
 	}
 	if err != nil {
-		s.fail(w, wire, rec, err.Error())
+		writeError(w, wire, http.StatusBadRequest, err.Error(), "")
+		s.finish(rec, http.StatusBadRequest, fakeapi.OutcomeBadRequest)
 		return generation{}, nil, false
 	}
 	out, finishReason := outputTokens(sp.limit, sp.ignoreEOS, s.cfg.DefaultOutput)
@@ -551,8 +546,12 @@ func (s *Server) rateLimited(w http.ResponseWriter, wire api, rec *fakeapi.Recor
 // server's name when it names none), with the faults r's headers ask for.
 func (s *Server) newGeneration(r *http.Request, rec *fakeapi.Record, sp spec, out int, finishReason string) generation {
 	g := generation{
-		spec:         sp,
-		generated:    func() { s.stamp(&rec.GeneratedUnixNano) },
+		spec: sp,
+		generated: func() {
+			s.mu.Lock()
+			rec.GeneratedUnixNano = time.Now().UnixNano()
+			s.mu.Unlock()
+		},
 		id:           fmt.Sprintf("fake-%d", rec.Seq),
 		created:      time.Now().Unix(),
 		usage:        usage{PromptTokens: sp.prompt, CompletionTokens: out, TotalTokens: sp.prompt + out},
@@ -595,11 +594,6 @@ func (s *Server) gone() string {
 		return fakeapi.OutcomeAborted
 	}
 	return fakeapi.OutcomeClientGone
-}
-
-func (s *Server) fail(w http.ResponseWriter, wire api, rec *fakeapi.Record, msg string) {
-	writeError(w, wire, http.StatusBadRequest, msg, "")
-	s.finish(rec, http.StatusBadRequest, fakeapi.OutcomeBadRequest)
 }
 
 // writeError answers an error in the shape of the request's API: OpenAI's
