@@ -375,12 +375,6 @@ func (s *Server) newRecord(r *http.Request, body []byte) *fakeapi.Record {
 	return rec
 }
 
-func (s *Server) stamp(at *int64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	*at = time.Now().UnixNano()
-}
-
 func (s *Server) finish(rec *fakeapi.Record, status int, outcome string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -503,9 +497,15 @@ func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byt
 		s.finish(rec, http.StatusServiceUnavailable, fakeapi.OutcomeAborted)
 		return generation{}, nil, false
 	}
-	sp, err := readSpec(body, err, parse)
+	var sp spec
 	if err != nil {
-		s.fail(w, wire, rec, err.Error())
+		err = errors.New("reading body: " + err.Error())
+	} else if sp, err = parse(body); err == nil && sp.limit != nil && *sp.limit < 0 {
+		err = errors.New("max_tokens must not be negative")
+	}
+	if err != nil {
+		writeError(w, wire, http.StatusBadRequest, err.Error(), "")
+		s.finish(rec, http.StatusBadRequest, fakeapi.OutcomeBadRequest)
 		return generation{}, nil, false
 	}
 	out, finishReason := outputTokens(sp.limit, sp.ignoreEOS, s.cfg.DefaultOutput)
@@ -513,22 +513,6 @@ func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byt
 		return generation{}, nil, false
 	}
 	return s.newGeneration(r, rec, sp, out, finishReason), rec, true
-}
-
-// readSpec parses a body read with error readErr; its error is the
-// message of the 400.
-func readSpec(body []byte, readErr error, parse func([]byte) (spec, error)) (spec, error) {
-	if readErr != nil {
-		return spec{}, errors.New("reading body: " + readErr.Error())
-	}
-	sp, err := parse(body)
-	if err != nil {
-		return spec{}, err
-	}
-	if sp.limit != nil && *sp.limit < 0 {
-		return spec{}, errors.New("max_tokens must not be negative")
-	}
-	return sp, nil
 }
 
 // rateLimited records the request's sizes and charges it to the account;
@@ -562,8 +546,12 @@ func (s *Server) rateLimited(w http.ResponseWriter, wire api, rec *fakeapi.Recor
 // server's name when it names none), with the faults r's headers ask for.
 func (s *Server) newGeneration(r *http.Request, rec *fakeapi.Record, sp spec, out int, finishReason string) generation {
 	g := generation{
-		spec:         sp,
-		generated:    func() { s.stamp(&rec.GeneratedUnixNano) },
+		spec: sp,
+		generated: func() {
+			s.mu.Lock()
+			rec.GeneratedUnixNano = time.Now().UnixNano()
+			s.mu.Unlock()
+		},
 		id:           fmt.Sprintf("fake-%d", rec.Seq),
 		created:      time.Now().Unix(),
 		usage:        usage{PromptTokens: sp.prompt, CompletionTokens: out, TotalTokens: sp.prompt + out},
@@ -606,11 +594,6 @@ func (s *Server) gone() string {
 		return fakeapi.OutcomeAborted
 	}
 	return fakeapi.OutcomeClientGone
-}
-
-func (s *Server) fail(w http.ResponseWriter, wire api, rec *fakeapi.Record, msg string) {
-	writeError(w, wire, http.StatusBadRequest, msg, "")
-	s.finish(rec, http.StatusBadRequest, fakeapi.OutcomeBadRequest)
 }
 
 // writeError answers an error in the shape of the request's API: OpenAI's

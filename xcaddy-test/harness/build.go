@@ -173,11 +173,9 @@ func findXcaddy() (string, error) {
 		strings.Join(dirs, ", "))
 }
 
-// sourceKey hashes what goes into a binary built from root: go.mod, go.sum,
-// the non-test Go files of the module (or only of the dirs listed in only,
-// relative to root) and the files they embed, leaving out the directories in
-// skip, testdata, hidden directories and nested modules; plus the Go
-// settings and environment that change a build, and salt.
+// sourceKey hashes what goes into a binary built from root: the files
+// sourceFiles lists, the Go settings and environment that change a build,
+// and salt.
 func sourceKey(root string, skip []string, salt string, only ...string) (string, error) {
 	h := sha256.New()
 	fmt.Fprintf(h, "salt %s\n", salt)
@@ -205,10 +203,10 @@ func sourceKey(root string, skip []string, salt string, only ...string) (string,
 	return hex.EncodeToString(h.Sum(nil))[:20], nil
 }
 
-// sourceFiles lists, relative to root and sorted, the files sourceKey
-// hashes: go.mod, go.sum, and below each of only (default: root) the
-// non-test Go files and what they embed. A file named in only (a nested
-// module's go.mod) is taken as it is.
+// sourceFiles lists, relative to root and sorted: go.mod, go.sum, and below
+// each of only (default: root) the non-test Go files and what they embed,
+// leaving out skip, testdata, hidden directories and nested modules. A file
+// named in only (a nested module's go.mod) is taken as it is.
 func sourceFiles(root string, skip, only []string) ([]string, error) {
 	set := map[string]bool{}
 	for _, rel := range []string{"go.mod", "go.sum"} {
