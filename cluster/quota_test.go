@@ -33,26 +33,24 @@ func newMiniredis(t testing.TB) (*miniredis.Miniredis, *redis.Client) {
 	return mr, c
 }
 
-func newRedisHarness(t testing.TB) (*quotatest.Harness, *QuotaStore, *miniredis.Miniredis) {
+// newRedisHarness is a QuotaStore on miniredis for quotatest, its clock
+// and miniredis's moved together.
+func newRedisHarness(t *testing.T) *quotatest.Harness {
 	mr, c := newMiniredis(t)
-	r := NewQuotaStore(c, DefaultPrefix, 0)
 	clk := testclock.New(testclock.Epoch)
 	set := func(at time.Time) {
 		clk.Set(at)
 		mr.SetTime(at)
 	}
 	held := func() int { return len(mr.Keys()) }
-	return &quotatest.Harness{Store: r, Res: time.Microsecond, Now: clk.Now, Set: set, Held: held, Remote: true}, r, mr
+	return &quotatest.Harness{Store: NewQuotaStore(c, DefaultPrefix, 0), Res: time.Microsecond, Now: clk.Now, Set: set, Held: held, Remote: true}
 }
 
 // TestStoreSuite runs the store scenarios against Redis on miniredis,
 // whose TIME follows SetTime and whose TTLs, with ClockTTL, run on the same
 // clock (quota runs them against Memory and Local).
 func TestStoreSuite(t *testing.T) {
-	quotatest.RunStoreSuite(t, func(t *testing.T) *quotatest.Harness {
-		h, _, _ := newRedisHarness(t)
-		return h
-	})
+	quotatest.RunStoreSuite(t, newRedisHarness)
 }
 
 // diffLimits are the configurations of the differential tests: the seed's,
@@ -155,7 +153,7 @@ func apply(t testing.TB, s quota.Store, op randomOp) (quota.Decision, error) {
 // are all seen.
 func TestRedisMatchesMemory(t *testing.T) {
 	mh := quotatest.NewMemory()
-	rh, _, _ := newRedisHarness(t)
+	rh := newRedisHarness(t)
 	ls := diffLimits()
 	rng := rand.New(rand.NewPCG(7, 8))
 	seen := map[string]int{}
