@@ -46,11 +46,23 @@ func newRedisHarness(t *testing.T) *quotatest.Harness {
 	return &quotatest.Harness{Store: NewQuotaStore(c, DefaultPrefix, 0), Res: time.Microsecond, Now: clk.Now, Set: set, Held: held, Remote: true}
 }
 
-// TestStoreSuite runs the store scenarios against Redis on miniredis,
-// whose TIME follows SetTime and whose TTLs, with ClockTTL, run on the same
-// clock (quota runs them against Memory and Local).
+// TestStoreSuite runs the store scenarios against quota.Memory, against a
+// quota.Local whose primary (a Memory on the same clock) answers every call,
+// and against the Redis store on miniredis, whose TIME follows SetTime and
+// whose TTLs, with ClockTTL, run on the same clock: the Redis store must
+// keep every guarantee the in-process ones do.
 func TestStoreSuite(t *testing.T) {
-	quotatest.RunStoreSuite(t, newRedisHarness)
+	t.Run("memory", func(t *testing.T) {
+		runStoreSuite(t, func(*testing.T) *quotatest.Harness { return quotatest.NewMemory() })
+	})
+	t.Run("local", func(t *testing.T) {
+		runStoreSuite(t, func(*testing.T) *quotatest.Harness {
+			h := quotatest.NewMemory()
+			h.Store = quota.NewLocal(h.Store, quota.NewMemory(h.Now), quota.LocalOptions{Clock: h.Now})
+			return h
+		})
+	})
+	t.Run("redis", func(t *testing.T) { runStoreSuite(t, newRedisHarness) })
 }
 
 // diffLimits are the configurations of the differential tests: the seed's,

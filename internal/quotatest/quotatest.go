@@ -1,7 +1,7 @@
 // Package quotatest is test support for package quota and the stores that
-// implement quota.Store: the fixtures their tests share and RunStoreSuite,
-// the scenarios every Store must pass. Only tests import it; nothing of it
-// is built into the plugin.
+// implement quota.Store: the fixtures their tests share and the Harness on
+// which cluster's store suite runs every Store (cluster/store_suite_test.go).
+// Only tests import it; nothing of it is built into the plugin.
 package quotatest
 
 import (
@@ -72,7 +72,7 @@ func TenantName(i int) string {
 	return string(b)
 }
 
-// Harness is one Store on a virtual clock, as RunStoreSuite drives it.
+// Harness is one Store on a virtual clock, as cluster's store suite drives it.
 type Harness struct {
 	Store quota.Store
 	// Res is the resolution of the store's clock: 1 ns for Memory, 1 us

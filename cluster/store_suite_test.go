@@ -1,4 +1,4 @@
-package quotatest
+package cluster
 
 import (
 	"fmt"
@@ -9,17 +9,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/quotatest"
 	"github.com/caddy-fair-queue/caddy-fair-queue/internal/testclock"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
-// RunStoreSuite runs each scenario, as a subtest, against a fresh Harness
+// runStoreSuite runs each scenario, as a subtest, against a fresh Harness
 // from newHarness: the guarantees of package quota's doc that every Store
 // must keep, checked the same way on each.
-func RunStoreSuite(t *testing.T, newHarness func(t *testing.T) *Harness) {
+func runStoreSuite(t *testing.T, newHarness func(t *testing.T) *quotatest.Harness) {
 	for _, sc := range []struct {
 		name string
-		run  func(t *testing.T, h *Harness)
+		run  func(t *testing.T, h *quotatest.Harness)
 	}{
 		{"earliest-time-exact", earliestTime},
 		{"burst-window", burstWindow},
@@ -42,7 +43,7 @@ func RunStoreSuite(t *testing.T, newHarness func(t *testing.T) *Harness) {
 }
 
 // skipRemote skips a scenario of 10^5 calls on a Remote store.
-func skipRemote(t *testing.T, h *Harness) {
+func skipRemote(t *testing.T, h *quotatest.Harness) {
 	if h.Remote {
 		t.Skip("10^5 calls: run on in-process stores only")
 	}
@@ -58,10 +59,10 @@ func within(got, want, tol float64) bool {
 // (1 ns before on Memory, the microsecond before on Redis) it is refused
 // with the same At and reason, and at the first instant at or after At
 // (At itself on Memory) it is allowed. Every dimension is seen binding.
-func earliestTime(t *testing.T, h *Harness) {
+func earliestTime(t *testing.T, h *quotatest.Harness) {
 	reasons := map[quota.Dimension]int{}
 	limits := []*quota.Limits{
-		quota.MustCompile(SeedCfg),
+		quota.MustCompile(quotatest.SeedCfg),
 		// A 50 ms window, which the traffic's 11% excess over 200 qps
 		// exhausts in half a second.
 		quota.MustCompile(quota.Config{QPS: 200, BurstWindow: time.Second, BurstAllow: 0.05}),
@@ -69,7 +70,7 @@ func earliestTime(t *testing.T, h *Harness) {
 		// a second.
 		quota.MustCompile(quota.Config{QPS: 1000, TokensPerMin: 1e7, TokenToQPSWeight: 0.01, JointCap: 0.1, BurstWindow: time.Second, BurstAllow: 0.05}),
 	}
-	for _, mc := range MeterCases() {
+	for _, mc := range quotatest.MeterCases() {
 		limits = append(limits, mc.Lim)
 	}
 	calls := 5000
@@ -117,7 +118,7 @@ func earliestTime(t *testing.T, h *Harness) {
 // dur (both ends included), each arrival on the store's clock resolution,
 // and returns how many were offered and allowed, the first refused arrival
 // and the last allowed one (-1 when none), as offsets from testclock.Epoch.
-func sendAt(t *testing.T, h *Harness, tenant string, mc MeterCase, mult float64, start, dur time.Duration) (offered, allowed int, firstRefused, lastAllowed time.Duration) {
+func sendAt(t *testing.T, h *quotatest.Harness, tenant string, mc quotatest.MeterCase, mult float64, start, dur time.Duration) (offered, allowed int, firstRefused, lastAllowed time.Duration) {
 	t.Helper()
 	spacing := 1e9 * mc.Units / (mult * mc.Rate)
 	firstRefused, lastAllowed = -1, -1
@@ -149,7 +150,7 @@ func sendAt(t *testing.T, h *Harness, tenant string, mc MeterCase, mult float64,
 //     what is left is the last request's own charge; then a second 1.2x
 //     burst for 10 s is served in full;
 //   - Reset later, the tenant is at rest.
-func burstWindow(t *testing.T, h *Harness) {
+func burstWindow(t *testing.T, h *quotatest.Harness) {
 	const W = 10 * time.Second
 	type hold struct {
 		mult    float64
@@ -160,7 +161,7 @@ func burstWindow(t *testing.T, h *Harness) {
 	if !h.Remote {
 		holds = append(holds, hold{1.2, 30 * time.Second, true}, hold{5, 30 * time.Second, true})
 	}
-	for _, mc := range MeterCases() {
+	for _, mc := range quotatest.MeterCases() {
 		for _, hd := range holds {
 			t.Run(fmt.Sprintf("%s/%gx", mc.Name, hd.mult), func(t *testing.T) {
 				start := h.Now().Sub(testclock.Epoch)
@@ -194,7 +195,7 @@ func burstWindow(t *testing.T, h *Harness) {
 
 // paybackAndBurst sends at 0.8x, from one 0.8x spacing after last, until
 // the debt is repaid, then a second burst at 1.2x for 10 s (burstWindow).
-func paybackAndBurst(t *testing.T, h *Harness, tn string, mc MeterCase, last time.Duration) {
+func paybackAndBurst(t *testing.T, h *quotatest.Harness, tn string, mc quotatest.MeterCase, last time.Duration) {
 	inc := mc.Lim.Increment(mc.Dim, mc.Tokens)
 	payback := time.Duration(float64(mc.Lim.Tolerance()+inc) / 0.2)
 	sp08 := time.Duration(1e9 * mc.Units / (0.8 * mc.Rate)).Truncate(h.Res)
@@ -222,7 +223,7 @@ func paybackAndBurst(t *testing.T, h *Harness, tn string, mc MeterCase, last tim
 // once), when the request is allowed after the k ahead are charged at
 // their own earliest times, and it is allowed then; a backlog the window
 // absorbs leaves it allowed now.
-func backlog(t *testing.T, h *Harness) {
+func backlog(t *testing.T, h *quotatest.Harness) {
 	l := quota.MustCompile(quota.Config{QPS: 10, BurstWindow: 10 * time.Second, BurstAllow: 0.2}) // tau 2 s: 20 requests
 	if d := h.Peek(t, "w", l, quota.Backlog{Requests: 20}); !d.Allowed {
 		t.Fatalf("behind 20 requests with a 20-request window: refused, at +%v", d.RetryAfter)
@@ -230,7 +231,7 @@ func backlog(t *testing.T, h *Harness) {
 	if d := h.Peek(t, "w", l, quota.Backlog{Requests: 21}); d.Allowed || d.RetryAfter != 100*time.Millisecond || d.Reason != quota.DimQPS {
 		t.Fatalf("behind 21 requests: %+v, want refused for exactly 100ms on qps", d)
 	}
-	for _, mc := range MeterCases() {
+	for _, mc := range quotatest.MeterCases() {
 		t.Run(mc.Name, func(t *testing.T) {
 			tenant := "b-" + mc.Name
 			// A tenant already in debt past its window: every request waits.
@@ -265,8 +266,8 @@ func backlog(t *testing.T, h *Harness) {
 // refund moves the meters back by exactly the difference, and a refund
 // larger than the debt leaves the tenant at rest, no credit beyond it, and
 // forgotten by the store at once.
-func reconcile(t *testing.T, h *Harness) {
-	l := quota.MustCompile(SeedCfg)
+func reconcile(t *testing.T, h *quotatest.Harness) {
+	l := quota.MustCompile(quotatest.SeedCfg)
 	fresh := h.Status(t, "a", l)
 	// Extra debt of 20000 tokens on an unknown tenant: 6 s of tokens, 80 ms
 	// (16 request-equivalents) of joint.
@@ -303,8 +304,8 @@ func reconcile(t *testing.T, h *Harness) {
 // status: the header view (limits per minute, remaining back-to-back
 // units, reset to rest), fresh, after ten requests, back at rest after
 // Reset, and with a debt beyond the window.
-func status(t *testing.T, h *Harness) {
-	l := quota.MustCompile(SeedCfg)
+func status(t *testing.T, h *quotatest.Harness) {
+	l := quota.MustCompile(quotatest.SeedCfg)
 	want := quota.Status{
 		// 2 s of window at 200/s, plus the request a debt of exactly tau
 		// still admits.
@@ -351,10 +352,10 @@ func status(t *testing.T, h *Harness) {
 // are all forgotten a minute later (Memory by its sweep, Redis by key
 // expiry), a forgotten tenant decides as an unknown one, and a tenant in
 // debt is kept.
-func expiry(t *testing.T, h *Harness) {
-	l := quota.MustCompile(SeedCfg)
+func expiry(t *testing.T, h *quotatest.Harness) {
+	l := quota.MustCompile(quotatest.SeedCfg)
 	for i := 0; i < 1000; i++ {
-		h.Charge(t, TenantName(i), l, int64(i))
+		h.Charge(t, quotatest.TenantName(i), l, int64(i))
 	}
 	if n := h.Held(); n != 1000 {
 		t.Fatalf("held %d tenants, want 1000", n)
@@ -365,7 +366,7 @@ func expiry(t *testing.T, h *Harness) {
 	if n := h.Held(); n != 1 {
 		t.Fatalf("a minute later %d tenants held, want 1 (only the one in debt)", n)
 	}
-	if a, b := h.Status(t, TenantName(999), l), h.Status(t, "never-seen", l); a != b {
+	if a, b := h.Status(t, quotatest.TenantName(999), l), h.Status(t, "never-seen", l); a != b {
 		t.Errorf("forgotten tenant %+v differs from an unknown one %+v", a, b)
 	}
 	if st := h.Status(t, "big", l); st.Tokens.Reset != 5*time.Minute-quota.DefaultSweepEvery {
@@ -378,8 +379,8 @@ func expiry(t *testing.T, h *Harness) {
 // the next is refused on tokens, the meter whose earliest time is latest,
 // for exactly 4 s (6 s of debt less the 2 s window), charged to no meter,
 // and allowed 4 s later.
-func jointAtomic(t *testing.T, h *Harness) {
-	l := quota.MustCompile(SeedCfg)
+func jointAtomic(t *testing.T, h *quotatest.Harness) {
+	l := quota.MustCompile(quotatest.SeedCfg)
 	if !h.Charge(t, "a", l, 20000).Allowed {
 		t.Fatal("a request of a tenant at rest must start whatever its size")
 	}
@@ -414,7 +415,7 @@ func jointAtomic(t *testing.T, h *Harness) {
 // metersOff: a meter that is off reports Enabled false and is neither
 // tested nor charged; a reload that turns it on finds it at rest, and the
 // meters charged before the reload keep their debt.
-func metersOff(t *testing.T, h *Harness) {
+func metersOff(t *testing.T, h *quotatest.Harness) {
 	qpsOnly := quota.MustCompile(quota.Config{QPS: 1})
 	st := h.Status(t, "a", qpsOnly)
 	if !st.Requests.Enabled || st.Tokens.Enabled || st.Joint.Enabled || st.Tokens != (quota.MeterStatus{}) {
@@ -429,7 +430,7 @@ func metersOff(t *testing.T, h *Harness) {
 	}
 	// Reload to the seed's three meters: the million tokens were never
 	// charged to the token meter.
-	seed := quota.MustCompile(SeedCfg)
+	seed := quota.MustCompile(quotatest.SeedCfg)
 	st = h.Status(t, "a", seed)
 	if st.Tokens.Reset != 0 || st.Tokens.Remaining != 6666 || st.Joint.Reset != 0 || st.Requests.Reset != time.Second {
 		t.Errorf("after reload: %+v, want tokens and joint at rest, requests 1s of debt", st)
@@ -454,7 +455,7 @@ func metersOff(t *testing.T, h *Harness) {
 // Remote store 2 tenants, reads one time in 4): each tenant at rest admits
 // exactly floor(tau/T) + 1 = 401 requests at 200 qps with a 2 s window,
 // whatever the interleaving, and one second later exactly 200 more.
-func concurrent(t *testing.T, h *Harness) {
+func concurrent(t *testing.T, h *quotatest.Harness) {
 	l := quota.MustCompile(quota.Config{QPS: 200, TokensPerMin: 1e9, TokenToQPSWeight: 1e-6, JointCap: 10, BurstWindow: 10 * time.Second, BurstAllow: 0.2})
 	tenants, calls, readEvery := []string{"a", "b", "c", "d"}, 600, 1
 	if h.Remote {
@@ -513,8 +514,8 @@ func concurrent(t *testing.T, h *Harness) {
 
 // refund: a refund takes a whole charge back on every meter, the request
 // included, and never below rest.
-func refund(t *testing.T, h *Harness) {
-	l := quota.MustCompile(SeedCfg)
+func refund(t *testing.T, h *quotatest.Harness) {
+	l := quota.MustCompile(quotatest.SeedCfg)
 	for i := 0; i < 3; i++ {
 		h.Charge(t, "a", l, 1000)
 	}
@@ -546,7 +547,7 @@ func refund(t *testing.T, h *Harness) {
 // charged as each started; a booking past maxWait charges nothing and says
 // when it could; a refund frees the last place for the next booking; the
 // binding meter is named.
-func book(t *testing.T, h *Harness) {
+func book(t *testing.T, h *quotatest.Harness) {
 	l := quota.MustCompile(quota.Config{QPS: 10, BurstWindow: time.Second, BurstAllow: 0.2}) // 100 ms a request, tau 200 ms
 	book := func(maxWait time.Duration) quota.Decision {
 		t.Helper()
@@ -600,7 +601,7 @@ func book(t *testing.T, h *Harness) {
 // caller giving no lead books to the same horizon as one that gave 300 ms
 // a moment ago; a lead older than LeadMemory, or one the tenant came to
 // rest since, counts no more.
-func bookLead(t *testing.T, h *Harness) {
+func bookLead(t *testing.T, h *quotatest.Harness) {
 	l := quota.MustCompile(quota.Config{QPS: 10}) // 100 ms a request, no burst
 	book := func(maxWait, lead time.Duration) quota.Decision {
 		t.Helper()
@@ -659,10 +660,10 @@ func bookLead(t *testing.T, h *Harness) {
 // rate within 1% over 10 virtual minutes; an open-loop tenant sending
 // Poisson arrivals at 1.5x the rate is too. Neither exceeds the bound
 // r x (D + tau) + c_max.
-func longRunRate(t *testing.T, h *Harness) {
+func longRunRate(t *testing.T, h *quotatest.Harness) {
 	skipRemote(t, h)
 	const D = 10 * time.Minute
-	for _, mc := range MeterCases() {
+	for _, mc := range quotatest.MeterCases() {
 		t.Run(mc.Name+"/greedy", func(t *testing.T) {
 			start, tn := h.Now(), "greedy-"+mc.Name
 			var units float64
@@ -705,7 +706,7 @@ func longRunRate(t *testing.T, h *Harness) {
 	}
 }
 
-func checkRate(t *testing.T, units float64, mc MeterCase, d time.Duration) {
+func checkRate(t *testing.T, units float64, mc quotatest.MeterCase, d time.Duration) {
 	t.Helper()
 	got := units / d.Seconds()
 	if !within(got, mc.Rate, 0.01) {
@@ -723,7 +724,7 @@ func checkRate(t *testing.T, units float64, mc MeterCase, d time.Duration) {
 // tokens (so that a refund, at most 4200 tokens = 1.26 s, stays within the
 // 2 s window), reconciled four requests after dispatch, uses the token and
 // joint rates within 1% over 10 virtual minutes, measured in actual tokens.
-func reconcileConverges(t *testing.T, h *Harness) {
+func reconcileConverges(t *testing.T, h *quotatest.Harness) {
 	skipRemote(t, h)
 	const D = 10 * time.Minute
 	for _, tc := range []struct {
@@ -789,7 +790,7 @@ func reconcileConverges(t *testing.T, h *Harness) {
 // (20k-token estimates that use 2k, on a 2 s window of 6666 tokens), the
 // tenant is held below its rate, never above. The tenant sends whenever
 // its quota allows, any number in flight, each running 1 s.
-func reconcileLargeOverestimate(t *testing.T, h *Harness) {
+func reconcileLargeOverestimate(t *testing.T, h *quotatest.Harness) {
 	skipRemote(t, h)
 	const D = 10 * time.Minute
 	l := quota.MustCompile(quota.Config{TokensPerMin: 200000, BurstWindow: 10 * time.Second, BurstAllow: 0.2})
