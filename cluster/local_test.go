@@ -9,13 +9,15 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/quotatest"
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/testclock"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
 // localRig is a Local over Redis on miniredis, both on one virtual
 // clock, with its outage reports and the primary's round trips counted.
 type localRig struct {
-	clk *vclock
+	clk *testclock.Clock
 	mr  interface {
 		Close()
 		Restart() error
@@ -30,7 +32,7 @@ type localRig struct {
 
 func newLocalRig(t *testing.T, instances int) *localRig {
 	mr, c := newMiniredis(t)
-	clk := newVclock()
+	clk := testclock.New(testclock.Epoch)
 	rig := &localRig{clk: clk, mr: mr, rt: &roundTrips{}}
 	c.AddHook(rig.rt)
 	rig.r = NewQuotaStore(c, DefaultPrefix, time.Second)
@@ -178,7 +180,7 @@ func TestLocalClusterShare(t *testing.T) {
 	l := quota.MustCompile(cfg)
 	mr, c := newMiniredis(t)
 	mr.Close()
-	clk := newVclock()
+	clk := testclock.New(testclock.Epoch)
 	var fs []*quota.Local
 	for range 3 {
 		fs = append(fs, quota.NewLocal(NewQuotaStore(c, DefaultPrefix, 0), quota.NewMemory(clk.Now),
@@ -217,9 +219,9 @@ func TestLocalClusterShare(t *testing.T) {
 // outages are reported alternately (down, up, down, up), and it ends
 // deciding on the primary.
 func TestLocalConcurrent(t *testing.T) {
-	l := quota.MustCompile(seedCfg)
+	l := quota.MustCompile(quotatest.SeedCfg)
 	mr, c := newMiniredis(t)
-	clk := newVclock()
+	clk := testclock.New(testclock.Epoch)
 	var mu sync.Mutex
 	var events []bool
 	f := quota.NewLocal(NewQuotaStore(c, DefaultPrefix, time.Second), quota.NewMemory(clk.Now), quota.LocalOptions{
@@ -345,7 +347,7 @@ func TestLocalPeekAtRest(t *testing.T) {
 	mr, c := newMiniredis(t)
 	var rt roundTrips
 	c.AddHook(&rt)
-	clk := newVclock()
+	clk := testclock.New(testclock.Epoch)
 	advance := func(d time.Duration) {
 		clk.Advance(d)
 		mr.SetTime(clk.Now())
@@ -419,7 +421,7 @@ func TestLocalPeekAtRest(t *testing.T) {
 func TestLocalTenantError(t *testing.T) {
 	l := quota.MustCompile(quota.Config{QPS: 1})
 	mr, c := newMiniredis(t)
-	clk := newVclock()
+	clk := testclock.New(testclock.Epoch)
 	var changes int
 	f := quota.NewLocal(NewQuotaStore(c, DefaultPrefix, 0), quota.NewMemory(clk.Now), quota.LocalOptions{
 		Instances: 2, Clock: clk.Now,

@@ -17,513 +17,52 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/quotatest"
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/testclock"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
-// storeHarness is one Store on a virtual clock, for the test table that runs
-// against both Memory and Redis (on miniredis, whose TIME follows SetTime
-// and whose TTLs, with ClockTTL, run on the same clock).
-type storeHarness struct {
-	name  string
-	store quota.Store
-	// res is the resolution of the store's clock: 1 ns for Memory, 1 us
-	// for Redis, whose TIME gives microseconds.
-	res  time.Duration
-	now  func() time.Time
-	set  func(time.Time)
-	held func() int // tenants the store keeps
-}
-
-func (h *storeHarness) advance(d time.Duration) { h.set(h.now().Add(d)) }
-
-// ceil is the first instant the store's clock can show at or after t.
-func (h *storeHarness) ceil(t time.Time) time.Time {
-	if c := t.Truncate(h.res); c.Before(t) {
-		return c.Add(h.res)
-	}
-	return t
-}
-
-// before is the last instant the store's clock can show before t.
-func (h *storeHarness) before(t time.Time) time.Time { return t.Add(-1).Truncate(h.res) }
-
-func (h *storeHarness) peek(t testing.TB, tenant string, l *quota.Limits, ahead quota.Backlog) quota.Decision {
-	t.Helper()
-	d, err := h.store.Peek(bg, tenant, l, ahead)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d
-}
-
-func (h *storeHarness) charge(t testing.TB, tenant string, l *quota.Limits, tokens int64) quota.Decision {
-	t.Helper()
-	d, err := h.store.Charge(bg, tenant, l, tokens)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d
-}
-
-func (h *storeHarness) reconcile(t testing.TB, tenant string, l *quota.Limits, est, act int64) quota.Status {
-	t.Helper()
-	s, err := h.store.Reconcile(bg, tenant, l, est, act)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-func (h *storeHarness) status(t testing.TB, tenant string, l *quota.Limits) quota.Status {
-	t.Helper()
-	s, err := h.store.Status(bg, tenant, l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-func newMemoryHarness() *storeHarness {
-	clk := newVclock()
-	m := quota.NewMemory(clk.Now)
-	return &storeHarness{name: "memory", store: m, res: time.Nanosecond, now: clk.Now, set: clk.Set, held: m.Len}
-}
-
 // newMiniredis starts a miniredis whose TIME and TTLs follow its SetTime
-// clock, set to epoch0, and a client on it without retries.
+// clock, set to testclock.Epoch, and a client on it without retries.
 func newMiniredis(t testing.TB) (*miniredis.Miniredis, *redis.Client) {
 	mr := miniredis.RunT(t)
-	mr.SetTime(epoch0)
+	mr.SetTime(testclock.Epoch)
 	mr.ClockTTL(true)
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
 	return mr, c
 }
 
-func newRedisHarness(t testing.TB) (*storeHarness, *QuotaStore, *miniredis.Miniredis) {
+// newRedisHarness is a QuotaStore on miniredis for quotatest, its clock
+// and miniredis's moved together.
+func newRedisHarness(t *testing.T) *quotatest.Harness {
 	mr, c := newMiniredis(t)
-	r := NewQuotaStore(c, DefaultPrefix, 0)
-	clk := newVclock()
+	clk := testclock.New(testclock.Epoch)
 	set := func(at time.Time) {
 		clk.Set(at)
 		mr.SetTime(at)
 	}
 	held := func() int { return len(mr.Keys()) }
-	return &storeHarness{name: "redis", store: r, res: time.Microsecond, now: clk.Now, set: set, held: held}, r, mr
+	return &quotatest.Harness{Store: NewQuotaStore(c, DefaultPrefix, 0), Res: time.Microsecond, Now: clk.Now, Set: set, Held: held, Remote: true}
 }
 
-// TestStoreTable runs each case against Memory and against Redis on
-// miniredis: the same assertions hold for both stores.
-func TestStoreTable(t *testing.T) {
-	cases := []struct {
-		name string
-		run  func(t *testing.T, h *storeHarness)
-	}{
-		{"earliest-time-exact", tableEarliestTime},
-		{"burst-window", tableBurstWindow},
-		{"backlog-peek", tableBacklog},
-		{"reconcile", tableReconcile},
-		{"status", tableStatus},
-		{"expiry", tableExpiry},
-		{"joint-atomic", tableJointAtomic},
-		{"meters-off-and-reload", tableMetersOff},
-		{"concurrent-frozen-clock", tableConcurrent},
-		{"refund", tableRefund},
-		{"book", tableBook},
-		{"book-lead", tableBookLead},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name+"/memory", func(t *testing.T) { tc.run(t, newMemoryHarness()) })
-		t.Run(tc.name+"/redis", func(t *testing.T) {
-			h, _, _ := newRedisHarness(t)
-			tc.run(t, h)
+// TestStoreSuite runs the store scenarios against quota.Memory, against a
+// quota.Local whose primary (a Memory on the same clock) answers every call,
+// and against the Redis store on miniredis, whose TIME follows SetTime and
+// whose TTLs, with ClockTTL, run on the same clock: the Redis store must
+// keep every guarantee the in-process ones do.
+func TestStoreSuite(t *testing.T) {
+	t.Run("memory", func(t *testing.T) {
+		runStoreSuite(t, func(*testing.T) *quotatest.Harness { return quotatest.NewMemory() })
+	})
+	t.Run("local", func(t *testing.T) {
+		runStoreSuite(t, func(*testing.T) *quotatest.Harness {
+			h := quotatest.NewMemory()
+			h.Store = quota.NewLocal(h.Store, quota.NewMemory(h.Now), quota.LocalOptions{Clock: h.Now})
+			return h
 		})
-	}
-}
-
-// tableEarliestTime is guarantee 4 on random traffic against the seed's
-// three meters and each single meter: a refused request's RetryAfter is
-// At - now; at the last instant the store's clock can show before At
-// (1 ns before on Memory, the microsecond before on Redis) it is refused
-// with the same At and reason, and at the first instant at or after At
-// (At itself on Memory) it is allowed. Every dimension is seen binding.
-func tableEarliestTime(t *testing.T, h *storeHarness) {
-	reasons := map[quota.Dimension]int{}
-	limits := []*quota.Limits{
-		quota.MustCompile(seedCfg),
-		// A 50 ms window, which the traffic's 11% excess over 200 qps
-		// exhausts in half a second.
-		quota.MustCompile(quota.Config{QPS: 200, BurstWindow: time.Second, BurstAllow: 0.05}),
-		// Joint binds: 3 request-equivalents a request on average, 100
-		// a second.
-		quota.MustCompile(quota.Config{QPS: 1000, TokensPerMin: 1e7, TokenToQPSWeight: 0.01, JointCap: 0.1, BurstWindow: time.Second, BurstAllow: 0.05}),
-	}
-	for _, mc := range meterCases() {
-		limits = append(limits, mc.lim)
-	}
-	for li, l := range limits {
-		tenant := "a" + strconv.Itoa(li)
-		rng := rand.New(rand.NewPCG(3, uint64(li)))
-		for i := 0; i < 600; i++ {
-			h.advance(time.Duration(rng.IntN(10)) * time.Millisecond)
-			tokens := int64(rng.IntN(400))
-			if rng.IntN(50) == 0 {
-				tokens = 20000
-			}
-			d := h.charge(t, tenant, l, tokens)
-			if d.Allowed {
-				if d.Reason != "" || d.RetryAfter != 0 || !d.At.Equal(h.now()) {
-					t.Fatalf("allowed with reason %q, retry %v, at %v (now %v)", d.Reason, d.RetryAfter, d.At, h.now())
-				}
-				continue
-			}
-			reasons[d.Reason]++
-			if d.RetryAfter != d.At.Sub(h.now()) || d.RetryAfter <= 0 {
-				t.Fatalf("RetryAfter %v does not match At - now %v", d.RetryAfter, d.At.Sub(h.now()))
-			}
-			h.set(h.before(d.At))
-			if p := h.peek(t, tenant, l, quota.Backlog{}); p.Allowed || p.Reason != d.Reason || !p.At.Equal(d.At) {
-				t.Fatalf("%v before At: %+v, want refused for %q with the same At %v", d.At.Sub(h.now()), p, d.Reason, d.At)
-			}
-			h.set(h.ceil(d.At))
-			if c := h.charge(t, tenant, l, tokens); !c.Allowed {
-				t.Fatalf("retried at its earliest time: refused for %q, %v more", c.Reason, c.RetryAfter)
-			}
-		}
-	}
-	for _, dim := range []quota.Dimension{quota.DimQPS, quota.DimTokens, quota.DimJoint} {
-		if reasons[dim] == 0 {
-			t.Errorf("no refusal for %q: the test did not exercise that meter (%v)", dim, reasons)
-		}
-	}
-}
-
-// sendAtH offers requests of mc at mult x the meter's rate from start for
-// dur (both ends included), each arrival on the store's clock resolution,
-// and returns how many were offered and allowed, the first refused arrival
-// and the last allowed one (-1 when none), as offsets from epoch0.
-func sendAtH(t *testing.T, h *storeHarness, tenant string, mc meterCase, mult float64, start, dur time.Duration) (offered, allowed int, firstRefused, lastAllowed time.Duration) {
-	t.Helper()
-	spacing := 1e9 * mc.units / (mult * mc.rate)
-	firstRefused, lastAllowed = -1, -1
-	for k := 0; ; k++ {
-		off := time.Duration(math.Round(float64(k)*spacing/float64(h.res))) * h.res
-		if off > dur {
-			return
-		}
-		h.set(epoch0.Add(start + off))
-		offered++
-		if h.charge(t, tenant, mc.lim, mc.tokens).Allowed {
-			allowed++
-			lastAllowed = start + off
-		} else if firstRefused < 0 {
-			firstRefused = start + off
-		}
-	}
-}
-
-// tableBurstWindow is guarantees 2 and 3 on each meter with the seed's
-// window (1.2x for 10 s): at rest, 1.2x for 10 s is served in full; then,
-// at 2x for 5 s, the first arrival after the window is refused and the
-// tenant is served its rate within one request; Reset later it is at rest.
-func tableBurstWindow(t *testing.T, h *storeHarness) {
-	const (
-		W    = 10 * time.Second
-		hold = 5 * time.Second
-	)
-	for _, mc := range meterCases() {
-		t.Run(mc.name, func(t *testing.T) {
-			start := h.now().Sub(epoch0)
-			tn := "burst-" + mc.name
-			fresh := h.status(t, tn, mc.lim)
-			offered, allowed, refused, _ := sendAtH(t, h, tn, mc, 1.2, start, W)
-			if allowed != offered || refused >= 0 {
-				t.Fatalf("burst at 1.2x for %v: %d of %d served (first refusal at %v), want all", W, allowed, offered, refused)
-			}
-			spacing := time.Duration(1e9 * mc.units / (2 * mc.rate)).Truncate(h.res)
-			_, allowed, refused, _ = sendAtH(t, h, tn, mc, 2, start+W+spacing, hold-spacing)
-			if refused != start+W+spacing {
-				t.Errorf("held at 2x: first refusal at %v, want the first arrival after the window, %v", refused-start, W+spacing)
-			}
-			want := mc.rate * hold.Seconds() / mc.units
-			if math.Abs(float64(allowed)-want) > 1 {
-				t.Errorf("held at 2x for %v: %d requests served, want the rate's %.1f within one", hold, allowed, want)
-			}
-			st := h.status(t, tn, mc.lim)
-			h.advance(st.Meter(mc.dim).Reset)
-			if st := h.status(t, tn, mc.lim); st != fresh {
-				t.Errorf("after Reset: %+v, want the fresh %+v", st, fresh)
-			}
-		})
-	}
-}
-
-// tableBacklog: Peek behind a backlog predicts, within k/2 ns of rounding,
-// when the request is allowed after the k ahead are charged at their own
-// earliest times; a backlog the window absorbs leaves it allowed now.
-func tableBacklog(t *testing.T, h *storeHarness) {
-	l := quota.MustCompile(quota.Config{QPS: 10, BurstWindow: 10 * time.Second, BurstAllow: 0.2}) // tau 2 s: 20 requests
-	if d := h.peek(t, "w", l, quota.Backlog{Requests: 20}); !d.Allowed {
-		t.Fatalf("behind 20 requests with a 20-request window: refused, at +%v", d.RetryAfter)
-	}
-	if d := h.peek(t, "w", l, quota.Backlog{Requests: 21}); d.Allowed || d.RetryAfter != 100*time.Millisecond || d.Reason != quota.DimQPS {
-		t.Fatalf("behind 21 requests: %+v, want refused for exactly 100ms on qps", d)
-	}
-	for _, mc := range meterCases() {
-		t.Run(mc.name, func(t *testing.T) {
-			tenant := "b-" + mc.name
-			for h.peek(t, tenant, mc.lim, quota.Backlog{}).Allowed {
-				h.charge(t, tenant, mc.lim, mc.tokens)
-			}
-			const k = 7
-			pred := h.peek(t, tenant, mc.lim, quota.Backlog{Requests: k, Tokens: k * mc.tokens})
-			if pred.Allowed || pred.Reason != mc.dim {
-				t.Fatalf("behind %d requests: allowed %v reason %q, want refused on %q", k, pred.Allowed, pred.Reason, mc.dim)
-			}
-			for i := 0; i < k; i++ {
-				d := h.peek(t, tenant, mc.lim, quota.Backlog{})
-				h.set(h.ceil(d.At))
-				if c := h.charge(t, tenant, mc.lim, mc.tokens); !c.Allowed {
-					t.Fatalf("request %d refused at its own earliest time", i)
-				}
-			}
-			d := h.peek(t, tenant, mc.lim, quota.Backlog{})
-			if diff := d.At.Sub(pred.At); diff < -k || diff > k {
-				t.Fatalf("predicted %v, allowed at %v (%v apart)", pred.At, d.At, diff)
-			}
-		})
-	}
-}
-
-// tableReconcile is guarantee 6: extra debt is recorded from now, a partial
-// refund moves the meters back by exactly the difference, and a refund
-// larger than the debt leaves the tenant at rest, no credit beyond it, and
-// forgotten by the store at once.
-func tableReconcile(t *testing.T, h *storeHarness) {
-	l := quota.MustCompile(seedCfg)
-	fresh := h.status(t, "a", l)
-	// Extra debt of 20000 tokens on an unknown tenant: 6 s of tokens, 80 ms
-	// (16 request-equivalents) of joint.
-	st := h.reconcile(t, "b", l, 0, 20000)
-	if st.Tokens.Reset != 6*time.Second || st.Joint.Reset != 80*time.Millisecond || st.Requests.Reset != 0 {
-		t.Errorf("extra debt of 20000 tokens: resets %v / %v / %v, want 6s / 80ms / 0", st.Tokens.Reset, st.Joint.Reset, st.Requests.Reset)
-	}
-	// Charge 1000 tokens (300 ms, joint 1.8 req-eq = 9 ms), refund 600.
-	h.charge(t, "a", l, 1000)
-	st = h.reconcile(t, "a", l, 1000, 400)
-	if st.Tokens.Reset != 120*time.Millisecond || st.Joint.Reset != 6600*time.Microsecond || st.Requests.Reset != 5*time.Millisecond {
-		t.Errorf("refund of 600 of 1000 tokens: resets %v / %v / %v, want 120ms / 6.6ms / 5ms", st.Tokens.Reset, st.Joint.Reset, st.Requests.Reset)
-	}
-	h.reconcile(t, "a", l, 100000, 0)
-	st2 := h.reconcile(t, "a", l, 100000, 0)
-	if st2.Tokens != fresh.Tokens || st2.Joint.Remaining != fresh.Joint.Remaining {
-		t.Errorf("after refunds: %+v, want the fresh %+v (no credit beyond rest)", st2, fresh)
-	}
-	// A tokens-only tenant refunded back to rest is forgotten at once.
-	tok := quota.MustCompile(quota.Config{TokensPerMin: 1000})
-	before := h.held()
-	h.charge(t, "t", tok, 100)
-	if h.held() != before+1 {
-		t.Fatalf("a charged tenant is not held (%d, want %d)", h.held(), before+1)
-	}
-	if st := h.reconcile(t, "t", tok, 100, 0); st.Tokens.Reset != 0 || h.held() != before {
-		t.Errorf("refunded back to rest: Reset %v, %d tenants held, want 0 and %d", st.Tokens.Reset, h.held(), before)
-	}
-}
-
-// tableStatus: the header view, fresh, after ten requests, back at rest
-// after Reset, and with a debt beyond the window.
-func tableStatus(t *testing.T, h *storeHarness) {
-	l := quota.MustCompile(seedCfg)
-	want := quota.Status{
-		Requests: quota.MeterStatus{Enabled: true, Limit: 12000, Remaining: 401},
-		Tokens:   quota.MeterStatus{Enabled: true, Limit: 200000, Remaining: 6666},
-		Joint:    quota.MeterStatus{Enabled: true, Limit: 12000, Remaining: 401},
-	}
-	if st := h.status(t, "a", l); st != want {
-		t.Fatalf("fresh status %+v, want %+v", st, want)
-	}
-	var d quota.Decision
-	for i := 0; i < 10; i++ {
-		d = h.charge(t, "a", l, 125)
-	}
-	if r := d.Status.Requests; r.Remaining != 391 || r.Reset != 50*time.Millisecond {
-		t.Errorf("after 10 requests: requests %+v, want remaining 391, reset 50ms", r)
-	}
-	if j := d.Status.Joint; j.Remaining != 390 || j.Reset != 55*time.Millisecond {
-		t.Errorf("after 10 requests of 1.1: joint %+v, want remaining 390, reset 55ms", j)
-	}
-	if k := d.Status.Tokens; k.Remaining != 6666-1250 || k.Reset != 375*time.Millisecond {
-		t.Errorf("after 1250 tokens: tokens %+v, want remaining 5416, reset 375ms", k)
-	}
-	if st := h.status(t, "a", l); st != d.Status {
-		t.Errorf("Status %+v differs from the last decision's %+v on a still clock", st, d.Status)
-	}
-	h.advance(d.Status.Tokens.Reset)
-	if st := h.status(t, "a", l); st != want {
-		t.Errorf("after Reset: %+v, want the fresh %+v", st, want)
-	}
-	h.charge(t, "a", l, 20000)
-	if st := h.status(t, "a", l); st.Tokens.Remaining != 0 || st.Tokens.Reset != 6*time.Second {
-		t.Errorf("after 20000 tokens: %+v, want 0 remaining, reset 6s", st.Tokens)
-	}
-}
-
-// tableExpiry is guarantee 7: 1000 tenants in debt (at most 999 tokens,
-// 0.3 s) are all forgotten a minute later (Memory by its sweep, Redis by key
-// expiry), a forgotten tenant decides as an unknown one, and a tenant in
-// debt is kept.
-func tableExpiry(t *testing.T, h *storeHarness) {
-	l := quota.MustCompile(seedCfg)
-	for i := 0; i < 1000; i++ {
-		h.charge(t, tenantName(i), l, int64(i))
-	}
-	if n := h.held(); n != 1000 {
-		t.Fatalf("held %d tenants, want 1000", n)
-	}
-	h.charge(t, "big", l, 1_000_000) // 5 min of tokens
-	h.advance(quota.DefaultSweepEvery)
-	h.peek(t, "someone-else", l, quota.Backlog{})
-	if n := h.held(); n != 1 {
-		t.Fatalf("a minute later %d tenants held, want 1 (only the one in debt)", n)
-	}
-	if a, b := h.status(t, tenantName(999), l), h.status(t, "never-seen", l); a != b {
-		t.Errorf("forgotten tenant %+v differs from an unknown one %+v", a, b)
-	}
-	if st := h.status(t, "big", l); st.Tokens.Reset != 5*time.Minute-quota.DefaultSweepEvery {
-		t.Errorf("tenant in debt: token Reset %v, want %v", st.Tokens.Reset, 5*time.Minute-quota.DefaultSweepEvery)
-	}
-}
-
-// tableJointAtomic is guarantee 5 with the joint meter: one 20k-token
-// request of a tenant at rest starts (tokens 6 s, joint 85 ms, qps 5 ms of
-// debt); the next is refused on tokens for exactly 4 s, charged to no
-// meter, and allowed 4 s later.
-func tableJointAtomic(t *testing.T, h *storeHarness) {
-	l := quota.MustCompile(seedCfg)
-	if !h.charge(t, "a", l, 20000).Allowed {
-		t.Fatal("a request of a tenant at rest must start whatever its size")
-	}
-	before := h.status(t, "a", l)
-	if before.Joint.Reset != 85*time.Millisecond || before.Requests.Reset != 5*time.Millisecond {
-		t.Fatalf("after 20000 tokens: joint %v, qps %v of debt, want 85ms, 5ms", before.Joint.Reset, before.Requests.Reset)
-	}
-	d := h.charge(t, "a", l, 1)
-	if d.Allowed || d.Reason != quota.DimTokens || d.RetryAfter != 4*time.Second {
-		t.Fatalf("second request: %+v, want refused for tokens, retry 4s", d)
-	}
-	if d.Status != before {
-		t.Errorf("a refused charge changed the meters: %+v -> %+v", before, d.Status)
-	}
-	// The joint meter binds alone: 1250 tokens are 2 request-equivalents
-	// (10 ms each at 200/s), so its 2 s tolerance admits 200 + 1 requests
-	// at once where qps would admit 401.
-	lj := quota.MustCompile(quota.Config{QPS: 200, TokenToQPSWeight: 0.0008, JointCap: 1, BurstWindow: 10 * time.Second, BurstAllow: 0.2})
-	n := 0
-	for h.charge(t, "j", lj, 1250).Allowed {
-		n++
-	}
-	if n != 201 {
-		t.Errorf("joint: %d requests of 2 request-equivalents admitted at once, want 201", n)
-	}
-	h.advance(d.RetryAfter)
-	if !h.charge(t, "a", l, 1).Allowed {
-		t.Error("refused at its earliest time")
-	}
-}
-
-// tableMetersOff: a meter that is off reports Enabled false and is neither
-// tested nor charged; a reload that turns it on finds it at rest, and the
-// meters charged before the reload keep their debt.
-func tableMetersOff(t *testing.T, h *storeHarness) {
-	qpsOnly := quota.MustCompile(quota.Config{QPS: 1})
-	st := h.status(t, "a", qpsOnly)
-	if !st.Requests.Enabled || st.Tokens.Enabled || st.Joint.Enabled || st.Tokens != (quota.MeterStatus{}) {
-		t.Fatalf("qps-only status %+v, want only requests enabled", st)
-	}
-	d := h.charge(t, "a", qpsOnly, 1_000_000)
-	if !d.Allowed || d.Status.Requests.Reset != time.Second {
-		t.Fatalf("qps-only charge: %+v, want allowed with 1s of debt", d)
-	}
-	if d := h.charge(t, "a", qpsOnly, 0); d.Allowed || d.Reason != quota.DimQPS || d.RetryAfter != time.Second {
-		t.Fatalf("second qps-only request: %+v, want refused for 1s on qps (no burst window)", d)
-	}
-	// Reload to the seed's three meters: the million tokens were never
-	// charged to the token meter.
-	seed := quota.MustCompile(seedCfg)
-	st = h.status(t, "a", seed)
-	if st.Tokens.Reset != 0 || st.Tokens.Remaining != 6666 || st.Joint.Reset != 0 || st.Requests.Reset != time.Second {
-		t.Errorf("after reload: %+v, want tokens and joint at rest, requests 1s of debt", st)
-	}
-	if d := h.charge(t, "a", seed, 10); !d.Allowed {
-		t.Errorf("after reload with a 2s window: %+v, want allowed", d)
-	}
-	// Tokens only: requests are not counted.
-	tok := quota.MustCompile(quota.Config{TokensPerMin: 60000, BurstWindow: time.Second, BurstAllow: 1}) // 1000 tokens/s, tau 1 s
-	for i := 0; i < 2000; i++ {
-		if !h.charge(t, "t", tok, 0).Allowed {
-			t.Fatalf("tokens-only: request %d of 0 tokens refused", i)
-		}
-	}
-	if !h.charge(t, "t", tok, 1000).Allowed || !h.charge(t, "t", tok, 1).Allowed || h.charge(t, "t", tok, 1).Allowed {
-		t.Error("tokens-only: want 1000 then 1 allowed (debt exactly tau), the next refused")
-	}
-}
-
-// tableConcurrent: 8 goroutines charge, peek, reconcile and read 2 tenants
-// at once on a still clock: each tenant at rest admits exactly
-// floor(tau/T) + 1 = 401 requests at 200 qps with a 2 s window, whatever
-// the interleaving, and one second later exactly 200 more.
-func tableConcurrent(t *testing.T, h *storeHarness) {
-	l := quota.MustCompile(quota.Config{QPS: 200, TokensPerMin: 1e9, TokenToQPSWeight: 1e-6, JointCap: 10, BurstWindow: 10 * time.Second, BurstAllow: 0.2})
-	tenants := []string{"a", "b"}
-	round := func() map[string]int {
-		var mu sync.Mutex
-		got := map[string]int{}
-		var wg sync.WaitGroup
-		for g := 0; g < 8; g++ {
-			wg.Go(func() {
-				for i := 0; i < 130; i++ { // 520 attempts per tenant
-					tn := tenants[(g+i)%len(tenants)]
-					d, err := h.store.Charge(bg, tn, l, 10)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					if d.Allowed {
-						mu.Lock()
-						got[tn]++
-						mu.Unlock()
-						if _, err := h.store.Reconcile(bg, tn, l, 10, 10); err != nil {
-							t.Error(err)
-						}
-					}
-					if i%4 == 0 {
-						if _, err := h.store.Peek(bg, tn, l, quota.Backlog{Requests: 1}); err != nil {
-							t.Error(err)
-						}
-						if _, err := h.store.Status(bg, tn, l); err != nil {
-							t.Error(err)
-						}
-					}
-				}
-			})
-		}
-		wg.Wait()
-		return got
-	}
-	for _, tc := range []struct {
-		advance time.Duration
-		want    int
-	}{{0, 401}, {time.Second, 200}} {
-		h.advance(tc.advance)
-		got := round()
-		for _, tn := range tenants {
-			if got[tn] != tc.want {
-				t.Errorf("after +%v: tenant %s admitted %d, want exactly %d", tc.advance, tn, got[tn], tc.want)
-			}
-		}
-	}
+	})
+	t.Run("redis", func(t *testing.T) { runStoreSuite(t, newRedisHarness) })
 }
 
 // diffLimits are the configurations of the differential tests: the seed's,
@@ -533,7 +72,7 @@ func tableConcurrent(t *testing.T, h *storeHarness) {
 // nanoseconds would not be exact.
 func diffLimits() []*quota.Limits {
 	ls := []*quota.Limits{
-		quota.MustCompile(seedCfg),
+		quota.MustCompile(quotatest.SeedCfg),
 		quota.MustCompile(quota.Config{QPS: 3, TokensPerMin: 7000, TokenToQPSWeight: 0.0013, JointCap: 0.7, BurstWindow: 3 * time.Second, BurstAllow: 0.37}),
 		quota.MustCompile(quota.Config{TokensPerMin: 1e13}),
 		quota.MustCompile(quota.Config{QPS: 1e9}),
@@ -541,8 +80,8 @@ func diffLimits() []*quota.Limits {
 		// 100 per second, no burst.
 		quota.MustCompile(quota.Config{QPS: 1000, TokensPerMin: 1e7, TokenToQPSWeight: 0.01, JointCap: 0.1}),
 	}
-	for _, mc := range meterCases() {
-		ls = append(ls, mc.lim)
+	for _, mc := range quotatest.MeterCases() {
+		ls = append(ls, mc.Lim)
 	}
 	return append(ls, quota.MustCompile(quota.Config{QPS: 1e-6, TokensPerMin: 6e-5, BurstWindow: 24 * time.Hour, BurstAllow: 100}))
 }
@@ -625,8 +164,8 @@ func apply(t testing.TB, s quota.Store, op randomOp) (quota.Decision, error) {
 // results, field by field. Allowed, refused and every dimension binding
 // are all seen.
 func TestRedisMatchesMemory(t *testing.T) {
-	mh := newMemoryHarness()
-	rh, _, _ := newRedisHarness(t)
+	mh := quotatest.NewMemory()
+	rh := newRedisHarness(t)
 	ls := diffLimits()
 	rng := rand.New(rand.NewPCG(7, 8))
 	seen := map[string]int{}
@@ -637,20 +176,20 @@ func TestRedisMatchesMemory(t *testing.T) {
 			if rng.IntN(100) == 0 {
 				step = time.Duration(rng.IntN(600)) * time.Second
 			}
-			mh.advance(step)
-			rh.advance(step)
+			mh.Advance(step)
+			rh.Advance(step)
 		}
 		op := nextOp(rng, ls)
-		md, err := apply(t, mh.store, op)
+		md, err := apply(t, mh.Store, op)
 		if err != nil {
 			t.Fatal(err)
 		}
-		rd, err := apply(t, rh.store, op)
+		rd, err := apply(t, rh.Store, op)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !sameDecision(md, rd) {
-			t.Fatalf("call %d %+v at %v:\nmemory %+v\nredis  %+v", i, op, mh.now(), md, rd)
+			t.Fatalf("call %d %+v at %v:\nmemory %+v\nredis  %+v", i, op, mh.Now(), md, rd)
 		}
 		if op.kind == 4 && md.Allowed && md.RetryAfter > 0 {
 			seen["booked ahead"]++
@@ -699,11 +238,11 @@ func TestRedisExpiry(t *testing.T) {
 	if ttl := mr.TTL("p:t{a}"); ttl != 252*time.Millisecond {
 		t.Errorf("TTL %v, want 1.500001 ms rounded up to 2 ms, plus 250 ms", ttl)
 	}
-	mr.SetTime(epoch0.Add(251 * time.Millisecond))
+	mr.SetTime(testclock.Epoch.Add(251 * time.Millisecond))
 	if !mr.Exists("p:t{a}") {
 		t.Error("key gone 1 ms before its TTL")
 	}
-	mr.SetTime(epoch0.Add(253 * time.Millisecond))
+	mr.SetTime(testclock.Epoch.Add(253 * time.Millisecond))
 	if mr.Exists("p:t{a}") {
 		t.Error("key still there 1 ms after its TTL")
 	}
@@ -721,7 +260,7 @@ func TestRedisExpiry(t *testing.T) {
 // nanoseconds; the default prefix; TIME read to the microsecond.
 func TestRedisKeyLayout(t *testing.T) {
 	mr, c := newMiniredis(t)
-	mr.SetTime(epoch0.Add(1234567891)) // 1.234567891 s: TIME shows 1.234567
+	mr.SetTime(testclock.Epoch.Add(1234567891)) // 1.234567891 s: TIME shows 1.234567
 	r := NewQuotaStore(c, DefaultPrefix, 0)
 	if k := r.Key("acme"); k != "fq:quota:t{acme}" {
 		t.Fatalf("key %q, want fq:quota:t{acme}", k)
@@ -737,12 +276,12 @@ func TestRedisKeyLayout(t *testing.T) {
 	if got, want := c.ClusterKeySlot(bg, r.Key("acme")).Val(), c.ClusterKeySlot(bg, "acme").Val(); got != want {
 		t.Errorf("slot %d: the key's slot is not the tenant's, %d", got, want)
 	}
-	l := quota.MustCompile(seedCfg)
+	l := quota.MustCompile(quotatest.SeedCfg)
 	d, err := r.Charge(bg, "acme", l, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
-	now := epoch0.Add(1234567000)
+	now := testclock.Epoch.Add(1234567000)
 	if !d.At.Equal(now) {
 		t.Errorf("At %v, want Redis TIME %v (microseconds)", d.At, now)
 	}
@@ -767,7 +306,7 @@ func TestRedisKeyLayout(t *testing.T) {
 func TestRedisGarbledState(t *testing.T) {
 	mr, c := newMiniredis(t)
 	r := NewQuotaStore(c, DefaultPrefix, 0)
-	l := quota.MustCompile(seedCfg)
+	l := quota.MustCompile(quotatest.SeedCfg)
 	fresh, err := r.Status(bg, "nobody", l)
 	if err != nil {
 		t.Fatal(err)
@@ -817,7 +356,7 @@ func TestRedisGarbledState(t *testing.T) {
 // the call's Timeout and a client with ContextTimeoutEnabled) and a server
 // gone are errors, returned, for the caller to fail open.
 func TestRedisErrors(t *testing.T) {
-	l := quota.MustCompile(seedCfg)
+	l := quota.MustCompile(quotatest.SeedCfg)
 	mr, c := newMiniredis(t)
 	r := NewQuotaStore(c, DefaultPrefix, 0)
 	ctx, cancel := context.WithCancel(bg)
@@ -960,10 +499,10 @@ func TestRedisCluster(t *testing.T) {
 	if err := r.Load(bg); err != nil {
 		t.Fatal(err)
 	}
-	mh := newMemoryHarness()
-	l := quota.MustCompile(seedCfg)
+	mh := quotatest.NewMemory()
+	l := quota.MustCompile(quotatest.SeedCfg)
 	for i := 0; i < 50; i++ {
-		md := mh.charge(t, "a", l, 3000)
+		md := mh.Charge(t, "a", l, 3000)
 		rd, err := r.Charge(bg, "a", l, 3000)
 		if err != nil {
 			t.Fatal(err)
@@ -1148,7 +687,7 @@ func TestRedisServer(t *testing.T) {
 // decisions per second one server sustains). It reports round trips per
 // decision (a go-redis hook counts the commands sent; 1 after Load).
 func BenchmarkRedisCharge(b *testing.B) {
-	cfg := seedCfg
+	cfg := quotatest.SeedCfg
 	cfg.QPS = 1e6
 	cfg.TokensPerMin = 1e12
 	l := quota.MustCompile(cfg)
@@ -1237,148 +776,5 @@ func deleteKeys(c *redis.Client, prefix string) {
 		if cursor = next; cursor == 0 {
 			return
 		}
-	}
-}
-
-// tableRefund: a refund takes a whole charge back on every meter, the
-// request included, and never below rest.
-func tableRefund(t *testing.T, h *storeHarness) {
-	l := quota.MustCompile(seedCfg)
-	for i := 0; i < 3; i++ {
-		h.charge(t, "a", l, 1000)
-	}
-	before := h.status(t, "a", l)
-	h.charge(t, "a", l, 1000)
-	st, err := h.store.Refund(bg, "a", l, 1000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st != before {
-		t.Fatalf("after charge + refund: %+v, want the status before the charge %+v", st, before)
-	}
-	for i := 0; i < 5; i++ {
-		if st, err = h.store.Refund(bg, "a", l, 1000); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if st.Requests.Reset != 0 || st.Tokens.Reset != 0 || st.Joint.Reset != 0 {
-		t.Fatalf("refunds past the charges: %+v, want at rest", st)
-	}
-	if d := h.charge(t, "a", l, 1000); !d.Allowed {
-		t.Fatal("refused at rest")
-	}
-}
-
-// tableBook: bookings made at one instant by callers anywhere get the
-// tenant's successive earliest times, first come, first served, each
-// exactly the time a charge would have been allowed at had the requests
-// before it been charged as each started; a booking past maxWait charges
-// nothing and says when it could; a refund frees the last place for the
-// next booking; the binding meter is named.
-func tableBook(t *testing.T, h *storeHarness) {
-	l := quota.MustCompile(quota.Config{QPS: 10, BurstWindow: time.Second, BurstAllow: 0.2}) // 100 ms a request, tau 200 ms
-	book := func(maxWait time.Duration) quota.Decision {
-		t.Helper()
-		d, err := h.store.Book(bg, "b", l, 1, maxWait, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
-	start := h.now()
-	// The burst (tau 200 ms: three requests at once), then 100 ms apart.
-	for i, ms := range []time.Duration{0, 0, 0, 100, 200, 300} {
-		want := ms * time.Millisecond
-		d := book(time.Second)
-		if !d.Allowed || !d.At.Equal(start.Add(want)) || d.RetryAfter != want {
-			t.Fatalf("booking %d: %+v, want booked at +%v", i, d, want)
-		}
-		if reason := quota.Dimension(""); want > 0 && d.Reason != quota.DimQPS || want == 0 && d.Reason != reason {
-			t.Fatalf("booking %d: reason %q", i, d.Reason)
-		}
-	}
-	// The next place is at +400 ms: not within 350 ms, nothing charged.
-	if d := book(350 * time.Millisecond); d.Allowed || !d.At.Equal(start.Add(400*time.Millisecond)) || d.Reason != quota.DimQPS {
-		t.Fatalf("past maxWait: %+v, want refused, At +400ms", d)
-	}
-	if d := h.peek(t, "b", l, quota.Backlog{}); !d.At.Equal(start.Add(400 * time.Millisecond)) {
-		t.Fatalf("a refused booking charged: the next time is %v, want +400ms", d.At.Sub(start))
-	}
-	// A refund gives the last place back.
-	if _, err := h.store.Refund(bg, "b", l, 1); err != nil {
-		t.Fatal(err)
-	}
-	if d := book(350 * time.Millisecond); !d.Allowed || !d.At.Equal(start.Add(300*time.Millisecond)) {
-		t.Fatalf("after a refund: %+v, want booked at +300ms", d)
-	}
-	// Booked as of its time: at +300 ms the charge is in the past; a
-	// request at the time of the last booking is refused until +400 ms, as
-	// it would be had each booked request been charged as it started.
-	h.set(h.ceil(start.Add(300 * time.Millisecond)))
-	if d := h.charge(t, "b", l, 1); d.Allowed || !d.At.Equal(start.Add(400*time.Millisecond)) {
-		t.Fatalf("charge at +300ms: %+v, want refused until +400ms", d)
-	}
-	// maxWait 0 is Charge.
-	if d := book(0); d.Allowed {
-		t.Fatalf("book(0) allowed while Charge refuses: %+v", d)
-	}
-}
-
-// tableBookLead: the longest lead any caller gave for a tenant shortens
-// every caller's horizon, for LeadMemory while the tenant stays in debt: a
-// caller giving no lead books to the same horizon as one that gave 300 ms
-// a moment ago; a lead older than LeadMemory, or one the tenant came to
-// rest since, counts no more.
-func tableBookLead(t *testing.T, h *storeHarness) {
-	l := quota.MustCompile(quota.Config{QPS: 10}) // 100 ms a request, no burst
-	book := func(maxWait, lead time.Duration) quota.Decision {
-		t.Helper()
-		d, err := h.store.Book(bg, "c", l, 1, maxWait, lead)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
-	start := h.now()
-	for i := range 5 { // booked at +0 .. +400 ms
-		if d := book(time.Second, 0); !d.Allowed || d.RetryAfter != time.Duration(i)*100*time.Millisecond {
-			t.Fatalf("booking %d: %+v", i, d)
-		}
-	}
-	// The next place is +500 ms: within 600 ms, but not within 600 ms less
-	// a lead of 300 ms, given by this call...
-	if d := book(600*time.Millisecond, 300*time.Millisecond); d.Allowed {
-		t.Fatalf("with a lead of 300ms: %+v, want refused (+500ms > 600ms - 300ms)", d)
-	}
-	// ... nor by another caller's a moment ago.
-	if d := book(600*time.Millisecond, 0); d.Allowed {
-		t.Fatalf("after another caller's lead of 300ms: %+v, want refused", d)
-	}
-	if d := book(800*time.Millisecond, 0); !d.Allowed || d.RetryAfter != 500*time.Millisecond {
-		t.Fatalf("within 800ms less the lead: %+v, want booked at +500ms", d)
-	}
-	// A minute later (the tenant still in debt: a booking a minute
-	// ahead), the lead has lapsed.
-	for i := 0; i < 600; i++ {
-		book(time.Hour, 0)
-	}
-	h.set(h.ceil(start.Add(quota.LeadMemory + time.Millisecond)))
-	d := h.peek(t, "c", l, quota.Backlog{})
-	if d.Allowed {
-		t.Fatal("test setup: the tenant is at rest")
-	}
-	if b := book(d.RetryAfter, 0); !b.Allowed || b.RetryAfter != d.RetryAfter {
-		t.Fatalf("a minute after the lead was given: %+v, want booked at its earliest time %v", b, d.RetryAfter)
-	}
-	// A lead given, then the tenant at rest: forgotten by the next write.
-	if d := book(time.Hour, 10*time.Second); !d.Allowed {
-		t.Fatalf("%+v", d)
-	}
-	h.set(h.ceil(h.now().Add(time.Hour)))
-	if d := book(0, 0); !d.Allowed || d.RetryAfter != 0 {
-		t.Fatalf("at rest: %+v", d)
-	}
-	if d := book(150*time.Millisecond, 0); !d.Allowed || d.RetryAfter != 100*time.Millisecond {
-		t.Fatalf("after the tenant came to rest: %+v, want the old lead forgotten: booked at +100ms", d)
 	}
 }

@@ -8,29 +8,14 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/testclock"
 )
 
-// fakeClock is a settable clock, safe for the concurrent test.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *fakeClock {
-	// 30 s into a minute, so a test can tell partial minutes from whole.
-	return &fakeClock{t: time.Date(2026, 11, 30, 10, 0, 30, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
+// newClock starts 30 s into a minute, so a test can tell partial minutes
+// from whole.
+func newClock() *testclock.Clock {
+	return testclock.New(time.Date(2026, 11, 30, 10, 0, 30, 0, time.UTC))
 }
 
 func near(got, want, tol float64) bool { return math.Abs(got-want) <= tol }

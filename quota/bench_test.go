@@ -1,10 +1,17 @@
-package quota
+package quota_test
 
 import (
+	"context"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/quotatest"
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/testclock"
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
+
+var bg = context.Background()
 
 // BenchmarkDecision measures one admission decision as the gateway makes it
 // (Peek when the request is queued, Charge at dispatch) in memory, at 1 and
@@ -13,13 +20,13 @@ import (
 func BenchmarkDecision(b *testing.B) {
 	for _, n := range []int{1, 10000} {
 		b.Run("tenants="+strconv.Itoa(n), func(b *testing.B) {
-			cfg := seedCfg
+			cfg := quotatest.SeedCfg
 			cfg.QPS = 1e6
 			cfg.TokensPerMin = 1e12
-			l := MustCompile(cfg)
+			l := quota.MustCompile(cfg)
 			var now time.Duration
-			clock := func() time.Time { return epoch0.Add(now) }
-			m := NewMemory(clock)
+			clock := func() time.Time { return testclock.Epoch.Add(now) }
+			m := quota.NewMemory(clock)
 			names := make([]string, n)
 			for i := range names {
 				names[i] = "tenant-" + strconv.Itoa(i)
@@ -30,7 +37,7 @@ func BenchmarkDecision(b *testing.B) {
 			for i := 0; b.Loop(); i++ {
 				now += time.Microsecond
 				tn := names[i%n]
-				if d, _ := m.Peek(bg, tn, l, Backlog{}); d.Allowed {
+				if d, _ := m.Peek(bg, tn, l, quota.Backlog{}); d.Allowed {
 					m.Charge(bg, tn, l, 100)
 				}
 			}
@@ -40,9 +47,9 @@ func BenchmarkDecision(b *testing.B) {
 
 // BenchmarkReconcile measures the completion-time correction.
 func BenchmarkReconcile(b *testing.B) {
-	l := MustCompile(seedCfg)
+	l := quota.MustCompile(quotatest.SeedCfg)
 	var now time.Duration
-	m := NewMemory(func() time.Time { return epoch0.Add(now) })
+	m := quota.NewMemory(func() time.Time { return testclock.Epoch.Add(now) })
 	b.ReportAllocs()
 	for b.Loop() {
 		now += time.Microsecond

@@ -1,17 +1,20 @@
-package quota
+package quota_test
 
 import (
 	"math"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/quotatest"
+	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
 func TestValidateAcceptsSeedConfig(t *testing.T) {
-	if err := seedCfg.Validate(); err != nil {
+	if err := quotatest.SeedCfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []Config{
+	for _, c := range []quota.Config{
 		{QPS: 1},
 		{TokensPerMin: 1000},
 		{QPS: 5, TokenToQPSWeight: 0.001, JointCap: 2},
@@ -24,22 +27,22 @@ func TestValidateAcceptsSeedConfig(t *testing.T) {
 
 func TestValidateNamesEachProblem(t *testing.T) {
 	for _, tc := range []struct {
-		cfg  Config
+		cfg  quota.Config
 		want []string
 	}{
-		{Config{}, []string{"neither qps nor tokens_per_min"}},
-		{Config{QPS: -1}, []string{"qps is -1", ">= 0"}},
-		{Config{QPS: math.NaN()}, []string{"qps is NaN"}},
-		{Config{QPS: 1, TokensPerMin: math.Inf(1)}, []string{"tokens_per_min is +Inf"}},
-		{Config{QPS: 2e9}, []string{"qps is 2e+09", "at most"}},
-		{Config{TokensPerMin: 100, JointCap: 1, TokenToQPSWeight: 0.001}, []string{"joint_cap is 1 but qps is 0"}},
-		{Config{QPS: 10, JointCap: 1}, []string{"token_to_qps_weight is 0"}},
-		{Config{QPS: 10, BurstAllow: 0.2}, []string{"burst_allow 0.2 and burst_window 0s must both be set"}},
-		{Config{QPS: 10, BurstWindow: time.Second}, []string{"must both be set"}},
-		{Config{QPS: 10, BurstWindow: -time.Second, BurstAllow: 0.1}, []string{"burst_window is -1s"}},
-		{Config{QPS: 10, BurstAllow: -0.1, BurstWindow: time.Second}, []string{"burst_allow is -0.1"}},
+		{quota.Config{}, []string{"neither qps nor tokens_per_min"}},
+		{quota.Config{QPS: -1}, []string{"qps is -1", ">= 0"}},
+		{quota.Config{QPS: math.NaN()}, []string{"qps is NaN"}},
+		{quota.Config{QPS: 1, TokensPerMin: math.Inf(1)}, []string{"tokens_per_min is +Inf"}},
+		{quota.Config{QPS: 2e9}, []string{"qps is 2e+09", "at most"}},
+		{quota.Config{TokensPerMin: 100, JointCap: 1, TokenToQPSWeight: 0.001}, []string{"joint_cap is 1 but qps is 0"}},
+		{quota.Config{QPS: 10, JointCap: 1}, []string{"token_to_qps_weight is 0"}},
+		{quota.Config{QPS: 10, BurstAllow: 0.2}, []string{"burst_allow 0.2 and burst_window 0s must both be set"}},
+		{quota.Config{QPS: 10, BurstWindow: time.Second}, []string{"must both be set"}},
+		{quota.Config{QPS: 10, BurstWindow: -time.Second, BurstAllow: 0.1}, []string{"burst_window is -1s"}},
+		{quota.Config{QPS: 10, BurstAllow: -0.1, BurstWindow: time.Second}, []string{"burst_allow is -0.1"}},
 		// Several problems are all reported.
-		{Config{QPS: -1, JointCap: -2, BurstAllow: math.NaN()}, []string{"qps is -1", "joint_cap is -2", "burst_allow is NaN"}},
+		{quota.Config{QPS: -1, JointCap: -2, BurstAllow: math.NaN()}, []string{"qps is -1", "joint_cap is -2", "burst_allow is NaN"}},
 	} {
 		err := tc.cfg.Validate()
 		if err == nil {
@@ -58,33 +61,33 @@ func TestValidateNamesEachProblem(t *testing.T) {
 }
 
 func TestIncrements(t *testing.T) {
-	l := MustCompile(seedCfg)
+	l := quota.MustCompile(quotatest.SeedCfg)
 	for _, tc := range []struct {
-		d      Dimension
+		d      quota.Dimension
 		tokens int64
 		want   time.Duration
 	}{
-		{DimQPS, 20000, 5 * time.Millisecond},                  // 1/200 s
-		{DimTokens, 20000, 6 * time.Second},                    // 20000 / (200000/60) s
-		{DimJoint, 20000, 85 * time.Millisecond},               // (1 + 16) / 200 s
-		{DimJoint, 0, 5 * time.Millisecond},                    // a request with no tokens is 1
-		{DimTokens, -5, 0},                                     // negative tokens count as none
-		{Dimension("nope"), 1, 0},                              // unknown dimension
-		{DimJoint, 1250, 10 * time.Millisecond},                // 1250 tokens weigh one request
-		{DimTokens, 1, 300 * time.Microsecond},                 // 60 s / 200000
-		{DimQPS, 0, time.Second / 200},                         // size does not matter for qps
-		{DimTokens, 1 << 62, time.Duration(maxInc)},            // capped, no overflow
-		{DimJoint, math.MaxInt64, time.Duration(maxInc)},       // capped, no overflow
-		{DimQPS, math.MaxInt64, 5 * time.Millisecond},          // qps ignores size
-		{DimTokens, 3333, 999900 * time.Microsecond},           // rounding once
-		{DimJoint, 625, 7500 * time.Microsecond},               // 1.5 request-equivalents
-		{DimTokens, 200000, 60 * time.Second},                  // a minute's worth
-		{DimJoint, 250000, 1005 * time.Millisecond},            // 201 request-equivalents
-		{DimTokens, 0, 0},                                      // nothing to charge
-		{DimJoint, -1, 5 * time.Millisecond},                   // negative tokens count as none
-		{DimQPS, -1, 5 * time.Millisecond},                     // still one request
-		{DimTokens, 7, 2100 * time.Microsecond},                // 7 x 300 us
-		{DimJoint, 1, 5*time.Millisecond + 4*time.Microsecond}, // 0.0008 x 5 ms per token
+		{quota.DimQPS, 20000, 5 * time.Millisecond},                  // 1/200 s
+		{quota.DimTokens, 20000, 6 * time.Second},                    // 20000 / (200000/60) s
+		{quota.DimJoint, 20000, 85 * time.Millisecond},               // (1 + 16) / 200 s
+		{quota.DimJoint, 0, 5 * time.Millisecond},                    // a request with no tokens is 1
+		{quota.DimTokens, -5, 0},                                     // negative tokens count as none
+		{quota.Dimension("nope"), 1, 0},                              // unknown dimension
+		{quota.DimJoint, 1250, 10 * time.Millisecond},                // 1250 tokens weigh one request
+		{quota.DimTokens, 1, 300 * time.Microsecond},                 // 60 s / 200000
+		{quota.DimQPS, 0, time.Second / 200},                         // size does not matter for qps
+		{quota.DimTokens, 1 << 62, time.Duration(quota.MaxInc)},      // capped, no overflow
+		{quota.DimJoint, math.MaxInt64, time.Duration(quota.MaxInc)}, // capped, no overflow
+		{quota.DimQPS, math.MaxInt64, 5 * time.Millisecond},          // qps ignores size
+		{quota.DimTokens, 3333, 999900 * time.Microsecond},           // rounding once
+		{quota.DimJoint, 625, 7500 * time.Microsecond},               // 1.5 request-equivalents
+		{quota.DimTokens, 200000, 60 * time.Second},                  // a minute's worth
+		{quota.DimJoint, 250000, 1005 * time.Millisecond},            // 201 request-equivalents
+		{quota.DimTokens, 0, 0},                                      // nothing to charge
+		{quota.DimJoint, -1, 5 * time.Millisecond},                   // negative tokens count as none
+		{quota.DimQPS, -1, 5 * time.Millisecond},                     // still one request
+		{quota.DimTokens, 7, 2100 * time.Microsecond},                // 7 x 300 us
+		{quota.DimJoint, 1, 5*time.Millisecond + 4*time.Microsecond}, // 0.0008 x 5 ms per token
 	} {
 		if got := l.Increment(tc.d, tc.tokens); got != tc.want {
 			t.Errorf("Increment(%s, %d) = %v, want %v", tc.d, tc.tokens, got, tc.want)
@@ -93,20 +96,20 @@ func TestIncrements(t *testing.T) {
 	if got := l.Tolerance(); got != 2*time.Second {
 		t.Errorf("Tolerance = %v, want 2s", got)
 	}
-	if !l.Enabled(DimQPS) || !l.Enabled(DimTokens) || !l.Enabled(DimJoint) || l.Enabled("x") {
+	if !l.Enabled(quota.DimQPS) || !l.Enabled(quota.DimTokens) || !l.Enabled(quota.DimJoint) || l.Enabled("x") {
 		t.Error("Enabled: want qps, tokens, joint on and unknown off")
 	}
-	off := MustCompile(Config{QPS: 3})
-	if off.Enabled(DimTokens) || off.Enabled(DimJoint) || off.Increment(DimTokens, 10) != 0 {
+	off := quota.MustCompile(quota.Config{QPS: 3})
+	if off.Enabled(quota.DimTokens) || off.Enabled(quota.DimJoint) || off.Increment(quota.DimTokens, 10) != 0 {
 		t.Error("meters without a rate must be off and cost nothing")
 	}
-	if off.Config() != (Config{QPS: 3}) {
+	if off.Config() != (quota.Config{QPS: 3}) {
 		t.Error("Config does not return the compiled config")
 	}
 }
 
 func TestLimitsScale(t *testing.T) {
-	l := MustCompile(seedCfg)
+	l := quota.MustCompile(quotatest.SeedCfg)
 	if l.Scale(1) != l || l.Scale(0) != l || l.Scale(2) != l || l.Scale(math.NaN()) != l {
 		t.Error("Scale outside (0, 1) must return the limits themselves")
 	}
@@ -115,16 +118,16 @@ func TestLimitsScale(t *testing.T) {
 		t.Fatal("Scale(1/3) returned the unscaled limits")
 	}
 	near := func(a, b float64) bool { return math.Abs(a-b) <= 1e-9*b }
-	if got, want := s.Config().QPS, seedCfg.QPS/3; !near(got, want) {
+	if got, want := s.Config().QPS, quotatest.SeedCfg.QPS/3; !near(got, want) {
 		t.Errorf("scaled qps %v, want %v", got, want)
 	}
-	if got, want := s.Config().TokensPerMin, seedCfg.TokensPerMin/3; !near(got, want) {
+	if got, want := s.Config().TokensPerMin, quotatest.SeedCfg.TokensPerMin/3; !near(got, want) {
 		t.Errorf("scaled tokens_per_min %v, want %v", got, want)
 	}
 	if s.Tolerance() != l.Tolerance() {
 		t.Errorf("scaled tolerance %v, want the same time %v (the burst volume scales with the rate)", s.Tolerance(), l.Tolerance())
 	}
-	for _, d := range []Dimension{DimQPS, DimTokens, DimJoint} {
+	for _, d := range []quota.Dimension{quota.DimQPS, quota.DimTokens, quota.DimJoint} {
 		full, part := l.Increment(d, 1000), s.Increment(d, 1000)
 		if diff := part - 3*full; diff < -3 || diff > 3 {
 			t.Errorf("%s: scaled increment %v, want 3 x %v within rounding", d, part, full)
@@ -138,8 +141,8 @@ func TestLimitsScale(t *testing.T) {
 	}
 	// A rate at Validate's floor still scales (an instance's share of a
 	// tiny quota is a smaller, valid rate).
-	tiny := MustCompile(Config{QPS: minRate})
-	if got := tiny.Scale(0.5).Config().QPS; got != minRate/2 {
-		t.Errorf("tiny qps scaled to %v, want %v", got, minRate/2)
+	tiny := quota.MustCompile(quota.Config{QPS: quota.MinRate})
+	if got := tiny.Scale(0.5).Config().QPS; got != quota.MinRate/2 {
+		t.Errorf("tiny qps scaled to %v, want %v", got, quota.MinRate/2)
 	}
 }

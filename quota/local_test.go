@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/testclock"
 )
 
 // primary is the shared store of the Local tests here: a Memory on a
@@ -19,7 +21,10 @@ type primary struct {
 	n    atomic.Int64
 }
 
-var errDown = errors.New("primary down")
+var (
+	bg      = context.Background()
+	errDown = errors.New("primary down")
+)
 
 func (p *primary) call() error {
 	p.n.Add(1)
@@ -77,7 +82,7 @@ func (p *primary) Status(ctx context.Context, tenant string, l *Limits) (Status,
 // localRig is a Local over a primary with the probe its Load, on a
 // virtual clock, with its outage reports.
 type localRig struct {
-	clk    *vclock
+	clk    *testclock.Clock
 	p      *primary
 	f      *Local
 	mu     sync.Mutex
@@ -85,8 +90,8 @@ type localRig struct {
 }
 
 func newLocalRig(instances int) *localRig {
-	clk := newVclock()
-	rig := &localRig{clk: clk, p: &primary{m: NewMemory(newVclock().Now)}}
+	clk := testclock.New(testclock.Epoch)
+	rig := &localRig{clk: clk, p: &primary{m: NewMemory(testclock.New(testclock.Epoch).Now)}}
 	rig.f = NewLocal(rig.p, NewMemory(clk.Now), LocalOptions{Instances: instances, Clock: clk.Now, Probe: rig.p.Load,
 		OnChange: func(degraded bool, err error) {
 			rig.mu.Lock()

@@ -1,0 +1,7 @@
+package quota
+
+// The bounds of config.go, for the external tests.
+const (
+	MaxInc  = maxInc
+	MinRate = minRate
+)
