@@ -77,18 +77,10 @@ func Seed004() *Scenario {
 		Classes:  defaultClasses,
 		Policies: []string{"wfq-tokens"},
 		Tenants: []TenantSpec{
-			{Name: "bigtok", Weight: 1, Class: "batch",
-				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 0.5, End: Seed004Duration},
-				Prompt:   uniform(14000, 16000), MaxTokens: constant(5000)},
-			{Name: "tiny", Weight: 1, Class: "interactive",
-				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 80, End: Seed004Duration},
-				Prompt:   uniform(5, 30), MaxTokens: constant(8)},
-			{Name: "normal", Weight: 1, Class: "interactive",
-				Arrivals: Arrivals{Kind: ArrivalPhases, Phases: phases},
-				Prompt:   uniform(500, 1500), MaxTokens: constant(500)},
-			{Name: "core", Weight: 4, Class: "realtime",
-				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 0.9 * Seed004Quotas["core"] / coreCost, End: Seed004Duration},
-				Prompt:   uniform(3000, 5000), MaxTokens: constant(500)},
+			tenant("bigtok", 1, "batch", poisson(0.5, Seed004Duration), uniform(14000, 16000), constant(5000)),
+			tenant("tiny", 1, "interactive", poisson(80, Seed004Duration), uniform(5, 30), constant(8)),
+			tenant("normal", 1, "interactive", phased(phases...), uniform(500, 1500), constant(500)),
+			tenant("core", 4, "realtime", poisson(0.9*Seed004Quotas["core"]/coreCost, Seed004Duration), uniform(3000, 5000), constant(500)),
 		},
 	}
 }
