@@ -1,6 +1,7 @@
 package simulator
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
@@ -435,8 +436,5 @@ func (p *priorityScheduler) pop() (Job, bool) {
 type byDeadline Job
 
 func (a byDeadline) less(b byDeadline) bool {
-	if a.Deadline != b.Deadline {
-		return a.Deadline < b.Deadline
-	}
-	return a.ID < b.ID
+	return cmp.Or(cmp.Compare(a.Deadline, b.Deadline), cmp.Compare(a.ID, b.ID)) < 0
 }

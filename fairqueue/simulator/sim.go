@@ -1,6 +1,7 @@
 package simulator
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -92,13 +93,7 @@ type event struct {
 }
 
 func (a event) less(b event) bool {
-	if a.at != b.at {
-		return a.at < b.at
-	}
-	if a.kind != b.kind {
-		return a.kind < b.kind
-	}
-	return a.seq < b.seq
+	return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.kind, b.kind), cmp.Compare(a.seq, b.seq)) < 0
 }
 
 // limitEntry waits for the target-th freed slot to set a request's Limit
@@ -110,10 +105,7 @@ type limitEntry struct {
 }
 
 func (e limitEntry) less(o limitEntry) bool {
-	if e.target != o.target {
-		return e.target < o.target
-	}
-	return e.id < o.id
+	return cmp.Or(cmp.Compare(e.target, o.target), cmp.Compare(e.id, o.id)) < 0
 }
 
 // interval is a half-open span of virtual time.
@@ -562,7 +554,7 @@ type diffTracker struct {
 	back    [][]int // group -> backlogged tenants
 	pos     []int   // tenant -> position in back[group], -1 if not backlogged
 	epoch   []uint32
-	pairs   map[[2]int]*pairState
+	pairs   map[[2]int]pairState
 	max     float64
 	tracked bool // some group qualifies
 }
@@ -574,7 +566,7 @@ type pairState struct {
 
 func newDiffTracker(sc *Scenario) *diffTracker {
 	d := &diffTracker{group: make([]int, len(sc.Tenants)), pos: make([]int, len(sc.Tenants)),
-		epoch: make([]uint32, len(sc.Tenants)), pairs: map[[2]int]*pairState{}}
+		epoch: make([]uint32, len(sc.Tenants)), pairs: map[[2]int]pairState{}}
 	size := map[float64]int{}
 	for _, t := range sc.Tenants {
 		size[t.Weight]++
@@ -634,17 +626,13 @@ func (d *diffTracker) sample(t int, served []float64) {
 		}
 		i, j := min(t, o), max(t, o)
 		D := served[i] - served[j]
-		ps := d.pairs[[2]int{i, j}]
-		switch {
-		case ps == nil:
-			ps = &pairState{ei: d.epoch[i], ej: d.epoch[j], min: D, max: D}
-			d.pairs[[2]int{i, j}] = ps
-		case ps.ei != d.epoch[i] || ps.ej != d.epoch[j]:
+		ps, ok := d.pairs[[2]int{i, j}]
+		if !ok || ps.ei != d.epoch[i] || ps.ej != d.epoch[j] {
 			// A new joint-backlog period: earlier service does not count.
-			*ps = pairState{ei: d.epoch[i], ej: d.epoch[j], min: D, max: D}
-		default:
-			ps.min, ps.max = min(ps.min, D), max(ps.max, D)
+			ps = pairState{ei: d.epoch[i], ej: d.epoch[j], min: D, max: D}
 		}
+		ps.min, ps.max = min(ps.min, D), max(ps.max, D)
+		d.pairs[[2]int{i, j}] = ps
 		d.max = max(d.max, ps.max-ps.min)
 	}
 }
