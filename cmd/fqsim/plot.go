@@ -54,7 +54,7 @@ func waitCDF(res *simulator.Result) (*plot.Plot, error) {
 	waits := make([][]float64, len(res.Scenario.Tenants))
 	for i := range res.Requests {
 		q, rec := &res.Requests[i], &res.Records[i]
-		if rec.State == simulator.StateCompleted || rec.State == simulator.StateInflight {
+		if rec.Served() {
 			waits[q.Tenant] = append(waits[q.Tenant], (rec.Dispatch - q.Arrival).Seconds())
 		}
 	}
@@ -97,7 +97,7 @@ func sharesOverTime(res *simulator.Result, window time.Duration) (*plot.Plot, er
 	}
 	for i := range res.Requests {
 		q, rec := &res.Requests[i], &res.Records[i]
-		if rec.State == simulator.StateCompleted || rec.State == simulator.StateInflight {
+		if rec.Served() {
 			served[rec.Dispatch/window][q.Tenant] += float64(q.Actual())
 		}
 	}

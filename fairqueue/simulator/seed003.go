@@ -91,7 +91,7 @@ func Seed003Measure(res *Result) Seed003Report {
 	for i := range res.Requests {
 		q, rec := &res.Requests[i], &res.Records[i]
 		name := res.Scenario.Tenants[q.Tenant].Name
-		served := rec.State == StateInflight || rec.State == StateCompleted
+		served := rec.Served()
 		if served && !rec.Fallback {
 			ds = append(ds, Send{At: rec.Dispatch, Tokens: float64(q.Estimate())})
 			if rec.Dispatch >= Seed003PeakStart && rec.Dispatch < Seed003PeakEnd {

@@ -63,6 +63,9 @@ type Record struct {
 // Wait is the time from arrival until dispatch (or expiry).
 func (rec *Record) Wait(r *Request) time.Duration { return rec.Left - r.Arrival }
 
+// Served reports that the request was dispatched: in flight or completed.
+func (rec *Record) Served() bool { return rec.State == StateInflight || rec.State == StateCompleted }
+
 // event kinds, in the order they are processed when their times are equal:
 // a completion frees its slot before anything else happens at that
 // instant, a capacity change applies before arrivals see it, and ticks
