@@ -1,6 +1,7 @@
 package budget
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"time"
@@ -101,21 +102,15 @@ func NewThroughput(cfg ThroughputConfig) *Throughput {
 	if !(cfg.Quantile > 0) { // also NaN
 		cfg.Quantile = DefaultQuantile
 	}
-	if cfg.Quantile > 1 {
-		cfg.Quantile = 1
-	}
+	cfg.Quantile = min(cfg.Quantile, 1)
 	if !(cfg.Prior > 0) || math.IsInf(cfg.Prior, 1) {
 		cfg.Prior = 0
 	}
 	if cfg.MinCompletions <= 0 {
 		cfg.MinCompletions = DefaultMinCompletions
 	}
-	if cfg.Warmup == 0 {
-		cfg.Warmup = cfg.Window / 4
-	}
-	if cfg.Warmup < 0 {
-		cfg.Warmup = 0
-	}
+	// Zero means the default, negative no warm-up.
+	cfg.Warmup = max(cmp.Or(cfg.Warmup, cfg.Window/4), 0)
 	return &Throughput{
 		width:   cfg.Window / time.Duration(cfg.Buckets),
 		nb:      int64(cfg.Buckets),
