@@ -156,7 +156,7 @@ func (c completion) less(o completion) bool {
 // RunSeed004 replays w (seed004's workload) through one limiter.
 func RunSeed004(w *Workload, mode QuotaMode) (*Seed004Result, error) {
 	sc := w.Scenario
-	rp := &quotaReplay{sc: sc, limits: make([]*quota.Limits, len(sc.Tenants)), spikes: map[int]*spikeStat{},
+	rp := &quotaReplay{sc: sc, limits: make([]*quota.Limits, len(sc.Tenants)), spikes: map[int]spikeStat{},
 		normal: indexOf(sc, "normal"), res: &Seed004Result{Mode: mode, Tenants: make([]Seed004Tenant, len(sc.Tenants))}}
 	for i, t := range sc.Tenants {
 		c, ok := Seed004Quotas[t.Name]
@@ -189,7 +189,7 @@ type quotaReplay struct {
 	now    time.Duration // the store's clock
 	done   minHeap[completion]
 	normal int // the tenant whose spikes are followed
-	spikes map[int]*spikeStat
+	spikes map[int]spikeStat
 	res    *Seed004Result
 }
 
@@ -222,20 +222,17 @@ func (rp *quotaReplay) arrive(k int, r *Request) error {
 	}
 	if s, ok := spikeOf(r.Arrival); ok && r.Tenant == rp.normal {
 		st := rp.spikes[s]
-		if st == nil {
-			st = &spikeStat{}
-			rp.spikes[s] = st
-		}
 		st.offered++
 		if d.Allowed {
 			st.admitted++
 		}
+		rp.spikes[s] = st
 	}
 	return nil
 }
 
 // summarise turns the tenants' totals into rates and computes the measures.
-func (res *Seed004Result) summarise(spikes map[int]*spikeStat) {
+func (res *Seed004Result) summarise(spikes map[int]spikeStat) {
 	secs := Seed004Duration.Seconds()
 	var within, refused, spikeOff, spikeAdm, survived int
 	for i := range res.Tenants {

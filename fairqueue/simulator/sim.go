@@ -372,18 +372,7 @@ func (s *sim) arrive(id int) {
 		}
 	}
 	if err := s.sched.Submit(j); err != nil {
-		rec = &s.recs[id]
-		rec.State = StateRejected
-		rec.Left = s.now
-		rec.Reason = fairqueue.ReasonNoCapacity
-		var rej *fairqueue.Rejection
-		if errors.As(err, &rej) {
-			rec.Reason = rej.Reason
-			if eta, ok := refusalETA(rej); ok {
-				rec.Predicted, rec.HasPrediction = eta, true
-			}
-		}
-		s.addQueued(r.Tenant, -1)
+		s.rejected(id, err)
 		return
 	}
 	// Submit may have grown s.recs (a closed-loop refill on dispatch).
@@ -395,6 +384,20 @@ func (s *sim) arrive(id int) {
 			rec.Predicted, rec.HasPrediction = eta, true
 		}
 	}
+}
+
+// rejected records the refusal of request id at admission.
+func (s *sim) rejected(id int, err error) {
+	rec := &s.recs[id]
+	rec.State, rec.Left, rec.Reason = StateRejected, s.now, fairqueue.ReasonNoCapacity
+	var rej *fairqueue.Rejection
+	if errors.As(err, &rej) {
+		rec.Reason = rej.Reason
+		if eta, ok := refusalETA(rej); ok {
+			rec.Predicted, rec.HasPrediction = eta, true
+		}
+	}
+	s.addQueued(s.reqs[id].Tenant, -1)
 }
 
 // refusalETA reads the predicted wait out of a fast-fail's detail
