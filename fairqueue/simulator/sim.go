@@ -188,10 +188,8 @@ func Run(w *Workload, p Policy) (*Result, error) {
 	if e, ok := sched.(*engineScheduler); ok {
 		s.eng, s.mayIdle, s.ladder = e, e.mayIdle, e.ladder
 	}
-	s.budgets = sc.EnforceBudgets
-	if ep, ok := p.(EnginePolicy); ok && ep.Budgets {
-		s.budgets = true
-	}
+	ep, _ := p.(EnginePolicy)
+	s.budgets = sc.EnforceBudgets || ep.Budgets
 	s.setHealthy(sc.Upstreams)
 	for _, h := range sc.Health {
 		s.push(event{at: h.At, kind: evHealth, arg: h.Healthy})
