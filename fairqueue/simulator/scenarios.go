@@ -2,8 +2,9 @@ package simulator
 
 import (
 	"fmt"
+	"maps"
 	"math"
-	"sort"
+	"slices"
 	"time"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
@@ -294,14 +295,7 @@ var registry = map[string]func() *Scenario{
 }
 
 // Names lists the scenario names, sorted.
-func Names() []string {
-	names := make([]string, 0, len(registry))
-	for n := range registry {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
+func Names() []string { return slices.Sorted(maps.Keys(registry)) }
 
 // Lookup returns a fresh copy of the named scenario.
 func Lookup(name string) (*Scenario, bool) {

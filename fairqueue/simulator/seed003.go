@@ -6,7 +6,6 @@ import (
 	"io"
 	"math"
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
@@ -114,7 +113,7 @@ func Seed003Measure(res *Result) Seed003Report {
 			}
 		}
 	}
-	sort.Slice(vipWaits, func(i, j int) bool { return vipWaits[i] < vipWaits[j] })
+	slices.Sort(vipWaits)
 	rep.VIPP99 = percentile(vipWaits, 0.99)
 	acct := res.Scenario.UpstreamQuota
 	for _, w := range ProviderWindows() {
