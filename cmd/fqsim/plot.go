@@ -91,7 +91,7 @@ func sharesOverTime(res *simulator.Result, window time.Duration) (*plot.Plot, er
 		end = max(end, res.Records[i].Dispatch)
 	}
 	buckets := int(end/window) + 1
-	served := make([][]float64, buckets)
+	served, totals := make([][]float64, buckets), make([]float64, buckets)
 	for b := range served {
 		served[b] = make([]float64, n)
 	}
@@ -99,16 +99,13 @@ func sharesOverTime(res *simulator.Result, window time.Duration) (*plot.Plot, er
 		q, rec := &res.Requests[i], &res.Records[i]
 		if rec.Served() {
 			served[rec.Dispatch/window][q.Tenant] += float64(q.Actual())
+			totals[rec.Dispatch/window] += float64(q.Actual()) // whole tokens: exact in any order
 		}
 	}
 	var lines []any
 	for t := 0; t < n; t++ {
 		xys := make(plotter.XYs, 0, buckets)
-		for b := range served {
-			total := 0.0
-			for _, v := range served[b] {
-				total += v
-			}
+		for b, total := range totals {
 			if total > 0 {
 				xys = append(xys, plotter.XY{X: (time.Duration(b) * window).Seconds(), Y: served[b][t] / total})
 			}
