@@ -92,11 +92,10 @@ func RetryAfter(eta time.Duration) time.Duration {
 // of eta and at least JitterMin, for u in [0, 1) drawn by the caller:
 // clients refused in one burst come back spread out instead of together.
 func RetryAfterJitter(eta time.Duration, u float64) time.Duration {
-	if !(u > 0) {
+	if !(u > 0) { // also NaN
 		u = 0
-	} else if u >= 1 {
-		u = 1
 	}
+	u = min(u, 1)
 	eta = min(max(eta, 0), MaxRetryAfter)
 	spread := max(eta/2, JitterMin)
 	return RetryAfter(eta + time.Duration(u*float64(spread)))

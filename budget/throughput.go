@@ -1,6 +1,7 @@
 package budget
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"time"
@@ -101,21 +102,15 @@ func NewThroughput(cfg ThroughputConfig) *Throughput {
 	if !(cfg.Quantile > 0) { // also NaN
 		cfg.Quantile = DefaultQuantile
 	}
-	if cfg.Quantile > 1 {
-		cfg.Quantile = 1
-	}
+	cfg.Quantile = min(cfg.Quantile, 1)
 	if !(cfg.Prior > 0) || math.IsInf(cfg.Prior, 1) {
 		cfg.Prior = 0
 	}
 	if cfg.MinCompletions <= 0 {
 		cfg.MinCompletions = DefaultMinCompletions
 	}
-	if cfg.Warmup == 0 {
-		cfg.Warmup = cfg.Window / 4
-	}
-	if cfg.Warmup < 0 {
-		cfg.Warmup = 0
-	}
+	// Zero means the default, negative no warm-up.
+	cfg.Warmup = max(cmp.Or(cfg.Warmup, cfg.Window/4), 0)
 	return &Throughput{
 		width:   cfg.Window / time.Duration(cfg.Buckets),
 		nb:      int64(cfg.Buckets),
@@ -264,49 +259,13 @@ func (t *Throughput) perUpstream(now time.Time) float64 {
 	return t.stats.PerUpstream
 }
 
-// compute builds the samples from the complete buckets, newest first, and
-// blends their low quantile with the prior or the learned rate.
+// compute blends the samples' low quantile with the prior or the learned
+// rate.
 func (t *Throughput) compute() {
-	n := int64(len(t.ring))
-	samples := t.scratch[:0]
-	var (
-		gCost, lCost float64       // open group; last closed sample
-		gBusy, lBusy time.Duration // open group; last closed sample
-		gN           int
-		covered      time.Duration
-		allCost      float64
-	)
-	lo := max(t.cur-t.nb, 0)
-	for k := t.cur - 1; k >= lo; k-- {
-		b := &t.ring[k%n]
-		if b.epoch != k || (b.busy == 0 && b.n == 0) {
-			continue // never touched, or idle throughout
-		}
-		gCost += b.cost
-		gBusy += b.busy
-		gN += b.n
-		allCost += b.cost
-		if gBusy >= t.width && gN >= t.minN {
-			samples = append(samples, gCost/gBusy.Seconds())
-			covered += gBusy
-			lCost, lBusy = gCost, gBusy
-			gCost, gBusy, gN = 0, 0, 0
-		}
-	}
-	if gBusy > 0 {
-		if len(samples) > 0 {
-			lCost += gCost
-			lBusy += gBusy
-			samples[len(samples)-1] = lCost / lBusy.Seconds()
-		} else {
-			samples = append(samples, gCost/gBusy.Seconds())
-		}
-		covered += gBusy
-	}
-
+	samples, covered, cost := t.samples()
 	var mean float64
 	if len(samples) > 0 && covered > 0 {
-		mean = allCost / covered.Seconds()
+		mean = cost / covered.Seconds()
 	}
 	measured := quantile(samples, t.q)
 	base := t.prior
@@ -334,6 +293,45 @@ func (t *Throughput) compute() {
 		PriorWeight: 1 - f,
 		Learned:     t.learned,
 	}
+}
+
+// samples groups the complete buckets, newest first, into samples of at
+// least a bucket's busy time and minN completions, and returns their rates,
+// the busy time they cover and their total cost. A trailing group too small
+// to be a sample joins the last one.
+func (t *Throughput) samples() (rates []float64, covered time.Duration, cost float64) {
+	n := int64(len(t.ring))
+	rates = t.scratch[:0]
+	var (
+		gCost, lCost float64       // open group; last closed sample
+		gBusy, lBusy time.Duration // open group; last closed sample
+		gN           int
+	)
+	for k := t.cur - 1; k >= max(t.cur-t.nb, 0); k-- {
+		b := &t.ring[k%n]
+		if b.epoch != k || (b.busy == 0 && b.n == 0) {
+			continue // never touched, or idle throughout
+		}
+		gCost += b.cost
+		gBusy += b.busy
+		gN += b.n
+		cost += b.cost
+		if gBusy >= t.width && gN >= t.minN {
+			rates = append(rates, gCost/gBusy.Seconds())
+			covered += gBusy
+			lCost, lBusy = gCost, gBusy
+			gCost, gBusy, gN = 0, 0, 0
+		}
+	}
+	if gBusy > 0 {
+		if len(rates) > 0 {
+			rates[len(rates)-1] = (lCost + gCost) / (lBusy + gBusy).Seconds()
+		} else {
+			rates = append(rates, gCost/gBusy.Seconds())
+		}
+		covered += gBusy
+	}
+	return rates, covered, cost
 }
 
 // quantile returns the q-quantile of xs (sorted in place), interpolating

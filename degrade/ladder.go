@@ -107,13 +107,16 @@ func (l *Ladder) Observe(now time.Time, water float64) []Transition {
 // waters[i] instead of water: the circuit breaker's signals, which never
 // increase from one step to the next.
 func (l *Ladder) observe(now time.Time, water float64, waters []float64) []Transition {
+	signal := func(i int) float64 {
+		if waters != nil {
+			return waters[i]
+		}
+		return water
+	}
 	var out []Transition
 	for l.level < len(l.steps) {
 		i := l.level
-		w := water
-		if waters != nil {
-			w = waters[i]
-		}
+		w := signal(i)
 		if !(w > l.steps[i].Trigger) || !l.mayMove(i, now) {
 			break
 		}
@@ -129,10 +132,7 @@ func (l *Ladder) observe(now time.Time, water float64, waters []float64) []Trans
 	}
 	for l.level > 0 {
 		i := l.level - 1
-		w := water
-		if waters != nil {
-			w = waters[i]
-		}
+		w := signal(i)
 		if !(w < l.steps[i].Recover) || !l.mayMove(i, now) {
 			break
 		}

@@ -59,19 +59,15 @@ func ParseRate(s string) (Rate, error) {
 // String formats r so that ParseRate(r.String()) == r, in the shorter of
 // the per-second and the exact per-minute form ("20/s", "100tok/m").
 func (r Rate) String() string {
-	suffix := "/s"
+	unit := ""
 	if r.Tokens {
-		suffix = "tok/s"
+		unit = "tok"
 	}
-	best := strconv.FormatFloat(r.PerSecond, 'f', -1, 64) + suffix
-	if r.PerSecond > 0 && !math.IsInf(r.PerSecond, 0) {
+	best := strconv.FormatFloat(r.PerSecond, 'f', -1, 64) + unit + "/s"
+	if finitePositive(r.PerSecond) {
 		m := strconv.FormatFloat(r.PerSecond*60, 'f', -1, 64)
 		if v, err := strconv.ParseFloat(m, 64); err == nil && v/60 == r.PerSecond {
-			alt := m + "/m"
-			if r.Tokens {
-				alt = m + "tok/m"
-			}
-			if len(alt) < len(best) {
+			if alt := m + unit + "/m"; len(alt) < len(best) {
 				best = alt
 			}
 		}
@@ -81,7 +77,7 @@ func (r Rate) String() string {
 
 // validate reports whether r is usable: PerSecond finite and > 0.
 func (r Rate) validate() error {
-	if math.IsNaN(r.PerSecond) || math.IsInf(r.PerSecond, 0) || r.PerSecond <= 0 {
+	if !finitePositive(r.PerSecond) {
 		return fmt.Errorf("rate %s: must be a finite number > 0 per second", strconv.FormatFloat(r.PerSecond, 'g', -1, 64))
 	}
 	return nil

@@ -3,6 +3,7 @@ package degrade
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -24,15 +25,13 @@ const (
 	ActionThrottle
 )
 
+// kindNames are the actions' Caddyfile keywords, by kind.
+var kindNames = [...]string{ActionPause: "pause", ActionLightMode: "light_mode", ActionThrottle: "throttle"}
+
 // String returns the Caddyfile keyword: "pause", "light_mode", "throttle".
 func (k ActionKind) String() string {
-	switch k {
-	case ActionPause:
-		return "pause"
-	case ActionLightMode:
-		return "light_mode"
-	case ActionThrottle:
-		return "throttle"
+	if k >= ActionPause && k <= ActionThrottle {
+		return kindNames[k]
 	}
 	return "ActionKind(" + strconv.Itoa(int(k)) + ")"
 }
@@ -56,15 +55,8 @@ func (k *ActionKind) UnmarshalText(b []byte) error {
 }
 
 func kindByName(s string) (ActionKind, bool) {
-	switch s {
-	case "pause":
-		return ActionPause, true
-	case "light_mode":
-		return ActionLightMode, true
-	case "throttle":
-		return ActionThrottle, true
-	}
-	return 0, false
+	i := slices.Index(kindNames[:], s)
+	return ActionKind(i), i >= int(ActionPause)
 }
 
 // Action is what one step does to one class. Which fields apply depends on

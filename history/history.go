@@ -2,6 +2,7 @@ package history
 
 import (
 	"math"
+	"slices"
 	"sync"
 	"time"
 )
@@ -302,12 +303,7 @@ func (h *History) QuotaLimited(tenant, reason string, refused bool) {
 	if h == nil {
 		return
 	}
-	r := -1
-	for i, q := range QuotaReasons {
-		if q == reason {
-			r = i
-		}
-	}
+	r := slices.Index(QuotaReasons[:], reason)
 	if r < 0 {
 		return
 	}

@@ -2,8 +2,9 @@ package history
 
 import (
 	"fmt"
+	"maps"
 	"math"
-	"sort"
+	"slices"
 	"time"
 )
 
@@ -210,8 +211,7 @@ func (a *agg) add(s *tenantMinute) {
 // records.
 func (h *History) Query(window time.Duration, params map[string]TenantParams) Report {
 	now := h.now()
-	minutes := max(int64(window/time.Minute), 1)
-	minutes = min(minutes, Minutes)
+	minutes := min(max(int64(window/time.Minute), 1), Minutes)
 	last := unixMinute(now)
 	first := last - minutes + 1
 	from := time.Unix(first*60, 0)
@@ -241,11 +241,7 @@ func (h *History) Query(window time.Duration, params map[string]TenantParams) Re
 			sums[name] = &agg{}
 		}
 	}
-	names := make([]string, 0, len(sums))
-	for n := range sums {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(sums))
 	owed := make([]float64, len(names))
 	for i, n := range names {
 		rep.Tenants = append(rep.Tenants, tenantReport(n, sums[n], params[n], span))
@@ -284,6 +280,12 @@ func tenantReport(name string, a *agg, p TenantParams, span float64) TenantRepor
 		t.ETA = ETASummary{Count: int64(a.etaN), MeanRatio: a.etaRatio / float64(a.etaN),
 			MeanAbsLogError: a.etaErr / float64(a.etaN)}
 	}
+	t.Quota = quotaSummary(a, p, span)
+	return t
+}
+
+// quotaSummary is the tenant's charges and limit hits against its limits p.
+func quotaSummary(a *agg, p TenantParams, span float64) QuotaSummary {
 	q := QuotaSummary{QPSLimit: p.QPS, TokensPerMinLimit: p.TokensPerMin, JointLimit: p.JointPerSec,
 		TokenWeight: p.TokenWeight, PerCaller: p.PerCaller,
 		ChargedPerSec:       float64(a.chargedN) / span,
@@ -307,8 +309,7 @@ func tenantReport(name string, a *agg, p TenantParams, span float64) TenantRepor
 			q.Hits[reason] = QuotaHits{Delayed: int64(hit[actionDelayed]), Refused: int64(hit[actionRefused])}
 		}
 	}
-	t.Quota = q
-	return t
+	return q
 }
 
 // shares fills in each tenant's share of the tokens served and its fair

@@ -54,7 +54,7 @@ func waitCDF(res *simulator.Result) (*plot.Plot, error) {
 	waits := make([][]float64, len(res.Scenario.Tenants))
 	for i := range res.Requests {
 		q, rec := &res.Requests[i], &res.Records[i]
-		if rec.State == simulator.StateCompleted || rec.State == simulator.StateInflight {
+		if rec.Served() {
 			waits[q.Tenant] = append(waits[q.Tenant], (rec.Dispatch - q.Arrival).Seconds())
 		}
 	}
@@ -91,24 +91,21 @@ func sharesOverTime(res *simulator.Result, window time.Duration) (*plot.Plot, er
 		end = max(end, res.Records[i].Dispatch)
 	}
 	buckets := int(end/window) + 1
-	served := make([][]float64, buckets)
+	served, totals := make([][]float64, buckets), make([]float64, buckets)
 	for b := range served {
 		served[b] = make([]float64, n)
 	}
 	for i := range res.Requests {
 		q, rec := &res.Requests[i], &res.Records[i]
-		if rec.State == simulator.StateCompleted || rec.State == simulator.StateInflight {
+		if rec.Served() {
 			served[rec.Dispatch/window][q.Tenant] += float64(q.Actual())
+			totals[rec.Dispatch/window] += float64(q.Actual()) // whole tokens: exact in any order
 		}
 	}
 	var lines []any
 	for t := 0; t < n; t++ {
 		xys := make(plotter.XYs, 0, buckets)
-		for b := range served {
-			total := 0.0
-			for _, v := range served[b] {
-				total += v
-			}
+		for b, total := range totals {
 			if total > 0 {
 				xys = append(xys, plotter.XY{X: (time.Duration(b) * window).Seconds(), Y: served[b][t] / total})
 			}

@@ -53,7 +53,7 @@ func Early(on, off *Result) EarlyReport {
 	first := time.Duration(-1)
 	for id := range on.Records {
 		rec := &on.Records[id]
-		if (rec.State == StateInflight || rec.State == StateCompleted) && (first < 0 || rec.Dispatch < first) {
+		if rec.Served() && (first < 0 || rec.Dispatch < first) {
 			first = rec.Dispatch
 		}
 	}

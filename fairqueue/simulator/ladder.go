@@ -105,7 +105,7 @@ func (res *Result) ClassByLevel(cls string) []ClassOutcome {
 		if rec.State == StateRejected && rec.Reason == fairqueue.ReasonClassThrottled {
 			o.Throttled++
 		}
-		if b := sc.Budget(r.Tenant); (rec.State == StateCompleted || rec.State == StateInflight) && (b == 0 || rec.Wait(r) <= b) {
+		if b := sc.Budget(r.Tenant); rec.Served() && (b == 0 || rec.Wait(r) <= b) {
 			o.Met++
 		}
 	}

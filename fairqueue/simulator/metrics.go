@@ -134,6 +134,7 @@ func (s *sim) rows() []Row {
 	sc := s.sc
 	rowOf := make([]int, len(sc.Tenants))
 	var names []string
+	var members [][]int // row -> its tenants
 	idx := map[string]int{}
 	for i, t := range sc.Tenants {
 		name := t.Name
@@ -145,12 +146,10 @@ func (s *sim) rows() []Row {
 			r = len(names)
 			idx[name] = r
 			names = append(names, name)
+			members = append(members, nil)
 		}
 		rowOf[i] = r
-	}
-	members := make([][]int, len(names))
-	for i := range sc.Tenants {
-		members[rowOf[i]] = append(members[rowOf[i]], i)
+		members[r] = append(members[r], i)
 	}
 	byRow := make([][]int, len(names))
 	for id := range s.reqs {
@@ -332,7 +331,7 @@ func (b *rowBuilder) finish() Row {
 // dispatched request with a prediction, boosted ones left out (the boost,
 // not the ETA, set their wait).
 func etaError(r *Request, rec *Record) (float64, bool) {
-	if !rec.HasPrediction || rec.Boosted || (rec.State != StateInflight && rec.State != StateCompleted) {
+	if !rec.HasPrediction || rec.Boosted || !rec.Served() {
 		return 0, false
 	}
 	actual := rec.Wait(r)

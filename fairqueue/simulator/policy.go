@@ -1,6 +1,7 @@
 package simulator
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
@@ -124,7 +125,35 @@ const singleTenant = "all"
 
 // New builds a queue on clock configured from sc.
 func (p EnginePolicy) New(sc *Scenario, clock *fairqueue.ManualClock, env Env) (Scheduler, error) {
-	cfg := fairqueue.Config{
+	cfg, names, classes := p.config(sc)
+	q, err := fairqueue.New(cfg, clock)
+	if err != nil {
+		return nil, err
+	}
+	e := &engineScheduler{q: q, env: env, names: names, classes: classes, start: clock.Now(),
+		ids: map[*fairqueue.Ticket]int{}, tickets: map[int]*fairqueue.Ticket{}, pending: -1,
+		mayIdle: cfg.MaxInflightTokens > 0 || cfg.UpstreamQuota != nil, ladder: len(cfg.Degrade) > 0,
+		boosts: budget.NewBoosts(cfg.Admission.BoostShareMax, cfg.Admission.PerTenantBoostHourly)}
+	q.SetObserver(e.observe)
+	if cfg.CostUnit == fairqueue.CostLearned {
+		e.model, e.prompts = costmodel.New(costmodel.Config{}), map[int]int64{}
+	}
+	if cfg.Fallback != nil {
+		q.SetFallbackHealthy(1)
+	}
+	if e.ladder {
+		q.SetDegradeObserver(func(tr degrade.Transition) { e.transitions = append(e.transitions, tr) })
+	}
+	if cfg.Circuit != nil {
+		q.SetCircuitObserver(func(ev fairqueue.CircuitEvent) { e.circuitEvents = append(e.circuitEvents, ev) })
+	}
+	return e, nil
+}
+
+// config is the engine configuration of sc under p, with each tenant's
+// engine tenant name and class.
+func (p EnginePolicy) config(sc *Scenario) (cfg fairqueue.Config, names, classes []string) {
+	cfg = fairqueue.Config{
 		CostUnit:      p.CostUnit,
 		MaxInflight:   sc.Slots,
 		MaxQueue:      sc.MaxQueue,
@@ -138,7 +167,6 @@ func (p EnginePolicy) New(sc *Scenario, clock *fairqueue.ManualClock, env Env) (
 	for _, c := range sc.Classes {
 		cfg.Classes = append(cfg.Classes, fairqueue.ClassConfig{Name: c.Name, WaitBudget: c.Budget})
 	}
-	var names, classes []string
 	for _, t := range sc.Tenants {
 		name, class := t.Name, t.Class
 		if p.SingleTenant {
@@ -163,28 +191,7 @@ func (p EnginePolicy) New(sc *Scenario, clock *fairqueue.ManualClock, env Env) (
 	if p.Configure != nil {
 		p.Configure(&cfg)
 	}
-	q, err := fairqueue.New(cfg, clock)
-	if err != nil {
-		return nil, err
-	}
-	e := &engineScheduler{q: q, env: env, names: names, classes: classes, start: clock.Now(),
-		ids: map[*fairqueue.Ticket]int{}, tickets: map[int]*fairqueue.Ticket{}, pending: -1,
-		mayIdle: cfg.MaxInflightTokens > 0 || cfg.UpstreamQuota != nil, ladder: len(cfg.Degrade) > 0,
-		boosts: budget.NewBoosts(cfg.Admission.BoostShareMax, cfg.Admission.PerTenantBoostHourly)}
-	q.SetObserver(e.observe)
-	if cfg.CostUnit == fairqueue.CostLearned {
-		e.model, e.prompts = costmodel.New(costmodel.Config{}), map[int]int64{}
-	}
-	if cfg.Fallback != nil {
-		q.SetFallbackHealthy(1)
-	}
-	if e.ladder {
-		q.SetDegradeObserver(func(tr degrade.Transition) { e.transitions = append(e.transitions, tr) })
-	}
-	if cfg.Circuit != nil {
-		q.SetCircuitObserver(func(ev fairqueue.CircuitEvent) { e.circuitEvents = append(e.circuitEvents, ev) })
-	}
-	return e, nil
+	return cfg, names, classes
 }
 
 // engineScheduler adapts a fairqueue.Queue to Scheduler.
@@ -435,8 +442,5 @@ func (p *priorityScheduler) pop() (Job, bool) {
 type byDeadline Job
 
 func (a byDeadline) less(b byDeadline) bool {
-	if a.Deadline != b.Deadline {
-		return a.Deadline < b.Deadline
-	}
-	return a.ID < b.ID
+	return cmp.Or(cmp.Compare(a.Deadline, b.Deadline), cmp.Compare(a.ID, b.ID)) < 0
 }

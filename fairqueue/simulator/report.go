@@ -25,17 +25,13 @@ func (res *Result) Format(w io.Writer) {
 		if !math.IsNaN(r.Weight) {
 			weight = strconv.FormatFloat(r.Weight, 'g', -1, 64)
 		}
-		met := "-"
-		if !math.IsNaN(r.MetBudget) {
-			met = pct(r.MetBudget)
-		}
 		reqs := strconv.Itoa(r.N)
 		if n := r.Expired + r.Rejected; n > 0 {
 			reqs += fmt.Sprintf(" (%d lost)", n)
 		}
 		rows = append(rows, []string{r.Name, weight, r.Class, reqs,
 			dur(r.WaitP50), dur(r.WaitP95), dur(r.WaitP99), dur(r.LimitP95),
-			pct(r.AtLimit), pct(r.AtOrderLimit), met, thousands(r.TokPerSec), dur(r.Makespan)})
+			pct(r.AtLimit), pct(r.AtOrderLimit), orDash(r.MetBudget, pct), thousands(r.TokPerSec), dur(r.Makespan)})
 	}
 	table(w, rows, 3, false)
 	o := res.Overall
@@ -118,17 +114,16 @@ func thousands(f float64) string {
 		return "n/a"
 	}
 	s := strconv.FormatInt(int64(math.Round(f)), 10)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
 	var b strings.Builder
+	if rest, neg := strings.CutPrefix(s, "-"); neg {
+		b.WriteByte('-')
+		s = rest
+	}
 	for i, c := range s {
 		if i > 0 && (len(s)-i)%3 == 0 {
 			b.WriteByte(',')
 		}
 		b.WriteRune(c)
-	}
-	if neg {
-		return "-" + b.String()
 	}
 	return b.String()
 }
@@ -152,11 +147,7 @@ func FormatBudgets(w io.Writer, results []*Result) {
 		"expired", "boosts", "eta n", "eta err p50", "|err| p50", "|err| p90", "tok/s"}}
 	for _, res := range results {
 		for _, r := range res.Rows {
-			met := "-"
-			if !math.IsNaN(r.MetBudget) {
-				met = pct2(r.MetBudget)
-			}
-			rows = append(rows, []string{res.Policy, r.Name, r.Class, strconv.Itoa(r.N), met,
+			rows = append(rows, []string{res.Policy, r.Name, r.Class, strconv.Itoa(r.N), orDash(r.MetBudget, pct2),
 				strconv.Itoa(r.Starved), strconv.Itoa(r.FastFailed), strconv.Itoa(r.Expired),
 				strconv.Itoa(r.Boosted), strconv.Itoa(r.ETAN), pctOrNA(r.ETAErrP50), durOrNA(r.ETAAbsP50, r.ETAN),
 				durOrNA(r.ETAAbsP90, r.ETAN), thousands(r.TokPerSec)})
@@ -253,6 +244,14 @@ func stepIndex(sc *Scenario, name string) int {
 }
 
 func pct2(f float64) string { return fmt.Sprintf("%.2f%%", 100*f) }
+
+// orDash formats f, or "-" when it is NaN (not applicable).
+func orDash(f float64, format func(float64) string) string {
+	if math.IsNaN(f) {
+		return "-"
+	}
+	return format(f)
+}
 
 func pctOrNA(f float64) string {
 	if math.IsNaN(f) {

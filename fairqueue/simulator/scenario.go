@@ -422,10 +422,7 @@ func (t *TenantSpec) sizes(r *rand.Rand, ph *Phase) (prompt, maxTokens, output i
 	}
 	prompt = pd.sample(r)
 	maxTokens = md.sample(r)
-	output = int64(math.Round(float64(maxTokens) * (0.5 + 0.5*r.Float64())))
-	if output < 1 {
-		output = 1
-	}
+	output = max(int64(math.Round(float64(maxTokens)*(0.5+0.5*r.Float64()))), 1)
 	return
 }
 

@@ -2,8 +2,9 @@ package simulator
 
 import (
 	"fmt"
+	"maps"
 	"math"
-	"sort"
+	"slices"
 	"time"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/degrade"
@@ -12,10 +13,11 @@ import (
 
 // defaultClasses are the seed's classes with their default wait budgets
 // (realtime 5 s, interactive 15 s, batch 300 s), highest priority first.
-var defaultClasses = []Class{
-	{Name: "realtime", Budget: 5 * time.Second},
-	{Name: "interactive", Budget: 15 * time.Second},
-	{Name: "batch", Budget: 300 * time.Second},
+var defaultClasses = classes(5*time.Second, 15*time.Second, 300*time.Second)
+
+// classes are the seed's three classes with these wait budgets.
+func classes(realtime, interactive, batch time.Duration) []Class {
+	return []Class{{Name: "realtime", Budget: realtime}, {Name: "interactive", Budget: interactive}, {Name: "batch", Budget: batch}}
 }
 
 func constant(n int64) Dist     { return Dist{Kind: DistConst, A: n} }
@@ -24,6 +26,20 @@ func choice(v ...int64) Dist    { return Dist{Kind: DistChoice, Values: v} }
 func pareto(scale, limit int64, alpha float64) Dist {
 	return Dist{Kind: DistPareto, A: scale, B: limit, Alpha: alpha}
 }
+
+// tenant is a TenantSpec with the fields every scenario sets.
+func tenant(name string, weight float64, class string, a Arrivals, prompt, maxTokens Dist) TenantSpec {
+	return TenantSpec{Name: name, Weight: weight, Class: class, Arrivals: a, Prompt: prompt, MaxTokens: maxTokens}
+}
+
+func poisson(rate float64, end time.Duration) Arrivals {
+	return Arrivals{Kind: ArrivalPoisson, Rate: rate, End: end}
+}
+func burst(n int, start, end time.Duration) Arrivals {
+	return Arrivals{Kind: ArrivalBurst, N: n, Start: start, End: end}
+}
+func phased(ph ...Phase) Arrivals   { return Arrivals{Kind: ArrivalPhases, Phases: ph} }
+func backlogged(queue int) Arrivals { return Arrivals{Kind: ArrivalBacklogged, Queue: queue} }
 
 // budgetPolicyNames are the default policies of wait-budget scenarios.
 var budgetPolicyNames = []string{FIFOBudgets, WFQBudgets, WFQNoBoost, WFQNoFastFail}
@@ -49,15 +65,9 @@ func Seed000() *Scenario {
 		Admission: withPrior(10200),
 		Classes:   defaultClasses,
 		Tenants: []TenantSpec{
-			{Name: "data_batch", Weight: 15, Class: "batch",
-				Arrivals: Arrivals{Kind: ArrivalBurst, N: 5000, End: 5 * time.Second},
-				Prompt:   uniform(2000, 6000), MaxTokens: constant(512)},
-			{Name: "marketing", Weight: 30, Class: "realtime",
-				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 1, End: 300 * time.Second},
-				Prompt:   uniform(100, 400), MaxTokens: constant(128)},
-			{Name: "cs_bot", Weight: 30, Class: "interactive",
-				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 0.5, End: 300 * time.Second},
-				Prompt:   uniform(500, 2000), MaxTokens: constant(256)},
+			tenant("data_batch", 15, "batch", burst(5000, 0, 5*time.Second), uniform(2000, 6000), constant(512)),
+			tenant("marketing", 30, "realtime", poisson(1, 300*time.Second), uniform(100, 400), constant(128)),
+			tenant("cs_bot", 30, "interactive", poisson(0.5, 300*time.Second), uniform(500, 2000), constant(256)),
 		},
 	}
 }
@@ -71,12 +81,9 @@ func Seed002() *Scenario {
 		Upstreams:   1, Slots: 8,
 		Classes: defaultClasses,
 		Tenants: []TenantSpec{
-			{Name: "A", Weight: 1, Class: "batch",
-				Arrivals: Arrivals{Kind: ArrivalBurst, N: 1000},
-				Prompt:   constant(1500), MaxTokens: constant(500)},
-			{Name: "B", Weight: 1, Class: "realtime",
-				Arrivals: Arrivals{Kind: ArrivalPeriodic, Interval: time.Second, Start: time.Second, Alongside: "A"},
-				Prompt:   constant(150), MaxTokens: constant(50)},
+			tenant("A", 1, "batch", burst(1000, 0, 0), constant(1500), constant(500)),
+			tenant("B", 1, "realtime", Arrivals{Kind: ArrivalPeriodic, Interval: time.Second, Start: time.Second, Alongside: "A"},
+				constant(150), constant(50)),
 		},
 	}
 }
@@ -92,15 +99,9 @@ func Weights() *Scenario {
 		Classes:  defaultClasses,
 		Duration: time.Hour,
 		Tenants: []TenantSpec{
-			{Name: "alpha", Weight: 30, Class: "realtime",
-				Arrivals: Arrivals{Kind: ArrivalBacklogged, Queue: 50},
-				Prompt:   uniform(100, 4000), MaxTokens: choice(64, 256, 1024)},
-			{Name: "beta", Weight: 30, Class: "interactive",
-				Arrivals: Arrivals{Kind: ArrivalBacklogged, Queue: 50},
-				Prompt:   uniform(100, 1000), MaxTokens: choice(64, 256)},
-			{Name: "gamma", Weight: 15, Class: "batch",
-				Arrivals: Arrivals{Kind: ArrivalBacklogged, Queue: 50},
-				Prompt:   uniform(1000, 4000), MaxTokens: choice(256, 1024)},
+			tenant("alpha", 30, "realtime", backlogged(50), uniform(100, 4000), choice(64, 256, 1024)),
+			tenant("beta", 30, "interactive", backlogged(50), uniform(100, 1000), choice(64, 256)),
+			tenant("gamma", 15, "batch", backlogged(50), uniform(1000, 4000), choice(256, 1024)),
 		},
 	}
 }
@@ -123,15 +124,9 @@ func Many() *Scenario {
 	ts := make([]TenantSpec, tenants)
 	for i := range ts {
 		rate := r0 * math.Pow(1000, float64(i)/(tenants-1))
-		ts[i] = TenantSpec{
-			Name:      fmt.Sprintf("t%04d", i),
-			Weight:    1,
-			Class:     defaultClasses[i%3].Name,
-			Group:     rateGroup(rate),
-			Arrivals:  Arrivals{Kind: ArrivalPoisson, Rate: rate, End: duration},
-			Prompt:    pareto(200, 32000, 1.2),
-			MaxTokens: choice(64, 256, 1024),
-		}
+		ts[i] = tenant(fmt.Sprintf("t%04d", i), 1, defaultClasses[i%3].Name, poisson(rate, duration),
+			pareto(200, 32000, 1.2), choice(64, 256, 1024))
+		ts[i].Group = rateGroup(rate)
 	}
 	return &Scenario{
 		Name:        "many",
@@ -190,16 +185,8 @@ func ColdFlood() *Scenario {
 		Description: "570 x ~0.5 s batch requests (10 s budget) in 1 s on a cold gateway, no prior; 2x4 slots",
 		Upstreams:   2, Slots: 4,
 		Admission: &a,
-		Classes: []Class{
-			{Name: "realtime", Budget: 5 * time.Second},
-			{Name: "interactive", Budget: 15 * time.Second},
-			{Name: "batch", Budget: 10 * time.Second},
-		},
-		Tenants: []TenantSpec{
-			{Name: "bulk", Weight: 1, Class: "batch",
-				Arrivals: Arrivals{Kind: ArrivalBurst, N: 570, End: time.Second},
-				Prompt:   constant(100), MaxTokens: constant(40)},
-		},
+		Classes:   classes(5*time.Second, 15*time.Second, 10*time.Second),
+		Tenants:   []TenantSpec{tenant("bulk", 1, "batch", burst(570, 0, time.Second), constant(100), constant(40))},
 	}
 }
 
@@ -211,9 +198,7 @@ func ColdFlood() *Scenario {
 // Prior: about 0.85 of the flood's nominal rate (9,500).
 func Seed000Stress() *Scenario {
 	small := func(name string) TenantSpec {
-		return TenantSpec{Name: name, Weight: 1, Class: "realtime",
-			Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 0.2, End: 30 * time.Minute},
-			Prompt:   pareto(200, 12000, 1.3), MaxTokens: constant(128)}
+		return tenant(name, 1, "realtime", poisson(0.2, 30*time.Minute), pareto(200, 12000, 1.3), constant(128))
 	}
 	return &Scenario{
 		Name:        "seed000-stress",
@@ -223,9 +208,7 @@ func Seed000Stress() *Scenario {
 		Admission: withPrior(8100),
 		Policies:  budgetPolicyNames,
 		Tenants: []TenantSpec{
-			{Name: "data_batch", Weight: 15, Class: "batch",
-				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 3.5, End: 30 * time.Minute},
-				Prompt:   uniform(4000, 8000), MaxTokens: constant(1024)},
+			tenant("data_batch", 15, "batch", poisson(3.5, 30*time.Minute), uniform(4000, 8000), constant(1024)),
 			small("rt_a"), small("rt_b"), small("rt_c"),
 		},
 	}
@@ -263,16 +246,10 @@ func Peak() *Scenario {
 		DegradeHold: 5 * time.Second,
 		Policies:    []string{WFQBudgets},
 		Tenants: []TenantSpec{
-			{Name: "data_batch", Weight: 15, Class: "batch",
-				Arrivals: Arrivals{Kind: ArrivalPhases, Phases: []Phase{
-					wave(20*time.Second, 16.8), wave(280*time.Second, 19.3), wave(560*time.Second, 20.7)}},
-				Prompt: uniform(2000, 6000), MaxTokens: constant(512)},
-			{Name: "marketing", Weight: 30, Class: "realtime",
-				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 2, End: 900 * time.Second},
-				Prompt:   uniform(100, 400), MaxTokens: constant(128)},
-			{Name: "cs_bot", Weight: 30, Class: "interactive",
-				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 1, End: 900 * time.Second},
-				Prompt:   uniform(1000, 6000), MaxTokens: constant(256)},
+			tenant("data_batch", 15, "batch", phased(wave(20*time.Second, 16.8), wave(280*time.Second, 19.3), wave(560*time.Second, 20.7)),
+				uniform(2000, 6000), constant(512)),
+			tenant("marketing", 30, "realtime", poisson(2, 900*time.Second), uniform(100, 400), constant(128)),
+			tenant("cs_bot", 30, "interactive", poisson(1, 900*time.Second), uniform(1000, 6000), constant(256)),
 		},
 	}
 }
@@ -289,15 +266,9 @@ func CostMix() *Scenario {
 		Upstreams:   4, Slots: 8,
 		Classes: defaultClasses,
 		Tenants: []TenantSpec{
-			{Name: "prefill", Weight: 1, Class: "batch",
-				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 4, End: end},
-				Prompt:   uniform(2000, 16000), MaxTokens: constant(64)},
-			{Name: "decode", Weight: 1, Class: "batch",
-				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 4, End: end},
-				Prompt:   uniform(50, 500), MaxTokens: constant(1000)},
-			{Name: "chat", Weight: 1, Class: "interactive",
-				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 8, End: end},
-				Prompt:   pareto(200, 8000, 1.5), MaxTokens: uniform(50, 600)},
+			tenant("prefill", 1, "batch", poisson(4, end), uniform(2000, 16000), constant(64)),
+			tenant("decode", 1, "batch", poisson(4, end), uniform(50, 500), constant(1000)),
+			tenant("chat", 1, "interactive", poisson(8, end), pareto(200, 8000, 1.5), uniform(50, 600)),
 		},
 	}
 }
@@ -324,14 +295,7 @@ var registry = map[string]func() *Scenario{
 }
 
 // Names lists the scenario names, sorted.
-func Names() []string {
-	names := make([]string, 0, len(registry))
-	for n := range registry {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
+func Names() []string { return slices.Sorted(maps.Keys(registry)) }
 
 // Lookup returns a fresh copy of the named scenario.
 func Lookup(name string) (*Scenario, bool) {

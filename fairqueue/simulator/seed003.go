@@ -6,7 +6,6 @@ import (
 	"io"
 	"math"
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
@@ -24,27 +23,29 @@ func Seed003() *Scenario {
 		Description: "provider account 120k TPM / 600 RPM; peak 60-360 s: campaign x3.5 + batch job of 300 long prompts; VIP reserves 20%",
 		Upstreams:   1,
 		Slots:       64,
-		Classes: []Class{{Name: "realtime", Budget: 15 * time.Second},
-			{Name: "interactive", Budget: 30 * time.Second}, {Name: "batch", Budget: 30 * time.Minute}},
+		Classes:     classes(15*time.Second, 30*time.Second, 30*time.Minute),
 		Tenants: []TenantSpec{
-			{Name: "vip", Weight: 70, Class: "realtime", Reserve: 0.2,
-				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 0.3, End: Seed003Duration},
-				Prompt:   uniform(300, 900), MaxTokens: constant(300)},
-			{Name: "normal", Weight: 20, Class: "interactive",
-				Arrivals: Arrivals{Kind: ArrivalPhases, Phases: []Phase{
-					{Start: 0, End: Seed003PeakStart, Rate: 0.4},
-					{Start: Seed003PeakStart, End: Seed003PeakEnd, Rate: 1.4},
-					{Start: Seed003PeakEnd, End: Seed003Duration, Rate: 0.4}}},
-				Prompt: uniform(300, 900), MaxTokens: constant(300)},
-			{Name: "batch", Weight: 10, Class: "batch",
-				Arrivals: Arrivals{Kind: ArrivalBurst, N: 300, Start: Seed003PeakStart, End: Seed003PeakStart + 10*time.Second},
-				Prompt:   uniform(2000, 4000), MaxTokens: constant(500)},
+			vip(poisson(0.3, Seed003Duration), uniform(300, 900), constant(300)),
+			tenant("normal", 20, "interactive", phased(
+				Phase{Start: 0, End: Seed003PeakStart, Rate: 0.4},
+				Phase{Start: Seed003PeakStart, End: Seed003PeakEnd, Rate: 1.4},
+				Phase{Start: Seed003PeakEnd, End: Seed003Duration, Rate: 0.4}),
+				uniform(300, 900), constant(300)),
+			tenant("batch", 10, "batch", burst(300, Seed003PeakStart, Seed003PeakStart+10*time.Second), uniform(2000, 4000), constant(500)),
 		},
 		Duration:       Seed003Duration,
 		EnforceBudgets: true,
 		UpstreamQuota:  &fairqueue.UpstreamQuota{TPM: Seed003TPM, RPM: Seed003RPM},
 		Policies:       []string{FIFOBudgets, WFQBudgets},
 	}
+}
+
+// vip is the provider scenarios' realtime caller, which reserves 20% of
+// the account.
+func vip(a Arrivals, prompt, maxTokens Dist) TenantSpec {
+	t := tenant("vip", 70, "realtime", a, prompt, maxTokens)
+	t.Reserve = 0.2
+	return t
 }
 
 // Seed003's account and phases.
@@ -89,7 +90,7 @@ func Seed003Measure(res *Result) Seed003Report {
 	for i := range res.Requests {
 		q, rec := &res.Requests[i], &res.Records[i]
 		name := res.Scenario.Tenants[q.Tenant].Name
-		served := rec.State == StateInflight || rec.State == StateCompleted
+		served := rec.Served()
 		if served && !rec.Fallback {
 			ds = append(ds, Send{At: rec.Dispatch, Tokens: float64(q.Estimate())})
 			if rec.Dispatch >= Seed003PeakStart && rec.Dispatch < Seed003PeakEnd {
@@ -112,7 +113,7 @@ func Seed003Measure(res *Result) Seed003Report {
 			}
 		}
 	}
-	sort.Slice(vipWaits, func(i, j int) bool { return vipWaits[i] < vipWaits[j] })
+	slices.Sort(vipWaits)
 	rep.VIPP99 = percentile(vipWaits, 0.99)
 	acct := res.Scenario.UpstreamQuota
 	for _, w := range ProviderWindows() {
@@ -288,18 +289,11 @@ func ProviderPeak() *Scenario {
 		Description: "a 75 s peak at 1.75x a 60k TPM account: VIP reserves 20%, a campaign at 1x, a batch job at 0.65x",
 		Upstreams:   1,
 		Slots:       64,
-		Classes: []Class{{Name: "realtime", Budget: 5 * time.Second},
-			{Name: "interactive", Budget: 15 * time.Second}, {Name: "batch", Budget: 15 * time.Second}},
+		Classes:     classes(5*time.Second, 15*time.Second, 15*time.Second),
 		Tenants: []TenantSpec{
-			{Name: "vip", Weight: 70, Class: "realtime", Reserve: 0.2,
-				Arrivals: Arrivals{Kind: ArrivalPeriodic, Interval: 3 * time.Second, End: ProviderPeakSpan},
-				Prompt:   constant(100), MaxTokens: constant(200)},
-			{Name: "campaign", Weight: 20, Class: "interactive",
-				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 2.5, End: ProviderPeakSpan},
-				Prompt:   constant(100), MaxTokens: constant(300)},
-			{Name: "batch", Weight: 10, Class: "batch",
-				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 1, End: ProviderPeakSpan},
-				Prompt:   constant(150), MaxTokens: constant(500)},
+			vip(Arrivals{Kind: ArrivalPeriodic, Interval: 3 * time.Second, End: ProviderPeakSpan}, constant(100), constant(200)),
+			tenant("campaign", 20, "interactive", poisson(2.5, ProviderPeakSpan), constant(100), constant(300)),
+			tenant("batch", 10, "batch", poisson(1, ProviderPeakSpan), constant(150), constant(500)),
 		},
 		Duration:       ProviderPeakSpan + 20*time.Second,
 		EnforceBudgets: true,

@@ -77,18 +77,10 @@ func Seed004() *Scenario {
 		Classes:  defaultClasses,
 		Policies: []string{"wfq-tokens"},
 		Tenants: []TenantSpec{
-			{Name: "bigtok", Weight: 1, Class: "batch",
-				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 0.5, End: Seed004Duration},
-				Prompt:   uniform(14000, 16000), MaxTokens: constant(5000)},
-			{Name: "tiny", Weight: 1, Class: "interactive",
-				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 80, End: Seed004Duration},
-				Prompt:   uniform(5, 30), MaxTokens: constant(8)},
-			{Name: "normal", Weight: 1, Class: "interactive",
-				Arrivals: Arrivals{Kind: ArrivalPhases, Phases: phases},
-				Prompt:   uniform(500, 1500), MaxTokens: constant(500)},
-			{Name: "core", Weight: 4, Class: "realtime",
-				Arrivals: Arrivals{Kind: ArrivalPoisson, Rate: 0.9 * Seed004Quotas["core"] / coreCost, End: Seed004Duration},
-				Prompt:   uniform(3000, 5000), MaxTokens: constant(500)},
+			tenant("bigtok", 1, "batch", poisson(0.5, Seed004Duration), uniform(14000, 16000), constant(5000)),
+			tenant("tiny", 1, "interactive", poisson(80, Seed004Duration), uniform(5, 30), constant(8)),
+			tenant("normal", 1, "interactive", phased(phases...), uniform(500, 1500), constant(500)),
+			tenant("core", 4, "realtime", poisson(0.9*Seed004Quotas["core"]/coreCost, Seed004Duration), uniform(3000, 5000), constant(500)),
 		},
 	}
 }
@@ -164,7 +156,7 @@ func (c completion) less(o completion) bool {
 // RunSeed004 replays w (seed004's workload) through one limiter.
 func RunSeed004(w *Workload, mode QuotaMode) (*Seed004Result, error) {
 	sc := w.Scenario
-	rp := &quotaReplay{sc: sc, limits: make([]*quota.Limits, len(sc.Tenants)), spikes: map[int]*spikeStat{},
+	rp := &quotaReplay{sc: sc, limits: make([]*quota.Limits, len(sc.Tenants)), spikes: map[int]spikeStat{},
 		normal: indexOf(sc, "normal"), res: &Seed004Result{Mode: mode, Tenants: make([]Seed004Tenant, len(sc.Tenants))}}
 	for i, t := range sc.Tenants {
 		c, ok := Seed004Quotas[t.Name]
@@ -197,7 +189,7 @@ type quotaReplay struct {
 	now    time.Duration // the store's clock
 	done   minHeap[completion]
 	normal int // the tenant whose spikes are followed
-	spikes map[int]*spikeStat
+	spikes map[int]spikeStat
 	res    *Seed004Result
 }
 
@@ -230,20 +222,17 @@ func (rp *quotaReplay) arrive(k int, r *Request) error {
 	}
 	if s, ok := spikeOf(r.Arrival); ok && r.Tenant == rp.normal {
 		st := rp.spikes[s]
-		if st == nil {
-			st = &spikeStat{}
-			rp.spikes[s] = st
-		}
 		st.offered++
 		if d.Allowed {
 			st.admitted++
 		}
+		rp.spikes[s] = st
 	}
 	return nil
 }
 
 // summarise turns the tenants' totals into rates and computes the measures.
-func (res *Seed004Result) summarise(spikes map[int]*spikeStat) {
+func (res *Seed004Result) summarise(spikes map[int]spikeStat) {
 	secs := Seed004Duration.Seconds()
 	var within, refused, spikeOff, spikeAdm, survived int
 	for i := range res.Tenants {

@@ -1,6 +1,7 @@
 package simulator
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -62,6 +63,9 @@ type Record struct {
 // Wait is the time from arrival until dispatch (or expiry).
 func (rec *Record) Wait(r *Request) time.Duration { return rec.Left - r.Arrival }
 
+// Served reports that the request was dispatched: in flight or completed.
+func (rec *Record) Served() bool { return rec.State == StateInflight || rec.State == StateCompleted }
+
 // event kinds, in the order they are processed when their times are equal:
 // a completion frees its slot before anything else happens at that
 // instant, a capacity change applies before arrivals see it, and ticks
@@ -92,13 +96,7 @@ type event struct {
 }
 
 func (a event) less(b event) bool {
-	if a.at != b.at {
-		return a.at < b.at
-	}
-	if a.kind != b.kind {
-		return a.kind < b.kind
-	}
-	return a.seq < b.seq
+	return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.kind, b.kind), cmp.Compare(a.seq, b.seq)) < 0
 }
 
 // limitEntry waits for the target-th freed slot to set a request's Limit
@@ -110,10 +108,7 @@ type limitEntry struct {
 }
 
 func (e limitEntry) less(o limitEntry) bool {
-	if e.target != o.target {
-		return e.target < o.target
-	}
-	return e.id < o.id
+	return cmp.Or(cmp.Compare(e.target, o.target), cmp.Compare(e.id, o.id)) < 0
 }
 
 // interval is a half-open span of virtual time.
@@ -193,10 +188,8 @@ func Run(w *Workload, p Policy) (*Result, error) {
 	if e, ok := sched.(*engineScheduler); ok {
 		s.eng, s.mayIdle, s.ladder = e, e.mayIdle, e.ladder
 	}
-	s.budgets = sc.EnforceBudgets
-	if ep, ok := p.(EnginePolicy); ok && ep.Budgets {
-		s.budgets = true
-	}
+	ep, _ := p.(EnginePolicy)
+	s.budgets = sc.EnforceBudgets || ep.Budgets
 	s.setHealthy(sc.Upstreams)
 	for _, h := range sc.Health {
 		s.push(event{at: h.At, kind: evHealth, arg: h.Healthy})
@@ -377,18 +370,7 @@ func (s *sim) arrive(id int) {
 		}
 	}
 	if err := s.sched.Submit(j); err != nil {
-		rec = &s.recs[id]
-		rec.State = StateRejected
-		rec.Left = s.now
-		rec.Reason = fairqueue.ReasonNoCapacity
-		var rej *fairqueue.Rejection
-		if errors.As(err, &rej) {
-			rec.Reason = rej.Reason
-			if eta, ok := refusalETA(rej); ok {
-				rec.Predicted, rec.HasPrediction = eta, true
-			}
-		}
-		s.addQueued(r.Tenant, -1)
+		s.rejected(id, err)
 		return
 	}
 	// Submit may have grown s.recs (a closed-loop refill on dispatch).
@@ -400,6 +382,20 @@ func (s *sim) arrive(id int) {
 			rec.Predicted, rec.HasPrediction = eta, true
 		}
 	}
+}
+
+// rejected records the refusal of request id at admission.
+func (s *sim) rejected(id int, err error) {
+	rec := &s.recs[id]
+	rec.State, rec.Left, rec.Reason = StateRejected, s.now, fairqueue.ReasonNoCapacity
+	var rej *fairqueue.Rejection
+	if errors.As(err, &rej) {
+		rec.Reason = rej.Reason
+		if eta, ok := refusalETA(rej); ok {
+			rec.Predicted, rec.HasPrediction = eta, true
+		}
+	}
+	s.addQueued(s.reqs[id].Tenant, -1)
 }
 
 // refusalETA reads the predicted wait out of a fast-fail's detail
@@ -562,7 +558,7 @@ type diffTracker struct {
 	back    [][]int // group -> backlogged tenants
 	pos     []int   // tenant -> position in back[group], -1 if not backlogged
 	epoch   []uint32
-	pairs   map[[2]int]*pairState
+	pairs   map[[2]int]pairState
 	max     float64
 	tracked bool // some group qualifies
 }
@@ -574,7 +570,7 @@ type pairState struct {
 
 func newDiffTracker(sc *Scenario) *diffTracker {
 	d := &diffTracker{group: make([]int, len(sc.Tenants)), pos: make([]int, len(sc.Tenants)),
-		epoch: make([]uint32, len(sc.Tenants)), pairs: map[[2]int]*pairState{}}
+		epoch: make([]uint32, len(sc.Tenants)), pairs: map[[2]int]pairState{}}
 	size := map[float64]int{}
 	for _, t := range sc.Tenants {
 		size[t.Weight]++
@@ -634,17 +630,13 @@ func (d *diffTracker) sample(t int, served []float64) {
 		}
 		i, j := min(t, o), max(t, o)
 		D := served[i] - served[j]
-		ps := d.pairs[[2]int{i, j}]
-		switch {
-		case ps == nil:
-			ps = &pairState{ei: d.epoch[i], ej: d.epoch[j], min: D, max: D}
-			d.pairs[[2]int{i, j}] = ps
-		case ps.ei != d.epoch[i] || ps.ej != d.epoch[j]:
+		ps, ok := d.pairs[[2]int{i, j}]
+		if !ok || ps.ei != d.epoch[i] || ps.ej != d.epoch[j] {
 			// A new joint-backlog period: earlier service does not count.
-			*ps = pairState{ei: d.epoch[i], ej: d.epoch[j], min: D, max: D}
-		default:
-			ps.min, ps.max = min(ps.min, D), max(ps.max, D)
+			ps = pairState{ei: d.epoch[i], ej: d.epoch[j], min: D, max: D}
 		}
+		ps.min, ps.max = min(ps.min, D), max(ps.max, D)
+		d.pairs[[2]int{i, j}] = ps
 		d.max = max(d.max, ps.max-ps.min)
 	}
 }
