@@ -346,7 +346,7 @@ func (q *Queue) promoteLocked(now time.Time, tk *Ticket) {
 	// The boost lane counts as queued: only the links move.
 	q.unlinkTicketLocked(tk, true)
 	tk.state = stateBoosted
-	q.boost.pushBack(tk)
+	q.boost.insertAfter(tk, q.boost.tail)
 	if !tk.deadline.IsZero() {
 		heap.Push(&q.deadlines, tk) // so that Tick still expires it
 	}

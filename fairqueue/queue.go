@@ -62,10 +62,8 @@ type Observer func(ev Event, t *Ticket)
 // itself (unlock releases it and delivers events).
 type Queue struct {
 	clock Clock
-	// statsMu lets one Stats copy the tenants at a time (stats.go);
-	// statsBetweenChunks, nil but in tests, runs between its chunks.
-	statsMu            sync.Mutex
-	statsBetweenChunks func()
+	// statsMu lets one Stats copy the tenants at a time (stats.go).
+	statsMu sync.Mutex
 
 	mu       sync.Mutex
 	cfg      Config
@@ -913,7 +911,7 @@ func (q *Queue) pushFlowLocked(tk *Ticket, f *flow) {
 	tk.mark = f.in
 	f.in += tk.cost
 	f.tokens += tk.tokens
-	f.q.pushBack(tk)
+	f.q.insertAfter(tk, f.q.tail)
 	if f.q.head == tk {
 		f.drain = flowDrain{} // backlogged anew: an idle gap is no drain
 		if !tk.t.out {
@@ -1209,24 +1207,25 @@ func (q *Queue) accountGateLocked(now time.Time, tk *Ticket) (*Ticket, gateVerdi
 		q.up.heldAt = now
 		return tk, gateShut // the provider reported less left than tk needs
 	}
+	v := gateOpen
 	if !q.upstreamChargeLocked(now, tk) {
 		if tk = q.reservedNextLocked(now); tk == nil {
 			return nil, gateShut
 		}
-		if q.overTokenCapLocked(tk.tokens) {
-			q.refundUpstreamLocked(tk)
-			return tk, gateShut
-		}
-		if !q.quotaPassLocked(now, tk, false) {
-			q.refundUpstreamLocked(tk)
-			return tk, gateHeld
+		switch {
+		case q.overTokenCapLocked(tk.tokens):
+			v = gateShut
+		case !q.quotaPassLocked(now, tk, false):
+			v = gateHeld
 		}
 	}
-	if !q.remoteStore && !q.quotaPassLocked(now, tk, true) {
+	if v == gateOpen && !q.remoteStore && !q.quotaPassLocked(now, tk, true) {
+		v = gateHeld
+	}
+	if v != gateOpen {
 		q.refundUpstreamLocked(tk)
-		return tk, gateHeld
 	}
-	return tk, gateOpen
+	return tk, v
 }
 
 // timeoutLocked is the answer to a request whose budget ran out queued.
@@ -1571,10 +1570,7 @@ func (t *tenant) backfillLocked(d float64) bool {
 
 // idleList is an intrusive FIFO of tenants that were idle when listed,
 // in about the order they became idle (see pruneLocked).
-type idleList struct {
-	head, tail *tenant
-	n          int
-}
+type idleList struct{ head, tail *tenant }
 
 func (l *idleList) push(t *tenant) {
 	t.idleAt, t.onIdle = t.idleSince, true
@@ -1585,7 +1581,6 @@ func (l *idleList) push(t *tenant) {
 		l.head = t
 	}
 	l.tail = t
-	l.n++
 }
 
 func (l *idleList) remove(t *tenant) {
@@ -1600,5 +1595,4 @@ func (l *idleList) remove(t *tenant) {
 		l.tail = t.idlePrev
 	}
 	t.idlePrev, t.idleNext, t.onIdle = nil, nil, false
-	l.n--
 }

@@ -277,25 +277,19 @@ type ticketList struct {
 	n          int
 }
 
-func (l *ticketList) pushBack(tk *Ticket) {
-	tk.prev, tk.next = l.tail, nil
-	if l.tail != nil {
-		l.tail.next = tk
+// insertAfter puts tk right after at, or first when at is nil.
+func (l *ticketList) insertAfter(tk, at *Ticket) {
+	tk.prev = at
+	if at != nil {
+		tk.next, at.next = at.next, tk
 	} else {
-		l.head = tk
+		tk.next, l.head = l.head, tk
 	}
-	l.tail = tk
-	l.n++
-}
-
-func (l *ticketList) pushFront(tk *Ticket) {
-	tk.prev, tk.next = nil, l.head
-	if l.head != nil {
-		l.head.prev = tk
+	if tk.next != nil {
+		tk.next.prev = tk
 	} else {
 		l.tail = tk
 	}
-	l.head = tk
 	l.n++
 }
 

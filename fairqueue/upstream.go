@@ -535,7 +535,7 @@ func (tk *Ticket) Requeue() bool {
 	f.out -= tk.cost
 	f.tokens += tk.tokens
 	tk.mark = f.out
-	f.q.pushFront(tk)
+	f.q.insertAfter(tk, nil)
 	if !t.out {
 		q.linkFlowLocked(f)
 	}
