@@ -401,8 +401,15 @@ func (q *Queue) Reconfigure(cfg Config) error {
 			q.classes = append(q.classes, &classQ{name: cl.Name})
 		}
 	}
+	q.retuneTenantsLocked()
+	return nil
+}
+
+// retuneTenantsLocked applies q.cfg, just replaced, to the tenants, their
+// weights and the orders that follow from them.
+func (q *Queue) retuneTenantsLocked() {
 	q.setTenantConfigsLocked()
-	q.group.weight, q.group.cfg = cfg.Default.Weight, q.undeclared
+	q.group.weight, q.group.cfg = q.cfg.Default.Weight, q.undeclared
 	for _, t := range q.tenants {
 		tc, known := q.tenantConfigLocked(t.name)
 		t.weight, t.known, t.cfg = tc.Weight, known, tc
@@ -429,7 +436,6 @@ func (q *Queue) Reconfigure(cfg Config) error {
 	q.adm.ahead.reset() // weights, classes and pauses may have changed
 	q.setCapacityLocked(q.healthy)
 	q.applyPausesLocked()
-	return nil
 }
 
 // SetHealthy sets the number of healthy upstreams; capacity follows at once.
@@ -551,10 +557,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		return nil, rej
 	}
 	if in.t == nil {
-		in.t = q.newTenantLocked(r.Tenant, in.tc, in.known, now)
-		if q.circuit != nil {
-			in.t.observeDemand(now, q.circuit.Config().Window, q.serviceTimeLocked(q.serviceOwnerLocked(in.t, r.Tenant)), in.tokens)
-		}
+		in.t = q.newTenantLocked(r.Tenant, &in, now)
 	}
 	t := in.t
 	q.liftLocked(t)
@@ -695,13 +698,13 @@ func (q *Queue) startIdleLocked(tk *Ticket, f *flow, now time.Time) {
 	q.dispatchDoneLocked(now, false)
 }
 
-// newTenantLocked creates the state of a tenant about to queue a request.
+// newTenantLocked creates the state of a tenant about to queue the request in.
 // It starts on the idle list, so a tenant refused after this point is
 // still forgotten.
-func (q *Queue) newTenantLocked(name string, tc *TenantConfig, known bool, now time.Time) *tenant {
-	t := &tenant{name: name, weight: tc.Weight, known: known, cfg: tc, heldIdx: -1}
+func (q *Queue) newTenantLocked(name string, in *intake, now time.Time) *tenant {
+	t := &tenant{name: name, weight: in.tc.Weight, known: in.known, cfg: in.tc, heldIdx: -1}
 	t.flows = t.flowBuf[:0]
-	if !known {
+	if !in.known {
 		t.group = q.group
 		t.vt = q.group.vfloor
 	}
@@ -710,6 +713,9 @@ func (q *Queue) newTenantLocked(name string, tc *TenantConfig, known bool, now t
 	q.tenantPeak = max(q.tenantPeak, len(q.tenants))
 	t.idleSince = now.UnixNano()
 	q.idle.push(t)
+	if q.circuit != nil {
+		t.observeDemand(now, q.circuit.Config().Window, q.serviceTimeLocked(q.serviceOwnerLocked(t, name)), in.tokens)
+	}
 	return t
 }
 

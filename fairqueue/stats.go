@@ -64,6 +64,18 @@ func (q *Queue) Stats(tenants bool) Stats {
 	// One copy at a time: the cursor it leaves on the queue is its own.
 	q.statsMu.Lock()
 	defer q.statsMu.Unlock()
+	s, out := q.copyTenants()
+	// Of two entries with one name the later copy is kept: reversed, then
+	// sorted stably, it comes first.
+	slices.Reverse(out)
+	slices.SortStableFunc(out, func(a, b TenantStats) int { return strings.Compare(a.Name, b.Name) })
+	s.Tenants = slices.CompactFunc(out, func(a, b TenantStats) bool { return a.Name == b.Name })
+	return s
+}
+
+// copyTenants copies the totals and, in chunks, the tenants for Stats,
+// which holds statsMu.
+func (q *Queue) copyTenants() (Stats, []TenantStats) {
 	var out []TenantStats
 	q.mu.Lock()
 	s := q.statsLocked()
@@ -105,12 +117,7 @@ func (q *Queue) Stats(tenants bool) Stats {
 	}
 	q.scan = -1
 	q.mu.Unlock()
-	// Of two entries with one name the later copy is kept: reversed, then
-	// sorted stably, it comes first.
-	slices.Reverse(out)
-	slices.SortStableFunc(out, func(a, b TenantStats) int { return strings.Compare(a.Name, b.Name) })
-	s.Tenants = slices.CompactFunc(out, func(a, b TenantStats) bool { return a.Name == b.Name })
-	return s
+	return s, out
 }
 
 // statsLocked is the snapshot's totals.

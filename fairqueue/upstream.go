@@ -502,13 +502,9 @@ func (q *Queue) Upstream() UpstreamStatus {
 func (tk *Ticket) Requeue() bool {
 	q := tk.q
 	q.mu.Lock()
-	if tk.state != stateInflight {
-		q.mu.Unlock()
+	if tk.state != stateInflight || q.closed != "" {
+		q.mu.Unlock() // nobody ticks or dispatches a closed queue
 		return false
-	}
-	if q.closed != "" {
-		q.mu.Unlock()
-		return false // nobody ticks or dispatches a closed queue
 	}
 	now := q.clock.Now()
 	t := tk.t
