@@ -379,10 +379,7 @@ func (q *Queue) recheckLocked(now time.Time) {
 		if est.Known {
 			tk.eta = q.promiseLocked(now, tk, est.ETA)
 		}
-		if !est.Known || !now.Add(est.ETA).After(tk.deadline.Add(-q.cfg.Admission.Margin)) {
-			continue
-		}
-		if ownDueFirst(tk.f, tk, tk.deadline) {
+		if !est.Known || !now.Add(est.ETA).After(tk.deadline.Add(-q.cfg.Admission.Margin)) || ownDueFirst(tk.f, tk, tk.deadline) {
 			continue
 		}
 		if ok, _ := q.adm.boosts.Allow(now, tk.t.name, q.boostedInflight+q.boost.n, q.capacity); !ok {

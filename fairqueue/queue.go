@@ -498,12 +498,9 @@ func (t *tenant) misplaced() bool { return (t.group != nil) == t.known }
 // the class it is scheduled in: cls, or the tenant's class when cls is
 // empty or unknown.
 func (q *Queue) settingsLocked(t *tenant, name, cls string) (*TenantConfig, bool, string) {
-	var tc *TenantConfig
-	var known bool
+	tc, known := q.tenantConfigLocked(name)
 	if t != nil {
 		tc, known = t.cfg, t.known
-	} else {
-		tc, known = q.tenantConfigLocked(name)
 	}
 	if cls == "" || q.classLocked(cls) == nil {
 		cls = tc.Class
@@ -635,7 +632,7 @@ func (q *Queue) admissionGatesLocked(now time.Time, r *Request, in *intake, pre 
 	if rej := q.admitLocked(now, in.t, r.Tenant, in.tc, in.known, in.tokens, max(r.Bytes, 0)); rej != nil {
 		return quotaDelay{}, rej
 	}
-	if q.ov.throttle != nil {
+	if len(q.ov.throttle) > 0 {
 		if rej := q.throttleLocked(now, in.cls, in.tc.Class, in.tokens, true); rej != nil {
 			return quotaDelay{}, rej
 		}
