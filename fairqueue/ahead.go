@@ -1,6 +1,7 @@
 package fairqueue
 
 import (
+	"cmp"
 	"math"
 	"slices"
 )
@@ -289,15 +290,7 @@ type aheadKey struct {
 // The priorities are drawn anew and handed out in decreasing order level
 // by level, so the heap order holds.
 func (x *aheadIndex) build(ks []aheadKey) int32 {
-	slices.SortFunc(ks, func(a, b aheadKey) int {
-		switch {
-		case a.key < b.key || a.key == b.key && a.id < b.id:
-			return -1
-		case a.key == b.key && a.id == b.id:
-			return 0
-		}
-		return 1
-	})
+	slices.SortFunc(ks, func(a, b aheadKey) int { return cmp.Or(cmp.Compare(a.key, b.key), cmp.Compare(a.id, b.id)) })
 	prios := make([]uint32, len(ks))
 	for i := range prios {
 		prios[i] = x.prio()

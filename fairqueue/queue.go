@@ -1477,13 +1477,11 @@ func (q *Queue) release(tk *Ticket, actual, prompt int64) {
 		q.dispatchLocked(now)
 	case stateInflight:
 		// A shared store's reconciliations wait for the lock to go.
-		if q.cfg.QuotaStore != nil {
-			if d, ok := q.deferReconcileLocked(tk, actual, prompt); ok {
-				q.completeLocked(now, tk, actual, prompt)
-				q.unlock()
-				q.reconcileDeferred(d)
-				return
-			}
+		if d, ok := q.deferReconcileLocked(tk, actual, prompt); ok {
+			q.completeLocked(now, tk, actual, prompt)
+			q.unlock()
+			q.reconcileDeferred(d)
+			return
 		}
 		q.completeLocked(now, tk, actual, prompt)
 	}

@@ -160,12 +160,8 @@ func (tk *Ticket) wakeLocked() {
 func (tk *Ticket) Wait(ctx context.Context) error {
 	q := tk.q
 	q.mu.Lock()
-	switch tk.state {
-	case stateInflight, stateReleased:
-		q.mu.Unlock()
-		return nil
-	case stateCancelled, stateExpired:
-		err := tk.err
+	if tk.state != stateQueued && tk.state != stateBoosted {
+		err := tk.err // nil once dispatched
 		q.mu.Unlock()
 		return err
 	}

@@ -502,9 +502,9 @@ func (q *Queue) Upstream() UpstreamStatus {
 func (tk *Ticket) Requeue() bool {
 	q := tk.q
 	q.mu.Lock()
+	defer q.unlock()
 	if tk.state != stateInflight || q.closed != "" {
-		q.mu.Unlock() // nobody ticks or dispatches a closed queue
-		return false
+		return false // nobody ticks or dispatches a closed queue
 	}
 	now := q.clock.Now()
 	t := tk.t
@@ -540,6 +540,5 @@ func (tk *Ticket) Requeue() bool {
 		heap.Push(&q.deadlines, tk)
 	}
 	q.dispatchLocked(now)
-	q.unlock()
 	return true
 }
