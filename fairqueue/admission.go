@@ -197,9 +197,7 @@ func (q *Queue) workAheadOwnLocked(now time.Time, t *tenant, ownAhead, cost int6
 	w := t.weight
 	start := t.vt
 	if t.queued == 0 {
-		if v := q.virtualTimeLocked(t); start < v {
-			start = v
-		}
+		start = max(start, q.virtualTimeLocked(t))
 	}
 	start += float64(ownAhead) / w
 	return ahead, start + float64(cost)/w

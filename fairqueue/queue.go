@@ -440,9 +440,7 @@ func (q *Queue) retuneTenantsLocked() {
 
 // SetHealthy sets the number of healthy upstreams; capacity follows at once.
 func (q *Queue) SetHealthy(n int) {
-	if n < 0 {
-		n = 0
-	}
+	n = max(n, 0)
 	q.mu.Lock()
 	defer q.unlock()
 	if n != q.healthy {
@@ -470,10 +468,7 @@ func (q *Queue) setCapacityLocked(healthy int) {
 func (q *Queue) SetSlotLimit(n int) {
 	q.mu.Lock()
 	defer q.unlock()
-	if n < 0 {
-		n = -1
-	}
-	if n != q.slotLimit {
+	if n = max(n, -1); n != q.slotLimit {
 		q.slotLimit = n
 		q.setCapacityLocked(q.healthy)
 		q.dispatchLocked(q.clock.Now())
@@ -544,9 +539,9 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	defer q.unlock()
 	in := q.intakeLocked(&r)
 	hold, rej := q.admissionGatesLocked(now, &r, &in, pre)
-	if in.tc.Quota == nil && pre.booked() {
+	if in.tc.Quota == nil {
 		// A reload took the quota away since the booking: give it back.
-		q.refundLaterLocked(r.Tenant, pre.limits, pre.tokens)
+		q.unbookRefusedLocked(r.Tenant, pre)
 		pre = nil
 	}
 	if rej != nil {
@@ -663,8 +658,8 @@ func (q *Queue) budgetDecisionLocked(now time.Time, r *Request, in *intake, cq *
 	return decision, est
 }
 
-// unbookRefusedLocked gives back the booking pre of a request refused at
-// admission.
+// unbookRefusedLocked gives back the booking pre, if any, of a request
+// refused at admission or no longer under a quota.
 func (q *Queue) unbookRefusedLocked(tenant string, pre *quotaBooking) {
 	if pre.booked() {
 		q.refundLaterLocked(tenant, pre.limits, pre.tokens)
@@ -1060,15 +1055,12 @@ func (q *Queue) nextLocked() (*Ticket, bool) {
 	for lane != nil && lane.t.out {
 		lane = lane.next
 	}
-	if lane != nil {
-		if best == nil {
-			return lane, false
-		}
-		if q.boostRoomLocked() {
-			return lane, true
-		}
-	}
-	if best == nil {
+	switch {
+	case lane != nil && best == nil:
+		return lane, false
+	case lane != nil && q.boostRoomLocked():
+		return lane, true
+	case best == nil:
 		return nil, false
 	}
 	return best.flows.flow(best.flows.top()).head(), false
