@@ -197,9 +197,7 @@ func (q *Queue) workAheadOwnLocked(now time.Time, t *tenant, ownAhead, cost int6
 	w := t.weight
 	start := t.vt
 	if t.queued == 0 {
-		if v := q.virtualTimeLocked(t); start < v {
-			start = v
-		}
+		start = max(start, q.virtualTimeLocked(t))
 	}
 	start += float64(ownAhead) / w
 	return ahead, start + float64(cost)/w
@@ -346,7 +344,7 @@ func (q *Queue) promoteLocked(now time.Time, tk *Ticket) {
 	// The boost lane counts as queued: only the links move.
 	q.unlinkTicketLocked(tk, true)
 	tk.state = stateBoosted
-	q.boost.pushBack(tk)
+	q.boost.insertAfter(tk, q.boost.tail)
 	if !tk.deadline.IsZero() {
 		heap.Push(&q.deadlines, tk) // so that Tick still expires it
 	}
@@ -379,10 +377,7 @@ func (q *Queue) recheckLocked(now time.Time) {
 		if est.Known {
 			tk.eta = q.promiseLocked(now, tk, est.ETA)
 		}
-		if !est.Known || !now.Add(est.ETA).After(tk.deadline.Add(-q.cfg.Admission.Margin)) {
-			continue
-		}
-		if ownDueFirst(tk.f, tk, tk.deadline) {
+		if !est.Known || !now.Add(est.ETA).After(tk.deadline.Add(-q.cfg.Admission.Margin)) || ownDueFirst(tk.f, tk, tk.deadline) {
 			continue
 		}
 		if ok, _ := q.adm.boosts.Allow(now, tk.t.name, q.boostedInflight+q.boost.n, q.capacity); !ok {

@@ -1,6 +1,7 @@
 package fairqueue
 
 import (
+	"cmp"
 	"math"
 	"slices"
 )
@@ -67,8 +68,8 @@ type aheadSlot struct {
 // aheadNode is one treap node; node 0 is the empty tree, all zeros.
 type aheadNode struct {
 	key, w  float64
-	sw, swk float64 // subtree sums of w and w x key
-	l, r    int32
+	sw, swk float64  // subtree sums of w and w x key
+	kid     [2]int32 // left and right child, 0: none
 	prio    uint32
 }
 
@@ -289,15 +290,7 @@ type aheadKey struct {
 // The priorities are drawn anew and handed out in decreasing order level
 // by level, so the heap order holds.
 func (x *aheadIndex) build(ks []aheadKey) int32 {
-	slices.SortFunc(ks, func(a, b aheadKey) int {
-		switch {
-		case a.key < b.key || a.key == b.key && a.id < b.id:
-			return -1
-		case a.key == b.key && a.id == b.id:
-			return 0
-		}
-		return 1
-	})
+	slices.SortFunc(ks, func(a, b aheadKey) int { return cmp.Or(cmp.Compare(a.key, b.key), cmp.Compare(a.id, b.id)) })
 	prios := make([]uint32, len(ks))
 	for i := range prios {
 		prios[i] = x.prio()
@@ -315,14 +308,14 @@ func (x *aheadIndex) build(ks []aheadKey) int32 {
 		mid := (sp.lo + sp.hi) / 2
 		id := ks[mid].id
 		e := &n[id]
-		e.l, e.r = 0, 0
+		e.kid = [2]int32{}
 		e.prio = prios[len(prios)-1-len(order)]
 		order = append(order, id)
 		if sp.parent >= 0 {
 			if p := ks[sp.parent].id; mid < sp.parent {
-				n[p].l = id
+				n[p].kid[0] = id
 			} else {
-				n[p].r = id
+				n[p].kid[1] = id
 			}
 		}
 		if sp.lo < mid {
@@ -443,7 +436,7 @@ const finTolerance = 1e-14
 func (x *aheadIndex) rekey(root, id int32, key float64) int32 {
 	root = x.remove(root, id)
 	e := &x.nodes[id]
-	e.key, e.l, e.r = key, 0, 0
+	e.key, e.kid = key, [2]int32{}
 	e.sw, e.swk = e.w, e.w*key
 	return x.insert(root, id)
 }
@@ -506,12 +499,12 @@ func (x *aheadIndex) below(root int32, f float64) (sw, swk float64) {
 	for root != 0 {
 		e := &n[root]
 		if e.key < f {
-			l := &n[e.l]
+			l := &n[e.kid[0]]
 			sw += l.sw + e.w
 			swk += l.swk + e.w*e.key
-			root = e.r
+			root = e.kid[1]
 		} else {
-			root = e.l
+			root = e.kid[0]
 		}
 	}
 	return sw, swk
@@ -540,17 +533,21 @@ func (x *aheadIndex) prio() uint32 {
 	return uint32(x.rng >> 32)
 }
 
-// less orders nodes by key, then by id, so that equal keys are told apart.
-func (x *aheadIndex) less(a, b int32) bool {
-	ka, kb := x.nodes[a].key, x.nodes[b].key
-	return ka < kb || ka == kb && a < b
+// side is the subtree of root that node id belongs in, 0 (left) or 1:
+// nodes are ordered by key, then by id, so that equal keys are told apart.
+func (x *aheadIndex) side(id, root int32) int {
+	a, b := x.nodes[id].key, x.nodes[root].key
+	if a < b || a == b && id < root {
+		return 0
+	}
+	return 1
 }
 
 // pull recomputes node i's subtree sums from its children.
 func (x *aheadIndex) pull(i int32) {
 	n := x.nodes
 	e := &n[i]
-	l, r := &n[e.l], &n[e.r]
+	l, r := &n[e.kid[0]], &n[e.kid[1]]
 	e.sw = l.sw + e.w + r.sw
 	e.swk = l.swk + e.w*e.key + r.swk
 }
@@ -561,28 +558,16 @@ func (x *aheadIndex) insert(root, id int32) int32 {
 		return id
 	}
 	n := x.nodes
-	if x.less(id, root) {
-		l := x.insert(n[root].l, id)
-		n[root].l = l
-		if n[l].prio > n[root].prio {
-			// rotate right
-			n[root].l = n[l].r
-			x.pull(root)
-			n[l].r = root
-			x.pull(l)
-			return l
-		}
-	} else {
-		r := x.insert(n[root].r, id)
-		n[root].r = r
-		if n[r].prio > n[root].prio {
-			// rotate left
-			n[root].r = n[r].l
-			x.pull(root)
-			n[r].l = root
-			x.pull(r)
-			return r
-		}
+	d := x.side(id, root)
+	c := x.insert(n[root].kid[d], id)
+	n[root].kid[d] = c
+	if n[c].prio > n[root].prio {
+		// rotate c above root
+		n[root].kid[d] = n[c].kid[1-d]
+		x.pull(root)
+		n[c].kid[1-d] = root
+		x.pull(c)
+		return c
 	}
 	x.pull(root)
 	return root
@@ -592,16 +577,13 @@ func (x *aheadIndex) insert(root, id int32) int32 {
 func (x *aheadIndex) remove(root, id int32) int32 {
 	n := x.nodes
 	if root == id {
-		return x.merge(n[id].l, n[id].r)
+		return x.merge(n[id].kid[0], n[id].kid[1])
 	}
 	if root == 0 {
 		panic("fairqueue: work-ahead node not in its treap")
 	}
-	if x.less(id, root) {
-		n[root].l = x.remove(n[root].l, id)
-	} else {
-		n[root].r = x.remove(n[root].r, id)
-	}
+	d := x.side(id, root)
+	n[root].kid[d] = x.remove(n[root].kid[d], id)
 	x.pull(root)
 	return root
 }
@@ -616,11 +598,11 @@ func (x *aheadIndex) merge(a, b int32) int32 {
 	}
 	n := x.nodes
 	if n[a].prio > n[b].prio {
-		n[a].r = x.merge(n[a].r, b)
+		n[a].kid[1] = x.merge(n[a].kid[1], b)
 		x.pull(a)
 		return a
 	}
-	n[b].l = x.merge(a, n[b].l)
+	n[b].kid[0] = x.merge(a, n[b].kid[0])
 	x.pull(b)
 	return b
 }

@@ -155,7 +155,10 @@ func TestIdleTenantsForgottenAfterBurst(t *testing.T) {
 		q.Tick()
 	}
 	q.mu.Lock()
-	remembered, rings, idle := len(q.tenants), q.adm.boosts.Tenants(), q.idle.n
+	remembered, rings, idle := len(q.tenants), q.adm.boosts.Tenants(), 0
+	for it := q.idle.head; it != nil; it = it.idleNext {
+		idle++
+	}
 	slots := 0
 	for _, gf := range q.group.flows {
 		slots += len(gf.sub.pos)

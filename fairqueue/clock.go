@@ -45,13 +45,6 @@ func (c *ManualClock) Set(t time.Time) {
 	}
 }
 
-// Advance moves the clock forward by d.
-func (c *ManualClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 // since returns t as nanoseconds from the queue's epoch, the form a ticket
 // keeps its times in. The difference is taken on the monotonic clock when
 // both readings carry one (Time.Sub), so with RealClock a time given back

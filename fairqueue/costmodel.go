@@ -36,27 +36,11 @@ func (q *Queue) SetQuotaWeight(w float64) {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	reweigh := func(tc *TenantConfig) bool {
-		if !tc.QuotaAutoWeight || tc.Quota == nil {
-			return false
-		}
-		c := tc.Quota.Config()
-		if math.Abs(c.TokenToQPSWeight-w) <= 0.01*c.TokenToQPSWeight {
-			return false
-		}
-		c.TokenToQPSWeight = min(w, 1e6)
-		l, err := c.Compile()
-		if err != nil {
-			return false
-		}
-		tc.Quota = l
-		return true
-	}
 	// The map is shared with whoever built the Config (the handler reads
 	// it without the queue's lock): a changed one is a new map.
 	var tenants map[string]TenantConfig
 	for name, tc := range q.cfg.Tenants {
-		if reweigh(&tc) {
+		if reweigh(&tc, w) {
 			if tenants == nil {
 				tenants = maps.Clone(q.cfg.Tenants)
 			}
@@ -70,7 +54,26 @@ func (q *Queue) SetQuotaWeight(w float64) {
 			tc.Quota = tenants[name].Quota
 		}
 	}
-	if reweigh(&q.cfg.Default) {
+	if reweigh(&q.cfg.Default, w) {
 		q.undeclared.Quota = q.cfg.Default.Quota
 	}
+}
+
+// reweigh sets the weight of tc's quota to w if it takes it from the cost
+// model and w moved it by more than 1%; it reports whether it did.
+func reweigh(tc *TenantConfig, w float64) bool {
+	if !tc.QuotaAutoWeight || tc.Quota == nil {
+		return false
+	}
+	c := tc.Quota.Config()
+	if math.Abs(c.TokenToQPSWeight-w) <= 0.01*c.TokenToQPSWeight {
+		return false
+	}
+	c.TokenToQPSWeight = min(w, 1e6)
+	l, err := c.Compile()
+	if err != nil {
+		return false
+	}
+	tc.Quota = l
+	return true
 }

@@ -83,26 +83,18 @@ func (q *Queue) fallbackOpenLocked(now time.Time) bool {
 
 // primaryBlockedLocked reports whether the primary cannot serve tk now.
 func (q *Queue) primaryBlockedLocked(now time.Time, tk *Ticket) bool {
-	if q.healthy == 0 {
+	enq, u := q.at(tk.enqueued), q.up
+	switch {
+	case q.healthy == 0:
 		return true
-	}
-	if enq := q.at(tk.enqueued); !tk.deadline.IsZero() && 2*now.Sub(enq) >= tk.deadline.Sub(enq) {
+	case !tk.deadline.IsZero() && 2*now.Sub(enq) >= tk.deadline.Sub(enq):
 		return true // half its budget gone: its primary ETA misses
-	}
-	u := q.up
-	if u == nil {
+	case u == nil:
 		return false
-	}
-	if now.Before(u.until) {
+	case now.Before(u.until) || !q.levelAllowsLocked(now, tk):
 		return true
 	}
-	if !q.levelAllowsLocked(now, tk) {
-		return true
-	}
-	if !now.Before(u.poolUntil) {
-		return false
-	}
-	return !q.reservedFitsLocked(tk)
+	return now.Before(u.poolUntil) && !q.reservedFitsLocked(tk)
 }
 
 // dispatchFallbackLocked starts what the fallback should serve now.

@@ -255,7 +255,7 @@ func TestBookingsTakenInDispatchOrder(t *testing.T) {
 	q.mu.Lock()
 	f := x.f
 	f.q.remove(x)
-	f.q.pushBack(x)
+	f.q.insertAfter(x, f.q.tail)
 	q.mu.Unlock()
 	if f.q.head != y {
 		t.Fatal("test setup: y is not at the head")

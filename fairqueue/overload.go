@@ -67,23 +67,18 @@ func (o *overload) derive() {
 	if o.ladder == nil {
 		return
 	}
+	o.paused, o.throttle = map[string]bool{}, map[string]*degrade.Throttle{}
 	for i, s := range o.steps[:o.ladder.Level()] {
 		a := s.Action
 		switch a.Kind {
 		case degrade.ActionPause:
-			if o.paused == nil {
-				o.paused = map[string]bool{}
-			}
 			o.paused[a.Class] = true
 		case degrade.ActionLightMode:
-			if o.light == nil {
+			if o.light == nil { // nil while no class is trimmed (lightOn)
 				o.light = map[string]degrade.Action{}
 			}
 			o.light[a.Class] = a
 		case degrade.ActionThrottle:
-			if o.throttle == nil {
-				o.throttle = map[string]*degrade.Throttle{}
-			}
 			o.throttle[a.Class] = o.bucket[i]
 		}
 	}

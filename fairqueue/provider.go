@@ -104,16 +104,15 @@ const maxProviderReset = providerWindow + providerGuard
 func (tk *Ticket) ProviderLevel(r ProviderReport) {
 	q := tk.q
 	q.mu.Lock()
+	defer q.unlock()
 	u := q.up
 	if u == nil || tk.fallback || tk.state != stateInflight && tk.state != stateReleased {
-		q.mu.Unlock()
 		return
 	}
 	now := q.clock.Now()
 	asOf := q.at(tk.dispatched).UnixNano()
 	lv := &u.level
 	if asOf < lv.asOf {
-		q.mu.Unlock()
 		return
 	}
 	u.sent.prune(now)
@@ -134,7 +133,6 @@ func (tk *Ticket) ProviderLevel(r ProviderReport) {
 	}
 	// A higher level may let a request go that waited for it.
 	q.dispatchLocked(now)
-	q.unlock()
 }
 
 // levelAt is the provider's level of each dimension at now (NaN: no

@@ -62,10 +62,8 @@ type Observer func(ev Event, t *Ticket)
 // itself (unlock releases it and delivers events).
 type Queue struct {
 	clock Clock
-	// statsMu lets one Stats copy the tenants at a time (stats.go);
-	// statsBetweenChunks, nil but in tests, runs between its chunks.
-	statsMu            sync.Mutex
-	statsBetweenChunks func()
+	// statsMu lets one Stats copy the tenants at a time (stats.go).
+	statsMu sync.Mutex
 
 	mu       sync.Mutex
 	cfg      Config
@@ -403,8 +401,15 @@ func (q *Queue) Reconfigure(cfg Config) error {
 			q.classes = append(q.classes, &classQ{name: cl.Name})
 		}
 	}
+	q.retuneTenantsLocked()
+	return nil
+}
+
+// retuneTenantsLocked applies q.cfg, just replaced, to the tenants, their
+// weights and the orders that follow from them.
+func (q *Queue) retuneTenantsLocked() {
 	q.setTenantConfigsLocked()
-	q.group.weight, q.group.cfg = cfg.Default.Weight, q.undeclared
+	q.group.weight, q.group.cfg = q.cfg.Default.Weight, q.undeclared
 	for _, t := range q.tenants {
 		tc, known := q.tenantConfigLocked(t.name)
 		t.weight, t.known, t.cfg = tc.Weight, known, tc
@@ -431,14 +436,11 @@ func (q *Queue) Reconfigure(cfg Config) error {
 	q.adm.ahead.reset() // weights, classes and pauses may have changed
 	q.setCapacityLocked(q.healthy)
 	q.applyPausesLocked()
-	return nil
 }
 
 // SetHealthy sets the number of healthy upstreams; capacity follows at once.
 func (q *Queue) SetHealthy(n int) {
-	if n < 0 {
-		n = 0
-	}
+	n = max(n, 0)
 	q.mu.Lock()
 	defer q.unlock()
 	if n != q.healthy {
@@ -466,10 +468,7 @@ func (q *Queue) setCapacityLocked(healthy int) {
 func (q *Queue) SetSlotLimit(n int) {
 	q.mu.Lock()
 	defer q.unlock()
-	if n < 0 {
-		n = -1
-	}
-	if n != q.slotLimit {
+	if n = max(n, -1); n != q.slotLimit {
 		q.slotLimit = n
 		q.setCapacityLocked(q.healthy)
 		q.dispatchLocked(q.clock.Now())
@@ -494,12 +493,9 @@ func (t *tenant) misplaced() bool { return (t.group != nil) == t.known }
 // the class it is scheduled in: cls, or the tenant's class when cls is
 // empty or unknown.
 func (q *Queue) settingsLocked(t *tenant, name, cls string) (*TenantConfig, bool, string) {
-	var tc *TenantConfig
-	var known bool
+	tc, known := q.tenantConfigLocked(name)
 	if t != nil {
 		tc, known = t.cfg, t.known
-	} else {
-		tc, known = q.tenantConfigLocked(name)
 	}
 	if cls == "" || q.classLocked(cls) == nil {
 		cls = tc.Class
@@ -543,9 +539,9 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	defer q.unlock()
 	in := q.intakeLocked(&r)
 	hold, rej := q.admissionGatesLocked(now, &r, &in, pre)
-	if in.tc.Quota == nil && pre.booked() {
+	if in.tc.Quota == nil {
 		// A reload took the quota away since the booking: give it back.
-		q.refundLaterLocked(r.Tenant, pre.limits, pre.tokens)
+		q.unbookRefusedLocked(r.Tenant, pre)
 		pre = nil
 	}
 	if rej != nil {
@@ -553,10 +549,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		return nil, rej
 	}
 	if in.t == nil {
-		in.t = q.newTenantLocked(r.Tenant, in.tc, in.known, now)
-		if q.circuit != nil {
-			in.t.observeDemand(now, q.circuit.Config().Window, q.serviceTimeLocked(q.serviceOwnerLocked(in.t, r.Tenant)), in.tokens)
-		}
+		in.t = q.newTenantLocked(r.Tenant, &in, now)
 	}
 	t := in.t
 	q.liftLocked(t)
@@ -634,7 +627,7 @@ func (q *Queue) admissionGatesLocked(now time.Time, r *Request, in *intake, pre 
 	if rej := q.admitLocked(now, in.t, r.Tenant, in.tc, in.known, in.tokens, max(r.Bytes, 0)); rej != nil {
 		return quotaDelay{}, rej
 	}
-	if q.ov.throttle != nil {
+	if len(q.ov.throttle) > 0 {
 		if rej := q.throttleLocked(now, in.cls, in.tc.Class, in.tokens, true); rej != nil {
 			return quotaDelay{}, rej
 		}
@@ -665,8 +658,8 @@ func (q *Queue) budgetDecisionLocked(now time.Time, r *Request, in *intake, cq *
 	return decision, est
 }
 
-// unbookRefusedLocked gives back the booking pre of a request refused at
-// admission.
+// unbookRefusedLocked gives back the booking pre, if any, of a request
+// refused at admission or no longer under a quota.
 func (q *Queue) unbookRefusedLocked(tenant string, pre *quotaBooking) {
 	if pre.booked() {
 		q.refundLaterLocked(tenant, pre.limits, pre.tokens)
@@ -697,13 +690,13 @@ func (q *Queue) startIdleLocked(tk *Ticket, f *flow, now time.Time) {
 	q.dispatchDoneLocked(now, false)
 }
 
-// newTenantLocked creates the state of a tenant about to queue a request.
+// newTenantLocked creates the state of a tenant about to queue the request in.
 // It starts on the idle list, so a tenant refused after this point is
 // still forgotten.
-func (q *Queue) newTenantLocked(name string, tc *TenantConfig, known bool, now time.Time) *tenant {
-	t := &tenant{name: name, weight: tc.Weight, known: known, cfg: tc, heldIdx: -1}
+func (q *Queue) newTenantLocked(name string, in *intake, now time.Time) *tenant {
+	t := &tenant{name: name, weight: in.tc.Weight, known: in.known, cfg: in.tc, heldIdx: -1}
 	t.flows = t.flowBuf[:0]
-	if !known {
+	if !in.known {
 		t.group = q.group
 		t.vt = q.group.vfloor
 	}
@@ -712,6 +705,9 @@ func (q *Queue) newTenantLocked(name string, tc *TenantConfig, known bool, now t
 	q.tenantPeak = max(q.tenantPeak, len(q.tenants))
 	t.idleSince = now.UnixNano()
 	q.idle.push(t)
+	if q.circuit != nil {
+		t.observeDemand(now, q.circuit.Config().Window, q.serviceTimeLocked(q.serviceOwnerLocked(t, name)), in.tokens)
+	}
 	return t
 }
 
@@ -913,7 +909,7 @@ func (q *Queue) pushFlowLocked(tk *Ticket, f *flow) {
 	tk.mark = f.in
 	f.in += tk.cost
 	f.tokens += tk.tokens
-	f.q.pushBack(tk)
+	f.q.insertAfter(tk, f.q.tail)
 	if f.q.head == tk {
 		f.drain = flowDrain{} // backlogged anew: an idle gap is no drain
 		if !tk.t.out {
@@ -1059,15 +1055,12 @@ func (q *Queue) nextLocked() (*Ticket, bool) {
 	for lane != nil && lane.t.out {
 		lane = lane.next
 	}
-	if lane != nil {
-		if best == nil {
-			return lane, false
-		}
-		if q.boostRoomLocked() {
-			return lane, true
-		}
-	}
-	if best == nil {
+	switch {
+	case lane != nil && best == nil:
+		return lane, false
+	case lane != nil && q.boostRoomLocked():
+		return lane, true
+	case best == nil:
 		return nil, false
 	}
 	return best.flows.flow(best.flows.top()).head(), false
@@ -1209,24 +1202,25 @@ func (q *Queue) accountGateLocked(now time.Time, tk *Ticket) (*Ticket, gateVerdi
 		q.up.heldAt = now
 		return tk, gateShut // the provider reported less left than tk needs
 	}
+	v := gateOpen
 	if !q.upstreamChargeLocked(now, tk) {
 		if tk = q.reservedNextLocked(now); tk == nil {
 			return nil, gateShut
 		}
-		if q.overTokenCapLocked(tk.tokens) {
-			q.refundUpstreamLocked(tk)
-			return tk, gateShut
-		}
-		if !q.quotaPassLocked(now, tk, false) {
-			q.refundUpstreamLocked(tk)
-			return tk, gateHeld
+		switch {
+		case q.overTokenCapLocked(tk.tokens):
+			v = gateShut
+		case !q.quotaPassLocked(now, tk, false):
+			v = gateHeld
 		}
 	}
-	if !q.remoteStore && !q.quotaPassLocked(now, tk, true) {
+	if v == gateOpen && !q.remoteStore && !q.quotaPassLocked(now, tk, true) {
+		v = gateHeld
+	}
+	if v != gateOpen {
 		q.refundUpstreamLocked(tk)
-		return tk, gateHeld
 	}
-	return tk, gateOpen
+	return tk, v
 }
 
 // timeoutLocked is the answer to a request whose budget ran out queued.
@@ -1475,13 +1469,11 @@ func (q *Queue) release(tk *Ticket, actual, prompt int64) {
 		q.dispatchLocked(now)
 	case stateInflight:
 		// A shared store's reconciliations wait for the lock to go.
-		if q.cfg.QuotaStore != nil {
-			if d, ok := q.deferReconcileLocked(tk, actual, prompt); ok {
-				q.completeLocked(now, tk, actual, prompt)
-				q.unlock()
-				q.reconcileDeferred(d)
-				return
-			}
+		if d, ok := q.deferReconcileLocked(tk, actual, prompt); ok {
+			q.completeLocked(now, tk, actual, prompt)
+			q.unlock()
+			q.reconcileDeferred(d)
+			return
 		}
 		q.completeLocked(now, tk, actual, prompt)
 	}
@@ -1571,10 +1563,7 @@ func (t *tenant) backfillLocked(d float64) bool {
 
 // idleList is an intrusive FIFO of tenants that were idle when listed,
 // in about the order they became idle (see pruneLocked).
-type idleList struct {
-	head, tail *tenant
-	n          int
-}
+type idleList struct{ head, tail *tenant }
 
 func (l *idleList) push(t *tenant) {
 	t.idleAt, t.onIdle = t.idleSince, true
@@ -1585,7 +1574,6 @@ func (l *idleList) push(t *tenant) {
 		l.head = t
 	}
 	l.tail = t
-	l.n++
 }
 
 func (l *idleList) remove(t *tenant) {
@@ -1600,5 +1588,4 @@ func (l *idleList) remove(t *tenant) {
 		l.tail = t.idlePrev
 	}
 	t.idlePrev, t.idleNext, t.onIdle = nil, nil, false
-	l.n--
 }

@@ -340,9 +340,6 @@ type holdNote struct {
 // call whose deadline, less the margins, comes before the hold ends: they
 // would only wait out their budget. O(notes + refusals).
 func (q *Queue) refuseHeldLocked(now time.Time) {
-	if len(q.holdNotes) == 0 {
-		return
-	}
 	margin := q.quotaMarginLocked()
 	for i := range q.holdNotes {
 		n := &q.holdNotes[i]

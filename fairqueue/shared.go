@@ -115,49 +115,38 @@ func (q *Queue) ChargeRemote(served []Served) int {
 	defer q.unlock()
 	n := 0
 	for _, s := range served {
-		if s.Group {
-			if q.chargeGroupLocked(s.Cost) {
-				n++
-			}
-			continue
+		t := q.group
+		if !s.Group {
+			t = q.tenants[s.Tenant]
 		}
-		t := q.tenants[s.Tenant]
-		if t == nil || t.queued == 0 || s.Cost == 0 || math.IsNaN(s.Cost) || math.IsInf(s.Cost, 0) {
-			continue
-		}
-		d := t.remoteChargeLocked(s.Cost)
-		if d == 0 {
-			continue
-		}
-		n++
-		moved := t.backfillLocked(d)
-		if g := t.group; g != nil && g.queued > 0 {
-			if gd := g.remoteChargeLocked(d); gd != 0 && g.backfillLocked(gd) {
-				moved = true
-			}
-		}
-		if moved {
-			q.fixFlowsLocked(t)
+		if q.chargeRemoteLocked(t, s.Cost) {
+			n++
 		}
 	}
 	return n
 }
 
-// chargeGroupLocked applies the undeclared tenants' service elsewhere to
-// their group, when it has requests queued here, and reports whether it
-// did: the group competes with the declared tenants by its weight, and
-// its members are compared among themselves on this gateway's service.
-func (q *Queue) chargeGroupLocked(cost float64) bool {
-	g := q.group
-	if g.queued == 0 || cost == 0 || math.IsNaN(cost) || math.IsInf(cost, 0) {
+// chargeRemoteLocked applies one entry of ChargeRemote to t, the tenant it
+// names or the undeclared tenants' group, and reports whether it did. A
+// group entry moves the group alone: it competes with the declared
+// tenants by its weight, and its members are compared among themselves on
+// this gateway's service.
+func (q *Queue) chargeRemoteLocked(t *tenant, cost float64) bool {
+	if t == nil || t.queued == 0 || cost == 0 || math.IsNaN(cost) || math.IsInf(cost, 0) {
 		return false
 	}
-	d := g.remoteChargeLocked(cost)
+	d := t.remoteChargeLocked(cost)
 	if d == 0 {
 		return false
 	}
-	if g.backfillLocked(d) {
-		q.fixFlowsLocked(g)
+	moved := t.backfillLocked(d)
+	if g := t.group; g != nil && g.queued > 0 {
+		if gd := g.remoteChargeLocked(d); gd != 0 && g.backfillLocked(gd) {
+			moved = true
+		}
+	}
+	if moved {
+		q.fixFlowsLocked(t)
 	}
 	return true
 }

@@ -46,6 +46,9 @@ type Stats struct {
 // lock: a few microseconds of copying.
 const statsChunk = 256
 
+// statsPause runs between Stats' chunks, the lock released (tests replace it).
+var statsPause = runtime.Gosched // let a dispatch waiting for the lock have it
+
 // Stats returns a snapshot; with tenants, one entry per tenant the queue
 // remembers, sorted by name. The totals are one consistent instant. The
 // tenants are copied statsChunk at a time, the lock released between
@@ -55,27 +58,36 @@ const statsChunk = 256
 func (q *Queue) Stats(tenants bool) Stats {
 	if !tenants {
 		q.mu.Lock()
-		s := q.statsLocked()
-		q.mu.Unlock()
-		return s
+		defer q.mu.Unlock()
+		return q.statsLocked()
 	}
 	// One copy at a time: the cursor it leaves on the queue is its own.
 	q.statsMu.Lock()
 	defer q.statsMu.Unlock()
-	q.mu.Lock()
-	n := len(q.roster)
-	q.mu.Unlock()
-	// Allocated, and grown, outside the lock.
-	out := make([]TenantStats, 0, n+n/16+statsChunk)
+	s, out := q.copyTenants()
+	// Of two entries with one name the later copy is kept: reversed, then
+	// sorted stably, it comes first.
+	slices.Reverse(out)
+	slices.SortStableFunc(out, func(a, b TenantStats) int { return strings.Compare(a.Name, b.Name) })
+	s.Tenants = slices.CompactFunc(out, func(a, b TenantStats) bool { return a.Name == b.Name })
+	return s
+}
+
+// copyTenants copies the totals and, in chunks, the tenants for Stats,
+// which holds statsMu.
+func (q *Queue) copyTenants() (Stats, []TenantStats) {
+	var out []TenantStats
 	q.mu.Lock()
 	s := q.statsLocked()
 	q.scan = 0
 	for {
 		if need := statsChunk + len(q.scanMoved); cap(out)-len(out) < need {
-			// Forgets may have shrunk the roster below the cursor.
+			// Allocated, and grown (geometrically once copying began),
+			// outside the lock. Forgets may have shrunk the roster below
+			// the cursor.
 			want := max(len(q.roster)-q.scan, 0) + need
 			q.mu.Unlock()
-			out = append(make([]TenantStats, 0, len(out)+max(2*want, need)), out...)
+			out = append(make([]TenantStats, 0, len(out)+want+max(want/16, len(out))), out...)
 			q.mu.Lock()
 			continue
 		}
@@ -100,20 +112,12 @@ func (q *Queue) Stats(tenants bool) Stats {
 			break
 		}
 		q.mu.Unlock()
-		runtime.Gosched() // let a dispatch waiting for the lock have it
-		if q.statsBetweenChunks != nil {
-			q.statsBetweenChunks()
-		}
+		statsPause()
 		q.mu.Lock()
 	}
 	q.scan = -1
 	q.mu.Unlock()
-	// Of two entries with one name the later copy is kept: reversed, then
-	// sorted stably, it comes first.
-	slices.Reverse(out)
-	slices.SortStableFunc(out, func(a, b TenantStats) int { return strings.Compare(a.Name, b.Name) })
-	s.Tenants = slices.CompactFunc(out, func(a, b TenantStats) bool { return a.Name == b.Name })
-	return s
+	return s, out
 }
 
 // statsLocked is the snapshot's totals.

@@ -2,6 +2,7 @@ package fairqueue
 
 import (
 	"math/rand/v2"
+	"runtime"
 	"strconv"
 	"testing"
 )
@@ -34,7 +35,7 @@ func TestStatsChunkedRandomChurn(t *testing.T) {
 			start[tt] = true
 		}
 		q.mu.Unlock()
-		q.statsBetweenChunks = func() {
+		statsPause = func() {
 			for range rng.IntN(statsChunk) {
 				add()
 			}
@@ -54,7 +55,7 @@ func TestStatsChunkedRandomChurn(t *testing.T) {
 			q.mu.Unlock()
 		}
 		s := q.Stats(true)
-		q.statsBetweenChunks = nil
+		statsPause = runtime.Gosched
 		seen := map[string]int{}
 		for _, ts := range s.Tenants {
 			if seen[ts.Name]++; seen[ts.Name] > 1 {

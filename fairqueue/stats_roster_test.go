@@ -1,6 +1,7 @@
 package fairqueue
 
 import (
+	"runtime"
 	"strconv"
 	"testing"
 )
@@ -83,7 +84,7 @@ func TestStatsReloadDuringScrape(t *testing.T) {
 func churnLateInStats(h *harness, churn func()) *bool {
 	q := h.q
 	fired := new(bool)
-	q.statsBetweenChunks = func() {
+	statsPause = func() {
 		q.mu.Lock()
 		scan := q.scan
 		q.mu.Unlock()
@@ -103,7 +104,7 @@ func churnLateInStats(h *harness, churn func()) *bool {
 func statsNoPanic(t *testing.T, q *Queue) Stats {
 	t.Helper()
 	defer func() {
-		q.statsBetweenChunks = nil
+		statsPause = runtime.Gosched
 		if v := recover(); v != nil {
 			t.Fatalf("Stats panicked: %v", v)
 		}

@@ -1,6 +1,7 @@
 package fairqueue
 
 import (
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,7 +32,7 @@ func TestStatsChunkedCopy(t *testing.T) {
 	}
 	chunks := 0
 	gone := map[string]bool{}
-	q.statsBetweenChunks = func() {
+	statsPause = func() {
 		chunks++
 		if chunks != 1 {
 			return
@@ -53,7 +54,7 @@ func TestStatsChunkedCopy(t *testing.T) {
 		h.enqueue(Request{Tenant: "new", Cost: 1}).Release(0)
 	}
 	s := q.Stats(true)
-	q.statsBetweenChunks = nil
+	statsPause = runtime.Gosched
 	if chunks < 3 {
 		t.Fatalf("%d pauses between chunks, want at least 3 for %d tenants", chunks, n+1)
 	}

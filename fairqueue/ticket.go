@@ -160,12 +160,8 @@ func (tk *Ticket) wakeLocked() {
 func (tk *Ticket) Wait(ctx context.Context) error {
 	q := tk.q
 	q.mu.Lock()
-	switch tk.state {
-	case stateInflight, stateReleased:
-		q.mu.Unlock()
-		return nil
-	case stateCancelled, stateExpired:
-		err := tk.err
+	if tk.state != stateQueued && tk.state != stateBoosted {
+		err := tk.err // nil once dispatched
 		q.mu.Unlock()
 		return err
 	}
@@ -277,25 +273,19 @@ type ticketList struct {
 	n          int
 }
 
-func (l *ticketList) pushBack(tk *Ticket) {
-	tk.prev, tk.next = l.tail, nil
-	if l.tail != nil {
-		l.tail.next = tk
+// insertAfter puts tk right after at, or first when at is nil.
+func (l *ticketList) insertAfter(tk, at *Ticket) {
+	tk.prev = at
+	if at != nil {
+		tk.next, at.next = at.next, tk
 	} else {
-		l.head = tk
+		tk.next, l.head = l.head, tk
 	}
-	l.tail = tk
-	l.n++
-}
-
-func (l *ticketList) pushFront(tk *Ticket) {
-	tk.prev, tk.next = nil, l.head
-	if l.head != nil {
-		l.head.prev = tk
+	if tk.next != nil {
+		tk.next.prev = tk
 	} else {
 		l.tail = tk
 	}
-	l.head = tk
 	l.n++
 }
 

@@ -502,12 +502,8 @@ func (q *Queue) Upstream() UpstreamStatus {
 func (tk *Ticket) Requeue() bool {
 	q := tk.q
 	q.mu.Lock()
-	if tk.state != stateInflight {
-		q.mu.Unlock()
-		return false
-	}
-	if q.closed != "" {
-		q.mu.Unlock()
+	defer q.unlock()
+	if tk.state != stateInflight || q.closed != "" {
 		return false // nobody ticks or dispatches a closed queue
 	}
 	now := q.clock.Now()
@@ -535,7 +531,7 @@ func (tk *Ticket) Requeue() bool {
 	f.out -= tk.cost
 	f.tokens += tk.tokens
 	tk.mark = f.out
-	f.q.pushFront(tk)
+	f.q.insertAfter(tk, nil)
 	if !t.out {
 		q.linkFlowLocked(f)
 	}
@@ -544,6 +540,5 @@ func (tk *Ticket) Requeue() bool {
 		heap.Push(&q.deadlines, tk)
 	}
 	q.dispatchLocked(now)
-	q.unlock()
 	return true
 }
