@@ -42,11 +42,10 @@ var fakeCount atomic.Int64
 
 // Fake is a running fakellm process.
 type Fake struct {
+	child
 	t    testing.TB
 	opts FakeOptions
-	out  *logSink
 	port int
-	proc *process
 }
 
 // StartFake runs fakellm on a loopback port, waits until /health answers (200
@@ -59,23 +58,17 @@ func StartFake(t testing.TB, opts FakeOptions) *Fake {
 	if opts.Name == "" {
 		opts.Name = fmt.Sprint("fake", fakeCount.Add(1))
 	}
-	file, err := os.Create(filepath.Join(t.TempDir(), opts.Name+".log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &Fake{t: t, opts: opts, out: &logSink{file: file}}
-	dumpOnFailure(t, "fakellm "+opts.Name, f.out)
+	f := &Fake{child: newChild(t, filepath.Join(t.TempDir(), opts.Name+".log"), "fakellm "+opts.Name), t: t, opts: opts}
 	t.Cleanup(func() {
-		if f.proc != nil && !f.proc.exited() {
+		if f.running() {
 			f.Stop()
 		}
-		file.Close()
 	})
-	f.start()
+	f.run()
 	return f
 }
 
-func (f *Fake) start() {
+func (f *Fake) run() {
 	f.t.Helper()
 	args := []string{"-listen", net.JoinHostPort("127.0.0.1", strconv.Itoa(f.port)), "-name", f.opts.Name}
 	if f.opts.Slots != 0 {
@@ -96,14 +89,9 @@ func (f *Fake) start() {
 	args = append(args, f.opts.Args...)
 
 	mark := len(f.out.String())
-	p, err := startProcess(f.opts.Bin, args, os.Environ(), f.out)
-	if err != nil {
-		f.t.Fatalf("harness: starting fakellm: %v", err)
-	}
-	f.proc = p
 	// The first start listens on port 0 and reads the port fakellm prints
 	// (no race for a free port); a restart reuses it.
-	err = p.waitReady(func() (bool, error) {
+	f.start(f.t, "fakellm", f.opts.Bin, args, os.Environ(), func() (bool, error) {
 		if f.port == 0 {
 			port, ok := listeningPort(f.out.String()[mark:])
 			if !ok {
@@ -114,9 +102,6 @@ func (f *Fake) start() {
 		code, _, err := httpStatus("GET", f.URL()+"/health", "", nil)
 		return code == 200 || code == 503, err
 	})
-	if err != nil {
-		f.t.Fatalf("harness: fakellm %v", err)
-	}
 }
 
 func listeningPort(out string) (int, bool) {
@@ -145,9 +130,6 @@ func (f *Fake) URL() string { return "http://" + f.Addr() }
 
 // Port is the fake's port; it stays the same across Restart.
 func (f *Fake) Port() int { return f.port }
-
-// Logs returns everything the fake printed, across restarts.
-func (f *Fake) Logs() string { return f.out.String() }
 
 func (f *Fake) post(path string) {
 	f.t.Helper()
@@ -205,23 +187,12 @@ func (f *Fake) Requests() []FakeRequest {
 // Reset clears the fake's request record and counters.
 func (f *Fake) Reset() { f.t.Helper(); f.post("/debug/reset") }
 
-// Kill ends the fake with SIGKILL, as an upstream that crashes: its
-// connections break and its port stops answering.
-func (f *Fake) Kill() {
-	f.t.Helper()
-	if f.proc != nil {
-		f.proc.kill()
-	}
-}
-
 // Stop ends the fake gracefully (SIGTERM): it aborts its requests in flight
 // and exits.
 func (f *Fake) Stop() {
 	f.t.Helper()
-	if f.proc != nil {
-		if err := f.proc.stop(); err != nil {
-			f.t.Errorf("harness: fakellm %s did not stop cleanly: %v", f.Name(), err)
-		}
+	if err := f.stop(); err != nil {
+		f.t.Errorf("harness: fakellm %s did not stop cleanly: %v", f.Name(), err)
 	}
 }
 
@@ -229,9 +200,9 @@ func (f *Fake) Stop() {
 // same port with the same options: a fresh health state, slots and record.
 func (f *Fake) Restart() {
 	f.t.Helper()
-	if f.proc != nil && !f.proc.exited() {
+	if f.running() {
 		f.Stop()
 	}
 	f.out.Write([]byte("--- harness: restart ---\n"))
-	f.start()
+	f.run()
 }

@@ -151,14 +151,74 @@ func (p *process) waitReady(ready func() (bool, error)) error {
 	}
 }
 
-// dumpOnFailure logs the tail of a process's output when the test failed.
-func dumpOnFailure(t testing.TB, what string, out *logSink) {
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("--- %s output (tail) ---\n%s\n--- end of %s output ---", what, out.tail(tailBytes), what)
-		}
-	})
+// child is what Caddy, Fake and Redis share: the process the harness
+// started last, and its output across restarts.
+type child struct {
+	out  *logSink
+	proc *process
+	// dumped: the output is logged when the test fails, so a failed start
+	// need not show it.
+	dumped bool
 }
+
+// newChild writes the output to a file at path (closed after the test's
+// later cleanups, which stop the process); with what set, the output's tail
+// is logged under that name when the test fails.
+func newChild(t testing.TB, path, what string) child {
+	t.Helper()
+	file, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { file.Close() })
+	c := child{out: &logSink{file: file}, dumped: what != ""}
+	if c.dumped {
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("--- %s output (tail) ---\n%s\n--- end of %s output ---", what, c.out.tail(tailBytes), what)
+			}
+		})
+	}
+	return c
+}
+
+// start runs bin and waits until ready reports true; it fails the test
+// when the process cannot start, exits or is not ready in time.
+func (c *child) start(t testing.TB, what, bin string, args, env []string, ready func() (bool, error)) {
+	t.Helper()
+	p, err := startProcess(bin, args, env, c.out)
+	if err != nil {
+		t.Fatalf("harness: starting %s: %v", what, err)
+	}
+	c.proc = p
+	if err := p.waitReady(ready); err != nil {
+		if !c.dumped {
+			t.Fatalf("harness: %s %v; its output:\n%s", what, err, c.out.tail(tailBytes))
+		}
+		t.Fatalf("harness: %s %v", what, err)
+	}
+}
+
+func (c *child) running() bool { return c.proc != nil && !c.proc.exited() }
+
+// stop ends the process gracefully (see process.stop); nil when none ran.
+func (c *child) stop() error {
+	if c.proc == nil {
+		return nil
+	}
+	return c.proc.stop()
+}
+
+// Kill ends the process with SIGKILL, as a crash would: its connections
+// break and nothing it holds is given back cleanly.
+func (c *child) Kill() {
+	if c.proc != nil {
+		c.proc.kill()
+	}
+}
+
+// Logs returns everything the process printed so far, across restarts.
+func (c *child) Logs() string { return c.out.String() }
 
 // httpStatus GETs or POSTs a URL and returns the status and body.
 func httpStatus(method, url, contentType string, body []byte) (int, []byte, error) {
