@@ -71,21 +71,16 @@ func StartFake(t testing.TB, opts FakeOptions) *Fake {
 func (f *Fake) run() {
 	f.t.Helper()
 	args := []string{"-listen", net.JoinHostPort("127.0.0.1", strconv.Itoa(f.port)), "-name", f.opts.Name}
-	if f.opts.Slots != 0 {
-		args = append(args, "-slots", strconv.Itoa(f.opts.Slots))
+	flag := func(name string, v any, set bool) {
+		if set {
+			args = append(args, fmt.Sprintf("-%s=%v", name, v))
+		}
 	}
-	if f.opts.TTFT != 0 {
-		args = append(args, "-ttft", f.opts.TTFT.String())
-	}
-	if f.opts.PerToken != 0 {
-		args = append(args, "-per-token", f.opts.PerToken.String())
-	}
-	if f.opts.DefaultOutput != 0 {
-		args = append(args, "-default-output", strconv.Itoa(f.opts.DefaultOutput))
-	}
-	if f.opts.Down {
-		args = append(args, "-down")
-	}
+	flag("slots", f.opts.Slots, f.opts.Slots != 0)
+	flag("ttft", f.opts.TTFT, f.opts.TTFT != 0)
+	flag("per-token", f.opts.PerToken, f.opts.PerToken != 0)
+	flag("default-output", f.opts.DefaultOutput, f.opts.DefaultOutput != 0)
+	flag("down", true, f.opts.Down)
 	args = append(args, f.opts.Args...)
 
 	mark := len(f.out.String())
@@ -131,22 +126,18 @@ func (f *Fake) URL() string { return "http://" + f.Addr() }
 // Port is the fake's port; it stays the same across Restart.
 func (f *Fake) Port() int { return f.port }
 
-func (f *Fake) post(path string) {
+// call sends a request without a body to the fake's path and, unless v is
+// nil, decodes the answer into v.
+func (f *Fake) call(method, path string, v any) {
 	f.t.Helper()
-	code, body, err := httpStatus("POST", f.URL()+path, "", nil)
+	code, body, err := httpStatus(method, f.URL()+path, "", nil)
 	if err != nil || code != 200 {
-		f.t.Fatalf("harness: fakellm POST %s: %d %s %v", path, code, body, err)
+		f.t.Fatalf("harness: fakellm %s %s: %d %s %v", method, path, code, body, err)
 	}
-}
-
-func (f *Fake) get(path string, v any) {
-	f.t.Helper()
-	code, body, err := httpStatus("GET", f.URL()+path, "", nil)
-	if err != nil || code != 200 {
-		f.t.Fatalf("harness: fakellm GET %s: %d %s %v", path, code, body, err)
-	}
-	if err := json.Unmarshal(body, v); err != nil {
-		f.t.Fatalf("harness: fakellm GET %s: %v", path, err)
+	if v != nil {
+		if err := json.Unmarshal(body, v); err != nil {
+			f.t.Fatalf("harness: fakellm %s %s: %v", method, path, err)
+		}
 	}
 }
 
@@ -157,22 +148,22 @@ func (f *Fake) SetHealth(up bool) {
 	if up {
 		state = "up"
 	}
-	f.post("/admin/health?state=" + state)
+	f.call("POST", "/admin/health?state="+state, nil)
 }
 
 // Pause makes requests that get a generation slot hold it, before their
 // first token, until Resume: a deterministic way to fill the upstream and
 // build a queue in the gateway.
-func (f *Fake) Pause() { f.t.Helper(); f.post("/admin/pause") }
+func (f *Fake) Pause() { f.t.Helper(); f.call("POST", "/admin/pause", nil) }
 
 // Resume lets paused requests generate.
-func (f *Fake) Resume() { f.t.Helper(); f.post("/admin/resume") }
+func (f *Fake) Resume() { f.t.Helper(); f.call("POST", "/admin/resume", nil) }
 
 // Stats returns the fake's counters since its last Reset and its live gauges.
 func (f *Fake) Stats() FakeStats {
 	f.t.Helper()
 	var st FakeStats
-	f.get("/debug/stats", &st)
+	f.call("GET", "/debug/stats", &st)
 	return st
 }
 
@@ -180,12 +171,12 @@ func (f *Fake) Stats() FakeStats {
 func (f *Fake) Requests() []FakeRequest {
 	f.t.Helper()
 	var rs []FakeRequest
-	f.get("/debug/requests", &rs)
+	f.call("GET", "/debug/requests", &rs)
 	return rs
 }
 
 // Reset clears the fake's request record and counters.
-func (f *Fake) Reset() { f.t.Helper(); f.post("/debug/reset") }
+func (f *Fake) Reset() { f.t.Helper(); f.call("POST", "/debug/reset", nil) }
 
 // Stop ends the fake gracefully (SIGTERM): it aborts its requests in flight
 // and exits.
