@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 )
 
 // Anthropic's Messages API (POST /v1/messages), as the official clients
@@ -59,7 +58,7 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 		if len(req.Messages) == 0 {
 			return spec{}, errors.New("messages: at least one message is required")
 		}
-		prompt, err := countBlocks(req.System)
+		prompt, err := countText(req.System, true)
 		if err != nil {
 			return spec{}, fmt.Errorf("system: %v", err)
 		}
@@ -68,7 +67,7 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 			if err := json.Unmarshal(raw, &last); err != nil {
 				return spec{}, fmt.Errorf("messages[%d]: %v", i, err)
 			}
-			n, err := countBlocks(last.Content)
+			n, err := countText(last.Content, true)
 			if err != nil {
 				return spec{}, fmt.Errorf("messages[%d].content: %v", i, err)
 			}
@@ -89,36 +88,6 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 		}
 		return sp, nil
 	})
-}
-
-// countBlocks counts the words of Anthropic content: a string, or a list
-// of blocks whose text (text blocks) or content (tool_result blocks, a
-// string or blocks again) is counted; other blocks count nothing.
-func countBlocks(raw json.RawMessage) (int, error) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return 0, nil
-	}
-	var str string
-	if json.Unmarshal(raw, &str) == nil {
-		return len(strings.Fields(str)), nil
-	}
-	var blocks []struct {
-		Text    string          `json:"text"`
-		Content json.RawMessage `json:"content"`
-	}
-	if err := json.Unmarshal(raw, &blocks); err != nil {
-		return 0, errors.New("want a string or a list of content blocks")
-	}
-	n := 0
-	for _, b := range blocks {
-		n += len(strings.Fields(b.Text))
-		c, err := countBlocks(b.Content)
-		if err != nil {
-			return 0, err
-		}
-		n += c
-	}
-	return n, nil
 }
 
 // hasToolResult reports whether content holds a tool_result block.

@@ -160,12 +160,16 @@ func New(cfg Config) *Server {
 	mux.HandleFunc("POST /v1/messages", s.handleMessages)
 	mux.HandleFunc("GET /health", s.handleHealth)
 	mux.HandleFunc("POST /admin/health", s.handleSetHealth)
-	mux.HandleFunc("POST /admin/pause", s.handlePause)
-	mux.HandleFunc("POST /admin/resume", s.handleResume)
+	// do answers by calling f and writing v.
+	do := func(f func(), v any) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) { f(); writeJSON(w, http.StatusOK, v) }
+	}
+	mux.HandleFunc("POST /admin/pause", do(s.Pause, map[string]bool{"paused": true}))
+	mux.HandleFunc("POST /admin/resume", do(s.Resume, map[string]bool{"paused": false}))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /debug/requests", s.handleRequests)
-	mux.HandleFunc("GET /debug/stats", s.handleStats)
-	mux.HandleFunc("POST /debug/reset", s.handleReset)
+	mux.HandleFunc("GET /debug/stats", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.Stats()) })
+	mux.HandleFunc("POST /debug/reset", do(s.Reset, map[string]bool{"reset": true}))
 	s.mux = mux
 	return s
 }
@@ -649,7 +653,7 @@ func countPrompt(chat bool, req *completionRequest) (int, error) {
 			if err := json.Unmarshal(raw, &m); err != nil {
 				return 0, fmt.Errorf("messages[%d]: %v", i, err)
 			}
-			c, err := countContent(m.Content)
+			c, err := countText(m.Content, false)
 			if err != nil {
 				return 0, fmt.Errorf("messages[%d].content: %v", i, err)
 			}
@@ -687,7 +691,10 @@ func countPrompt(chat bool, req *completionRequest) (int, error) {
 	return 0, errors.New("prompt: want a string, a list of strings or token ids")
 }
 
-func countContent(raw json.RawMessage) (int, error) {
+// countText counts the words of content: a string, or a list of parts
+// whose text is counted and, in Anthropic's blocks (nested), whose content
+// too (a tool_result's: a string or blocks again).
+func countText(raw json.RawMessage, nested bool) (int, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return 0, nil
 	}
@@ -696,14 +703,27 @@ func countContent(raw json.RawMessage) (int, error) {
 		return len(strings.Fields(str)), nil
 	}
 	var parts []struct {
-		Text string `json:"text"`
+		Text    string          `json:"text"`
+		Content json.RawMessage `json:"content"`
 	}
 	if err := json.Unmarshal(raw, &parts); err != nil {
-		return 0, errors.New("want a string or a list of content parts")
+		what := "parts"
+		if nested {
+			what = "blocks"
+		}
+		return 0, errors.New("want a string or a list of content " + what)
 	}
 	n := 0
 	for _, p := range parts {
 		n += len(strings.Fields(p.Text))
+		if !nested {
+			continue
+		}
+		c, err := countText(p.Content, true)
+		if err != nil {
+			return 0, err
+		}
+		n += c
 	}
 	return n, nil
 }
@@ -906,16 +926,6 @@ func (s *Server) handleSetHealth(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (s *Server) handlePause(w http.ResponseWriter, r *http.Request) {
-	s.Pause()
-	writeJSON(w, http.StatusOK, map[string]bool{"paused": true})
-}
-
-func (s *Server) handleResume(w http.ResponseWriter, r *http.Request) {
-	s.Resume()
-	writeJSON(w, http.StatusOK, map[string]bool{"paused": false})
-}
-
 // handleRequests serves the recorded requests, oldest first, optionally only
 // those with a given test_id or tenant.
 func (s *Server) handleRequests(w http.ResponseWriter, r *http.Request) {
@@ -932,15 +942,6 @@ func (s *Server) handleRequests(w http.ResponseWriter, r *http.Request) {
 		out = append(out, rec)
 	}
 	writeJSON(w, http.StatusOK, out)
-}
-
-func (s *Server) handleStats(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, s.Stats())
-}
-
-func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
-	s.Reset()
-	writeJSON(w, http.StatusOK, map[string]bool{"reset": true})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) error {
