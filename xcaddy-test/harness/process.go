@@ -75,23 +75,6 @@ type process struct {
 	err  error         // cmd.Wait's result, set before done is closed
 }
 
-func startProcess(bin string, args, env []string, out *logSink) (*process, error) {
-	cmd := exec.Command(bin, args...)
-	cmd.Env = env
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = sysProcAttr()
-	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	p := &process{cmd: cmd, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	return p, nil
-}
-
 func (p *process) exited() bool {
 	select {
 	case <-p.done:
@@ -186,11 +169,20 @@ func newChild(t testing.TB, path, what string) child {
 // when the process cannot start, exits or is not ready in time.
 func (c *child) start(t testing.TB, what, bin string, args, env []string, ready func() (bool, error)) {
 	t.Helper()
-	p, err := startProcess(bin, args, env, c.out)
-	if err != nil {
+	cmd := exec.Command(bin, args...)
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = c.out, c.out
+	cmd.SysProcAttr = sysProcAttr()
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Start(); err != nil {
 		t.Fatalf("harness: starting %s: %v", what, err)
 	}
+	p := &process{cmd: cmd, done: make(chan struct{})}
 	c.proc = p
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
 	if err := p.waitReady(ready); err != nil {
 		if !c.dumped {
 			t.Fatalf("harness: %s %v; its output:\n%s", what, err, c.out.tail(tailBytes))
