@@ -45,49 +45,47 @@ type anthropicMessage struct {
 	Content json.RawMessage `json:"content"`
 }
 
-// handleMessages serves Anthropic's /v1/messages.
-func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
-	s.generate(w, r, func(body []byte) (spec, error) {
-		var req messagesRequest
-		if err := json.Unmarshal(body, &req); err != nil {
-			return spec{}, fmt.Errorf("invalid JSON body: %v", err)
+// parseMessages reads a request of Anthropic's /v1/messages.
+func parseMessages(_ api, body []byte) (spec, error) {
+	var req messagesRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		return spec{}, fmt.Errorf("invalid JSON body: %v", err)
+	}
+	if req.MaxTokens == nil {
+		return spec{}, errors.New("max_tokens: Field required")
+	}
+	if len(req.Messages) == 0 {
+		return spec{}, errors.New("messages: at least one message is required")
+	}
+	prompt, err := countText(req.System, true)
+	if err != nil {
+		return spec{}, fmt.Errorf("system: %v", err)
+	}
+	var last anthropicMessage
+	for i, raw := range req.Messages {
+		if err := json.Unmarshal(raw, &last); err != nil {
+			return spec{}, fmt.Errorf("messages[%d]: %v", i, err)
 		}
-		if req.MaxTokens == nil {
-			return spec{}, errors.New("max_tokens: Field required")
-		}
-		if len(req.Messages) == 0 {
-			return spec{}, errors.New("messages: at least one message is required")
-		}
-		prompt, err := countText(req.System, true)
+		n, err := countText(last.Content, true)
 		if err != nil {
-			return spec{}, fmt.Errorf("system: %v", err)
+			return spec{}, fmt.Errorf("messages[%d].content: %v", i, err)
 		}
-		var last anthropicMessage
-		for i, raw := range req.Messages {
-			if err := json.Unmarshal(raw, &last); err != nil {
-				return spec{}, fmt.Errorf("messages[%d]: %v", i, err)
-			}
-			n, err := countText(last.Content, true)
-			if err != nil {
-				return spec{}, fmt.Errorf("messages[%d].content: %v", i, err)
-			}
-			prompt += n
-		}
-		sp := spec{api: apiMessages, model: req.Model, prompt: prompt, limit: req.MaxTokens,
-			ignoreEOS: req.IgnoreEOS, stream: req.Stream}
-		if len(req.Tools) > 0 && !hasToolResult(last.Content) {
-			sp.tool = req.Tools[0].Name
-			if tc := req.ToolChoice; tc != nil {
-				switch tc.Type {
-				case "none":
-					sp.tool = ""
-				case "tool":
-					sp.tool = tc.Name
-				}
+		prompt += n
+	}
+	sp := spec{model: req.Model, prompt: prompt, limit: req.MaxTokens,
+		ignoreEOS: req.IgnoreEOS, stream: req.Stream}
+	if len(req.Tools) > 0 && !hasToolResult(last.Content) {
+		sp.tool = req.Tools[0].Name
+		if tc := req.ToolChoice; tc != nil {
+			switch tc.Type {
+			case "none":
+				sp.tool = ""
+			case "tool":
+				sp.tool = tc.Name
 			}
 		}
-		return sp, nil
-	})
+	}
+	return sp, nil
 }
 
 // hasToolResult reports whether content holds a tool_result block.

@@ -155,9 +155,9 @@ func New(cfg Config) *Server {
 	)
 
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/chat/completions", s.handleCompletion)
-	mux.HandleFunc("POST /v1/completions", s.handleCompletion)
-	mux.HandleFunc("POST /v1/messages", s.handleMessages)
+	mux.HandleFunc("POST /v1/chat/completions", s.generate(apiChat, parseCompletion))
+	mux.HandleFunc("POST /v1/completions", s.generate(apiCompletions, parseCompletion))
+	mux.HandleFunc("POST /v1/messages", s.generate(apiMessages, parseMessages))
 	mux.HandleFunc("GET /health", s.handleHealth)
 	mux.HandleFunc("POST /admin/health", s.handleSetHealth)
 	// do answers by calling f and writing v.
@@ -401,30 +401,23 @@ func (s *Server) finish(rec *fakeapi.Record, status int, outcome string) {
 	}
 }
 
-// handleCompletion serves OpenAI's /v1/chat/completions and
+// parseCompletion reads a request of OpenAI's /v1/chat/completions or
 // /v1/completions.
-func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
-	s.generate(w, r, func(body []byte) (spec, error) {
-		var req completionRequest
-		if err := json.Unmarshal(body, &req); err != nil {
-			return spec{}, fmt.Errorf("invalid JSON body: %v", err)
-		}
-		chat := r.URL.Path == "/v1/chat/completions"
-		prompt, err := countPrompt(chat, &req)
-		if err != nil {
-			return spec{}, err
-		}
-		limit := req.MaxTokens
-		if req.MaxCompletionTokens != nil {
-			limit = req.MaxCompletionTokens
-		}
-		api := apiCompletions
-		if chat {
-			api = apiChat
-		}
-		return spec{api: api, model: req.Model, prompt: prompt, limit: limit, ignoreEOS: req.IgnoreEOS,
-			stream: req.Stream, includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage}, nil
-	})
+func parseCompletion(wire api, body []byte) (spec, error) {
+	var req completionRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		return spec{}, fmt.Errorf("invalid JSON body: %v", err)
+	}
+	prompt, err := countPrompt(wire == apiChat, &req)
+	if err != nil {
+		return spec{}, err
+	}
+	limit := req.MaxTokens
+	if req.MaxCompletionTokens != nil {
+		limit = req.MaxCompletionTokens
+	}
+	return spec{model: req.Model, prompt: prompt, limit: limit, ignoreEOS: req.IgnoreEOS,
+		stream: req.Stream, includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage}, nil
 }
 
 // api is the wire format of a request and of its answer.
@@ -450,48 +443,46 @@ type spec struct {
 	tool string
 }
 
-// generate serves one generation request of any API: parse reads the
-// body into a spec, or says why it is invalid (400).
-func (s *Server) generate(w http.ResponseWriter, r *http.Request, parse func([]byte) (spec, error)) {
-	// The request ends when the client leaves or the server shuts down.
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	stop := context.AfterFunc(s.base, cancel)
-	defer stop()
+// generate serves the generation requests of an API: parse reads a body
+// into a spec, or says why it is invalid (400).
+func (s *Server) generate(wire api, parse func(api, []byte) (spec, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		// The request ends when the client leaves or the server shuts down.
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		stop := context.AfterFunc(s.base, cancel)
+		defer stop()
 
-	g, rec, ok := s.accept(w, r, parse)
-	if !ok {
-		return // answered already
+		g, rec, ok := s.accept(w, r, wire, parse)
+		if !ok {
+			return // answered already
+		}
+		if err := s.acquire(ctx, rec); err != nil {
+			s.finish(rec, 0, s.gone())
+			return
+		}
+		defer s.release()
+		err := s.waitResumed(ctx)
+		if err == nil {
+			err = sleep(ctx, s.cfg.TTFT)
+		}
+		if err != nil {
+			s.finish(rec, 0, s.gone())
+			return
+		}
+		if err := s.answer(ctx, w, g); err != nil {
+			s.finish(rec, http.StatusOK, s.gone())
+			return
+		}
+		s.finish(rec, http.StatusOK, fakeapi.OutcomeOK)
 	}
-	if err := s.acquire(ctx, rec); err != nil {
-		s.finish(rec, 0, s.gone())
-		return
-	}
-	defer s.release()
-	err := s.waitResumed(ctx)
-	if err == nil {
-		err = sleep(ctx, s.cfg.TTFT)
-	}
-	if err != nil {
-		s.finish(rec, 0, s.gone())
-		return
-	}
-	if err := s.answer(ctx, w, g); err != nil {
-		s.finish(rec, http.StatusOK, s.gone())
-		return
-	}
-	s.finish(rec, http.StatusOK, fakeapi.OutcomeOK)
 }
 
 // accept reads and records a request and says what to generate for it;
 // or it answers at once (ok false) when the server is shutting down
 // (503), the request is invalid (400) or beyond the account's limits
 // (429).
-func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byte) (spec, error)) (g generation, rec *fakeapi.Record, ok bool) {
-	wire := apiChat
-	if r.URL.Path == "/v1/messages" {
-		wire = apiMessages
-	}
+func (s *Server) accept(w http.ResponseWriter, r *http.Request, wire api, parse func(api, []byte) (spec, error)) (g generation, rec *fakeapi.Record, ok bool) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 	rec = s.newRecord(r, body)
 	w.Header().Set("X-Fake-Upstream", s.cfg.Name)
@@ -504,7 +495,7 @@ func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byt
 	var sp spec
 	if err != nil {
 		err = errors.New("reading body: " + err.Error())
-	} else if sp, err = parse(body); err == nil && sp.limit != nil && *sp.limit < 0 {
+	} else if sp, err = parse(wire, body); err == nil && sp.limit != nil && *sp.limit < 0 {
 		err = errors.New("max_tokens must not be negative")
 	}
 	if err != nil {
@@ -512,6 +503,7 @@ func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byt
 		s.finish(rec, http.StatusBadRequest, fakeapi.OutcomeBadRequest)
 		return generation{}, nil, false
 	}
+	sp.api = wire
 	out, finishReason := outputTokens(sp.limit, sp.ignoreEOS, s.cfg.DefaultOutput)
 	if s.rateLimited(w, wire, rec, sp, out) {
 		return generation{}, nil, false
