@@ -561,10 +561,8 @@ func (s *Server) newGeneration(r *http.Request, rec *fakeapi.Record, sp spec, ou
 	// without ending (a hung model server).
 	g.garbageUsage = r.Header.Get("X-Fake-Usage") == "garbage"
 	g.stallAfter = -1
-	if v := r.Header.Get("X-Fake-Stall-After"); v != "" {
-		if n, err := strconv.Atoi(v); err == nil && n >= 0 {
-			g.stallAfter = n
-		}
+	if n, err := strconv.Atoi(r.Header.Get("X-Fake-Stall-After")); err == nil && n >= 0 {
+		g.stallAfter = n
 	}
 	return g
 }
@@ -774,13 +772,10 @@ func (s *Server) respond(ctx context.Context, w http.ResponseWriter, g generatio
 	if err != nil {
 		return err
 	}
-	var choice map[string]any
+	choice := map[string]any{"index": 0, "finish_reason": g.finishReason, "text": text, "logprobs": nil}
 	if g.api == apiChat {
 		choice = map[string]any{"index": 0, "finish_reason": g.finishReason,
 			"message": map[string]any{"role": "assistant", "content": text}}
-	} else {
-		choice = map[string]any{"index": 0, "finish_reason": g.finishReason,
-			"text": text, "logprobs": nil}
 	}
 	return writeJSON(w, http.StatusOK, map[string]any{
 		"id": g.prefixedID(), "object": g.object(false), "created": g.created,
