@@ -74,7 +74,7 @@ func (c *Caddy) AdminURL() string { return "http://" + c.admin }
 
 // PID is the Caddy process's id, e.g. to read its CPU time from /proc; it
 // stays the same across Reload.
-func (c *Caddy) PID() int { return c.proc.cmd.Process.Pid }
+func (c *Caddy) PID() int { return c.cmd.Process.Pid }
 
 // Reload replaces the running configuration through the admin API (POST
 // /load with Content-Type text/caddyfile), as an operator would under load.

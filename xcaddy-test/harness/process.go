@@ -68,77 +68,13 @@ func (l *logSink) tail(n int) string {
 	return s
 }
 
-// process is one run of a child process.
-type process struct {
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the process has exited
-	err  error         // cmd.Wait's result, set before done is closed
-}
-
-func (p *process) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// stop sends SIGTERM, then SIGKILL if the process has not exited after
-// stopTimeout (scaled). It returns the exit error of a process that exited on its own
-// terms, and an error saying so if it had to be killed.
-func (p *process) stop() error {
-	if p.exited() {
-		return p.err
-	}
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	limit := Scale(stopTimeout)
-	select {
-	case <-p.done:
-		return p.err
-	case <-time.After(limit):
-	}
-	p.kill()
-	return fmt.Errorf("did not exit within %s of SIGTERM; killed", limit)
-}
-
-// kill sends SIGKILL and waits for the exit.
-func (p *process) kill() {
-	if !p.exited() {
-		p.cmd.Process.Kill()
-	}
-	<-p.done
-}
-
-// waitReady polls ready until it reports true, the process exits, or
-// startTimeout (scaled) passes.
-func (p *process) waitReady(ready func() (bool, error)) error {
-	limit := Scale(startTimeout)
-	deadline := time.Now().Add(limit)
-	var last error
-	for {
-		ok, err := ready()
-		if ok {
-			return nil
-		}
-		if err != nil {
-			last = err
-		}
-		if p.exited() {
-			return fmt.Errorf("exited before it was ready: %v", p.err)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not ready after %s (last error: %v)", limit, last)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // child is what Caddy, Fake and Redis share: the process the harness
 // started last, and its output across restarts.
 type child struct {
 	out  *logSink
-	proc *process
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process has exited
+	err  error         // cmd.Wait's result, set before done is closed
 	// dumped: the output is logged when the test fails, so a failed start
 	// need not show it.
 	dumped bool
@@ -177,13 +113,13 @@ func (c *child) start(t testing.TB, what, bin string, args, env []string, ready 
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("harness: starting %s: %v", what, err)
 	}
-	p := &process{cmd: cmd, done: make(chan struct{})}
-	c.proc = p
+	done := make(chan struct{})
+	c.cmd, c.done = cmd, done
 	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
+		c.err = cmd.Wait()
+		close(done)
 	}()
-	if err := p.waitReady(ready); err != nil {
+	if err := c.waitReady(ready); err != nil {
 		if !c.dumped {
 			t.Fatalf("harness: %s %v; its output:\n%s", what, err, c.out.tail(tailBytes))
 		}
@@ -191,21 +127,66 @@ func (c *child) start(t testing.TB, what, bin string, args, env []string, ready 
 	}
 }
 
-func (c *child) running() bool { return c.proc != nil && !c.proc.exited() }
-
-// stop ends the process gracefully (see process.stop); nil when none ran.
-func (c *child) stop() error {
-	if c.proc == nil {
-		return nil
+// exited reports whether the process has exited, or none was started.
+func (c *child) exited() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return c.done == nil
 	}
-	return c.proc.stop()
+}
+
+func (c *child) running() bool { return !c.exited() }
+
+// stop sends SIGTERM, then SIGKILL if the process has not exited after
+// stopTimeout (scaled). It returns the exit error of a process that exited on its own
+// terms, and an error saying so if it had to be killed.
+func (c *child) stop() error {
+	if c.exited() {
+		return c.err
+	}
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	limit := Scale(stopTimeout)
+	select {
+	case <-c.done:
+		return c.err
+	case <-time.After(limit):
+	}
+	c.Kill()
+	return fmt.Errorf("did not exit within %s of SIGTERM; killed", limit)
 }
 
 // Kill ends the process with SIGKILL, as a crash would: its connections
 // break and nothing it holds is given back cleanly.
 func (c *child) Kill() {
-	if c.proc != nil {
-		c.proc.kill()
+	if !c.exited() {
+		c.cmd.Process.Kill()
+		<-c.done
+	}
+}
+
+// waitReady polls ready until it reports true, the process exits, or
+// startTimeout (scaled) passes.
+func (c *child) waitReady(ready func() (bool, error)) error {
+	limit := Scale(startTimeout)
+	deadline := time.Now().Add(limit)
+	var last error
+	for {
+		ok, err := ready()
+		if ok {
+			return nil
+		}
+		if err != nil {
+			last = err
+		}
+		if c.exited() {
+			return fmt.Errorf("exited before it was ready: %v", c.err)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not ready after %s (last error: %v)", limit, last)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
