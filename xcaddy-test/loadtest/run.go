@@ -193,8 +193,7 @@ func Run(ctx context.Context, rig *Rig, o Options, progress io.Writer) (*Report,
 	return rep, nil
 }
 
-// sites are the sites a run of o measures, in the order each round runs
-// them.
+// sites are o's sites, in the order each round runs them.
 func (o Options) sites(rig *Rig) []site {
 	body := Body
 	if o.Backlog {
