@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 )
 
 // Anthropic's Messages API (POST /v1/messages), as the official clients
@@ -46,79 +45,47 @@ type anthropicMessage struct {
 	Content json.RawMessage `json:"content"`
 }
 
-// handleMessages serves Anthropic's /v1/messages.
-func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
-	s.generate(w, r, func(body []byte) (spec, error) {
-		var req messagesRequest
-		if err := json.Unmarshal(body, &req); err != nil {
-			return spec{}, fmt.Errorf("invalid JSON body: %v", err)
+// parseMessages reads a request of Anthropic's /v1/messages.
+func parseMessages(_ api, body []byte) (spec, error) {
+	var req messagesRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		return spec{}, fmt.Errorf("invalid JSON body: %v", err)
+	}
+	if req.MaxTokens == nil {
+		return spec{}, errors.New("max_tokens: Field required")
+	}
+	if len(req.Messages) == 0 {
+		return spec{}, errors.New("messages: at least one message is required")
+	}
+	prompt, err := countText(req.System, true)
+	if err != nil {
+		return spec{}, fmt.Errorf("system: %v", err)
+	}
+	var last anthropicMessage
+	for i, raw := range req.Messages {
+		if err := json.Unmarshal(raw, &last); err != nil {
+			return spec{}, fmt.Errorf("messages[%d]: %v", i, err)
 		}
-		if req.MaxTokens == nil {
-			return spec{}, errors.New("max_tokens: Field required")
-		}
-		if len(req.Messages) == 0 {
-			return spec{}, errors.New("messages: at least one message is required")
-		}
-		prompt, err := countBlocks(req.System)
+		n, err := countText(last.Content, true)
 		if err != nil {
-			return spec{}, fmt.Errorf("system: %v", err)
+			return spec{}, fmt.Errorf("messages[%d].content: %v", i, err)
 		}
-		var last anthropicMessage
-		for i, raw := range req.Messages {
-			if err := json.Unmarshal(raw, &last); err != nil {
-				return spec{}, fmt.Errorf("messages[%d]: %v", i, err)
-			}
-			n, err := countBlocks(last.Content)
-			if err != nil {
-				return spec{}, fmt.Errorf("messages[%d].content: %v", i, err)
-			}
-			prompt += n
-		}
-		sp := spec{api: apiMessages, model: req.Model, prompt: prompt, limit: req.MaxTokens,
-			ignoreEOS: req.IgnoreEOS, stream: req.Stream}
-		if len(req.Tools) > 0 && !hasToolResult(last.Content) {
-			sp.tool = req.Tools[0].Name
-			if tc := req.ToolChoice; tc != nil {
-				switch tc.Type {
-				case "none":
-					sp.tool = ""
-				case "tool":
-					sp.tool = tc.Name
-				}
+		prompt += n
+	}
+	sp := spec{model: req.Model, prompt: prompt, limit: req.MaxTokens,
+		ignoreEOS: req.IgnoreEOS, stream: req.Stream}
+	if len(req.Tools) > 0 && !hasToolResult(last.Content) {
+		sp.tool = req.Tools[0].Name
+		if tc := req.ToolChoice; tc != nil {
+			switch tc.Type {
+			case "none":
+				sp.tool = ""
+			case "tool":
+				sp.tool = tc.Name
 			}
 		}
-		return sp, nil
-	})
-}
-
-// countBlocks counts the words of Anthropic content: a string, or a list
-// of blocks whose text (text blocks) or content (tool_result blocks, a
-// string or blocks again) is counted; other blocks count nothing.
-func countBlocks(raw json.RawMessage) (int, error) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return 0, nil
 	}
-	var str string
-	if json.Unmarshal(raw, &str) == nil {
-		return len(strings.Fields(str)), nil
-	}
-	var blocks []struct {
-		Text    string          `json:"text"`
-		Content json.RawMessage `json:"content"`
-	}
-	if err := json.Unmarshal(raw, &blocks); err != nil {
-		return 0, errors.New("want a string or a list of content blocks")
-	}
-	n := 0
-	for _, b := range blocks {
-		n += len(strings.Fields(b.Text))
-		c, err := countBlocks(b.Content)
-		if err != nil {
-			return 0, err
-		}
-		n += c
-	}
-	return n, nil
+	return sp, nil
 }
 
 // hasToolResult reports whether content holds a tool_result block.

@@ -155,17 +155,21 @@ func New(cfg Config) *Server {
 	)
 
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/chat/completions", s.handleCompletion)
-	mux.HandleFunc("POST /v1/completions", s.handleCompletion)
-	mux.HandleFunc("POST /v1/messages", s.handleMessages)
+	mux.HandleFunc("POST /v1/chat/completions", s.generate(apiChat, parseCompletion))
+	mux.HandleFunc("POST /v1/completions", s.generate(apiCompletions, parseCompletion))
+	mux.HandleFunc("POST /v1/messages", s.generate(apiMessages, parseMessages))
 	mux.HandleFunc("GET /health", s.handleHealth)
 	mux.HandleFunc("POST /admin/health", s.handleSetHealth)
-	mux.HandleFunc("POST /admin/pause", s.handlePause)
-	mux.HandleFunc("POST /admin/resume", s.handleResume)
+	// do answers by calling f and writing v.
+	do := func(f func(), v any) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) { f(); writeJSON(w, http.StatusOK, v) }
+	}
+	mux.HandleFunc("POST /admin/pause", do(s.Pause, map[string]bool{"paused": true}))
+	mux.HandleFunc("POST /admin/resume", do(s.Resume, map[string]bool{"paused": false}))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /debug/requests", s.handleRequests)
-	mux.HandleFunc("GET /debug/stats", s.handleStats)
-	mux.HandleFunc("POST /debug/reset", s.handleReset)
+	mux.HandleFunc("GET /debug/stats", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.Stats()) })
+	mux.HandleFunc("POST /debug/reset", do(s.Reset, map[string]bool{"reset": true}))
 	s.mux = mux
 	return s
 }
@@ -397,30 +401,23 @@ func (s *Server) finish(rec *fakeapi.Record, status int, outcome string) {
 	}
 }
 
-// handleCompletion serves OpenAI's /v1/chat/completions and
+// parseCompletion reads a request of OpenAI's /v1/chat/completions or
 // /v1/completions.
-func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
-	s.generate(w, r, func(body []byte) (spec, error) {
-		var req completionRequest
-		if err := json.Unmarshal(body, &req); err != nil {
-			return spec{}, fmt.Errorf("invalid JSON body: %v", err)
-		}
-		chat := r.URL.Path == "/v1/chat/completions"
-		prompt, err := countPrompt(chat, &req)
-		if err != nil {
-			return spec{}, err
-		}
-		limit := req.MaxTokens
-		if req.MaxCompletionTokens != nil {
-			limit = req.MaxCompletionTokens
-		}
-		api := apiCompletions
-		if chat {
-			api = apiChat
-		}
-		return spec{api: api, model: req.Model, prompt: prompt, limit: limit, ignoreEOS: req.IgnoreEOS,
-			stream: req.Stream, includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage}, nil
-	})
+func parseCompletion(wire api, body []byte) (spec, error) {
+	var req completionRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		return spec{}, fmt.Errorf("invalid JSON body: %v", err)
+	}
+	prompt, err := countPrompt(wire == apiChat, &req)
+	if err != nil {
+		return spec{}, err
+	}
+	limit := req.MaxTokens
+	if req.MaxCompletionTokens != nil {
+		limit = req.MaxCompletionTokens
+	}
+	return spec{model: req.Model, prompt: prompt, limit: limit, ignoreEOS: req.IgnoreEOS,
+		stream: req.Stream, includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage}, nil
 }
 
 // api is the wire format of a request and of its answer.
@@ -446,48 +443,46 @@ type spec struct {
 	tool string
 }
 
-// generate serves one generation request of any API: parse reads the
-// body into a spec, or says why it is invalid (400).
-func (s *Server) generate(w http.ResponseWriter, r *http.Request, parse func([]byte) (spec, error)) {
-	// The request ends when the client leaves or the server shuts down.
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	stop := context.AfterFunc(s.base, cancel)
-	defer stop()
+// generate serves the generation requests of an API: parse reads a body
+// into a spec, or says why it is invalid (400).
+func (s *Server) generate(wire api, parse func(api, []byte) (spec, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		// The request ends when the client leaves or the server shuts down.
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		stop := context.AfterFunc(s.base, cancel)
+		defer stop()
 
-	g, rec, ok := s.accept(w, r, parse)
-	if !ok {
-		return // answered already
+		g, rec, ok := s.accept(w, r, wire, parse)
+		if !ok {
+			return // answered already
+		}
+		if err := s.acquire(ctx, rec); err != nil {
+			s.finish(rec, 0, s.gone())
+			return
+		}
+		defer s.release()
+		err := s.waitResumed(ctx)
+		if err == nil {
+			err = sleep(ctx, s.cfg.TTFT)
+		}
+		if err != nil {
+			s.finish(rec, 0, s.gone())
+			return
+		}
+		if err := s.answer(ctx, w, g); err != nil {
+			s.finish(rec, http.StatusOK, s.gone())
+			return
+		}
+		s.finish(rec, http.StatusOK, fakeapi.OutcomeOK)
 	}
-	if err := s.acquire(ctx, rec); err != nil {
-		s.finish(rec, 0, s.gone())
-		return
-	}
-	defer s.release()
-	err := s.waitResumed(ctx)
-	if err == nil {
-		err = sleep(ctx, s.cfg.TTFT)
-	}
-	if err != nil {
-		s.finish(rec, 0, s.gone())
-		return
-	}
-	if err := s.answer(ctx, w, g); err != nil {
-		s.finish(rec, http.StatusOK, s.gone())
-		return
-	}
-	s.finish(rec, http.StatusOK, fakeapi.OutcomeOK)
 }
 
 // accept reads and records a request and says what to generate for it;
 // or it answers at once (ok false) when the server is shutting down
 // (503), the request is invalid (400) or beyond the account's limits
 // (429).
-func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byte) (spec, error)) (g generation, rec *fakeapi.Record, ok bool) {
-	wire := apiChat
-	if r.URL.Path == "/v1/messages" {
-		wire = apiMessages
-	}
+func (s *Server) accept(w http.ResponseWriter, r *http.Request, wire api, parse func(api, []byte) (spec, error)) (g generation, rec *fakeapi.Record, ok bool) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 	rec = s.newRecord(r, body)
 	w.Header().Set("X-Fake-Upstream", s.cfg.Name)
@@ -500,7 +495,7 @@ func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byt
 	var sp spec
 	if err != nil {
 		err = errors.New("reading body: " + err.Error())
-	} else if sp, err = parse(body); err == nil && sp.limit != nil && *sp.limit < 0 {
+	} else if sp, err = parse(wire, body); err == nil && sp.limit != nil && *sp.limit < 0 {
 		err = errors.New("max_tokens must not be negative")
 	}
 	if err != nil {
@@ -508,6 +503,7 @@ func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byt
 		s.finish(rec, http.StatusBadRequest, fakeapi.OutcomeBadRequest)
 		return generation{}, nil, false
 	}
+	sp.api = wire
 	out, finishReason := outputTokens(sp.limit, sp.ignoreEOS, s.cfg.DefaultOutput)
 	if s.rateLimited(w, wire, rec, sp, out) {
 		return generation{}, nil, false
@@ -565,10 +561,8 @@ func (s *Server) newGeneration(r *http.Request, rec *fakeapi.Record, sp spec, ou
 	// without ending (a hung model server).
 	g.garbageUsage = r.Header.Get("X-Fake-Usage") == "garbage"
 	g.stallAfter = -1
-	if v := r.Header.Get("X-Fake-Stall-After"); v != "" {
-		if n, err := strconv.Atoi(v); err == nil && n >= 0 {
-			g.stallAfter = n
-		}
+	if n, err := strconv.Atoi(r.Header.Get("X-Fake-Stall-After")); err == nil && n >= 0 {
+		g.stallAfter = n
 	}
 	return g
 }
@@ -649,7 +643,7 @@ func countPrompt(chat bool, req *completionRequest) (int, error) {
 			if err := json.Unmarshal(raw, &m); err != nil {
 				return 0, fmt.Errorf("messages[%d]: %v", i, err)
 			}
-			c, err := countContent(m.Content)
+			c, err := countText(m.Content, false)
 			if err != nil {
 				return 0, fmt.Errorf("messages[%d].content: %v", i, err)
 			}
@@ -687,7 +681,10 @@ func countPrompt(chat bool, req *completionRequest) (int, error) {
 	return 0, errors.New("prompt: want a string, a list of strings or token ids")
 }
 
-func countContent(raw json.RawMessage) (int, error) {
+// countText counts the words of content: a string, or a list of parts
+// whose text is counted and, in Anthropic's blocks (nested), whose content
+// too (a tool_result's: a string or blocks again).
+func countText(raw json.RawMessage, nested bool) (int, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return 0, nil
 	}
@@ -696,14 +693,27 @@ func countContent(raw json.RawMessage) (int, error) {
 		return len(strings.Fields(str)), nil
 	}
 	var parts []struct {
-		Text string `json:"text"`
+		Text    string          `json:"text"`
+		Content json.RawMessage `json:"content"`
 	}
 	if err := json.Unmarshal(raw, &parts); err != nil {
-		return 0, errors.New("want a string or a list of content parts")
+		what := "parts"
+		if nested {
+			what = "blocks"
+		}
+		return 0, errors.New("want a string or a list of content " + what)
 	}
 	n := 0
 	for _, p := range parts {
 		n += len(strings.Fields(p.Text))
+		if !nested {
+			continue
+		}
+		c, err := countText(p.Content, true)
+		if err != nil {
+			return 0, err
+		}
+		n += c
 	}
 	return n, nil
 }
@@ -762,13 +772,10 @@ func (s *Server) respond(ctx context.Context, w http.ResponseWriter, g generatio
 	if err != nil {
 		return err
 	}
-	var choice map[string]any
+	choice := map[string]any{"index": 0, "finish_reason": g.finishReason, "text": text, "logprobs": nil}
 	if g.api == apiChat {
 		choice = map[string]any{"index": 0, "finish_reason": g.finishReason,
 			"message": map[string]any{"role": "assistant", "content": text}}
-	} else {
-		choice = map[string]any{"index": 0, "finish_reason": g.finishReason,
-			"text": text, "logprobs": nil}
 	}
 	return writeJSON(w, http.StatusOK, map[string]any{
 		"id": g.prefixedID(), "object": g.object(false), "created": g.created,
@@ -906,16 +913,6 @@ func (s *Server) handleSetHealth(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (s *Server) handlePause(w http.ResponseWriter, r *http.Request) {
-	s.Pause()
-	writeJSON(w, http.StatusOK, map[string]bool{"paused": true})
-}
-
-func (s *Server) handleResume(w http.ResponseWriter, r *http.Request) {
-	s.Resume()
-	writeJSON(w, http.StatusOK, map[string]bool{"paused": false})
-}
-
 // handleRequests serves the recorded requests, oldest first, optionally only
 // those with a given test_id or tenant.
 func (s *Server) handleRequests(w http.ResponseWriter, r *http.Request) {
@@ -932,15 +929,6 @@ func (s *Server) handleRequests(w http.ResponseWriter, r *http.Request) {
 		out = append(out, rec)
 	}
 	writeJSON(w, http.StatusOK, out)
-}
-
-func (s *Server) handleStats(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, s.Stats())
-}
-
-func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
-	s.Reset()
-	writeJSON(w, http.StatusOK, map[string]bool{"reset": true})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) error {

@@ -16,9 +16,8 @@ import (
 
 // Caddy is a running Caddy process.
 type Caddy struct {
-	out   *logSink
+	child
 	admin string // host:port of the admin endpoint
-	proc  *process
 }
 
 // StartCaddy writes caddyfile into a temporary directory and runs
@@ -42,23 +41,9 @@ func StartCaddy(t testing.TB, bin, caddyfile string) *Caddy {
 		t.Fatalf("harness: %v\nCaddyfile:\n%s", err, caddyfile)
 	}
 
-	file, err := os.Create(filepath.Join(dir, "caddy.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &Caddy{out: &logSink{file: file}, admin: admin}
-	dumpOnFailure(t, "caddy", c.out)
-	t.Cleanup(func() {
-		c.Stop()
-		file.Close()
-	})
-
-	p, err := startProcess(bin, []string{"run", "--config", cfgPath, "--adapter", "caddyfile"}, caddyEnv(dir), c.out)
-	if err != nil {
-		t.Fatalf("harness: starting caddy: %v", err)
-	}
-	c.proc = p
-	err = p.waitReady(func() (bool, error) {
+	c := &Caddy{child: newChild(t, filepath.Join(dir, "caddy.log"), "caddy"), admin: admin}
+	t.Cleanup(func() { c.Stop() })
+	c.start(t, "caddy", bin, []string{"run", "--config", cfgPath, "--adapter", "caddyfile"}, caddyEnv(dir), func() (bool, error) {
 		code, _, err := httpStatus("GET", c.AdminURL()+"/config/", "", nil)
 		if err != nil || code != 200 {
 			return false, err
@@ -72,9 +57,6 @@ func StartCaddy(t testing.TB, bin, caddyfile string) *Caddy {
 		}
 		return true, nil
 	})
-	if err != nil {
-		t.Fatalf("harness: caddy %v", err)
-	}
 	return c
 }
 
@@ -90,12 +72,9 @@ func caddyEnv(dir string) []string {
 // Metrics(t, c.AdminURL()+"/metrics").
 func (c *Caddy) AdminURL() string { return "http://" + c.admin }
 
-// Logs returns everything Caddy printed so far.
-func (c *Caddy) Logs() string { return c.out.String() }
-
 // PID is the Caddy process's id, e.g. to read its CPU time from /proc; it
 // stays the same across Reload.
-func (c *Caddy) PID() int { return c.proc.cmd.Process.Pid }
+func (c *Caddy) PID() int { return c.cmd.Process.Pid }
 
 // Reload replaces the running configuration through the admin API (POST
 // /load with Content-Type text/caddyfile), as an operator would under load.
@@ -117,20 +96,7 @@ func (c *Caddy) Reload(caddyfile string) error {
 // flight), killing it if it has not exited after ten seconds (times
 // scaled). It returns nil when Caddy exited cleanly. Calling it again is
 // harmless.
-func (c *Caddy) Stop() error {
-	if c.proc == nil {
-		return nil
-	}
-	return c.proc.stop()
-}
-
-// Kill ends Caddy with SIGKILL, as a crash would: nothing it holds is
-// given back cleanly.
-func (c *Caddy) Kill() {
-	if c.proc != nil {
-		c.proc.kill()
-	}
-}
+func (c *Caddy) Stop() error { return c.stop() }
 
 // Adapt runs "caddy adapt" on caddyfile and returns the JSON config.
 func Adapt(t testing.TB, bin, caddyfile string) []byte {

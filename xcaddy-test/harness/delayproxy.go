@@ -30,8 +30,7 @@ func StartDelayProxy(t testing.TB, target string, delay time.Duration) *DelayPro
 		t.Fatal(err)
 	}
 	p := &DelayProxy{ln: ln, target: target, delay: delay, conns: map[net.Conn]bool{}}
-	p.wg.Add(1)
-	go p.accept()
+	p.wg.Go(p.accept)
 	t.Cleanup(p.Close)
 	return p
 }
@@ -64,7 +63,6 @@ func (p *DelayProxy) track(c net.Conn) bool {
 }
 
 func (p *DelayProxy) accept() {
-	defer p.wg.Done()
 	for {
 		in, err := p.ln.Accept()
 		if err != nil {
@@ -73,9 +71,7 @@ func (p *DelayProxy) accept() {
 		if !p.track(in) {
 			return
 		}
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
+		p.wg.Go(func() {
 			// The connection itself is delayed too: a handshake with a
 			// far server takes a round trip.
 			time.Sleep(p.delay)
@@ -90,11 +86,10 @@ func (p *DelayProxy) accept() {
 				return
 			}
 			var both sync.WaitGroup
-			both.Add(2)
-			go func() { defer both.Done(); p.pipe(out, in) }()
-			go func() { defer both.Done(); p.pipe(in, out) }()
+			both.Go(func() { p.pipe(out, in) })
+			both.Go(func() { p.pipe(in, out) })
 			both.Wait()
-		}()
+		})
 	}
 }
 

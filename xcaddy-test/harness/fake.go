@@ -42,11 +42,10 @@ var fakeCount atomic.Int64
 
 // Fake is a running fakellm process.
 type Fake struct {
+	child
 	t    testing.TB
 	opts FakeOptions
-	out  *logSink
 	port int
-	proc *process
 }
 
 // StartFake runs fakellm on a loopback port, waits until /health answers (200
@@ -59,51 +58,35 @@ func StartFake(t testing.TB, opts FakeOptions) *Fake {
 	if opts.Name == "" {
 		opts.Name = fmt.Sprint("fake", fakeCount.Add(1))
 	}
-	file, err := os.Create(filepath.Join(t.TempDir(), opts.Name+".log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &Fake{t: t, opts: opts, out: &logSink{file: file}}
-	dumpOnFailure(t, "fakellm "+opts.Name, f.out)
+	f := &Fake{child: newChild(t, filepath.Join(t.TempDir(), opts.Name+".log"), "fakellm "+opts.Name), t: t, opts: opts}
 	t.Cleanup(func() {
-		if f.proc != nil && !f.proc.exited() {
+		if f.running() {
 			f.Stop()
 		}
-		file.Close()
 	})
-	f.start()
+	f.run()
 	return f
 }
 
-func (f *Fake) start() {
+func (f *Fake) run() {
 	f.t.Helper()
 	args := []string{"-listen", net.JoinHostPort("127.0.0.1", strconv.Itoa(f.port)), "-name", f.opts.Name}
-	if f.opts.Slots != 0 {
-		args = append(args, "-slots", strconv.Itoa(f.opts.Slots))
+	flag := func(name string, v any, set bool) {
+		if set {
+			args = append(args, fmt.Sprintf("-%s=%v", name, v))
+		}
 	}
-	if f.opts.TTFT != 0 {
-		args = append(args, "-ttft", f.opts.TTFT.String())
-	}
-	if f.opts.PerToken != 0 {
-		args = append(args, "-per-token", f.opts.PerToken.String())
-	}
-	if f.opts.DefaultOutput != 0 {
-		args = append(args, "-default-output", strconv.Itoa(f.opts.DefaultOutput))
-	}
-	if f.opts.Down {
-		args = append(args, "-down")
-	}
+	flag("slots", f.opts.Slots, f.opts.Slots != 0)
+	flag("ttft", f.opts.TTFT, f.opts.TTFT != 0)
+	flag("per-token", f.opts.PerToken, f.opts.PerToken != 0)
+	flag("default-output", f.opts.DefaultOutput, f.opts.DefaultOutput != 0)
+	flag("down", true, f.opts.Down)
 	args = append(args, f.opts.Args...)
 
 	mark := len(f.out.String())
-	p, err := startProcess(f.opts.Bin, args, os.Environ(), f.out)
-	if err != nil {
-		f.t.Fatalf("harness: starting fakellm: %v", err)
-	}
-	f.proc = p
 	// The first start listens on port 0 and reads the port fakellm prints
 	// (no race for a free port); a restart reuses it.
-	err = p.waitReady(func() (bool, error) {
+	f.start(f.t, "fakellm", f.opts.Bin, args, os.Environ(), func() (bool, error) {
 		if f.port == 0 {
 			port, ok := listeningPort(f.out.String()[mark:])
 			if !ok {
@@ -114,9 +97,6 @@ func (f *Fake) start() {
 		code, _, err := httpStatus("GET", f.URL()+"/health", "", nil)
 		return code == 200 || code == 503, err
 	})
-	if err != nil {
-		f.t.Fatalf("harness: fakellm %v", err)
-	}
 }
 
 func listeningPort(out string) (int, bool) {
@@ -146,25 +126,18 @@ func (f *Fake) URL() string { return "http://" + f.Addr() }
 // Port is the fake's port; it stays the same across Restart.
 func (f *Fake) Port() int { return f.port }
 
-// Logs returns everything the fake printed, across restarts.
-func (f *Fake) Logs() string { return f.out.String() }
-
-func (f *Fake) post(path string) {
+// call sends a request without a body to the fake's path and, unless v is
+// nil, decodes the answer into v.
+func (f *Fake) call(method, path string, v any) {
 	f.t.Helper()
-	code, body, err := httpStatus("POST", f.URL()+path, "", nil)
+	code, body, err := httpStatus(method, f.URL()+path, "", nil)
 	if err != nil || code != 200 {
-		f.t.Fatalf("harness: fakellm POST %s: %d %s %v", path, code, body, err)
+		f.t.Fatalf("harness: fakellm %s %s: %d %s %v", method, path, code, body, err)
 	}
-}
-
-func (f *Fake) get(path string, v any) {
-	f.t.Helper()
-	code, body, err := httpStatus("GET", f.URL()+path, "", nil)
-	if err != nil || code != 200 {
-		f.t.Fatalf("harness: fakellm GET %s: %d %s %v", path, code, body, err)
-	}
-	if err := json.Unmarshal(body, v); err != nil {
-		f.t.Fatalf("harness: fakellm GET %s: %v", path, err)
+	if v != nil {
+		if err := json.Unmarshal(body, v); err != nil {
+			f.t.Fatalf("harness: fakellm %s %s: %v", method, path, err)
+		}
 	}
 }
 
@@ -175,22 +148,22 @@ func (f *Fake) SetHealth(up bool) {
 	if up {
 		state = "up"
 	}
-	f.post("/admin/health?state=" + state)
+	f.call("POST", "/admin/health?state="+state, nil)
 }
 
 // Pause makes requests that get a generation slot hold it, before their
 // first token, until Resume: a deterministic way to fill the upstream and
 // build a queue in the gateway.
-func (f *Fake) Pause() { f.t.Helper(); f.post("/admin/pause") }
+func (f *Fake) Pause() { f.t.Helper(); f.call("POST", "/admin/pause", nil) }
 
 // Resume lets paused requests generate.
-func (f *Fake) Resume() { f.t.Helper(); f.post("/admin/resume") }
+func (f *Fake) Resume() { f.t.Helper(); f.call("POST", "/admin/resume", nil) }
 
 // Stats returns the fake's counters since its last Reset and its live gauges.
 func (f *Fake) Stats() FakeStats {
 	f.t.Helper()
 	var st FakeStats
-	f.get("/debug/stats", &st)
+	f.call("GET", "/debug/stats", &st)
 	return st
 }
 
@@ -198,30 +171,19 @@ func (f *Fake) Stats() FakeStats {
 func (f *Fake) Requests() []FakeRequest {
 	f.t.Helper()
 	var rs []FakeRequest
-	f.get("/debug/requests", &rs)
+	f.call("GET", "/debug/requests", &rs)
 	return rs
 }
 
 // Reset clears the fake's request record and counters.
-func (f *Fake) Reset() { f.t.Helper(); f.post("/debug/reset") }
-
-// Kill ends the fake with SIGKILL, as an upstream that crashes: its
-// connections break and its port stops answering.
-func (f *Fake) Kill() {
-	f.t.Helper()
-	if f.proc != nil {
-		f.proc.kill()
-	}
-}
+func (f *Fake) Reset() { f.t.Helper(); f.call("POST", "/debug/reset", nil) }
 
 // Stop ends the fake gracefully (SIGTERM): it aborts its requests in flight
 // and exits.
 func (f *Fake) Stop() {
 	f.t.Helper()
-	if f.proc != nil {
-		if err := f.proc.stop(); err != nil {
-			f.t.Errorf("harness: fakellm %s did not stop cleanly: %v", f.Name(), err)
-		}
+	if err := f.stop(); err != nil {
+		f.t.Errorf("harness: fakellm %s did not stop cleanly: %v", f.Name(), err)
 	}
 }
 
@@ -229,9 +191,9 @@ func (f *Fake) Stop() {
 // same port with the same options: a fresh health state, slots and record.
 func (f *Fake) Restart() {
 	f.t.Helper()
-	if f.proc != nil && !f.proc.exited() {
+	if f.running() {
 		f.Stop()
 	}
 	f.out.Write([]byte("--- harness: restart ---\n"))
-	f.start()
+	f.run()
 }

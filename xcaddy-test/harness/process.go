@@ -68,68 +68,107 @@ func (l *logSink) tail(n int) string {
 	return s
 }
 
-// process is one run of a child process.
-type process struct {
+// child is what Caddy, Fake and Redis share: the process the harness
+// started last, and its output across restarts.
+type child struct {
+	out  *logSink
 	cmd  *exec.Cmd
 	done chan struct{} // closed when the process has exited
 	err  error         // cmd.Wait's result, set before done is closed
+	// dumped: the output is logged when the test fails, so a failed start
+	// need not show it.
+	dumped bool
 }
 
-func startProcess(bin string, args, env []string, out *logSink) (*process, error) {
+// newChild writes the output to a file at path (closed after the test's
+// later cleanups, which stop the process); with what set, the output's tail
+// is logged under that name when the test fails.
+func newChild(t testing.TB, path, what string) child {
+	t.Helper()
+	file, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { file.Close() })
+	c := child{out: &logSink{file: file}, dumped: what != ""}
+	if c.dumped {
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("--- %s output (tail) ---\n%s\n--- end of %s output ---", what, c.out.tail(tailBytes), what)
+			}
+		})
+	}
+	return c
+}
+
+// start runs bin and waits until ready reports true; it fails the test
+// when the process cannot start, exits or is not ready in time.
+func (c *child) start(t testing.TB, what, bin string, args, env []string, ready func() (bool, error)) {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = env
-	cmd.Stdout, cmd.Stderr = out, out
+	cmd.Stdout, cmd.Stderr = c.out, c.out
 	cmd.SysProcAttr = sysProcAttr()
 	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Start(); err != nil {
-		return nil, err
+		t.Fatalf("harness: starting %s: %v", what, err)
 	}
-	p := &process{cmd: cmd, done: make(chan struct{})}
+	done := make(chan struct{})
+	c.cmd, c.done = cmd, done
 	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
+		c.err = cmd.Wait()
+		close(done)
 	}()
-	return p, nil
+	if err := c.waitReady(ready); err != nil {
+		if !c.dumped {
+			t.Fatalf("harness: %s %v; its output:\n%s", what, err, c.out.tail(tailBytes))
+		}
+		t.Fatalf("harness: %s %v", what, err)
+	}
 }
 
-func (p *process) exited() bool {
+// exited reports whether the process has exited, or none was started.
+func (c *child) exited() bool {
 	select {
-	case <-p.done:
+	case <-c.done:
 		return true
 	default:
-		return false
+		return c.done == nil
 	}
 }
+
+func (c *child) running() bool { return !c.exited() }
 
 // stop sends SIGTERM, then SIGKILL if the process has not exited after
 // stopTimeout (scaled). It returns the exit error of a process that exited on its own
 // terms, and an error saying so if it had to be killed.
-func (p *process) stop() error {
-	if p.exited() {
-		return p.err
+func (c *child) stop() error {
+	if c.exited() {
+		return c.err
 	}
-	p.cmd.Process.Signal(syscall.SIGTERM)
+	c.cmd.Process.Signal(syscall.SIGTERM)
 	limit := Scale(stopTimeout)
 	select {
-	case <-p.done:
-		return p.err
+	case <-c.done:
+		return c.err
 	case <-time.After(limit):
 	}
-	p.kill()
+	c.Kill()
 	return fmt.Errorf("did not exit within %s of SIGTERM; killed", limit)
 }
 
-// kill sends SIGKILL and waits for the exit.
-func (p *process) kill() {
-	if !p.exited() {
-		p.cmd.Process.Kill()
+// Kill ends the process with SIGKILL, as a crash would: its connections
+// break and nothing it holds is given back cleanly.
+func (c *child) Kill() {
+	if !c.exited() {
+		c.cmd.Process.Kill()
+		<-c.done
 	}
-	<-p.done
 }
 
 // waitReady polls ready until it reports true, the process exits, or
 // startTimeout (scaled) passes.
-func (p *process) waitReady(ready func() (bool, error)) error {
+func (c *child) waitReady(ready func() (bool, error)) error {
 	limit := Scale(startTimeout)
 	deadline := time.Now().Add(limit)
 	var last error
@@ -141,8 +180,8 @@ func (p *process) waitReady(ready func() (bool, error)) error {
 		if err != nil {
 			last = err
 		}
-		if p.exited() {
-			return fmt.Errorf("exited before it was ready: %v", p.err)
+		if c.exited() {
+			return fmt.Errorf("exited before it was ready: %v", c.err)
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("not ready after %s (last error: %v)", limit, last)
@@ -151,14 +190,8 @@ func (p *process) waitReady(ready func() (bool, error)) error {
 	}
 }
 
-// dumpOnFailure logs the tail of a process's output when the test failed.
-func dumpOnFailure(t testing.TB, what string, out *logSink) {
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("--- %s output (tail) ---\n%s\n--- end of %s output ---", what, out.tail(tailBytes), what)
-		}
-	})
-}
+// Logs returns everything the process printed so far, across restarts.
+func (c *child) Logs() string { return c.out.String() }
 
 // httpStatus GETs or POSTs a URL and returns the status and body.
 func httpStatus(method, url, contentType string, body []byte) (int, []byte, error) {

@@ -17,12 +17,11 @@ import (
 // Redis is a redis-server process on a loopback port of its own, which a
 // test may kill and start again on the same port.
 type Redis struct {
+	child
 	t    testing.TB
 	args []string
 	port int
 	dir  string
-	out  *logSink
-	proc *process
 }
 
 // StartRedis runs redis-server with args on a free port, in a directory of
@@ -35,15 +34,8 @@ func StartRedis(t testing.TB, args ...string) *Redis {
 		t.Fatal("redis-server is not on PATH: install Debian's redis-server package (scripts/test.sh does)")
 	}
 	r := &Redis{t: t, args: args, port: FreePort(t), dir: t.TempDir()}
-	file, err := os.Create(filepath.Join(r.dir, "redis.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.out = &logSink{file: file}
-	t.Cleanup(func() {
-		r.Kill()
-		file.Close()
-	})
+	r.child = newChild(t, filepath.Join(r.dir, "redis.log"), "")
+	t.Cleanup(r.Kill)
 	r.Start()
 	return r
 }
@@ -55,14 +47,7 @@ func (r *Redis) Start() {
 	if !slices.Contains(r.args, "--sentinel") {
 		args = append(args, "--save", "", "--appendonly", "no")
 	}
-	p, err := startProcess("redis-server", args, os.Environ(), r.out)
-	if err != nil {
-		r.t.Fatalf("harness: starting redis-server: %v", err)
-	}
-	r.proc = p
-	if err := p.waitReady(r.ping); err != nil {
-		r.t.Fatalf("harness: redis-server %v; its output:\n%s", err, r.out.tail(tailBytes))
-	}
+	r.start(r.t, "redis-server", "redis-server", args, os.Environ(), r.ping)
 }
 
 func (r *Redis) ping() (bool, error) {
@@ -80,14 +65,6 @@ func (r *Redis) ping() (bool, error) {
 		return false, fmt.Errorf("PING: %q %v", line, err)
 	}
 	return true, nil
-}
-
-// Kill ends the server at once (SIGKILL): its connections drop as in a
-// crash.
-func (r *Redis) Kill() {
-	if r.proc != nil {
-		r.proc.kill()
-	}
 }
 
 // Addr is the server's host:port.

@@ -93,29 +93,21 @@ func (s *standaloneTB) Cleanup(f func()) {
 	defer s.mu.Unlock()
 	s.cleanups = append(s.cleanups, f)
 }
-func (s *standaloneTB) Error(args ...any) { s.Log(args...); s.fail(fmt.Sprint(args...)) }
-func (s *standaloneTB) Errorf(format string, args ...any) {
-	s.Logf(format, args...)
-	s.fail(fmt.Sprintf(format, args...))
-}
+func (s *standaloneTB) Error(args ...any)                 { s.Log(args...); s.fail(fmt.Sprint(args...)) }
+func (s *standaloneTB) Errorf(format string, args ...any) { s.Error(fmt.Sprintf(format, args...)) }
 func (s *standaloneTB) Fatal(args ...any) {
 	s.Error(args...)
 	runtime.Goexit()
 }
-func (s *standaloneTB) Fatalf(format string, args ...any) {
-	s.Errorf(format, args...)
-	runtime.Goexit()
-}
+func (s *standaloneTB) Fatalf(format string, args ...any) { s.Fatal(fmt.Sprintf(format, args...)) }
 func (s *standaloneTB) Failed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.failed
 }
-func (s *standaloneTB) Helper()         {}
-func (s *standaloneTB) Log(args ...any) { fmt.Fprintln(s.out, args...) }
-func (s *standaloneTB) Logf(format string, args ...any) {
-	fmt.Fprintf(s.out, format+"\n", args...)
-}
+func (s *standaloneTB) Helper()                         {}
+func (s *standaloneTB) Log(args ...any)                 { fmt.Fprintln(s.out, args...) }
+func (s *standaloneTB) Logf(format string, args ...any) { s.Log(fmt.Sprintf(format, args...)) }
 func (s *standaloneTB) TempDir() string {
 	d, err := os.MkdirTemp("", "fairqueue-"+s.name+"-")
 	if err != nil {

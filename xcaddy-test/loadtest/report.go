@@ -227,26 +227,24 @@ func (r *Report) Print(w io.Writer) {
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\n%s/plain round by round (%s round i over the plain round just before it):\n", second, second)
-	fmt.Fprintf(w, "  throughput %s  median %.3f  range %s\n", ratios(s.PairThroughput), median(slices.Clone(s.PairThroughput)), spread(s.PairThroughput))
-	fmt.Fprintf(w, "  p50        %s  median %.3f  range %s\n", ratios(s.PairP50), median(slices.Clone(s.PairP50)), spread(s.PairP50))
-	fmt.Fprintf(w, "  cpu/req    %s  median %.3f  range %s\n", ratios(s.PairCPU), median(slices.Clone(s.PairCPU)), spread(s.PairCPU))
+	fmt.Fprintf(w, "  throughput %s\n", pairs(s.PairThroughput))
+	fmt.Fprintf(w, "  p50        %s\n", pairs(s.PairP50))
+	fmt.Fprintf(w, "  cpu/req    %s\n", pairs(s.PairCPU))
 	if o.Backlog {
-		fmt.Fprintf(w, "backlog/fair cpu/req round by round (the backlogged request over the same path idle): %s  median %.3f  range %s\n",
-			ratios(s.PairBacklogCPU), median(slices.Clone(s.PairBacklogCPU)), spread(s.PairBacklogCPU))
+		fmt.Fprintf(w, "backlog/fair cpu/req round by round (the backlogged request over the same path idle): %s\n", pairs(s.PairBacklogCPU))
 	}
 }
 
-func ratios(xs []float64) string {
+// pairs formats ratios taken round by round: the list, its median and its
+// range.
+func pairs(xs []float64) string {
 	parts := make([]string, len(xs))
 	for i, x := range xs {
 		parts[i] = strconv.FormatFloat(x, 'f', 3, 64)
 	}
-	return "[" + strings.Join(parts, " ") + "]"
-}
-
-func spread(xs []float64) string {
-	if len(xs) == 0 {
-		return "-"
+	spread := "-"
+	if len(xs) > 0 {
+		spread = fmt.Sprintf("%.3f-%.3f", slices.Min(xs), slices.Max(xs))
 	}
-	return fmt.Sprintf("%.3f-%.3f", slices.Min(xs), slices.Max(xs))
+	return fmt.Sprintf("[%s]  median %.3f  range %s", strings.Join(parts, " "), median(slices.Clone(xs)), spread)
 }

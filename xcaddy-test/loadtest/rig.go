@@ -78,11 +78,7 @@ type Rig struct {
 // max_inflight (Options.MaxInflight).
 func Start(t testing.TB, caddyBin string, maxInflight int) *Rig {
 	t.Helper()
-	up, err := startUpstream()
-	if err != nil {
-		t.Fatalf("loadtest: upstream: %v", err)
-	}
-	t.Cleanup(up.close)
+	up := startUpstream(t)
 	p := harness.Ports(t, "Admin", "Plain", "Control", "Fair", "Backlog")
 	cf := harness.Render(t, caddyfileTmpl, map[string]any{
 		"Admin": p["Admin"], "Plain": p["Plain"], "Control": p["Control"], "Fair": p["Fair"], "Backlog": p["Backlog"],
@@ -117,10 +113,11 @@ type Upstream struct {
 // model server takes its time: a slow upstream fills fair_queue's slots.
 func (u *Upstream) SetDelay(d time.Duration) { u.delay.Store(int64(d)) }
 
-func startUpstream() (*Upstream, error) {
+// startUpstream starts the upstream, stopped when t ends.
+func startUpstream(t testing.TB) *Upstream {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, err
+		t.Fatalf("loadtest: upstream: %v", err)
 	}
 	u := &Upstream{ln: ln}
 	clen := strconv.Itoa(len(completion))
@@ -139,7 +136,8 @@ func startUpstream() (*Upstream, error) {
 		}),
 	}
 	go u.srv.Serve(ln)
-	return u, nil
+	t.Cleanup(func() { u.srv.Close() })
+	return u
 }
 
 // Addr is the upstream's host:port.
@@ -147,5 +145,3 @@ func (u *Upstream) Addr() string { return u.ln.Addr().String() }
 
 // Served is how many requests the upstream has answered.
 func (u *Upstream) Served() uint64 { return u.served.Load() }
-
-func (u *Upstream) close() { u.srv.Close() }

@@ -62,6 +62,11 @@ type Options struct {
 	UpstreamDelay time.Duration
 }
 
+func (o Options) valid() bool {
+	return o.Rounds >= 1 && o.Duration > 0 && o.Workers >= 1 && o.Tenants >= 1 && o.Rate >= 0 &&
+		(!o.Backlog || o.PromptBytes >= 1 && o.Workers > BacklogInflight && !o.Control)
+}
+
 // second is the site each pair runs after plain.
 func (o Options) second() string {
 	if o.Control {
@@ -146,13 +151,10 @@ type site struct {
 // per round. Failed requests are counted in the rounds: the error is for
 // bad options, or ctx ending the run (the report holds the rounds so far).
 func Run(ctx context.Context, rig *Rig, o Options, progress io.Writer) (*Report, error) {
-	if o.Rounds < 1 || o.Duration <= 0 || o.Workers < 1 || o.Tenants < 1 || o.Rate < 0 ||
-		o.Backlog && (o.PromptBytes < 1 || o.Workers <= BacklogInflight || o.Control) {
+	if !o.valid() {
 		return nil, fmt.Errorf("loadtest: bad options %+v", o)
 	}
-	body := Body
 	if o.Backlog {
-		body = Prompt(o.PromptBytes)
 		rig.Upstream.SetDelay(o.UpstreamDelay)
 		defer rig.Upstream.SetDelay(0)
 	}
@@ -164,16 +166,7 @@ func Run(ctx context.Context, rig *Rig, o Options, progress io.Writer) (*Report,
 	if _, err := processCPU(pid); err != nil {
 		rep.CPUNote = fmt.Sprintf("no CPU figures: %v", err)
 	}
-	newSite := func(name, url string) site {
-		return site{name, targeter(url, o.Tenants, body), newClient(o.maxWorkers())}
-	}
-	sites := []site{newSite(SitePlain, rig.PlainURL), newSite(SiteFair, rig.FairURL)}
-	if o.Control {
-		sites[1] = newSite(SiteControl, rig.ControlURL)
-	}
-	if o.Backlog {
-		sites = append(sites, newSite(SiteBacklog, rig.BacklogURL))
-	}
+	sites := o.sites(rig)
 	for _, s := range sites {
 		defer s.cl.CloseIdleConnections()
 		if o.Warmup > 0 {
@@ -198,6 +191,25 @@ func Run(ctx context.Context, rig *Rig, o Options, progress io.Writer) (*Report,
 		}
 	}
 	return rep, nil
+}
+
+// sites are o's sites, in the order each round runs them.
+func (o Options) sites(rig *Rig) []site {
+	body := Body
+	if o.Backlog {
+		body = Prompt(o.PromptBytes)
+	}
+	newSite := func(name, url string) site {
+		return site{name, targeter(url, o.Tenants, body), newClient(o.maxWorkers())}
+	}
+	sites := []site{newSite(SitePlain, rig.PlainURL), newSite(SiteFair, rig.FairURL)}
+	if o.Control {
+		sites[1] = newSite(SiteControl, rig.ControlURL)
+	}
+	if o.Backlog {
+		sites = append(sites, newSite(SiteBacklog, rig.BacklogURL))
+	}
+	return sites
 }
 
 // startProfile starts profiling Caddy and this process over the coming
