@@ -312,32 +312,21 @@ func (h *Handler) closeCluster() {
 }
 
 var (
-	clusterFallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "cluster_fallback_total",
-		Help: "Quota decisions (admission, dispatch, completion, status) made on the gateway's own share because the cluster's Redis was unreachable or slow.",
-	}, []string{"queue"})
-	clusterShared = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "cluster_shared_entries_total",
-		Help: "With share_fairness: entries of the tenants' service (one tenant's cost in one sync interval) this gateway sent to the other gateways (direction=sent), read from theirs (received), and charged to a tenant with requests queued here (applied).",
-	}, []string{"queue", "direction"})
-	clusterSlotMoves = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "cluster_slot_moves_total",
-		Help: "With share_slots: announcements between the gateways sharing the pool, which make them renew their grants at once rather than at the next sync: kind=claim (a gateway's backlogged weight grew, so the others' shares fell) or freed (a gateway gave slots back, which one owed slots may take); direction=sent or received.",
-	}, []string{"queue", "kind", "direction"})
-	clusterRedisSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name:    "cluster_redis_seconds",
-		Help:    "How long each of the gateway's Redis commands took (a script call, or a pipeline), errors included: a Redis growing slow shows here before it passes the cluster's timeout and counts as down.",
-		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
-	}, []string{"queue"})
-	clusterShareFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "cluster_share_failures_total",
-		Help: "With share_fairness: syncs of the tenants' service with the cluster's Redis that failed (Redis unreachable or slow); their service is not shared, and each gateway is fair on its own until Redis answers.",
-	}, []string{"queue"})
+	clusterFallbacks = counterVec("cluster_fallback_total",
+		"Quota decisions (admission, dispatch, completion, status) made on the gateway's own share because the cluster's Redis was unreachable or slow.",
+		"queue")
+	clusterShared = counterVec("cluster_shared_entries_total",
+		"With share_fairness: entries of the tenants' service (one tenant's cost in one sync interval) this gateway sent to the other gateways (direction=sent), read from theirs (received), and charged to a tenant with requests queued here (applied).",
+		"queue", "direction")
+	clusterSlotMoves = counterVec("cluster_slot_moves_total",
+		"With share_slots: announcements between the gateways sharing the pool, which make them renew their grants at once rather than at the next sync: kind=claim (a gateway's backlogged weight grew, so the others' shares fell) or freed (a gateway gave slots back, which one owed slots may take); direction=sent or received.",
+		"queue", "kind", "direction")
+	clusterRedisSeconds = histogramVec("cluster_redis_seconds",
+		"How long each of the gateway's Redis commands took (a script call, or a pipeline), errors included: a Redis growing slow shows here before it passes the cluster's timeout and counts as down.",
+		[]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}, "queue")
+	clusterShareFailures = counterVec("cluster_share_failures_total",
+		"With share_fairness: syncs of the tenants' service with the cluster's Redis that failed (Redis unreachable or slow); their service is not shared, and each gateway is fair on its own until Redis answers.",
+		"queue")
 	descClusterRedisUp = prometheus.NewDesc(fqName("cluster_redis_up"),
 		"1 while the queue's tenant quotas are decided in the cluster's Redis, 0 while Redis is unreachable and they are decided locally on 1/instances of each.", []string{"queue"}, nil)
 	descClusterSlotGrant = prometheus.NewDesc(fqName("cluster_slot_grant"),
@@ -370,9 +359,9 @@ func (clusterCollector) Collect(ch chan<- prometheus.Metric) {
 		if h.cluster.store.Degraded() {
 			up = 0
 		}
-		ch <- prometheus.MustNewConstMetric(descClusterRedisUp, prometheus.GaugeValue, up, s.name)
+		gauge(ch, descClusterRedisUp, up, s.name)
 		if g := s.slotGrant.Load(); g >= 0 && h.cluster.broker != nil {
-			ch <- prometheus.MustNewConstMetric(descClusterSlotGrant, prometheus.GaugeValue, float64(g), s.name)
+			gauge(ch, descClusterSlotGrant, float64(g), s.name)
 		}
 		return true
 	})
@@ -436,16 +425,8 @@ func (p *cfParser) cluster() error {
 		return d.Errf("cluster: unexpected argument %q (the settings go in a block: cluster { redis <url> })", args[0])
 	}
 	c := new(ClusterConfig)
-	seen := make(map[string]bool)
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		key := d.Val()
-		if seen[key] {
-			return d.Errf("cluster: %s given twice", key)
-		}
-		seen[key] = true
-		if err := p.clusterSetting(c, key); err != nil {
-			return err
-		}
+	if err := p.block("cluster", func(key string) error { return p.clusterSetting(c, key) }); err != nil {
+		return err
 	}
 	if c.Redis == "" && c.Sentinel == nil && len(c.ClusterAddrs) == 0 {
 		return d.Errf("cluster: missing 'redis <url>' (e.g. redis {env.REDIS_URL}), sentinel or cluster_addrs")
