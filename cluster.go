@@ -1,6 +1,7 @@
 package caddyfairqueue
 
 import (
+	"cmp"
 	"fmt"
 	"runtime/debug"
 	"strings"
@@ -130,8 +131,8 @@ type clusterSettings struct {
 // settings validates the cluster block of the queue named queue and fills
 // in its defaults.
 func (c *ClusterConfig) settings(queue string) (clusterSettings, error) {
-	s := clusterSettings{timeout: time.Duration(c.Timeout), sync: time.Duration(c.Sync),
-		ttl: time.Duration(c.LeaseTTL), prefix: c.Prefix}
+	s := clusterSettings{timeout: cmp.Or(time.Duration(c.Timeout), defaultClusterTimeout), sync: time.Duration(c.Sync),
+		ttl: time.Duration(c.LeaseTTL), prefix: cmp.Or(c.Prefix, cluster.DefaultPrefix+queue+":")}
 	switch {
 	case c.Instances < 0:
 		return s, fmt.Errorf("cluster: instances must not be negative, got %d", c.Instances)
@@ -139,12 +140,6 @@ func (c *ClusterConfig) settings(queue string) (clusterSettings, error) {
 		return s, fmt.Errorf("cluster: timeout must not be negative, got %v", s.timeout)
 	case strings.Contains(c.Prefix, "{"):
 		return s, fmt.Errorf("cluster: prefix %q contains '{': the tenant's name in braces is the key's hash tag", c.Prefix)
-	}
-	if s.timeout == 0 {
-		s.timeout = defaultClusterTimeout
-	}
-	if s.prefix == "" {
-		s.prefix = cluster.DefaultPrefix + queue + ":"
 	}
 	if s.sync <= 0 {
 		s.sync = defaultSlotSync
@@ -467,14 +462,10 @@ func (p *cfParser) clusterSetting(c *ClusterConfig, key string) error {
 			return d.Errf("cluster: cluster_addrs: want one or more host:port seed nodes of the Redis Cluster")
 		}
 	case "prefix":
-		v, err := p.oneArg("cluster: prefix")
-		if err != nil {
-			return err
+		c.Prefix, err = p.oneArg("cluster: prefix")
+		if err == nil && strings.Contains(c.Prefix, "{") {
+			err = d.Errf("cluster: prefix %q contains '{' (the tenant's name in braces is the key's hash tag)", c.Prefix)
 		}
-		if strings.Contains(v, "{") {
-			return d.Errf("cluster: prefix %q contains '{' (the tenant's name in braces is the key's hash tag)", v)
-		}
-		c.Prefix = v
 	default:
 		return d.Errf("cluster: unknown setting %q (want redis, sentinel, cluster_addrs, instances, timeout, prefix, share_slots, share_fairness, sync or lease_ttl)", key)
 	}
