@@ -265,12 +265,9 @@ func (p *cfParser) defaultTenant() error {
 // tenantBlock parses a tenant's optional block: `quota <pairs...>`.
 func (p *cfParser) tenantBlock(who string, tc *TenantConfig) error {
 	d := p.d
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		if d.Val() != "quota" {
-			return d.Errf("%s: unknown line %q in its block (want 'quota qps <n> tokens_per_min <n> ...')", who, d.Val())
-		}
-		if tc.Quota != nil {
-			return d.Errf("%s: quota given twice", who)
+	return p.block(who, func(key string) error {
+		if key != "quota" {
+			return d.Errf("%s: unknown line %q in its block (want 'quota qps <n> tokens_per_min <n> ...')", who, key)
 		}
 		q := new(QuotaConfig)
 		if err := p.quotaPairs(q, make(map[string]bool), who+": quota", d.RemainingArgs(), true); err != nil {
@@ -279,12 +276,9 @@ func (p *cfParser) tenantBlock(who string, tc *TenantConfig) error {
 		if q.QPS == 0 && q.TokensPerMin == 0 {
 			return d.Errf("%s: quota sets no rate: want 'quota qps <n>', 'quota tokens_per_min <n>' or both", who)
 		}
-		if err := p.noBlock(who + ": quota"); err != nil {
-			return err
-		}
 		tc.Quota = q
-	}
-	return nil
+		return p.noBlock(who + ": quota")
+	})
 }
 
 // fallback parses the fallback block: tenants, model_map, max_inflight,
@@ -599,12 +593,9 @@ func (p *cfParser) antiStarvation() error {
 	args := d.RemainingArgs()
 	switch {
 	case len(args) == 1 && args[0] == "off":
-		if err := p.noBlock("anti_starvation off"); err != nil {
-			return err
-		}
 		zero, off := 0.0, false
 		as.BoostShareMax, as.FastFail = &zero, &off
-		return nil
+		return p.noBlock("anti_starvation off")
 	case len(args) > 0:
 		return d.Errf("anti_starvation: unexpected argument %q (want 'anti_starvation off' or a block)", args[0])
 	}

@@ -326,44 +326,24 @@ var (
 		"1 while the queue's tenant quotas are decided in the cluster's Redis, 0 while Redis is unreachable and they are decided locally on 1/instances of each.", []string{"queue"}, nil)
 	descClusterSlotGrant = prometheus.NewDesc(fqName("cluster_slot_grant"),
 		"With share_slots: the upstream slots this gateway's queue holds from the pool shared through Redis (its grant, renewed every sync; 0 before the first grant, pool/instances while Redis is unreachable). Summed over the gateways it never exceeds the pool.", []string{"queue"}, nil)
-	clusterStateCollector = clusterCollector{}
 )
 
-// clusterCollector reports at scrape time whether each clustered queue
-// decides in Redis.
-type clusterCollector struct{}
-
-// Describe implements prometheus.Collector.
-func (clusterCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- descClusterRedisUp
-	ch <- descClusterSlotGrant
+// collectCluster reports at scrape time whether a clustered queue decides
+// in Redis, and its grant of the shared slots.
+func collectCluster(ch chan<- prometheus.Metric, s *sharedQueue) {
+	h := s.owner()
+	if h == nil || h.cluster == nil {
+		return
+	}
+	up := 1.0
+	if h.cluster.store.Degraded() {
+		up = 0
+	}
+	gauge(ch, descClusterRedisUp, up, s.name)
+	if g := s.slotGrant.Load(); g >= 0 && h.cluster.broker != nil {
+		gauge(ch, descClusterSlotGrant, float64(g), s.name)
+	}
 }
-
-// Collect implements prometheus.Collector.
-func (clusterCollector) Collect(ch chan<- prometheus.Metric) {
-	queues.Range(func(_, value any) bool {
-		s, ok := value.(*sharedQueue)
-		if !ok {
-			return true
-		}
-		h := s.owner()
-		if h == nil || h.cluster == nil {
-			return true
-		}
-		up := 1.0
-		if h.cluster.store.Degraded() {
-			up = 0
-		}
-		gauge(ch, descClusterRedisUp, up, s.name)
-		if g := s.slotGrant.Load(); g >= 0 && h.cluster.broker != nil {
-			gauge(ch, descClusterSlotGrant, float64(g), s.name)
-		}
-		return true
-	})
-}
-
-// Interface guards
-var _ prometheus.Collector = clusterCollector{}
 
 // sentinel parses the cluster's sentinel block.
 //
