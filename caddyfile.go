@@ -126,15 +126,11 @@ func (p *cfParser) subdirective() error {
 	case "name":
 		h.Name, err = p.oneArg(sub)
 	case "tenant_key":
-		v, err := p.oneArg(sub)
-		if err != nil {
-			return err
-		}
-		if !strings.Contains(v, "{") {
-			return d.Errf("tenant_key: %q has no placeholder, so every request would be one tenant; "+
+		h.TenantKey, err = p.oneArg(sub)
+		if v := h.TenantKey; err == nil && !strings.Contains(v, "{") {
+			err = d.Errf("tenant_key: %q has no placeholder, so every request would be one tenant; "+
 				"use a placeholder such as {http.request.header.%s} or {http.auth.user.id}", v, v)
 		}
-		h.TenantKey = v
 	case "cost_unit":
 		h.CostUnit, err = p.choiceArg(sub, "unit", "estimated_tokens", "requests", "learned")
 	case "tokenizer":
@@ -269,12 +265,9 @@ func (p *cfParser) defaultTenant() error {
 // tenantBlock parses a tenant's optional block: `quota <pairs...>`.
 func (p *cfParser) tenantBlock(who string, tc *TenantConfig) error {
 	d := p.d
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		if d.Val() != "quota" {
-			return d.Errf("%s: unknown line %q in its block (want 'quota qps <n> tokens_per_min <n> ...')", who, d.Val())
-		}
-		if tc.Quota != nil {
-			return d.Errf("%s: quota given twice", who)
+	return p.block(who, func(key string) error {
+		if key != "quota" {
+			return d.Errf("%s: unknown line %q in its block (want 'quota qps <n> tokens_per_min <n> ...')", who, key)
 		}
 		q := new(QuotaConfig)
 		if err := p.quotaPairs(q, make(map[string]bool), who+": quota", d.RemainingArgs(), true); err != nil {
@@ -283,12 +276,9 @@ func (p *cfParser) tenantBlock(who string, tc *TenantConfig) error {
 		if q.QPS == 0 && q.TokensPerMin == 0 {
 			return d.Errf("%s: quota sets no rate: want 'quota qps <n>', 'quota tokens_per_min <n>' or both", who)
 		}
-		if err := p.noBlock(who + ": quota"); err != nil {
-			return err
-		}
 		tc.Quota = q
-	}
-	return nil
+		return p.noBlock(who + ": quota")
+	})
 }
 
 // fallback parses the fallback block: tenants, model_map, max_inflight,
@@ -423,10 +413,16 @@ func (p *cfParser) circuitSetting(cb *CircuitBreakConfig, key string) error {
 	v := args[0]
 	var err error
 	switch key {
-	case "trigger":
-		cb.Trigger, err = p.demandRatio(key, v)
-	case "recover":
-		cb.Recover, err = p.demandRatio(key, v)
+	case "trigger", "recover":
+		f, perr := strconv.ParseFloat(v, 64)
+		if perr != nil || !(f > 0) || math.IsInf(f, 0) {
+			return d.Errf("circuit_break: %s %q must be a positive number (a ratio of demand to capacity, e.g. 1.3)", key, v)
+		}
+		if key == "trigger" {
+			cb.Trigger = f
+		} else {
+			cb.Recover = f
+		}
 	case "saturation":
 		f, perr := parseShare(v)
 		if perr != nil || !(f > 0 && f <= 1) {
@@ -441,16 +437,6 @@ func (p *cfParser) circuitSetting(cb *CircuitBreakConfig, key string) error {
 		return d.Errf("circuit_break: unknown setting %q (want trigger, recover, hold, window, saturation or order)", key)
 	}
 	return err
-}
-
-// demandRatio parses circuit_break's trigger or recover: a positive ratio
-// of demand to capacity.
-func (p *cfParser) demandRatio(key, v string) (float64, error) {
-	f, err := strconv.ParseFloat(v, 64)
-	if err != nil || !(f > 0) || math.IsInf(f, 0) {
-		return 0, p.d.Errf("circuit_break: %s %q must be a positive number (a ratio of demand to capacity, e.g. 1.3)", key, v)
-	}
-	return f, nil
 }
 
 // quotaDefaults parses the quota_defaults block: one setting per line, or
@@ -488,10 +474,14 @@ func (p *cfParser) quotaPairs(q *QuotaConfig, seen map[string]bool, who string, 
 }
 
 // pairs calls set for each `<key> <value>` pair of args, each key at most
-// once (seen).
-func (p *cfParser) pairs(who string, args []string, seen map[string]bool, set func(key, v string) error) error {
+// once (seen). A key not among known, when given, is refused before its
+// value is looked at; without known, set refuses unknown keys.
+func (p *cfParser) pairs(who string, args []string, seen map[string]bool, set func(key, v string) error, known ...string) error {
 	for i := 0; i < len(args); i += 2 {
 		key := args[i]
+		if known != nil && !slices.Contains(known, key) {
+			return p.d.Errf("%s: unknown option %q (want %s)", who, key, oneOf(known))
+		}
 		if seen[key] {
 			return p.d.Errf("%s: %s given twice", who, key)
 		}
@@ -559,28 +549,14 @@ func (p *cfParser) quotaPair(q *QuotaConfig, who, key, v string, rates bool, wan
 func (p *cfParser) tenantOptions(who string, tok caddyfile.Token, args []string) (*TenantConfig, error) {
 	d := p.d
 	tc := new(TenantConfig)
-	seen := make(map[string]bool)
-	for i := 0; i < len(args); i += 2 {
-		opt := args[i]
-		switch opt {
-		case "weight", "class", "wait_budget", "max_queue", "max_inflight", "max_request_tokens", "tier", "reserve":
-		default:
-			return nil, d.Errf("%s: unknown option %q (want weight, class, wait_budget, max_queue, max_inflight, max_request_tokens, tier or reserve)", who, opt)
-		}
-		if seen[opt] {
-			return nil, d.Errf("%s: %s given twice", who, opt)
-		}
-		seen[opt] = true
-		if i+1 >= len(args) {
-			return nil, d.Errf("%s: missing value after %s", who, opt)
-		}
-		v := args[i+1]
+	opts := []string{"weight", "class", "wait_budget", "max_queue", "max_inflight", "max_request_tokens", "tier", "reserve"}
+	err := p.pairs(who, args, make(map[string]bool), func(opt, v string) error {
 		var err error
 		switch opt {
 		case "weight":
 			w, perr := strconv.ParseFloat(v, 64)
 			if perr != nil || !(w > 0) || math.IsInf(w, 0) {
-				return nil, d.Errf("%s: weight %q must be a positive number", who, v)
+				return d.Errf("%s: weight %q must be a positive number", who, v)
 			}
 			tc.Weight = w
 		case "tier":
@@ -601,9 +577,10 @@ func (p *cfParser) tenantOptions(who string, tok caddyfile.Token, args []string)
 		case "max_request_tokens":
 			err = parsePositive(p, who+": max_request_tokens", v, &tc.MaxRequestTokens)
 		}
-		if err != nil {
-			return nil, err
-		}
+		return err
+	}, opts...)
+	if err != nil {
+		return nil, err
 	}
 	return tc, p.tenantBlock(who, tc)
 }
@@ -616,12 +593,9 @@ func (p *cfParser) antiStarvation() error {
 	args := d.RemainingArgs()
 	switch {
 	case len(args) == 1 && args[0] == "off":
-		if err := p.noBlock("anti_starvation off"); err != nil {
-			return err
-		}
 		zero, off := 0.0, false
 		as.BoostShareMax, as.FastFail = &zero, &off
-		return nil
+		return p.noBlock("anti_starvation off")
 	case len(args) > 0:
 		return d.Errf("anti_starvation: unexpected argument %q (want 'anti_starvation off' or a block)", args[0])
 	}
@@ -830,10 +804,15 @@ func (p *cfParser) oneArg(what string) (string, error) {
 func (p *cfParser) choiceArg(sub, noun string, valid ...string) (string, error) {
 	v, err := p.oneArg(sub)
 	if err == nil && !slices.Contains(valid, v) {
-		last := len(valid) - 1
-		err = p.d.Errf("%s: unknown %s %q (want %s or %s)", sub, noun, v, strings.Join(valid[:last], ", "), valid[last])
+		err = p.d.Errf("%s: unknown %s %q (want %s)", sub, noun, v, oneOf(valid))
 	}
 	return v, err
+}
+
+// oneOf lists choices for an error: "a, b or c".
+func oneOf(choices []string) string {
+	last := len(choices) - 1
+	return strings.Join(choices[:last], ", ") + " or " + choices[last]
 }
 
 // block parses a block of settings, one per line: the line has no

@@ -1,6 +1,7 @@
 package caddyfairqueue
 
 import (
+	"cmp"
 	"fmt"
 	"runtime/debug"
 	"strings"
@@ -130,8 +131,8 @@ type clusterSettings struct {
 // settings validates the cluster block of the queue named queue and fills
 // in its defaults.
 func (c *ClusterConfig) settings(queue string) (clusterSettings, error) {
-	s := clusterSettings{timeout: time.Duration(c.Timeout), sync: time.Duration(c.Sync),
-		ttl: time.Duration(c.LeaseTTL), prefix: c.Prefix}
+	s := clusterSettings{timeout: cmp.Or(time.Duration(c.Timeout), defaultClusterTimeout), sync: time.Duration(c.Sync),
+		ttl: time.Duration(c.LeaseTTL), prefix: cmp.Or(c.Prefix, cluster.DefaultPrefix+queue+":")}
 	switch {
 	case c.Instances < 0:
 		return s, fmt.Errorf("cluster: instances must not be negative, got %d", c.Instances)
@@ -139,12 +140,6 @@ func (c *ClusterConfig) settings(queue string) (clusterSettings, error) {
 		return s, fmt.Errorf("cluster: timeout must not be negative, got %v", s.timeout)
 	case strings.Contains(c.Prefix, "{"):
 		return s, fmt.Errorf("cluster: prefix %q contains '{': the tenant's name in braces is the key's hash tag", c.Prefix)
-	}
-	if s.timeout == 0 {
-		s.timeout = defaultClusterTimeout
-	}
-	if s.prefix == "" {
-		s.prefix = cluster.DefaultPrefix + queue + ":"
 	}
 	if s.sync <= 0 {
 		s.sync = defaultSlotSync
@@ -312,74 +307,43 @@ func (h *Handler) closeCluster() {
 }
 
 var (
-	clusterFallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "cluster_fallback_total",
-		Help: "Quota decisions (admission, dispatch, completion, status) made on the gateway's own share because the cluster's Redis was unreachable or slow.",
-	}, []string{"queue"})
-	clusterShared = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "cluster_shared_entries_total",
-		Help: "With share_fairness: entries of the tenants' service (one tenant's cost in one sync interval) this gateway sent to the other gateways (direction=sent), read from theirs (received), and charged to a tenant with requests queued here (applied).",
-	}, []string{"queue", "direction"})
-	clusterSlotMoves = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "cluster_slot_moves_total",
-		Help: "With share_slots: announcements between the gateways sharing the pool, which make them renew their grants at once rather than at the next sync: kind=claim (a gateway's backlogged weight grew, so the others' shares fell) or freed (a gateway gave slots back, which one owed slots may take); direction=sent or received.",
-	}, []string{"queue", "kind", "direction"})
-	clusterRedisSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name:    "cluster_redis_seconds",
-		Help:    "How long each of the gateway's Redis commands took (a script call, or a pipeline), errors included: a Redis growing slow shows here before it passes the cluster's timeout and counts as down.",
-		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
-	}, []string{"queue"})
-	clusterShareFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-		Name: "cluster_share_failures_total",
-		Help: "With share_fairness: syncs of the tenants' service with the cluster's Redis that failed (Redis unreachable or slow); their service is not shared, and each gateway is fair on its own until Redis answers.",
-	}, []string{"queue"})
+	clusterFallbacks = counterVec("cluster_fallback_total",
+		"Quota decisions (admission, dispatch, completion, status) made on the gateway's own share because the cluster's Redis was unreachable or slow.",
+		"queue")
+	clusterShared = counterVec("cluster_shared_entries_total",
+		"With share_fairness: entries of the tenants' service (one tenant's cost in one sync interval) this gateway sent to the other gateways (direction=sent), read from theirs (received), and charged to a tenant with requests queued here (applied).",
+		"queue", "direction")
+	clusterSlotMoves = counterVec("cluster_slot_moves_total",
+		"With share_slots: announcements between the gateways sharing the pool, which make them renew their grants at once rather than at the next sync: kind=claim (a gateway's backlogged weight grew, so the others' shares fell) or freed (a gateway gave slots back, which one owed slots may take); direction=sent or received.",
+		"queue", "kind", "direction")
+	clusterRedisSeconds = histogramVec("cluster_redis_seconds",
+		"How long each of the gateway's Redis commands took (a script call, or a pipeline), errors included: a Redis growing slow shows here before it passes the cluster's timeout and counts as down.",
+		[]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}, "queue")
+	clusterShareFailures = counterVec("cluster_share_failures_total",
+		"With share_fairness: syncs of the tenants' service with the cluster's Redis that failed (Redis unreachable or slow); their service is not shared, and each gateway is fair on its own until Redis answers.",
+		"queue")
 	descClusterRedisUp = prometheus.NewDesc(fqName("cluster_redis_up"),
 		"1 while the queue's tenant quotas are decided in the cluster's Redis, 0 while Redis is unreachable and they are decided locally on 1/instances of each.", []string{"queue"}, nil)
 	descClusterSlotGrant = prometheus.NewDesc(fqName("cluster_slot_grant"),
 		"With share_slots: the upstream slots this gateway's queue holds from the pool shared through Redis (its grant, renewed every sync; 0 before the first grant, pool/instances while Redis is unreachable). Summed over the gateways it never exceeds the pool.", []string{"queue"}, nil)
-	clusterStateCollector = clusterCollector{}
 )
 
-// clusterCollector reports at scrape time whether each clustered queue
-// decides in Redis.
-type clusterCollector struct{}
-
-// Describe implements prometheus.Collector.
-func (clusterCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- descClusterRedisUp
-	ch <- descClusterSlotGrant
+// collectCluster reports at scrape time whether a clustered queue decides
+// in Redis, and its grant of the shared slots.
+func collectCluster(ch chan<- prometheus.Metric, s *sharedQueue) {
+	h := s.owner()
+	if h == nil || h.cluster == nil {
+		return
+	}
+	up := 1.0
+	if h.cluster.store.Degraded() {
+		up = 0
+	}
+	gauge(ch, descClusterRedisUp, up, s.name)
+	if g := s.slotGrant.Load(); g >= 0 && h.cluster.broker != nil {
+		gauge(ch, descClusterSlotGrant, float64(g), s.name)
+	}
 }
-
-// Collect implements prometheus.Collector.
-func (clusterCollector) Collect(ch chan<- prometheus.Metric) {
-	queues.Range(func(_, value any) bool {
-		s, ok := value.(*sharedQueue)
-		if !ok {
-			return true
-		}
-		h := s.owner()
-		if h == nil || h.cluster == nil {
-			return true
-		}
-		up := 1.0
-		if h.cluster.store.Degraded() {
-			up = 0
-		}
-		ch <- prometheus.MustNewConstMetric(descClusterRedisUp, prometheus.GaugeValue, up, s.name)
-		if g := s.slotGrant.Load(); g >= 0 && h.cluster.broker != nil {
-			ch <- prometheus.MustNewConstMetric(descClusterSlotGrant, prometheus.GaugeValue, float64(g), s.name)
-		}
-		return true
-	})
-}
-
-// Interface guards
-var _ prometheus.Collector = clusterCollector{}
 
 // sentinel parses the cluster's sentinel block.
 //
@@ -436,16 +400,8 @@ func (p *cfParser) cluster() error {
 		return d.Errf("cluster: unexpected argument %q (the settings go in a block: cluster { redis <url> })", args[0])
 	}
 	c := new(ClusterConfig)
-	seen := make(map[string]bool)
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		key := d.Val()
-		if seen[key] {
-			return d.Errf("cluster: %s given twice", key)
-		}
-		seen[key] = true
-		if err := p.clusterSetting(c, key); err != nil {
-			return err
-		}
+	if err := p.block("cluster", func(key string) error { return p.clusterSetting(c, key) }); err != nil {
+		return err
 	}
 	if c.Redis == "" && c.Sentinel == nil && len(c.ClusterAddrs) == 0 {
 		return d.Errf("cluster: missing 'redis <url>' (e.g. redis {env.REDIS_URL}), sentinel or cluster_addrs")
@@ -486,14 +442,10 @@ func (p *cfParser) clusterSetting(c *ClusterConfig, key string) error {
 			return d.Errf("cluster: cluster_addrs: want one or more host:port seed nodes of the Redis Cluster")
 		}
 	case "prefix":
-		v, err := p.oneArg("cluster: prefix")
-		if err != nil {
-			return err
+		c.Prefix, err = p.oneArg("cluster: prefix")
+		if err == nil && strings.Contains(c.Prefix, "{") {
+			err = d.Errf("cluster: prefix %q contains '{' (the tenant's name in braces is the key's hash tag)", c.Prefix)
 		}
-		if strings.Contains(v, "{") {
-			return d.Errf("cluster: prefix %q contains '{' (the tenant's name in braces is the key's hash tag)", v)
-		}
-		c.Prefix = v
 	default:
 		return d.Errf("cluster: unknown setting %q (want redis, sentinel, cluster_addrs, instances, timeout, prefix, share_slots, share_fairness, sync or lease_ttl)", key)
 	}

@@ -95,7 +95,7 @@ func redisUp(queue string) float64 { return clusterGauge(descClusterRedisUp, que
 // absent.
 func clusterGauge(desc *prometheus.Desc, queue string) float64 {
 	ch := make(chan prometheus.Metric, 16)
-	go func() { clusterStateCollector.Collect(ch); close(ch) }()
+	go func() { queueCollector.Collect(ch); close(ch) }()
 	v := -1.0
 	for m := range ch {
 		var d dto.Metric

@@ -83,13 +83,8 @@ func (d *Dashboard) UnmarshalCaddyfile(disp *caddyfile.Dispenser) error {
 	if disp.NextArg() {
 		return disp.Errf("fair_queue_dashboard takes no arguments; options go in its block (queue, refresh)")
 	}
-	seen := map[string]bool{}
-	for disp.NextBlock(0) {
-		opt := disp.Val()
-		if seen[opt] {
-			return disp.Errf("fair_queue_dashboard: %s given twice", opt)
-		}
-		seen[opt] = true
+	p := &cfParser{d: disp}
+	return p.block("fair_queue_dashboard", func(opt string) error {
 		if opt != "queue" && opt != "refresh" {
 			return disp.Errf("fair_queue_dashboard: unknown option %q; valid options are queue and refresh", opt)
 		}
@@ -108,8 +103,8 @@ func (d *Dashboard) UnmarshalCaddyfile(disp *caddyfile.Dispenser) error {
 		if disp.NextArg() {
 			return disp.Errf("fair_queue_dashboard: %s takes one argument", opt)
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 func parseDashboardCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {

@@ -28,17 +28,13 @@ func (h *Handler) provisionDegrade() error {
 		if s == nil {
 			return fmt.Errorf("degrade: step %d is empty", i+1)
 		}
-		var kind degrade.ActionKind
-		if err := kind.UnmarshalText([]byte(s.Action)); err != nil {
-			return fmt.Errorf("degrade step %s: %v", s.Name, err)
+		a := degrade.Action{Class: s.Class, MaxInputTokens: s.MaxInputTokens, MaxTokens: s.MaxTokens}
+		err := a.Kind.UnmarshalText([]byte(s.Action))
+		if err == nil && a.Kind == degrade.ActionThrottle {
+			a.Rate, err = degrade.ParseRate(s.Rate)
 		}
-		a := degrade.Action{Kind: kind, Class: s.Class, MaxInputTokens: s.MaxInputTokens, MaxTokens: s.MaxTokens}
-		if kind == degrade.ActionThrottle {
-			r, err := degrade.ParseRate(s.Rate)
-			if err != nil {
-				return fmt.Errorf("degrade step %s: %v", s.Name, err)
-			}
-			a.Rate = r
+		if err != nil {
+			return fmt.Errorf("degrade step %s: %v", s.Name, err)
 		}
 		steps = append(steps, degrade.Step{Name: s.Name, Trigger: s.Trigger, Recover: s.Recover, Action: a})
 	}

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"slices"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/fairqueue"
@@ -77,7 +76,7 @@ func (c *FallbackConfig) engine() *fairqueue.FallbackConfig {
 
 // provisionFallback loads the fallback's proxy with the same defaults as
 // the primary's.
-func (h *Handler) provisionFallback(ctx caddy.Context) error {
+func (h *Handler) provisionFallback() error {
 	fb := h.Fallback
 	if fb == nil {
 		return nil
@@ -92,7 +91,7 @@ func (h *Handler) provisionFallback(ctx caddy.Context) error {
 		return fmt.Errorf("fallback: max_inflight must not be negative")
 	}
 	var err error
-	if fb.proxy, err = loadReverseProxy(ctx, fb, &fb.ProxyRaw, "least_conn", "fallback proxy"); err != nil {
+	if fb.proxy, err = loadReverseProxy(h.ctx, fb, &fb.ProxyRaw, "least_conn", "fallback proxy"); err != nil {
 		return err
 	}
 	fb.strip = fallbackStripped

@@ -85,7 +85,7 @@ func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ..
 
 var collectors = []prometheus.Collector{requestsTotal, waitSeconds, estimatedTokens, actualTokens,
 	boostsTotal, etaRatio, budgetRefusals, budgetLeftRatio, degradeTransitions, quotaLimited, quotaCharged,
-	circuitTransitions, providerRefusals, fallbacks, usageClamped, queueCollector, clusterFallbacks, clusterShared, clusterShareFailures, clusterSlotMoves, clusterStateCollector, clusterRedisSeconds,
+	circuitTransitions, providerRefusals, fallbacks, usageClamped, queueCollector, clusterFallbacks, clusterShared, clusterShareFailures, clusterSlotMoves, clusterRedisSeconds,
 	clusterAccountSyncSeconds, clusterAccountSyncErrors}
 
 // registerMetrics adds the collectors to a config's registry; registering
@@ -274,7 +274,8 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDepth, descQueuedTokens, descInflight,
 		descHealthy, descCapacity, descTokenCapacity, descWater, descBoosted, descDegradeLevel, descWeight,
 		descQuotaLimit, descQuotaDebt, descQuotaWeight, descTenantInfo, descCircuitShed, descCircuitDemand, descCircuitCapacity,
-		descCircuitSignal, descCircuitSaturation, descCircuitBacklogTrend, descUpstreamRemaining, descUpstreamWindow, descUpstreamProvider, descUpstreamExhausted, descCostModel, descCostModelR2} {
+		descCircuitSignal, descCircuitSaturation, descCircuitBacklogTrend, descUpstreamRemaining, descUpstreamWindow, descUpstreamProvider, descUpstreamExhausted, descCostModel, descCostModelR2,
+		descClusterRedisUp, descClusterSlotGrant} {
 		ch <- d
 	}
 }
@@ -296,6 +297,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		collectCircuit(ch, name, s.q.Circuit())
 		collectUpstream(ch, name, s.q.Upstream())
 		collectCostModel(ch, name, s.cost.Fit())
+		collectCluster(ch, s)
 		for _, t := range st.Tenants {
 			if t.Known {
 				gauge(ch, descWeight, t.Weight, name, t.Name)

@@ -424,25 +424,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.usageLog = clampLogger(h.logger)
 	h.setDefaults()
-	if err := h.compile(); err != nil {
-		return err
+	for _, step := range []func() error{h.compile, h.loadProxy, h.provisionFallback,
+		func() error { return registerMetrics(ctx.GetMetricsRegistry()) },
+		h.loadEvents, h.provisionCluster, h.joinQueue} {
+		if err := step(); err != nil {
+			return err
+		}
 	}
-	if err := h.loadProxy(ctx); err != nil {
-		return err
-	}
-	if err := h.provisionFallback(ctx); err != nil {
-		return err
-	}
-	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
-		return err
-	}
-	if err := h.loadEvents(); err != nil {
-		return err
-	}
-	if err := h.provisionCluster(); err != nil {
-		return err
-	}
-	return h.joinQueue()
+	return nil
 }
 
 // compile builds and validates what the request path and the scheduler
@@ -476,7 +465,7 @@ func (h *Handler) compile() error {
 
 // loadProxy loads the inner reverse_proxy, with the defaults a queue in
 // front of it needs (proxyDefaults).
-func (h *Handler) loadProxy(ctx caddy.Context) error {
+func (h *Handler) loadProxy() error {
 	if h.ProxyRaw == nil {
 		return fmt.Errorf("fair_queue needs a reverse_proxy to dispatch to")
 	}
@@ -485,7 +474,7 @@ func (h *Handler) loadProxy(ctx caddy.Context) error {
 		policy = "fair_queue_least_conn"
 	}
 	var err error
-	h.proxy, err = loadReverseProxy(ctx, h, &h.ProxyRaw, policy, "proxy")
+	h.proxy, err = loadReverseProxy(h.ctx, h, &h.ProxyRaw, policy, "proxy")
 	return err
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -218,13 +219,11 @@ func (s *sharedQueue) commit(h *Handler) {
 
 // dropPendingLocked takes h off the pending list; false if it was not on it.
 func (s *sharedQueue) dropPendingLocked(h *Handler) bool {
-	for i, p := range s.pending {
-		if p == h {
-			s.pending = append(s.pending[:i], s.pending[i+1:]...)
-			return true
-		}
+	i := slices.Index(s.pending, h)
+	if i >= 0 {
+		s.pending = slices.Delete(s.pending, i, i+1)
 	}
-	return false
+	return i >= 0
 }
 
 // promoteLocked commits a pending handler whose load has started.
@@ -253,29 +252,25 @@ func (s *sharedQueue) commitLocked(h *Handler) error {
 func (s *sharedQueue) abandon(h *Handler) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.dropPendingLocked(h) {
+	i := slices.Index(s.owners, h)
+	if s.dropPendingLocked(h) || i < 0 {
 		return
 	}
-	for i, o := range s.owners {
-		if o == h {
-			wasOwner := i == len(s.owners)-1
-			s.owners = append(s.owners[:i], s.owners[i+1:]...)
-			switch {
-			case len(s.owners) == 0 && len(s.pending) > 0:
-				// Caddy stops the old config only after the new one
-				// started: if its "started" never reached us, the newest
-				// pending handler's config is the live one now.
-				next := s.pending[len(s.pending)-1]
-				s.pending = s.pending[:len(s.pending)-1]
-				s.promoteLocked(next)
-			case wasOwner && len(s.owners) > 0:
-				prev := s.owners[len(s.owners)-1]
-				_ = s.q.Reconfigure(prev.qcfg)
-				s.hist.Declare(declaredTenants(prev.qcfg))
-				prev.applyHealth(s.q)
-			}
-			return
-		}
+	wasOwner := i == len(s.owners)-1
+	s.owners = slices.Delete(s.owners, i, i+1)
+	switch {
+	case len(s.owners) == 0 && len(s.pending) > 0:
+		// Caddy stops the old config only after the new one
+		// started: if its "started" never reached us, the newest
+		// pending handler's config is the live one now.
+		next := s.pending[len(s.pending)-1]
+		s.pending = s.pending[:len(s.pending)-1]
+		s.promoteLocked(next)
+	case wasOwner && len(s.owners) > 0:
+		prev := s.owners[len(s.owners)-1]
+		_ = s.q.Reconfigure(prev.qcfg)
+		s.hist.Declare(declaredTenants(prev.qcfg))
+		prev.applyHealth(s.q)
 	}
 }
 

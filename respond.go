@@ -77,39 +77,32 @@ func (e *apiError) write(w http.ResponseWriter, shape errorShape) {
 		setRateLimitHeaders(hdr, *e.quota)
 	}
 	w.WriteHeader(e.status)
+	typ := errorType(e.status, shape)
 	if shape == shapeAnthropic {
-		var body struct {
-			Type  string `json:"type"`
-			Error struct {
-				Type    string `json:"type"`
-				Message string `json:"message"`
-				Details struct {
-					ErrorCode string `json:"error_code"`
-					Reason    string `json:"reason,omitempty"`
-				} `json:"details"`
-			} `json:"error"`
+		type details struct {
+			ErrorCode string `json:"error_code"`
+			Reason    string `json:"reason,omitempty"`
 		}
-		body.Type = "error"
-		body.Error.Type = errorType(e.status, shape)
-		body.Error.Message = e.message
-		body.Error.Details.ErrorCode = e.code
-		body.Error.Details.Reason = e.reason
-		_ = json.NewEncoder(w).Encode(&body)
+		type anthropicError struct {
+			Type    string  `json:"type"`
+			Message string  `json:"message"`
+			Details details `json:"details"`
+		}
+		_ = json.NewEncoder(w).Encode(struct {
+			Type  string         `json:"type"`
+			Error anthropicError `json:"error"`
+		}{"error", anthropicError{typ, e.message, details{e.code, e.reason}}})
 		return
 	}
-	var body struct {
-		Error struct {
-			Message string `json:"message"`
-			Type    string `json:"type"`
-			Code    string `json:"code"`
-			Reason  string `json:"reason,omitempty"`
-		} `json:"error"`
+	type openAIError struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+		Reason  string `json:"reason,omitempty"`
 	}
-	body.Error.Message = e.message
-	body.Error.Type = errorType(e.status, shape)
-	body.Error.Code = e.code
-	body.Error.Reason = e.reason
-	_ = json.NewEncoder(w).Encode(&body)
+	_ = json.NewEncoder(w).Encode(struct {
+		Error openAIError `json:"error"`
+	}{openAIError{e.message, typ, e.code, e.reason}})
 }
 
 // setRetryAfter sets Retry-After in whole seconds (rounded up) and
