@@ -139,6 +139,11 @@ type walker struct {
 	next      int
 	late      bool
 	promptErr error
+
+	// stream_options, read in the top-level pass: its include_usage, or
+	// the error settings reports.
+	includeUsage bool
+	optionsErr   error
 }
 
 // walker returns a walker over req using sc's memory, collecting every
@@ -261,6 +266,10 @@ var promptOrder = [...][]int{
 // topValue walks the top-level member j in place when it is a prompt
 // member whose predecessors have been walked, and reports whether it did.
 func (w *walker) topValue(j int, k jsontext.Kind) bool {
+	if j == tStreamOptions {
+		w.streamOptions(k)
+		return true
+	}
 	i := slices.Index(promptOrder[w.r.Kind], j)
 	if i >= 0 && i < w.next {
 		w.late = true
@@ -345,9 +354,10 @@ func (w *walker) settings(top *topLevel) error {
 		if r.Stream, err = getBool(top[tStream], "stream"); err != nil {
 			return err
 		}
-		if err := w.streamOptions(top[tStreamOptions]); err != nil {
-			return err
+		if w.optionsErr != nil {
+			return w.optionsErr
 		}
+		r.IncludeUsage = w.includeUsage
 	}
 	// The first cap present wins, in the API's order of preference.
 	var caps []int
@@ -384,22 +394,20 @@ func (w *walker) settings(top *topLevel) error {
 	return nil
 }
 
-func (w *walker) streamOptions(raw []byte) error {
-	if !present(raw) {
-		return nil
-	}
-	if rawType(raw) != '{' {
-		return fieldError("stream_options", "must be an object, got %s", typeName(rawType(raw)))
-	}
-	var v [1][]byte
+// streamOptions reads stream_options, begun with a token of kind k.
+func (w *walker) streamOptions(k jsontext.Kind) {
 	w.push("stream_options")
-	err := w.from(raw, func(jsontext.Kind) error { return w.fields([]string{"include_usage"}, v[:], nil) })
-	w.pop()
-	if err != nil {
-		return err
+	defer w.pop()
+	switch k {
+	case 'n':
+	case '{':
+		var v [1][]byte
+		if w.optionsErr = w.fields([]string{"include_usage"}, v[:], nil); w.optionsErr == nil {
+			w.includeUsage, w.optionsErr = getBool(v[0], "stream_options.include_usage")
+		}
+	default:
+		w.optionsErr = w.typeError(k, "an object")
 	}
-	w.r.IncludeUsage, err = getBool(v[0], "stream_options.include_usage")
-	return err
 }
 
 // fields reads the rest of the object the walk has begun, collecting the
@@ -488,22 +496,28 @@ func (w *walker) addMessages(k jsontext.Kind) error {
 }
 
 // message adds the prompt of the message begun with a token of kind k,
-// walked in place, and returns the raw values of its members. Its name and
-// tool calls are added after its content whatever the member order.
+// walked in place, and returns the raw values of its members. Its name,
+// tool calls and function call are added after its content whatever the
+// member order.
 func (w *walker) message(k jsontext.Kind, anthropic bool) (m [msgFields][]byte, err error) {
 	if k != '{' {
 		return m, w.typeError(k, "an object")
 	}
-	var contentErr, callsErr error
+	var contentErr, callsErr, fnErr error
+	var fn [2][]byte
 	w.calls = w.calls[:0]
 	err = w.fields(messageFields, m[:], func(j int, k jsontext.Kind) bool {
-		switch j {
-		case msgContent:
+		switch {
+		case j == msgContent:
 			w.push("content")
 			contentErr = w.content(k, anthropic)
 			w.pop()
-		case msgToolCalls:
+		case j == msgToolCalls:
 			callsErr = w.toolCalls(k)
+		case j == msgFunctionCall && k == '{':
+			w.push("function_call")
+			fn, fnErr = w.function()
+			w.pop()
 		default:
 			return false
 		}
@@ -519,36 +533,25 @@ func (w *walker) message(k jsontext.Kind, anthropic bool) (m [msgFields][]byte, 
 	if contentErr != nil {
 		return m, contentErr
 	}
-	return m, w.messageExtras(&m, callsErr)
-}
-
-// messageExtras adds a message's name, its tool calls' texts, which wait
-// in w.calls, and its function call.
-func (w *walker) messageExtras(m *[msgFields][]byte, callsErr error) error {
 	if name := m[msgName]; present(name) {
 		if rawType(name) != '"' {
-			return w.errorIn("name", "must be a string, got %s", typeName(rawType(name)))
+			return m, w.errorIn("name", "must be a string, got %s", typeName(rawType(name)))
 		}
 		w.addText(name)
 		w.r.Names++
 	}
 	if callsErr != nil {
-		return callsErr
+		return m, callsErr
 	}
 	for _, t := range w.calls {
 		w.add(t)
 	}
-	call := m[msgFunctionCall]
-	if !present(call) {
-		return nil
+	if rawType(m[msgFunctionCall]) != '{' {
+		w.addJSON(m[msgFunctionCall])
+	} else if fnErr == nil {
+		w.addFunction(&fn)
 	}
-	w.push("function_call")
-	defer w.pop()
-	if rawType(call) != '{' {
-		w.addJSON(call)
-		return nil
-	}
-	return w.from(call, func(jsontext.Kind) error { return w.function() })
+	return m, fnErr
 }
 
 // toolCalls reads the tool calls begun with a token of kind k, keeping
@@ -577,16 +580,17 @@ func (w *walker) addCall(k jsontext.Kind) error {
 		return nil
 	}
 	start := r.start
-	var fn [1][]byte
+	var v [1][]byte
+	var fn [2][]byte
 	var fnErr error
 	object := false
-	err := w.fields(callFields, fn[:], func(_ int, k jsontext.Kind) bool {
+	err := w.fields(callFields, v[:], func(_ int, k jsontext.Kind) bool {
 		if k != '{' {
 			return false
 		}
 		object = true
 		w.push("function")
-		fnErr = w.function()
+		fn, fnErr = w.function()
 		w.pop()
 		return true
 	})
@@ -594,31 +598,33 @@ func (w *walker) addCall(k jsontext.Kind) error {
 	switch {
 	case err != nil:
 		return err
-	case object:
-		return fnErr
+	case !object:
+		w.addJSON(raw)
+	case fnErr == nil:
+		w.addFunction(&fn)
 	}
-	w.addJSON(raw)
-	return nil
+	return fnErr
 }
 
 var callFields = []string{"function"}
 
 var functionFields = []string{"name", "arguments"}
 
-// function adds the rest of the function call object the walk has begun:
-// its name and arguments.
-func (w *walker) function() error {
-	var v [2][]byte
-	if err := w.fields(functionFields, v[:], nil); err != nil {
-		return err
-	}
+// function reads the rest of the function call object the walk has begun
+// and returns its name and arguments.
+func (w *walker) function() (v [2][]byte, err error) {
+	err = w.fields(functionFields, v[:], nil)
+	return v, err
+}
+
+// addFunction adds a function call's name and arguments.
+func (w *walker) addFunction(v *[2][]byte) {
 	w.addText(v[0])
 	if rawType(v[1]) == '"' {
 		w.addText(v[1])
 	} else {
 		w.addJSON(v[1])
 	}
-	return nil
 }
 
 // Members of a content part or block, or of a responses input item.
