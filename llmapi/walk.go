@@ -509,9 +509,7 @@ func (w *walker) message(k jsontext.Kind, anthropic bool) (m [msgFields][]byte, 
 	err = w.fields(messageFields, m[:], func(j int, k jsontext.Kind) bool {
 		switch {
 		case j == msgContent:
-			w.push("content")
-			contentErr = w.content(k, anthropic)
-			w.pop()
+			contentErr = w.contentIn("content", k, anthropic)
 		case j == msgToolCalls:
 			callsErr = w.toolCalls(k)
 		case j == msgFunctionCall && k == '{':
@@ -678,9 +676,7 @@ func (w *walker) part(k jsontext.Kind, anthropic bool) error {
 		}
 		before, walked = w.mark(), true
 		use, result := w.toolUse, w.toolResult
-		w.push("content")
-		contentErr = w.content(k, anthropic)
-		w.pop()
+		contentErr = w.contentIn("content", k, anthropic)
 		w.toolUse, w.toolResult = use, result // nested blocks are not the message's
 		return true
 	})
@@ -754,56 +750,91 @@ func (w *walker) addResponsesInput(k jsontext.Kind) error {
 	return w.typeError(k, "a string or an array of input items")
 }
 
-// addItem adds the responses input item begun with a token of kind k.
-// Items do not nest, so their members are collected first.
+// addItem adds the responses input item begun with a token of kind k. The
+// member that holds its content is walked in place: speculatively when
+// the item's type comes after it, undone if the type names another, which
+// is then read again.
 func (w *walker) addItem(k jsontext.Kind) error {
 	if k != '{' {
 		return w.typeError(k, "an object")
 	}
 	var v [partFields][]byte
-	if err := w.fields(partNames, v[:], nil); err != nil {
+	var before mark
+	var walkErr error
+	walked := -1
+	err := w.fields(partNames, v[:], func(j int, k jsontext.Kind) bool {
+		guess := v[partType] == nil && (j == partOutput || j == partSummary)
+		if walked >= 0 || j != itemContent(v[partType]) && !guess || j == partSummary && k != '[' {
+			return false
+		}
+		before, walked = w.mark(), j
+		walkErr = w.contentIn(partNames[j], k, false)
+		return true
+	})
+	if err != nil {
 		return err
 	}
-	if present(v[partType]) && rawType(v[partType]) != '"' {
-		return w.errorIn("type", "must be a string, got %s", typeName(rawType(v[partType])))
+	typ := v[partType]
+	if present(typ) && rawType(typ) != '"' {
+		return w.errorIn("type", "must be a string, got %s", typeName(rawType(typ)))
 	}
-	typ := string(stringBytes(v[partType]))
-	if rawType(v[partType]) == 'n' {
-		typ = "null" // not absent: no known type
+	j := itemContent(typ)
+	if walked >= 0 && walked != j {
+		w.reset(before)
+		walkErr = nil
 	}
-	switch typ {
-	case "message", "":
+	switch {
+	case j == partContent:
 		w.r.Messages++
-		return w.contentOf("content", v[partContent])
-	case "function_call":
+	case j >= 0:
+	case stringIs(typ, "function_call"):
 		w.addText(v[partName])
 		w.addText(v[partArguments])
-	case "function_call_output", "custom_tool_call_output":
-		return w.contentOf("output", v[partOutput])
-	case "custom_tool_call":
+		return nil
+	case stringIs(typ, "custom_tool_call"):
 		w.addText(v[partName])
 		w.addText(v[partInput])
-	case "reasoning":
-		if rawType(v[partSummary]) == '[' {
-			// A malformed summary is the upstream's to report; the
-			// text of a well-formed one counts.
-			before := w.mark()
-			if w.contentOf("summary", v[partSummary]) != nil {
-				w.reset(before)
-			}
-		}
+		return nil
 	default:
 		w.addText(v[partText])
+		return nil
 	}
-	return nil
+	if walked != j && (j != partSummary || rawType(v[j]) == '[') {
+		before = w.mark()
+		walkErr = w.from(v[j], func(k jsontext.Kind) error { return w.contentIn(partNames[j], k, false) })
+	}
+	if j == partSummary && walkErr != nil {
+		// A malformed summary is the upstream's to report; the text of a
+		// well-formed one counts.
+		w.reset(before)
+		return nil
+	}
+	return walkErr
 }
 
-// contentOf adds raw, the content of the member name.
-func (w *walker) contentOf(name string, raw []byte) error {
+// itemContent returns the member that holds the content of a responses
+// input item of type typ (raw; an absent type is a message's), or -1.
+func itemContent(typ []byte) int {
+	if rawType(typ) == 'n' {
+		return -1 // not absent: no known type
+	}
+	switch string(stringBytes(typ)) {
+	case "message", "":
+		return partContent
+	case "function_call_output", "custom_tool_call_output":
+		return partOutput
+	case "reasoning":
+		return partSummary
+	}
+	return -1
+}
+
+// contentIn adds the content of the member name, begun with a token of
+// kind k.
+func (w *walker) contentIn(name string, k jsontext.Kind, anthropic bool) error {
 	w.push(name)
-	err := w.from(raw, func(k jsontext.Kind) error { return w.content(k, false) })
-	w.pop()
-	return err
+	defer w.pop()
+	return w.content(k, anthropic)
 }
 
 // addTokenInput adds the completions prompt or embeddings input begun
