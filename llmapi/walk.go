@@ -514,7 +514,7 @@ func (w *walker) message(k jsontext.Kind, anthropic bool) (m [msgFields][]byte, 
 			callsErr = w.toolCalls(k)
 		case j == msgFunctionCall && k == '{':
 			w.push("function_call")
-			fn, fnErr = w.function()
+			fnErr = w.fields(functionFields, fn[:], nil)
 			w.pop()
 		default:
 			return false
@@ -581,14 +581,12 @@ func (w *walker) addCall(k jsontext.Kind) error {
 	var v [1][]byte
 	var fn [2][]byte
 	var fnErr error
-	object := false
 	err := w.fields(callFields, v[:], func(_ int, k jsontext.Kind) bool {
 		if k != '{' {
 			return false
 		}
-		object = true
 		w.push("function")
-		fn, fnErr = w.function()
+		fnErr = w.fields(functionFields, fn[:], nil)
 		w.pop()
 		return true
 	})
@@ -596,7 +594,7 @@ func (w *walker) addCall(k jsontext.Kind) error {
 	switch {
 	case err != nil:
 		return err
-	case !object:
+	case rawType(v[0]) != '{':
 		w.addJSON(raw)
 	case fnErr == nil:
 		w.addFunction(&fn)
@@ -606,14 +604,8 @@ func (w *walker) addCall(k jsontext.Kind) error {
 
 var callFields = []string{"function"}
 
+// functionFields are the members of a function call: its name and arguments.
 var functionFields = []string{"name", "arguments"}
-
-// function reads the rest of the function call object the walk has begun
-// and returns its name and arguments.
-func (w *walker) function() (v [2][]byte, err error) {
-	err = w.fields(functionFields, v[:], nil)
-	return v, err
-}
 
 // addFunction adds a function call's name and arguments.
 func (w *walker) addFunction(v *[2][]byte) {
@@ -659,24 +651,41 @@ func (w *walker) content(k jsontext.Kind, anthropic bool) error {
 	return w.typeError(k, "a string, an array of content parts, or null")
 }
 
-// part adds the content part or block the walk is at. A tool_result's
-// content nests without bound, so it is walked in place (speculatively,
-// when the block's type comes after it; dropped if that type is another).
+// part adds the content part or block begun with a token of kind k. A
+// tool_result's content nests without bound, so it is walked in place
+// (see typed).
 func (w *walker) part(k jsontext.Kind, anthropic bool) error {
 	if k != '{' {
 		return w.typeError(k, "an object")
 	}
 	var v [partFields][]byte
+	_, contentErr, err := w.typed(&v, toolResultContent, anthropic)
+	if err == nil && stringIs(v[partType], "tool_result") {
+		w.toolResult = true
+		return contentErr
+	}
+	if err != nil {
+		return err
+	}
+	return w.addPart(&v)
+}
+
+// typed reads the rest of the object the walk has begun, a content part
+// or block or a responses input item, into v. The member holds(type) is
+// walked in place: speculatively when the type comes after it (a content
+// then, as if the type were absent), undone if the type names another or
+// the object is in error. It returns the member walked (-1: none) and the
+// error of its content.
+func (w *walker) typed(v *[partFields][]byte, holds func(typ []byte) int, anthropic bool) (walked int, walkErr, err error) {
+	walked = -1
 	var before mark
-	var contentErr error
-	walked := false
-	err := w.fields(partNames, v[:], func(j int, k jsontext.Kind) bool {
-		if j != partContent || v[partType] != nil && !stringIs(v[partType], "tool_result") {
+	err = w.fields(partNames, v[:], func(j int, k jsontext.Kind) bool {
+		if walked >= 0 || j != holds(v[partType]) && (v[partType] != nil || j != partContent) {
 			return false
 		}
-		before, walked = w.mark(), true
+		before, walked = w.mark(), j
 		use, result := w.toolUse, w.toolResult
-		contentErr = w.contentIn("content", k, anthropic)
+		walkErr = w.contentIn(partNames[j], k, anthropic)
 		w.toolUse, w.toolResult = use, result // nested blocks are not the message's
 		return true
 	})
@@ -684,17 +693,20 @@ func (w *walker) part(k jsontext.Kind, anthropic bool) error {
 	if err == nil && present(typ) && rawType(typ) != '"' {
 		err = w.errorIn("type", "must be a string, got %s", typeName(rawType(typ)))
 	}
-	if err == nil && stringIs(typ, "tool_result") {
-		w.toolResult = true
-		return contentErr
-	}
-	if walked {
+	if walked >= 0 && (err != nil || walked != holds(typ)) {
 		w.reset(before)
+		walked, walkErr = -1, nil
 	}
-	if err != nil {
-		return err
+	return walked, walkErr, err
+}
+
+// toolResultContent returns the member of a content part or block of type
+// typ (raw) that nests: a tool_result's content.
+func toolResultContent(typ []byte) int {
+	if stringIs(typ, "tool_result") {
+		return partContent
 	}
-	return w.addPart(&v)
+	return -1
 }
 
 // addPart adds a part or block other than a tool result, by its type.
@@ -750,39 +762,20 @@ func (w *walker) addResponsesInput(k jsontext.Kind) error {
 	return w.typeError(k, "a string or an array of input items")
 }
 
-// addItem adds the responses input item begun with a token of kind k. The
-// member that holds its content is walked in place: speculatively when
-// the item's type comes after it, undone if the type names another, which
-// is then read again.
+// addItem adds the responses input item begun with a token of kind k.
+// Its content or output is walked in place (see typed), or read again when
+// walked speculatively and the type names the other.
 func (w *walker) addItem(k jsontext.Kind) error {
 	if k != '{' {
 		return w.typeError(k, "an object")
 	}
 	var v [partFields][]byte
-	var before mark
-	var walkErr error
-	walked := -1
-	err := w.fields(partNames, v[:], func(j int, k jsontext.Kind) bool {
-		guess := v[partType] == nil && (j == partOutput || j == partSummary)
-		if walked >= 0 || j != itemContent(v[partType]) && !guess || j == partSummary && k != '[' {
-			return false
-		}
-		before, walked = w.mark(), j
-		walkErr = w.contentIn(partNames[j], k, false)
-		return true
-	})
+	walked, walkErr, err := w.typed(&v, itemContent, false)
 	if err != nil {
 		return err
 	}
 	typ := v[partType]
-	if present(typ) && rawType(typ) != '"' {
-		return w.errorIn("type", "must be a string, got %s", typeName(rawType(typ)))
-	}
 	j := itemContent(typ)
-	if walked >= 0 && walked != j {
-		w.reset(before)
-		walkErr = nil
-	}
 	switch {
 	case j == partContent:
 		w.r.Messages++
@@ -790,26 +783,25 @@ func (w *walker) addItem(k jsontext.Kind) error {
 	case stringIs(typ, "function_call"):
 		w.addText(v[partName])
 		w.addText(v[partArguments])
-		return nil
 	case stringIs(typ, "custom_tool_call"):
 		w.addText(v[partName])
 		w.addText(v[partInput])
-		return nil
+	case stringIs(typ, "reasoning"):
+		if rawType(v[partSummary]) == '[' {
+			// A malformed summary is the upstream's to report; the
+			// text of a well-formed one counts.
+			before := w.mark()
+			if w.from(v[partSummary], func(k jsontext.Kind) error { return w.contentIn("summary", k, false) }) != nil {
+				w.reset(before)
+			}
+		}
 	default:
 		w.addText(v[partText])
-		return nil
 	}
-	if walked != j && (j != partSummary || rawType(v[j]) == '[') {
-		before = w.mark()
-		walkErr = w.from(v[j], func(k jsontext.Kind) error { return w.contentIn(partNames[j], k, false) })
+	if j < 0 || walked == j {
+		return walkErr
 	}
-	if j == partSummary && walkErr != nil {
-		// A malformed summary is the upstream's to report; the text of a
-		// well-formed one counts.
-		w.reset(before)
-		return nil
-	}
-	return walkErr
+	return w.from(v[j], func(k jsontext.Kind) error { return w.contentIn(partNames[j], k, false) })
 }
 
 // itemContent returns the member that holds the content of a responses
@@ -823,8 +815,6 @@ func itemContent(typ []byte) int {
 		return partContent
 	case "function_call_output", "custom_tool_call_output":
 		return partOutput
-	case "reasoning":
-		return partSummary
 	}
 	return -1
 }
