@@ -45,8 +45,8 @@ func ParseUsage(body []byte) (Usage, bool) {
 }
 
 // lastUsage reads the usage of the response body, with the readers rs,
-// and reports whether body was one JSON object. A usage object counts once
-// read whole.
+// and reports whether body was one JSON object; a usage object counts
+// once read whole.
 func lastUsage(rs *readers, body []byte) (prompt, completion int, ok, whole bool) {
 	prompt, completion = -1, -1
 	r := rs.open(body, 0)
@@ -77,27 +77,27 @@ func (rs *readers) usage(raw []byte) (prompt, completion int, ok bool) {
 // unreported; non-numbers, and values other than an object, are ignored.
 func readUsage(r *reader) (prompt, completion int, ok bool) {
 	pt, ct, it, ot, cache := -1, -1, -1, -1, -1
-	if k := r.next(); k != '{' {
+	k := r.next()
+	if k != '{' {
 		r.finish(k)
-	} else {
-		for r.member() {
-			name := r.name()
-			n, isNum := tokenCount(r.value())
-			if !isNum {
-				continue
-			}
-			switch string(name) {
-			case "prompt_tokens":
-				pt = n
-			case "completion_tokens":
-				ct = n
-			case "input_tokens":
-				it = n
-			case "output_tokens":
-				ot = n
-			case "cache_creation_input_tokens", "cache_read_input_tokens":
-				cache = max(cache, 0) + n
-			}
+	}
+	for k == '{' && r.member() {
+		name := r.name()
+		n, isNum := tokenCount(r.value())
+		if !isNum {
+			continue
+		}
+		switch string(name) {
+		case "prompt_tokens":
+			pt = n
+		case "completion_tokens":
+			ct = n
+		case "input_tokens":
+			it = n
+		case "output_tokens":
+			ot = n
+		case "cache_creation_input_tokens", "cache_read_input_tokens":
+			cache = max(cache, 0) + n
 		}
 	}
 	prompt, completion = pt, ct
@@ -300,6 +300,9 @@ var (
 	keyDelta   = []byte(`"delta"`)
 )
 
+// eventFields are the members of an event that handleEvent reads.
+var eventFields = []string{"type", "choices", "usage", "delta", "message", "response"}
+
 func (s *StreamScanner) handleEvent(d []byte) {
 	d = bytes.TrimSpace(d)
 	if len(d) == 0 || d[0] != '{' {
@@ -311,26 +314,11 @@ func (s *StreamScanner) handleEvent(d []byte) {
 	if !hasUsage && !bytes.Contains(d, keyDelta) && !bytes.Contains(d, keyChoices) {
 		return
 	}
-	var typ, choices, usage, delta, message, response []byte
-	isObject := s.rs.members(d, func(k, v []byte) {
-		switch string(k) {
-		case "type":
-			typ = v
-		case "choices":
-			choices = v
-		case "usage":
-			usage = v
-		case "delta":
-			delta = v
-		case "message":
-			message = v
-		case "response":
-			response = v
-		}
-	})
-	if !isObject {
+	var v [6][]byte
+	if !s.rs.last(d, eventFields, v[:]) {
 		return
 	}
+	typ, choices, usage, delta, message, response := v[0], v[1], v[2], v[3], v[4], v[5]
 	s.events++
 	if hasUsage {
 		s.takeUsage(usage)

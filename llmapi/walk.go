@@ -659,7 +659,7 @@ func (w *walker) part(k jsontext.Kind, anthropic bool) error {
 		return w.typeError(k, "an object")
 	}
 	var v [partFields][]byte
-	_, contentErr, err := w.typed(&v, toolResultContent, anthropic)
+	_, contentErr, err := w.typed(&v, false, anthropic)
 	if err == nil && stringIs(v[partType], "tool_result") {
 		w.toolResult = true
 		return contentErr
@@ -671,16 +671,16 @@ func (w *walker) part(k jsontext.Kind, anthropic bool) error {
 }
 
 // typed reads the rest of the object the walk has begun, a content part
-// or block or a responses input item, into v. The member holds(type) is
-// walked in place: speculatively when the type comes after it (a content
+// or block or (when item) a responses input item, into v. The member that
+// nests (see nests) is walked in place: speculatively when the type comes after it (a content
 // then, as if the type were absent), undone if the type names another or
 // the object is in error. It returns the member walked (-1: none) and the
 // error of its content.
-func (w *walker) typed(v *[partFields][]byte, holds func(typ []byte) int, anthropic bool) (walked int, walkErr, err error) {
+func (w *walker) typed(v *[partFields][]byte, item, anthropic bool) (walked int, walkErr, err error) {
 	walked = -1
 	var before mark
 	err = w.fields(partNames, v[:], func(j int, k jsontext.Kind) bool {
-		if walked >= 0 || j != holds(v[partType]) && (v[partType] != nil || j != partContent) {
+		if walked >= 0 || j != nests(v[partType], item) && (v[partType] != nil || j != partContent) {
 			return false
 		}
 		before, walked = w.mark(), j
@@ -693,18 +693,27 @@ func (w *walker) typed(v *[partFields][]byte, holds func(typ []byte) int, anthro
 	if err == nil && present(typ) && rawType(typ) != '"' {
 		err = w.errorIn("type", "must be a string, got %s", typeName(rawType(typ)))
 	}
-	if walked >= 0 && (err != nil || walked != holds(typ)) {
+	if walked >= 0 && (err != nil || walked != nests(typ, item)) {
 		w.reset(before)
 		walked, walkErr = -1, nil
 	}
 	return walked, walkErr, err
 }
 
-// toolResultContent returns the member of a content part or block of type
-// typ (raw) that nests: a tool_result's content.
-func toolResultContent(typ []byte) int {
-	if stringIs(typ, "tool_result") {
+// nests returns the member of a content part or block (or, when item, a
+// responses input item) of type typ (raw) that holds content, or -1. An
+// item without a type is a message.
+func nests(typ []byte, item bool) int {
+	switch t := string(stringBytes(typ)); {
+	case !item:
+		if t == "tool_result" {
+			return partContent
+		}
+	case rawType(typ) == 'n': // not absent: no known type
+	case t == "message", t == "":
 		return partContent
+	case t == "function_call_output", t == "custom_tool_call_output":
+		return partOutput
 	}
 	return -1
 }
@@ -770,12 +779,12 @@ func (w *walker) addItem(k jsontext.Kind) error {
 		return w.typeError(k, "an object")
 	}
 	var v [partFields][]byte
-	walked, walkErr, err := w.typed(&v, itemContent, false)
+	walked, walkErr, err := w.typed(&v, true, false)
 	if err != nil {
 		return err
 	}
 	typ := v[partType]
-	j := itemContent(typ)
+	j := nests(typ, true)
 	switch {
 	case j == partContent:
 		w.r.Messages++
@@ -802,21 +811,6 @@ func (w *walker) addItem(k jsontext.Kind) error {
 		return walkErr
 	}
 	return w.from(v[j], func(k jsontext.Kind) error { return w.contentIn(partNames[j], k, false) })
-}
-
-// itemContent returns the member that holds the content of a responses
-// input item of type typ (raw; an absent type is a message's), or -1.
-func itemContent(typ []byte) int {
-	if rawType(typ) == 'n' {
-		return -1 // not absent: no known type
-	}
-	switch string(stringBytes(typ)) {
-	case "message", "":
-		return partContent
-	case "function_call_output", "custom_tool_call_output":
-		return partOutput
-	}
-	return -1
 }
 
 // contentIn adds the content of the member name, begun with a token of
