@@ -140,8 +140,7 @@ type walker struct {
 	late      bool
 	promptErr error
 
-	// stream_options, read in the top-level pass: its include_usage, or
-	// the error settings reports.
+	// stream_options as the top-level pass read it, for settings.
 	includeUsage bool
 	optionsErr   error
 }
@@ -283,22 +282,38 @@ func (w *walker) topValue(j int, k jsontext.Kind) bool {
 }
 
 // promptMember adds the prompt member j, whose value the walk has begun
-// with a token of kind k; null adds nothing.
+// with a token of kind k, by its type; null adds nothing.
 func (w *walker) promptMember(j int, k jsontext.Kind) error {
 	if k == 'n' {
 		return nil
 	}
 	w.push(topNames[j])
 	defer w.pop()
+	items := j == tInput && w.r.Kind == KindResponses
 	switch {
+	case j == tMessages && k == '[':
+		return w.elements(func(k jsontext.Kind) error {
+			_, err := w.message(k, w.r.Kind == KindAnthropicMessages)
+			return err
+		})
+	case j == tSystem && (k == '"' || k == '['):
+		w.r.Messages++
+		return w.content(k, true)
+	case (j == tInstructions || items) && k == '"':
+		// The API wraps a string input as a user message.
+		w.r.Messages++
+		w.addText(w.rd.raw)
+		return nil
+	case items && k == '[':
+		return w.elements(w.addItem)
 	case j == tMessages:
-		return w.addMessages(k)
+		return w.typeError(k, "an array")
 	case j == tSystem:
-		return w.addSystem(k)
+		return w.typeError(k, "a string or an array of text blocks")
 	case j == tInstructions:
-		return w.addInstructions(k)
-	case j == tInput && w.r.Kind == KindResponses:
-		return w.addResponsesInput(k)
+		return w.typeError(k, "a string")
+	case items:
+		return w.typeError(k, "a string or an array of input items")
 	}
 	return w.addTokenInput(k)
 }
@@ -427,12 +442,10 @@ func (w *walker) fields(names []string, vals [][]byte, walk func(j int, k jsonte
 			if r.err == nil { // a reader's error comes first
 				err = w.errorIn(names[j], "%s", duplicateMsg)
 			}
-		case walk == nil:
-			vals[j] = r.value()
 		default:
 			k := r.next()
 			start := r.start
-			if !walk(j, k) {
+			if walk == nil || !walk(j, k) {
 				r.finish(k)
 			}
 			vals[j] = r.since(start)
@@ -483,22 +496,9 @@ const (
 
 var messageFields = []string{"role", "content", "name", "tool_calls", "function_call"}
 
-// addMessages adds the messages begun with a token of kind k.
-func (w *walker) addMessages(k jsontext.Kind) error {
-	if k != '[' {
-		return w.typeError(k, "an array")
-	}
-	anthropic := w.r.Kind == KindAnthropicMessages
-	return w.elements(func(k jsontext.Kind) error {
-		_, err := w.message(k, anthropic)
-		return err
-	})
-}
-
 // message adds the prompt of the message begun with a token of kind k,
 // walked in place, and returns the raw values of its members. Its name,
-// tool calls and function call are added after its content whatever the
-// member order.
+// tool calls and function call follow its content whatever the order.
 func (w *walker) message(k jsontext.Kind, anthropic bool) (m [msgFields][]byte, err error) {
 	if k != '{' {
 		return m, w.typeError(k, "an object")
@@ -671,11 +671,10 @@ func (w *walker) part(k jsontext.Kind, anthropic bool) error {
 }
 
 // typed reads the rest of the object the walk has begun, a content part
-// or block or (when item) a responses input item, into v. The member that
-// nests (see nests) is walked in place: speculatively when the type comes after it (a content
-// then, as if the type were absent), undone if the type names another or
-// the object is in error. It returns the member walked (-1: none) and the
-// error of its content.
+// or (item) a responses input item, into v, walking the member that nests
+// in place: speculatively, as content, before the type is seen; undone if
+// the type names another or the object is in error. It returns the member
+// walked (-1: none) and the error of its content.
 func (w *walker) typed(v *[partFields][]byte, item, anthropic bool) (walked int, walkErr, err error) {
 	walked = -1
 	var before mark
@@ -744,36 +743,8 @@ func (w *walker) addPart(v *[partFields][]byte) error {
 	return nil
 }
 
-func (w *walker) addSystem(k jsontext.Kind) error {
-	if k != '"' && k != '[' {
-		return w.typeError(k, "a string or an array of text blocks")
-	}
-	w.r.Messages++
-	return w.content(k, true)
-}
-
-func (w *walker) addInstructions(k jsontext.Kind) error {
-	if k != '"' {
-		return w.typeError(k, "a string")
-	}
-	w.r.Messages++
-	w.addText(w.rd.raw)
-	return nil
-}
-
-func (w *walker) addResponsesInput(k jsontext.Kind) error {
-	switch k {
-	case '"':
-		return w.addInstructions(k) // the API wraps a string input as a user message
-	case '[':
-		return w.elements(w.addItem)
-	}
-	return w.typeError(k, "a string or an array of input items")
-}
-
 // addItem adds the responses input item begun with a token of kind k.
-// Its content or output is walked in place (see typed), or read again when
-// walked speculatively and the type names the other.
+// Its content or output is walked in place (see typed), else read again.
 func (w *walker) addItem(k jsontext.Kind) error {
 	if k != '{' {
 		return w.typeError(k, "an object")
