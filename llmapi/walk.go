@@ -679,7 +679,8 @@ func (w *walker) typed(v *[partFields][]byte, item, anthropic bool) (walked int,
 	walked = -1
 	var before mark
 	err = w.fields(partNames, v[:], func(j int, k jsontext.Kind) bool {
-		if walked >= 0 || j != nests(v[partType], item) && (v[partType] != nil || j != partContent) {
+		if walked >= 0 || j != partContent && j != partOutput ||
+			j != nests(v[partType], item) && (v[partType] != nil || j != partContent) {
 			return false
 		}
 		before, walked = w.mark(), j
