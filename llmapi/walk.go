@@ -604,7 +604,6 @@ func (w *walker) addCall(k jsontext.Kind) error {
 
 var callFields = []string{"function"}
 
-// functionFields are the members of a function call: its name and arguments.
 var functionFields = []string{"name", "arguments"}
 
 // addFunction adds a function call's name and arguments.
@@ -789,8 +788,9 @@ func (w *walker) addItem(k jsontext.Kind) error {
 // kind k.
 func (w *walker) contentIn(name string, k jsontext.Kind, anthropic bool) error {
 	w.push(name)
-	defer w.pop()
-	return w.content(k, anthropic)
+	err := w.content(k, anthropic)
+	w.pop()
+	return err
 }
 
 // addTokenInput adds the completions prompt or embeddings input begun
