@@ -659,12 +659,12 @@ func (w *walker) part(k jsontext.Kind, anthropic bool) error {
 	}
 	var v [partFields][]byte
 	_, contentErr, err := w.typed(&v, false, anthropic)
-	if err == nil && stringIs(v[partType], "tool_result") {
+	switch {
+	case err != nil:
+		return err
+	case stringIs(v[partType], "tool_result"):
 		w.toolResult = true
 		return contentErr
-	}
-	if err != nil {
-		return err
 	}
 	return w.addPart(&v)
 }
@@ -678,7 +678,7 @@ func (w *walker) typed(v *[partFields][]byte, item, anthropic bool) (walked int,
 	walked = -1
 	var before mark
 	err = w.fields(partNames, v[:], func(j int, k jsontext.Kind) bool {
-		if walked >= 0 || j != partContent && j != partOutput ||
+		if j != partContent && j != partOutput || walked >= 0 ||
 			j != nests(v[partType], item) && (v[partType] != nil || j != partContent) {
 			return false
 		}
