@@ -275,22 +275,16 @@ func (rs *readers) members(raw []byte, f func(name, value []byte)) bool {
 	return r.err == nil
 }
 
-// last sets vals[j] to the raw value of the last member named names[j] of
-// the object raw (JSON's last-wins rule), and reports whether raw is one.
-func (rs *readers) last(raw []byte, names []string, vals [][]byte) bool {
-	return rs.members(raw, func(name, v []byte) {
-		if j := indexOf(names, name); j >= 0 {
-			vals[j] = v
+// member returns the raw value of the last member named key of the object
+// raw (JSON's last-wins rule), or nil.
+func (rs *readers) member(raw []byte, key string) []byte {
+	var v []byte
+	rs.members(raw, func(k, val []byte) {
+		if string(k) == key {
+			v = val
 		}
 	})
-}
-
-// member returns the raw value of the last member named key of the object
-// raw, or nil.
-func (rs *readers) member(raw []byte, key string) []byte {
-	var v [1][]byte
-	rs.last(raw, []string{key}, v[:])
-	return v[0]
+	return v
 }
 
 // each calls f with each raw element of the array raw.

@@ -44,9 +44,8 @@ func ParseUsage(body []byte) (Usage, bool) {
 	return Usage{Prompt: max(p, 0), Completion: max(c, 0), Reported: c >= 0}, true
 }
 
-// lastUsage reads the usage of the response body, with the readers rs,
-// and reports whether body was one JSON object; a usage object counts
-// once read whole.
+// lastUsage reads the usage of the response body with rs, counting a
+// usage object read whole, and reports whether body was one JSON object.
 func lastUsage(rs *readers, body []byte) (prompt, completion int, ok, whole bool) {
 	prompt, completion = -1, -1
 	r := rs.open(body, 0)
@@ -67,6 +66,9 @@ func lastUsage(rs *readers, body []byte) (prompt, completion int, ok, whole bool
 
 // usage reads the usage object raw (see readUsage).
 func (rs *readers) usage(raw []byte) (prompt, completion int, ok bool) {
+	if rawType(raw) != '{' {
+		return -1, -1, false
+	}
 	defer rs.close()
 	return readUsage(rs.open(raw, 0))
 }
@@ -300,9 +302,6 @@ var (
 	keyDelta   = []byte(`"delta"`)
 )
 
-// eventFields are the members of an event that handleEvent reads.
-var eventFields = []string{"type", "choices", "usage", "delta", "message", "response"}
-
 func (s *StreamScanner) handleEvent(d []byte) {
 	d = bytes.TrimSpace(d)
 	if len(d) == 0 || d[0] != '{' {
@@ -314,11 +313,26 @@ func (s *StreamScanner) handleEvent(d []byte) {
 	if !hasUsage && !bytes.Contains(d, keyDelta) && !bytes.Contains(d, keyChoices) {
 		return
 	}
-	var v [6][]byte
-	if !s.rs.last(d, eventFields, v[:]) {
+	var typ, choices, usage, delta, message, response []byte
+	isObject := s.rs.members(d, func(k, v []byte) {
+		switch string(k) {
+		case "type":
+			typ = v
+		case "choices":
+			choices = v
+		case "usage":
+			usage = v
+		case "delta":
+			delta = v
+		case "message":
+			message = v
+		case "response":
+			response = v
+		}
+	})
+	if !isObject {
 		return
 	}
-	typ, choices, usage, delta, message, response := v[0], v[1], v[2], v[3], v[4], v[5]
 	s.events++
 	if hasUsage {
 		s.takeUsage(usage)

@@ -650,9 +650,8 @@ func (w *walker) content(k jsontext.Kind, anthropic bool) error {
 	return w.typeError(k, "a string, an array of content parts, or null")
 }
 
-// part adds the content part or block begun with a token of kind k. A
-// tool_result's content nests without bound, so it is walked in place
-// (see typed).
+// part adds the content part or block begun with a token of kind k; a
+// tool_result's content nests without bound (see typed).
 func (w *walker) part(k jsontext.Kind, anthropic bool) error {
 	if k != '{' {
 		return w.typeError(k, "an object")
@@ -669,11 +668,10 @@ func (w *walker) part(k jsontext.Kind, anthropic bool) error {
 	return w.addPart(&v)
 }
 
-// typed reads the rest of the object the walk has begun, a content part
-// or (item) a responses input item, into v, walking the member that nests
-// in place: speculatively, as content, before the type is seen; undone if
-// the type names another or the object is in error. It returns the member
-// walked (-1: none) and the error of its content.
+// typed reads the rest of the object the walk has begun, a part or (item)
+// an input item, into v, walking the member that nests in place: as content
+// before the type is seen; undone if the type names another or the object is
+// in error. It returns the member walked (-1: none) and its content's error.
 func (w *walker) typed(v *[partFields][]byte, item, anthropic bool) (walked int, walkErr, err error) {
 	walked = -1
 	var before mark
@@ -701,17 +699,12 @@ func (w *walker) typed(v *[partFields][]byte, item, anthropic bool) (walked int,
 
 // nests returns the member of a content part or block (or, when item, a
 // responses input item) of type typ (raw) that holds content, or -1. An
-// item without a type is a message.
+// item without a type (absent or empty, not null) is a message.
 func nests(typ []byte, item bool) int {
 	switch t := string(stringBytes(typ)); {
-	case !item:
-		if t == "tool_result" {
-			return partContent
-		}
-	case rawType(typ) == 'n': // not absent: no known type
-	case t == "message", t == "":
+	case !item && t == "tool_result", item && t == "message", item && t == "" && rawType(typ) != 'n':
 		return partContent
-	case t == "function_call_output", t == "custom_tool_call_output":
+	case item && (t == "function_call_output" || t == "custom_tool_call_output"):
 		return partOutput
 	}
 	return -1
@@ -784,8 +777,7 @@ func (w *walker) addItem(k jsontext.Kind) error {
 	return w.from(v[j], func(k jsontext.Kind) error { return w.contentIn(partNames[j], k, false) })
 }
 
-// contentIn adds the content of the member name, begun with a token of
-// kind k.
+// contentIn adds the content of member name, begun with a token of kind k.
 func (w *walker) contentIn(name string, k jsontext.Kind, anthropic bool) error {
 	w.push(name)
 	err := w.content(k, anthropic)
