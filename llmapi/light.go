@@ -201,16 +201,14 @@ func trimMessages(rs *readers, top *topLevel, anthropic bool, limit int, c Count
 	default:
 		return nil, fieldError("messages", "must be an array, got %s", typeName(rawType(top[tMessages])))
 	}
-	var raws [][]byte
-	rs.each(top[tMessages], func(m []byte) { raws = append(raws, m) })
-	if len(raws) == 0 {
+	t := &trimmer{rs: rs, anthropic: anthropic, c: c, fixed: walker{rs: rs, r: &Request{}, collect: true}}
+	upper, err := t.read(top[tMessages])
+	if len(t.msgs) == 0 {
 		return nil, nil
 	}
-	t := &trimmer{rs: rs, anthropic: anthropic, c: c, fixed: walker{rs: rs, r: &Request{}, collect: true}}
 	if err := t.addFixed(top); err != nil {
 		return nil, err
 	}
-	upper, err := t.read(raws)
 	if err != nil || upper+len(top[tSystem])+len(top[tTools])+len(top[tFunctions]) <= limit {
 		return nil, err
 	}
@@ -234,39 +232,36 @@ func (t *trimmer) addFixed(top *topLevel) error {
 	return nil
 }
 
-// read walks the messages, and returns a bound on their cost: a token
-// covers at least one byte of JSON text, so it needs no tokenizing.
-func (t *trimmer) read(raws [][]byte) (upper int, err error) {
-	t.msgs = make([]lmMessage, len(raws))
+// read walks the messages array raw, and returns a bound on their cost: a
+// token covers at least one byte of JSON text, so it needs no tokenizing.
+func (t *trimmer) read(raw []byte) (upper int, err error) {
 	upper = MessageOverhead + ReplyPriming
-	for i, raw := range raws {
-		m := &t.msgs[i]
-		r := &m.parsed
-		w := walker{rs: t.rs, r: r, collect: true, path: []seg{{name: "messages"}, {idx: i}}}
-		var v [msgFields][]byte
-		err := w.from(raw, func(k jsontext.Kind) (err error) {
-			v, err = w.message(k, t.anthropic)
+	w := walker{rs: t.rs, collect: true}
+	w.push("messages")
+	err = w.from(raw, func(jsontext.Kind) error {
+		return w.elements(func(k jsontext.Kind) error {
+			t.msgs = append(t.msgs, lmMessage{cost: -1})
+			m := &t.msgs[len(t.msgs)-1]
+			r, start := &m.parsed, w.rd.start
+			w.r, w.texts, w.toolUse, w.toolResult = r, nil, false, false
+			v, err := w.message(k, t.anthropic)
+			m.raw, m.role, m.texts = w.rd.since(start), string(stringBytes(v[msgRole])), w.texts
+			switch {
+			case t.anthropic:
+				m.calls, m.results = w.toolUse, w.toolResult
+			case m.role == "assistant":
+				calls := v[msgToolCalls]
+				m.calls = rawType(calls) == '[' && len(bytes.TrimSpace(calls[1:])) > 1 || present(v[msgFunctionCall])
+			case m.role == "tool", m.role == "function":
+				m.results = true
+			case m.role == "system", m.role == "developer":
+				m.system = true
+			}
+			upper += len(m.raw) + r.Messages*MessageOverhead + r.Names + r.Images*ImageTokens + r.TokenIDs
 			return err
 		})
-		if err != nil {
-			return 0, err
-		}
-		role := string(stringBytes(v[msgRole]))
-		m.raw, m.role, m.texts, m.cost = raw, role, w.texts, -1
-		switch {
-		case t.anthropic:
-			m.calls, m.results = w.toolUse, w.toolResult
-		case role == "assistant":
-			calls := v[msgToolCalls]
-			m.calls = rawType(calls) == '[' && len(bytes.TrimSpace(calls[1:])) > 1 || present(v[msgFunctionCall])
-		case role == "tool", role == "function":
-			m.results = true
-		case role == "system", role == "developer":
-			m.system = true
-		}
-		upper += len(raw) + r.Messages*MessageOverhead + r.Names + r.Images*ImageTokens + r.TokenIDs
-	}
-	return upper, nil
+	})
+	return upper, err
 }
 
 // budget is what limit leaves for the messages other than system ones.
@@ -453,23 +448,27 @@ func shrinkContent(rs *readers, content []byte, budget int, anthropic, nested bo
 	// Parts: images and other non-text parts stay; text parts share the
 	// budget in proportion to their size.
 	var parts [][]byte
-	rs.each(content, func(p []byte) { parts = append(parts, p) })
-	costs := make([]int, len(parts))
-	results := make([]bool, len(parts))
+	var costs []int
+	var results []bool
 	textTotal, fixedCost := 0, 0
-	for i, p := range parts {
-		w := walker{rs: rs, r: &Request{}, collect: true}
-		_ = w.from(p, func(k jsontext.Kind) error { return w.part(k, anthropic) })
-		results[i] = w.toolResult
-		n := countTexts(c, textStrings(nil, w.texts))
-		fixedCost += w.r.Images * ImageTokens
-		if nested && results[i] {
-			fixedCost += n
-			continue
-		}
-		costs[i] = n
-		textTotal += n
-	}
+	w := walker{rs: rs, collect: true}
+	_ = w.from(content, func(jsontext.Kind) error {
+		return w.elements(func(k jsontext.Kind) error {
+			start := w.rd.start
+			w.r, w.texts, w.toolResult = &Request{}, w.texts[:0], false
+			_ = w.part(k, anthropic)
+			parts, results = append(parts, w.rd.since(start)), append(results, w.toolResult)
+			n := countTexts(c, textStrings(nil, w.texts))
+			fixedCost += w.r.Images * ImageTokens
+			if nested && w.toolResult {
+				fixedCost += n
+				n = 0
+			}
+			costs = append(costs, n)
+			textTotal += n
+			return nil
+		})
+	})
 	avail := max(budget-fixedCost, 1)
 	if textTotal <= avail {
 		return nil

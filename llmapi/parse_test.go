@@ -237,6 +237,12 @@ func TestParseErrors(t *testing.T) {
 		{"responses input number", "/v1/responses", `{"input":3}`, `"input" must be a string or an array of input items, got number`, "input"},
 		{"responses item", "/v1/responses", `{"input":["x"]}`, `"input[0]" must be an object, got string`, "input[0]"},
 		{"instructions", "/v1/responses", `{"instructions":{},"input":"x"}`, `"instructions" must be a string, got object`, "instructions"},
+		{"stream_options string", "/v1/chat/completions", `{"stream_options":"yes","messages":[]}`, `"stream_options" must be an object, got string`, "stream_options"},
+		// Read in place, with the item's type after them: content is
+		// walked as if the item were a message, then dropped, its error
+		// too, and the output read again.
+		{"item output before its type", "/v1/responses", `{"input":[{"content":5,"output":{},"type":"function_call_output"}]}`,
+			`"input[0].output" must be a string, an array of content parts, or null, got object`, "input[0].output"},
 
 		// Nesting.
 		{"depth 65", "/v1/chat/completions", `{"messages":[],"x":` + strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth) + `}`,
@@ -263,6 +269,8 @@ func TestParseErrors(t *testing.T) {
 			`"messages[0].content[0].content[0].content" appears more than once in the same object (keys are compared after decoding escapes such as \u005f); send it once`, "messages[0].content[0].content[0].content"},
 		{"duplicate arguments", "/v1/chat/completions", `{"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{}","arguments":"{\"a\":1}"}}]}]}`,
 			`"messages[0].tool_calls[0].function.arguments" appears more than once in the same object (keys are compared after decoding escapes such as \u005f); send it once`, "messages[0].tool_calls[0].function.arguments"},
+		{"duplicate function_call name", "/v1/chat/completions", `{"messages":[{"role":"assistant","function_call":{"name":"f","n\u0061me":"g"},"content":null}]}`,
+			`"messages[0].function_call.name" appears more than once in the same object (keys are compared after decoding escapes such as \u005f); send it once`, "messages[0].function_call.name"},
 		{"duplicate item type", "/v1/responses", `{"input":[{"type":"message","type":"reasoning"}]}`,
 			`"input[0].type" appears more than once in the same object (keys are compared after decoding escapes such as \u005f); send it once`, "input[0].type"},
 

@@ -44,8 +44,8 @@ func ParseUsage(body []byte) (Usage, bool) {
 	return Usage{Prompt: max(p, 0), Completion: max(c, 0), Reported: c >= 0}, true
 }
 
-// lastUsage reads the usage of the response body, with the readers rs,
-// and reports whether body was one JSON object.
+// lastUsage reads the usage of the response body with rs, counting a
+// usage object read whole, and reports whether body was one JSON object.
 func lastUsage(rs *readers, body []byte) (prompt, completion int, ok, whole bool) {
 	prompt, completion = -1, -1
 	r := rs.open(body, 0)
@@ -54,24 +54,40 @@ func lastUsage(rs *readers, body []byte) (prompt, completion int, ok, whole bool
 		return prompt, completion, false, false
 	}
 	for r.member() {
-		isUsage := string(r.name()) == "usage"
-		if v := r.value(); isUsage && v != nil {
-			prompt, completion, ok = usage(rs, v)
+		if string(r.name()) != "usage" {
+			r.skip()
+		} else if p, c, isUsage := readUsage(r); r.err == nil {
+			prompt, completion, ok = p, c, isUsage
 		}
 	}
 	r.end()
 	return prompt, completion, ok, r.err == nil
 }
 
-// usage reads the usage object raw (prompt_tokens/completion_tokens or
-// input_tokens/output_tokens, plus Anthropic's cache reads and writes).
-// prompt and completion are -1 when unreported; non-numbers are ignored.
-func usage(rs *readers, raw []byte) (prompt, completion int, ok bool) {
+// usage reads the usage object raw (see readUsage).
+func (rs *readers) usage(raw []byte) (prompt, completion int, ok bool) {
+	if rawType(raw) != '{' {
+		return -1, -1, false
+	}
+	defer rs.close()
+	return readUsage(rs.open(raw, 0))
+}
+
+// readUsage reads the next value of r as a usage object:
+// prompt_tokens/completion_tokens or input_tokens/output_tokens, plus
+// Anthropic's cache reads and writes. prompt and completion are -1 when
+// unreported; non-numbers, and values other than an object, are ignored.
+func readUsage(r *reader) (prompt, completion int, ok bool) {
 	pt, ct, it, ot, cache := -1, -1, -1, -1, -1
-	rs.members(raw, func(name, v []byte) {
-		n, isNum := tokenCount(v)
+	k := r.next()
+	if k != '{' {
+		r.finish(k)
+	}
+	for k == '{' && r.member() {
+		name := r.name()
+		n, isNum := tokenCount(r.value())
 		if !isNum {
-			return
+			continue
 		}
 		switch string(name) {
 		case "prompt_tokens":
@@ -85,7 +101,7 @@ func usage(rs *readers, raw []byte) (prompt, completion int, ok bool) {
 		case "cache_creation_input_tokens", "cache_read_input_tokens":
 			cache = max(cache, 0) + n
 		}
-	})
+	}
 	prompt, completion = pt, ct
 	if prompt < 0 {
 		prompt = it
@@ -332,7 +348,7 @@ func (s *StreamScanner) eventText(typ, choices, delta, message, response []byte,
 	case "":
 	case `"message_start"`:
 		if hasUsage {
-			p, _, _ := usage(&s.rs, s.rs.member(message, "usage"))
+			p, _, _ := s.rs.usage(s.rs.member(message, "usage"))
 			if p >= 0 {
 				s.prompt = p
 			}
@@ -384,7 +400,7 @@ func (s *StreamScanner) addDelta(d []byte) {
 }
 
 func (s *StreamScanner) takeUsage(raw []byte) {
-	p, c, ok := usage(&s.rs, raw)
+	p, c, ok := s.rs.usage(raw)
 	if !ok {
 		return
 	}

@@ -139,6 +139,10 @@ type walker struct {
 	next      int
 	late      bool
 	promptErr error
+
+	// stream_options as the top-level pass read it, for settings.
+	includeUsage bool
+	optionsErr   error
 }
 
 // walker returns a walker over req using sc's memory, collecting every
@@ -261,6 +265,10 @@ var promptOrder = [...][]int{
 // topValue walks the top-level member j in place when it is a prompt
 // member whose predecessors have been walked, and reports whether it did.
 func (w *walker) topValue(j int, k jsontext.Kind) bool {
+	if j == tStreamOptions {
+		w.streamOptions(k)
+		return true
+	}
 	i := slices.Index(promptOrder[w.r.Kind], j)
 	if i >= 0 && i < w.next {
 		w.late = true
@@ -274,22 +282,38 @@ func (w *walker) topValue(j int, k jsontext.Kind) bool {
 }
 
 // promptMember adds the prompt member j, whose value the walk has begun
-// with a token of kind k; null adds nothing.
+// with a token of kind k, by its type; null adds nothing.
 func (w *walker) promptMember(j int, k jsontext.Kind) error {
 	if k == 'n' {
 		return nil
 	}
 	w.push(topNames[j])
 	defer w.pop()
+	items := j == tInput && w.r.Kind == KindResponses
 	switch {
+	case j == tMessages && k == '[':
+		return w.elements(func(k jsontext.Kind) error {
+			_, err := w.message(k, w.r.Kind == KindAnthropicMessages)
+			return err
+		})
+	case j == tSystem && (k == '"' || k == '['):
+		w.r.Messages++
+		return w.content(k, true)
+	case (j == tInstructions || items) && k == '"':
+		// The API wraps a string input as a user message.
+		w.r.Messages++
+		w.addText(w.rd.raw)
+		return nil
+	case items && k == '[':
+		return w.elements(w.addItem)
 	case j == tMessages:
-		return w.addMessages(k)
+		return w.typeError(k, "an array")
 	case j == tSystem:
-		return w.addSystem(k)
+		return w.typeError(k, "a string or an array of text blocks")
 	case j == tInstructions:
-		return w.addInstructions(k)
-	case j == tInput && w.r.Kind == KindResponses:
-		return w.addResponsesInput(k)
+		return w.typeError(k, "a string")
+	case items:
+		return w.typeError(k, "a string or an array of input items")
 	}
 	return w.addTokenInput(k)
 }
@@ -345,9 +369,10 @@ func (w *walker) settings(top *topLevel) error {
 		if r.Stream, err = getBool(top[tStream], "stream"); err != nil {
 			return err
 		}
-		if err := w.streamOptions(top[tStreamOptions]); err != nil {
-			return err
+		if w.optionsErr != nil {
+			return w.optionsErr
 		}
+		r.IncludeUsage = w.includeUsage
 	}
 	// The first cap present wins, in the API's order of preference.
 	var caps []int
@@ -384,22 +409,20 @@ func (w *walker) settings(top *topLevel) error {
 	return nil
 }
 
-func (w *walker) streamOptions(raw []byte) error {
-	if !present(raw) {
-		return nil
-	}
-	if rawType(raw) != '{' {
-		return fieldError("stream_options", "must be an object, got %s", typeName(rawType(raw)))
-	}
-	var v [1][]byte
+// streamOptions reads stream_options, begun with a token of kind k.
+func (w *walker) streamOptions(k jsontext.Kind) {
 	w.push("stream_options")
-	err := w.from(raw, func(jsontext.Kind) error { return w.fields([]string{"include_usage"}, v[:], nil) })
-	w.pop()
-	if err != nil {
-		return err
+	defer w.pop()
+	switch k {
+	case 'n':
+	case '{':
+		var v [1][]byte
+		if w.optionsErr = w.fields([]string{"include_usage"}, v[:], nil); w.optionsErr == nil {
+			w.includeUsage, w.optionsErr = getBool(v[0], "stream_options.include_usage")
+		}
+	default:
+		w.optionsErr = w.typeError(k, "an object")
 	}
-	w.r.IncludeUsage, err = getBool(v[0], "stream_options.include_usage")
-	return err
 }
 
 // fields reads the rest of the object the walk has begun, collecting the
@@ -419,12 +442,10 @@ func (w *walker) fields(names []string, vals [][]byte, walk func(j int, k jsonte
 			if r.err == nil { // a reader's error comes first
 				err = w.errorIn(names[j], "%s", duplicateMsg)
 			}
-		case walk == nil:
-			vals[j] = r.value()
 		default:
 			k := r.next()
 			start := r.start
-			if !walk(j, k) {
+			if walk == nil || !walk(j, k) {
 				r.finish(k)
 			}
 			vals[j] = r.since(start)
@@ -475,35 +496,26 @@ const (
 
 var messageFields = []string{"role", "content", "name", "tool_calls", "function_call"}
 
-// addMessages adds the messages begun with a token of kind k.
-func (w *walker) addMessages(k jsontext.Kind) error {
-	if k != '[' {
-		return w.typeError(k, "an array")
-	}
-	anthropic := w.r.Kind == KindAnthropicMessages
-	return w.elements(func(k jsontext.Kind) error {
-		_, err := w.message(k, anthropic)
-		return err
-	})
-}
-
 // message adds the prompt of the message begun with a token of kind k,
-// walked in place, and returns the raw values of its members. Its name and
-// tool calls are added after its content whatever the member order.
+// walked in place, and returns the raw values of its members. Its name,
+// tool calls and function call follow its content whatever the order.
 func (w *walker) message(k jsontext.Kind, anthropic bool) (m [msgFields][]byte, err error) {
 	if k != '{' {
 		return m, w.typeError(k, "an object")
 	}
-	var contentErr, callsErr error
+	var contentErr, callsErr, fnErr error
+	var fn [2][]byte
 	w.calls = w.calls[:0]
 	err = w.fields(messageFields, m[:], func(j int, k jsontext.Kind) bool {
-		switch j {
-		case msgContent:
-			w.push("content")
-			contentErr = w.content(k, anthropic)
-			w.pop()
-		case msgToolCalls:
+		switch {
+		case j == msgContent:
+			contentErr = w.contentIn("content", k, anthropic)
+		case j == msgToolCalls:
 			callsErr = w.toolCalls(k)
+		case j == msgFunctionCall && k == '{':
+			w.push("function_call")
+			fnErr = w.fields(functionFields, fn[:], nil)
+			w.pop()
 		default:
 			return false
 		}
@@ -519,36 +531,25 @@ func (w *walker) message(k jsontext.Kind, anthropic bool) (m [msgFields][]byte, 
 	if contentErr != nil {
 		return m, contentErr
 	}
-	return m, w.messageExtras(&m, callsErr)
-}
-
-// messageExtras adds a message's name, its tool calls' texts, which wait
-// in w.calls, and its function call.
-func (w *walker) messageExtras(m *[msgFields][]byte, callsErr error) error {
 	if name := m[msgName]; present(name) {
 		if rawType(name) != '"' {
-			return w.errorIn("name", "must be a string, got %s", typeName(rawType(name)))
+			return m, w.errorIn("name", "must be a string, got %s", typeName(rawType(name)))
 		}
 		w.addText(name)
 		w.r.Names++
 	}
 	if callsErr != nil {
-		return callsErr
+		return m, callsErr
 	}
 	for _, t := range w.calls {
 		w.add(t)
 	}
-	call := m[msgFunctionCall]
-	if !present(call) {
-		return nil
+	if rawType(m[msgFunctionCall]) != '{' {
+		w.addJSON(m[msgFunctionCall])
+	} else if fnErr == nil {
+		w.addFunction(&fn)
 	}
-	w.push("function_call")
-	defer w.pop()
-	if rawType(call) != '{' {
-		w.addJSON(call)
-		return nil
-	}
-	return w.from(call, func(jsontext.Kind) error { return w.function() })
+	return m, fnErr
 }
 
 // toolCalls reads the tool calls begun with a token of kind k, keeping
@@ -577,16 +578,15 @@ func (w *walker) addCall(k jsontext.Kind) error {
 		return nil
 	}
 	start := r.start
-	var fn [1][]byte
+	var v [1][]byte
+	var fn [2][]byte
 	var fnErr error
-	object := false
-	err := w.fields(callFields, fn[:], func(_ int, k jsontext.Kind) bool {
+	err := w.fields(callFields, v[:], func(_ int, k jsontext.Kind) bool {
 		if k != '{' {
 			return false
 		}
-		object = true
 		w.push("function")
-		fnErr = w.function()
+		fnErr = w.fields(functionFields, fn[:], nil)
 		w.pop()
 		return true
 	})
@@ -594,31 +594,26 @@ func (w *walker) addCall(k jsontext.Kind) error {
 	switch {
 	case err != nil:
 		return err
-	case object:
-		return fnErr
+	case rawType(v[0]) != '{':
+		w.addJSON(raw)
+	case fnErr == nil:
+		w.addFunction(&fn)
 	}
-	w.addJSON(raw)
-	return nil
+	return fnErr
 }
 
 var callFields = []string{"function"}
 
 var functionFields = []string{"name", "arguments"}
 
-// function adds the rest of the function call object the walk has begun:
-// its name and arguments.
-func (w *walker) function() error {
-	var v [2][]byte
-	if err := w.fields(functionFields, v[:], nil); err != nil {
-		return err
-	}
+// addFunction adds a function call's name and arguments.
+func (w *walker) addFunction(v *[2][]byte) {
 	w.addText(v[0])
 	if rawType(v[1]) == '"' {
 		w.addText(v[1])
 	} else {
 		w.addJSON(v[1])
 	}
-	return nil
 }
 
 // Members of a content part or block, or of a responses input item.
@@ -655,26 +650,39 @@ func (w *walker) content(k jsontext.Kind, anthropic bool) error {
 	return w.typeError(k, "a string, an array of content parts, or null")
 }
 
-// part adds the content part or block the walk is at. A tool_result's
-// content nests without bound, so it is walked in place (speculatively,
-// when the block's type comes after it; dropped if that type is another).
+// part adds the content part or block begun with a token of kind k; a
+// tool_result's content nests without bound (see typed).
 func (w *walker) part(k jsontext.Kind, anthropic bool) error {
 	if k != '{' {
 		return w.typeError(k, "an object")
 	}
 	var v [partFields][]byte
+	_, contentErr, err := w.typed(&v, false, anthropic)
+	switch {
+	case err != nil:
+		return err
+	case stringIs(v[partType], "tool_result"):
+		w.toolResult = true
+		return contentErr
+	}
+	return w.addPart(&v)
+}
+
+// typed reads the rest of the object the walk has begun, a part or (item)
+// an input item, into v, walking the member that nests in place: as content
+// before the type is seen; undone if the type names another or the object is
+// in error. It returns the member walked (-1: none) and its content's error.
+func (w *walker) typed(v *[partFields][]byte, item, anthropic bool) (walked int, walkErr, err error) {
+	walked = -1
 	var before mark
-	var contentErr error
-	walked := false
-	err := w.fields(partNames, v[:], func(j int, k jsontext.Kind) bool {
-		if j != partContent || v[partType] != nil && !stringIs(v[partType], "tool_result") {
+	err = w.fields(partNames, v[:], func(j int, k jsontext.Kind) bool {
+		if j != partContent && j != partOutput || walked >= 0 ||
+			j != nests(v[partType], item) && (v[partType] != nil || j != partContent) {
 			return false
 		}
-		before, walked = w.mark(), true
+		before, walked = w.mark(), j
 		use, result := w.toolUse, w.toolResult
-		w.push("content")
-		contentErr = w.content(k, anthropic)
-		w.pop()
+		walkErr = w.contentIn(partNames[j], k, anthropic)
 		w.toolUse, w.toolResult = use, result // nested blocks are not the message's
 		return true
 	})
@@ -682,17 +690,24 @@ func (w *walker) part(k jsontext.Kind, anthropic bool) error {
 	if err == nil && present(typ) && rawType(typ) != '"' {
 		err = w.errorIn("type", "must be a string, got %s", typeName(rawType(typ)))
 	}
-	if err == nil && stringIs(typ, "tool_result") {
-		w.toolResult = true
-		return contentErr
-	}
-	if walked {
+	if walked >= 0 && (err != nil || walked != nests(typ, item)) {
 		w.reset(before)
+		walked, walkErr = -1, nil
 	}
-	if err != nil {
-		return err
+	return walked, walkErr, err
+}
+
+// nests returns the member of a content part or block (or, when item, a
+// responses input item) of type typ (raw) that holds content, or -1. An
+// item without a type (absent or empty, not null) is a message.
+func nests(typ []byte, item bool) int {
+	switch t := string(stringBytes(typ)); {
+	case !item && t == "tool_result", item && t == "message", item && t == "" && rawType(typ) != 'n':
+		return partContent
+	case item && (t == "function_call_output" || t == "custom_tool_call_output"):
+		return partOutput
 	}
-	return w.addPart(&v)
+	return -1
 }
 
 // addPart adds a part or block other than a tool result, by its type.
@@ -721,81 +736,51 @@ func (w *walker) addPart(v *[partFields][]byte) error {
 	return nil
 }
 
-func (w *walker) addSystem(k jsontext.Kind) error {
-	if k != '"' && k != '[' {
-		return w.typeError(k, "a string or an array of text blocks")
-	}
-	w.r.Messages++
-	return w.content(k, true)
-}
-
-func (w *walker) addInstructions(k jsontext.Kind) error {
-	if k != '"' {
-		return w.typeError(k, "a string")
-	}
-	w.r.Messages++
-	w.addText(w.rd.raw)
-	return nil
-}
-
-func (w *walker) addResponsesInput(k jsontext.Kind) error {
-	switch k {
-	case '"':
-		return w.addInstructions(k) // the API wraps a string input as a user message
-	case '[':
-		return w.elements(w.addItem)
-	}
-	return w.typeError(k, "a string or an array of input items")
-}
-
 // addItem adds the responses input item begun with a token of kind k.
-// Items do not nest, so their members are collected first.
+// Its content or output is walked in place (see typed), else read again.
 func (w *walker) addItem(k jsontext.Kind) error {
 	if k != '{' {
 		return w.typeError(k, "an object")
 	}
 	var v [partFields][]byte
-	if err := w.fields(partNames, v[:], nil); err != nil {
+	walked, walkErr, err := w.typed(&v, true, false)
+	if err != nil {
 		return err
 	}
-	if present(v[partType]) && rawType(v[partType]) != '"' {
-		return w.errorIn("type", "must be a string, got %s", typeName(rawType(v[partType])))
-	}
-	typ := string(stringBytes(v[partType]))
-	if rawType(v[partType]) == 'n' {
-		typ = "null" // not absent: no known type
-	}
-	switch typ {
-	case "message", "":
+	typ := v[partType]
+	j := nests(typ, true)
+	switch {
+	case j == partContent:
 		w.r.Messages++
-		return w.contentOf("content", v[partContent])
-	case "function_call":
+	case j >= 0:
+	case stringIs(typ, "function_call"):
 		w.addText(v[partName])
 		w.addText(v[partArguments])
-	case "function_call_output", "custom_tool_call_output":
-		return w.contentOf("output", v[partOutput])
-	case "custom_tool_call":
+	case stringIs(typ, "custom_tool_call"):
 		w.addText(v[partName])
 		w.addText(v[partInput])
-	case "reasoning":
+	case stringIs(typ, "reasoning"):
 		if rawType(v[partSummary]) == '[' {
 			// A malformed summary is the upstream's to report; the
 			// text of a well-formed one counts.
 			before := w.mark()
-			if w.contentOf("summary", v[partSummary]) != nil {
+			if w.from(v[partSummary], func(k jsontext.Kind) error { return w.contentIn("summary", k, false) }) != nil {
 				w.reset(before)
 			}
 		}
 	default:
 		w.addText(v[partText])
 	}
-	return nil
+	if j < 0 || walked == j {
+		return walkErr
+	}
+	return w.from(v[j], func(k jsontext.Kind) error { return w.contentIn(partNames[j], k, false) })
 }
 
-// contentOf adds raw, the content of the member name.
-func (w *walker) contentOf(name string, raw []byte) error {
+// contentIn adds the content of member name, begun with a token of kind k.
+func (w *walker) contentIn(name string, k jsontext.Kind, anthropic bool) error {
 	w.push(name)
-	err := w.from(raw, func(k jsontext.Kind) error { return w.content(k, false) })
+	err := w.content(k, anthropic)
 	w.pop()
 	return err
 }
