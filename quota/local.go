@@ -92,8 +92,8 @@ func NewLocal(primary Store, local *Memory, opts LocalOptions) *Local {
 	f := &Local{
 		primary:  primary,
 		local:    local,
-		share:    1,
-		n:        1,
+		share:    instanceShare(opts.Instances),
+		n:        int64(max(opts.Instances, 1)),
 		retry:    int64(DefaultLocalRetry),
 		clock:    opts.Clock,
 		probe:    opts.Probe,
@@ -101,9 +101,6 @@ func NewLocal(primary Store, local *Memory, opts LocalOptions) *Local {
 		onLocal:  opts.OnLocal,
 		outage:   opts.Outage,
 		rest:     make(map[string]int64),
-	}
-	if opts.Instances > 1 {
-		f.share, f.n = instanceShare(opts.Instances), int64(opts.Instances)
 	}
 	if opts.Retry > 0 {
 		f.retry = int64(opts.Retry)
