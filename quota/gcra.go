@@ -92,13 +92,7 @@ func (s *Status) Meter(d Dimension) MeterStatus {
 }
 
 func (s *Status) at(i int) *MeterStatus {
-	switch i {
-	case dimQPS:
-		return &s.Requests
-	case dimTokens:
-		return &s.Tokens
-	}
-	return &s.Joint
+	return [numDims]*MeterStatus{dimQPS: &s.Requests, dimTokens: &s.Tokens, dimJoint: &s.Joint}[i]
 }
 
 // Fresh is the state of a tenant with no debt at now.
