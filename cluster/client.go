@@ -185,21 +185,19 @@ func (r redisTimer) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (r redisTimer) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		start := time.Now()
-		err := next(ctx, cmd)
-		r.o.Observe(time.Since(start).Seconds())
-		return err
+		defer r.since(time.Now())
+		return next(ctx, cmd)
 	}
 }
 
 func (r redisTimer) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		start := time.Now()
-		err := next(ctx, cmds)
-		r.o.Observe(time.Since(start).Seconds())
-		return err
+		defer r.since(time.Now())
+		return next(ctx, cmds)
 	}
 }
+
+func (r redisTimer) since(start time.Time) { r.o.Observe(time.Since(start).Seconds()) }
 
 var _ redis.Hook = redisTimer{}
 

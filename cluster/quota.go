@@ -144,19 +144,17 @@ const (
 // numDims is the number of meters.
 const numDims = len(quota.Dimensions)
 
-// incArg is meter d's increment for tokens as a script argument: "" when
-// the meter is off.
-func incArg(l *quota.Limits, d quota.Dimension, tokens int64) string {
-	return netIncArg(l, d, 1, max(tokens, 0))
-}
-
-// netIncArg is a batch's move of meter d as a script argument; "" when the
-// meter is off.
-func netIncArg(l *quota.Limits, d quota.Dimension, requests, tokens int64) string {
-	if !l.Enabled(d) {
-		return ""
+// meterArgs is the script's per-meter arguments (q, t, j): f of each
+// meter, "" when the meter is off.
+func meterArgs(l *quota.Limits, f func(quota.Dimension) time.Duration) []any {
+	args := make([]any, numDims)
+	for i, d := range quota.Dimensions {
+		args[i] = ""
+		if l.Enabled(d) {
+			args[i] = strconv.FormatInt(int64(f(d)), 10)
+		}
 	}
-	return strconv.FormatInt(int64(l.NetIncrement(d, requests, tokens)), 10)
+	return args
 }
 
 // run calls the script once and reads its reply: whether it charged, the
@@ -169,10 +167,9 @@ func (r *QuotaStore) run(ctx context.Context, tenant string, args ...any) (charg
 		defer cancel()
 	}
 	res, err := quotaScript.Run(ctx, r.client, []string{r.Key(tenant)}, args...).Slice()
-	if err != nil {
-		return false, 0, t, 0, -1, fmt.Errorf("cluster: quota store, tenant %q: %w", tenant, err)
+	if err == nil {
+		charged, now, t, at, why, err = parseReply(res)
 	}
-	charged, now, t, at, why, err = parseReply(res)
 	if err != nil {
 		return false, 0, t, 0, -1, fmt.Errorf("cluster: quota store, tenant %q: %w", tenant, err)
 	}
@@ -231,31 +228,24 @@ func (r *QuotaStore) Peek(ctx context.Context, tenant string, l *quota.Limits, a
 // Charge implements quota.Store: one atomic test and charge, so
 // concurrent gateways admit exactly what one quota.Memory would.
 func (r *QuotaStore) Charge(ctx context.Context, tenant string, l *quota.Limits, tokens int64) (quota.Decision, error) {
-	charged, now, t, _, _, err := r.run(ctx, tenant, opCharge,
-		strconv.FormatInt(int64(l.Tolerance()), 10), r.margin,
-		incArg(l, quota.DimQPS, tokens), incArg(l, quota.DimTokens, tokens), incArg(l, quota.DimJoint, tokens))
-	if err != nil {
-		return quota.Decision{}, err
-	}
-	if charged {
-		return decision(true, now, "", &t, l, now), nil
-	}
-	// Refused: the state is the one the script tested, unchanged.
-	ok, at, reason := quota.Decide(&t, l, now, quota.Backlog{})
-	if ok {
-		return quota.Decision{}, fmt.Errorf("cluster: quota store, tenant %q: the script refused a charge that Decide allows at %d", tenant, now)
-	}
-	return decision(false, at, reason, &t, l, now), nil
+	return r.charge(ctx, tenant, l, tokens, "charge")
 }
 
 // Book implements quota.Store: Charge's script call given the longest
 // wait, so bookings from any number of gateways are first come, first
 // served.
 func (r *QuotaStore) Book(ctx context.Context, tenant string, l *quota.Limits, tokens int64, maxWait, lead time.Duration) (quota.Decision, error) {
-	charged, now, t, at, why, err := r.run(ctx, tenant, opCharge,
-		strconv.FormatInt(int64(l.Tolerance()), 10), r.margin,
-		incArg(l, quota.DimQPS, tokens), incArg(l, quota.DimTokens, tokens), incArg(l, quota.DimJoint, tokens),
+	return r.charge(ctx, tenant, l, tokens, "booking",
 		strconv.FormatInt(int64(min(max(maxWait, 0), quota.MaxBookWait)), 10), strconv.FormatInt(int64(max(lead, 0)), 10))
+}
+
+// charge runs the charge script, with a booking's wait and lead if given;
+// what names the call in the error for a refusal that Decide contradicts.
+// Without a wait the script charges as of now, on no meter's account.
+func (r *QuotaStore) charge(ctx context.Context, tenant string, l *quota.Limits, tokens int64, what string, booking ...any) (quota.Decision, error) {
+	args := append([]any{opCharge, strconv.FormatInt(int64(l.Tolerance()), 10), r.margin},
+		meterArgs(l, func(d quota.Dimension) time.Duration { return l.Increment(d, tokens) })...)
+	charged, now, t, at, why, err := r.run(ctx, tenant, append(args, booking...)...)
 	if err != nil {
 		return quota.Decision{}, err
 	}
@@ -266,17 +256,18 @@ func (r *QuotaStore) Book(ctx context.Context, tenant string, l *quota.Limits, t
 		}
 		return decision(true, at, reason, &t, l, now), nil
 	}
+	// Refused: the state is the one the script tested, unchanged.
 	ok, at, reason := quota.Decide(&t, l, now, quota.Backlog{})
 	if ok {
-		return quota.Decision{}, fmt.Errorf("cluster: quota store, tenant %q: the script refused a booking that Decide allows at %d", tenant, now)
+		return quota.Decision{}, fmt.Errorf("cluster: quota store, tenant %q: the script refused a %s that Decide allows at %d", tenant, what, now)
 	}
 	return decision(false, at, reason, &t, l, now), nil
 }
 
-// move runs the reconcile script, moving each meter by its argument (q, t,
-// j; "" for none), and returns the status after it.
-func (r *QuotaStore) move(ctx context.Context, tenant string, l *quota.Limits, q, t, j string) (quota.Status, error) {
-	_, now, tats, _, _, err := r.run(ctx, tenant, opReconcile, "0", r.margin, q, t, j)
+// move runs the reconcile script, moving each meter by its argument
+// (meterArgs), and returns the status after it.
+func (r *QuotaStore) move(ctx context.Context, tenant string, l *quota.Limits, moves []any) (quota.Status, error) {
+	_, now, tats, _, _, err := r.run(ctx, tenant, append([]any{opReconcile, "0", r.margin}, moves...)...)
 	if err != nil {
 		return quota.Status{}, err
 	}
@@ -286,24 +277,14 @@ func (r *QuotaStore) move(ctx context.Context, tenant string, l *quota.Limits, q
 // Reconcile implements quota.Store: the token and joint meters move by the
 // difference of the increments, computed as quota.Reconcile does.
 func (r *QuotaStore) Reconcile(ctx context.Context, tenant string, l *quota.Limits, estimated, actual int64) (quota.Status, error) {
-	diff := func(d quota.Dimension) string {
-		if !l.Enabled(d) {
-			return ""
-		}
-		return strconv.FormatInt(int64(l.Increment(d, actual)-l.Increment(d, estimated)), 10)
-	}
-	return r.move(ctx, tenant, l, "", diff(quota.DimTokens), diff(quota.DimJoint))
+	moves := meterArgs(l, func(d quota.Dimension) time.Duration { return l.Increment(d, actual) - l.Increment(d, estimated) })
+	moves[0] = "" // the request count is unchanged
+	return r.move(ctx, tenant, l, moves)
 }
 
 // Refund implements quota.Store: every meter's increment taken back.
 func (r *QuotaStore) Refund(ctx context.Context, tenant string, l *quota.Limits, tokens int64) (quota.Status, error) {
-	back := func(d quota.Dimension) string {
-		if !l.Enabled(d) {
-			return ""
-		}
-		return strconv.FormatInt(-int64(l.Increment(d, tokens)), 10)
-	}
-	return r.move(ctx, tenant, l, back(quota.DimQPS), back(quota.DimTokens), back(quota.DimJoint))
+	return r.move(ctx, tenant, l, meterArgs(l, func(d quota.Dimension) time.Duration { return -l.Increment(d, tokens) }))
 }
 
 // Add implements quota.Syncer: every meter moved by the batch (a read when
@@ -312,8 +293,7 @@ func (r *QuotaStore) Add(ctx context.Context, tenant string, l *quota.Limits, re
 	if requests == 0 && tokens == 0 {
 		return r.Status(ctx, tenant, l)
 	}
-	return r.move(ctx, tenant, l,
-		netIncArg(l, quota.DimQPS, requests, tokens), netIncArg(l, quota.DimTokens, requests, tokens), netIncArg(l, quota.DimJoint, requests, tokens))
+	return r.move(ctx, tenant, l, meterArgs(l, func(d quota.Dimension) time.Duration { return l.NetIncrement(d, requests, tokens) }))
 }
 
 // Status implements quota.Store: one read-only script call.

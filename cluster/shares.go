@@ -58,24 +58,7 @@ func (x *Exchange) Swap(ctx context.Context, mine []fairqueue.Served, theirs []f
 	// A plain pipeline, not MULTI/EXEC: nothing needs the commands
 	// together, and a refused MULTI (Redis loading) leaves replies unread.
 	pipe := x.client.Pipeline()
-	for len(mine) > 0 {
-		n := min(len(mine), entryMax)
-		x.args = append(x.args[:0], gatewayField, x.instance)
-		for _, s := range mine[:n] {
-			field := tenantPrefix + s.Tenant
-			if s.Group {
-				field = groupField
-			}
-			x.args = append(x.args, field, strconv.FormatFloat(s.Cost, 'g', -1, 64))
-		}
-		add := &redis.XAddArgs{Stream: x.key, MaxLen: MaxLen, Approx: true, Values: x.args}
-		if ms, ok := idMillis(x.last); ok && ms > x.ttl.Milliseconds() {
-			// By time too, on Redis's clock: older than the TTL.
-			add.MaxLen, add.MinID = 0, strconv.FormatInt(ms-x.ttl.Milliseconds(), 10)
-		}
-		pipe.XAdd(ctx, add)
-		mine = mine[n:]
-	}
+	x.write(ctx, pipe, mine)
 	pipe.PExpire(ctx, x.key, x.ttl)
 	var read *redis.XMessageSliceCmd
 	if x.last == "" {
@@ -97,27 +80,53 @@ func (x *Exchange) Swap(ctx context.Context, mine []fairqueue.Served, theirs []f
 	}
 	for _, m := range msgs {
 		x.last = m.ID
-		if m.Values[gatewayField] == x.instance {
-			continue
-		}
-		for k, v := range m.Values {
-			tenant, ok := strings.CutPrefix(k, tenantPrefix)
-			group := k == groupField
-			switch {
-			case group:
-				tenant = ""
-			case !ok:
-				continue
-			}
-			s, _ := v.(string)
-			c, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-			if err != nil {
-				continue // not written by Swap: ignored
-			}
-			theirs = append(theirs, fairqueue.Served{Tenant: tenant, Cost: c, Group: group})
+		if m.Values[gatewayField] != x.instance {
+			theirs = appendServed(theirs, m.Values)
 		}
 	}
 	return theirs, nil
+}
+
+// write queues mine on pipe, entryMax tenants an entry.
+func (x *Exchange) write(ctx context.Context, pipe redis.Pipeliner, mine []fairqueue.Served) {
+	for len(mine) > 0 {
+		n := min(len(mine), entryMax)
+		x.args = append(x.args[:0], gatewayField, x.instance)
+		for _, s := range mine[:n] {
+			field := tenantPrefix + s.Tenant
+			if s.Group {
+				field = groupField
+			}
+			x.args = append(x.args, field, strconv.FormatFloat(s.Cost, 'g', -1, 64))
+		}
+		add := &redis.XAddArgs{Stream: x.key, MaxLen: MaxLen, Approx: true, Values: x.args}
+		if ms, ok := idMillis(x.last); ok && ms > x.ttl.Milliseconds() {
+			// By time too, on Redis's clock: older than the TTL.
+			add.MaxLen, add.MinID = 0, strconv.FormatInt(ms-x.ttl.Milliseconds(), 10)
+		}
+		pipe.XAdd(ctx, add)
+		mine = mine[n:]
+	}
+}
+
+// appendServed appends an entry's costs to theirs.
+func appendServed(theirs []fairqueue.Served, values map[string]any) []fairqueue.Served {
+	for k, v := range values {
+		tenant, ok := strings.CutPrefix(k, tenantPrefix)
+		group := k == groupField
+		if group {
+			tenant = ""
+		} else if !ok {
+			continue
+		}
+		s, _ := v.(string)
+		c, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+		if err != nil {
+			continue // not written by Swap: ignored
+		}
+		theirs = append(theirs, fairqueue.Served{Tenant: tenant, Cost: c, Group: group})
+	}
+	return theirs
 }
 
 // idMillis is the time part of a stream entry's ID (Unix ms on Redis's

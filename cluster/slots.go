@@ -77,6 +77,9 @@ const (
 	Freed = "freed"
 )
 
+// announced is the Move kind of the sync script's "moved" value.
+var announced = map[int64]string{1: Claim, 2: Freed}
+
 // Move is an announcement on the broker's channel.
 type Move struct {
 	Kind     string // Claim or Freed
@@ -174,13 +177,7 @@ func (b *Broker) Sync(ctx context.Context, r Renewal) (Grant, error) {
 		}
 		n[i] = x
 	}
-	g := Grant{Slots: int(n[0]), Fair: int(n[1]), Fresh: n[3] == 1, Now: n[4], Renewed: int(n[5])}
-	switch n[2] {
-	case 1:
-		g.Announced = Claim
-	case 2:
-		g.Announced = Freed
-	}
+	g := Grant{Slots: int(n[0]), Fair: int(n[1]), Announced: announced[n[2]], Fresh: n[3] == 1, Now: n[4], Renewed: int(n[5])}
 	if len(r.Loads) > 0 {
 		g.Others = make(map[string]int, len(r.Loads))
 		g.Targets = make(map[string]int, len(r.Loads))

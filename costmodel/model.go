@@ -1,6 +1,7 @@
 package costmodel
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -77,24 +78,12 @@ func (c Config) Validate() error {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Memory == 0 {
-		c.Memory = DefaultMemory
-	}
-	if c.MinSamples == 0 {
-		c.MinSamples = DefaultMinSamples
-	}
-	if c.MinSpread == 0 {
-		c.MinSpread = DefaultMinSpread
-	}
-	if c.MaxCondition == 0 {
-		c.MaxCondition = DefaultMaxCondition
-	}
-	if c.MaxTokens == 0 {
-		c.MaxTokens = DefaultMaxTokens
-	}
-	if c.MaxBusy == 0 {
-		c.MaxBusy = DefaultMaxBusy
-	}
+	c.Memory = cmp.Or(c.Memory, DefaultMemory)
+	c.MinSamples = cmp.Or(c.MinSamples, DefaultMinSamples)
+	c.MinSpread = cmp.Or(c.MinSpread, DefaultMinSpread)
+	c.MaxCondition = cmp.Or(c.MaxCondition, DefaultMaxCondition)
+	c.MaxTokens = cmp.Or(c.MaxTokens, DefaultMaxTokens)
+	c.MaxBusy = cmp.Or(c.MaxBusy, DefaultMaxBusy)
 	return c
 }
 

@@ -92,13 +92,7 @@ func (s *Status) Meter(d Dimension) MeterStatus {
 }
 
 func (s *Status) at(i int) *MeterStatus {
-	switch i {
-	case dimQPS:
-		return &s.Requests
-	case dimTokens:
-		return &s.Tokens
-	}
-	return &s.Joint
+	return [numDims]*MeterStatus{dimQPS: &s.Requests, dimTokens: &s.Tokens, dimJoint: &s.Joint}[i]
 }
 
 // Fresh is the state of a tenant with no debt at now.
@@ -200,13 +194,7 @@ func Reconcile(t *TATs, l *Limits, now, estimated, actual int64) {
 		if l.interval[i] == 0 {
 			continue
 		}
-		d := l.inc(i, actual) - l.inc(i, estimated)
-		switch {
-		case d > 0:
-			t[i] = max(t[i], now) + d
-		case d < 0:
-			t[i] = max(t[i]+d, now)
-		}
+		t[i] = move(t[i], now, l.inc(i, actual)-l.inc(i, estimated))
 	}
 }
 
@@ -214,13 +202,20 @@ func Reconcile(t *TATs, l *Limits, now, estimated, actual int64) {
 // (Mirror.Sync), without a test; a refund never goes below now.
 func Add(t *TATs, l *Limits, now, requests, tokens int64) {
 	for i := 0; i < numDims; i++ {
-		switch d := l.netInc(i, requests, tokens); {
-		case d > 0:
-			t[i] = max(t[i], now) + d
-		case d < 0:
-			t[i] = max(t[i]+d, now)
-		}
+		t[i] = move(t[i], now, l.netInc(i, requests, tokens))
 	}
+}
+
+// move is tat moved by d: a debt from max(tat, now), a refund down to now
+// at most.
+func move(tat, now, d int64) int64 {
+	switch {
+	case d > 0:
+		return max(tat, now) + d
+	case d < 0:
+		return max(tat+d, now)
+	}
+	return tat
 }
 
 // Refund moves every meter back by a request's increment, never below now.

@@ -92,8 +92,8 @@ func NewLocal(primary Store, local *Memory, opts LocalOptions) *Local {
 	f := &Local{
 		primary:  primary,
 		local:    local,
-		share:    1,
-		n:        1,
+		share:    instanceShare(opts.Instances),
+		n:        int64(max(opts.Instances, 1)),
 		retry:    int64(DefaultLocalRetry),
 		clock:    opts.Clock,
 		probe:    opts.Probe,
@@ -101,9 +101,6 @@ func NewLocal(primary Store, local *Memory, opts LocalOptions) *Local {
 		onLocal:  opts.OnLocal,
 		outage:   opts.Outage,
 		rest:     make(map[string]int64),
-	}
-	if opts.Instances > 1 {
-		f.share, f.n = instanceShare(opts.Instances), int64(opts.Instances)
 	}
 	if opts.Retry > 0 {
 		f.retry = int64(opts.Retry)
@@ -175,13 +172,15 @@ func (f *Local) runProbe() {
 	f.recovered()
 }
 
-// answered records the outcome of a call to the primary and reports
-// whether its answer stands; false: decide locally.
-func (f *Local) answered(ctx context.Context, err error, c call) bool {
+// answered records the outcome of a call to the primary, with the status
+// st it gave of tenant, and reports whether its answer stands; false:
+// decide locally.
+func (f *Local) answered(ctx context.Context, err error, c call, tenant string, st Status) bool {
 	if err == nil {
 		if c.retry {
 			f.recovered()
 		}
+		f.observe(tenant, st)
 		return true
 	}
 	if ctx.Err() != nil {
@@ -270,10 +269,7 @@ func (f *Local) localLimits(l *Limits) *Limits {
 func viaPrimary[T any](f *Local, ctx context.Context, tenant string, l *Limits, status func(T) Status, call func(Store, *Limits) (T, error)) (T, error) {
 	if c := f.usePrimary(); c.use {
 		v, err := call(f.primary, l)
-		if f.answered(ctx, err, c) {
-			if err == nil {
-				f.observe(tenant, status(v))
-			}
+		if f.answered(ctx, err, c, tenant, status(v)) {
 			return v, err
 		}
 	}
@@ -299,10 +295,7 @@ func (f *Local) Peek(ctx context.Context, tenant string, l *Limits, ahead Backlo
 			return Decision{Allowed: true, At: f.clock(), Status: StatusOf(&t, l, 0)}, nil
 		}
 		d, err := f.primary.Peek(ctx, tenant, l, Backlog{Requests: ahead.Requests * f.n, Tokens: ahead.Tokens * f.n})
-		if f.answered(ctx, err, c) {
-			if err == nil {
-				f.observe(tenant, d.Status)
-			}
+		if f.answered(ctx, err, c, tenant, d.Status) {
 			return d, err
 		}
 	}

@@ -58,21 +58,23 @@ func (m *Memory) nowLocked() int64 {
 	return now
 }
 
-func (m *Memory) stateLocked(tenant string, now int64) TATs {
+// stateLocked reads the clock (nowLocked) and tenant's state.
+func (m *Memory) stateLocked(tenant string) (int64, TATs) {
+	now := m.nowLocked()
 	if t, ok := m.tenants[tenant]; ok {
-		return t
+		return now, t
 	}
-	return Fresh(now)
+	return now, Fresh(now)
 }
 
-// writeLocked is the state of tenant for a call that writes: a tenant
-// found at rest forgets its lead (see Store.Book).
-func (m *Memory) writeLocked(tenant string, now int64) TATs {
-	t := m.stateLocked(tenant, now)
+// writeLocked is stateLocked for a call that writes: a tenant found at
+// rest forgets its lead (see Store.Book).
+func (m *Memory) writeLocked(tenant string) (int64, TATs) {
+	now, t := m.stateLocked(tenant)
 	if t.Rested(now) {
 		delete(m.leads, tenant)
 	}
-	return t
+	return now, t
 }
 
 func (m *Memory) decision(ok bool, at int64, reason Dimension, t *TATs, l *Limits, now int64) Decision {
@@ -89,8 +91,7 @@ func (m *Memory) decision(ok bool, at int64, reason Dimension, t *TATs, l *Limit
 func (m *Memory) Peek(_ context.Context, tenant string, l *Limits, ahead Backlog) (Decision, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.nowLocked()
-	t := m.stateLocked(tenant, now)
+	now, t := m.stateLocked(tenant)
 	ok, at, reason := Decide(&t, l, now, ahead)
 	return m.decision(ok, at, reason, &t, l, now), nil
 }
@@ -99,8 +100,7 @@ func (m *Memory) Peek(_ context.Context, tenant string, l *Limits, ahead Backlog
 func (m *Memory) Charge(_ context.Context, tenant string, l *Limits, tokens int64) (Decision, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.nowLocked()
-	t := m.writeLocked(tenant, now)
+	now, t := m.writeLocked(tenant)
 	ok, at, reason := Decide(&t, l, now, Backlog{})
 	if ok {
 		Charge(&t, l, now, tokens)
@@ -113,8 +113,7 @@ func (m *Memory) Charge(_ context.Context, tenant string, l *Limits, tokens int6
 func (m *Memory) Book(_ context.Context, tenant string, l *Limits, tokens int64, maxWait, given time.Duration) (Decision, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.nowLocked()
-	t := m.stateLocked(tenant, now)
+	now, t := m.stateLocked(tenant)
 	ld := bookLead(m.leads[tenant], int64(given), now, t.Rested(now))
 	if ld.d > 0 {
 		m.leads[tenant] = ld
@@ -142,8 +141,7 @@ func (m *Memory) Refund(_ context.Context, tenant string, l *Limits, tokens int6
 func (m *Memory) Status(_ context.Context, tenant string, l *Limits) (Status, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.nowLocked()
-	t := m.stateLocked(tenant, now)
+	now, t := m.stateLocked(tenant)
 	return StatusOf(&t, l, now), nil
 }
 
@@ -165,8 +163,7 @@ func (m *Memory) Add(_ context.Context, tenant string, l *Limits, requests, toke
 func (m *Memory) correct(tenant string, l *Limits, change func(t *TATs, now int64)) (Status, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.nowLocked()
-	t := m.writeLocked(tenant, now)
+	now, t := m.writeLocked(tenant)
 	change(&t, now)
 	if t.Rested(now) {
 		delete(m.tenants, tenant)
@@ -181,8 +178,7 @@ func (m *Memory) correct(tenant string, l *Limits, change func(t *TATs, now int6
 func (m *Memory) raise(tenant string, l *Limits, debt [numDims]int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.nowLocked()
-	t := m.stateLocked(tenant, now)
+	now, t := m.stateLocked(tenant)
 	changed := false
 	for i := 0; i < numDims; i++ {
 		if l.interval[i] != 0 && debt[i] > 0 && now+debt[i] > t[i] {
