@@ -551,37 +551,42 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	if in.t == nil {
 		in.t = q.newTenantLocked(r.Tenant, &in, now)
 	}
-	t := in.t
-	q.liftLocked(t)
+	q.liftLocked(in.t)
 	cq := q.classLocked(in.cls)
 	decision, est := q.budgetDecisionLocked(now, &r, &in, cq)
 	if decision == budget.Reject {
 		q.unbookRefusedLocked(r.Tenant, pre)
 		return nil, budgetRejection(est, r.Deadline.Sub(now))
 	}
-	tk := &Ticket{q: q, t: t, cost: in.cost, tokens: in.tokens, bytes: max(r.Bytes, 0),
+	tk := &Ticket{q: q, t: in.t, cost: in.cost, tokens: in.tokens, bytes: max(r.Bytes, 0),
 		deadline: r.Deadline, enqueued: q.since(now), dlIdx: -1, prompt: in.prompt}
-	if q.queued == 0 && q.startsNowLocked(t, in.tokens, r.Deadline, now) {
-		q.startIdleLocked(tk, q.flowOfLocked(t, cq), now)
+	if q.queued == 0 && q.startsNowLocked(in.t, in.tokens, r.Deadline, now) {
+		q.startIdleLocked(tk, q.flowOfLocked(in.t, cq), now)
 		return tk, nil
 	}
-	tk.eta = max(est.ETA, hold.wait)
+	q.waitLocked(now, tk, cq, est.ETA, hold, pre, decision == budget.Boost)
+	return tk, nil
+}
+
+// waitLocked queues tk in its tenant's flow of class cq to wait for a
+// slot, with its quota hold and booking pre, boosted ahead on boost.
+func (q *Queue) waitLocked(now time.Time, tk *Ticket, cq *classQ, eta time.Duration, hold quotaDelay, pre *quotaBooking, boost bool) {
+	tk.eta = max(eta, hold.wait)
 	if hold.wait > 0 {
 		d := hold
 		tk.delay = &d
 	}
 	if pre.booked() {
-		q.keepBookingLocked(now, t, tk, pre)
+		q.keepBookingLocked(now, tk.t, tk, pre)
 	}
-	q.pushFlowLocked(tk, q.flowOfLocked(t, cq))
-	if !r.Deadline.IsZero() {
+	q.pushFlowLocked(tk, q.flowOfLocked(tk.t, cq))
+	if !tk.deadline.IsZero() {
 		heap.Push(&q.deadlines, tk)
 	}
-	if decision == budget.Boost {
+	if boost {
 		q.promoteLocked(now, tk)
 	}
 	q.dispatchLocked(now)
-	return tk, nil
 }
 
 // intake is a request as Enqueue prices it: its tenant's state (nil: not
