@@ -157,9 +157,22 @@ func (h *flowHeap) remove(f *flow) {
 	}
 }
 
-// rekey recomputes the tags of f, which is in the heap, and restores order.
+// put pushes f, or re-keys it when it is in the heap already.
+func (h *flowHeap) put(f *flow) {
+	if h.contains(f.id) {
+		h.rekey(f)
+	} else {
+		h.push(f)
+	}
+}
+
+// rekey recomputes the tags of f and restores order; a flow not in the
+// heap stays out.
 func (h *flowHeap) rekey(f *flow) {
 	i := int(h.pos[f.id])
+	if i < 0 {
+		return
+	}
 	// Only the tags change: seq stays in the entry.
 	e := &h.e[i]
 	e.start, e.finish = f.tags()

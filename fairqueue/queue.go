@@ -869,18 +869,10 @@ func (q *Queue) flowOfLocked(t *tenant, cq *classQ) *flow {
 func (q *Queue) linkFlowLocked(f *flow) {
 	q.aheadTouchLocked(f.t)
 	if p := f.parent(); p != nil {
-		if p.sub.contains(f.id) {
-			p.sub.rekey(f)
-		} else {
-			p.sub.push(f)
-		}
+		p.sub.put(f)
 		f = p
 	}
-	if h := &f.cq.flows; h.contains(f.id) {
-		h.rekey(f)
-	} else {
-		h.push(f)
-	}
+	f.cq.flows.put(f)
 }
 
 // unlinkFlowLocked takes f out of its heap if it is there; a group flow
@@ -991,16 +983,12 @@ func (q *Queue) fixFlowsLocked(t *tenant) {
 	// Nothing queued (the boost lane counts) means no flow in a heap.
 	if t.queued > 0 {
 		for _, f := range t.flows {
-			if h := f.heap(); h.contains(f.id) {
-				h.rekey(f)
-			}
+			f.heap().rekey(f)
 		}
 	}
 	if g := t.group; g != nil && g.queued > 0 {
 		for _, f := range g.flows {
-			if f.cq.flows.contains(f.id) {
-				f.cq.flows.rekey(f)
-			}
+			f.cq.flows.rekey(f)
 		}
 	}
 }
