@@ -142,9 +142,12 @@ func (h *flowHeap) push(f *flow) {
 	h.up(len(h.e) - 1)
 }
 
-// remove takes f out of the heap; f must be in it.
-func (h *flowHeap) remove(f *flow) {
+// remove takes f out of the heap and reports whether it was there.
+func (h *flowHeap) remove(f *flow) bool {
 	i := int(h.pos[f.id])
+	if i < 0 {
+		return false
+	}
 	n := len(h.e) - 1
 	if i != n {
 		h.swap(i, n)
@@ -155,6 +158,7 @@ func (h *flowHeap) remove(f *flow) {
 	if i != n {
 		h.fix(i)
 	}
+	return true
 }
 
 // put pushes f, or re-keys it when it is in the heap already.

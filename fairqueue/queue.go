@@ -880,17 +880,7 @@ func (q *Queue) linkFlowLocked(f *flow) {
 func (q *Queue) unlinkFlowLocked(f *flow) {
 	q.aheadTouchLocked(f.t)
 	p := f.parent()
-	if p == nil {
-		if f.cq.flows.contains(f.id) {
-			f.cq.flows.remove(f)
-		}
-		return
-	}
-	if !p.sub.contains(f.id) {
-		return
-	}
-	p.sub.remove(f)
-	if !p.cq.flows.contains(p.id) {
+	if !f.heap().remove(f) || p == nil {
 		return
 	}
 	if p.sub.len() == 0 {
