@@ -579,7 +579,18 @@ func (q *Queue) waitLocked(now time.Time, tk *Ticket, cq *classQ, eta time.Durat
 	if pre.booked() {
 		q.keepBookingLocked(now, tk.t, tk, pre)
 	}
-	q.pushFlowLocked(tk, q.flowOfLocked(tk.t, cq))
+	f := q.flowOfLocked(tk.t, cq)
+	tk.f, tk.state, tk.mark = f, stateQueued, f.in
+	f.in += tk.cost
+	f.tokens += tk.tokens
+	f.q.insertAfter(tk, f.q.tail)
+	if f.q.head == tk {
+		f.drain = flowDrain{} // backlogged anew: an idle gap is no drain
+		if !tk.t.out {
+			q.linkFlowLocked(f)
+		}
+	}
+	q.countLocked(tk, 1)
 	if !tk.deadline.IsZero() {
 		heap.Push(&q.deadlines, tk)
 	}
@@ -888,22 +899,6 @@ func (q *Queue) unlinkFlowLocked(f *flow) {
 	} else {
 		p.cq.flows.rekey(p)
 	}
-}
-
-func (q *Queue) pushFlowLocked(tk *Ticket, f *flow) {
-	tk.f = f
-	tk.state = stateQueued
-	tk.mark = f.in
-	f.in += tk.cost
-	f.tokens += tk.tokens
-	f.q.insertAfter(tk, f.q.tail)
-	if f.q.head == tk {
-		f.drain = flowDrain{} // backlogged anew: an idle gap is no drain
-		if !tk.t.out {
-			q.linkFlowLocked(f)
-		}
-	}
-	q.countLocked(tk, 1)
 }
 
 // countLocked adds (sign 1) or removes (-1) a queued ticket from the
