@@ -269,13 +269,6 @@ const DefaultMargin = 150 * time.Millisecond
 // tenant pausing between requests keeps its place in virtual time.
 const DefaultIdleForget = 30 * time.Second
 
-func (c *Config) idleForget() time.Duration {
-	if c.IdleForget > 0 {
-		return c.IdleForget
-	}
-	return DefaultIdleForget
-}
-
 // Budget returns the wait budget of a request of tenant t in class cls,
 // asking for requested (0: nothing asked); 0 means no budget. In the
 // tenant's own class it is the tenant's override when set, else the class

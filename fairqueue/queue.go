@@ -1382,7 +1382,11 @@ func (q *Queue) Tick() {
 // again since it was listed moves to the tail, so a tenant is forgotten
 // within twice IdleForget, at O(1) a step.
 func (q *Queue) pruneLocked(now time.Time, max int) {
-	cut := now.Add(-q.cfg.idleForget()).UnixNano()
+	forget := q.cfg.IdleForget
+	if forget <= 0 {
+		forget = DefaultIdleForget
+	}
+	cut := now.Add(-forget).UnixNano()
 	for n := 0; n < max; n++ {
 		t := q.idle.head
 		if t == nil || t.idleAt > cut {
