@@ -179,9 +179,7 @@ func (t *tenant) observeDemand(now time.Time, window time.Duration, busy float64
 		dm.reqs *= decay
 		dm.tokens *= decay
 	}
-	if ns > dm.at {
-		dm.at = ns
-	}
+	dm.at = max(dm.at, ns)
 	// Each arrival adds 1/tau per second of its units: a steady stream of
 	// r per second converges to r.
 	dm.busy += busy * 1e9 / tau

@@ -269,20 +269,19 @@ const DefaultMargin = 150 * time.Millisecond
 // tenant pausing between requests keeps its place in virtual time.
 const DefaultIdleForget = 30 * time.Second
 
-func (c *Config) idleForget() time.Duration {
-	if c.IdleForget > 0 {
-		return c.IdleForget
-	}
-	return DefaultIdleForget
-}
-
 // Budget returns the wait budget of a request of tenant t in class cls,
 // asking for requested (0: nothing asked); 0 means no budget. In the
 // tenant's own class it is the tenant's override when set, else the class
 // default; in another class, the longer of the two, so moving to a more
 // patient class never shortens the wait. A shorter requested budget wins.
 func (c *Config) Budget(t TenantConfig, cls string, requested time.Duration) time.Duration {
-	classDefault := c.ClassBudget(cls)
+	var classDefault time.Duration
+	for _, cl := range c.Classes {
+		if cl.Name == cls {
+			classDefault = cl.WaitBudget
+			break
+		}
+	}
 	override := t.WaitBudget
 	if cls != t.Class && override > 0 && (classDefault == 0 || classDefault > override) {
 		override = 0 // the longer class default applies
@@ -291,17 +290,6 @@ func (c *Config) Budget(t TenantConfig, cls string, requested time.Duration) tim
 		return max(requested, 0)
 	}
 	return budget.Budget(classDefault, override, requested)
-}
-
-// ClassBudget returns the default wait budget of class cls, 0 for none or
-// an unknown class.
-func (c *Config) ClassBudget(cls string) time.Duration {
-	for _, cl := range c.Classes {
-		if cl.Name == cls {
-			return cl.WaitBudget
-		}
-	}
-	return 0
 }
 
 // Tenant returns the settings of a tenant and whether it is declared.

@@ -142,9 +142,12 @@ func (h *flowHeap) push(f *flow) {
 	h.up(len(h.e) - 1)
 }
 
-// remove takes f out of the heap; f must be in it.
-func (h *flowHeap) remove(f *flow) {
+// remove takes f out of the heap and reports whether it was there.
+func (h *flowHeap) remove(f *flow) bool {
 	i := int(h.pos[f.id])
+	if i < 0 {
+		return false
+	}
 	n := len(h.e) - 1
 	if i != n {
 		h.swap(i, n)
@@ -155,11 +158,25 @@ func (h *flowHeap) remove(f *flow) {
 	if i != n {
 		h.fix(i)
 	}
+	return true
 }
 
-// rekey recomputes the tags of f, which is in the heap, and restores order.
+// put pushes f, or re-keys it when it is in the heap already.
+func (h *flowHeap) put(f *flow) {
+	if h.contains(f.id) {
+		h.rekey(f)
+	} else {
+		h.push(f)
+	}
+}
+
+// rekey recomputes the tags of f and restores order; a flow not in the
+// heap stays out.
 func (h *flowHeap) rekey(f *flow) {
 	i := int(h.pos[f.id])
+	if i < 0 {
+		return
+	}
 	// Only the tags change: seq stays in the entry.
 	e := &h.e[i]
 	e.start, e.finish = f.tags()

@@ -84,7 +84,7 @@ func (o *overload) derive() {
 	}
 }
 
-// observeLocked feeds the water level to the ladder and applies any change.
+// observeWaterLocked feeds the water level to the ladder and applies any change.
 func (q *Queue) observeWaterLocked(now time.Time) {
 	o := q.ov
 	if o.ladder == nil {

@@ -551,37 +551,53 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	if in.t == nil {
 		in.t = q.newTenantLocked(r.Tenant, &in, now)
 	}
-	t := in.t
-	q.liftLocked(t)
+	q.liftLocked(in.t)
 	cq := q.classLocked(in.cls)
 	decision, est := q.budgetDecisionLocked(now, &r, &in, cq)
 	if decision == budget.Reject {
 		q.unbookRefusedLocked(r.Tenant, pre)
 		return nil, budgetRejection(est, r.Deadline.Sub(now))
 	}
-	tk := &Ticket{q: q, t: t, cost: in.cost, tokens: in.tokens, bytes: max(r.Bytes, 0),
+	tk := &Ticket{q: q, t: in.t, cost: in.cost, tokens: in.tokens, bytes: max(r.Bytes, 0),
 		deadline: r.Deadline, enqueued: q.since(now), dlIdx: -1, prompt: in.prompt}
-	if q.queued == 0 && q.startsNowLocked(t, in.tokens, r.Deadline, now) {
-		q.startIdleLocked(tk, q.flowOfLocked(t, cq), now)
+	if q.queued == 0 && q.startsNowLocked(in.t, in.tokens, r.Deadline, now) {
+		q.startIdleLocked(tk, q.flowOfLocked(in.t, cq), now)
 		return tk, nil
 	}
-	tk.eta = max(est.ETA, hold.wait)
+	q.waitLocked(now, tk, cq, est.ETA, hold, pre, decision == budget.Boost)
+	return tk, nil
+}
+
+// waitLocked queues tk in its tenant's flow of class cq to wait for a
+// slot, with its quota hold and booking pre, boosted ahead on boost.
+func (q *Queue) waitLocked(now time.Time, tk *Ticket, cq *classQ, eta time.Duration, hold quotaDelay, pre *quotaBooking, boost bool) {
+	tk.eta = max(eta, hold.wait)
 	if hold.wait > 0 {
 		d := hold
 		tk.delay = &d
 	}
 	if pre.booked() {
-		q.keepBookingLocked(now, t, tk, pre)
+		q.keepBookingLocked(now, tk.t, tk, pre)
 	}
-	q.pushFlowLocked(tk, q.flowOfLocked(t, cq))
-	if !r.Deadline.IsZero() {
+	f := q.flowOfLocked(tk.t, cq)
+	tk.f, tk.state, tk.mark = f, stateQueued, f.in
+	f.in += tk.cost
+	f.tokens += tk.tokens
+	f.q.insertAfter(tk, f.q.tail)
+	if f.q.head == tk {
+		f.drain = flowDrain{} // backlogged anew: an idle gap is no drain
+		if !tk.t.out {
+			q.linkFlowLocked(f)
+		}
+	}
+	q.countLocked(tk, 1)
+	if !tk.deadline.IsZero() {
 		heap.Push(&q.deadlines, tk)
 	}
-	if decision == budget.Boost {
+	if boost {
 		q.promoteLocked(now, tk)
 	}
 	q.dispatchLocked(now)
-	return tk, nil
 }
 
 // intake is a request as Enqueue prices it: its tenant's state (nil: not
@@ -864,18 +880,10 @@ func (q *Queue) flowOfLocked(t *tenant, cq *classQ) *flow {
 func (q *Queue) linkFlowLocked(f *flow) {
 	q.aheadTouchLocked(f.t)
 	if p := f.parent(); p != nil {
-		if p.sub.contains(f.id) {
-			p.sub.rekey(f)
-		} else {
-			p.sub.push(f)
-		}
+		p.sub.put(f)
 		f = p
 	}
-	if h := &f.cq.flows; h.contains(f.id) {
-		h.rekey(f)
-	} else {
-		h.push(f)
-	}
+	f.cq.flows.put(f)
 }
 
 // unlinkFlowLocked takes f out of its heap if it is there; a group flow
@@ -883,17 +891,7 @@ func (q *Queue) linkFlowLocked(f *flow) {
 func (q *Queue) unlinkFlowLocked(f *flow) {
 	q.aheadTouchLocked(f.t)
 	p := f.parent()
-	if p == nil {
-		if f.cq.flows.contains(f.id) {
-			f.cq.flows.remove(f)
-		}
-		return
-	}
-	if !p.sub.contains(f.id) {
-		return
-	}
-	p.sub.remove(f)
-	if !p.cq.flows.contains(p.id) {
+	if !f.heap().remove(f) || p == nil {
 		return
 	}
 	if p.sub.len() == 0 {
@@ -901,22 +899,6 @@ func (q *Queue) unlinkFlowLocked(f *flow) {
 	} else {
 		p.cq.flows.rekey(p)
 	}
-}
-
-func (q *Queue) pushFlowLocked(tk *Ticket, f *flow) {
-	tk.f = f
-	tk.state = stateQueued
-	tk.mark = f.in
-	f.in += tk.cost
-	f.tokens += tk.tokens
-	f.q.insertAfter(tk, f.q.tail)
-	if f.q.head == tk {
-		f.drain = flowDrain{} // backlogged anew: an idle gap is no drain
-		if !tk.t.out {
-			q.linkFlowLocked(f)
-		}
-	}
-	q.countLocked(tk, 1)
 }
 
 // countLocked adds (sign 1) or removes (-1) a queued ticket from the
@@ -986,16 +968,12 @@ func (q *Queue) fixFlowsLocked(t *tenant) {
 	// Nothing queued (the boost lane counts) means no flow in a heap.
 	if t.queued > 0 {
 		for _, f := range t.flows {
-			if h := f.heap(); h.contains(f.id) {
-				h.rekey(f)
-			}
+			f.heap().rekey(f)
 		}
 	}
 	if g := t.group; g != nil && g.queued > 0 {
 		for _, f := range g.flows {
-			if f.cq.flows.contains(f.id) {
-				f.cq.flows.rekey(f)
-			}
+			f.cq.flows.rekey(f)
 		}
 	}
 }
@@ -1404,7 +1382,11 @@ func (q *Queue) Tick() {
 // again since it was listed moves to the tail, so a tenant is forgotten
 // within twice IdleForget, at O(1) a step.
 func (q *Queue) pruneLocked(now time.Time, max int) {
-	cut := now.Add(-q.cfg.idleForget()).UnixNano()
+	forget := q.cfg.IdleForget
+	if forget <= 0 {
+		forget = DefaultIdleForget
+	}
+	cut := now.Add(-forget).UnixNano()
 	for n := 0; n < max; n++ {
 		t := q.idle.head
 		if t == nil || t.idleAt > cut {

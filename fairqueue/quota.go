@@ -41,35 +41,11 @@ func (q *Queue) accountStoreLocked() quota.Store {
 // quotaAdmitLocked is the quota's part of admission: how long the request
 // must wait for its tenant's quota behind the tenant's queued requests, or a
 // refusal when that is past its deadline. On a shared store the booking made
-// before the lock (pre) decides; without one, or on a store error, the
-// request is admitted uncharged.
+// before the lock (pre) decides (see quotaBooking.admit).
 func (q *Queue) quotaAdmitLocked(now time.Time, t *tenant, name string, l *quota.Limits, deadline time.Time, pre *quotaBooking) (quotaDelay, *Rejection) {
 	margin := q.quotaMarginLocked()
 	if q.remoteStore {
-		late := !deadline.IsZero() && pre != nil &&
-			!now.Add(pre.d.RetryAfter+pre.slotWait).Before(deadline.Add(-margin))
-		switch {
-		case pre == nil || pre.err != nil:
-			return quotaDelay{}, nil
-		case pre.d.Allowed && (pre.d.RetryAfter <= 0 || !late):
-			return quotaDelay{max(pre.d.RetryAfter, 0), pre.d.Reason}, nil
-		case pre.d.Allowed:
-			// Booked in time, but the store's answer came so late that
-			// the place no longer leaves the request its wait for a
-			// slot (the caller gives the booking back).
-			d := pre.d
-			d.Allowed = false
-			rej := quotaRejection(d, quota.Backlog{})
-			rej.Detail = fmt.Sprintf("%s quota: this request may start in %v, which, after the quota store's slow answer, leaves it less time before its wait budget ends than requests wait for a slot past their quota's time (%v here)",
-				d.Reason, d.RetryAfter.Round(time.Millisecond), pre.slotWait.Round(time.Millisecond))
-			return quotaDelay{reason: d.Reason}, rej
-		}
-		rej := quotaRejection(pre.d, quota.Backlog{})
-		if !deadline.IsZero() && now.Add(pre.d.RetryAfter).Before(deadline.Add(-margin)) {
-			rej.Detail = fmt.Sprintf("%s quota: this request may start in %v, which leaves it less time before its wait budget ends than requests have lately waited for a slot past their quota's time (%v here)",
-				pre.d.Reason, pre.d.RetryAfter.Round(time.Millisecond), pre.slotWait.Round(time.Millisecond))
-		}
-		return quotaDelay{reason: pre.d.Reason}, rej
+		return pre.admit(now, deadline, margin)
 	}
 	var ahead quota.Backlog
 	if t != nil {
@@ -84,6 +60,35 @@ func (q *Queue) quotaAdmitLocked(now time.Time, t *tenant, name string, l *quota
 		return quotaDelay{reason: d.Reason}, quotaRejection(d, ahead)
 	}
 	return quotaDelay{d.RetryAfter, d.Reason}, nil
+}
+
+// admit is quotaAdmitLocked on a shared store: booking b decides; without
+// one, or on a store error, the request is admitted uncharged.
+func (b *quotaBooking) admit(now, deadline time.Time, margin time.Duration) (quotaDelay, *Rejection) {
+	late := !deadline.IsZero() && b != nil &&
+		!now.Add(b.d.RetryAfter+b.slotWait).Before(deadline.Add(-margin))
+	switch {
+	case b == nil || b.err != nil:
+		return quotaDelay{}, nil
+	case b.d.Allowed && (b.d.RetryAfter <= 0 || !late):
+		return quotaDelay{max(b.d.RetryAfter, 0), b.d.Reason}, nil
+	case b.d.Allowed:
+		// Booked in time, but the store's answer came so late that
+		// the place no longer leaves the request its wait for a
+		// slot (the caller gives the booking back).
+		d := b.d
+		d.Allowed = false
+		rej := quotaRejection(d, quota.Backlog{})
+		rej.Detail = fmt.Sprintf("%s quota: this request may start in %v, which, after the quota store's slow answer, leaves it less time before its wait budget ends than requests wait for a slot past their quota's time (%v here)",
+			d.Reason, d.RetryAfter.Round(time.Millisecond), b.slotWait.Round(time.Millisecond))
+		return quotaDelay{reason: d.Reason}, rej
+	}
+	rej := quotaRejection(b.d, quota.Backlog{})
+	if !deadline.IsZero() && now.Add(b.d.RetryAfter).Before(deadline.Add(-margin)) {
+		rej.Detail = fmt.Sprintf("%s quota: this request may start in %v, which leaves it less time before its wait budget ends than requests have lately waited for a slot past their quota's time (%v here)",
+			b.d.Reason, b.d.RetryAfter.Round(time.Millisecond), b.slotWait.Round(time.Millisecond))
+	}
+	return quotaDelay{reason: b.d.Reason}, rej
 }
 
 func quotaRejection(d quota.Decision, ahead quota.Backlog) *Rejection {

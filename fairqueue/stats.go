@@ -225,9 +225,7 @@ func (q *Queue) waterLocked() float64 {
 		w = float64(q.queued) / float64(q.cfg.MaxQueue)
 	}
 	if q.cfg.MaxQueueTokens > 0 {
-		if x := float64(q.waterCost) / float64(q.cfg.MaxQueueTokens); x > w {
-			w = x
-		}
+		w = max(w, float64(q.waterCost)/float64(q.cfg.MaxQueueTokens))
 	}
 	return w
 }

@@ -156,24 +156,11 @@ func newUpstream(cfg *Config, old *upstream) (*upstream, error) {
 	if uq.ReserveBurst < 0 {
 		return nil, fmt.Errorf("upstream_quota: reserve_burst %v must not be negative", uq.ReserveBurst)
 	}
-	u := &upstream{res: map[string]*quota.Limits{}, tpm: uq.TPM, rpm: uq.RPM}
-	reserved := 0.0
-	for name, tc := range cfg.Tenants {
-		if tc.Reserve == 0 {
-			continue
-		}
-		if !(tc.Reserve > 0 && tc.Reserve < 1) {
-			return nil, fmt.Errorf("tenant %q: reserve %v must be a fraction of the upstream quota in (0, 1)", name, tc.Reserve)
-		}
-		reserved += tc.Reserve
-		u.names = append(u.names, name)
+	names, reserved, err := upstreamReserves(cfg)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.Default.Reserve != 0 {
-		return nil, fmt.Errorf("default_tenant: reserve is for declared tenants (a reservation shared by unknown callers reserves nothing)")
-	}
-	if reserved >= 0.95 {
-		return nil, fmt.Errorf("tenants reserve %.0f%% of the upstream quota together; leave at least 5%% shared", 100*reserved)
-	}
+	u := &upstream{res: map[string]*quota.Limits{}, tpm: uq.TPM, rpm: uq.RPM, names: names}
 	u.headroom = time.Duration(reserved * float64(uq.reserveBurst()))
 	tau := uq.burst() + u.headroom
 	acct, err := uq.limits(1, tau, tau)
@@ -189,13 +176,35 @@ func newUpstream(cfg *Config, old *upstream) (*upstream, error) {
 		u.res[name] = res
 	}
 	u.tokensPerSec, u.requestsPerSec = drawShare(tau)*uq.TPM/60, drawShare(tau)*uq.RPM/60
-	slices.Sort(u.names)
 	if old != nil {
 		u.until, u.poolUntil = old.until, old.poolUntil
 		u.sent, u.level = old.sent, old.level
 		u.resRate, u.resAt, u.heldAt = old.resRate, old.resAt, old.heldAt
 	}
 	return u, nil
+}
+
+// upstreamReserves returns the tenants that reserve a share of the upstream
+// quota, sorted, and the shares' sum, refusing shares out of bounds.
+func upstreamReserves(cfg *Config) (names []string, sum float64, err error) {
+	for name, tc := range cfg.Tenants {
+		if tc.Reserve == 0 {
+			continue
+		}
+		if !(tc.Reserve > 0 && tc.Reserve < 1) {
+			return nil, 0, fmt.Errorf("tenant %q: reserve %v must be a fraction of the upstream quota in (0, 1)", name, tc.Reserve)
+		}
+		sum += tc.Reserve
+		names = append(names, name)
+	}
+	if cfg.Default.Reserve != 0 {
+		return nil, 0, fmt.Errorf("default_tenant: reserve is for declared tenants (a reservation shared by unknown callers reserves nothing)")
+	}
+	if sum >= 0.95 {
+		return nil, 0, fmt.Errorf("tenants reserve %.0f%% of the upstream quota together; leave at least 5%% shared", 100*sum)
+	}
+	slices.Sort(names)
+	return names, sum, nil
 }
 
 // fitsLocked asks the store whether a request of tokens fits meter key
