@@ -10,14 +10,14 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/internal/quotatest"
-	"github.com/caddy-fair-queue/caddy-fair-queue/internal/testclock"
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/manualclock"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
 // localRig is a Local over Redis on miniredis, both on one virtual
 // clock, with its outage reports and the primary's round trips counted.
 type localRig struct {
-	clk *testclock.Clock
+	clk *manualclock.Clock
 	mr  interface {
 		Close()
 		Restart() error
@@ -32,7 +32,7 @@ type localRig struct {
 
 func newLocalRig(t *testing.T, instances int) *localRig {
 	mr, c := newMiniredis(t)
-	clk := testclock.New(testclock.Epoch)
+	clk := manualclock.New(manualclock.Epoch)
 	rig := &localRig{clk: clk, mr: mr, rt: &roundTrips{}}
 	c.AddHook(rig.rt)
 	rig.r = NewQuotaStore(c, DefaultPrefix, time.Second)
@@ -180,7 +180,7 @@ func TestLocalClusterShare(t *testing.T) {
 	l := quota.MustCompile(cfg)
 	mr, c := newMiniredis(t)
 	mr.Close()
-	clk := testclock.New(testclock.Epoch)
+	clk := manualclock.New(manualclock.Epoch)
 	var fs []*quota.Local
 	for range 3 {
 		fs = append(fs, quota.NewLocal(NewQuotaStore(c, DefaultPrefix, 0), quota.NewMemory(clk.Now),
@@ -221,7 +221,7 @@ func TestLocalClusterShare(t *testing.T) {
 func TestLocalConcurrent(t *testing.T) {
 	l := quota.MustCompile(quotatest.SeedCfg)
 	mr, c := newMiniredis(t)
-	clk := testclock.New(testclock.Epoch)
+	clk := manualclock.New(manualclock.Epoch)
 	var mu sync.Mutex
 	var events []bool
 	f := quota.NewLocal(NewQuotaStore(c, DefaultPrefix, time.Second), quota.NewMemory(clk.Now), quota.LocalOptions{
@@ -347,7 +347,7 @@ func TestLocalPeekAtRest(t *testing.T) {
 	mr, c := newMiniredis(t)
 	var rt roundTrips
 	c.AddHook(&rt)
-	clk := testclock.New(testclock.Epoch)
+	clk := manualclock.New(manualclock.Epoch)
 	advance := func(d time.Duration) {
 		clk.Advance(d)
 		mr.SetTime(clk.Now())
@@ -421,7 +421,7 @@ func TestLocalPeekAtRest(t *testing.T) {
 func TestLocalTenantError(t *testing.T) {
 	l := quota.MustCompile(quota.Config{QPS: 1})
 	mr, c := newMiniredis(t)
-	clk := testclock.New(testclock.Epoch)
+	clk := manualclock.New(manualclock.Epoch)
 	var changes int
 	f := quota.NewLocal(NewQuotaStore(c, DefaultPrefix, 0), quota.NewMemory(clk.Now), quota.LocalOptions{
 		Instances: 2, Clock: clk.Now,

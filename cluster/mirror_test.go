@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/caddy-fair-queue/caddy-fair-queue/internal/testclock"
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/manualclock"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
@@ -33,7 +33,7 @@ var mirrorCfg = quota.Config{QPS: 10, TokensPerMin: 360000, BurstWindow: time.Se
 func TestMirrorAnswersLocally(t *testing.T) {
 	_, c := newMiniredis(t)
 	shared := &countingSyncer{Syncer: NewQuotaStore(c, DefaultPrefix, 0)}
-	clk := testclock.New(testclock.Epoch)
+	clk := manualclock.New(manualclock.Epoch)
 	m := quota.NewMirror(shared, quota.MirrorOptions{Instances: 2, Clock: clk.Now})
 	l := quota.MustCompile(mirrorCfg)
 	// At 5 a second with a 1 s tolerance: six back to back (the debt
@@ -157,7 +157,7 @@ func mirrorRun(t *testing.T, gateways, instances int, d time.Duration) (drawn []
 	t.Helper()
 	mr, c := newMiniredis(t)
 	shared = NewQuotaStore(c, DefaultPrefix, 0)
-	clk := testclock.New(testclock.Epoch)
+	clk := manualclock.New(manualclock.Epoch)
 	l = quota.MustCompile(quota.Config{QPS: 10, BurstWindow: time.Second, BurstAllow: 1})
 	for range gateways {
 		mirrors = append(mirrors, quota.NewMirror(shared, quota.MirrorOptions{Instances: instances, Clock: clk.Now}))
@@ -247,7 +247,7 @@ func TestMirrorHoldsBackOverLimit(t *testing.T) {
 // local decisions go on, on the gateway's share.
 func TestMirrorRedisDown(t *testing.T) {
 	mr, c := newMiniredis(t)
-	clk := testclock.New(testclock.Epoch)
+	clk := manualclock.New(manualclock.Epoch)
 	m := quota.NewMirror(NewQuotaStore(c, DefaultPrefix, 100*time.Millisecond), quota.MirrorOptions{Instances: 2, Clock: clk.Now})
 	l := quota.MustCompile(quota.Config{QPS: 10, BurstWindow: time.Second, BurstAllow: 1})
 	if d, _ := m.Charge(bg, "acct", l, 1); !d.Allowed {

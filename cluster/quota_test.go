@@ -18,15 +18,15 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/internal/quotatest"
-	"github.com/caddy-fair-queue/caddy-fair-queue/internal/testclock"
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/manualclock"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
 // newMiniredis starts a miniredis whose TIME and TTLs follow its SetTime
-// clock, set to testclock.Epoch, and a client on it without retries.
+// clock, set to manualclock.Epoch, and a client on it without retries.
 func newMiniredis(t testing.TB) (*miniredis.Miniredis, *redis.Client) {
 	mr := miniredis.RunT(t)
-	mr.SetTime(testclock.Epoch)
+	mr.SetTime(manualclock.Epoch)
 	mr.ClockTTL(true)
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
@@ -37,7 +37,7 @@ func newMiniredis(t testing.TB) (*miniredis.Miniredis, *redis.Client) {
 // and miniredis's moved together.
 func newRedisHarness(t *testing.T) *quotatest.Harness {
 	mr, c := newMiniredis(t)
-	clk := testclock.New(testclock.Epoch)
+	clk := manualclock.New(manualclock.Epoch)
 	set := func(at time.Time) {
 		clk.Set(at)
 		mr.SetTime(at)
@@ -238,11 +238,11 @@ func TestRedisExpiry(t *testing.T) {
 	if ttl := mr.TTL("p:t{a}"); ttl != 252*time.Millisecond {
 		t.Errorf("TTL %v, want 1.500001 ms rounded up to 2 ms, plus 250 ms", ttl)
 	}
-	mr.SetTime(testclock.Epoch.Add(251 * time.Millisecond))
+	mr.SetTime(manualclock.Epoch.Add(251 * time.Millisecond))
 	if !mr.Exists("p:t{a}") {
 		t.Error("key gone 1 ms before its TTL")
 	}
-	mr.SetTime(testclock.Epoch.Add(253 * time.Millisecond))
+	mr.SetTime(manualclock.Epoch.Add(253 * time.Millisecond))
 	if mr.Exists("p:t{a}") {
 		t.Error("key still there 1 ms after its TTL")
 	}
@@ -260,7 +260,7 @@ func TestRedisExpiry(t *testing.T) {
 // nanoseconds; the default prefix; TIME read to the microsecond.
 func TestRedisKeyLayout(t *testing.T) {
 	mr, c := newMiniredis(t)
-	mr.SetTime(testclock.Epoch.Add(1234567891)) // 1.234567891 s: TIME shows 1.234567
+	mr.SetTime(manualclock.Epoch.Add(1234567891)) // 1.234567891 s: TIME shows 1.234567
 	r := NewQuotaStore(c, DefaultPrefix, 0)
 	if k := r.Key("acme"); k != "fq:quota:t{acme}" {
 		t.Fatalf("key %q, want fq:quota:t{acme}", k)
@@ -281,7 +281,7 @@ func TestRedisKeyLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	now := testclock.Epoch.Add(1234567000)
+	now := manualclock.Epoch.Add(1234567000)
 	if !d.At.Equal(now) {
 		t.Errorf("At %v, want Redis TIME %v (microseconds)", d.At, now)
 	}

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/internal/quotatest"
-	"github.com/caddy-fair-queue/caddy-fair-queue/internal/testclock"
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/manualclock"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
@@ -117,7 +117,7 @@ func earliestTime(t *testing.T, h *quotatest.Harness) {
 // sendAt offers requests of mc at mult x the meter's rate from start for
 // dur (both ends included), each arrival on the store's clock resolution,
 // and returns how many were offered and allowed, the first refused arrival
-// and the last allowed one (-1 when none), as offsets from testclock.Epoch.
+// and the last allowed one (-1 when none), as offsets from manualclock.Epoch.
 func sendAt(t *testing.T, h *quotatest.Harness, tenant string, mc quotatest.MeterCase, mult float64, start, dur time.Duration) (offered, allowed int, firstRefused, lastAllowed time.Duration) {
 	t.Helper()
 	spacing := 1e9 * mc.Units / (mult * mc.Rate)
@@ -127,7 +127,7 @@ func sendAt(t *testing.T, h *quotatest.Harness, tenant string, mc quotatest.Mete
 		if off > dur {
 			return
 		}
-		h.Set(testclock.Epoch.Add(start + off))
+		h.Set(manualclock.Epoch.Add(start + off))
 		offered++
 		if h.Charge(t, tenant, mc.Lim, mc.Tokens).Allowed {
 			allowed++
@@ -164,7 +164,7 @@ func burstWindow(t *testing.T, h *quotatest.Harness) {
 	for _, mc := range quotatest.MeterCases() {
 		for _, hd := range holds {
 			t.Run(fmt.Sprintf("%s/%gx", mc.Name, hd.mult), func(t *testing.T) {
-				start := h.Now().Sub(testclock.Epoch)
+				start := h.Now().Sub(manualclock.Epoch)
 				tn := fmt.Sprintf("burst-%s-%g", mc.Name, hd.mult)
 				fresh := h.Status(t, tn, mc.Lim)
 				offered, allowed, refused, _ := sendAt(t, h, tn, mc, 1.2, start, W)
@@ -205,7 +205,7 @@ func paybackAndBurst(t *testing.T, h *quotatest.Harness, tn string, mc quotatest
 		t.Errorf("payback at 0.8x: %d of %d served (first refusal at %v), want all", allowed, offered, refused)
 	}
 	end := pbStart + payback
-	h.Set(h.Ceil(testclock.Epoch.Add(end)))
+	h.Set(h.Ceil(manualclock.Epoch.Add(end)))
 	// Repaid: what is left is at most the last request's own charge,
 	// which a 0.8x sender always carries.
 	st := h.Status(t, tn, mc.Lim)

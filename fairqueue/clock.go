@@ -1,8 +1,9 @@
 package fairqueue
 
 import (
-	"sync"
 	"time"
+
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/manualclock"
 )
 
 // Clock is the only source of time for the scheduler. Its readings must
@@ -20,30 +21,12 @@ type RealClock struct{}
 func (RealClock) Now() time.Time { return time.Now() }
 
 // ManualClock is a clock that moves only when told to; the simulator and
-// tests drive the scheduler with it. It is safe for concurrent use.
-type ManualClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+// tests drive the scheduler with it. It is safe for concurrent use, and a
+// Set into the past panics.
+type ManualClock = manualclock.Clock
 
 // NewManualClock returns a clock reading start.
-func NewManualClock(start time.Time) *ManualClock { return &ManualClock{now: start} }
-
-// Now returns the clock's current reading.
-func (c *ManualClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-// Set moves the clock to t; the clock never goes backwards.
-func (c *ManualClock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if t.After(c.now) {
-		c.now = t
-	}
-}
+func NewManualClock(start time.Time) *ManualClock { return manualclock.New(start) }
 
 // since returns t as nanoseconds from the queue's epoch, the form a ticket
 // keeps its times in. The difference is taken on the monotonic clock when

@@ -346,10 +346,3 @@ func (tk *Ticket) Deadline() time.Time { return tk.deadline }
 
 // Enqueued returns the admission time.
 func (tk *Ticket) Enqueued() time.Time { return tk.q.at(tk.enqueued) }
-
-// Advance moves the clock forward by d.
-func (c *ManualClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}

@@ -9,13 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-fair-queue/caddy-fair-queue/internal/testclock"
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/manualclock"
 )
 
 // newClock starts 30 s into a minute, so a test can tell partial minutes
 // from whole.
-func newClock() *testclock.Clock {
-	return testclock.New(time.Date(2026, 11, 30, 10, 0, 30, 0, time.UTC))
+func newClock() *manualclock.Clock {
+	return manualclock.New(time.Date(2026, 11, 30, 10, 0, 30, 0, time.UTC))
 }
 
 func near(got, want, tol float64) bool { return math.Abs(got-want) <= tol }

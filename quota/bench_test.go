@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/caddy-fair-queue/caddy-fair-queue/internal/quotatest"
-	"github.com/caddy-fair-queue/caddy-fair-queue/internal/testclock"
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/manualclock"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
@@ -25,7 +25,7 @@ func BenchmarkDecision(b *testing.B) {
 			cfg.TokensPerMin = 1e12
 			l := quota.MustCompile(cfg)
 			var now time.Duration
-			clock := func() time.Time { return testclock.Epoch.Add(now) }
+			clock := func() time.Time { return manualclock.Epoch.Add(now) }
 			m := quota.NewMemory(clock)
 			names := make([]string, n)
 			for i := range names {
@@ -49,7 +49,7 @@ func BenchmarkDecision(b *testing.B) {
 func BenchmarkReconcile(b *testing.B) {
 	l := quota.MustCompile(quotatest.SeedCfg)
 	var now time.Duration
-	m := quota.NewMemory(func() time.Time { return testclock.Epoch.Add(now) })
+	m := quota.NewMemory(func() time.Time { return manualclock.Epoch.Add(now) })
 	b.ReportAllocs()
 	for b.Loop() {
 		now += time.Microsecond

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-fair-queue/caddy-fair-queue/internal/testclock"
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/manualclock"
 )
 
 // primary is the shared store of the Local tests here: a Memory on a
@@ -82,7 +82,7 @@ func (p *primary) Status(ctx context.Context, tenant string, l *Limits) (Status,
 // localRig is a Local over a primary with the probe its Load, on a
 // virtual clock, with its outage reports.
 type localRig struct {
-	clk    *testclock.Clock
+	clk    *manualclock.Clock
 	p      *primary
 	f      *Local
 	mu     sync.Mutex
@@ -90,8 +90,8 @@ type localRig struct {
 }
 
 func newLocalRig(instances int) *localRig {
-	clk := testclock.New(testclock.Epoch)
-	rig := &localRig{clk: clk, p: &primary{m: NewMemory(testclock.New(testclock.Epoch).Now)}}
+	clk := manualclock.New(manualclock.Epoch)
+	rig := &localRig{clk: clk, p: &primary{m: NewMemory(manualclock.New(manualclock.Epoch).Now)}}
 	rig.f = NewLocal(rig.p, NewMemory(clk.Now), LocalOptions{Instances: instances, Clock: clk.Now, Probe: rig.p.Load,
 		OnChange: func(degraded bool, err error) {
 			rig.mu.Lock()

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-fair-queue/caddy-fair-queue/internal/testclock"
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/manualclock"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
@@ -86,9 +86,9 @@ type Harness struct {
 	Remote bool
 }
 
-// NewMemory returns a Harness on a Memory, its clock at testclock.Epoch.
+// NewMemory returns a Harness on a Memory, its clock at manualclock.Epoch.
 func NewMemory() *Harness {
-	clk := testclock.New(testclock.Epoch)
+	clk := manualclock.New(manualclock.Epoch)
 	m := quota.NewMemory(clk.Now)
 	return &Harness{Store: m, Res: time.Nanosecond, Now: clk.Now, Set: clk.Set, Held: m.Len}
 }

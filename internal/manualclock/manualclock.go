@@ -1,8 +1,8 @@
-// Package testclock is a clock that moves only when a test tells it to,
-// for the tests of quota, cluster and history. Unlike fairqueue.ManualClock,
-// which ignores a Set into the past, it panics: a test that moves its clock
-// backwards has a bug it wants to hear about.
-package testclock
+// Package manualclock is a clock that moves only when told to: the
+// simulator's virtual time (fairqueue.ManualClock) and the tests' clocks.
+// A Set into the past panics: a caller that moves its clock backwards has a
+// bug it wants to hear about.
+package manualclock
 
 import (
 	"sync"
@@ -33,7 +33,7 @@ func (c *Clock) Set(t time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if t.Before(c.t) {
-		panic("testclock: time goes backwards")
+		panic("manualclock: time goes backwards")
 	}
 	c.t = t
 }
@@ -43,7 +43,7 @@ func (c *Clock) Advance(d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if d < 0 {
-		panic("testclock: time goes backwards")
+		panic("manualclock: time goes backwards")
 	}
 	c.t = c.t.Add(d)
 }

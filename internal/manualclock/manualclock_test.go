@@ -1,4 +1,4 @@
-package testclock
+package manualclock
 
 import (
 	"testing"
