@@ -346,3 +346,11 @@ func (tk *Ticket) Deadline() time.Time { return tk.deadline }
 
 // Enqueued returns the admission time.
 func (tk *Ticket) Enqueued() time.Time { return tk.q.at(tk.enqueued) }
+
+// setStatsPause makes f run between Stats' chunks until the test ends, so
+// that a test failing before it puts the default back leaks nothing.
+func setStatsPause(tb testing.TB, f func()) {
+	old := statsPause
+	statsPause = f
+	tb.Cleanup(func() { statsPause = old })
+}

@@ -35,7 +35,7 @@ func TestStatsChunkedRandomChurn(t *testing.T) {
 			start[tt] = true
 		}
 		q.mu.Unlock()
-		statsPause = func() {
+		setStatsPause(t, func() {
 			for range rng.IntN(statsChunk) {
 				add()
 			}
@@ -53,7 +53,7 @@ func TestStatsChunkedRandomChurn(t *testing.T) {
 				delete(start, tt)
 			}
 			q.mu.Unlock()
-		}
+		})
 		s := q.Stats(true)
 		statsPause = runtime.Gosched
 		seen := map[string]int{}

@@ -84,7 +84,7 @@ func TestStatsReloadDuringScrape(t *testing.T) {
 func churnLateInStats(h *harness, churn func()) *bool {
 	q := h.q
 	fired := new(bool)
-	statsPause = func() {
+	setStatsPause(h.tb, func() {
 		q.mu.Lock()
 		scan := q.scan
 		q.mu.Unlock()
@@ -96,7 +96,7 @@ func churnLateInStats(h *harness, churn func()) *bool {
 			h.enqueue(Request{Tenant: "new" + strconv.Itoa(i), Cost: 1}).Release(0)
 		}
 		churn()
-	}
+	})
 	return fired
 }
 

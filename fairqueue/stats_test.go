@@ -32,7 +32,7 @@ func TestStatsChunkedCopy(t *testing.T) {
 	}
 	chunks := 0
 	gone := map[string]bool{}
-	statsPause = func() {
+	setStatsPause(t, func() {
 		chunks++
 		if chunks != 1 {
 			return
@@ -52,7 +52,7 @@ func TestStatsChunkedCopy(t *testing.T) {
 		h.enqueue(Request{Tenant: behind[0], Cost: 1}).Release(0)
 		gone[behind[1]], gone[behind[2]] = true, true
 		h.enqueue(Request{Tenant: "new", Cost: 1}).Release(0)
-	}
+	})
 	s := q.Stats(true)
 	statsPause = runtime.Gosched
 	if chunks < 3 {
