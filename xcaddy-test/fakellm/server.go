@@ -772,10 +772,11 @@ func (s *Server) respond(ctx context.Context, w http.ResponseWriter, g generatio
 	if err != nil {
 		return err
 	}
-	choice := map[string]any{"index": 0, "finish_reason": g.finishReason, "text": text, "logprobs": nil}
+	choice := map[string]any{"index": 0, "finish_reason": g.finishReason}
 	if g.api == apiChat {
-		choice = map[string]any{"index": 0, "finish_reason": g.finishReason,
-			"message": map[string]any{"role": "assistant", "content": text}}
+		choice["message"] = map[string]any{"role": "assistant", "content": text}
+	} else {
+		choice["text"], choice["logprobs"] = text, nil
 	}
 	return writeJSON(w, http.StatusOK, map[string]any{
 		"id": g.prefixedID(), "object": g.object(false), "created": g.created,

@@ -60,7 +60,7 @@ func StartFake(t testing.TB, opts FakeOptions) *Fake {
 	}
 	f := &Fake{child: newChild(t, filepath.Join(t.TempDir(), opts.Name+".log"), "fakellm "+opts.Name), t: t, opts: opts}
 	t.Cleanup(func() {
-		if f.running() {
+		if !f.exited() {
 			f.Stop()
 		}
 	})
@@ -191,7 +191,7 @@ func (f *Fake) Stop() {
 // same port with the same options: a fresh health state, slots and record.
 func (f *Fake) Restart() {
 	f.t.Helper()
-	if f.running() {
+	if !f.exited() {
 		f.Stop()
 	}
 	f.out.Write([]byte("--- harness: restart ---\n"))

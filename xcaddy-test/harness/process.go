@@ -137,8 +137,6 @@ func (c *child) exited() bool {
 	}
 }
 
-func (c *child) running() bool { return !c.exited() }
-
 // stop sends SIGTERM, then SIGKILL if the process has not exited after
 // stopTimeout (scaled). It returns the exit error of a process that exited on its own
 // terms, and an error saying so if it had to be killed.
