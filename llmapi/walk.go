@@ -513,9 +513,7 @@ func (w *walker) message(k jsontext.Kind, anthropic bool) (m [msgFields][]byte, 
 		case j == msgToolCalls:
 			callsErr = w.toolCalls(k)
 		case j == msgFunctionCall && k == '{':
-			w.push("function_call")
-			fnErr = w.fields(functionFields, fn[:], nil)
-			w.pop()
+			fnErr = w.function("function_call", &fn)
 		default:
 			return false
 		}
@@ -552,6 +550,14 @@ func (w *walker) message(k jsontext.Kind, anthropic bool) (m [msgFields][]byte, 
 	return m, fnErr
 }
 
+// function reads a function call's members, in place, into fn; name is
+// the member it stands in, for errors.
+func (w *walker) function(name string, fn *[2][]byte) error {
+	w.push(name)
+	defer w.pop()
+	return w.fields(functionFields, fn[:], nil)
+}
+
 // toolCalls reads the tool calls begun with a token of kind k, keeping
 // their texts in w.calls.
 func (w *walker) toolCalls(k jsontext.Kind) error {
@@ -585,9 +591,7 @@ func (w *walker) addCall(k jsontext.Kind) error {
 		if k != '{' {
 			return false
 		}
-		w.push("function")
-		fnErr = w.fields(functionFields, fn[:], nil)
-		w.pop()
+		fnErr = w.function("function", &fn)
 		return true
 	})
 	raw := r.since(start)
