@@ -9,8 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/caddy-fair-queue/caddy-fair-queue/internal/quotatest"
 	"github.com/caddy-fair-queue/caddy-fair-queue/internal/manualclock"
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/quotatest"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 

@@ -17,8 +17,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/caddy-fair-queue/caddy-fair-queue/internal/quotatest"
 	"github.com/caddy-fair-queue/caddy-fair-queue/internal/manualclock"
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/quotatest"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-fair-queue/caddy-fair-queue/internal/quotatest"
 	"github.com/caddy-fair-queue/caddy-fair-queue/internal/manualclock"
+	"github.com/caddy-fair-queue/caddy-fair-queue/internal/quotatest"
 	"github.com/caddy-fair-queue/caddy-fair-queue/quota"
 )
 
